@@ -1,0 +1,1 @@
+"""mwpstore: an embedded, single-node storage engine for the Mission Work Protocol."""

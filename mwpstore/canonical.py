@@ -1,0 +1,114 @@
+"""Canonical bytes, content hashes and ID checks.
+
+The bytes that are hashed or signed always come from this module. Canonical content is JSON
+produced by one module-level msgspec encoder with sorted keys; before encoding, the content is
+walked once to enforce the rules that JSON alone would not: string keys only, no NaN or Infinity,
+integers within 64 bits, bounded depth, item count and size. See ``docs/format/canonical.md``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any
+
+import blake3
+import msgspec
+
+from . import limits
+from .errors import InvalidCommand, LimitExceeded
+
+_ENCODER = msgspec.json.Encoder(order="sorted")
+
+# IDs are bounded, printable ASCII from a small alphabet, and never usable as a path: no '/',
+# no '\\', no ':', not starting with '.', so "../x" or "." can never name a file or directory.
+_ID_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.@+=-]*\Z")
+_KIND_PATTERN = re.compile(r"[a-z][a-z0-9_]*(\.[a-z][a-z0-9_]*)*\Z")
+
+DOMAIN_COMMAND = b"mwpstore/command/v1\x00"
+DOMAIN_PAYLOAD = b"mwpstore/payload/v1\x00"
+DOMAIN_EVENT = b"mwpstore/event/v1\x00"
+
+
+def check_id(value: object, field: str) -> str:
+    """Return ``value`` if it is a valid ID, else raise ``InvalidCommand`` naming ``field``."""
+    if type(value) is not str:
+        raise InvalidCommand(f"{field} must be a string ID", field=field)
+    if not value or len(value) > limits.ID_CHARS_MAX:
+        raise InvalidCommand(
+            f"{field} must be 1..{limits.ID_CHARS_MAX} characters", field=field, length=len(value)
+        )
+    if _ID_PATTERN.match(value) is None:
+        raise InvalidCommand(
+            f"{field} may hold only letters, digits and _ . @ + = - and must not start with '.' or '-'",
+            field=field,
+        )
+    return value
+
+
+def check_kind(value: object, field: str = "kind") -> str:
+    if type(value) is not str or not value or len(value) > limits.KIND_CHARS_MAX:
+        raise InvalidCommand(f"{field} must be a short dotted name like 'workitem.claim'", field=field)
+    if _KIND_PATTERN.match(value) is None:
+        raise InvalidCommand(f"{field} must be a dotted lowercase name like 'workitem.claim'", field=field)
+    return value
+
+
+def check_content(value: Any, field: str = "body") -> None:
+    """Enforce the canonical-content rules on a JSON-like value (dict/list/str/int/float/bool/None)."""
+    budget = [limits.BODY_ITEMS_MAX]
+    _check_value(value, field, 0, budget)
+
+
+def _check_value(value: Any, field: str, depth: int, budget: list[int]) -> None:
+    if depth > limits.BODY_DEPTH_MAX:
+        raise LimitExceeded(f"{field} nests deeper than {limits.BODY_DEPTH_MAX}", field=field)
+    budget[0] -= 1
+    if budget[0] < 0:
+        raise LimitExceeded(f"{field} holds more than {limits.BODY_ITEMS_MAX} items", field=field)
+    kind = type(value)
+    if kind is str:
+        if len(value) > limits.STRING_BYTES_MAX:
+            raise LimitExceeded(f"a string in {field} is too long", field=field)
+        return
+    if kind is bool or value is None:
+        return
+    if kind is int:
+        if not -limits.INT_ABS_MAX <= value <= limits.INT_ABS_MAX:
+            raise InvalidCommand(f"an integer in {field} does not fit in 64 bits", field=field)
+        return
+    if kind is float:
+        if not math.isfinite(value):
+            raise InvalidCommand(f"{field} holds NaN or Infinity, which have no canonical form", field=field)
+        return
+    if kind is dict:
+        for key, item in value.items():
+            if type(key) is not str:
+                raise InvalidCommand(f"{field} has a non-string key {key!r}", field=field)
+            _check_value(item, f"{field}.{key}" if depth < 4 else field, depth + 1, budget)
+        return
+    if kind is list or kind is tuple:
+        for item in value:
+            _check_value(item, field, depth + 1, budget)
+        return
+    raise InvalidCommand(f"{field} holds a {kind.__name__}, which is not JSON-like content", field=field)
+
+
+def canonical_bytes(value: Any) -> bytes:
+    """The canonical bytes of already-checked JSON-like content (sorted keys, compact)."""
+    return _ENCODER.encode(value)
+
+
+def content_hash(data: bytes) -> bytes:
+    return blake3.blake3(DOMAIN_COMMAND + data).digest()
+
+
+def payload_hash(data: bytes) -> bytes:
+    return blake3.blake3(DOMAIN_PAYLOAD + data).digest()
+
+
+def hash_bytes(*parts: bytes) -> bytes:
+    hasher = blake3.blake3()
+    for part in parts:
+        hasher.update(part)
+    return hasher.digest()

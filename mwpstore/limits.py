@@ -1,0 +1,43 @@
+"""Every bound the engine enforces, in one place. Names end with their unit.
+
+The C segment log has its own copies of the log bounds in ``csrc/segment_format.h``; a test
+(``tests/test_segment_constants.py``) checks that both sides agree.
+"""
+
+from __future__ import annotations
+
+# -- Segment log --------------------------------------------------------------------------------
+SEGMENT_BYTES_DEFAULT = 64 * 1024 * 1024
+SEGMENT_BYTES_MIN = 64 * 1024
+SEGMENT_BYTES_MAX = 1024 * 1024 * 1024
+RECORD_BYTES_MAX = 16 * 1024 * 1024
+GROUP_RECORDS_MAX = 65536
+GROUP_BYTES_MAX = 64 * 1024 * 1024
+SCAN_BATCH_RECORDS_MAX = 65536
+
+# -- IDs and Commands ---------------------------------------------------------------------------
+ID_CHARS_MAX = 128
+KIND_CHARS_MAX = 64
+BODY_BYTES_MAX = 1024 * 1024
+BODY_DEPTH_MAX = 32
+BODY_ITEMS_MAX = 100_000
+STRING_BYTES_MAX = 1024 * 1024
+SIGNATURE_BYTES = 64
+PUBLIC_KEY_BYTES = 32
+INT_ABS_MAX = 2**63 - 1
+
+# -- Acceptance ---------------------------------------------------------------------------------
+ACCEPT_MANY_COMMANDS_MAX = 10_000
+COMMIT_BATCH_COMMANDS_MAX = 4096
+READ_LIMIT_MAX = 100_000
+
+# -- Delivered Events and snapshots --------------------------------------------------------------
+EVENT_BYTES_MAX = RECORD_BYTES_MAX
+SNAPSHOT_HEADER_BYTES_MAX = 64 * 1024
+SNAPSHOT_STATE_BYTES_MAX = 1024 * 1024 * 1024
+AUDIT_CHUNK_BYTES = 1024 * 1024
+AUDIT_CHUNK_BYTES_MAX = 16 * 1024 * 1024
+
+# -- LMDB ---------------------------------------------------------------------------------------
+LMDB_MAP_BYTES_DEFAULT = 64 * 1024 * 1024 * 1024
+AGENT_LMDB_MAP_BYTES_DEFAULT = 16 * 1024 * 1024 * 1024

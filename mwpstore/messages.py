@@ -1,0 +1,311 @@
+"""The protocol's messages: Command (in), Event (the accepted fact), Receipt (the answer).
+
+An Event is stored in the segment log as one record (``encode_event``) and is the unit of replay
+and delivery. It carries its ``effects``: the new state of every aggregate the transition changed,
+so redo, rebuild and agent-side mirrors apply state without re-running the rules (see
+``docs/design-decisions.md``). The per-Group hash chain commits to the previous Event's hash, to the
+header fields, to the effects and to the payload's hash (not the payload), so a redacted Event
+(payload removed, ``body`` None) still verifies.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from . import canonical, limits
+from .errors import EventInvalid, InvalidCommand, LimitExceeded, MwpError, error_from_code
+
+HASH_BYTES = 32
+ZERO_HASH = b"\x00" * HASH_BYTES
+
+
+class Command(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """A request to change one Group. ``target`` names the aggregate (its type comes from ``kind``)."""
+
+    actor: str
+    action_id: str
+    group: str
+    kind: str
+    target: str
+    body: dict[str, Any] = msgspec.field(default_factory=dict)
+    expected_revision: int | None = None
+    signature: bytes | None = None
+
+
+class Effect(msgspec.Struct, frozen=True, array_like=True):
+    """One aggregate's new state after a transition (``state`` None: the aggregate is gone)."""
+
+    aggregate: str
+    revision: int
+    state: dict[str, Any] | None
+
+
+class Event(msgspec.Struct, frozen=True, array_like=True):
+    """An accepted, immutable fact with its Group sequence and its aggregate's revision."""
+
+    group: str
+    seq: int
+    event_id: str
+    kind: str
+    aggregate: str
+    revision: int
+    actor: str
+    action_id: str
+    content_hash: bytes
+    accepted_at_ms: int
+    authoritative: bool
+    body: dict[str, Any] | None
+    effects: list[Effect]
+    payload_hash: bytes
+    prev_hash: bytes
+    hash: bytes
+
+    @property
+    def redacted(self) -> bool:
+        return self.body is None
+
+
+class Receipt(msgspec.Struct, frozen=True, array_like=True):
+    """The answer to an accepted Command; derived from its Event, so it is identical after rebuild.
+
+    ``authoritative`` is False when the Command was kept only as Evidence (e.g. a late result
+    under a lease that is no longer current): its Event exists, but it changed no state.
+    """
+
+    event_id: str
+    group: str
+    seq: int
+    kind: str
+    aggregate: str
+    revision: int
+    actor: str
+    action_id: str
+    content_hash: bytes
+    accepted_at_ms: int
+    authoritative: bool
+    event_hash: bytes
+
+
+class AcceptResult(msgspec.Struct, frozen=True, omit_defaults=True):
+    """One Command's outcome in ``accept_many``: a receipt, or a typed rejection."""
+
+    receipt: Receipt | None = None
+    error_code: str | None = None
+    message: str | None = None
+    detail: dict[str, Any] = msgspec.field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.receipt is not None
+
+    @property
+    def error(self) -> MwpError | None:
+        if self.error_code is None:
+            return None
+        return error_from_code(self.error_code, self.message or "", self.detail)
+
+    def unwrap(self) -> Receipt:
+        """Return the receipt or raise the typed rejection."""
+        if self.receipt is None:
+            error = self.error
+            assert error is not None
+            raise error
+        return self.receipt
+
+    @classmethod
+    def failed(cls, error: MwpError) -> AcceptResult:
+        return cls(error_code=error.code, message=error.message, detail=_plain_detail(error.detail))
+
+
+def _plain_detail(detail: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in detail.items() if isinstance(value, (str, int, float, bool, type(None)))}
+
+
+# -- Canonical Command content ------------------------------------------------------------------
+
+
+def command_content(command: Command) -> dict[str, Any]:
+    """The signed and hashed content of a Command: every field except the signature."""
+    return {
+        "action_id": command.action_id,
+        "actor": command.actor,
+        "body": command.body,
+        "expected_revision": command.expected_revision,
+        "group": command.group,
+        "kind": command.kind,
+        "target": command.target,
+    }
+
+
+def check_command(command: object) -> Command:
+    """Validate a Command from outside; return it or raise ``InvalidCommand`` naming the field."""
+    if not isinstance(command, Command):
+        raise InvalidCommand("expected a mwpstore.Command", field="command")
+    canonical.check_id(command.actor, "actor")
+    canonical.check_id(command.action_id, "action_id")
+    canonical.check_id(command.group, "group")
+    canonical.check_kind(command.kind)
+    canonical.check_id(command.target, "target")
+    if type(command.body) is not dict:
+        raise InvalidCommand("body must be a dict with string keys", field="body")
+    canonical.check_content(command.body)
+    revision = command.expected_revision
+    if revision is not None and (type(revision) is not int or not 0 <= revision <= limits.INT_ABS_MAX):
+        raise InvalidCommand("expected_revision must be a non-negative integer or None", field="expected_revision")
+    signature = command.signature
+    if signature is not None and (type(signature) is not bytes or len(signature) != limits.SIGNATURE_BYTES):
+        raise InvalidCommand(f"signature must be {limits.SIGNATURE_BYTES} bytes", field="signature")
+    return command
+
+
+def command_bytes(command: Command) -> bytes:
+    """Canonical bytes of a checked Command's content; what is hashed for idempotency and signed."""
+    data = canonical.canonical_bytes(command_content(command))
+    if len(data) > limits.BODY_BYTES_MAX:
+        raise LimitExceeded(f"the Command encodes to more than {limits.BODY_BYTES_MAX} bytes", field="body")
+    return data
+
+
+# -- Event encoding and hashing -----------------------------------------------------------------
+
+_EVENT_ENCODER = msgspec.msgpack.Encoder()
+_EVENT_DECODER = msgspec.msgpack.Decoder(Event)
+_RECEIPT_DECODER = msgspec.msgpack.Decoder(Receipt)
+_EFFECTS_ENCODER = msgspec.msgpack.Encoder(order="sorted")
+
+
+def encode_event(event: Event) -> bytes:
+    return _EVENT_ENCODER.encode(event)
+
+
+def decode_event(data: bytes | memoryview) -> Event:
+    """Decode an Event from bytes; raises ``EventInvalid`` for bytes that are not an Event."""
+    try:
+        return _EVENT_DECODER.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise EventInvalid(f"bytes are not an Event: {exc}", reason="decode") from None
+
+
+def encode_receipt(receipt: Receipt) -> bytes:
+    return _EVENT_ENCODER.encode(receipt)
+
+
+def decode_receipt(data: bytes | memoryview) -> Receipt:
+    return _RECEIPT_DECODER.decode(data)
+
+
+def payload_hash_of(body: dict[str, Any] | None) -> bytes:
+    return canonical.payload_hash(canonical.canonical_bytes(body))
+
+
+def event_hash(
+    *,
+    group: str,
+    seq: int,
+    event_id: str,
+    kind: str,
+    aggregate: str,
+    revision: int,
+    actor: str,
+    action_id: str,
+    content_hash: bytes,
+    accepted_at_ms: int,
+    authoritative: bool,
+    effects: list[Effect],
+    payload_hash: bytes,
+    prev_hash: bytes,
+) -> bytes:
+    """The chain hash of one Event: commits to the previous hash, header, effects and payload hash."""
+    header = _EFFECTS_ENCODER.encode(
+        [group, seq, event_id, kind, aggregate, revision, actor, action_id, content_hash, accepted_at_ms, authoritative]
+    )
+    effects_hash = canonical.hash_bytes(_EFFECTS_ENCODER.encode(effects))
+    return canonical.hash_bytes(canonical.DOMAIN_EVENT, prev_hash, header, effects_hash, payload_hash)
+
+
+def recompute_event_hash(event: Event) -> bytes:
+    return event_hash(
+        group=event.group,
+        seq=event.seq,
+        event_id=event.event_id,
+        kind=event.kind,
+        aggregate=event.aggregate,
+        revision=event.revision,
+        actor=event.actor,
+        action_id=event.action_id,
+        content_hash=event.content_hash,
+        accepted_at_ms=event.accepted_at_ms,
+        authoritative=event.authoritative,
+        effects=event.effects,
+        payload_hash=event.payload_hash,
+        prev_hash=event.prev_hash,
+    )
+
+
+def make_event_id(group: str, seq: int) -> str:
+    """Event IDs are derived from Group and sequence; ':' never occurs in an ID, so they are unique."""
+    return f"{group}:{seq}"
+
+
+def receipt_for(event: Event) -> Receipt:
+    return Receipt(
+        event_id=event.event_id,
+        group=event.group,
+        seq=event.seq,
+        kind=event.kind,
+        aggregate=event.aggregate,
+        revision=event.revision,
+        actor=event.actor,
+        action_id=event.action_id,
+        content_hash=event.content_hash,
+        accepted_at_ms=event.accepted_at_ms,
+        authoritative=event.authoritative,
+        event_hash=event.hash,
+    )
+
+
+def check_event(event: object, *, expected_prev_hash: bytes | None = None) -> Event:
+    """Validate an Event from outside (delivery, files): shape, IDs, derived ID, hashes.
+
+    Raises ``EventInvalid`` naming what failed. ``expected_prev_hash`` (when known) checks the
+    chain link to the previous Event of the same Group.
+    """
+    if not isinstance(event, Event):
+        raise EventInvalid("expected a mwpstore.Event", reason="type")
+    try:
+        canonical.check_id(event.group, "group")
+        canonical.check_id(event.actor, "actor")
+        canonical.check_id(event.action_id, "action_id")
+        canonical.check_kind(event.kind)
+    except InvalidCommand as exc:
+        raise EventInvalid(f"Event field invalid: {exc.message}", reason="field", field=exc.field) from None
+    if type(event.seq) is not int or event.seq < 1:
+        raise EventInvalid("Event seq must be a positive integer", reason="seq")
+    if event.event_id != make_event_id(event.group, event.seq):
+        raise EventInvalid("Event ID does not match its Group and sequence", reason="event_id")
+    for name in ("content_hash", "payload_hash", "prev_hash", "hash"):
+        value = getattr(event, name)
+        if type(value) is not bytes or len(value) != HASH_BYTES:
+            raise EventInvalid(f"Event {name} must be {HASH_BYTES} bytes", reason=name)
+    if event.body is not None:
+        try:
+            canonical.check_content(event.body)
+        except InvalidCommand as exc:
+            raise EventInvalid(f"Event body invalid: {exc.message}", reason="body") from None
+        if payload_hash_of(event.body) != event.payload_hash:
+            raise EventInvalid("Event body does not match its payload hash", reason="payload_hash")
+    for effect in event.effects:
+        if type(effect.aggregate) is not str or type(effect.revision) is not int or effect.revision < 1:
+            raise EventInvalid("Event effect malformed", reason="effects")
+        if effect.state is not None:
+            try:
+                canonical.check_content(effect.state, "effects")
+            except InvalidCommand as exc:
+                raise EventInvalid(f"Event effect invalid: {exc.message}", reason="effects") from None
+    if expected_prev_hash is not None and event.prev_hash != expected_prev_hash:
+        raise EventInvalid("Event does not link to the previous Event's hash", reason="prev_hash")
+    if recompute_event_hash(event) != event.hash:
+        raise EventInvalid("Event hash does not verify", reason="hash")
+    return event

@@ -1,0 +1,330 @@
+"""The registry of kinds and the pure transition pipeline.
+
+A kind is a pure pair: ``decide(view, command, context) -> Decision`` (or raise a ``Rejection``)
+and ``evolve(view, event) -> {aggregate key: new state | None}``. Neither writes anything; the
+engine alone writes. :func:`run_transition` is the one pipeline that turns a Command into an Event
+(generic checks, decide, evolve, revisions, hash chain); the authority's engine and the in-memory
+:class:`MemoryGroup` used by rule tests both call it, so the rules are the same with or without disk.
+
+Aggregate keys are ``"<type>:<id>"`` (``group:g-1``, ``member:agent-7``, ``workitem:wi-3``).
+State values are plain JSON-like dicts; revisions are kept by the engine, not inside the state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple, Protocol
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from . import canonical
+from .errors import (
+    GroupArchived,
+    InvalidCommand,
+    NotAMember,
+    NotFound,
+    RevisionMismatch,
+    SignatureInvalid,
+    Unauthorized,
+    UnknownKind,
+)
+from .messages import (
+    ZERO_HASH,
+    Command,
+    Effect,
+    Event,
+    command_bytes,
+    event_hash,
+    make_event_id,
+    payload_hash_of,
+)
+
+ENGINE_ACTOR = "_engine"
+"""Actor of Commands the engine issues itself (e.g. the ``lease.expire`` sweep)."""
+
+
+class StateView(Protocol):
+    """Read access to one Group's aggregates as of the uncommitted head."""
+
+    def get(self, key: str) -> dict[str, Any] | None: ...
+
+    def revision(self, key: str) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """What ``decide`` may know besides state and Command: the acceptance time and the actor."""
+
+    group: str
+    now_ms: int
+    member: dict[str, Any] | None
+
+
+class Decision(NamedTuple):
+    """The outcome of ``decide``: the Event's payload, and whether it changes state.
+
+    ``authoritative=False`` records the Command as Evidence: its own Event, no state change.
+    """
+
+    body: dict[str, Any]
+    authoritative: bool = True
+
+
+Decide = Callable[[StateView, Command, Context], Decision]
+Evolve = Callable[[StateView, Event], Mapping[str, dict[str, Any] | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class KindSpec:
+    """One kind of Command.
+
+    ``roles`` None means any actor (only ``group.create``). ``compare_and_set`` kinds must carry an
+    expected revision. ``system_only`` kinds are issued by the engine alone.
+    """
+
+    kind: str
+    aggregate_type: str
+    decide: Decide
+    evolve: Evolve
+    roles: frozenset[str] | None = frozenset({"owner"})
+    compare_and_set: bool = False
+    allowed_when_archived: bool = False
+    system_only: bool = False
+    creates_group: bool = False
+
+
+REGISTRY: dict[str, KindSpec] = {}
+
+
+def register(spec: KindSpec) -> KindSpec:
+    assert spec.kind not in REGISTRY, f"kind {spec.kind} registered twice"
+    canonical.check_kind(spec.kind)
+    REGISTRY[spec.kind] = spec
+    return spec
+
+
+def kind_spec(kind: str) -> KindSpec:
+    _load_kinds()
+    spec = REGISTRY.get(kind)
+    if spec is None:
+        raise UnknownKind(f"unknown kind {kind!r}; known kinds: {', '.join(sorted(REGISTRY))}", field="kind")
+    return spec
+
+
+_KINDS_LOADED = False
+
+
+def _load_kinds() -> None:
+    """Import the modules that register kinds (once)."""
+    global _KINDS_LOADED
+    if _KINDS_LOADED:
+        return
+    _KINDS_LOADED = True
+    from . import kinds  # noqa: F401  (registers group.* and mission.*)
+
+    import importlib
+    import importlib.util
+
+    if importlib.util.find_spec(f"{__package__}.work_model") is not None:
+        importlib.import_module(f"{__package__}.work_model")  # registers the work-model kinds
+
+
+def aggregate_key(aggregate_type: str, target: str) -> str:
+    return f"{aggregate_type}:{target}"
+
+
+def group_key(group: str) -> str:
+    return aggregate_key("group", group)
+
+
+def member_key(agent: str) -> str:
+    return aggregate_key("member", agent)
+
+
+def verify_signature(public_key: bytes, data: bytes, signature: bytes | None) -> None:
+    if signature is None:
+        raise SignatureInvalid("this member registered a public key: its Commands must be signed", field="signature")
+    try:
+        Ed25519PublicKey.from_public_bytes(public_key).verify(signature, data)
+    except (InvalidSignature, ValueError):
+        raise SignatureInvalid("the Command's signature does not verify", field="signature") from None
+
+
+def run_transition(
+    view: StateView,
+    command: Command,
+    *,
+    seq: int,
+    now_ms: int,
+    prev_hash: bytes,
+    content_hash: bytes,
+    data: bytes | None = None,
+    trusted: bool = False,
+) -> Event:
+    """Decide one checked Command against ``view``; return its Event (with effects) or raise.
+
+    ``data`` is the Command's canonical bytes (computed if not given); ``trusted`` marks a Command
+    issued by the engine itself (needed for ``system_only`` kinds, exempt from membership).
+    """
+    spec = kind_spec(command.kind)
+    group_state = view.get(group_key(command.group))
+    if spec.creates_group:
+        member = None
+    else:
+        if group_state is None:
+            raise NotFound(f"group {command.group!r} does not exist; create it with group.create", field="group")
+        if group_state.get("status") == "archived" and not spec.allowed_when_archived:
+            raise GroupArchived(f"group {command.group!r} is archived and accepts no Commands")
+        if spec.system_only:
+            if not trusted:
+                raise Unauthorized(f"{command.kind} is issued by the engine only", kind=command.kind)
+            member = None
+        else:
+            member = view.get(member_key(command.actor))
+            if member is None or member.get("status") != "active":
+                raise NotAMember(f"{command.actor!r} is not a member of group {command.group!r}", actor=command.actor)
+            if spec.roles is not None and member.get("role") not in spec.roles:
+                raise Unauthorized(
+                    f"role {member.get('role')!r} may not issue {command.kind}", kind=command.kind, role=member.get("role")
+                )
+            public_key = member.get("public_key")
+            if public_key:
+                verify_signature(bytes.fromhex(public_key), data if data is not None else command_bytes(command), command.signature)
+
+    key = aggregate_key(spec.aggregate_type, command.target)
+    current = view.revision(key)
+    if command.expected_revision is not None and command.expected_revision != current:
+        raise RevisionMismatch(
+            f"{key} is at revision {current}, not {command.expected_revision}; re-read and retry",
+            current_revision=current,
+            aggregate=key,
+        )
+    if spec.compare_and_set and command.expected_revision is None:
+        raise InvalidCommand(f"{command.kind} is compare-and-set: give expected_revision", field="expected_revision")
+
+    context = Context(group=command.group, now_ms=now_ms, member=member)
+    decision = spec.decide(view, command, context)
+    canonical.check_content(decision.body, "event body")
+    draft = Event(
+        group=command.group,
+        seq=seq,
+        event_id=make_event_id(command.group, seq),
+        kind=command.kind,
+        aggregate=key,
+        revision=current,
+        actor=command.actor,
+        action_id=command.action_id,
+        content_hash=content_hash,
+        accepted_at_ms=now_ms,
+        authoritative=decision.authoritative,
+        body=decision.body,
+        effects=[],
+        payload_hash=ZERO_HASH,
+        prev_hash=prev_hash,
+        hash=ZERO_HASH,
+    )
+    effects: list[Effect] = []
+    revision = current
+    if decision.authoritative:
+        changes = spec.evolve(view, draft)
+        for changed_key in sorted(changes):
+            new_revision = view.revision(changed_key) + 1
+            effects.append(Effect(changed_key, new_revision, changes[changed_key]))
+            if changed_key == key:
+                revision = new_revision
+    payload = payload_hash_of(decision.body)
+    digest = event_hash(
+        group=draft.group,
+        seq=seq,
+        event_id=draft.event_id,
+        kind=draft.kind,
+        aggregate=key,
+        revision=revision,
+        actor=draft.actor,
+        action_id=draft.action_id,
+        content_hash=content_hash,
+        accepted_at_ms=now_ms,
+        authoritative=decision.authoritative,
+        effects=effects,
+        payload_hash=payload,
+        prev_hash=prev_hash,
+    )
+    return Event(
+        group=draft.group,
+        seq=seq,
+        event_id=draft.event_id,
+        kind=draft.kind,
+        aggregate=key,
+        revision=revision,
+        actor=draft.actor,
+        action_id=draft.action_id,
+        content_hash=content_hash,
+        accepted_at_ms=now_ms,
+        authoritative=decision.authoritative,
+        body=decision.body,
+        effects=effects,
+        payload_hash=payload,
+        prev_hash=prev_hash,
+        hash=digest,
+    )
+
+
+# -- In-memory driver (for rule tests and reference models; no disk) ----------------------------
+
+
+@dataclass
+class MemoryGroup:
+    """One Group's aggregates in memory, driven by the same pipeline as the engine.
+
+    No idempotency receipts and no durability: it exists so rules can be tested as pure functions.
+    """
+
+    group: str
+    states: dict[str, dict[str, Any]] = field(default_factory=dict)
+    revisions: dict[str, int] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.states.get(key)
+
+    def revision(self, key: str) -> int:
+        return self.revisions.get(key, 0)
+
+    @property
+    def head_hash(self) -> bytes:
+        return self.events[-1].hash if self.events else ZERO_HASH
+
+    def accept(self, command: Command, *, now_ms: int, trusted: bool = False) -> Event:
+        from .messages import check_command
+
+        check_command(command)
+        data = command_bytes(command)
+        event = run_transition(
+            self,
+            command,
+            seq=len(self.events) + 1,
+            now_ms=now_ms,
+            prev_hash=self.head_hash,
+            content_hash=canonical.content_hash(data),
+            data=data,
+            trusted=trusted,
+        )
+        self.apply(event)
+        return event
+
+    def apply(self, event: Event) -> None:
+        apply_effects(self.states, self.revisions, event.effects)
+        self.events.append(event)
+
+
+def apply_effects(
+    states: dict[str, dict[str, Any]], revisions: dict[str, int], effects: Iterable[Effect]
+) -> None:
+    for effect in effects:
+        revisions[effect.aggregate] = effect.revision
+        if effect.state is None:
+            states.pop(effect.aggregate, None)
+        else:
+            states[effect.aggregate] = effect.state
