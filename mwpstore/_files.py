@@ -1,0 +1,182 @@
+"""Durable file helpers for snapshots, audit logs and key files.
+
+Every file these modules create is written under a temporary name in the target directory,
+fsynced, moved into place and followed by a directory fsync (DESIGN.md §4 "Files"), so a crash
+leaves either the old file or the complete new one. Secret files (signing keys, Organization
+keys) are created with mode 0600 and published with ``link`` instead of ``rename`` so two
+processes creating the same key at once never replace each other's key: the loser reads the
+winner's file. Reading a secret file refuses anything but a regular file owned by this user with
+no group or other permission bits and the exact expected size.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+
+from .errors import MwpError, StorageFailed, translate
+
+
+class KeyFileInvalid(StorageFailed):
+    """A key file exists but cannot be trusted (permissions, owner, type or size); it was not used.
+
+    Fix the file (``chmod 600``, restore it from a backup) or move it away to have a new key
+    generated. Subclass of ``StorageFailed`` until the code is registered in ``errors.py``.
+    """
+
+    code = "KEY_FILE_INVALID"
+
+
+def fsync_directory(directory: str) -> None:
+    """fsync a directory so that a rename, link or unlink inside it is durable."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _temp_path(path: str) -> str:
+    directory, name = os.path.split(os.path.abspath(path))
+    return os.path.join(directory, f".{name}.{secrets.token_hex(8)}.tmp")
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def write_file_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
+    """Write ``data`` to ``path`` atomically: temp file, fsync, rename over ``path``, dir fsync.
+
+    Raises ``StorageFailed`` on any I/O error; the temporary file is removed on failure.
+    """
+    temp = _temp_path(path)
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        try:
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(temp, path)
+        fsync_directory(os.path.dirname(os.path.abspath(path)))
+    except OSError as exc:
+        _remove_quietly(temp)
+        raise translate(exc, context=f"writing {path}") from None
+
+
+def _remove_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def ensure_private_directory(directory: str) -> None:
+    """Create ``directory`` (mode 0700) if missing; an existing directory is left as it is."""
+    try:
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+    except OSError as exc:
+        raise translate(exc, context=f"creating {directory}") from None
+
+
+def create_secret_file(path: str, data: bytes) -> bool:
+    """Publish ``data`` at ``path`` (mode 0600) unless a file is already there.
+
+    Returns True if this call created the file, False if another one was there first (the caller
+    then reads that one). Temp file, fsync, ``link`` (never replaces), unlink temp, dir fsync.
+    """
+    temp = _temp_path(path)
+    try:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            os.fchmod(fd, 0o600)  # the umask may have removed bits, never added: make it exact
+            _write_all(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        try:
+            os.link(temp, path)
+            created = True
+        except FileExistsError:
+            created = False
+        os.unlink(temp)
+        fsync_directory(os.path.dirname(os.path.abspath(path)))
+        return created
+    except OSError as exc:
+        _remove_quietly(temp)
+        raise translate(exc, context=f"creating {path}") from None
+
+
+def read_secret_file(path: str, size: int) -> bytes | None:
+    """Read a secret file of exactly ``size`` bytes; None if it does not exist.
+
+    Raises ``KeyFileInvalid`` if it is not a regular file, is not owned by this user, grants any
+    permission to group or others, or has the wrong size.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise KeyFileInvalid(f"key file {path} is a symbolic link; refusing it", path=path, reason="type") from None
+        raise translate(exc, context=f"opening {path}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise KeyFileInvalid(f"key file {path} is not a regular file", path=path, reason="type")
+        if info.st_uid != os.geteuid():
+            raise KeyFileInvalid(f"key file {path} is owned by another user", path=path, reason="owner")
+        if info.st_mode & 0o077:
+            raise KeyFileInvalid(
+                f"key file {path} has mode {stat.S_IMODE(info.st_mode):04o}; it must be readable by its owner only"
+                f" (chmod 600 {path})",
+                path=path,
+                reason="mode",
+                mode=stat.S_IMODE(info.st_mode),
+            )
+        if info.st_size != size:
+            raise KeyFileInvalid(
+                f"key file {path} holds {info.st_size} bytes, not {size}; it is damaged or not a key",
+                path=path,
+                reason="size",
+                size=info.st_size,
+            )
+        data = os.read(fd, size + 1)
+        if len(data) != size:
+            raise KeyFileInvalid(f"key file {path} changed size while being read", path=path, reason="size")
+        return data
+    except MwpError:
+        raise
+    except OSError as exc:
+        raise translate(exc, context=f"reading {path}") from None
+    finally:
+        os.close(fd)
+
+
+def read_file_capped(path: str, bytes_max: int, *, missing_ok: bool = False) -> bytes | None:
+    """Read a whole file if it holds at most ``bytes_max`` bytes; None if it is larger.
+
+    With ``missing_ok``, a missing file also reads as None; otherwise it raises ``StorageFailed``.
+    """
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > bytes_max:
+                return None
+            data = handle.read(bytes_max + 1)
+    except FileNotFoundError as exc:
+        if missing_ok:
+            return None
+        raise translate(exc, context=f"reading {path}") from None
+    except OSError as exc:
+        raise translate(exc, context=f"reading {path}") from None
+    if len(data) > bytes_max:
+        return None
+    return data

@@ -1,0 +1,543 @@
+"""Signed snapshots of one Group's authoritative state at a sequence (``docs/format/snapshot.md``).
+
+A snapshot file is a fixed 40-byte prefix, a canonical JSON header, an Ed25519 signature over a
+domain tag and the exact header bytes, and the state: every aggregate of the Group as a sorted
+list of ``Effect(aggregate, revision, state)`` encoded with msgpack (sorted map keys). The header
+commits to the state by its blake3 hash and length, so one signature covers everything.
+
+``verify_snapshot`` is the only way to turn bytes into a ``VerifiedSnapshot``. It fails closed, in
+this order, raising ``SnapshotInvalid`` whose ``check`` names the failed step:
+
+1. ``size``      the file and its declared lengths are within the caps and add up exactly
+                 (truncated and appended files fail here), before anything is parsed;
+2. ``format``    the magic and reserved prefix bytes (nothing else is parsed yet);
+3. ``key``       the key id in the prefix names a key in the verifier's ``Keyring``;
+4. ``signature`` Ed25519 over ``DOMAIN_SNAPSHOT + header bytes`` verifies with that key; then the
+                 header must be canonical JSON (``format``) and name the same key id (``key``);
+5. ``hash``      the state's length and blake3 hash equal the header's;
+6. ``version``   format and schema versions are ones this code reads;
+7. ``binding``   the Organization and Group are the ones the caller expects;
+8. ``sequence``  the sequence is not below the caller's high-water mark (no rollback);
+9. ``format``    the state decodes to strictly sorted, well-formed aggregates.
+
+Nothing is returned unless every step passed.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import blake3
+import msgspec
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from . import canonical, limits
+from ._files import (
+    KeyFileInvalid,
+    create_secret_file,
+    ensure_private_directory,
+    read_file_capped,
+    read_secret_file,
+    write_file_atomic,
+)
+from .errors import InvalidCommand, LimitExceeded, SnapshotInvalid
+from .messages import HASH_BYTES, Effect
+
+# -- Format constants (docs/format/snapshot.md, "Layout") ------------------------------------------
+
+MAGIC = b"MWPSNAP\x00"
+FORMAT_VERSION = 1
+"""Version of the file layout and header fields."""
+SCHEMA_VERSION = 1
+"""Version of the aggregate state schema (the work model's state dicts)."""
+KEY_ID_CHARS = 16
+"""A key id is the first 8 bytes of blake3(raw public key), as 16 lowercase hex characters."""
+PREFIX_BYTES = 8 + 2 + 2 + 4 + 8 + KEY_ID_CHARS  # magic, version, reserved, header length, state length, key id
+SIGNATURE_BYTES = limits.SIGNATURE_BYTES
+SNAPSHOT_FILE_BYTES_MAX = (
+    PREFIX_BYTES + limits.SNAPSHOT_HEADER_BYTES_MAX + SIGNATURE_BYTES + limits.SNAPSHOT_STATE_BYTES_MAX
+)
+DOMAIN_SNAPSHOT = b"mwpstore/snapshot/v1\x00"
+"""Signed bytes are ``DOMAIN_SNAPSHOT + header bytes``: a snapshot signature can never be replayed
+as the signature of a Command or anything else the same key might sign."""
+
+_PREFIX = struct.Struct("<8sHHIQ16s")
+assert _PREFIX.size == PREFIX_BYTES
+
+_SEED_BYTES = 32
+
+
+# -- Header and result types -----------------------------------------------------------------------
+
+
+class SnapshotHeader(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The signed header. Hashes are lowercase hex so the header reads as plain JSON."""
+
+    format_version: int
+    schema_version: int
+    org: str
+    group: str
+    seq: int
+    head_hash: str
+    state_hash: str
+    state_bytes: int
+    aggregates: int
+    created_at_ms: int
+    key_id: str
+
+
+class VerifiedSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """A snapshot that passed every check of ``verify_snapshot``; the only way to obtain one."""
+
+    org: str
+    group: str
+    seq: int
+    head_hash: bytes
+    aggregates: list[Effect]
+    key_id: str
+    created_at_ms: int
+
+    def states_and_revisions(self) -> tuple[dict[str, dict[str, Any]], dict[str, int]]:
+        """The aggregates as ``(states, revisions)``; a deleted aggregate keeps only its revision."""
+        states: dict[str, dict[str, Any]] = {}
+        revisions: dict[str, int] = {}
+        for effect in self.aggregates:
+            revisions[effect.aggregate] = effect.revision
+            if effect.state is not None:
+                states[effect.aggregate] = effect.state
+        return states, revisions
+
+
+class SnapshotRef(msgspec.Struct, frozen=True, kw_only=True):
+    """Where to fetch a signed snapshot and how to recognise it: what ``CURSOR_TOO_OLD`` carries.
+
+    ``location`` is a path relative to the store (or an opaque id the server resolves);
+    ``file_hash`` is blake3 of the whole file, hex. The reference is a hint, not a proof: the
+    fetched bytes are checked against ``file_hash`` and then fully verified.
+    """
+
+    org: str
+    group: str
+    seq: int
+    location: str
+    file_hash: str
+    file_bytes: int
+    key_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return msgspec.to_builtins(self)
+
+    @classmethod
+    def from_dict(cls, value: Mapping[str, Any]) -> SnapshotRef:
+        try:
+            return msgspec.convert(dict(value), cls)
+        except msgspec.ValidationError as exc:
+            raise SnapshotInvalid(f"not a snapshot reference: {exc}", check="format") from None
+
+
+# -- Keys --------------------------------------------------------------------------------------------
+
+
+def key_id_of(public_key: bytes) -> str:
+    """The key id of a raw 32-byte Ed25519 public key."""
+    return blake3.blake3(public_key).hexdigest()[:KEY_ID_CHARS]
+
+
+class Keyring:
+    """The public keys a verifier trusts, by key id. Holding several at once allows rotation:
+    trust the new key, start signing with it, stop trusting the old one once its snapshots expire."""
+
+    def __init__(self, public_keys: Iterable[bytes] = ()) -> None:
+        self._keys: dict[str, tuple[bytes, Ed25519PublicKey]] = {}
+        for public_key in public_keys:
+            self.add(public_key)
+
+    def add(self, public_key: bytes) -> str:
+        """Trust ``public_key`` (32 raw bytes); returns its key id."""
+        if type(public_key) is not bytes or len(public_key) != limits.PUBLIC_KEY_BYTES:
+            raise InvalidCommand(f"a public key is {limits.PUBLIC_KEY_BYTES} raw bytes", field="public_key")
+        try:
+            loaded = Ed25519PublicKey.from_public_bytes(public_key)
+        except ValueError:
+            raise InvalidCommand("not an Ed25519 public key", field="public_key") from None
+        key_id = key_id_of(public_key)
+        self._keys[key_id] = (public_key, loaded)
+        return key_id
+
+    def add_file(self, path: str) -> str:
+        """Trust the public key in ``path`` (64 hex characters, as written by ``SigningKey``)."""
+        data = read_file_capped(path, 4096)
+        try:
+            public_key = bytes.fromhex((data or b"").decode("ascii").strip())
+        except (UnicodeDecodeError, ValueError):
+            raise InvalidCommand(f"{path} does not hold a hex public key", field="public_key") from None
+        return self.add(public_key)
+
+    def remove(self, key_id: str) -> None:
+        self._keys.pop(key_id, None)
+
+    def public_key(self, key_id: str) -> bytes | None:
+        entry = self._keys.get(key_id)
+        return entry[0] if entry else None
+
+    def _verifier(self, key_id: str) -> Ed25519PublicKey | None:
+        entry = self._keys.get(key_id)
+        return entry[1] if entry else None
+
+    @property
+    def key_ids(self) -> list[str]:
+        return sorted(self._keys)
+
+    def __contains__(self, key_id: object) -> bool:
+        return key_id in self._keys
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+
+class SigningKey:
+    """An Ed25519 key that signs snapshots. ``load_or_create`` keeps it in a 0600 file."""
+
+    def __init__(self, private_key: Ed25519PrivateKey) -> None:
+        self._private_key = private_key
+        self.public_key: bytes = private_key.public_key().public_bytes_raw()
+        self.key_id: str = key_id_of(self.public_key)
+
+    @classmethod
+    def generate(cls) -> SigningKey:
+        return cls(Ed25519PrivateKey.generate())
+
+    @classmethod
+    def from_seed(cls, seed: bytes) -> SigningKey:
+        if type(seed) is not bytes or len(seed) != _SEED_BYTES:
+            raise InvalidCommand(f"a signing key seed is {_SEED_BYTES} bytes", field="seed")
+        return cls(Ed25519PrivateKey.from_private_bytes(seed))
+
+    @classmethod
+    def load_or_create(cls, directory: str, *, name: str = "snapshot-signing") -> SigningKey:
+        """Load ``directory/<name>.key``, generating it on first use.
+
+        The key file holds the raw 32-byte seed, mode 0600, created atomically and never replaced
+        (two processes racing both end up with the same key). A key file with group or other
+        permission bits, another owner, or the wrong size raises ``KeyFileInvalid``. The public
+        key is also written to ``<name>.pub`` (hex) for verifiers to trust.
+        """
+        canonical.check_id(name, "name")
+        ensure_private_directory(directory)
+        path = os.path.join(directory, f"{name}.key")
+        seed = read_secret_file(path, _SEED_BYTES)
+        if seed is None:
+            fresh = Ed25519PrivateKey.generate().private_bytes_raw()
+            create_secret_file(path, fresh)
+            seed = read_secret_file(path, _SEED_BYTES)  # ours, or the one a racing process linked first
+            if seed is None:
+                raise KeyFileInvalid(f"key file {path} vanished while being created", path=path, reason="missing")
+        key = cls.from_seed(seed)
+        public_path = os.path.join(directory, f"{name}.pub")
+        expected = key.public_key.hex().encode("ascii") + b"\n"
+        if read_file_capped(public_path, 4096, missing_ok=True) != expected:
+            write_file_atomic(public_path, expected, mode=0o644)
+        return key
+
+    def sign(self, data: bytes) -> bytes:
+        return self._private_key.sign(data)
+
+
+# -- Encoding -----------------------------------------------------------------------------------------
+
+_HEADER_ENCODER = msgspec.json.Encoder(order="sorted")
+_STATE_ENCODER = msgspec.msgpack.Encoder(order="sorted")
+_STATE_DECODER = msgspec.msgpack.Decoder(list[Effect])
+
+
+def header_bytes(header: SnapshotHeader) -> bytes:
+    """The canonical bytes of a header: the one function whose output is signed."""
+    return _HEADER_ENCODER.encode(header)
+
+
+def encode_state(aggregates: list[Effect]) -> bytes:
+    """Canonical state bytes of aggregates already sorted by key."""
+    return _STATE_ENCODER.encode(aggregates)
+
+
+def aggregates_from(states: Mapping[str, dict[str, Any]], revisions: Mapping[str, int]) -> list[Effect]:
+    """Sorted aggregates from an engine's ``states`` and ``revisions`` (e.g. a ``MemoryGroup``).
+
+    An aggregate with a revision but no state (deleted) is kept with state None, so a restore
+    continues its revisions where the Group left them.
+    """
+    return [Effect(key, revisions[key], states.get(key)) for key in sorted(revisions)]
+
+
+def _checked_aggregates(aggregates: Iterable[Effect | tuple[str, int, dict[str, Any] | None]]) -> list[Effect]:
+    items = [item if type(item) is Effect else Effect(*item) for item in aggregates]
+    items.sort(key=_aggregate_key)  # linear when already sorted
+    previous = None
+    for item in items:
+        key = item.aggregate
+        if type(key) is not str or not key or (previous is not None and key <= previous):
+            raise InvalidCommand(f"aggregate keys must be unique non-empty strings ({key!r})", field="aggregates")
+        if type(item.revision) is not int or item.revision < 1:
+            raise InvalidCommand(f"aggregate {key!r} needs a revision >= 1", field="aggregates")
+        if item.state is not None and type(item.state) is not dict:
+            raise InvalidCommand(f"aggregate {key!r} state must be a dict or None", field="aggregates")
+        previous = key
+    return items
+
+
+def _aggregate_key(effect: Effect) -> str:
+    return effect.aggregate
+
+
+def create_snapshot(
+    *,
+    org: str,
+    group: str,
+    seq: int,
+    head_hash: bytes,
+    aggregates: Iterable[Effect | tuple[str, int, dict[str, Any] | None]],
+    signer: SigningKey,
+    created_at_ms: int,
+) -> bytes:
+    """Build and sign the snapshot of ``group`` at ``seq`` whose chain head is ``head_hash``.
+
+    ``aggregates`` are ``Effect``s or ``(key, revision, state)`` tuples, in any order (they are
+    sorted). Returns the file bytes; write them with ``write_snapshot_file``.
+    """
+    canonical.check_id(org, "org")
+    canonical.check_id(group, "group")
+    if type(seq) is not int or not 0 <= seq <= limits.INT_ABS_MAX:
+        raise InvalidCommand("seq must be a non-negative integer", field="seq")
+    if type(head_hash) is not bytes or len(head_hash) != HASH_BYTES:
+        raise InvalidCommand(f"head_hash must be {HASH_BYTES} bytes", field="head_hash")
+    if type(created_at_ms) is not int or not 0 <= created_at_ms <= limits.INT_ABS_MAX:
+        raise InvalidCommand("created_at_ms must be a non-negative integer", field="created_at_ms")
+    items = _checked_aggregates(aggregates)
+    try:
+        state = encode_state(items)
+    except (msgspec.EncodeError, TypeError, OverflowError) as exc:
+        raise InvalidCommand(f"aggregate state cannot be encoded: {exc}", field="aggregates") from None
+    if len(state) > limits.SNAPSHOT_STATE_BYTES_MAX:
+        raise LimitExceeded(
+            f"the state encodes to {len(state)} bytes, above {limits.SNAPSHOT_STATE_BYTES_MAX}", field="aggregates"
+        )
+    header = SnapshotHeader(
+        format_version=FORMAT_VERSION,
+        schema_version=SCHEMA_VERSION,
+        org=org,
+        group=group,
+        seq=seq,
+        head_hash=head_hash.hex(),
+        state_hash=blake3.blake3(state).hexdigest(),
+        state_bytes=len(state),
+        aggregates=len(items),
+        created_at_ms=created_at_ms,
+        key_id=signer.key_id,
+    )
+    encoded = header_bytes(header)
+    if len(encoded) > limits.SNAPSHOT_HEADER_BYTES_MAX:
+        raise LimitExceeded("the snapshot header is too large", field="header")
+    signature = signer.sign(DOMAIN_SNAPSHOT + encoded)
+    prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, 0, len(encoded), len(state), signer.key_id.encode("ascii"))
+    return b"".join((prefix, encoded, signature, state))
+
+
+# -- Verification ---------------------------------------------------------------------------------
+
+
+def _fail(check: str, message: str) -> SnapshotInvalid:
+    return SnapshotInvalid(f"snapshot rejected ({check}): {message}", check=check)
+
+
+def _is_hex(value: object, chars: int) -> bool:
+    if type(value) is not str or len(value) != chars:
+        return False
+    return all(c in "0123456789abcdef" for c in value)
+
+
+def verify_snapshot(
+    data: bytes | bytearray | memoryview,
+    *,
+    keyring: Keyring,
+    org: str | None = None,
+    group: str | None = None,
+    high_water_seq: int = 0,
+) -> VerifiedSnapshot:
+    """Verify snapshot bytes completely (see the module docstring for the order of checks).
+
+    ``org``/``group`` (when given) must match the header; ``high_water_seq`` is the highest
+    sequence the caller already holds for this Group: an older snapshot is a rollback.
+    """
+    view = memoryview(data)
+    # 1. size: caps before parsing anything but the fixed-width lengths.
+    if len(view) > SNAPSHOT_FILE_BYTES_MAX:
+        raise _fail("size", f"{len(view)} bytes is above the {SNAPSHOT_FILE_BYTES_MAX}-byte cap")
+    if len(view) < PREFIX_BYTES:
+        raise _fail("size", f"{len(view)} bytes is shorter than the {PREFIX_BYTES}-byte prefix")
+    magic, prefix_version, reserved, header_length, state_length, raw_key_id = _PREFIX.unpack_from(view)
+    if header_length == 0 or header_length > limits.SNAPSHOT_HEADER_BYTES_MAX:
+        raise _fail("size", f"header length {header_length} is outside 1..{limits.SNAPSHOT_HEADER_BYTES_MAX}")
+    if state_length > limits.SNAPSHOT_STATE_BYTES_MAX:
+        raise _fail("size", f"state length {state_length} is above {limits.SNAPSHOT_STATE_BYTES_MAX}")
+    expected_length = PREFIX_BYTES + header_length + SIGNATURE_BYTES + state_length
+    if len(view) != expected_length:
+        raise _fail("size", f"the lengths add up to {expected_length} bytes but the file has {len(view)}")
+    # 2. format: identification bytes only.
+    if magic != MAGIC or reserved != 0:
+        raise _fail("format", "not a mwpstore snapshot (bad magic or reserved bytes)")
+    # 3. key: the prefix names the key; only a trusted one is used.
+    key_id = raw_key_id.decode("ascii", "replace")
+    verifier = keyring._verifier(key_id)
+    if verifier is None:
+        raise _fail("key", f"key id {key_id!r} is not in the keyring")
+    # 4. signature over the exact header bytes.
+    header_end = PREFIX_BYTES + header_length
+    header_raw = bytes(view[PREFIX_BYTES:header_end])
+    signature = bytes(view[header_end : header_end + SIGNATURE_BYTES])
+    try:
+        verifier.verify(signature, DOMAIN_SNAPSHOT + header_raw)
+    except InvalidSignature:
+        raise _fail("signature", f"the header signature does not verify with key {key_id}") from None
+    try:
+        fields = msgspec.json.decode(header_raw)
+    except msgspec.DecodeError:
+        raise _fail("format", "the signed header is not JSON") from None
+    if type(fields) is not dict or canonical.canonical_bytes(fields) != header_raw:
+        raise _fail("format", "the signed header is not in canonical form")
+    if fields.get("key_id") != key_id:
+        raise _fail("key", "the signed header names another key id than the prefix")
+    # 5. hash and length of the state.
+    state = view[expected_length - state_length :]
+    declared_hash, declared_length = fields.get("state_hash"), fields.get("state_bytes")
+    if type(declared_length) is not int or declared_length != state_length:
+        raise _fail("hash", f"the header declares {declared_length!r} state bytes, the file holds {state_length}")
+    if not _is_hex(declared_hash, 2 * HASH_BYTES) or blake3.blake3(state).hexdigest() != declared_hash:
+        raise _fail("hash", "the state's blake3 hash differs from the signed header")
+    # 6. versions.
+    format_version, schema_version = fields.get("format_version"), fields.get("schema_version")
+    if format_version != FORMAT_VERSION or prefix_version != FORMAT_VERSION:
+        raise _fail("version", f"format version {format_version!r}/{prefix_version} is not {FORMAT_VERSION}")
+    if schema_version != SCHEMA_VERSION:
+        raise _fail("version", f"schema version {schema_version!r} is not {SCHEMA_VERSION}")
+    try:
+        header = msgspec.convert(fields, SnapshotHeader)
+    except msgspec.ValidationError as exc:
+        raise _fail("format", f"header fields: {exc}") from None
+    _check_header_fields(header)
+    # 7. binding.
+    if org is not None and header.org != org:
+        raise _fail("binding", f"snapshot is for organization {header.org!r}, not {org!r}")
+    if group is not None and header.group != group:
+        raise _fail("binding", f"snapshot is for group {header.group!r}, not {group!r}")
+    # 8. sequence: no rollback below what the caller already holds.
+    if header.seq < high_water_seq:
+        raise _fail("sequence", f"snapshot sequence {header.seq} is below the high-water mark {high_water_seq}")
+    # 9. the state itself.
+    aggregates = _decode_state(state, header.aggregates)
+    return VerifiedSnapshot(
+        org=header.org,
+        group=header.group,
+        seq=header.seq,
+        head_hash=bytes.fromhex(header.head_hash),
+        aggregates=aggregates,
+        key_id=key_id,
+        created_at_ms=header.created_at_ms,
+    )
+
+
+def _check_header_fields(header: SnapshotHeader) -> None:
+    for name in ("org", "group"):
+        try:
+            canonical.check_id(getattr(header, name), name)
+        except InvalidCommand as exc:
+            raise _fail("format", f"header {name}: {exc.message}") from None
+    if not 0 <= header.seq <= limits.INT_ABS_MAX or not 0 <= header.created_at_ms <= limits.INT_ABS_MAX:
+        raise _fail("format", "header seq and created_at_ms must be non-negative 64-bit integers")
+    if not 0 <= header.aggregates <= header.state_bytes:
+        raise _fail("format", "header aggregate count is impossible for the state length")
+    if not _is_hex(header.head_hash, 2 * HASH_BYTES):
+        raise _fail("format", "header head_hash must be 64 lowercase hex characters")
+
+
+def _decode_state(state: memoryview, count: int) -> list[Effect]:
+    try:
+        aggregates = _STATE_DECODER.decode(state)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise _fail("format", f"the state does not decode: {exc}") from None
+    if len(aggregates) != count:
+        raise _fail("format", f"the state holds {len(aggregates)} aggregates, the header says {count}")
+    keys = [effect.aggregate for effect in aggregates]
+    if any(not key for key in keys) or any(a >= b for a, b in zip(keys, keys[1:])):
+        raise _fail("format", "aggregate keys are not unique, non-empty and sorted")
+    if any(effect.revision < 1 for effect in aggregates):
+        raise _fail("format", "every aggregate needs a revision >= 1")
+    return aggregates
+
+
+# -- Files and references -------------------------------------------------------------------------
+
+
+def write_snapshot_file(path: str, data: bytes) -> None:
+    """Write snapshot bytes to ``path`` atomically (temp file, fsync, rename, directory fsync)."""
+    write_file_atomic(path, data, mode=0o600)
+
+
+def read_snapshot_file(path: str) -> bytes:
+    """Read a snapshot file, refusing one above the size cap before reading it."""
+    data = read_file_capped(path, SNAPSHOT_FILE_BYTES_MAX)
+    if data is None:
+        raise _fail("size", f"{path} is larger than the {SNAPSHOT_FILE_BYTES_MAX}-byte cap")
+    return data
+
+
+def snapshot_ref(data: bytes, *, location: str) -> SnapshotRef:
+    """A reference to snapshot bytes this process created (the header is read, not verified)."""
+    _, _, _, header_length, _, raw_key_id = _PREFIX.unpack_from(data)
+    header = msgspec.json.decode(data[PREFIX_BYTES : PREFIX_BYTES + header_length], type=SnapshotHeader)
+    return SnapshotRef(
+        org=header.org,
+        group=header.group,
+        seq=header.seq,
+        location=location,
+        file_hash=blake3.blake3(data).hexdigest(),
+        file_bytes=len(data),
+        key_id=raw_key_id.decode("ascii"),
+    )
+
+
+def check_snapshot_ref(data: bytes | memoryview, ref: SnapshotRef) -> None:
+    """Check fetched bytes against the reference that named them (size, then blake3 → ``hash``).
+
+    Run before ``verify_snapshot(data, group=ref.group, org=ref.org, ...)``; it does not replace it.
+    """
+    if len(data) > SNAPSHOT_FILE_BYTES_MAX or len(data) != ref.file_bytes:
+        raise _fail("size", f"{len(data)} bytes, the reference says {ref.file_bytes}")
+    if blake3.blake3(data).hexdigest() != ref.file_hash:
+        raise _fail("hash", "the file's blake3 hash differs from the snapshot reference")
+
+
+__all__ = [
+    "DOMAIN_SNAPSHOT",
+    "FORMAT_VERSION",
+    "KeyFileInvalid",
+    "Keyring",
+    "MAGIC",
+    "SCHEMA_VERSION",
+    "SigningKey",
+    "SnapshotHeader",
+    "SnapshotRef",
+    "VerifiedSnapshot",
+    "aggregates_from",
+    "check_snapshot_ref",
+    "create_snapshot",
+    "header_bytes",
+    "key_id_of",
+    "read_snapshot_file",
+    "snapshot_ref",
+    "verify_snapshot",
+    "write_snapshot_file",
+]
