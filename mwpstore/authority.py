@@ -1,0 +1,1029 @@
+"""The authority: atomic acceptance transactions over a segment log with an LMDB index.
+
+One accepted Command is one Event record in the segment log (the commit point) and one LMDB
+transaction that reflects it (states, heads, receipts, indexes). Many threads call ``accept``; a
+leader gathers the waiting Commands, decides them in order against the uncommitted state, writes
+their Events with one log append (one write, one fdatasync), commits LMDB once, and wakes every
+caller with its own receipt or rejection (group commit). See ``docs/recovery.md`` for what open()
+does after a crash or a power loss.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import lmdb
+import msgspec
+
+from . import canonical, failpoints, limits
+from .errors import (
+    ActionIdCollision,
+    Corruption,
+    CursorTooOld,
+    InvalidCommand,
+    LimitExceeded,
+    MwpError,
+    SequenceGap,
+    StorageFailed,
+    StoreClosed,
+    translate,
+)
+from .index import (
+    INDEX_FORMAT,
+    Index,
+    ack_key,
+    decode_head,
+    decode_state,
+    encode_head,
+    encode_state,
+    event_key,
+    read_u64,
+    receipt_key,
+    remove_index,
+    state_key,
+    u64,
+)
+from .messages import (
+    ZERO_HASH,
+    AcceptResult,
+    Command,
+    Event,
+    Receipt,
+    check_command,
+    command_bytes,
+    decode_event,
+    decode_receipt,
+    encode_event,
+    encode_receipt,
+    payload_hash_of,
+    receipt_for,
+    recompute_event_hash,
+)
+from .registry import ENGINE_ACTOR, run_transition
+from .segment_log import SegmentLog
+
+EVENT_TAG = b"E"
+ACK_TAG = b"A"
+_ACK_ENCODER = msgspec.msgpack.Encoder()
+_ACK_DECODER = msgspec.msgpack.Decoder(tuple[str, str, int])
+BATCH_RECORD_BYTES_SOFT_MAX = 8 * 1024 * 1024
+REDO_COMMIT_RECORDS = 50_000
+
+
+def default_clock() -> int:
+    """Wall-clock milliseconds since the Unix epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def current_boot_id() -> str:
+    """The kernel's boot id (tells a process crash from a reboot). Tests may override it."""
+    override = os.environ.get("MWPSTORE_BOOT_ID")
+    if override:
+        return override
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return "unknown"
+
+
+# -- Requests handed to the commit leader ----------------------------------------------------------
+
+
+class _Request:
+    __slots__ = ("command", "data", "content_hash", "trusted", "ack", "receipt", "error", "ack_result")
+
+    def __init__(
+        self,
+        command: Command | None,
+        data: bytes = b"",
+        content_hash: bytes = b"",
+        trusted: bool = False,
+        ack: tuple[str, str, int] | None = None,
+    ) -> None:
+        self.command = command
+        self.data = data
+        self.content_hash = content_hash
+        self.trusted = trusted
+        self.ack = ack
+        self.receipt: Receipt | None = None
+        self.error: MwpError | None = None
+        self.ack_result = 0
+
+
+class _Unit:
+    """Requests that must share one durable commit (one ``accept`` or one ``accept_many``)."""
+
+    __slots__ = ("requests", "done")
+
+    def __init__(self, requests: list[_Request]) -> None:
+        self.requests = requests
+        self.done = False
+
+
+class _GroupView:
+    """A StateView of one Group: the batch's uncommitted changes over the LMDB write transaction."""
+
+    __slots__ = ("_batch", "_group")
+
+    def __init__(self, batch: _Batch, group: str) -> None:
+        self._batch = batch
+        self._group = group
+
+    def _entry(self, key: str) -> tuple[int, dict[str, Any] | None]:
+        batch = self._batch
+        full_key = state_key(self._group, key)
+        entry = batch.states.get(full_key)
+        if entry is None:
+            value = batch.txn.get(full_key, db=batch.index.states)
+            entry = (0, None) if value is None else decode_state(value)
+            batch.states[full_key] = entry
+        return entry
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self._entry(key)[1]
+
+    def revision(self, key: str) -> int:
+        return self._entry(key)[0]
+
+
+@dataclass
+class _Batch:
+    index: Index
+    txn: lmdb.Transaction
+    states: dict[bytes, tuple[int, dict[str, Any] | None]] = field(default_factory=dict)
+    dirty_states: dict[bytes, bytes] = field(default_factory=dict)
+    heads: dict[str, tuple[int, bytes]] = field(default_factory=dict)
+    receipts: dict[bytes, tuple[bytes, Receipt, bytes]] = field(default_factory=dict)
+    acks: dict[bytes, int] = field(default_factory=dict)
+    records: list[bytes] = field(default_factory=list)
+    events: list[Event] = field(default_factory=list)
+    record_bytes: int = 0
+
+    def head(self, group: str) -> tuple[int, bytes]:
+        head = self.heads.get(group)
+        if head is None:
+            head = decode_head(self.txn.get(group.encode(), db=self.index.heads))
+        return head
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What ``verify`` checked and found. ``problems`` is empty when everything holds."""
+
+    records: int
+    events: int
+    groups: int
+    problems: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass(frozen=True)
+class OpenReport:
+    """How open() brought the index level with the log."""
+
+    mode: str  # "clean", "redo" or "rebuild"
+    reason: str
+    redo_records: int
+
+
+class Authority:
+    """The authoritative store: ``accept``, ``read``, ``subscribe``, ``ack``, ``verify``, ``rebuild``.
+
+    Open with :meth:`open`. One writer process per directory (``STORE_LOCKED`` otherwise); any
+    number of threads may call every method concurrently.
+    """
+
+    def __init__(self) -> None:  # use Authority.open
+        raise TypeError("use Authority.open(path, ...)")
+
+    # -- opening and closing ---------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        clock: Callable[[], int] | None = None,
+        sync: bool = True,
+        segment_bytes: int = limits.SEGMENT_BYTES_DEFAULT,
+        map_size: int = limits.LMDB_MAP_BYTES_DEFAULT,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> Authority:
+        """Open (creating on first use) the authority stored under ``path``.
+
+        ``sync=False`` is a bulk-load mode: commits are not durable until :meth:`sync` or close.
+        ``progress(done, total)`` is called while redoing or rebuilding the index.
+        """
+        self = object.__new__(cls)
+        self.path = os.fspath(path)
+        self._clock = clock or default_clock
+        self._sync = sync
+        self._map_size = map_size
+        self._closed = False
+        self._failure: MwpError | None = None
+        self._queue: deque[_Unit] = deque()
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._leader = False
+        self._published = threading.Condition(threading.Lock())
+        self._last_ms = 0
+        self._replay_floor_hook: Callable[[Authority, str], tuple[int, Any]] | None = None
+        try:
+            os.makedirs(self.path, exist_ok=True)
+        except OSError as exc:
+            raise translate(exc, context=f"creating {self.path}") from None
+        self.log = SegmentLog.open(os.path.join(self.path, "log"), segment_bytes=segment_bytes, sync=sync)
+        try:
+            self.open_report = self._open_index(progress)
+        except BaseException:
+            self.log.close()
+            raise
+        return self
+
+    def _index_dir(self, suffix: str = "") -> str:
+        return os.path.join(self.path, "index" + suffix)
+
+    def _open_index(self, progress: Callable[[int, int], None] | None) -> OpenReport:
+        for leftover in (".rebuild", ".old", ".verify"):
+            remove_index(self._index_dir(leftover))
+        boot_id = current_boot_id()
+        mode, reason = "rebuild", "no index yet"
+        if os.path.exists(os.path.join(self._index_dir(), "data.mdb")):
+            mode, reason = self._judge_index(boot_id)
+        if mode == "rebuild":
+            self._build_index(self._index_dir(), progress)
+            self.index = Index(self._index_dir(), map_size=self._map_size)
+            redo = 0
+        else:
+            self.index = Index(self._index_dir(), map_size=self._map_size)
+            redo = self._redo(self.index, progress)
+            if redo:
+                mode = "redo"
+        with self.index.env.begin(write=True, db=self.index.meta) as txn:
+            txn.put(b"boot_id", boot_id.encode())
+            txn.put(b"clean", b"0")
+            txn.put(b"format", INDEX_FORMAT)
+        self.index.sync()
+        with self.index.env.begin() as txn:
+            self._last_ms = 0
+            self._log_position = self.index.log_position(txn)
+        return OpenReport(mode=mode, reason=reason, redo_records=redo)
+
+    def _judge_index(self, boot_id: str) -> tuple[str, str]:
+        """Decide whether the LMDB index can be trusted (then redo) or must be rebuilt."""
+        try:
+            index = Index(self._index_dir(), map_size=self._map_size)
+        except MwpError as exc:
+            return "rebuild", f"index unreadable ({exc.code})"
+        try:
+            with index.env.begin() as txn:
+                meta_boot = (txn.get(b"boot_id", db=index.meta) or b"").decode("ascii", "replace")
+                clean = txn.get(b"clean", db=index.meta) == b"1"
+                fmt = txn.get(b"format", db=index.meta)
+                position = index.log_position(txn)
+        except lmdb.Error as exc:
+            return "rebuild", f"index unreadable ({type(exc).__name__})"
+        finally:
+            index.close()
+        if fmt != INDEX_FORMAT:
+            return "rebuild", "index format differs"
+        if meta_boot != boot_id and not clean:
+            return "rebuild", "the machine restarted since the index was last written without a clean close"
+        if position > self.log.end or position < self.log.start:
+            return "rebuild", f"index position {position} is outside the log [{self.log.start}, {self.log.end}]"
+        return "clean", "index trusted"
+
+    def _build_index(self, directory: str, progress: Callable[[int, int], None] | None) -> int:
+        """Build a fresh index from the whole log into ``directory`` (crash-safe: temp dir + rename)."""
+        temp = directory + ".rebuild"
+        remove_index(temp)
+        index = Index(temp, map_size=self._map_size)
+        try:
+            with index.env.begin(write=True, db=index.meta) as txn:
+                txn.put(b"format", INDEX_FORMAT)
+                txn.put(b"log_position", u64(self.log.start))
+            count = self._redo(index, progress, failpoint="authority.mid_rebuild")
+            index.sync()
+        finally:
+            index.close()
+        old = directory + ".old"
+        if os.path.exists(directory):
+            os.rename(directory, old)
+        os.rename(temp, directory)
+        _fsync_directory(os.path.dirname(directory))
+        remove_index(old)
+        return count
+
+    def _redo(
+        self,
+        index: Index,
+        progress: Callable[[int, int], None] | None,
+        failpoint: str = "authority.mid_redo",
+    ) -> int:
+        """Apply every log record past the index's position to the index. Returns the count."""
+        with index.env.begin() as txn:
+            start = index.log_position(txn)
+        end = self.log.end
+        if start >= end:
+            return 0
+        done = 0
+        txn = index.env.begin(write=True)
+        heads: dict[str, tuple[int, bytes]] = {}
+        pending = 0
+        try:
+            for batch in self.log.scan(start, end=end):
+                for position, record in zip(batch.positions, batch.records):
+                    _index_record(index, txn, heads, position, record)
+                done += len(batch.positions)
+                pending += len(batch.positions)
+                if pending >= REDO_COMMIT_RECORDS:
+                    _flush_heads(index, txn, heads)
+                    txn.put(b"log_position", u64(batch.next_position), db=index.meta)
+                    txn.commit()
+                    failpoints.hit(failpoint)
+                    txn = index.env.begin(write=True)
+                    pending = 0
+                    if progress:
+                        progress(batch.next_position - start, end - start)
+            _flush_heads(index, txn, heads)
+            txn.put(b"log_position", u64(end), db=index.meta)
+            txn.commit()
+        except BaseException:
+            txn.abort()
+            raise
+        if progress:
+            progress(end - start, end - start)
+        return done
+
+    def close(self) -> None:
+        """Finish in-flight commits, mark the index clean and durable, release the store."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            while self._leader or self._queue:
+                self._wake.wait(0.05)
+        with self._published:
+            self._published.notify_all()
+        try:
+            if self._failure is None:
+                if not self._sync:
+                    self.log.sync()
+                with self.index.env.begin(write=True, db=self.index.meta) as txn:
+                    txn.put(b"clean", b"1")
+                self.index.sync()
+        finally:
+            self.index.close()
+            self.log.close()
+
+    def __enter__(self) -> Authority:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def sync(self) -> None:
+        """Make everything accepted so far durable (needed only with ``sync=False``)."""
+        self._check_open()
+        self.log.sync()
+
+    # -- accepting -------------------------------------------------------------------------------
+
+    def accept(self, command: Command) -> Receipt:
+        """Accept one Command atomically; return its receipt (the original one on a replay).
+
+        Raises the typed rejection (nothing changed) or ``StorageFailed``.
+        """
+        request = self._prepare(command)
+        receipt = self._lookup_receipt(request)
+        if receipt is not None:
+            return receipt
+        self._submit(_Unit([request]))
+        if request.error is not None:
+            raise request.error
+        assert request.receipt is not None
+        return request.receipt
+
+    def accept_many(self, commands: Sequence[Command]) -> list[AcceptResult]:
+        """Accept Commands in order with one durable commit; one result per Command.
+
+        A rejected Command leaves no trace and does not disturb the others.
+        """
+        self._check_open()
+        if isinstance(commands, (str, bytes)) or not isinstance(commands, Sequence):
+            raise InvalidCommand("accept_many takes a sequence of Commands", field="commands")
+        if len(commands) > limits.ACCEPT_MANY_COMMANDS_MAX:
+            raise LimitExceeded(
+                f"accept_many takes at most {limits.ACCEPT_MANY_COMMANDS_MAX} Commands", field="commands"
+            )
+        results: list[AcceptResult | None] = [None] * len(commands)
+        requests: list[_Request] = []
+        slots: list[int] = []
+        for slot, command in enumerate(commands):
+            try:
+                requests.append(self._prepare(command))
+                slots.append(slot)
+            except MwpError as exc:
+                results[slot] = AcceptResult.failed(exc)
+        if requests:
+            self._submit(_Unit(requests))
+        for slot, request in zip(slots, requests):
+            if request.error is not None:
+                results[slot] = AcceptResult.failed(request.error)
+            else:
+                results[slot] = AcceptResult(receipt=request.receipt)
+        return [result for result in results if result is not None]
+
+    def _prepare(self, command: Command, *, trusted: bool = False) -> _Request:
+        check_command(command)
+        if command.actor == ENGINE_ACTOR and not trusted:
+            raise InvalidCommand(f"actor {ENGINE_ACTOR!r} is reserved for the engine", field="actor")
+        data = command_bytes(command)
+        return _Request(command, data, canonical.content_hash(data), trusted)
+
+    def _lookup_receipt(self, request: _Request) -> Receipt | None:
+        """Fast path for replays: the stored receipt, without joining a commit."""
+        self._check_open()
+        command = request.command
+        assert command is not None
+        with self.index.env.begin(db=self.index.receipts, buffers=True) as txn:
+            value = txn.get(receipt_key(command.actor, command.action_id))
+            if value is None:
+                return None
+            if bytes(value[:32]) != request.content_hash:
+                raise _collision(command)
+            return decode_receipt(value[32:])
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("the authority is closed; open it again")
+        if self._failure is not None:
+            raise StorageFailed(
+                f"the authority refuses writes after a storage failure ({self._failure.message}); reopen it"
+            )
+
+    def _submit(self, unit: _Unit) -> None:
+        """Queue a unit; become the leader if none is active; return once the unit is committed."""
+        with self._lock:
+            if self._closed:
+                raise StoreClosed("the authority is closed; open it again")
+            self._queue.append(unit)
+            while not unit.done:
+                if self._leader:
+                    self._wake.wait()
+                    continue
+                self._leader = True
+                units = self._take_units()
+                self._lock.release()
+                try:
+                    self._commit(units)
+                finally:
+                    self._lock.acquire()
+                    for taken in units:
+                        taken.done = True
+                    self._leader = False
+                    self._wake.notify_all()
+
+    def _take_units(self) -> list[_Unit]:
+        units = [self._queue.popleft()]
+        count = len(units[0].requests)
+        while self._queue and count + len(self._queue[0].requests) <= limits.COMMIT_BATCH_COMMANDS_MAX:
+            unit = self._queue.popleft()
+            count += len(unit.requests)
+            units.append(unit)
+        return units
+
+    def _commit(self, units: list[_Unit]) -> None:
+        """The leader's work: decide, append with one log commit, index, publish."""
+        requests = [request for unit in units for request in unit.requests]
+        if self._failure is not None:
+            error = StorageFailed("the authority refuses writes after a storage failure; reopen it")
+            for request in requests:
+                request.error = error
+            return
+        index = self.index
+        try:
+            txn = index.env.begin(write=True)
+        except lmdb.Error as exc:
+            self._fail_all(requests, translate(exc, context="beginning an index transaction"))
+            return
+        batch = _Batch(index=index, txn=txn)
+        pending: list[_Request] = []
+        try:
+            now_ms = max(self._clock(), self._last_ms)
+            for request in requests:
+                if request.ack is not None:
+                    self._decide_ack(batch, request)
+                    if request.error is None:
+                        pending.append(request)
+                    continue
+                self._decide(batch, request, now_ms)
+                if request.error is None and request.receipt is None:
+                    pending.append(request)
+            if batch.records:
+                failpoints.hit("authority.before_log_append")
+                positions = self.log.append(batch.records)
+                failpoints.hit("authority.after_log_sync")
+                self._write_batch(batch, positions)
+                txn.put(b"log_position", u64(self.log.end), db=index.meta)
+            txn.commit()
+            self._last_ms = now_ms
+        except MwpError as exc:
+            txn.abort()
+            if isinstance(exc, StorageFailed):
+                self._failure = exc
+            self._fail_all(pending, exc)
+            return
+        except lmdb.Error as exc:
+            txn.abort()
+            error = translate(exc, context="committing the index")
+            # The log already holds the batch: the index is behind and must be redone on reopen.
+            self._failure = StorageFailed(f"index commit failed after the log commit: {error.message}")
+            self._fail_all(pending, self._failure)
+            return
+        except BaseException:
+            txn.abort()
+            raise
+        failpoints.hit("authority.after_index_commit")
+        if batch.events or batch.acks:
+            with self._published:
+                self._published.notify_all()
+
+    def _fail_all(self, requests: Iterable[_Request], error: MwpError) -> None:
+        for request in requests:
+            request.receipt = None
+            request.error = error
+
+    def _decide(self, batch: _Batch, request: _Request, now_ms: int) -> None:
+        command = request.command
+        assert command is not None
+        key = receipt_key(command.actor, command.action_id)
+        stored = batch.receipts.get(key)
+        if stored is not None:
+            content_hash, receipt, _ = stored
+        else:
+            value = batch.txn.get(key, db=batch.index.receipts)
+            content_hash, receipt = (b"", None) if value is None else (bytes(value[:32]), decode_receipt(value[32:]))
+        if receipt is not None:
+            if content_hash != request.content_hash:
+                request.error = _collision(command)
+            else:
+                request.receipt = receipt
+            return
+        seq, head_hash = batch.head(command.group)
+        view = _GroupView(batch, command.group)
+        try:
+            event = run_transition(
+                view,
+                command,
+                seq=seq + 1,
+                now_ms=now_ms,
+                prev_hash=head_hash,
+                content_hash=request.content_hash,
+                data=request.data,
+                trusted=request.trusted,
+            )
+        except MwpError as exc:
+            request.error = exc
+            return
+        except Exception as exc:  # a bug in a kind's decide/evolve must not take the batch down
+            request.error = MwpError(f"internal error deciding {command.kind}: {type(exc).__name__}: {exc}")
+            return
+        record = EVENT_TAG + encode_event(event)
+        if len(record) > limits.RECORD_BYTES_MAX:
+            request.error = LimitExceeded(
+                f"the Event would be {len(record)} bytes, more than {limits.RECORD_BYTES_MAX}", field="body"
+            )
+            return
+        receipt = receipt_for(event)
+        group = command.group
+        for effect in event.effects:
+            full_key = state_key(group, effect.aggregate)
+            batch.states[full_key] = (effect.revision, effect.state)
+            batch.dirty_states[full_key] = encode_state(effect.revision, effect.state)
+        batch.heads[group] = (event.seq, event.hash)
+        batch.receipts[key] = (request.content_hash, receipt, encode_receipt(receipt))
+        batch.records.append(record)
+        batch.events.append(event)
+        batch.record_bytes += len(record)
+        request.receipt = receipt
+
+    def _decide_ack(self, batch: _Batch, request: _Request) -> None:
+        assert request.ack is not None
+        consumer, group, cursor = request.ack
+        head_seq, _ = batch.head(group)
+        if cursor > head_seq:
+            request.error = SequenceGap(
+                f"cannot ACK {cursor}: the head of group {group!r} is {head_seq}", cursor=cursor, head=head_seq
+            )
+            return
+        key = ack_key(consumer, group)
+        previous = batch.acks.get(key)
+        if previous is None:
+            value = batch.txn.get(key, db=batch.index.acks)
+            previous = 0 if value is None else read_u64(value)
+        if cursor <= previous:
+            request.ack_result = previous
+            request.ack = None  # nothing to write: ACKs never move backwards
+            return
+        batch.acks[key] = cursor
+        batch.records.append(ACK_TAG + _ACK_ENCODER.encode((consumer, group, cursor)))
+        request.ack_result = cursor
+
+    def _write_batch(self, batch: _Batch, positions: list[int]) -> None:
+        index, txn = batch.index, batch.txn
+        event_positions = [position for position, record in zip(positions, batch.records) if record[:1] == EVENT_TAG]
+        txn.cursor(db=index.events).putmulti(
+            [(event_key(event.group, event.seq), u64(position)) for event, position in zip(batch.events, event_positions)]
+        )
+        txn.cursor(db=index.states).putmulti(list(batch.dirty_states.items()))
+        txn.cursor(db=index.heads).putmulti(
+            [(group.encode(), encode_head(seq, digest)) for group, (seq, digest) in batch.heads.items()]
+        )
+        txn.cursor(db=index.receipts).putmulti(
+            [(key, content_hash + encoded) for key, (content_hash, _, encoded) in batch.receipts.items()]
+        )
+        if batch.acks:
+            txn.cursor(db=index.acks).putmulti([(key, u64(cursor)) for key, cursor in batch.acks.items()])
+
+    # -- the engine's own Commands ----------------------------------------------------------------
+
+    def accept_trusted(self, command: Command) -> Receipt:
+        """Accept a Command the engine issues itself (``system_only`` kinds such as ``lease.expire``)."""
+        request = self._prepare(command, trusted=True)
+        receipt = self._lookup_receipt(request)
+        if receipt is not None:
+            return receipt
+        self._submit(_Unit([request]))
+        if request.error is not None:
+            raise request.error
+        assert request.receipt is not None
+        return request.receipt
+
+    def expire_leases(self, group: str, *, now_ms: int | None = None) -> list[Receipt]:
+        """The lease sweep: a ``lease.expire`` Event for every lapsed lease in ``group``."""
+        from . import work_model
+
+        canonical.check_id(group, "group")
+        now = self._clock() if now_ms is None else now_ms
+        items = self.aggregates(group, prefix="workitem:")
+        receipts = []
+        for workitem in work_model.lapsed_workitems(((key.partition(":")[2], state) for key, _, state in items), now):
+            revision, state = self.state(group, f"workitem:{workitem}")
+            assert state is not None
+            command = Command(
+                actor=ENGINE_ACTOR,
+                action_id=f"expire.{workitem}.{state['ownership_epoch']}",
+                group=group,
+                kind="lease.expire",
+                target=workitem,
+                body={"ownership_epoch": state["ownership_epoch"]},
+            )
+            try:
+                receipts.append(self.accept_trusted(command))
+            except MwpError:
+                continue  # renewed or changed meanwhile: not lapsed any more
+        return receipts
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def head(self, group: str) -> tuple[int, bytes]:
+        """(sequence, chain hash) of the Group's last Event; (0, zero hash) for an unknown Group."""
+        canonical.check_id(group, "group")
+        self._check_readable()
+        with self.index.env.begin(db=self.index.heads) as txn:
+            return decode_head(txn.get(group.encode()))
+
+    def groups(self) -> list[str]:
+        self._check_readable()
+        return [key.decode() for key, _ in self.index.iterate(b"heads")]
+
+    def state(self, group: str, aggregate: str) -> tuple[int, dict[str, Any] | None]:
+        """(revision, state) of one aggregate (``"workitem:wi-3"``); (0, None) if it never existed."""
+        canonical.check_id(group, "group")
+        self._check_readable()
+        with self.index.env.begin(db=self.index.states) as txn:
+            value = txn.get(state_key(group, aggregate))
+        return (0, None) if value is None else decode_state(value)
+
+    def aggregates(self, group: str, *, prefix: str = "") -> list[tuple[str, int, dict[str, Any] | None]]:
+        """Every aggregate of a Group (optionally of one type prefix) as (key, revision, state)."""
+        canonical.check_id(group, "group")
+        self._check_readable()
+        start = state_key(group, prefix)
+        out = []
+        with self.index.env.begin(db=self.index.states) as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(start):
+                for key, value in cursor.iternext():
+                    if not key.startswith(start):
+                        break
+                    revision, state = decode_state(value)
+                    out.append((key[len(group) + 1 :].decode(), revision, state))
+        return out
+
+    def _check_readable(self) -> None:
+        if self._closed:
+            raise StoreClosed("the authority is closed; open it again")
+
+    def set_replay_floor_hook(self, hook: Callable[[Authority, str], tuple[int, Any]] | None) -> None:
+        """Install the retention hook: ``hook(authority, group) -> (floor seq, snapshot reference)``."""
+        self._replay_floor_hook = hook
+
+    def read(self, group: str, after: int = 0, limit: int = 1000) -> list[Event]:
+        """Events of ``group`` with sequence > ``after``, in order, at most ``limit``.
+
+        Raises ``CursorTooOld`` (carrying a snapshot reference) when ``after`` is below the
+        Group's replay floor.
+        """
+        canonical.check_id(group, "group")
+        if type(after) is not int or after < 0:
+            raise InvalidCommand("after must be a non-negative integer", field="after")
+        if type(limit) is not int or not 1 <= limit <= limits.READ_LIMIT_MAX:
+            raise InvalidCommand(f"limit must be 1..{limits.READ_LIMIT_MAX}", field="limit")
+        self._check_readable()
+        if self._replay_floor_hook is not None:
+            floor, reference = self._replay_floor_hook(self, group)
+            if after < floor:
+                raise CursorTooOld(
+                    f"cursor {after} of group {group!r} is below the replay floor {floor}; "
+                    "restore from the snapshot reference, then read after its sequence",
+                    group=group,
+                    cursor=after,
+                    floor=floor,
+                    snapshot_ref=reference,
+                )
+        return [decode_event(memoryview(record)[1:]) for record in self._read_records(group, after, limit)]
+
+    def _read_records(self, group: str, after: int, limit: int) -> list[bytes]:
+        positions = []
+        prefix = group.encode() + b"\x00"
+        with self.index.env.begin(db=self.index.events, buffers=True) as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(event_key(group, after + 1)):
+                for key, value in cursor:
+                    if bytes(key[: len(prefix)]) != prefix or len(positions) >= limit:
+                        break
+                    positions.append(read_u64(value))
+        return [self.log.read(position) for position in positions]
+
+    def subscribe(self, group: str, after: int = 0) -> Subscription:
+        """A live feed of ``group``'s Events after ``after``; see :class:`Subscription`."""
+        canonical.check_id(group, "group")
+        return Subscription(self, group, after)
+
+    def ack(self, consumer: str, group: str, cursor: int) -> int:
+        """Record ``consumer``'s highest contiguous durable Cursor for ``group``; return the stored one.
+
+        ACKs never move backwards and never exceed the Group's head (``SEQUENCE_GAP``); they are
+        durable (logged) and never delete history.
+        """
+        canonical.check_id(consumer, "consumer")
+        canonical.check_id(group, "group")
+        if type(cursor) is not int or cursor < 0:
+            raise InvalidCommand("cursor must be a non-negative integer", field="cursor")
+        self._check_open()
+        request = _Request(None, ack=(consumer, group, cursor))
+        self._submit(_Unit([request]))
+        if request.error is not None:
+            raise request.error
+        return request.ack_result
+
+    def acked(self, consumer: str, group: str) -> int:
+        canonical.check_id(consumer, "consumer")
+        canonical.check_id(group, "group")
+        self._check_readable()
+        with self.index.env.begin(db=self.index.acks) as txn:
+            value = txn.get(ack_key(consumer, group))
+        return 0 if value is None else read_u64(value)
+
+    def wait_for(self, group: str, after: int, timeout: float | None) -> bool:
+        """Block until ``group``'s head passes ``after`` (True) or the timeout ends (False)."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._published:
+            while True:
+                if self.head(group)[0] > after:
+                    return True
+                if self._closed:
+                    return False
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return False
+                self._published.wait(remaining)
+
+    # -- checking and rebuilding -----------------------------------------------------------------
+
+    def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
+        """Check every frame, every Group's hash chain, and that the index equals a rebuild."""
+        self._check_readable()
+        problems: list[str] = []
+        heads: dict[str, tuple[int, bytes]] = {}
+        records = events = 0
+        end = self.log.end
+        try:
+            for batch in self.log.scan(self.log.start, end=end):
+                for position, record in zip(batch.positions, batch.records):
+                    records += 1
+                    if bytes(record[:1]) != EVENT_TAG:
+                        continue
+                    events += 1
+                    event = decode_event(memoryview(record)[1:])
+                    seq, previous = heads.get(event.group, (0, ZERO_HASH))
+                    if event.seq != seq + 1 or event.prev_hash != previous:
+                        problems.append(f"chain break in group {event.group} at seq {event.seq} (position {position})")
+                    if recompute_event_hash(event) != event.hash:
+                        problems.append(f"hash mismatch in group {event.group} at seq {event.seq} (position {position})")
+                    if event.body is not None and payload_hash_of(event.body) != event.payload_hash:
+                        problems.append(f"payload hash mismatch in group {event.group} at seq {event.seq}")
+                    heads[event.group] = (event.seq, event.hash)
+                if progress:
+                    progress(batch.next_position - self.log.start, end - self.log.start)
+        except MwpError as exc:
+            problems.append(f"{exc.code}: {exc.message}")
+            return VerifyReport(records, events, len(heads), problems)
+        problems.extend(self._compare_with_rebuild(end))
+        return VerifyReport(records, events, len(heads), problems)
+
+    def _compare_with_rebuild(self, end: int) -> list[str]:
+        temp = self._index_dir(".verify")
+        remove_index(temp)
+        fresh = Index(temp, map_size=self._map_size)
+        problems = []
+        try:
+            with fresh.env.begin(write=True, db=fresh.meta) as txn:
+                txn.put(b"log_position", u64(self.log.start))
+            self._redo(fresh, None)
+            with self._lock:  # hold commits off while comparing
+                while self._leader:
+                    self._wake.wait(0.01)
+                self._leader = True
+            try:
+                if self.log.end != end:
+                    self._redo(fresh, None)
+                for name in (b"events", b"heads", b"states", b"receipts", b"acks"):
+                    live = list(self.index.iterate(name))
+                    rebuilt = list(fresh.iterate(name))
+                    if live != rebuilt:
+                        problems.append(
+                            f"index database {name.decode()} differs from a rebuild from the log "
+                            f"({len(live)} vs {len(rebuilt)} entries)"
+                        )
+            finally:
+                with self._lock:
+                    self._leader = False
+                    self._wake.notify_all()
+        finally:
+            fresh.close()
+            remove_index(temp)
+        return problems
+
+    def rebuild(self, progress: Callable[[int, int], None] | None = None) -> int:
+        """Regenerate the index from the log (crash-safe); return the number of records applied."""
+        self._check_open()
+        with self._lock:
+            while self._leader:
+                self._wake.wait(0.01)
+            self._leader = True
+        try:
+            self.index.close()
+            count = self._build_index(self._index_dir(), progress)
+            self.index = Index(self._index_dir(), map_size=self._map_size)
+            with self.index.env.begin(write=True, db=self.index.meta) as txn:
+                txn.put(b"boot_id", current_boot_id().encode())
+                txn.put(b"clean", b"0")
+            self.index.sync()
+            return count
+        finally:
+            with self._lock:
+                self._leader = False
+                self._wake.notify_all()
+
+    def info(self) -> dict[str, Any]:
+        """Facts for ``mwpstore inspect``: groups, heads, segments, sizes."""
+        self._check_readable()
+        groups = {}
+        with self.index.env.begin(db=self.index.heads) as txn:
+            for key, value in txn.cursor():
+                seq, digest = decode_head(value)
+                groups[key.decode()] = {"seq": seq, "head_hash": digest.hex()}
+        return {
+            "path": self.path,
+            "log_start": self.log.start,
+            "log_end": self.log.end,
+            "segments": [
+                {
+                    "first_position": segment.first_position,
+                    "path": segment.path,
+                    "size_bytes": segment.size_bytes,
+                    "used_bytes": segment.used_bytes,
+                    "sealed": segment.sealed,
+                }
+                for segment in self.log.segments()
+            ],
+            "groups": groups,
+            "open": {"mode": self.open_report.mode, "reason": self.open_report.reason, "redo_records": self.open_report.redo_records},
+        }
+
+
+class Subscription:
+    """Iterate a Group's Events as they are accepted. ``poll(timeout)`` returns the next batch."""
+
+    def __init__(self, authority: Authority, group: str, after: int, batch: int = 1000) -> None:
+        self._authority = authority
+        self.group = group
+        self.cursor = after
+        self._batch = batch
+        self._closed = False
+
+    def poll(self, timeout: float | None = None) -> list[Event]:
+        """Events after the cursor (waiting up to ``timeout`` seconds for some); advances the cursor."""
+        if self._closed:
+            raise StoreClosed("the subscription is closed")
+        events = self._authority.read(self.group, after=self.cursor, limit=self._batch)
+        if not events and self._authority.wait_for(self.group, self.cursor, timeout):
+            events = self._authority.read(self.group, after=self.cursor, limit=self._batch)
+        if events:
+            self.cursor = events[-1].seq
+        return events
+
+    def __iter__(self) -> Iterator[Event]:
+        while not self._closed:
+            try:
+                events = self.poll(timeout=0.5)
+            except StoreClosed:
+                return
+            yield from events
+
+    def close(self) -> None:
+        self._closed = True
+
+
+# -- helpers shared by commit, redo and verify ---------------------------------------------------
+
+
+def _collision(command: Command) -> ActionIdCollision:
+    return ActionIdCollision(
+        f"action {command.action_id!r} of {command.actor!r} was already accepted with different content; "
+        "use a new Action ID for new content",
+        actor=command.actor,
+        action_id=command.action_id,
+    )
+
+
+def _index_record(
+    index: Index, txn: lmdb.Transaction, heads: dict[str, tuple[int, bytes]], position: int, record: bytes | memoryview
+) -> None:
+    """Apply one log record to the index inside ``txn`` (redo and rebuild)."""
+    tag = bytes(record[:1])
+    if tag == EVENT_TAG:
+        try:
+            event = decode_event(memoryview(record)[1:])
+        except MwpError as exc:
+            raise Corruption(f"log record at {position} is not an Event: {exc.message}", offset=position, reason="decode") from None
+        head = heads.get(event.group)
+        if head is None:
+            head = decode_head(txn.get(event.group.encode(), db=index.heads))
+        if event.seq != head[0] + 1 or event.prev_hash != head[1]:
+            raise Corruption(
+                f"log record at {position} breaks group {event.group}'s chain (seq {event.seq} after {head[0]})",
+                offset=position,
+                reason="chain",
+            )
+        group = event.group
+        txn.put(event_key(group, event.seq), u64(position), db=index.events)
+        for effect in event.effects:
+            txn.put(state_key(group, effect.aggregate), encode_state(effect.revision, effect.state), db=index.states)
+        receipt = receipt_for(event)
+        txn.put(receipt_key(event.actor, event.action_id), event.content_hash + encode_receipt(receipt), db=index.receipts)
+        heads[group] = (event.seq, event.hash)
+    elif tag == ACK_TAG:
+        try:
+            consumer, group, cursor = _ACK_DECODER.decode(memoryview(record)[1:])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise Corruption(f"log record at {position} is not an ACK: {exc}", offset=position, reason="decode") from None
+        txn.put(ack_key(consumer, group), u64(cursor), db=index.acks)
+    else:
+        raise Corruption(f"log record at {position} has unknown tag {tag!r}", offset=position, reason="tag")
+
+
+def _flush_heads(index: Index, txn: lmdb.Transaction, heads: dict[str, tuple[int, bytes]]) -> None:
+    for group, (seq, digest) in heads.items():
+        txn.put(group.encode(), encode_head(seq, digest), db=index.heads)
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,42 @@
+"""Named fail points for crash tests.
+
+Set ``MWPSTORE_FAILPOINT=<name>`` (optionally ``<name>:<n>`` to fire on the n-th hit) in a child
+process and the process kills itself with SIGKILL when it reaches that point: no cleanup, no
+flush, exactly like ``kill -9``. Unset, a fail point costs one dictionary lookup.
+
+Names used by the engine:
+
+- ``authority.before_log_append`` — a batch is decided, nothing written;
+- ``authority.after_log_sync`` — the log group is durable, LMDB not yet committed (redo on open);
+- ``authority.after_index_commit`` — both committed, callers not yet woken;
+- ``authority.mid_redo`` — while redoing records at open (recovery itself crashes);
+- ``authority.mid_rebuild`` — while rebuilding the index;
+- ``agent.*`` — the AgentStore's apply cycle (see ``docs/agent-store.md``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+_SPEC = os.environ.get("MWPSTORE_FAILPOINT", "")
+_NAME, _, _COUNT = _SPEC.partition(":")
+_REMAINING = int(_COUNT) if _COUNT.isdigit() else 1
+_LOCK = threading.Lock()
+
+
+def hit(name: str) -> None:
+    """Kill this process with SIGKILL if ``name`` is the armed fail point (on its n-th hit)."""
+    global _REMAINING
+    if name != _NAME:
+        return
+    with _LOCK:
+        _REMAINING -= 1
+        if _REMAINING > 0:
+            return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def armed() -> str:
+    return _NAME

@@ -1,0 +1,148 @@
+"""The authority's LMDB index: derived state and lookups, all rebuildable from the segment log.
+
+Layout (``docs/format/index.md``): one LMDB environment, these named databases; ``\\x00``
+separates key parts (IDs never contain it).
+
+| database     | key                              | value                                   |
+|--------------|----------------------------------|-----------------------------------------|
+| ``meta``     | ``log_position``                 | u64 BE: log end this index reflects     |
+|              | ``boot_id``                      | kernel boot id of the last writer       |
+|              | ``clean``                        | ``1`` after a clean close, else ``0``   |
+|              | ``format``                       | index format version                    |
+| ``events``   | group ``\\0`` seq (u64 BE)       | u64 BE log position of the Event record |
+| ``heads``    | group                            | seq u64 BE + chain hash (32)            |
+| ``states``   | group ``\\0`` aggregate key      | revision u64 BE + msgpack state         |
+| ``receipts`` | actor ``\\0`` action id          | content hash (32) + msgpack Receipt     |
+| ``acks``     | consumer ``\\0`` group           | cursor u64 BE                           |
+
+The index never runs ahead of the log: the log group is durable before the LMDB transaction that
+reflects it commits, and every commit records the log position it reflects.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from collections.abc import Iterator
+from typing import Any
+
+import lmdb
+import msgspec
+
+from .errors import Corruption, translate
+from .messages import HASH_BYTES, ZERO_HASH
+
+INDEX_FORMAT = b"1"
+DATABASE_NAMES = (b"meta", b"events", b"heads", b"states", b"receipts", b"acks")
+_U64 = struct.Struct(">Q")
+_STATE_ENCODER = msgspec.msgpack.Encoder()
+_STATE_DECODER = msgspec.msgpack.Decoder(dict[str, Any])
+
+
+def u64(value: int) -> bytes:
+    return _U64.pack(value)
+
+
+def read_u64(data: bytes | memoryview, offset: int = 0) -> int:
+    return _U64.unpack_from(data, offset)[0]
+
+
+def event_key(group: str, seq: int) -> bytes:
+    return group.encode() + b"\x00" + _U64.pack(seq)
+
+
+def state_key(group: str, aggregate: str) -> bytes:
+    return group.encode() + b"\x00" + aggregate.encode()
+
+
+def receipt_key(actor: str, action_id: str) -> bytes:
+    return actor.encode() + b"\x00" + action_id.encode()
+
+
+def ack_key(consumer: str, group: str) -> bytes:
+    return consumer.encode() + b"\x00" + group.encode()
+
+
+def encode_state(revision: int, state: dict[str, Any] | None) -> bytes:
+    return _U64.pack(revision) + (b"" if state is None else _STATE_ENCODER.encode(state))
+
+
+def decode_state(data: bytes | memoryview) -> tuple[int, dict[str, Any] | None]:
+    if len(data) < 8:
+        raise Corruption("index state value is shorter than its revision field", reason="index_state")
+    revision = _U64.unpack_from(data, 0)[0]
+    if len(data) == 8:
+        return revision, None
+    try:
+        return revision, _STATE_DECODER.decode(data[8:])
+    except msgspec.DecodeError as exc:
+        raise Corruption(f"index state value undecodable: {exc}", reason="index_state") from None
+
+
+def encode_head(seq: int, digest: bytes) -> bytes:
+    return _U64.pack(seq) + digest
+
+
+def decode_head(data: bytes | memoryview | None) -> tuple[int, bytes]:
+    if data is None:
+        return 0, ZERO_HASH
+    if len(data) != 8 + HASH_BYTES:
+        raise Corruption("index head value has the wrong length", reason="index_head")
+    return _U64.unpack_from(data, 0)[0], bytes(data[8:])
+
+
+class Index:
+    """An open LMDB environment with the authority's named databases."""
+
+    def __init__(self, directory: str, *, map_size: int, readonly: bool = False) -> None:
+        self.directory = directory
+        try:
+            if not readonly:
+                os.makedirs(directory, exist_ok=True)
+            self.env = lmdb.open(
+                directory,
+                map_size=map_size,
+                max_dbs=len(DATABASE_NAMES) + 2,
+                max_readers=512,
+                sync=False,
+                metasync=False,
+                readahead=False,
+                readonly=readonly,
+                lock=True,
+            )
+            self.dbs: dict[bytes, Any] = {}
+            for name in DATABASE_NAMES:
+                if readonly:
+                    with self.env.begin() as txn:
+                        self.dbs[name] = self.env.open_db(name, txn=txn, create=False)
+                else:
+                    self.dbs[name] = self.env.open_db(name)
+        except lmdb.Error as exc:
+            raise translate(exc, context=f"opening index {directory}") from None
+        self.meta = self.dbs[b"meta"]
+        self.events = self.dbs[b"events"]
+        self.heads = self.dbs[b"heads"]
+        self.states = self.dbs[b"states"]
+        self.receipts = self.dbs[b"receipts"]
+        self.acks = self.dbs[b"acks"]
+
+    def close(self) -> None:
+        self.env.close()
+
+    def sync(self) -> None:
+        self.env.sync(True)
+
+    def log_position(self, txn: lmdb.Transaction) -> int:
+        value = txn.get(b"log_position", db=self.meta)
+        return 0 if value is None else read_u64(value)
+
+    def iterate(self, name: bytes) -> Iterator[tuple[bytes, bytes]]:
+        """All (key, value) pairs of one database, in key order (a read transaction)."""
+        with self.env.begin(db=self.dbs[name], buffers=False) as txn:
+            yield from txn.cursor().iternext(keys=True, values=True)
+
+
+def remove_index(directory: str) -> None:
+    if os.path.isdir(directory):
+        shutil.rmtree(directory)

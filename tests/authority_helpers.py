@@ -1,0 +1,67 @@
+"""Shared builders for authority tests (not a test module)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+
+from mwpstore import Authority, Command
+
+OWNER = "owner"
+GROUP = "g-1"
+
+
+class FakeClock:
+    """An injectable clock in milliseconds that tests move by hand."""
+
+    def __init__(self, start_ms: int = 1_700_000_000_000) -> None:
+        self.now_ms = start_ms
+
+    def __call__(self) -> int:
+        return self.now_ms
+
+    def advance(self, milliseconds: int) -> None:
+        self.now_ms += milliseconds
+
+
+_counter = itertools.count(1)
+
+
+def group_create(group: str = GROUP, actor: str = OWNER, org: str = "acme", action_id: str | None = None) -> Command:
+    return Command(
+        actor=actor,
+        action_id=action_id or f"create-{group}",
+        group=group,
+        kind="group.create",
+        target=group,
+        body={"org": org},
+    )
+
+
+def mission_create(mission: str, group: str = GROUP, action_id: str | None = None, cost_limit: int = 100) -> Command:
+    return Command(
+        actor=OWNER,
+        action_id=action_id or f"mc-{mission}-{next(_counter)}",
+        group=group,
+        kind="mission.create",
+        target=mission,
+        body={"title": f"mission {mission}", "cost_limit": cost_limit},
+    )
+
+
+def mission_update(mission: str, expected_revision: int | None, title: str, group: str = GROUP, action_id: str | None = None) -> Command:
+    return Command(
+        actor=OWNER,
+        action_id=action_id or f"mu-{mission}-{next(_counter)}",
+        group=group,
+        kind="mission.update",
+        target=mission,
+        body={"title": title},
+        expected_revision=expected_revision,
+    )
+
+
+def open_with_group(path: str, clock: Callable[[], int] | None = None, group: str = GROUP) -> Authority:
+    authority = Authority.open(path, clock=clock)
+    authority.accept(group_create(group))
+    return authority

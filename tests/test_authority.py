@@ -1,0 +1,464 @@
+"""The acceptance engine: atomicity, idempotency receipts, revisions, group commit, replay, ACK."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import lmdb
+import pytest
+
+from authority_helpers import GROUP, OWNER, FakeClock, group_create, mission_create, mission_update, open_with_group
+from mwpstore import (
+    ActionIdCollision,
+    Authority,
+    Command,
+    CursorTooOld,
+    InvalidCommand,
+    LimitExceeded,
+    MwpError,
+    NotAMember,
+    RevisionMismatch,
+    SequenceGap,
+    StoreClosed,
+    StoreLocked,
+    Unauthorized,
+)
+from mwpstore.errors import AlreadyExists, UnknownKind
+from mwpstore.index import u64
+from mwpstore.messages import encode_receipt
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture
+def store(tmp_path):
+    clock = FakeClock()
+    authority = open_with_group(str(tmp_path / "store"), clock=clock)
+    authority.test_clock = clock  # type: ignore[attr-defined]
+    yield authority
+    authority.close()
+
+
+# -- MWP-EVT-005: one atomic result ---------------------------------------------------------------
+
+
+def test_evt_005_event_state_revision_and_receipt_are_one_result(store):
+    receipt = store.accept(mission_create("m-1"))
+    assert receipt.seq == 2 and receipt.revision == 1 and receipt.aggregate == "mission:m-1"
+    [event] = store.read(GROUP, after=1)
+    assert event.event_id == receipt.event_id == f"{GROUP}:2"
+    assert event.hash == receipt.event_hash
+    revision, state = store.state(GROUP, "mission:m-1")
+    assert revision == 1 and state is not None and state["title"] == "mission m-1"
+    assert store.head(GROUP) == (2, event.hash)
+
+
+def test_evt_005_rejected_command_leaves_no_trace(store):
+    head = store.head(GROUP)
+    with pytest.raises(NotAMember):
+        store.accept(Command(actor="stranger", action_id="x1", group=GROUP, kind="mission.create", target="m-9", body={"title": "t", "cost_limit": 1}))
+    assert store.head(GROUP) == head
+    assert store.state(GROUP, "mission:m-9") == (0, None)
+    # a rejected Command left no receipt: the same Action ID with other content is not a collision
+    with pytest.raises(NotAMember):
+        store.accept(Command(actor="stranger", action_id="x1", group=GROUP, kind="mission.create", target="m-8", body={"title": "t", "cost_limit": 1}))
+
+
+def test_evt_005_rejection_inside_batch_does_not_disturb_the_others(store):
+    commands = [mission_create(f"m-{i}") for i in range(5)]
+    commands.insert(2, mission_create("m-1", action_id="dup-target"))  # m-1 exists by then: rejected
+    results = store.accept_many(commands)
+    assert [result.ok for result in results] == [True, True, False, True, True, True]
+    assert results[2].error_code == AlreadyExists.code
+    assert isinstance(results[2].error, AlreadyExists)
+    seqs = [result.receipt.seq for result in results if result.ok]
+    assert seqs == [2, 3, 4, 5, 6]
+    assert [event.seq for event in store.read(GROUP)] == [1, 2, 3, 4, 5, 6]
+
+
+# -- MWP-EVT-003: permanent idempotency receipts ------------------------------------------------
+
+
+def test_evt_003_duplicate_returns_original_receipt_and_appends_nothing(store):
+    command = mission_create("m-1", action_id="act-1")
+    first = store.accept(command)
+    head = store.head(GROUP)
+    second = store.accept(command)
+    assert encode_receipt(second) == encode_receipt(first)
+    assert store.head(GROUP) == head
+
+
+def test_evt_003_different_content_same_action_id_is_collision(store):
+    store.accept(mission_create("m-1", action_id="act-1"))
+    with pytest.raises(ActionIdCollision) as caught:
+        store.accept(mission_create("m-2", action_id="act-1"))
+    assert caught.value.code == "ACTION_ID_COLLISION"
+    assert store.state(GROUP, "mission:m-2") == (0, None)
+
+
+def test_evt_003_receipt_is_identical_after_reopen_and_rebuild(tmp_path):
+    path = str(tmp_path / "store")
+    command = mission_create("m-1", action_id="act-1")
+    with open_with_group(path) as authority:
+        original = encode_receipt(authority.accept(command))
+    with Authority.open(path) as authority:
+        assert encode_receipt(authority.accept(command)) == original
+        authority.rebuild()
+        assert encode_receipt(authority.accept(command)) == original
+        with pytest.raises(ActionIdCollision):
+            authority.accept(mission_create("m-1", action_id="act-1", cost_limit=5))
+        assert authority.head(GROUP)[0] == 2
+
+
+def test_evt_003_two_threads_same_command_make_one_event(store):
+    for round_number in range(20):
+        command = mission_create(f"race-{round_number}", action_id=f"race-{round_number}")
+        receipts: list[bytes] = []
+        barrier = threading.Barrier(2)
+
+        def send() -> None:
+            barrier.wait()
+            receipts.append(encode_receipt(store.accept(command)))
+
+        threads = [threading.Thread(target=send) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len(receipts) == 2 and receipts[0] == receipts[1]
+    events = store.read(GROUP)
+    assert len(events) == 21
+    assert len({event.action_id for event in events}) == 21
+
+
+def test_evt_003_duplicates_inside_one_accept_many(store):
+    command = mission_create("m-1", action_id="same")
+    results = store.accept_many([command, command, mission_create("m-1", action_id="same", cost_limit=7)])
+    assert results[0].ok and results[1].ok
+    assert encode_receipt(results[0].receipt) == encode_receipt(results[1].receipt)
+    assert results[2].error_code == ActionIdCollision.code
+    assert store.head(GROUP)[0] == 2
+
+
+# -- MWP-EVT-007: optimistic concurrency ----------------------------------------------------------
+
+
+def test_evt_007_revision_mismatch_rejects_whole_command_with_current_revision(store):
+    store.accept(mission_create("m-1"))
+    store.accept(mission_update("m-1", expected_revision=1, title="second"))
+    with pytest.raises(RevisionMismatch) as caught:
+        store.accept(mission_update("m-1", expected_revision=1, title="stale"))
+    assert caught.value.current_revision == 2
+    assert store.state(GROUP, "mission:m-1")[1]["title"] == "second"
+
+
+def test_evt_007_compare_and_set_kind_requires_expected_revision(store):
+    store.accept(mission_create("m-1"))
+    with pytest.raises(InvalidCommand) as caught:
+        store.accept(mission_update("m-1", expected_revision=None, title="x"))
+    assert caught.value.field == "expected_revision"
+
+
+def test_evt_007_concurrent_updates_only_one_wins(store):
+    store.accept(mission_create("m-1"))
+    outcomes: list[str] = []
+
+    def update(index: int) -> None:
+        try:
+            store.accept(mission_update("m-1", expected_revision=1, title=f"t{index}"))
+            outcomes.append("ok")
+        except RevisionMismatch:
+            outcomes.append("mismatch")
+
+    threads = [threading.Thread(target=update, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["mismatch"] * 7 + ["ok"]
+    assert store.state(GROUP, "mission:m-1")[0] == 2
+
+
+# -- group commit ---------------------------------------------------------------------------------
+
+
+def test_group_commit_16_threads_contiguous_sequences_and_own_receipts(store):
+    per_thread = 40
+    receipts: dict[str, int] = {}
+    lock = threading.Lock()
+
+    def work(thread_index: int) -> None:
+        for i in range(per_thread):
+            action = f"t{thread_index}-{i}"
+            receipt = store.accept(mission_create(f"m-{action}", action_id=action))
+            with lock:
+                receipts[action] = receipt.seq
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(16)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    events = store.read(GROUP, limit=10_000)
+    assert [event.seq for event in events] == list(range(1, 16 * per_thread + 2))
+    by_action = {event.action_id: event.seq for event in events}
+    assert all(by_action[action] == seq for action, seq in receipts.items())
+    assert store.verify().ok
+
+
+# -- replay, subscribe, ACK ----------------------------------------------------------------------
+
+
+def test_read_in_sequence_order_with_after_and_limit(store):
+    store.accept_many([mission_create(f"m-{i}") for i in range(10)])
+    assert [event.seq for event in store.read(GROUP, after=3, limit=4)] == [4, 5, 6, 7]
+    assert store.read(GROUP, after=11) == []
+    assert store.read("unknown-group") == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"after": -1}, "after"), ({"after": "1"}, "after"), ({"limit": 0}, "limit"), ({"limit": 10**9}, "limit")],
+)
+def test_read_rejects_bad_arguments(store, kwargs, field):
+    with pytest.raises(InvalidCommand) as caught:
+        store.read(GROUP, **kwargs)
+    assert caught.value.field == field
+
+
+def test_subscribe_yields_events_as_they_are_accepted(store):
+    subscriptions = [store.subscribe(GROUP, after=1) for _ in range(3)]
+    seen: list[list[int]] = [[] for _ in subscriptions]
+
+    def consume(index: int) -> None:
+        while len(seen[index]) < 5:
+            seen[index].extend(event.seq for event in subscriptions[index].poll(timeout=5))
+
+    threads = [threading.Thread(target=consume, args=(i,)) for i in range(3)]
+    for thread in threads:
+        thread.start()
+    for i in range(5):
+        store.accept(mission_create(f"m-{i}"))
+    for thread in threads:
+        thread.join(timeout=10)
+    assert seen == [[2, 3, 4, 5, 6]] * 3
+    assert subscriptions[0].poll(timeout=0.05) == []
+
+
+def test_ack_is_durable_monotonic_and_never_beyond_head(tmp_path):
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept_many([mission_create(f"m-{i}") for i in range(5)])
+        assert authority.ack("agent-1", GROUP, 4) == 4
+        assert authority.ack("agent-1", GROUP, 2) == 4  # never moves backwards
+        with pytest.raises(SequenceGap):
+            authority.ack("agent-1", GROUP, 7)
+        assert authority.acked("agent-1", GROUP) == 4
+    with Authority.open(path) as authority:
+        assert authority.acked("agent-1", GROUP) == 4
+        assert len(authority.read(GROUP)) == 6  # ACK deletes no history
+        authority.rebuild()
+        assert authority.acked("agent-1", GROUP) == 4
+
+
+def test_cursor_below_replay_floor_is_cursor_too_old(store):
+    store.accept_many([mission_create(f"m-{i}") for i in range(5)])
+    store.set_replay_floor_hook(lambda authority, group: (3, {"snapshot": "ref-3"}))
+    with pytest.raises(CursorTooOld) as caught:
+        store.read(GROUP, after=2)
+    assert caught.value.snapshot_ref == {"snapshot": "ref-3"}
+    assert [event.seq for event in store.read(GROUP, after=3)] == [4, 5, 6]
+
+
+# -- recovery ------------------------------------------------------------------------------------
+
+
+def _run_child(path: str, code: str, env_extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests") + os.pathsep + REPO, **env_extra)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+CHILD_ACCEPT = """
+import sys
+from authority_helpers import open_with_group, mission_create
+a = open_with_group(sys.argv[1] if len(sys.argv) > 1 else {path!r})
+for i in range(3):
+    r = a.accept(mission_create(f"m-{{i}}", action_id=f"a-{{i}}"))
+    print(r.seq, flush=True)
+a.close()
+"""
+
+
+def test_crash_between_log_sync_and_index_commit_is_redone(tmp_path):
+    path = str(tmp_path / "store")
+    result = _run_child(path, CHILD_ACCEPT.format(path=path), {"MWPSTORE_FAILPOINT": "authority.after_log_sync:3"})
+    assert result.returncode == -9, result.stderr
+    assert result.stdout.split() == ["2", "3"]  # the third commit died after its log sync
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "redo" and authority.open_report.redo_records == 1
+        assert authority.head(GROUP)[0] == 4  # the durable, unacknowledged Event is kept
+        assert authority.state(GROUP, "mission:m-1")[0] == 1
+        assert authority.verify().ok
+        receipt = authority.accept(mission_create("m-2", action_id="a-2"))
+        assert receipt.seq == 4  # its receipt survived the redo
+
+
+def test_restart_of_machine_without_clean_close_rebuilds_index(tmp_path):
+    path = str(tmp_path / "store")
+    code = CHILD_ACCEPT.format(path=path).replace("a.close()", "import os; os._exit(0)")
+    result = _run_child(path, code, {"MWPSTORE_BOOT_ID": "boot-before"})
+    assert result.returncode == 0, result.stderr
+    os.environ["MWPSTORE_BOOT_ID"] = "boot-after"
+    try:
+        with Authority.open(path) as authority:
+            assert authority.open_report.mode == "rebuild"
+            assert "restarted" in authority.open_report.reason
+            assert authority.head(GROUP)[0] == 4
+    finally:
+        del os.environ["MWPSTORE_BOOT_ID"]
+
+
+def test_clean_close_is_trusted_across_restart(tmp_path):
+    path = str(tmp_path / "store")
+    result = _run_child(path, CHILD_ACCEPT.format(path=path), {"MWPSTORE_BOOT_ID": "boot-before"})
+    assert result.returncode == 0, result.stderr
+    os.environ["MWPSTORE_BOOT_ID"] = "boot-after"
+    try:
+        with Authority.open(path) as authority:
+            assert authority.open_report.mode == "clean"
+    finally:
+        del os.environ["MWPSTORE_BOOT_ID"]
+
+
+def test_index_ahead_of_log_is_rebuilt(tmp_path):
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+    env = lmdb.open(os.path.join(path, "index"), max_dbs=8)
+    meta = env.open_db(b"meta")
+    with env.begin(write=True, db=meta) as txn:
+        txn.put(b"log_position", u64(10**12))
+    env.close()
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "rebuild"
+        assert authority.head(GROUP)[0] == 2
+        assert authority.verify().ok
+
+
+def test_verify_finds_an_index_that_differs_from_the_log(tmp_path):
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        with authority.index.env.begin(write=True, db=authority.index.states) as txn:
+            txn.put(b"g-1\x00mission:m-1", u64(9) + b"\x80")
+        report = authority.verify()
+        assert not report.ok and any("states" in problem for problem in report.problems)
+        authority.rebuild()
+        assert authority.verify().ok
+        assert authority.state(GROUP, "mission:m-1")[0] == 1
+
+
+def test_second_writer_gets_store_locked(tmp_path):
+    path = str(tmp_path / "store")
+    with open_with_group(path):
+        with pytest.raises(StoreLocked):
+            Authority.open(path)
+
+
+# -- hostile input -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "changes, error, field",
+    [
+        ({"group": "../escape"}, InvalidCommand, "group"),
+        ({"group": ""}, InvalidCommand, "group"),
+        ({"actor": "a" * 129}, InvalidCommand, "actor"),
+        ({"actor": "a/b"}, InvalidCommand, "actor"),
+        ({"action_id": 7}, InvalidCommand, "action_id"),
+        ({"kind": "No.Such"}, InvalidCommand, "kind"),
+        ({"kind": "no.such"}, UnknownKind, "kind"),
+        ({"target": ".hidden"}, InvalidCommand, "target"),
+        ({"body": {"title": float("nan"), "cost_limit": 1}}, InvalidCommand, "body.title"),
+        ({"body": {"title": "t", "cost_limit": float("inf")}}, InvalidCommand, "body.cost_limit"),
+        ({"body": {1: "x"}}, InvalidCommand, "body"),
+        ({"body": {"x": object()}}, InvalidCommand, "body.x"),
+        ({"body": {"x": 2**64}}, InvalidCommand, "body.x"),
+        ({"body": {"x": "y" * (2 * 1024 * 1024)}}, LimitExceeded, "body.x"),
+        ({"body": "not a dict"}, InvalidCommand, "body"),
+        ({"expected_revision": -1}, InvalidCommand, "expected_revision"),
+        ({"signature": b"short"}, InvalidCommand, "signature"),
+    ],
+)
+def test_hostile_commands_get_typed_errors_and_change_nothing(store, changes, error, field):
+    fields = {
+        "actor": OWNER,
+        "action_id": "hostile",
+        "group": GROUP,
+        "kind": "mission.create",
+        "target": "m-1",
+        "body": {"title": "t", "cost_limit": 1},
+    }
+    fields.update(changes)
+    head = store.head(GROUP)
+    with pytest.raises(error) as caught:
+        store.accept(Command(**fields))
+    assert caught.value.field == field
+    assert store.head(GROUP) == head
+
+
+def test_deep_nesting_is_limit_exceeded(store):
+    body: dict = {"title": "t", "cost_limit": 1}
+    node = body
+    for _ in range(40):
+        node["x"] = {}
+        node = node["x"]
+    with pytest.raises(LimitExceeded):
+        store.accept(Command(actor=OWNER, action_id="deep", group=GROUP, kind="mission.create", target="m-1", body=body))
+
+
+def test_non_command_and_non_sequence_inputs(store):
+    with pytest.raises(InvalidCommand):
+        store.accept({"actor": OWNER})  # type: ignore[arg-type]
+    with pytest.raises(InvalidCommand):
+        store.accept_many("not a list")  # type: ignore[arg-type]
+    results = store.accept_many([None])  # type: ignore[list-item]
+    assert results[0].error_code == InvalidCommand.code
+
+
+def test_engine_actor_and_system_kinds_are_reserved(store):
+    with pytest.raises(InvalidCommand):
+        store.accept(Command(actor="_engine", action_id="x", group=GROUP, kind="mission.create", target="m", body={}))
+
+
+def test_owner_only_kinds_refuse_other_roles(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept(
+            Command(actor=OWNER, action_id="add-w", group=GROUP, kind="membership.add", target="worker-1", body={"role": "worker"}, expected_revision=0)
+        )
+        with pytest.raises(Unauthorized):
+            authority.accept(Command(actor="worker-1", action_id="w1", group=GROUP, kind="mission.create", target="m-1", body={"title": "t", "cost_limit": 1}))
+
+
+def test_closed_store_refuses_everything(tmp_path):
+    authority = open_with_group(str(tmp_path / "store"))
+    authority.close()
+    authority.close()  # idempotent
+    for call in (
+        lambda: authority.accept(mission_create("m-1")),
+        lambda: authority.read(GROUP),
+        lambda: authority.ack("c", GROUP, 1),
+        lambda: authority.head(GROUP),
+    ):
+        with pytest.raises(StoreClosed):
+            call()
+
+
+def test_group_create_twice_is_already_exists(store):
+    with pytest.raises(AlreadyExists):
+        store.accept(group_create(action_id="again"))
+    with pytest.raises(MwpError):
+        store.accept(Command(actor=OWNER, action_id="m-other", group="other", kind="mission.create", target="m", body={"title": "t", "cost_limit": 1}))
