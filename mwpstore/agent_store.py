@@ -1,0 +1,1145 @@
+"""The AgentStore: an agent's local, rebuildable copy of the Groups it follows (MWP-FND-023).
+
+It applies delivered Events into projections with at-least-once delivery in mind (MWP-WRK-029):
+each Event is deduplicated by its Event ID, each Group is applied strictly in sequence, later
+Events are buffered durably, and the durable Cursor never moves over a gap. Everything here can be
+deleted and rebuilt from the Groups' Events; nothing in it is authoritative.
+
+The apply cycle has visible boundaries (see ``docs/agent-store.md``)::
+
+    with agent.begin() as tx:             # begin local transaction (one LMDB write transaction)
+        tx.apply(event)                   # dedupe → next contiguous seq? → projections + queue
+        tx.record_intent(...)             # outbox intent, durable with this commit
+        tx.advance_cursor(group)          # Cursor := highest contiguous applied seq
+    # commit (LMDB syncs) on a clean exit, abort on an exception
+    agent.record_receipt(key, receipt)    # its own commit, after the external call
+
+Its own LMDB environment holds one sub-database per concern; every key starts with the Group ID
+and a NUL byte (IDs never contain NUL), so one Group's data is one key range.
+"""
+
+from __future__ import annotations
+
+import enum
+import fcntl
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, Protocol
+
+import blake3
+import lmdb
+import msgspec
+
+from . import canonical, failpoints, limits
+from .errors import (
+    EventInvalid,
+    InvalidCommand,
+    LimitExceeded,
+    MwpError,
+    SnapshotInvalid,
+    StoreClosed,
+    StoreLocked,
+    translate,
+)
+from .messages import ZERO_HASH, Effect, Event, check_event, decode_event, encode_event
+
+FORMAT_VERSION = 1
+
+BUFFERED_EVENTS_MAX = 100_000
+"""Bound on Events buffered beyond a gap, per Group; more is refused with ``LIMIT_EXCEEDED``."""
+
+PROJECTION_KEY_BYTES_MAX = 256
+"""Bound on an application projection's own key (LMDB keys are at most 511 bytes in all)."""
+
+AGGREGATE_CHARS_MAX = 2 * limits.ID_CHARS_MAX + 1
+
+_DATABASES = (
+    b"meta",  # format version
+    b"heads",  # group -> GroupHead
+    b"inbox",  # group NUL seq -> event hash (applied Event IDs; pruned at or below the Cursor)
+    b"buffer",  # group NUL seq -> encoded Event (beyond a gap)
+    b"state",  # group NUL aggregate -> [revision, state]
+    b"queue",  # group NUL priority-key not-before-key workitem -> b""
+    b"queue_index",  # group NUL workitem -> its queue key suffix
+    b"projection",  # group NUL projection name NUL key -> value
+    b"outbox",  # group NUL idempotency key -> Intent
+    b"intent_group",  # idempotency key -> group
+    b"offline",  # group NUL b"C" seq -> BufferedCommand; group NUL b"S" -> outage record
+)
+
+_DIGEST_DATABASES = (b"state", b"queue", b"queue_index", b"projection")
+
+_STATE_ENCODER = msgspec.msgpack.Encoder(order="sorted")
+_STATE_DECODER = msgspec.msgpack.Decoder(tuple[int, dict[str, Any] | None])
+_INT64 = 2**63
+
+
+class ApplyStatus(enum.Enum):
+    """What ``tx.apply`` did with one delivered Event."""
+
+    APPLIED = "applied"  # it was the next in sequence (buffered successors may have followed)
+    DUPLICATE = "duplicate"  # already applied or already buffered: ignored
+    BUFFERED = "buffered"  # beyond a gap: kept durably until the gap is filled
+
+
+class GroupHead(msgspec.Struct, array_like=True):
+    """Per-Group bookkeeping. ``cursor <= applied_seq`` always; nothing is applied past a gap."""
+
+    applied_seq: int = 0
+    applied_hash: bytes = ZERO_HASH
+    cursor: int = 0
+    pruned_seq: int = 0
+    floor_seq: int = 0
+    buffered: int = 0
+
+
+_HEAD_ENCODER = msgspec.msgpack.Encoder()
+_HEAD_DECODER = msgspec.msgpack.Decoder(GroupHead)
+
+
+class QueueEntry(msgspec.Struct, frozen=True):
+    """One ready WorkItem in a Group's work queue."""
+
+    workitem: str
+    priority: int
+    not_before_ms: int
+
+
+class IntentState(str, enum.Enum):
+    INTENDED = "intended"  # durable, not yet handed to the outside world
+    DISPATCHED = "dispatched"  # handed over; outcome unknown until a receipt is recorded
+    UNCERTAIN = "uncertain"  # the call failed in a way that does not say whether it happened
+    RECONCILED = "reconciled"  # a lookup said it did not happen: safe to dispatch again
+    DONE = "done"  # the external receipt is recorded
+
+
+class Intent(msgspec.Struct, frozen=True, kw_only=True):
+    """An outbox intent for one external side effect (MWP-WRK-031)."""
+
+    key: str
+    group: str
+    mission: str
+    workitem: str
+    ownership_epoch: int
+    operation: str
+    request: dict[str, Any] | None = None
+    state: IntentState = IntentState.INTENDED
+    dispatches: int = 0
+    receipt: dict[str, Any] | None = None
+    error: str | None = None
+    recorded_at_ms: int = 0
+    updated_at_ms: int = 0
+
+
+_INTENT_ENCODER = msgspec.msgpack.Encoder()
+_INTENT_DECODER = msgspec.msgpack.Decoder(Intent)
+
+
+class ReconcileRequired(MwpError):
+    """An intent's outcome is uncertain: reconcile it (a lookup) before any retry."""
+
+    code = "RECONCILE_REQUIRED"
+
+
+class ProjectionFailed(MwpError):
+    """An application projection raised while applying an Event; the local transaction aborted."""
+
+    code = "PROJECTION_FAILED"
+
+
+class Projection(Protocol):
+    """An application projection: ``apply`` writes through ``view`` only (the local transaction).
+
+    An optional ``restore(view, snapshot)`` is called when the Group is restored from a snapshot;
+    without it the projection starts empty after the snapshot sequence.
+    """
+
+    name: str
+
+    def apply(self, view: ProjectionView, event: Event) -> None: ...
+
+
+class Clock(Protocol):
+    def __call__(self) -> int: ...
+
+
+def _wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# -- keys ----------------------------------------------------------------------------------------
+
+
+def _prefix(group: str) -> bytes:
+    return group.encode() + b"\x00"
+
+
+def _seq_key(group: str, seq: int) -> bytes:
+    return group.encode() + b"\x00" + seq.to_bytes(8, "big")
+
+
+def _sortable_u64(value: int) -> bytes:
+    return (value + _INT64).to_bytes(8, "big")
+
+
+def _queue_suffix(workitem: str, priority: int, not_before_ms: int) -> bytes:
+    # priority descending, then not-before ascending, then WorkItem ID.
+    return (_INT64 - 1 - priority).to_bytes(8, "big") + _sortable_u64(not_before_ms) + workitem.encode()
+
+
+def _check_group(group: object) -> str:
+    return canonical.check_id(group, "group")
+
+
+def _check_aggregate(aggregate: object) -> None:
+    if type(aggregate) is not str or not 0 < len(aggregate) <= AGGREGATE_CHARS_MAX:
+        raise EventInvalid("Event effect names no valid aggregate", reason="effects")
+    kind, sep, ident = aggregate.partition(":")
+    if not sep or canonical._KIND_PATTERN.match(kind) is None or canonical._ID_PATTERN.match(ident) is None:
+        raise EventInvalid(f"Event effect aggregate {aggregate[:80]!r} is not '<type>:<id>'", reason="effects")
+
+
+def _check_shape(event: Event) -> None:
+    """Type checks that ``check_event`` leaves to the decoder (an Event object built in-process)."""
+    if (
+        type(event.seq) is not int
+        or type(event.hash) is not bytes
+        or type(event.kind) is not str
+        or type(event.aggregate) is not str
+        or type(event.revision) is not int
+        or type(event.accepted_at_ms) is not int
+        or type(event.authoritative) is not bool
+        or (event.body is not None and type(event.body) is not dict)
+        or type(event.effects) is not list
+    ):
+        raise EventInvalid("Event fields have the wrong types", reason="type")
+    for effect in event.effects:
+        if type(effect) is not Effect:
+            raise EventInvalid("Event effects must be Effect values", reason="effects")
+        _check_aggregate(effect.aggregate)
+        if effect.state is not None and type(effect.state) is not dict:
+            raise EventInvalid("an Effect's state must be a dict or None", reason="effects")
+
+
+def admit_event(event: Event | bytes | bytearray | memoryview) -> tuple[Event, bytes]:
+    """Check a delivered Event's type, shape and size (no hash checks); return it and its bytes.
+
+    Raises ``EventInvalid`` or ``LimitExceeded``; never writes anything.
+    """
+    if isinstance(event, (bytes, bytearray, memoryview)):
+        if len(event) > limits.EVENT_BYTES_MAX:
+            raise LimitExceeded(f"a delivered Event is larger than {limits.EVENT_BYTES_MAX} bytes", field="event")
+        data = bytes(event)
+        event = decode_event(data)
+    elif type(event) is Event:
+        try:
+            data = encode_event(event)
+        except (msgspec.EncodeError, TypeError, ValueError, OverflowError) as exc:
+            raise EventInvalid(f"Event cannot be encoded: {exc}", reason="type") from None
+        if len(data) > limits.EVENT_BYTES_MAX:
+            raise LimitExceeded(f"a delivered Event is larger than {limits.EVENT_BYTES_MAX} bytes", field="event")
+    else:
+        raise EventInvalid("expected a mwpstore.Event or its encoded bytes", reason="type")
+    _check_shape(event)
+    return event, data
+
+
+# -- the store -----------------------------------------------------------------------------------
+
+
+class AgentStore:
+    """One agent's local store. Open with :meth:`open`; one process writes (a lock file)."""
+
+    def __init__(
+        self,
+        path: str,
+        env: lmdb.Environment,
+        lock_fd: int,
+        projections: Sequence[Projection],
+        trusted_keys: Sequence[Any],
+        clock: Callable[[], int],
+    ) -> None:
+        self.path = path
+        self._env = env
+        self._lock_fd = lock_fd
+        self._dbs = {name.decode(): env.open_db(name) for name in _DATABASES}
+        self._projections = tuple(projections)
+        self.trusted_keys = tuple(trusted_keys)
+        self._clock = clock
+        self._write_lock = threading.Lock()
+        self._writer: int | None = None
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        *,
+        projections: Iterable[Projection] = (),
+        trusted_keys: Iterable[Any] = (),
+        map_size: int = limits.AGENT_LMDB_MAP_BYTES_DEFAULT,
+        clock: Callable[[], int] = _wall_clock_ms,
+    ) -> AgentStore:
+        """Open (creating on first use) the store in directory ``path``.
+
+        Raises ``StoreLocked`` when another handle (any process) has it open.
+        """
+        path = os.fspath(path)
+        projections = tuple(projections)
+        names = [projection.name for projection in projections]
+        for name in names:
+            canonical.check_id(name, "projection name")
+        if len(set(names)) != len(names):
+            raise InvalidCommand("projection names must be distinct", field="projections")
+        try:
+            os.makedirs(path, exist_ok=True)
+            lock_fd = os.open(os.path.join(path, "agent.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise translate(exc, context="opening the agent store") from None
+        try:
+            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(lock_fd)
+            raise StoreLocked(f"the agent store at {path} is open in another handle or process; close it first") from None
+        try:
+            env = lmdb.open(
+                os.path.join(path, "lmdb"),
+                map_size=map_size,
+                max_dbs=len(_DATABASES) + 1,
+                sync=True,
+                metasync=True,
+                subdir=True,
+                readahead=False,
+            )
+            store = cls(path, env, lock_fd, projections, tuple(trusted_keys), clock)
+            store._check_format()
+        except BaseException as exc:
+            os.close(lock_fd)
+            if isinstance(exc, MwpError):
+                raise
+            if isinstance(exc, Exception):
+                raise translate(exc, context="opening the agent store") from None
+            raise
+        return store
+
+    def _check_format(self) -> None:
+        with self._env.begin(write=True, db=self._dbs["meta"]) as txn:
+            stored = txn.get(b"format")
+            if stored is None:
+                txn.put(b"format", str(FORMAT_VERSION).encode())
+            elif stored != str(FORMAT_VERSION).encode():
+                from .errors import Corruption
+
+                raise Corruption(
+                    f"agent store format {stored!r} is not {FORMAT_VERSION}; delete the directory and rebuild it",
+                    reason="format",
+                )
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._env.close()
+        os.close(self._lock_fd)
+
+    def __enter__(self) -> AgentStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("the agent store is closed; open it again")
+
+    # -- transactions ------------------------------------------------------------------------
+
+    def begin(self) -> AgentTransaction:
+        """Begin a local transaction: ``with agent.begin() as tx:`` commits on a clean exit."""
+        self._check_open()
+        if self._writer == threading.get_ident():
+            raise InvalidCommand("a local transaction is already open in this thread", field="begin")
+        self._write_lock.acquire()
+        self._writer = threading.get_ident()
+        try:
+            txn = self._env.begin(write=True)
+        except Exception as exc:
+            self._writer = None
+            self._write_lock.release()
+            raise translate(exc, context="beginning a local transaction") from None
+        failpoints.hit("agent.begin")
+        return AgentTransaction(self, txn)
+
+    def _end(self) -> None:
+        self._writer = None
+        self._write_lock.release()
+
+    def _read(self) -> lmdb.Transaction:
+        self._check_open()
+        return self._env.begin(write=False)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def head(self, group: str) -> GroupHead:
+        _check_group(group)
+        with self._read() as txn:
+            return _load_head(txn, self._dbs["heads"], group)
+
+    def cursor(self, group: str) -> int:
+        """The durable Cursor: every Event of ``group`` up to it is applied; none after a gap."""
+        return self.head(group).cursor
+
+    def ack_position(self, group: str) -> int:
+        """What to ACK (MWP-WRK-030): the highest contiguous durable Cursor."""
+        return self.cursor(group)
+
+    def groups(self) -> list[str]:
+        with self._read() as txn:
+            return [bytes(key).decode() for key, _ in txn.cursor(db=self._dbs["heads"])]
+
+    def state(self, group: str, key: str) -> dict[str, Any] | None:
+        """The mirrored authoritative state of aggregate ``key`` (e.g. ``workitem:wi-3``)."""
+        return self.aggregate(group, key)[1]
+
+    def revision(self, group: str, key: str) -> int:
+        return self.aggregate(group, key)[0]
+
+    def aggregate(self, group: str, key: str) -> tuple[int, dict[str, Any] | None]:
+        _check_group(group)
+        with self._read() as txn:
+            data = txn.get(_prefix(group) + key.encode(), db=self._dbs["state"])
+        if data is None:
+            return 0, None
+        return _STATE_DECODER.decode(data)
+
+    def states(self, group: str) -> dict[str, dict[str, Any]]:
+        """Every live aggregate of ``group`` (key → state)."""
+        _check_group(group)
+        prefix = _prefix(group)
+        result: dict[str, dict[str, Any]] = {}
+        with self._read() as txn:
+            for key, value in _range(txn, self._dbs["state"], prefix):
+                state = _STATE_DECODER.decode(value)[1]
+                if state is not None:
+                    result[key[len(prefix) :].decode()] = state
+        return result
+
+    def work_queue(self, group: str, now_ms: int, *, limit: int | None = None) -> list[QueueEntry]:
+        """Ready WorkItems of ``group`` at ``now_ms``: priority desc, not-before asc, then ID."""
+        _check_group(group)
+        prefix = _prefix(group)
+        result: list[QueueEntry] = []
+        with self._read() as txn:
+            for key, _ in _range(txn, self._dbs["queue"], prefix):
+                suffix = key[len(prefix) :]
+                not_before_ms = int.from_bytes(suffix[8:16], "big") - _INT64
+                if not_before_ms > now_ms:
+                    continue
+                priority = _INT64 - 1 - int.from_bytes(suffix[:8], "big")
+                result.append(QueueEntry(bytes(suffix[16:]).decode(), priority, not_before_ms))
+                if limit is not None and len(result) >= limit:
+                    break
+        return result
+
+    def checkpoint(self, group: str, workitem: str) -> Any:
+        """The latest checkpoint of a WorkItem, as mirrored from the Group."""
+        state = self.state(group, f"workitem:{workitem}")
+        return None if state is None else state.get("checkpoint")
+
+    def projection_get(self, group: str, name: str, key: str | bytes) -> bytes | None:
+        """Read one key of an application projection."""
+        _check_group(group)
+        with self._read() as txn:
+            return txn.get(_projection_key(group, name, key), db=self._dbs["projection"])
+
+    def projection_items(self, group: str, name: str) -> list[tuple[bytes, bytes]]:
+        _check_group(group)
+        prefix = _prefix(group) + name.encode() + b"\x00"
+        with self._read() as txn:
+            return [(bytes(key[len(prefix) :]), bytes(value)) for key, value in _range(txn, self._dbs["projection"], prefix)]
+
+    def buffered_seqs(self, group: str) -> list[int]:
+        _check_group(group)
+        prefix = _prefix(group)
+        with self._read() as txn:
+            return [int.from_bytes(key[len(prefix) :], "big") for key, _ in _range(txn, self._dbs["buffer"], prefix)]
+
+    def inbox_seqs(self, group: str) -> list[int]:
+        _check_group(group)
+        prefix = _prefix(group)
+        with self._read() as txn:
+            return [int.from_bytes(key[len(prefix) :], "big") for key, _ in _range(txn, self._dbs["inbox"], prefix)]
+
+    # -- rebuild comparison --------------------------------------------------------------------
+
+    def projection_dump(self, group: str | None = None) -> list[tuple[str, bytes, bytes]]:
+        """Every projection entry as (database, key, value) in key order, plus each Group's
+        (applied seq, head hash, Cursor). Equal dumps mean byte-identical projections."""
+        if group is not None:
+            _check_group(group)
+        prefix = b"" if group is None else _prefix(group)
+        rows: list[tuple[str, bytes, bytes]] = []
+        with self._read() as txn:
+            for key, value in txn.cursor(db=self._dbs["heads"]):
+                if group is not None and bytes(key) != group.encode():
+                    continue
+                head = _HEAD_DECODER.decode(value)
+                rows.append(
+                    ("heads", bytes(key), _STATE_ENCODER.encode([head.applied_seq, head.applied_hash, head.cursor]))
+                )
+            for name in _DIGEST_DATABASES:
+                for key, value in _range(txn, self._dbs[name.decode()], prefix):
+                    rows.append((name.decode(), bytes(key), bytes(value)))
+        return rows
+
+    def projection_digest(self, group: str | None = None) -> str:
+        """A blake3 digest of :meth:`projection_dump` (hex)."""
+        hasher = blake3.blake3(b"mwpstore/agent-projection/v1\x00")
+        for name, key, value in self.projection_dump(group):
+            for part in (name.encode(), key, value):
+                hasher.update(len(part).to_bytes(8, "big"))
+                hasher.update(part)
+        return hasher.hexdigest()
+
+    # -- ACK cleanup -----------------------------------------------------------------------------
+
+    def prune_inbox(self, group: str) -> int:
+        """Delete inbox entries at or below the durable Cursor (delivery cleanup only; MWP-WRK-030).
+
+        Returns how many were removed. Projections, buffered Events and the Cursor are untouched;
+        an Event replayed after pruning is still recognised as a duplicate by its sequence.
+        """
+        with self.begin() as tx:
+            return tx._prune_inbox(group)
+
+    # -- Group reset and snapshot restore -------------------------------------------------------
+
+    def reset_group(self, group: str) -> None:
+        """Forget everything about ``group`` (projections, inbox, buffer, Cursor) to rebuild it."""
+        with self.begin() as tx:
+            tx._clear_group(group, keep_buffer_after=None)
+
+    def restore(self, data: bytes, *, group: str, org: str | None = None, **verify_options: Any) -> int:
+        """Restore ``group`` from a signed snapshot; replay then continues strictly after it.
+
+        The snapshot is verified first (``snapshot.verify_snapshot`` with this store's trusted
+        keys); nothing is written unless every check passes. Returns the snapshot's sequence.
+        """
+        self._check_open()
+        from .snapshot import verify_snapshot  # the snapshot module verifies schema, hash, signature
+
+        verified = verify_snapshot(data, self.trusted_keys, **verify_options)
+        return self.restore_verified(verified, group=group, org=org)
+
+    def restore_verified(self, snapshot: Any, *, group: str, org: str | None = None) -> int:
+        """Restore from an already verified snapshot (``group``, ``org``, ``seq``, ``head_hash``,
+        ``aggregates``). Checks the binding and that it does not roll the Group back."""
+        _check_group(group)
+        if snapshot.group != group:
+            raise SnapshotInvalid(f"snapshot is of group {snapshot.group!r}, not {group!r}", check="binding")
+        seq = snapshot.seq
+        if type(seq) is not int or seq < 0:
+            raise SnapshotInvalid("snapshot sequence is not a non-negative integer", check="sequence")
+        with self.begin() as tx:
+            head = tx._head(group)
+            mirrored_group = tx._get_state(group, f"group:{group}")
+            known_org = mirrored_group[1].get("org") if mirrored_group is not None and mirrored_group[1] else None
+            for expected in (org, known_org):
+                if expected is not None and snapshot.org != expected:
+                    raise SnapshotInvalid(
+                        f"snapshot is bound to organization {snapshot.org!r}, not {expected!r}", check="binding"
+                    )
+            if seq < head.applied_seq:
+                raise SnapshotInvalid(
+                    f"snapshot at seq {seq} would roll group {group!r} back from seq {head.applied_seq}",
+                    check="sequence",
+                )
+            if seq == head.applied_seq and seq > 0 and snapshot.head_hash != head.applied_hash:
+                raise SnapshotInvalid("snapshot head hash differs from the applied Event at its sequence", check="hash")
+            for effect in snapshot.aggregates:
+                if type(effect) is not Effect:
+                    raise SnapshotInvalid("snapshot aggregates must be Effect values", check="schema")
+                try:
+                    _check_aggregate(effect.aggregate)
+                except EventInvalid:
+                    raise SnapshotInvalid("snapshot names an invalid aggregate", check="schema") from None
+            tx._clear_group(group, keep_buffer_after=seq)
+            tx._restore_aggregates(group, snapshot.aggregates)
+            head = tx._head(group)
+            head.applied_seq = head.cursor = head.floor_seq = head.pruned_seq = seq
+            head.applied_hash = snapshot.head_hash
+            tx._dirty.add(group)
+            for projection in self._projections:
+                restore = getattr(projection, "restore", None)
+                if restore is not None:
+                    tx._run_projection(projection.restore, group, projection.name, snapshot)
+            tx._drain(group)
+        return seq
+
+    # -- outbox --------------------------------------------------------------------------------
+
+    def intent(self, key: str) -> Intent | None:
+        with self._read() as txn:
+            return _load_intent(txn, self._dbs, key)
+
+    def intents(self, group: str | None = None, *, pending_only: bool = False) -> list[Intent]:
+        """Outbox intents (of one Group or all), oldest key order."""
+        prefix = b"" if group is None else _prefix(_check_group(group))
+        with self._read() as txn:
+            found = [_INTENT_DECODER.decode(value) for _, value in _range(txn, self._dbs["outbox"], prefix)]
+        if pending_only:
+            found = [intent for intent in found if intent.state != IntentState.DONE]
+        return found
+
+    def record_receipt(self, intent_key: str | Intent, receipt: dict[str, Any]) -> Intent:
+        """Record the external receipt of an intent, in its own local commit."""
+        key = intent_key.key if isinstance(intent_key, Intent) else intent_key
+        if type(receipt) is not dict:
+            raise InvalidCommand("a receipt is a dict", field="receipt")
+        canonical.check_content(receipt, "receipt")
+        with self.begin() as tx:
+            intent = tx._require_intent(key)
+            if intent.state == IntentState.DONE:
+                return intent
+            updated = msgspec.structs.replace(
+                intent, state=IntentState.DONE, receipt=receipt, error=None, updated_at_ms=self._clock()
+            )
+            tx._put_intent(updated)
+        failpoints.hit("agent.after_receipt")
+        return updated
+
+    def mark_dispatched(self, intent_key: str) -> Intent:
+        """Durably note that an intent is about to be handed to the outside world."""
+        with self.begin() as tx:
+            intent = tx._require_intent(intent_key)
+            if intent.state not in (IntentState.INTENDED, IntentState.RECONCILED):
+                raise ReconcileRequired(
+                    f"intent {intent_key} is {intent.state.value}; reconcile it before any retry",
+                    key=intent_key,
+                    state=intent.state.value,
+                )
+            updated = msgspec.structs.replace(
+                intent, state=IntentState.DISPATCHED, dispatches=intent.dispatches + 1, updated_at_ms=self._clock()
+            )
+            tx._put_intent(updated)
+        return updated
+
+    def mark_uncertain(self, intent_key: str, error: str) -> Intent:
+        with self.begin() as tx:
+            intent = tx._require_intent(intent_key)
+            updated = msgspec.structs.replace(
+                intent, state=IntentState.UNCERTAIN, error=error[:1000], updated_at_ms=self._clock()
+            )
+            tx._put_intent(updated)
+        return updated
+
+    def reconcile(self, intent_key: str, lookup: Callable[[Intent], dict[str, Any] | None]) -> Intent:
+        """Settle an intent whose outcome is unknown with ``lookup(intent)`` (the caller asks the
+        outside world by idempotency key): a receipt → recorded (DONE); None → RECONCILED (it did
+        not happen; dispatching again reuses the same key)."""
+        intent = self.intent(intent_key)
+        if intent is None:
+            raise InvalidCommand(f"no outbox intent {intent_key}", field="intent_key")
+        if intent.state in (IntentState.DONE, IntentState.INTENDED, IntentState.RECONCILED):
+            return intent
+        receipt = lookup(intent)
+        if receipt is not None:
+            return self.record_receipt(intent_key, receipt)
+        with self.begin() as tx:
+            current = tx._require_intent(intent_key)
+            updated = msgspec.structs.replace(current, state=IntentState.RECONCILED, updated_at_ms=self._clock())
+            tx._put_intent(updated)
+        return updated
+
+    def dispatch(
+        self,
+        intent_key: str | Intent,
+        side_effect: Callable[[Intent], dict[str, Any]],
+        *,
+        lookup: Callable[[Intent], dict[str, Any] | None] | None = None,
+    ) -> dict[str, Any]:
+        """Perform an intent's side effect at most once per known outcome; return its receipt.
+
+        ``side_effect(intent)`` does the external call with ``intent.key`` as its idempotency key
+        and returns the receipt. A DONE intent returns its receipt without calling. A DISPATCHED or
+        UNCERTAIN intent (a crash or an ambiguous failure) is first reconciled with ``lookup``;
+        without one, ``ReconcileRequired`` is raised. If ``side_effect`` raises, the intent is
+        marked UNCERTAIN and the exception propagates.
+        """
+        key = intent_key.key if isinstance(intent_key, Intent) else intent_key
+        intent = self.intent(key)
+        if intent is None:
+            raise InvalidCommand(f"no outbox intent {key}", field="intent_key")
+        if intent.state == IntentState.DONE:
+            assert intent.receipt is not None
+            return intent.receipt
+        if intent.state in (IntentState.DISPATCHED, IntentState.UNCERTAIN):
+            if lookup is None:
+                raise ReconcileRequired(
+                    f"intent {key} is {intent.state.value}: reconcile it with a lookup before any retry",
+                    key=key,
+                    state=intent.state.value,
+                )
+            intent = self.reconcile(key, lookup)
+            if intent.state == IntentState.DONE:
+                assert intent.receipt is not None
+                return intent.receipt
+        intent = self.mark_dispatched(key)
+        failpoints.hit("agent.after_mark_dispatched")
+        try:
+            receipt = side_effect(intent)
+        except BaseException as exc:
+            self.mark_uncertain(key, f"{type(exc).__name__}: {exc}")
+            raise
+        failpoints.hit("agent.after_dispatch")
+        self.record_receipt(key, receipt)
+        return receipt
+
+
+class ProjectionView:
+    """What an application projection may touch: its own keys of one Group, in the local
+    transaction, plus read access to the mirrored authoritative state."""
+
+    __slots__ = ("_txn", "_db", "_state_db", "_prefix", "group", "name")
+
+    def __init__(self, txn: lmdb.Transaction, db: Any, state_db: Any, group: str, name: str) -> None:
+        self._txn = txn
+        self._db = db
+        self._state_db = state_db
+        self._prefix = _prefix(group) + name.encode() + b"\x00"
+        self.group = group
+        self.name = name
+
+    def _key(self, key: str | bytes) -> bytes:
+        raw = key.encode() if type(key) is str else key
+        if type(raw) is not bytes or len(raw) > PROJECTION_KEY_BYTES_MAX:
+            raise LimitExceeded(f"projection keys are str or bytes of at most {PROJECTION_KEY_BYTES_MAX} bytes", field="key")
+        return self._prefix + raw
+
+    def get(self, key: str | bytes) -> bytes | None:
+        return self._txn.get(self._key(key), db=self._db)
+
+    def put(self, key: str | bytes, value: bytes) -> None:
+        if type(value) is not bytes:
+            raise InvalidCommand("projection values are bytes", field="value")
+        self._txn.put(self._key(key), value, db=self._db)
+
+    def delete(self, key: str | bytes) -> bool:
+        return self._txn.delete(self._key(key), db=self._db)
+
+    def items(self, prefix: str | bytes = b"") -> Iterator[tuple[bytes, bytes]]:
+        start = self._key(prefix)
+        for key, value in _range(self._txn, self._db, start):
+            yield bytes(key[len(self._prefix) :]), bytes(value)
+
+    def state(self, aggregate: str) -> dict[str, Any] | None:
+        """The mirrored authoritative state (already updated by the Event being applied)."""
+        data = self._txn.get(_prefix(self.group) + aggregate.encode(), db=self._state_db)
+        return None if data is None else _STATE_DECODER.decode(data)[1]
+
+
+def _projection_key(group: str, name: str, key: str | bytes) -> bytes:
+    raw = key.encode() if isinstance(key, str) else key
+    return _prefix(group) + name.encode() + b"\x00" + raw
+
+
+class AgentTransaction:
+    """One local transaction (one LMDB write transaction). Use as a context manager."""
+
+    def __init__(self, store: AgentStore, txn: lmdb.Transaction) -> None:
+        self._store = store
+        self._txn = txn
+        dbs = store._dbs
+        self._dbs = dbs
+        self._heads_db = dbs["heads"]
+        self._inbox_db = dbs["inbox"]
+        self._buffer_db = dbs["buffer"]
+        self._state_db = dbs["state"]
+        self._queue_db = dbs["queue"]
+        self._queue_index_db = dbs["queue_index"]
+        self._projection_db = dbs["projection"]
+        self._heads: dict[str, GroupHead] = {}
+        self._dirty: set[str] = set()
+        self._done = False
+        self._failed: BaseException | None = None
+
+    def __enter__(self) -> AgentTransaction:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None and self._failed is None:
+            self.commit()
+        else:
+            self.abort()
+            if exc_type is None and self._failed is not None:
+                raise ProjectionFailed(
+                    f"the local transaction was aborted: {self._failed!r}", reason=type(self._failed).__name__
+                ) from self._failed
+
+    # -- the boundaries ------------------------------------------------------------------------
+
+    def commit(self) -> None:
+        """Write the Group heads and commit durably (LMDB syncs before returning)."""
+        self._check_usable()
+        try:
+            for group in self._dirty:
+                self._txn.put(group.encode(), _HEAD_ENCODER.encode(self._heads[group]), db=self._heads_db)
+            failpoints.hit("agent.before_commit")
+            self._txn.commit()
+        except BaseException as exc:
+            self.abort()
+            if isinstance(exc, Exception):
+                raise translate(exc, context="committing a local transaction") from None
+            raise
+        self._done = True
+        self._store._end()
+        failpoints.hit("agent.after_commit")
+
+    def abort(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        try:
+            self._txn.abort()
+        finally:
+            self._store._end()
+
+    def _check_usable(self) -> None:
+        if self._done:
+            raise StoreClosed("this local transaction is finished; begin a new one")
+        if self._failed is not None:
+            raise ProjectionFailed(
+                "an application projection failed in this local transaction: it can only abort",
+                reason=type(self._failed).__name__,
+            )
+
+    def apply(self, event: Event | bytes) -> ApplyStatus:
+        """Apply one delivered Event (an ``Event`` or its encoded bytes).
+
+        The next Event in the Group's sequence is applied (then any buffered successors); an Event
+        already applied or buffered is a DUPLICATE; a later one is BUFFERED. A malformed Event
+        raises ``EventInvalid``/``LimitExceeded`` before anything is written, so the transaction
+        stays usable. An application projection that raises aborts the whole transaction.
+        """
+        self._check_usable()
+        event, data = admit_event(event)
+        group = event.group
+        head = self._heads.get(group) or self._head(_check_group(group))
+        seq = event.seq
+        if seq <= head.applied_seq:
+            stored = self._txn.get(_seq_key(group, seq), db=self._inbox_db) if seq > head.pruned_seq else None
+            if stored is not None and stored != event.hash:
+                raise EventInvalid(
+                    f"Event {event.event_id} differs from the one already applied", reason="conflict", event_id=event.event_id
+                )
+            failpoints.hit("agent.after_dedupe")
+            return ApplyStatus.DUPLICATE
+        if seq == head.applied_seq + 1:
+            check_event(event, expected_prev_hash=head.applied_hash)
+            failpoints.hit("agent.after_sequence")
+            self._apply_next(head, event)
+            self._drain(group)
+            return ApplyStatus.APPLIED
+        check_event(event)
+        key = _seq_key(group, seq)
+        buffered = self._txn.get(key, db=self._buffer_db)
+        if buffered is not None:
+            if decode_event(buffered).hash == event.hash:
+                return ApplyStatus.DUPLICATE
+        elif head.buffered >= BUFFERED_EVENTS_MAX:
+            raise LimitExceeded(
+                f"group {group!r} already buffers {BUFFERED_EVENTS_MAX} Events beyond a gap", field="event"
+            )
+        else:
+            head.buffered += 1
+        # A second, different Event for a buffered seq replaces the first: only the chain link
+        # checked when the gap is filled can tell which is genuine.
+        self._txn.put(key, data, db=self._buffer_db)
+        self._dirty.add(group)
+        failpoints.hit("agent.after_buffer")
+        return ApplyStatus.BUFFERED
+
+    def apply_many(self, events: Iterable[Event | bytes]) -> list[ApplyStatus]:
+        return [self.apply(event) for event in events]
+
+    def advance_cursor(self, group: str) -> int:
+        """Move the durable Cursor to the highest contiguous applied seq (never over a gap)."""
+        self._check_usable()
+        head = self._head(_check_group(group))
+        if head.cursor != head.applied_seq:
+            head.cursor = head.applied_seq
+            self._dirty.add(group)
+        failpoints.hit("agent.after_cursor")
+        return head.cursor
+
+    def cursor(self, group: str) -> int:
+        return self._head(_check_group(group)).cursor
+
+    def applied_seq(self, group: str) -> int:
+        return self._head(_check_group(group)).applied_seq
+
+    def record_intent(
+        self,
+        group: str,
+        *,
+        mission: str,
+        workitem: str,
+        ownership_epoch: int,
+        operation: str,
+        request: dict[str, Any] | None = None,
+    ) -> Intent:
+        """Record an outbox intent in this transaction (durable with its commit, before dispatch).
+
+        The key is ``work_keys.external_idempotency_key(mission, workitem, ownership_epoch,
+        operation)``: recording the same operation again returns the existing intent, so a retry
+        never mints a new key.
+        """
+        self._check_usable()
+        from .work_keys import external_idempotency_key
+
+        _check_group(group)
+        key = external_idempotency_key(mission, workitem, ownership_epoch, operation)
+        existing = self._get_intent(key)
+        if existing is not None:
+            if existing.group != group:
+                raise InvalidCommand(f"intent {key} belongs to group {existing.group!r}", field="group")
+            return existing
+        if request is not None:
+            if type(request) is not dict:
+                raise InvalidCommand("an intent's request is a dict", field="request")
+            canonical.check_content(request, "request")
+        now = self._store._clock()
+        intent = Intent(
+            key=key,
+            group=group,
+            mission=mission,
+            workitem=workitem,
+            ownership_epoch=ownership_epoch,
+            operation=operation,
+            request=request,
+            recorded_at_ms=now,
+            updated_at_ms=now,
+        )
+        self._put_intent(intent)
+        failpoints.hit("agent.after_intent")
+        return intent
+
+    # -- reads inside the transaction -------------------------------------------------------------
+
+    def state(self, group: str, key: str) -> dict[str, Any] | None:
+        found = self._get_state(_check_group(group), key)
+        return None if found is None else found[1]
+
+    def revision(self, group: str, key: str) -> int:
+        found = self._get_state(_check_group(group), key)
+        return 0 if found is None else found[0]
+
+    # -- internals -------------------------------------------------------------------------------
+
+    def _head(self, group: str) -> GroupHead:
+        head = self._heads.get(group)
+        if head is None:
+            head = _load_head(self._txn, self._heads_db, group)
+            self._heads[group] = head
+        return head
+
+    def _get_state(self, group: str, aggregate: str) -> tuple[int, dict[str, Any] | None] | None:
+        data = self._txn.get(_prefix(group) + aggregate.encode(), db=self._state_db)
+        return None if data is None else _STATE_DECODER.decode(data)
+
+    def _apply_next(self, head: GroupHead, event: Event) -> None:
+        group = event.group
+        txn = self._txn
+        prefix = _prefix(group)
+        txn.put(_seq_key(group, event.seq), event.hash, db=self._inbox_db)
+        for effect in event.effects:
+            self._put_aggregate(prefix, effect.aggregate, effect.revision, effect.state)
+        failpoints.hit("agent.after_builtin_projection")
+        for projection in self._store._projections:
+            self._run_projection(projection.apply, group, projection.name, event)
+        failpoints.hit("agent.after_projection")
+        head.applied_seq = event.seq
+        head.applied_hash = event.hash
+        self._dirty.add(group)
+
+    def _run_projection(self, function: Callable[[ProjectionView, Any], None], group: str, name: str, arg: Any) -> None:
+        view = ProjectionView(self._txn, self._projection_db, self._state_db, group, name)
+        try:
+            function(view, arg)
+        except BaseException as exc:
+            self._failed = exc
+            raise
+
+    def _put_aggregate(self, prefix: bytes, aggregate: str, revision: int, state: dict[str, Any] | None) -> None:
+        txn = self._txn
+        txn.put(prefix + aggregate.encode(), _STATE_ENCODER.encode((revision, state)), db=self._state_db)
+        if aggregate.startswith("workitem:"):
+            workitem = aggregate[9:]
+            index_key = prefix + workitem.encode()
+            old = txn.get(index_key, db=self._queue_index_db)
+            new = _queue_suffix_for(workitem, state)
+            if old == new:
+                return
+            if old is not None:
+                txn.delete(prefix + old, db=self._queue_db)
+            if new is None:
+                txn.delete(index_key, db=self._queue_index_db)
+            else:
+                txn.put(prefix + new, b"", db=self._queue_db)
+                txn.put(index_key, new, db=self._queue_index_db)
+
+    def _drain(self, group: str) -> None:
+        """Apply buffered Events that have become contiguous; drop one whose chain link fails."""
+        head = self._head(group)
+        while head.buffered:
+            key = _seq_key(group, head.applied_seq + 1)
+            data = self._txn.get(key, db=self._buffer_db)
+            if data is None:
+                return
+            self._txn.delete(key, db=self._buffer_db)
+            head.buffered -= 1
+            self._dirty.add(group)
+            try:
+                event = decode_event(data)
+                check_event(event, expected_prev_hash=head.applied_hash)
+            except EventInvalid:
+                return  # a forged or conflicting buffered Event: dropped; the gap stays open
+            self._apply_next(head, event)
+
+    def _prune_inbox(self, group: str) -> int:
+        head = self._head(_check_group(group))
+        count = 0
+        start = _seq_key(group, head.pruned_seq + 1)
+        end = _seq_key(group, head.cursor)
+        cursor = self._txn.cursor(db=self._inbox_db)
+        if head.cursor > head.pruned_seq and cursor.set_range(start):
+            while cursor.key() <= end:
+                if not cursor.delete():
+                    break
+                count += 1
+                if not cursor.key():
+                    break
+        if head.pruned_seq != head.cursor and head.cursor > head.pruned_seq:
+            head.pruned_seq = head.cursor
+            self._dirty.add(group)
+        return count
+
+    def _clear_group(self, group: str, keep_buffer_after: int | None) -> None:
+        _check_group(group)
+        prefix = _prefix(group)
+        for name in ("inbox", "state", "queue", "queue_index", "projection"):
+            _delete_range(self._txn, self._dbs[name], prefix)
+        head = GroupHead()
+        if keep_buffer_after is None:
+            _delete_range(self._txn, self._buffer_db, prefix)
+        else:
+            for key, _ in list(_range(self._txn, self._buffer_db, prefix)):
+                if int.from_bytes(key[len(prefix) :], "big") <= keep_buffer_after:
+                    self._txn.delete(bytes(key), db=self._buffer_db)
+                else:
+                    head.buffered += 1
+        self._heads[group] = head
+        self._dirty.add(group)
+
+    def _restore_aggregates(self, group: str, aggregates: Iterable[Effect]) -> None:
+        prefix = _prefix(group)
+        for effect in aggregates:
+            self._put_aggregate(prefix, effect.aggregate, effect.revision, effect.state)
+
+    def _get_intent(self, key: str) -> Intent | None:
+        return _load_intent(self._txn, self._dbs, key)
+
+    def _require_intent(self, key: str) -> Intent:
+        intent = self._get_intent(key)
+        if intent is None:
+            raise InvalidCommand(f"no outbox intent {key}", field="intent_key")
+        return intent
+
+    def _put_intent(self, intent: Intent) -> None:
+        self._txn.put(_prefix(intent.group) + intent.key.encode(), _INTENT_ENCODER.encode(intent), db=self._dbs["outbox"])
+        self._txn.put(intent.key.encode(), intent.group.encode(), db=self._dbs["intent_group"])
+
+    # offline records (used by ``mwpstore.offline``)
+
+    def _offline_get(self, key: bytes) -> bytes | None:
+        return self._txn.get(key, db=self._dbs["offline"])
+
+    def _offline_put(self, key: bytes, value: bytes) -> None:
+        self._check_usable()
+        self._txn.put(key, value, db=self._dbs["offline"])
+
+    def _offline_delete(self, key: bytes) -> None:
+        self._txn.delete(key, db=self._dbs["offline"])
+
+    def _offline_range(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        return [(bytes(key), bytes(value)) for key, value in _range(self._txn, self._dbs["offline"], prefix)]
+
+
+def _queue_suffix_for(workitem: str, state: dict[str, Any] | None) -> bytes | None:
+    """The queue key suffix of a WorkItem that is ready to be claimed, else None."""
+    if state is None or state.get("state") != "queued":
+        return None
+    priority = state.get("priority", 0)
+    not_before_ms = state.get("not_before_ms") or 0
+    if type(priority) is not int or type(not_before_ms) is not int:
+        return None
+    if not -_INT64 < priority < _INT64 or not -_INT64 <= not_before_ms < _INT64:
+        return None
+    return _queue_suffix(workitem, priority, not_before_ms)
+
+
+def _load_head(txn: lmdb.Transaction, db: Any, group: str) -> GroupHead:
+    data = txn.get(group.encode(), db=db)
+    return GroupHead() if data is None else _HEAD_DECODER.decode(data)
+
+
+def _load_intent(txn: lmdb.Transaction, dbs: dict[str, Any], key: str) -> Intent | None:
+    if type(key) is not str or not 0 < len(key) <= limits.ID_CHARS_MAX:
+        raise InvalidCommand("an intent key is a non-empty string", field="intent_key")
+    group = txn.get(key.encode(), db=dbs["intent_group"])
+    if group is None:
+        return None
+    data = txn.get(bytes(group) + b"\x00" + key.encode(), db=dbs["outbox"])
+    return None if data is None else _INTENT_DECODER.decode(data)
+
+
+def _range(txn: lmdb.Transaction, db: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
+    cursor = txn.cursor(db=db)
+    if not cursor.set_range(prefix):
+        return
+    for key, value in cursor:
+        if not key.startswith(prefix):
+            return
+        yield key, value
+
+
+def _delete_range(txn: lmdb.Transaction, db: Any, prefix: bytes) -> int:
+    cursor = txn.cursor(db=db)
+    count = 0
+    if not cursor.set_range(prefix):
+        return 0
+    while cursor.key().startswith(prefix):
+        if not cursor.delete():
+            break
+        count += 1
+        if not cursor.key():
+            break
+    return count
+
+
+__all__ = [
+    "AgentStore",
+    "AgentTransaction",
+    "ApplyStatus",
+    "GroupHead",
+    "Intent",
+    "IntentState",
+    "Projection",
+    "ProjectionFailed",
+    "ProjectionView",
+    "QueueEntry",
+    "ReconcileRequired",
+    "admit_event",
+]

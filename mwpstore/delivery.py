@@ -1,0 +1,245 @@
+"""In-process delivery: pull a Group's Events from a source into an AgentStore, at least once.
+
+Each round reads a batch after the durable Cursor, applies it in one local transaction, advances
+the Cursor and commits, and only then ACKs the Cursor to the source (MWP-WRK-030). A crash anywhere
+in a round loses nothing: the next round reads again after the durable Cursor, and whatever was
+already applied comes back as duplicates.
+
+:class:`FaultyTransport` wraps a source for tests: it duplicates, reorders and drops Events,
+replays Events from before the requested position, and disconnects now and then.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from . import limits
+from .agent_store import AgentStore, ApplyStatus
+from .errors import CursorTooOld, EventInvalid, LimitExceeded, MwpError
+from .messages import Event
+
+BATCH_EVENTS_DEFAULT = 1000
+ROUNDS_MAX_DEFAULT = 1_000_000
+
+
+@runtime_checkable
+class EventSource(Protocol):
+    """Anything that serves a Group's Events in order after a sequence (an ``Authority``)."""
+
+    def read(self, group: str, after: int = 0, limit: int = 1000) -> list[Event]: ...
+
+
+class TransportDisconnected(MwpError):
+    """The connection to the Group service dropped; reconnect and resume from the durable Cursor."""
+
+    code = "TRANSPORT_DISCONNECTED"
+
+
+@dataclass
+class DeliveryStats:
+    rounds: int = 0
+    received: int = 0
+    applied: int = 0
+    duplicates: int = 0
+    buffered: int = 0
+    rejected: int = 0
+    disconnects: int = 0
+    restores: int = 0
+    rejections: list[MwpError] = field(default_factory=list)
+
+    def add(self, status: ApplyStatus) -> None:
+        if status is ApplyStatus.APPLIED:
+            self.applied += 1
+        elif status is ApplyStatus.DUPLICATE:
+            self.duplicates += 1
+        else:
+            self.buffered += 1
+
+
+def deliver_batch(agent: AgentStore, group: str, events: list[Any], stats: DeliveryStats | None = None) -> int:
+    """Apply one batch in one local transaction, advance the Cursor, commit; return the Cursor.
+
+    An Event that fails validation is counted as rejected and skipped (nothing of it is written);
+    the rest of the batch still applies. An Event of another Group is rejected.
+    """
+    stats = stats if stats is not None else DeliveryStats()
+    with agent.begin() as tx:
+        for event in events:
+            stats.received += 1
+            if isinstance(event, Event) and event.group != group:
+                stats.rejected += 1
+                stats.rejections.append(EventInvalid(f"Event of group {event.group!r} delivered for {group!r}", reason="group"))
+                continue
+            try:
+                stats.add(tx.apply(event))
+            except (EventInvalid, LimitExceeded) as exc:
+                stats.rejected += 1
+                if len(stats.rejections) < 100:
+                    stats.rejections.append(exc)
+        cursor = tx.advance_cursor(group)
+    return cursor
+
+
+class Delivery:
+    """Pulls Groups from ``source`` into ``agent``.
+
+    ``consumer`` names this agent in the source's ACK table (when the source has ``ack``).
+    ``restore_snapshot(error)`` is called on ``CursorTooOld`` and must return the snapshot bytes to
+    restore (e.g. fetched by ``error.snapshot_ref``); without it ``CursorTooOld`` propagates.
+    """
+
+    def __init__(
+        self,
+        agent: AgentStore,
+        source: EventSource,
+        *,
+        consumer: str | None = None,
+        batch_events: int = BATCH_EVENTS_DEFAULT,
+        restore_snapshot: Callable[[CursorTooOld], bytes] | None = None,
+    ) -> None:
+        if not 0 < batch_events <= limits.READ_LIMIT_MAX:
+            raise ValueError(f"batch_events must be in 1..{limits.READ_LIMIT_MAX}")
+        self.agent = agent
+        self.source = source
+        self.consumer = consumer
+        self.batch_events = batch_events
+        self.restore_snapshot = restore_snapshot
+        self.stats = DeliveryStats()
+
+    def pull_once(self, group: str) -> int:
+        """One round: read after the durable Cursor, apply, advance, commit, ACK. Returns how many
+        Events the source returned (0: caught up)."""
+        after = self.agent.cursor(group)
+        try:
+            events = self.source.read(group, after=after, limit=self.batch_events)
+        except CursorTooOld as exc:
+            if self.restore_snapshot is None:
+                raise
+            self.agent.restore(self.restore_snapshot(exc), group=group)
+            self.stats.restores += 1
+            return -1
+        self.stats.rounds += 1
+        if not events:
+            return 0
+        cursor = deliver_batch(self.agent, group, events, self.stats)
+        ack = getattr(self.source, "ack", None)
+        if ack is not None and self.consumer is not None and cursor > 0:
+            ack(self.consumer, group, cursor)
+        return len(events)
+
+    def catch_up(self, group: str, *, rounds_max: int = ROUNDS_MAX_DEFAULT, reconnects_max: int = 1000) -> int:
+        """Pull until the source has nothing after the Cursor; reconnect on disconnects.
+
+        Returns the Cursor. Raises ``TransportDisconnected`` after ``reconnects_max`` in a row.
+        """
+        in_a_row = 0
+        for _ in range(rounds_max):
+            try:
+                count = self.pull_once(group)
+            except TransportDisconnected:
+                self.stats.disconnects += 1
+                in_a_row += 1
+                if in_a_row > reconnects_max:
+                    raise
+                continue
+            in_a_row = 0
+            if count == 0:
+                return self.agent.cursor(group)
+        return self.agent.cursor(group)
+
+
+def rebuild_group(agent: AgentStore, source: EventSource, group: str, *, batch_events: int = BATCH_EVENTS_DEFAULT) -> int:
+    """Forget ``group`` locally and re-apply it from the source's Events; returns the Cursor."""
+    agent.reset_group(group)
+    return Delivery(agent, source, batch_events=batch_events).catch_up(group)
+
+
+class ListSource:
+    """An in-memory source over lists of Events per Group (for tests and benchmarks)."""
+
+    def __init__(self, events: list[Event] | None = None) -> None:
+        self.groups: dict[str, list[Event]] = {}
+        self.acks: dict[tuple[str, str], int] = {}
+        for event in events or ():
+            self.append(event)
+
+    def append(self, event: Event) -> None:
+        history = self.groups.setdefault(event.group, [])
+        assert event.seq == len(history) + 1, "ListSource holds each Group's Events in sequence"
+        history.append(event)
+
+    def read(self, group: str, after: int = 0, limit: int = 1000) -> list[Event]:
+        return self.groups.get(group, [])[after : after + limit]
+
+    def ack(self, consumer: str, group: str, cursor: int) -> int:
+        key = (consumer, group)
+        self.acks[key] = max(self.acks.get(key, 0), cursor)
+        return self.acks[key]
+
+
+class FaultyTransport:
+    """Wraps a source and misbehaves like a real network around it (for tests).
+
+    Per read: with ``disconnect`` probability it raises ``TransportDisconnected``; otherwise it
+    reads from somewhat before ``after`` (``replay`` Events: what a reconnect may repeat), then
+    drops, duplicates and shuffles Events with the given probabilities. Deterministic per seed.
+    """
+
+    def __init__(
+        self,
+        source: EventSource,
+        *,
+        seed: int = 0,
+        drop: float = 0.1,
+        duplicate: float = 0.1,
+        reorder: float = 0.3,
+        disconnect: float = 0.05,
+        replay: int = 3,
+    ) -> None:
+        self.source = source
+        self.rng = random.Random(seed)
+        self.drop = drop
+        self.duplicate = duplicate
+        self.reorder = reorder
+        self.disconnect = disconnect
+        self.replay = replay
+        self.reads = 0
+
+    def read(self, group: str, after: int = 0, limit: int = 1000) -> list[Event]:
+        self.reads += 1
+        rng = self.rng
+        if rng.random() < self.disconnect:
+            raise TransportDisconnected("simulated disconnect")
+        start = max(0, after - rng.randint(0, self.replay))
+        events = list(self.source.read(group, after=start, limit=limit))
+        delivered: list[Event] = []
+        for event in events:
+            if rng.random() < self.drop:
+                continue
+            delivered.append(event)
+            if rng.random() < self.duplicate:
+                delivered.append(event)
+        if events and not delivered:
+            delivered.append(rng.choice(events))  # an empty answer would read as "caught up"
+        if rng.random() < self.reorder:
+            rng.shuffle(delivered)
+        return delivered
+
+    def ack(self, consumer: str, group: str, cursor: int) -> Any:
+        ack = getattr(self.source, "ack", None)
+        return None if ack is None else ack(consumer, group, cursor)
+
+
+__all__ = [
+    "Delivery",
+    "DeliveryStats",
+    "EventSource",
+    "FaultyTransport",
+    "ListSource",
+    "TransportDisconnected",
+    "deliver_batch",
+    "rebuild_group",
+]
