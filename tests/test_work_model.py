@@ -1,0 +1,897 @@
+"""Rule tests for the work model, one named test per rule and per rejection, on ``MemoryGroup``.
+
+Each rejection is checked to change nothing (``Harness.reject``); each late result to be kept as
+Evidence with no state change (``Harness.evidence``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+from hypothesis import given
+from hypothesis import strategies as st
+
+from mwpstore import work_model
+from mwpstore.errors import (
+    AlreadyExists,
+    ApprovalRequired,
+    AttemptsExhausted,
+    BudgetExceeded,
+    DeadlinePassed,
+    GroupArchived,
+    InvalidCommand,
+    InvalidState,
+    LeaseExpired,
+    LeaseMismatch,
+    NotAMember,
+    NotFound,
+    NotReady,
+    RevisionMismatch,
+    SignatureInvalid,
+    StaleOwnershipEpoch,
+    StaleSessionEpoch,
+    Unauthorized,
+)
+from mwpstore.registry import ENGINE_ACTOR, kind_spec
+from mwpstore.work_model import (
+    attempt_key,
+    backoff_ms,
+    external_idempotency_key,
+    lapsed_workitems,
+    lease_id_for,
+    parse_contract,
+)
+
+from work_model_support import CONTRACT, GROUP, Harness, fence_of
+
+RESULT_BODIES: dict[str, dict[str, Any]] = {
+    "workitem.checkpoint": {"checkpoint": {"step": 1}},
+    "workitem.publish": {"publication": {"note": "hello"}},
+    "workitem.block": {"checkpoint": {"step": 2}, "required_resolution": "need credentials"},
+    "workitem.submit": {"submission": {"answer": 42}},
+    "workitem.fail": {"reason": "tool crashed"},
+    "workitem.charge": {"cost": 5, "progress": {"pages": 3}},
+}
+
+
+@pytest.fixture
+def h() -> Harness:
+    return Harness().setup()
+
+
+# -- MWP-WRK-031 / MWP-WRK-018: keys --------------------------------------------------------------
+
+
+def test_wrk_031_external_idempotency_key_is_stable() -> None:
+    first = external_idempotency_key("m1", "wi1", 3, "send-email")
+    assert first == external_idempotency_key("m1", "wi1", 3, "send-email")
+    assert len(first) == 64 and int(first, 16) >= 0
+
+
+def test_wrk_031_external_idempotency_key_changes_with_every_part() -> None:
+    base = external_idempotency_key("m1", "wi1", 3, "send-email")
+    assert external_idempotency_key("m2", "wi1", 3, "send-email") != base
+    assert external_idempotency_key("m1", "wi2", 3, "send-email") != base
+    assert external_idempotency_key("m1", "wi1", 4, "send-email") != base
+    assert external_idempotency_key("m1", "wi1", 3, "send-sms") != base
+
+
+def test_wrk_031_key_parts_are_length_prefixed() -> None:
+    assert external_idempotency_key("ab", "c", 1, "op") != external_idempotency_key("a", "bc", 1, "op")
+    assert attempt_key("ab", "c", 1) != attempt_key("a", "bc", 1)
+
+
+def test_wrk_031_keys_are_domain_separated() -> None:
+    assert attempt_key("m1", "wi1", 1) != external_idempotency_key("m1", "wi1", 1, "x")
+
+
+@pytest.mark.parametrize(
+    "args, field",
+    [
+        (("", "wi1", 1, "op"), "mission_id"),
+        (("m1", 7, 1, "op"), "workitem_id"),
+        (("m1", "wi1", -1, "op"), "ownership_epoch"),
+        (("m1", "wi1", True, "op"), "ownership_epoch"),
+        (("m1", "wi1", 1, ""), "operation_id"),
+    ],
+)
+def test_wrk_031_key_rejects_bad_parts(args: tuple[Any, ...], field: str) -> None:
+    with pytest.raises(InvalidCommand) as caught:
+        external_idempotency_key(*args)
+    assert caught.value.field == field
+
+
+_part = st.text(min_size=1, max_size=8)
+
+
+@given(_part, _part, st.integers(0, 2**63 - 1), _part, _part, _part, st.integers(0, 2**63 - 1), _part)
+def test_wrk_031_distinct_inputs_give_distinct_keys(
+    m1: str, w1: str, e1: int, o1: str, m2: str, w2: str, e2: int, o2: str
+) -> None:
+    same = (m1, w1, e1, o1) == (m2, w2, e2, o2)
+    assert (external_idempotency_key(m1, w1, e1, o1) == external_idempotency_key(m2, w2, e2, o2)) == same
+
+
+def test_wrk_018_attempt_key_is_stable_per_attempt() -> None:
+    assert attempt_key("m1", "wi1", 2) == attempt_key("m1", "wi1", 2)
+    assert attempt_key("m1", "wi1", 2) != attempt_key("m1", "wi1", 3)
+
+
+def test_wrk_018_claim_and_fail_events_carry_the_attempt_key(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    claim = h.group.events[-2]
+    assert claim.kind == "workitem.claim"
+    assert claim.body is not None and claim.body["attempt_key"] == attempt_key("m1", "wi1", 1)
+    failure = h.accept("w1", "workitem.fail", "wi1", {**h.fence("wi1"), "reason": "x"})
+    assert failure.body is not None and failure.body["attempt_key"] == attempt_key("m1", "wi1", 1)
+
+
+# -- Work Contract and backoff ---------------------------------------------------------------------
+
+
+def test_backoff_grows_by_the_multiplier_and_is_capped() -> None:
+    contract = parse_contract(CONTRACT)
+    assert [backoff_ms(contract, attempt) for attempt in range(1, 7)] == [100, 200, 400, 800, 1000, 1000]
+
+
+def test_backoff_with_a_rational_multiplier_is_exact() -> None:
+    contract = parse_contract({**CONTRACT, "backoff_multiplier": [3, 2], "backoff_max_ms": 10_000})
+    assert contract["backoff_multiplier"] == [3, 2]
+    assert [backoff_ms(contract, attempt) for attempt in range(1, 5)] == [100, 150, 225, 337]
+
+
+def test_backoff_rational_multiplier_is_stored_reduced() -> None:
+    assert parse_contract({**CONTRACT, "backoff_multiplier": [4, 2]})["backoff_multiplier"] == 2
+    assert parse_contract({**CONTRACT, "backoff_multiplier": [6, 4]})["backoff_multiplier"] == [3, 2]
+
+
+def test_backoff_for_large_attempts_stays_bounded() -> None:
+    contract = parse_contract(
+        {**CONTRACT, "max_attempts": 1000, "backoff_multiplier": [1_000_000, 999_999], "backoff_max_ms": 10**12}
+    )
+    assert 100 <= backoff_ms(contract, 1000) <= 10**12
+    assert backoff_ms(parse_contract({**CONTRACT, "backoff_multiplier": 1}), 50) == 100
+
+
+def test_backoff_rejects_attempt_zero() -> None:
+    with pytest.raises(ValueError):
+        backoff_ms(parse_contract(CONTRACT), 0)
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        ({"backoff_multiplier": 1.5}, "body.contract.backoff_multiplier"),
+        ({"backoff_multiplier": [2, 3]}, "body.contract.backoff_multiplier"),
+        ({"backoff_multiplier": 0}, "body.contract.backoff_multiplier"),
+        ({"max_attempts": 0}, "body.contract.max_attempts"),
+        ({"lease_ms": 1.0}, "body.contract.lease_ms"),
+        ({"cost_limit": 0}, "body.contract.cost_limit"),
+        ({"backoff_max_ms": 50}, "body.contract.backoff_max_ms"),
+        ({"deadline_ms": "soon"}, "body.contract.deadline_ms"),
+        ({"surprise": 1}, "body.contract.surprise"),
+    ],
+)
+def test_workitem_create_rejects_a_bad_contract(h: Harness, change: dict[str, Any], field: str) -> None:
+    body = {"mission": "m1", "priority": 0, "contract": {**CONTRACT, **change}}
+    h.reject(InvalidCommand, "owner", "workitem.create", "wi9", body, field=field)
+
+
+def test_workitem_create_rejects_a_missing_contract_field(h: Harness) -> None:
+    contract = dict(CONTRACT)
+    del contract["start_ms"]
+    h.reject(InvalidCommand, "owner", "workitem.create", "wi9", {"mission": "m1", "contract": contract},
+             field="body.contract.start_ms")
+
+
+# -- Who may do what: NOT_A_MEMBER, UNAUTHORIZED -----------------------------------------------------
+
+
+def test_not_a_member_cannot_issue_commands(h: Harness) -> None:
+    h.reject(NotAMember, "stranger", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+    h.reject(NotAMember, "stranger", "session.replace", "stranger")
+
+
+@pytest.mark.parametrize(
+    "actor, kind, target, body",
+    [
+        ("o1", "workitem.claim", "wi1", {"session_epoch": 1}),
+        ("a1", "workitem.claim", "wi1", {"session_epoch": 1}),
+        ("owner", "workitem.claim", "wi1", {"session_epoch": 1}),
+        ("w1", "workitem.create", "wi9", {"mission": "m1", "contract": CONTRACT}),
+        ("w1", "membership.add", "x1", {"role": "worker"}),
+        ("w1", "workitem.cancel", "wi1", {}),
+        ("w1", "approval.decide", "ap1", {"decision": "approved"}),
+        ("a1", "approval.request", "ap1", {"workitem": "wi1", "operation": "submit"}),
+        ("o1", "workitem.resolve", "wi1", {}),
+    ],
+)
+def test_roles_limit_the_kinds_an_actor_may_issue(
+    h: Harness, actor: str, kind: str, target: str, body: dict[str, Any]
+) -> None:
+    h.reject(Unauthorized, actor, kind, target, body, cas=kind_spec(kind).compare_and_set)
+
+
+def test_lease_expire_is_issued_by_the_engine_only(h: Harness) -> None:
+    h.claim("w1", "wi1")
+    h.advance(10_000)
+    h.reject(Unauthorized, "owner", "lease.expire", "wi1", {})
+    h.reject(Unauthorized, "w1", "lease.expire", "wi1", {})
+
+
+def test_archived_group_refuses_work_model_commands(h: Harness) -> None:
+    h.accept("owner", "group.archive", GROUP, {})
+    h.reject(GroupArchived, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+
+
+# -- Signatures ------------------------------------------------------------------------------------
+
+
+def _public_hex(private_key: Ed25519PrivateKey) -> str:
+    return private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+
+
+def test_member_with_a_public_key_must_sign_its_commands() -> None:
+    h = Harness().setup(workers=())
+    key = Ed25519PrivateKey.generate()
+    h.accept("owner", "membership.add", "w3", {"role": "worker", "public_key": _public_hex(key)}, cas=True)
+    unsigned = h.command("w3", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+    h.reject_command(SignatureInvalid, unsigned, field="signature")
+    h.signing_keys["w3"] = Ed25519PrivateKey.generate()  # the wrong key
+    h.reject(SignatureInvalid, "w3", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+    h.signing_keys["w3"] = key
+    signed = h.command("w3", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+    import msgspec
+
+    tampered = msgspec.structs.replace(signed, body={"session_epoch": 2})
+    h.reject_command(SignatureInvalid, tampered)
+    assert h.accept_command(signed).authoritative
+
+
+def test_membership_change_rotates_and_clears_the_public_key() -> None:
+    h = Harness().setup(workers=())
+    old, new = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    h.accept("owner", "membership.add", "w3", {"role": "worker", "public_key": _public_hex(old)}, cas=True)
+    h.accept("owner", "membership.change", "w3", {"public_key": _public_hex(new)}, cas=True)
+    h.signing_keys["w3"] = old
+    h.reject(SignatureInvalid, "w3", "session.replace", "w3")
+    h.signing_keys["w3"] = new
+    h.accept("w3", "session.replace", "w3")
+    h.accept("owner", "membership.change", "w3", {"public_key": None}, cas=True)
+    del h.signing_keys["w3"]
+    assert "public_key" not in h.member("w3")
+    h.accept("w3", "session.replace", "w3")
+
+
+# -- MWP-EVT-007: compare-and-set ---------------------------------------------------------------
+
+
+def test_evt_007_compare_and_set_kinds() -> None:
+    cas = {kind for kind in work_model.WORK_MODEL_KINDS if kind_spec(kind).compare_and_set}
+    assert cas == {
+        "workitem.claim",
+        "lease.renew",
+        "membership.add",
+        "membership.change",
+        "membership.remove",
+        "approval.decide",
+    }
+
+
+def test_evt_007_claim_without_expected_revision_is_invalid(h: Harness) -> None:
+    h.reject(InvalidCommand, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, field="expected_revision")
+
+
+def test_evt_007_first_ownership_goes_to_one_claimer(h: Harness) -> None:
+    revision = h.group.revision("workitem:wi1")
+    first = h.command("w1", "workitem.claim", "wi1", {"session_epoch": 1}, revision=revision)
+    second = h.command("w2", "workitem.claim", "wi1", {"session_epoch": 1}, revision=revision)
+    h.accept_command(first)
+    error = h.reject_command(RevisionMismatch, second)
+    assert error.detail["current_revision"] == revision + 1
+    assert h.lease("wi1")["agent"] == "w1"
+
+
+def test_evt_007_lease_renew_is_compare_and_set(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.reject(InvalidCommand, "w1", "lease.renew", "wi1", h.fence("wi1"), field="expected_revision")
+    stale = h.group.revision("workitem:wi1") - 1
+    h.reject(RevisionMismatch, "w1", "lease.renew", "wi1", h.fence("wi1"), revision=stale)
+
+
+def test_evt_007_membership_changes_are_compare_and_set(h: Harness) -> None:
+    h.reject(InvalidCommand, "owner", "membership.add", "w9", {"role": "worker"}, field="expected_revision")
+    h.reject(RevisionMismatch, "owner", "membership.add", "w9", {"role": "worker"}, revision=1)
+    h.reject(RevisionMismatch, "owner", "membership.change", "w1", {"role": "observer"}, revision=0)
+    h.reject(InvalidCommand, "owner", "membership.remove", "w1", {}, field="expected_revision")
+    h.accept("owner", "membership.change", "w1", {"role": "observer"}, cas=True)
+
+
+def test_evt_007_approval_decision_is_compare_and_set(h: Harness) -> None:
+    h.accept("w1", "approval.request", "ap1", {"workitem": "wi1", "operation": "submit"})
+    h.reject(InvalidCommand, "a1", "approval.decide", "ap1", {"decision": "approved"}, field="expected_revision")
+    h.reject(RevisionMismatch, "a1", "approval.decide", "ap1", {"decision": "approved"}, revision=2)
+    h.accept("a1", "approval.decide", "ap1", {"decision": "approved"}, cas=True)
+
+
+# -- MWP-WRK-013: the Execution Lease and what must name it ---------------------------------------
+
+
+def test_wrk_013_lease_binds_agent_session_epochs_and_time_bounds(h: Harness) -> None:
+    lease = h.claim("w1", "wi1")
+    assert lease == {
+        "lease_id": lease_id_for(GROUP, "wi1", 1),
+        "agent": "w1",
+        "session_epoch": 1,
+        "ownership_epoch": 1,
+        "granted_at_ms": h.now_ms,
+        "start_by_ms": h.now_ms + CONTRACT["start_ms"],
+        "expires_at_ms": h.now_ms + CONTRACT["lease_ms"],
+        "started": False,
+    }
+    item = h.item("wi1")
+    assert (item["state"], item["attempt"], item["ownership_epoch"]) == ("leased", 1, 1)
+    assert h.member("w1")["leases"] == ["wi1"]
+
+
+def test_wrk_013_lease_id_is_stable_and_differs_per_epoch() -> None:
+    assert lease_id_for(GROUP, "wi1", 1) == lease_id_for(GROUP, "wi1", 1)
+    assert len({lease_id_for(GROUP, "wi1", 1), lease_id_for(GROUP, "wi1", 2), lease_id_for(GROUP, "wi2", 1)}) == 3
+
+
+@pytest.mark.parametrize("kind", sorted(RESULT_BODIES))
+def test_wrk_013_result_naming_an_older_lease_is_evidence(h: Harness, kind: str) -> None:
+    old = h.claim_and_start("w1", "wi1")
+    h.accept("owner", "workitem.reassign", "wi1", {"reason": "rebalance"})
+    h.claim_and_start("w2", "wi1")
+    event = h.evidence("w1", kind, "wi1", {**fence_of(old), **RESULT_BODIES[kind]}, reason="stale_ownership_epoch")
+    assert event.body is not None
+    assert event.body["evidence"]["current_ownership_epoch"] == 2
+    assert event.body["evidence"]["current_lease_id"] == lease_id_for(GROUP, "wi1", 2)
+
+
+@pytest.mark.parametrize("kind", sorted(RESULT_BODIES))
+def test_wrk_013_result_naming_a_released_lease_is_evidence(h: Harness, kind: str) -> None:
+    lease = h.claim_and_start("w1", "wi1")
+    h.accept("w1", "workitem.checkpoint", "wi1", {**fence_of(lease), "checkpoint": {"step": 1}})
+    h.evidence("w1", kind, "wi1", {**fence_of(lease), **RESULT_BODIES[kind]}, reason="lease_released")
+
+
+@pytest.mark.parametrize("kind", sorted(RESULT_BODIES))
+def test_wrk_013_result_naming_the_current_lease_is_authoritative(h: Harness, kind: str) -> None:
+    h.claim_and_start("w1", "wi1")
+    event = h.accept("w1", kind, "wi1", {**h.fence("wi1"), **RESULT_BODIES[kind]})
+    assert event.authoritative and event.effects
+
+
+def test_wrk_013_checkpoint_must_name_current_lease(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.reject(InvalidCommand, "w1", "workitem.checkpoint", "wi1", {"checkpoint": 1}, field="body.lease_id")
+    mismatched = {"lease_id": lease_id_for(GROUP, "wi1", 2), "ownership_epoch": 1, "checkpoint": 1}
+    h.reject(InvalidCommand, "w1", "workitem.checkpoint", "wi1", mismatched, field="body.lease_id")
+    future = {"lease_id": lease_id_for(GROUP, "wi1", 5), "ownership_epoch": 5, "checkpoint": 1}
+    h.reject(LeaseMismatch, "w1", "workitem.checkpoint", "wi1", future)
+
+
+def test_wrk_013_another_agents_current_lease_is_a_mismatch(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.reject(LeaseMismatch, "w2", "workitem.submit", "wi1", {**h.fence("wi1"), "submission": 1})
+    h.reject(LeaseMismatch, "w2", "workitem.start", "wi1", h.fence("wi1"))
+
+
+def test_wrk_013_start_and_renew_with_a_stale_epoch_are_rejected(h: Harness) -> None:
+    old = h.claim_and_start("w1", "wi1")
+    h.accept("owner", "workitem.reassign", "wi1", {})
+    h.claim("w1", "wi1")
+    h.reject(StaleOwnershipEpoch, "w1", "workitem.start", "wi1", fence_of(old))
+    h.reject(StaleOwnershipEpoch, "w1", "lease.renew", "wi1", fence_of(old), cas=True)
+
+
+def test_wrk_013_start_and_renew_of_a_released_lease_are_lease_mismatch(h: Harness) -> None:
+    lease = h.claim_and_start("w1", "wi1")
+    h.accept("w1", "workitem.checkpoint", "wi1", {**fence_of(lease), "checkpoint": 1})
+    h.reject(LeaseMismatch, "w1", "lease.renew", "wi1", fence_of(lease), cas=True)
+    h.reject(LeaseMismatch, "w1", "workitem.start", "wi1", fence_of(lease))
+
+
+# -- MWP-WRK-014: release and revoke ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kind, state",
+    [("workitem.checkpoint", "queued"), ("workitem.block", "blocked"), ("workitem.submit", "submitted")],
+)
+def test_wrk_014_checkpoint_block_and_submit_release_the_lease(h: Harness, kind: str, state: str) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.accept("w1", kind, "wi1", {**h.fence("wi1"), **RESULT_BODIES[kind]})
+    item = h.item("wi1")
+    assert (item["state"], item["lease"]) == (state, None)
+    assert h.member("w1")["leases"] == []
+
+
+def test_wrk_014_session_replace_revokes_every_lease_and_requeues(h: Harness) -> None:
+    h.create_workitem("wi2")
+    old1 = h.claim_and_start("w1", "wi1")
+    h.claim("w1", "wi2")
+    h.advance(10)
+    event = h.accept("w1", "session.replace", "w1", {"session_epoch": 1})
+    assert event.body == {"session_epoch": 1, "new_session_epoch": 2, "revoked_workitems": ["wi1", "wi2"]}
+    for workitem in ("wi1", "wi2"):
+        item = h.item(workitem)
+        assert (item["state"], item["lease"], item["not_before_ms"]) == ("queued", None, h.now_ms)
+    assert h.member("w1")["leases"] == [] and h.member("w1")["session_epoch"] == 2
+    # the old session's results are Evidence; its claims are stale
+    h.evidence("w1", "workitem.submit", "wi1", {**fence_of(old1), "submission": 1}, reason="lease_released")
+    h.reject(StaleSessionEpoch, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+    assert h.claim("w1", "wi1")["session_epoch"] == 2
+
+
+def test_wrk_014_session_replace_rejections(h: Harness) -> None:
+    h.reject(Unauthorized, "w1", "session.replace", "w2", {})
+    h.reject(StaleSessionEpoch, "w1", "session.replace", "w1", {"session_epoch": 7})
+    h.reject(InvalidCommand, "w1", "session.replace", "w1", {"epoch": 1}, field="body.epoch")
+
+
+@pytest.mark.parametrize(
+    "actor, kind, body, state",
+    [
+        ("owner", "workitem.reassign", {"reason": "rebalance"}, "queued"),
+        ("owner", "workitem.cancel", {"reason": "not needed"}, "cancelled"),
+        ("w1", "workitem.fail", {"reason": "x"}, "queued"),
+    ],
+)
+def test_wrk_014_reassign_cancel_and_failure_revoke_the_lease(
+    h: Harness, actor: str, kind: str, body: dict[str, Any], state: str
+) -> None:
+    h.claim_and_start("w1", "wi1")
+    if kind == "workitem.fail":
+        body = {**h.fence("wi1"), **body}
+    h.accept(actor, kind, "wi1", body)
+    item = h.item("wi1")
+    assert (item["state"], item["lease"]) == (state, None)
+    assert h.member("w1")["leases"] == []
+
+
+def test_wrk_014_removing_a_member_revokes_its_leases(h: Harness) -> None:
+    lease = h.claim_and_start("w1", "wi1")
+    event = h.accept("owner", "membership.remove", "w1", {"reason": "left"}, cas=True)
+    assert event.body == {"reason": "left", "revoked_workitems": ["wi1"]}
+    assert h.item("wi1")["state"] == "queued" and h.item("wi1")["lease"] is None
+    assert h.member("w1")["status"] == "removed"
+    h.reject(NotAMember, "w1", "workitem.submit", "wi1", {**fence_of(lease), "submission": 1})
+    # re-adding keeps counting sessions, so the old process stays stale
+    h.accept("owner", "membership.add", "w1", {"role": "worker"}, cas=True)
+    assert h.member("w1")["session_epoch"] == 2
+    h.reject(StaleSessionEpoch, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+
+
+def test_wrk_014_demoting_a_worker_revokes_its_leases(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.accept("owner", "membership.change", "w1", {"role": "observer"}, cas=True)
+    assert h.item("wi1")["lease"] is None and h.member("w1")["leases"] == []
+
+
+# -- Membership rejections ------------------------------------------------------------------------
+
+
+def test_membership_add_rejections(h: Harness) -> None:
+    h.reject(AlreadyExists, "owner", "membership.add", "w1", {"role": "worker"}, cas=True, field="target")
+    h.reject(InvalidCommand, "owner", "membership.add", "x1", {"role": "boss"}, cas=True, field="body.role")
+    h.reject(InvalidCommand, "owner", "membership.add", "x1", {"role": "worker", "public_key": "zz"}, cas=True,
+             field="body.public_key")
+    h.reject(InvalidCommand, "owner", "membership.add", "x1", {"role": "worker", "x": 1}, cas=True, field="body.x")
+
+
+def test_membership_change_rejections(h: Harness) -> None:
+    h.reject(NotFound, "owner", "membership.change", "x1", {"role": "worker"}, cas=True, field="target")
+    h.reject(InvalidCommand, "owner", "membership.change", "w1", {}, cas=True, field="body")
+    h.reject(InvalidCommand, "owner", "membership.change", "owner", {"role": "worker"}, cas=True, field="target")
+
+
+def test_membership_remove_rejections(h: Harness) -> None:
+    h.reject(InvalidCommand, "owner", "membership.remove", "owner", {}, cas=True, field="target")
+    h.reject(NotFound, "owner", "membership.remove", "x1", {}, cas=True, field="target")
+    h.accept("owner", "membership.remove", "w1", {}, cas=True)
+    h.reject(NotFound, "owner", "membership.remove", "w1", {}, cas=True, field="target")
+
+
+# -- workitem.create / claim / start / renew rejections -------------------------------------------
+
+
+def test_workitem_create_rejections(h: Harness) -> None:
+    h.reject(AlreadyExists, "owner", "workitem.create", "wi1", {"mission": "m1", "contract": CONTRACT})
+    h.reject(NotFound, "owner", "workitem.create", "wi9", {"mission": "m9", "contract": CONTRACT}, field="body.mission")
+    h.reject(InvalidCommand, "owner", "workitem.create", "wi9", {"mission": "m1", "priority": 1.5, "contract": CONTRACT},
+             field="body.priority")
+    late = {**CONTRACT, "deadline_ms": h.now_ms}
+    h.reject(DeadlinePassed, "owner", "workitem.create", "wi9", {"mission": "m1", "contract": late})
+    h.accept("owner", "mission.close", "m1", {})
+    h.reject(InvalidState, "owner", "workitem.create", "wi9", {"mission": "m1", "contract": CONTRACT})
+
+
+def test_workitem_create_state_fields(h: Harness) -> None:
+    item = h.item("wi1")
+    assert {key: item[key] for key in ("mission", "state", "priority", "attempt", "ownership_epoch", "lease")} == {
+        "mission": "m1", "state": "queued", "priority": 0, "attempt": 0, "ownership_epoch": 0, "lease": None,
+    }
+    assert item["checkpoint"] is None and item["required_resolution"] is None and item["submission"] is None
+    assert (item["cost_spent"], item["publications"], item["not_before_ms"]) == (0, 0, 0)
+    assert item["contract"] == CONTRACT
+
+
+def test_workitem_claim_rejections(h: Harness) -> None:
+    h.reject(NotFound, "w1", "workitem.claim", "wi9", {"session_epoch": 1}, cas=True)
+    h.reject(InvalidCommand, "w1", "workitem.claim", "wi1", {}, cas=True, field="body.session_epoch")
+    h.reject(StaleSessionEpoch, "w1", "workitem.claim", "wi1", {"session_epoch": 2}, cas=True)
+    h.claim("w1", "wi1")
+    h.reject(InvalidState, "w2", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+
+
+def test_workitem_claim_of_a_finished_item_is_invalid_state(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.accept("w1", "workitem.submit", "wi1", {**h.fence("wi1"), "submission": 1})
+    h.reject(InvalidState, "w2", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+
+
+def test_workitem_claim_in_a_closed_mission_is_invalid_state(h: Harness) -> None:
+    h.accept("owner", "mission.close", "m1", {})
+    h.reject(InvalidState, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+
+
+def test_workitem_start_rejections(h: Harness) -> None:
+    h.claim("w1", "wi1")
+    h.start("w1", "wi1")
+    h.reject(InvalidState, "w1", "workitem.start", "wi1", h.fence("wi1"))
+
+
+def test_workitem_start_after_start_by_is_lease_expired(h: Harness) -> None:
+    h.claim("w1", "wi1")
+    h.advance(CONTRACT["start_ms"])
+    error = h.reject(LeaseExpired, "w1", "workitem.start", "wi1", h.fence("wi1"))
+    assert error.detail["reason"] == "start_missed"
+
+
+def test_lease_renew_extends_expiry(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.advance(900)
+    h.accept("w1", "lease.renew", "wi1", h.fence("wi1"), cas=True)
+    assert h.lease("wi1")["expires_at_ms"] == h.now_ms + CONTRACT["lease_ms"]
+    h.advance(900)
+    assert h.accept("w1", "workitem.checkpoint", "wi1", {**h.fence("wi1"), "checkpoint": 1}).authoritative
+
+
+def test_lease_renew_after_expiry_is_lease_expired(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.advance(CONTRACT["lease_ms"])
+    error = h.reject(LeaseExpired, "w1", "lease.renew", "wi1", h.fence("wi1"), cas=True)
+    assert error.detail["reason"] == "expired"
+
+
+# -- MWP-WRK-017: blocked work ------------------------------------------------------------------------
+
+
+def test_wrk_017_block_checkpoints_records_resolution_and_frees_the_slot(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.accept("w1", "workitem.block", "wi1", {**h.fence("wi1"), "checkpoint": {"step": 4}, "required_resolution": "key"})
+    item = h.item("wi1")
+    assert (item["state"], item["checkpoint"], item["required_resolution"], item["lease"]) == (
+        "blocked", {"step": 4}, "key", None,
+    )
+    assert h.member("w1")["leases"] == []
+    h.reject(InvalidState, "w2", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+    h.advance(5)
+    event = h.accept("owner", "workitem.resolve", "wi1", {"resolution": "key provided"})
+    assert event.body == {"resolution": "key provided", "required_resolution": "key"}
+    item = h.item("wi1")
+    assert (item["state"], item["required_resolution"], item["not_before_ms"]) == ("queued", None, h.now_ms)
+    assert item["checkpoint"] == {"step": 4}
+    assert h.claim("w2", "wi1")["ownership_epoch"] == 2
+
+
+def test_wrk_017_block_needs_a_checkpoint_and_a_required_resolution(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.reject(InvalidCommand, "w1", "workitem.block", "wi1", {**h.fence("wi1"), "checkpoint": 1},
+             field="body.required_resolution")
+    h.reject(InvalidCommand, "w1", "workitem.block", "wi1", {**h.fence("wi1"), "required_resolution": "x"},
+             field="body.checkpoint")
+
+
+def test_wrk_017_resolve_rejections(h: Harness) -> None:
+    h.reject(InvalidState, "owner", "workitem.resolve", "wi1", {})
+    h.reject(NotFound, "owner", "workitem.resolve", "wi9", {})
+    h.reject(Unauthorized, "w1", "workitem.resolve", "wi1", {})
+
+
+# -- MWP-WRK-018: retries within the Work Contract -------------------------------------------------
+
+
+def test_wrk_018_failure_requeues_after_the_backoff(h: Harness) -> None:
+    for attempt, delay in [(1, 100), (2, 200)]:
+        h.claim_and_start("w1", "wi1")
+        event = h.accept("w1", "workitem.fail", "wi1", {**h.fence("wi1"), "reason": "flaky"})
+        assert event.body is not None
+        assert (event.body["outcome"], event.body["attempt"], event.body["not_before_ms"]) == (
+            "queued", attempt, h.now_ms + delay,
+        )
+        item = h.item("wi1")
+        assert (item["state"], item["not_before_ms"], item["failure"]) == ("queued", h.now_ms + delay, "flaky")
+        h.reject(NotReady, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+        h.advance(delay)
+
+
+def test_wrk_018_failure_of_the_last_attempt_is_terminal(h: Harness) -> None:
+    for _ in range(CONTRACT["max_attempts"]):
+        h.claim_and_start("w1", "wi1")
+        h.accept("w1", "workitem.fail", "wi1", {**h.fence("wi1"), "reason": "flaky"})
+        h.advance(10_000)
+    assert h.item("wi1")["state"] == "failed" and h.item("wi1")["attempt"] == CONTRACT["max_attempts"]
+
+
+def test_wrk_018_claim_beyond_the_attempt_limit_is_refused(h: Harness) -> None:
+    for _ in range(CONTRACT["max_attempts"]):
+        h.claim_and_start("w1", "wi1")
+        h.accept("w1", "workitem.checkpoint", "wi1", {**h.fence("wi1"), "checkpoint": 1})
+    h.reject(AttemptsExhausted, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+
+
+def test_wrk_018_failure_with_the_budget_spent_is_terminal(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.accept("w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": CONTRACT["cost_limit"]})
+    h.accept("w1", "workitem.fail", "wi1", {**h.fence("wi1"), "reason": "flaky"})
+    assert h.item("wi1")["state"] == "failed"
+
+
+def test_wrk_018_claim_with_the_budget_spent_is_refused(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.accept("w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": CONTRACT["cost_limit"]})
+    h.accept("w1", "workitem.checkpoint", "wi1", {**h.fence("wi1"), "checkpoint": 1})
+    h.reject(BudgetExceeded, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+
+
+def test_wrk_018_failure_whose_retry_would_miss_the_deadline_is_terminal() -> None:
+    h = Harness()
+    h.setup(contract={**CONTRACT, "deadline_ms": h.now_ms + 150})
+    h.claim_and_start("w1", "wi1")
+    h.advance(60)
+    event = h.accept("w1", "workitem.fail", "wi1", {**h.fence("wi1"), "reason": "flaky"})
+    assert event.body is not None and event.body["outcome"] == "failed"
+
+
+def test_wrk_018_claim_after_the_deadline_is_refused() -> None:
+    h = Harness()
+    h.setup(contract={**CONTRACT, "deadline_ms": h.now_ms + 500})
+    h.advance(500)
+    h.reject(DeadlinePassed, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+
+
+def test_wrk_018_non_retryable_failure_is_terminal(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.reject(InvalidCommand, "w1", "workitem.fail", "wi1", {**h.fence("wi1"), "reason": "x", "retryable": 0},
+             field="body.retryable")
+    h.reject(InvalidCommand, "w1", "workitem.fail", "wi1", h.fence("wi1"), field="body.reason")
+    h.accept("w1", "workitem.fail", "wi1", {**h.fence("wi1"), "reason": "bad input", "retryable": False})
+    assert h.item("wi1")["state"] == "failed"
+
+
+# -- MWP-WRK-019: takeover after a missed start or renewal ------------------------------------------
+
+
+def test_wrk_019_missed_start_lets_a_new_owner_take_over(h: Harness) -> None:
+    old = h.claim("w1", "wi1")
+    h.reject(InvalidState, "w2", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+    h.advance(CONTRACT["start_ms"])
+    event = h.accept("w2", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+    assert event.body is not None and event.body["replaced_lease_id"] == old["lease_id"]
+    new = h.lease("wi1")
+    assert new["ownership_epoch"] == old["ownership_epoch"] + 1 and new["agent"] == "w2"
+    assert h.member("w1")["leases"] == [] and h.member("w2")["leases"] == ["wi1"]
+
+
+def test_wrk_019_missed_renewal_new_owner_resumes_from_checkpoint_late_results_are_evidence(h: Harness) -> None:
+    first = h.claim_and_start("w1", "wi1")
+    h.accept("w1", "workitem.checkpoint", "wi1", {**fence_of(first), "checkpoint": {"page": 7}})
+    second = h.claim_and_start("w1", "wi1")
+    h.advance(CONTRACT["lease_ms"])  # w1 misses its renewal
+    third = h.claim_and_start("w2", "wi1")
+    assert third["ownership_epoch"] == second["ownership_epoch"] + 1
+    assert h.item("wi1")["checkpoint"] == {"page": 7}
+    h.evidence("w1", "workitem.submit", "wi1", {**fence_of(second), "submission": "late"}, reason="stale_ownership_epoch")
+    h.accept("w2", "workitem.submit", "wi1", {**fence_of(third), "submission": "on time"})
+    assert h.item("wi1")["submission"]["result"] == "on time"
+    assert h.item("wi1")["submission"]["ownership_epoch"] == third["ownership_epoch"]
+
+
+def test_wrk_019_results_under_a_lapsed_lease_are_evidence_before_any_sweep(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.advance(CONTRACT["lease_ms"])
+    h.evidence("w1", "workitem.submit", "wi1", {**h.fence("wi1"), "submission": 1}, reason="lease_expired")
+    h.evidence("w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": 1}, reason="lease_expired")
+
+
+def test_wrk_019_no_second_authoritative_submission(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    fence = h.fence("wi1")
+    assert h.accept("w1", "workitem.submit", "wi1", {**fence, "submission": 1}).authoritative
+    h.evidence("w1", "workitem.submit", "wi1", {**fence, "submission": 2}, reason="lease_released")
+    assert h.item("wi1")["submission"]["result"] == 1
+
+
+def test_wrk_019_lapsed_workitems_finds_missed_starts_and_expiries() -> None:
+    lease = {"started": False, "start_by_ms": 100, "expires_at_ms": 500}
+    items = [
+        ("a", {"lease": lease}),
+        ("b", {"lease": {**lease, "started": True}}),
+        ("c", {"lease": None}),
+    ]
+    assert lapsed_workitems(items, 99) == []
+    assert lapsed_workitems(items, 100) == ["a"]
+    assert lapsed_workitems(items, 500) == ["a", "b"]
+
+
+def test_wrk_019_lease_expire_sweep_requeues_lapsed_work(h: Harness) -> None:
+    h.create_workitem("wi2")
+    lease = h.claim("w1", "wi1")
+    h.claim_and_start("w2", "wi2")
+    items = [(key.split(":", 1)[1], state) for key, state in h.group.states.items() if key.startswith("workitem:")]
+    assert lapsed_workitems(items, h.now_ms) == []
+    h.reject(InvalidState, ENGINE_ACTOR, "lease.expire", "wi1", {})
+    h.advance(CONTRACT["start_ms"])
+    items = [(key.split(":", 1)[1], state) for key, state in h.group.states.items() if key.startswith("workitem:")]
+    assert lapsed_workitems(items, h.now_ms) == ["wi1"]
+    h.reject(LeaseMismatch, ENGINE_ACTOR, "lease.expire", "wi1", {"lease_id": lease_id_for(GROUP, "wi1", 9)})
+    event = h.accept(ENGINE_ACTOR, "lease.expire", "wi1", {"lease_id": lease["lease_id"]})
+    assert event.authoritative and event.body == {
+        "lease_id": lease["lease_id"], "agent": "w1", "ownership_epoch": 1, "reason": "start_missed",
+    }
+    item = h.item("wi1")
+    assert (item["state"], item["lease"], item["not_before_ms"]) == ("queued", None, h.now_ms)
+    assert h.member("w1")["leases"] == []
+    h.reject(InvalidState, ENGINE_ACTOR, "lease.expire", "wi1", {})
+    h.reject(NotFound, ENGINE_ACTOR, "lease.expire", "wi9", {})
+
+
+# -- MWP-WRK-022: reconciliation and its charge are one transition ---------------------------------
+
+
+def test_wrk_022_charge_records_progress_and_cost_in_one_transition(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    event = h.accept("w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": 7, "progress": {"rows": 10}})
+    assert sorted(effect.aggregate for effect in event.effects) == ["mission:m1", "workitem:wi1"]
+    assert h.item("wi1")["cost_spent"] == 7 and h.item("wi1")["progress"] == {"rows": 10}
+    assert h.mission()["cost_spent"] == 7
+    assert h.lease("wi1")["agent"] == "w1"  # the lease is kept
+
+
+def test_wrk_022_workitem_budget_overflow_rejects_charge_and_progress(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.accept("w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": 45})
+    error = h.reject(BudgetExceeded, "w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": 6, "progress": 1})
+    assert error.detail["scope"] == "workitem"
+    assert h.item("wi1")["progress"] is None and h.mission()["cost_spent"] == 45
+
+
+def test_wrk_022_mission_budget_overflow_rejects_charge_and_progress() -> None:
+    h = Harness().setup(mission_cost_limit=60, workitems=("wi1", "wi2"))
+    h.claim_and_start("w1", "wi1")
+    h.claim_and_start("w2", "wi2")
+    h.accept("w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": 40})
+    error = h.reject(BudgetExceeded, "w2", "workitem.charge", "wi2", {**h.fence("wi2"), "cost": 21, "progress": 1})
+    assert error.detail["scope"] == "mission"
+    assert h.item("wi2")["cost_spent"] == 0 and h.item("wi2")["progress"] is None
+    h.accept("w2", "workitem.charge", "wi2", {**h.fence("wi2"), "cost": 20})
+    assert h.mission()["cost_spent"] == 60
+
+
+def test_wrk_022_charge_rejections(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.reject(InvalidCommand, "w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": -1}, field="body.cost")
+    h.reject(InvalidCommand, "w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": 1.5}, field="body.cost")
+    h.reject(InvalidCommand, "w1", "workitem.charge", "wi1", {**h.fence("wi1")}, field="body.cost")
+
+
+# -- Approvals ---------------------------------------------------------------------------------------
+
+
+def test_approval_required_for_submit() -> None:
+    h = Harness().setup(approval_required=("submit",), workitems=("wi1", "wi2"))
+    h.claim_and_start("w1", "wi1")
+    body = {**h.fence("wi1"), "submission": 1}
+    h.reject(ApprovalRequired, "w1", "workitem.submit", "wi1", body)
+    h.reject(ApprovalRequired, "w1", "workitem.submit", "wi1", {**body, "approval": "ap-missing"})
+    h.accept("w1", "approval.request", "ap1", {"workitem": "wi1", "operation": "submit", "reason": "ready"})
+    h.reject(ApprovalRequired, "w1", "workitem.submit", "wi1", {**body, "approval": "ap1"})
+    h.accept("w1", "approval.request", "ap2", {"workitem": "wi2", "operation": "submit"})
+    h.accept("a1", "approval.decide", "ap2", {"decision": "approved"}, cas=True)
+    h.reject(ApprovalRequired, "w1", "workitem.submit", "wi1", {**body, "approval": "ap2"})
+    h.accept("w1", "approval.request", "ap3", {"workitem": "wi1", "operation": "publish"})
+    h.accept("a1", "approval.decide", "ap3", {"decision": "approved"}, cas=True)
+    h.reject(ApprovalRequired, "w1", "workitem.submit", "wi1", {**body, "approval": "ap3"})
+    h.accept("a1", "approval.decide", "ap1", {"decision": "approved", "reason": "looks good"}, cas=True)
+    assert h.accept("w1", "workitem.submit", "wi1", {**body, "approval": "ap1"}).authoritative
+
+
+def test_rejected_approval_does_not_allow_the_operation() -> None:
+    h = Harness().setup(approval_required=("publish",))
+    h.claim_and_start("w1", "wi1")
+    h.accept("w1", "approval.request", "ap1", {"workitem": "wi1", "operation": "publish"})
+    h.accept("a1", "approval.decide", "ap1", {"decision": "rejected"}, cas=True)
+    error = h.reject(ApprovalRequired, "w1", "workitem.publish", "wi1",
+                     {**h.fence("wi1"), "publication": 1, "approval": "ap1"})
+    assert error.detail["approval_state"] == "rejected"
+
+
+def test_approval_state_fields(h: Harness) -> None:
+    h.accept("w1", "approval.request", "ap1", {"workitem": "wi1", "operation": "submit"})
+    approval = h.group.get("approval:ap1")
+    assert approval is not None
+    assert (approval["workitem"], approval["operation"], approval["state"]) == ("wi1", "submit", "pending")
+    h.accept("a1", "approval.decide", "ap1", {"decision": "approved"}, cas=True)
+    approval = h.group.get("approval:ap1")
+    assert approval is not None
+    assert (approval["state"], approval["decided_by"]) == ("approved", "a1")
+
+
+def test_approval_request_rejections(h: Harness) -> None:
+    h.reject(NotFound, "w1", "approval.request", "ap1", {"workitem": "wi9", "operation": "submit"},
+             field="body.workitem")
+    h.reject(InvalidCommand, "w1", "approval.request", "ap1", {"workitem": "wi1"}, field="body.operation")
+    h.accept("w1", "approval.request", "ap1", {"workitem": "wi1", "operation": "submit"})
+    h.reject(AlreadyExists, "w1", "approval.request", "ap1", {"workitem": "wi1", "operation": "submit"})
+
+
+def test_approval_decide_rejections(h: Harness) -> None:
+    h.reject(NotFound, "a1", "approval.decide", "ap1", {"decision": "approved"}, cas=True)
+    h.accept("w1", "approval.request", "ap1", {"workitem": "wi1", "operation": "submit"})
+    h.reject(InvalidCommand, "a1", "approval.decide", "ap1", {"decision": "maybe"}, cas=True, field="body.decision")
+    h.accept("a1", "approval.decide", "ap1", {"decision": "rejected"}, cas=True)
+    h.reject(InvalidState, "a1", "approval.decide", "ap1", {"decision": "approved"}, cas=True)
+
+
+# -- publish, submit, reassign, cancel ----------------------------------------------------------------
+
+
+def test_publish_counts_and_keeps_the_lease(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    for number in (1, 2):
+        event = h.accept("w1", "workitem.publish", "wi1", {**h.fence("wi1"), "publication": {"n": number}})
+        assert event.body is not None and event.body["publication_number"] == number
+    assert h.item("wi1")["publications"] == 2 and h.item("wi1")["state"] == "leased"
+
+
+def test_result_rejections(h: Harness) -> None:
+    h.reject(NotFound, "w1", "workitem.submit", "wi9", {"lease_id": "x", "ownership_epoch": 1, "submission": 1})
+    h.claim_and_start("w1", "wi1")
+    h.reject(InvalidCommand, "w1", "workitem.submit", "wi1", h.fence("wi1"), field="body.submission")
+    h.reject(InvalidCommand, "w1", "workitem.publish", "wi1", h.fence("wi1"), field="body.publication")
+    h.reject(InvalidCommand, "w1", "workitem.checkpoint", "wi1", h.fence("wi1"), field="body.checkpoint")
+    h.reject(InvalidCommand, "w1", "workitem.submit", "wi1", {**h.fence("wi1"), "submission": 1, "extra": 1},
+             field="body.extra")
+    h.reject(InvalidCommand, "w1", "workitem.submit", "wi1", {**h.fence("wi1"), "submission": 1, "approval": "../x"},
+             field="body.approval")
+
+
+def test_submission_records_the_lease_it_was_made_under(h: Harness) -> None:
+    lease = h.claim_and_start("w1", "wi1")
+    h.accept("w1", "workitem.submit", "wi1", {**fence_of(lease), "submission": {"answer": 42}})
+    assert h.item("wi1")["submission"] == {
+        "result": {"answer": 42},
+        "lease_id": lease["lease_id"],
+        "ownership_epoch": 1,
+        "attempt": 1,
+        "agent": "w1",
+        "submitted_at_ms": h.now_ms,
+    }
+
+
+def test_reassign_rejections(h: Harness) -> None:
+    h.reject(InvalidState, "owner", "workitem.reassign", "wi1", {})
+    h.reject(NotFound, "owner", "workitem.reassign", "wi9", {})
+
+
+def test_cancel_rejections(h: Harness) -> None:
+    h.accept("owner", "workitem.cancel", "wi1", {})
+    h.reject(InvalidState, "owner", "workitem.cancel", "wi1", {})
+    h.reject(InvalidState, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
