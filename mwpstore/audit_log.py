@@ -1,0 +1,629 @@
+"""Encrypted audit logs: a Group's complete Event history, sealed at archival (``docs/format/archive.md``).
+
+The file is a header and a sequence of AES-256-GCM chunks. The plaintext is the stream of encoded
+Events, each prefixed by its length, cut into chunks of ``chunk_bytes`` (the last one shorter and
+flagged final). Every chunk is sealed under a key derived for this file alone, with a nonce made of
+a per-file random prefix, the chunk index and the final flag, and associated data binding the hash
+of the whole header (magic, version, Organization, Group, key id, salt, nonce prefix, chunk size),
+the chunk index and the chunk's frame (its length and final flag). So:
+
+- a flipped bit anywhere (header, frame or ciphertext) fails a tag (``check="tag"``);
+- chunks swapped, dropped or duplicated change an index and fail a tag;
+- a chunk from another log (another Group, Organization or just another file) has another file key;
+- a log that stops before a chunk flagged final is ``truncated``; bytes after it are ``appended``.
+
+Keys come from an Organization ``KeyProvider``; ``FileKeyProvider`` keeps them in 0600 files.
+
+Command line (documented in ``docs/format/archive.md``)::
+
+    python -m mwpstore.audit_log verify PATH --snapshot SNAP --keys DIR --trust PUBLIC_KEY
+    python -m mwpstore.audit_log dump PATH --keys DIR --org ORG --group GROUP
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import struct
+import sys
+from collections.abc import Iterable, Iterator
+from typing import IO, Any, Protocol
+
+import blake3
+import msgspec
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from . import canonical, limits
+from ._files import (
+    KeyFileInvalid,
+    create_secret_file,
+    ensure_private_directory,
+    fsync_directory,
+    read_file_capped,
+    read_secret_file,
+    write_file_atomic,
+)
+from .errors import ArchiveInvalid, EventInvalid, InvalidCommand, MwpError, translate
+from .messages import ZERO_HASH, Event, check_event, decode_event
+from .registry import apply_effects
+from .snapshot import VerifiedSnapshot
+
+# -- Format constants (docs/format/archive.md, "Layout") ------------------------------------------
+
+MAGIC = b"MWPAUDT\x00"
+FORMAT_VERSION = 1
+KEY_BYTES = 32
+TAG_BYTES = 16
+SALT_BYTES = 16
+NONCE_PREFIX_BYTES = 7
+HEADER_FIXED_BYTES = 48
+FRAME_BYTES = 8
+RECORD_LENGTH_BYTES = 4
+CHUNKS_MAX = 2**32 - 1
+"""The chunk index is a 32-bit field of the nonce."""
+DOMAIN_FILE_KEY = "mwpstore 2026 audit-log file key v1"
+"""blake3 ``derive_key`` context: file key = derive(DOMAIN_FILE_KEY, org key || salt)."""
+DOMAIN_CHUNK = b"mwpstore/audit-chunk/v1\x00"
+"""First bytes of every chunk's associated data."""
+
+_HEADER = struct.Struct("<8sHHI16s7sBBB6s")  # magic, version, header length, chunk bytes, salt, nonce prefix, k, o, g, reserved
+assert _HEADER.size == HEADER_FIXED_BYTES
+_FRAME = struct.Struct("<IB3s")  # ciphertext length, flags, reserved
+assert _FRAME.size == FRAME_BYTES
+_RECORD_LENGTH = struct.Struct("<I")
+_FLAG_FINAL = 0x01
+
+_KEY_ID_PATTERN = re.compile(r"[0-9a-f]{16}\Z")
+
+
+# -- Keys --------------------------------------------------------------------------------------------
+
+
+class KeyProvider(Protocol):
+    """An Organization's audit-log keys. ``key_for`` raises ``KeyError`` for an unknown key id."""
+
+    def key_for(self, org: str, key_id: str) -> bytes: ...
+
+    def current_key(self, org: str) -> tuple[str, bytes]: ...
+
+
+class FileKeyProvider:
+    """Organization keys in files: ``<directory>/<org>/<key id>.key`` (32 bytes, mode 0600).
+
+    ``<directory>/<org>/CURRENT`` names the key new audit logs use. The first ``current_key`` call
+    for an Organization creates its key; ``rotate`` creates a new current key and keeps the old ones
+    so older logs still decrypt. Deleting an old key file makes its logs unreadable (crypto-shredding).
+    """
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+
+    def _org_directory(self, org: str) -> str:
+        canonical.check_id(org, "org")
+        return os.path.join(self.directory, org)
+
+    def key_for(self, org: str, key_id: str) -> bytes:
+        if type(key_id) is not str or _KEY_ID_PATTERN.match(key_id) is None:
+            raise KeyError(key_id)
+        key = read_secret_file(os.path.join(self._org_directory(org), f"{key_id}.key"), KEY_BYTES)
+        if key is None:
+            raise KeyError(key_id)
+        return key
+
+    def current_key(self, org: str) -> tuple[str, bytes]:
+        directory = self._org_directory(org)
+        current = self._read_current(directory)
+        if current is None:
+            ensure_private_directory(directory)
+            key_id = self._new_key(directory)
+            create_secret_file(os.path.join(directory, "CURRENT"), key_id.encode("ascii"))  # first one wins
+            current = self._read_current(directory)
+            assert current is not None
+        return current, self.key_for(org, current)
+
+    def rotate(self, org: str) -> str:
+        """Create a new key and make it current; returns its key id. Old keys stay readable."""
+        directory = self._org_directory(org)
+        ensure_private_directory(directory)
+        key_id = self._new_key(directory)
+        write_file_atomic(os.path.join(directory, "CURRENT"), key_id.encode("ascii"), mode=0o600)
+        return key_id
+
+    @staticmethod
+    def _new_key(directory: str) -> str:
+        key_id = secrets.token_hex(8)
+        create_secret_file(os.path.join(directory, f"{key_id}.key"), secrets.token_bytes(KEY_BYTES))
+        return key_id
+
+    @staticmethod
+    def _read_current(directory: str) -> str | None:
+        data = read_file_capped(os.path.join(directory, "CURRENT"), 64, missing_ok=True)
+        if data is None:
+            return None
+        key_id = data.decode("ascii", "replace").strip()
+        if _KEY_ID_PATTERN.match(key_id) is None:
+            raise KeyFileInvalid(f"{directory}/CURRENT does not name a key id", path=directory, reason="current")
+        return key_id
+
+
+# -- Results -----------------------------------------------------------------------------------------
+
+
+class AuditLogInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """What an audit log holds: written by ``write_audit_log``, checked by the verifier."""
+
+    path: str
+    org: str
+    group: str
+    key_id: str
+    chunks: int
+    events: int
+    bytes: int
+    last_seq: int
+    head_hash: bytes
+
+
+class _Header(msgspec.Struct, frozen=True):
+    raw: bytes
+    version: int
+    chunk_bytes: int
+    salt: bytes
+    nonce_prefix: bytes
+    key_id: str
+    org: str
+    group: str
+
+
+# -- Shared sealing -----------------------------------------------------------------------------------
+
+
+def _fail(check: str, message: str, **detail: Any) -> ArchiveInvalid:
+    return ArchiveInvalid(f"audit log rejected ({check}): {message}", check=check, **detail)
+
+
+def _file_key(org_key: bytes, salt: bytes) -> bytes:
+    return blake3.blake3(org_key + salt, derive_key_context=DOMAIN_FILE_KEY).digest()
+
+
+def _nonce(header: _Header, index: int, final: bool) -> bytes:
+    return header.nonce_prefix + struct.pack(">IB", index, 1 if final else 0)
+
+
+def _associated_data(header_hash: bytes, index: int, frame: bytes) -> bytes:
+    return DOMAIN_CHUNK + header_hash + struct.pack(">Q", index) + frame
+
+
+def _encode_header(
+    *, chunk_bytes: int, salt: bytes, nonce_prefix: bytes, key_id: str, org: str, group: str
+) -> bytes:
+    names = [key_id.encode("ascii"), org.encode("ascii"), group.encode("ascii")]
+    total = HEADER_FIXED_BYTES + sum(len(name) for name in names)
+    fixed = _HEADER.pack(
+        MAGIC, FORMAT_VERSION, total, chunk_bytes, salt, nonce_prefix, *(len(name) for name in names), b"\x00" * 6
+    )
+    return fixed + b"".join(names)
+
+
+# -- Writing -------------------------------------------------------------------------------------------
+
+
+def write_audit_log(
+    path: str,
+    *,
+    org: str,
+    group: str,
+    events: Iterable[bytes],
+    key_provider: KeyProvider,
+    chunk_bytes: int = limits.AUDIT_CHUNK_BYTES,
+) -> AuditLogInfo:
+    """Encrypt ``events`` (encoded Events of ``group``, seqs 1, 2, ... in order) into ``path``.
+
+    The file appears atomically (temp file, fsync, rename, directory fsync) with mode 0600, and
+    only once complete. Raises ``InvalidCommand`` for Events of another Group or out of order.
+    """
+    canonical.check_id(org, "org")
+    canonical.check_id(group, "group")
+    if type(chunk_bytes) is not int or not 1 <= chunk_bytes <= limits.AUDIT_CHUNK_BYTES_MAX - TAG_BYTES:
+        raise InvalidCommand(f"chunk_bytes must be 1..{limits.AUDIT_CHUNK_BYTES_MAX - TAG_BYTES}", field="chunk_bytes")
+    key_id, org_key = key_provider.current_key(org)
+    if type(org_key) is not bytes or len(org_key) != KEY_BYTES or _KEY_ID_PATTERN.match(key_id) is None:
+        raise InvalidCommand("the key provider returned a malformed key", field="key_provider")
+    salt = secrets.token_bytes(SALT_BYTES)
+    header_raw = _encode_header(
+        chunk_bytes=chunk_bytes,
+        salt=salt,
+        nonce_prefix=secrets.token_bytes(NONCE_PREFIX_BYTES),
+        key_id=key_id,
+        org=org,
+        group=group,
+    )
+    header = _parse_header(header_raw)
+    sealer = _Sealer(header, AESGCM(_file_key(org_key, salt)))
+    directory = os.path.dirname(os.path.abspath(path))
+    temp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp")
+    count, last_seq, head_hash = 0, 0, ZERO_HASH
+    try:
+        with open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as handle:
+            handle.write(header_raw)
+            pending = bytearray()
+            for data in events:
+                event = _checked_input_event(data, group, last_seq + 1)
+                pending += _RECORD_LENGTH.pack(len(data))
+                pending += data
+                count, last_seq, head_hash = count + 1, event.seq, event.hash
+                while len(pending) > chunk_bytes:  # keep a remainder for the final chunk
+                    handle.write(sealer.seal(bytes(pending[:chunk_bytes]), final=False))
+                    del pending[:chunk_bytes]
+            handle.write(sealer.seal(bytes(pending), final=True))
+            handle.flush()
+            os.fsync(handle.fileno())
+            size = handle.tell()
+        os.replace(temp, path)
+        fsync_directory(directory)
+    except BaseException as exc:
+        try:
+            os.unlink(temp)
+        except OSError:
+            pass
+        if isinstance(exc, OSError):
+            raise translate(exc, context=f"writing audit log {path}") from None
+        raise
+    return AuditLogInfo(
+        path=path,
+        org=org,
+        group=group,
+        key_id=key_id,
+        chunks=sealer.index,
+        events=count,
+        bytes=size,
+        last_seq=last_seq,
+        head_hash=head_hash,
+    )
+
+
+def _checked_input_event(data: object, group: str, expected_seq: int) -> Event:
+    if type(data) is not bytes or not data or len(data) > limits.EVENT_BYTES_MAX:
+        raise InvalidCommand(f"events must be encoded Events of 1..{limits.EVENT_BYTES_MAX} bytes", field="events")
+    try:
+        event = decode_event(data)
+    except EventInvalid as exc:
+        raise InvalidCommand(f"not an encoded Event: {exc.message}", field="events") from None
+    if event.group != group or event.seq != expected_seq:
+        raise InvalidCommand(
+            f"the audit log of {group!r} needs its Events in order from seq 1; got {event.group!r} seq {event.seq}"
+            f" where seq {expected_seq} was due",
+            field="events",
+        )
+    return event
+
+
+class _Sealer:
+    def __init__(self, header: _Header, cipher: AESGCM) -> None:
+        self.header = header
+        self.header_hash = blake3.blake3(header.raw).digest()
+        self.cipher = cipher
+        self.index = 0
+
+    def seal(self, plaintext: bytes, *, final: bool) -> bytes:
+        if self.index >= CHUNKS_MAX:
+            raise InvalidCommand("the history needs more chunks than the nonce allows; raise chunk_bytes", field="events")
+        frame = _FRAME.pack(len(plaintext) + TAG_BYTES, _FLAG_FINAL if final else 0, b"\x00\x00\x00")
+        aad = _associated_data(self.header_hash, self.index, frame)
+        sealed = self.cipher.encrypt(_nonce(self.header, self.index, final), plaintext, aad)
+        self.index += 1
+        return frame + sealed
+
+
+# -- Reading -------------------------------------------------------------------------------------------
+
+
+def _parse_header(raw: bytes) -> _Header:
+    magic, version, total, chunk_bytes, salt, nonce_prefix, k, o, g, reserved = _HEADER.unpack_from(raw)
+    if magic != MAGIC or reserved != b"\x00" * 6:
+        raise _fail("format", "not a mwpstore audit log (bad magic or reserved bytes)")
+    if version != FORMAT_VERSION:
+        raise _fail("version", f"format version {version} is not {FORMAT_VERSION}")
+    if total != HEADER_FIXED_BYTES + k + o + g or len(raw) != total:
+        raise _fail("format", "header lengths do not add up")
+    if not 1 <= chunk_bytes <= limits.AUDIT_CHUNK_BYTES_MAX - TAG_BYTES:
+        raise _fail("size", f"chunk size {chunk_bytes} is outside 1..{limits.AUDIT_CHUNK_BYTES_MAX - TAG_BYTES}")
+    names = []
+    offset = HEADER_FIXED_BYTES
+    for length in (k, o, g):
+        try:
+            names.append(raw[offset : offset + length].decode("ascii"))
+        except UnicodeDecodeError:
+            raise _fail("format", "header names are not ASCII") from None
+        offset += length
+    key_id, org, group = names
+    if _KEY_ID_PATTERN.match(key_id) is None:
+        raise _fail("format", "header key id is malformed")
+    for name, value in (("org", org), ("group", group)):
+        try:
+            canonical.check_id(value, name)
+        except InvalidCommand as exc:
+            raise _fail("format", f"header {name}: {exc.message}") from None
+    return _Header(raw, version, chunk_bytes, salt, nonce_prefix, key_id, org, group)
+
+
+def _read_exact(handle: IO[bytes], size: int) -> bytes:
+    data = handle.read(size)
+    if len(data) != size:
+        raise _fail("truncated", f"the file ends inside a {size}-byte field")
+    return data
+
+
+def _read_header(handle: IO[bytes]) -> _Header:
+    fixed = handle.read(HEADER_FIXED_BYTES)
+    if len(fixed) < HEADER_FIXED_BYTES:
+        if fixed and not MAGIC.startswith(fixed[: len(MAGIC)]):
+            raise _fail("format", "not a mwpstore audit log")
+        raise _fail("truncated", "the file ends inside the header")
+    magic, version, total, *_ = _HEADER.unpack_from(fixed)
+    if magic != MAGIC:
+        raise _fail("format", "not a mwpstore audit log (bad magic)")
+    if total < HEADER_FIXED_BYTES or total > HEADER_FIXED_BYTES + 3 * 255:
+        raise _fail("format", "header length is impossible")
+    return _parse_header(fixed + _read_exact(handle, total - HEADER_FIXED_BYTES))
+
+
+def _walk_frames(handle: IO[bytes], header: _Header, file_bytes: int) -> int:
+    """Check the chunk structure without decrypting; returns the number of chunks.
+
+    Finds truncation and appended data before any record is released to the caller.
+    """
+    offset = len(header.raw)
+    index = 0
+    while True:
+        if offset == file_bytes:
+            raise _fail("truncated", f"the log ends after {index} chunks without a final chunk", chunk=index)
+        if file_bytes - offset < FRAME_BYTES:
+            raise _fail("truncated", f"the log ends inside the frame of chunk {index}", chunk=index)
+        handle.seek(offset)
+        length, flags = _check_frame(handle.read(FRAME_BYTES), header, index)
+        offset += FRAME_BYTES + length
+        if offset > file_bytes:
+            raise _fail("truncated", f"the log ends inside chunk {index}", chunk=index)
+        index += 1
+        if flags & _FLAG_FINAL:
+            if offset != file_bytes:
+                raise _fail("appended", f"{file_bytes - offset} bytes follow the final chunk", chunk=index)
+            return index
+
+
+def _check_frame(frame: bytes, header: _Header, index: int) -> tuple[int, int]:
+    length, flags, reserved = _FRAME.unpack(frame)
+    if flags & ~_FLAG_FINAL or reserved != b"\x00\x00\x00":
+        raise _fail("format", f"chunk {index} has unknown flags", chunk=index)
+    if length > limits.AUDIT_CHUNK_BYTES_MAX:
+        raise _fail("size", f"chunk {index} claims {length} bytes", chunk=index)
+    if flags & _FLAG_FINAL:
+        if not TAG_BYTES <= length <= header.chunk_bytes + TAG_BYTES:
+            raise _fail("format", f"final chunk {index} has an impossible length", chunk=index)
+    elif length != header.chunk_bytes + TAG_BYTES:
+        raise _fail("format", f"chunk {index} is not a full chunk but is not final", chunk=index)
+    if index >= CHUNKS_MAX:
+        raise _fail("size", "too many chunks", chunk=index)
+    return length, flags
+
+
+def read_audit_log(path: str, *, key_provider: KeyProvider, org: str, group: str) -> Iterator[bytes]:
+    """Decrypt and verify an audit log; iterate its records (encoded Events) in order.
+
+    The header, Organization and Group binding, key and chunk structure (final chunk present,
+    nothing appended) are checked before this returns. Each chunk is authenticated before any of
+    its records is yielded; a chunk that fails raises ``ArchiveInvalid`` from the iterator, after
+    the records of the chunks before it, which are authentic. A caller that must act on the whole
+    log or nothing collects it first (``verify_audit_log_against_snapshot`` does).
+    """
+    try:
+        handle = open(path, "rb")
+    except OSError as exc:
+        raise translate(exc, context=f"opening audit log {path}") from None
+    try:
+        file_bytes = os.fstat(handle.fileno()).st_size
+        header = _read_header(handle)
+        if header.org != org or header.group != group:
+            raise _fail("binding", f"the log is for {header.org}/{header.group}, not {org}/{group}")
+        try:
+            org_key = key_provider.key_for(org, header.key_id)
+        except KeyError:
+            raise _fail("key", f"organization {org!r} has no key {header.key_id!r}") from None
+        if type(org_key) is not bytes or len(org_key) != KEY_BYTES:
+            raise _fail("key", f"key {header.key_id!r} is not {KEY_BYTES} bytes")
+        chunks = _walk_frames(handle, header, file_bytes)
+        handle.seek(len(header.raw))
+    except BaseException:
+        handle.close()
+        raise
+    return _records(handle, header, AESGCM(_file_key(org_key, header.salt)), chunks)
+
+
+def _records(handle: IO[bytes], header: _Header, cipher: AESGCM, chunks: int) -> Iterator[bytes]:
+    header_hash = blake3.blake3(header.raw).digest()
+    pending = bytearray()
+    try:
+        for index in range(chunks):
+            frame = _read_exact(handle, FRAME_BYTES)
+            length, flags = _check_frame(frame, header, index)
+            final = bool(flags & _FLAG_FINAL)
+            if final != (index == chunks - 1):
+                raise _fail("format", f"chunk {index} changed while being read", chunk=index)
+            sealed = _read_exact(handle, length)
+            try:
+                plaintext = cipher.decrypt(_nonce(header, index, final), sealed, _associated_data(header_hash, index, frame))
+            except InvalidTag:
+                raise _fail(
+                    "tag", f"chunk {index} does not authenticate (tampered, reordered or from another log)", chunk=index
+                ) from None
+            pending += plaintext
+            records, consumed = _split_records(pending, index)
+            del pending[:consumed]
+            yield from records
+        if pending:
+            raise _fail("format", "the final chunk ends inside a record")
+    finally:
+        handle.close()
+
+
+def _split_records(buffer: bytearray, index: int) -> tuple[list[bytes], int]:
+    records = []
+    offset = 0
+    view = memoryview(buffer)
+    try:
+        while len(buffer) - offset >= RECORD_LENGTH_BYTES:
+            (length,) = _RECORD_LENGTH.unpack_from(buffer, offset)
+            if length == 0 or length > limits.EVENT_BYTES_MAX:
+                raise _fail("format", f"record length {length} in chunk {index} is impossible", chunk=index)
+            end = offset + RECORD_LENGTH_BYTES + length
+            if end > len(buffer):
+                break
+            records.append(bytes(view[offset + RECORD_LENGTH_BYTES : end]))
+            offset = end
+    finally:
+        view.release()
+    return records, offset
+
+
+def read_audit_log_header(path: str) -> dict[str, Any]:
+    """The unauthenticated header fields (org, group, key id, chunk size), for tools and errors."""
+    with open(path, "rb") as handle:
+        header = _read_header(handle)
+    return {"org": header.org, "group": header.group, "key_id": header.key_id, "chunk_bytes": header.chunk_bytes}
+
+
+# -- Verification against the final snapshot ---------------------------------------------------------
+
+
+def verify_audit_log_against_snapshot(
+    path: str, snapshot: VerifiedSnapshot, key_provider: KeyProvider, *, replay: bool = True
+) -> AuditLogInfo:
+    """Check that the audit log is the complete, authentic history that ends in ``snapshot``.
+
+    Every chunk authenticates; every record is an Event of the snapshot's Group that verifies and
+    links to the previous one's hash (from the zero hash); seqs run 1, 2, ... without a gap; the
+    last Event's seq and hash are the snapshot's seq and head hash. With ``replay``, folding every
+    Event's effects reproduces the snapshot's aggregates exactly. Raises ``ArchiveInvalid``.
+    """
+    header = read_audit_log_header_checked(path)
+    states: dict[str, dict[str, Any]] = {}
+    revisions: dict[str, int] = {}
+    previous = ZERO_HASH
+    count = 0
+    for data in read_audit_log(path, key_provider=key_provider, org=snapshot.org, group=snapshot.group):
+        try:
+            event = check_event(decode_event(data), expected_prev_hash=previous)
+        except EventInvalid as exc:
+            raise _fail("event", f"record {count + 1}: {exc.message}", seq=count + 1) from None
+        if event.group != snapshot.group:
+            raise _fail("binding", f"record {count + 1} is an Event of group {event.group!r}", seq=event.seq)
+        if event.seq != count + 1:
+            raise _fail("sequence", f"Event seq {event.seq} where {count + 1} was due", seq=event.seq)
+        if replay:
+            apply_effects(states, revisions, event.effects)
+        previous = event.hash
+        count += 1
+    if count != snapshot.seq or previous != snapshot.head_hash:
+        raise _fail(
+            "snapshot",
+            f"the log ends at seq {count} (head {previous.hex()[:16]}), the snapshot is at seq {snapshot.seq}"
+            f" (head {snapshot.head_hash.hex()[:16]})",
+        )
+    if replay and (states, revisions) != snapshot.states_and_revisions():
+        raise _fail("state", "replaying the log does not reproduce the snapshot's aggregates")
+    return AuditLogInfo(
+        path=path,
+        org=snapshot.org,
+        group=snapshot.group,
+        key_id=header["key_id"],
+        chunks=header["chunks"],
+        events=count,
+        bytes=header["bytes"],
+        last_seq=count,
+        head_hash=previous,
+    )
+
+
+def read_audit_log_header_checked(path: str) -> dict[str, Any]:
+    """Header fields plus the chunk count and file size, after the structural walk."""
+    try:
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            header = _read_header(handle)
+            chunks = _walk_frames(handle, header, size)
+    except OSError as exc:
+        raise translate(exc, context=f"reading audit log {path}") from None
+    return {"org": header.org, "group": header.group, "key_id": header.key_id, "chunks": chunks, "bytes": size}
+
+
+# -- Command line -------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mwpstore.audit_log verify|dump ...``; prints one JSON object; exit 0 ok, 1 invalid, 2 usage."""
+    import argparse
+
+    from .snapshot import Keyring, read_snapshot_file, verify_snapshot
+
+    parser = argparse.ArgumentParser(prog="python -m mwpstore.audit_log", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    verify = commands.add_parser("verify", help="verify an audit log against the Group's signed final snapshot")
+    verify.add_argument("path", help="the audit log file")
+    verify.add_argument("--snapshot", required=True, help="the signed final snapshot file")
+    verify.add_argument("--keys", required=True, help="the Organization key directory (FileKeyProvider)")
+    verify.add_argument(
+        "--trust",
+        action="append",
+        required=True,
+        help="a trusted snapshot public key: 64 hex characters or a .pub file (repeatable)",
+    )
+    verify.add_argument("--org", help="expected Organization (default: the snapshot's)")
+    verify.add_argument("--group", help="expected Group (default: the snapshot's)")
+    verify.add_argument("--no-replay", action="store_true", help="skip re-applying effects against the snapshot")
+    dump = commands.add_parser("dump", help="decrypt an audit log and print its Events as JSON lines")
+    dump.add_argument("path")
+    dump.add_argument("--keys", required=True)
+    dump.add_argument("--org", required=True)
+    dump.add_argument("--group", required=True)
+    arguments = parser.parse_args(argv)
+    encoder = msgspec.json.Encoder(order="sorted")
+    out = sys.stdout.buffer
+    try:
+        provider = FileKeyProvider(arguments.keys)
+        if arguments.command == "dump":
+            for data in read_audit_log(arguments.path, key_provider=provider, org=arguments.org, group=arguments.group):
+                out.write(encoder.encode(_event_json(decode_event(data))) + b"\n")
+            return 0
+        keyring = Keyring()
+        for trusted in arguments.trust:
+            if re.fullmatch(r"[0-9a-fA-F]{64}", trusted):
+                keyring.add(bytes.fromhex(trusted))
+            else:
+                keyring.add_file(trusted)
+        snapshot = verify_snapshot(
+            read_snapshot_file(arguments.snapshot), keyring=keyring, org=arguments.org, group=arguments.group
+        )
+        info = verify_audit_log_against_snapshot(
+            arguments.path, snapshot, provider, replay=not arguments.no_replay
+        )
+    except MwpError as exc:
+        out.write(encoder.encode({"ok": False, **exc.to_dict()}) + b"\n")
+        return 1
+    report = msgspec.to_builtins(info)
+    report["head_hash"] = info.head_hash.hex()
+    out.write(encoder.encode({"ok": True, "replayed": not arguments.no_replay, **report}) + b"\n")
+    return 0
+
+
+def _event_json(event: Event) -> dict[str, Any]:
+    value = msgspec.to_builtins(msgspec.structs.asdict(event))
+    for name in ("content_hash", "payload_hash", "prev_hash", "hash"):
+        value[name] = getattr(event, name).hex()
+    value["effects"] = [{"aggregate": e.aggregate, "revision": e.revision, "state": e.state} for e in event.effects]
+    return value
+
+
+if __name__ == "__main__":
+    sys.exit(main())
