@@ -29,6 +29,7 @@ from .errors import (
     InvalidCommand,
     LimitExceeded,
     MwpError,
+    NotFound,
     SequenceGap,
     StorageFailed,
     StoreClosed,
@@ -67,9 +68,20 @@ from .messages import (
 )
 from .registry import ENGINE_ACTOR, run_transition
 from .segment_log import SegmentLog
+from .snapshot import (
+    Keyring,
+    SigningKey,
+    SnapshotRef,
+    create_snapshot,
+    read_snapshot_file,
+    snapshot_ref,
+    write_snapshot_file,
+)
 
 EVENT_TAG = b"E"
 ACK_TAG = b"A"
+SNAPSHOT_TAG = b"S"
+_SNAPSHOT_REF_ENCODER = msgspec.msgpack.Encoder(order="sorted")
 _ACK_ENCODER = msgspec.msgpack.Encoder()
 _ACK_DECODER = msgspec.msgpack.Decoder(tuple[str, str, int])
 BATCH_RECORD_BYTES_SOFT_MAX = 8 * 1024 * 1024
@@ -97,7 +109,7 @@ def current_boot_id() -> str:
 
 
 class _Request:
-    __slots__ = ("command", "data", "content_hash", "trusted", "ack", "receipt", "error", "ack_result")
+    __slots__ = ("command", "data", "content_hash", "trusted", "ack", "snapshot", "receipt", "error", "ack_result")
 
     def __init__(
         self,
@@ -106,8 +118,10 @@ class _Request:
         content_hash: bytes = b"",
         trusted: bool = False,
         ack: tuple[str, str, int] | None = None,
+        snapshot: Any = None,
     ) -> None:
         self.command = command
+        self.snapshot = snapshot
         self.data = data
         self.content_hash = content_hash
         self.trusted = trusted
@@ -162,6 +176,7 @@ class _Batch:
     heads: dict[str, tuple[int, bytes]] = field(default_factory=dict)
     receipts: dict[bytes, tuple[bytes, Receipt, bytes]] = field(default_factory=dict)
     acks: dict[bytes, int] = field(default_factory=dict)
+    snapshots: dict[bytes, bytes] = field(default_factory=dict)
     records: list[bytes] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     record_bytes: int = 0
@@ -237,7 +252,7 @@ class Authority:
         self._leader = False
         self._published = threading.Condition(threading.Lock())
         self._last_ms = 0
-        self._replay_floor_hook: Callable[[Authority, str], tuple[int, Any]] | None = None
+        self._signing_key: SigningKey | None = None
         try:
             os.makedirs(self.path, exist_ok=True)
         except OSError as exc:
@@ -522,6 +537,12 @@ class Authority:
         try:
             now_ms = max(self._clock(), self._last_ms)
             for request in requests:
+                if request.snapshot is not None:
+                    encoded = _SNAPSHOT_REF_ENCODER.encode(request.snapshot)
+                    batch.snapshots[event_key(request.snapshot.group, request.snapshot.seq)] = encoded
+                    batch.records.append(SNAPSHOT_TAG + encoded)
+                    pending.append(request)
+                    continue
                 if request.ack is not None:
                     self._decide_ack(batch, request)
                     if request.error is None:
@@ -655,6 +676,8 @@ class Authority:
         )
         if batch.acks:
             txn.cursor(db=index.acks).putmulti([(key, u64(cursor)) for key, cursor in batch.acks.items()])
+        if batch.snapshots:
+            txn.cursor(db=index.snapshots).putmulti(list(batch.snapshots.items()))
 
     # -- the engine's own Commands ----------------------------------------------------------------
 
@@ -736,10 +759,6 @@ class Authority:
         if self._closed:
             raise StoreClosed("the authority is closed; open it again")
 
-    def set_replay_floor_hook(self, hook: Callable[[Authority, str], tuple[int, Any]] | None) -> None:
-        """Install the retention hook: ``hook(authority, group) -> (floor seq, snapshot reference)``."""
-        self._replay_floor_hook = hook
-
     def read(self, group: str, after: int = 0, limit: int = 1000) -> list[Event]:
         """Events of ``group`` with sequence > ``after``, in order, at most ``limit``.
 
@@ -752,17 +771,17 @@ class Authority:
         if type(limit) is not int or not 1 <= limit <= limits.READ_LIMIT_MAX:
             raise InvalidCommand(f"limit must be 1..{limits.READ_LIMIT_MAX}", field="limit")
         self._check_readable()
-        if self._replay_floor_hook is not None:
-            floor, reference = self._replay_floor_hook(self, group)
-            if after < floor:
-                raise CursorTooOld(
-                    f"cursor {after} of group {group!r} is below the replay floor {floor}; "
-                    "restore from the snapshot reference, then read after its sequence",
-                    group=group,
-                    cursor=after,
-                    floor=floor,
-                    snapshot_ref=reference,
-                )
+        floor, reference = self.replay_floor(group)
+        if after < floor:
+            assert reference is not None
+            raise CursorTooOld(
+                f"cursor {after} of group {group!r} is below the replay floor {floor}; "
+                "restore from the snapshot reference, then read after its sequence",
+                group=group,
+                cursor=after,
+                floor=floor,
+                snapshot_ref=reference.to_dict(),
+            )
         return [decode_event(memoryview(record)[1:]) for record in self._read_records(group, after, limit)]
 
     def _read_records(self, group: str, after: int, limit: int) -> list[bytes]:
@@ -776,6 +795,105 @@ class Authority:
                         break
                     positions.append(read_u64(value))
         return [self.log.read(position) for position in positions]
+
+    # -- snapshots and retention -----------------------------------------------------------------
+
+    @property
+    def signing_key(self) -> SigningKey:
+        """The store's Ed25519 snapshot key, generated on first use under ``<path>/keys``."""
+        if self._signing_key is None:
+            self._signing_key = SigningKey.load_or_create(os.path.join(self.path, "keys"))
+        return self._signing_key
+
+    def keyring(self) -> Keyring:
+        """A keyring trusting this store's snapshot key (add more keys for rotation)."""
+        return Keyring([self.signing_key.public_key])
+
+    def snapshot(self, group: str) -> SnapshotRef:
+        """Write a signed snapshot of ``group`` at its current head; return its reference.
+
+        The snapshot file is durable before its reference is logged, and the reference is what
+        moves the Group's replay floor (see :meth:`replay_floor`).
+        """
+        canonical.check_id(group, "group")
+        self._check_open()
+        with self.index.env.begin() as txn:  # one read transaction: head and states agree
+            seq, head_hash = decode_head(txn.get(group.encode(), db=self.index.heads))
+            if seq == 0:
+                raise NotFound(f"group {group!r} does not exist", field="group")
+            prefix = group.encode() + b"\x00"
+            aggregates = []
+            cursor = txn.cursor(db=self.index.states)
+            if cursor.set_range(prefix):
+                for key, value in cursor.iternext():
+                    if not key.startswith(prefix):
+                        break
+                    revision, state = decode_state(value)
+                    aggregates.append((key[len(prefix):].decode(), revision, state))
+        group_state = next(state for key, _, state in aggregates if key == f"group:{group}")
+        assert group_state is not None
+        data = create_snapshot(
+            org=group_state["org"],
+            group=group,
+            seq=seq,
+            head_hash=head_hash,
+            aggregates=aggregates,
+            signer=self.signing_key,
+            created_at_ms=max(self._clock(), self._last_ms),
+        )
+        location = f"snapshots/{group}/{seq:020d}.snap"
+        path = os.path.join(self.path, location)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        write_snapshot_file(path, data)
+        ref = snapshot_ref(data, location=location)
+        request = _Request(None, snapshot=ref)
+        self._submit(_Unit([request]))
+        if request.error is not None:
+            raise request.error
+        return ref
+
+    def snapshots(self, group: str) -> list[SnapshotRef]:
+        """References of every snapshot taken of ``group``, oldest first."""
+        canonical.check_id(group, "group")
+        self._check_readable()
+        prefix = group.encode() + b"\x00"
+        out = []
+        with self.index.env.begin(db=self.index.snapshots) as txn:
+            cursor = txn.cursor()
+            if cursor.set_range(prefix):
+                for key, value in cursor.iternext():
+                    if not key.startswith(prefix):
+                        break
+                    out.append(msgspec.msgpack.decode(value, type=SnapshotRef))
+        return out
+
+    def read_snapshot(self, ref: SnapshotRef) -> bytes:
+        """The bytes a reference names (not yet verified: verify with ``snapshot.verify_snapshot``)."""
+        canonical.check_id(ref.group, "group")
+        expected = f"snapshots/{ref.group}/{ref.seq:020d}.snap"
+        if ref.location != expected:
+            raise InvalidCommand("snapshot reference names an unexpected location", field="location")
+        return read_snapshot_file(os.path.join(self.path, expected))
+
+    def replay_floor(self, group: str) -> tuple[int, SnapshotRef | None]:
+        """(floor, snapshot): reads with a Cursor below ``floor`` get ``CURSOR_TOO_OLD``.
+
+        With the Group policy ``replay_window_events`` = W > 0, the floor is the newest snapshot
+        whose sequence is at most head − W (0 while there is none: the floor moves only to where a
+        signed snapshot can take over). The reference offered is the newest snapshot.
+        """
+        _, state = self.state(group, f"group:{group}")
+        window = 0 if state is None else int(state.get("policy", {}).get("replay_window_events", 0))
+        if window <= 0:
+            return 0, None
+        refs = self.snapshots(group)
+        if not refs:
+            return 0, None
+        head = self.head(group)[0]
+        eligible = [ref.seq for ref in refs if ref.seq <= head - window]
+        if not eligible:
+            return 0, None
+        return max(eligible), refs[-1]
 
     def subscribe(self, group: str, after: int = 0) -> Subscription:
         """A live feed of ``group``'s Events after ``after``; see :class:`Subscription`."""
@@ -870,7 +988,7 @@ class Authority:
             try:
                 if self.log.end != end:
                     self._redo(fresh, None)
-                for name in (b"events", b"heads", b"states", b"receipts", b"acks"):
+                for name in (b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots"):
                     live = list(self.index.iterate(name))
                     rebuilt = list(fresh.iterate(name))
                     if live != rebuilt:
@@ -1006,6 +1124,12 @@ def _index_record(
         receipt = receipt_for(event)
         txn.put(receipt_key(event.actor, event.action_id), event.content_hash + encode_receipt(receipt), db=index.receipts)
         heads[group] = (event.seq, event.hash)
+    elif tag == SNAPSHOT_TAG:
+        try:
+            ref = msgspec.msgpack.decode(memoryview(record)[1:], type=SnapshotRef)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise Corruption(f"log record at {position} is not a snapshot reference: {exc}", offset=position, reason="decode") from None
+        txn.put(event_key(ref.group, ref.seq), _SNAPSHOT_REF_ENCODER.encode(ref), db=index.snapshots)
     elif tag == ACK_TAG:
         try:
             consumer, group, cursor = _ACK_DECODER.decode(memoryview(record)[1:])

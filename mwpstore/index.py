@@ -14,6 +14,7 @@ separates key parts (IDs never contain it).
 | ``states``   | group ``\\0`` aggregate key      | revision u64 BE + msgpack state         |
 | ``receipts`` | actor ``\\0`` action id          | content hash (32) + msgpack Receipt     |
 | ``acks``     | consumer ``\\0`` group           | cursor u64 BE                           |
+| ``snapshots``| group ``\\0`` seq (u64 BE)       | msgpack SnapshotRef of a signed snapshot|
 
 The index never runs ahead of the log: the log group is durable before the LMDB transaction that
 reflects it commits, and every commit records the log position it reflects.
@@ -34,7 +35,7 @@ from .errors import Corruption, translate
 from .messages import HASH_BYTES, ZERO_HASH
 
 INDEX_FORMAT = b"1"
-DATABASE_NAMES = (b"meta", b"events", b"heads", b"states", b"receipts", b"acks")
+DATABASE_NAMES = (b"meta", b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots")
 _U64 = struct.Struct(">Q")
 _STATE_ENCODER = msgspec.msgpack.Encoder()
 _STATE_DECODER = msgspec.msgpack.Decoder(dict[str, Any])
@@ -126,6 +127,7 @@ class Index:
         self.states = self.dbs[b"states"]
         self.receipts = self.dbs[b"receipts"]
         self.acks = self.dbs[b"acks"]
+        self.snapshots = self.dbs[b"snapshots"]
 
     def close(self) -> None:
         self.env.close()

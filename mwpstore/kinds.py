@@ -48,7 +48,9 @@ def check_unknown_fields(command: Command, allowed: set[str]) -> None:
 
 # -- group.create ---------------------------------------------------------------------------------
 
-_GROUP_POLICY_FIELDS = {"replay_floor_events", "audit_retention_days"}
+_GROUP_POLICY_FIELDS = {"replay_window_events", "audit_retention_days"}
+"""``replay_window_events``: online replay keeps at least this many recent Events (0: all);
+``audit_retention_days``: how long an archived Group's audit log is kept (0: forever)."""
 
 
 def _decide_group_create(view: StateView, command: Command, context: Context) -> Decision:

@@ -29,6 +29,7 @@ from mwpstore import (
 from mwpstore.errors import AlreadyExists, UnknownKind
 from mwpstore.index import u64
 from mwpstore.messages import encode_receipt
+from mwpstore.snapshot import SnapshotRef, verify_snapshot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -264,13 +265,27 @@ def test_ack_is_durable_monotonic_and_never_beyond_head(tmp_path):
         assert authority.acked("agent-1", GROUP) == 4
 
 
-def test_cursor_below_replay_floor_is_cursor_too_old(store):
-    store.accept_many([mission_create(f"m-{i}") for i in range(5)])
-    store.set_replay_floor_hook(lambda authority, group: (3, {"snapshot": "ref-3"}))
-    with pytest.raises(CursorTooOld) as caught:
-        store.read(GROUP, after=2)
-    assert caught.value.snapshot_ref == {"snapshot": "ref-3"}
-    assert [event.seq for event in store.read(GROUP, after=3)] == [4, 5, 6]
+def test_cursor_below_replay_floor_is_cursor_too_old_with_signed_snapshot(tmp_path):
+    with Authority.open(str(tmp_path / "store")) as authority:
+        authority.accept(Command(actor=OWNER, action_id="g", group=GROUP, kind="group.create", target=GROUP, body={"org": "acme", "policy": {"replay_window_events": 2}}))
+        authority.accept_many([mission_create(f"m-{i}") for i in range(5)])
+        assert authority.replay_floor(GROUP) == (0, None)  # no snapshot yet: everything replayable
+        assert len(authority.read(GROUP)) == 6
+        head_at_snapshot = authority.head(GROUP)
+        ref = authority.snapshot(GROUP)
+        assert ref.seq == 6 and authority.snapshots(GROUP) == [ref]
+        assert authority.replay_floor(GROUP) == (0, None)  # the snapshot is inside the window
+        authority.accept_many([mission_create(f"n-{i}") for i in range(3)])
+        assert authority.replay_floor(GROUP) == (6, ref)
+        with pytest.raises(CursorTooOld) as caught:
+            authority.read(GROUP, after=2)
+        assert SnapshotRef.from_dict(caught.value.snapshot_ref) == ref
+        assert [event.seq for event in authority.read(GROUP, after=6)] == [7, 8, 9]
+        verified = verify_snapshot(authority.read_snapshot(ref), keyring=authority.keyring(), group=GROUP, org="acme")
+        assert (verified.seq, verified.head_hash) == head_at_snapshot
+        authority.rebuild()
+        assert authority.snapshots(GROUP) == [ref]  # the reference is in the log, not only the index
+        assert authority.verify().ok
 
 
 # -- recovery ------------------------------------------------------------------------------------
