@@ -215,6 +215,10 @@ def _check_shape(event: Event) -> None:
         or type(event.effects) is not list
     ):
         raise EventInvalid("Event fields have the wrong types", reason="type")
+    try:
+        canonical.check_id(event.group, "group")
+    except InvalidCommand as exc:
+        raise EventInvalid(f"Event group invalid: {exc.message}", reason="field", field="group") from None
     for effect in event.effects:
         if type(effect) is not Effect:
             raise EventInvalid("Event effects must be Effect values", reason="effects")
@@ -521,16 +525,26 @@ class AgentStore:
         with self.begin() as tx:
             tx._clear_group(group, keep_buffer_after=None)
 
-    def restore(self, data: bytes, *, group: str, org: str | None = None, **verify_options: Any) -> int:
-        """Restore ``group`` from a signed snapshot; replay then continues strictly after it.
+    def restore(self, data: bytes, *, group: str, org: str | None = None) -> int:
+        """Restore ``group`` from signed snapshot bytes; replay then continues strictly after it.
 
-        The snapshot is verified first (``snapshot.verify_snapshot`` with this store's trusted
-        keys); nothing is written unless every check passes. Returns the snapshot's sequence.
+        ``snapshot.verify_snapshot`` checks size, format, key (this store's ``trusted_keys``),
+        signature, hash, version, the Organization and Group binding and that the snapshot does not
+        roll the Group back below what is applied here. Nothing is written unless every check
+        passes; then projections of the Group are replaced in one local commit and the Cursor is
+        the snapshot's sequence. Returns that sequence.
         """
         self._check_open()
-        from .snapshot import verify_snapshot  # the snapshot module verifies schema, hash, signature
+        from .snapshot import Keyring, verify_snapshot
 
-        verified = verify_snapshot(data, self.trusted_keys, **verify_options)
+        _check_group(group)
+        keyring = self.trusted_keys[0] if len(self.trusted_keys) == 1 and isinstance(self.trusted_keys[0], Keyring) else Keyring(self.trusted_keys)
+        if org is None:
+            mirrored = self.state(group, f"group:{group}")
+            org = None if mirrored is None else mirrored.get("org")
+        verified = verify_snapshot(
+            data, keyring=keyring, org=org, group=group, high_water_seq=self.head(group).applied_seq
+        )
         return self.restore_verified(verified, group=group, org=org)
 
     def restore_verified(self, snapshot: Any, *, group: str, org: str | None = None) -> int:
@@ -826,9 +840,12 @@ class AgentTransaction:
         self._check_usable()
         event, data = admit_event(event)
         group = event.group
-        head = self._heads.get(group) or self._head(_check_group(group))
+        head = self._heads.get(group) or self._head(group)
         seq = event.seq
         if seq <= head.applied_seq:
+            # Cheap checks only: nothing of a duplicate is written, but it must still be well-formed.
+            if seq < 1 or event.event_id != f"{group}:{seq}":
+                raise EventInvalid("Event ID does not match its Group and a positive sequence", reason="event_id")
             stored = self._txn.get(_seq_key(group, seq), db=self._inbox_db) if seq > head.pruned_seq else None
             if stored is not None and stored != event.hash:
                 raise EventInvalid(

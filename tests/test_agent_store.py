@@ -1,0 +1,488 @@
+"""AgentStore: the apply cycle, the gap-safe Cursor, ACK cleanup, projections, rebuild, restore."""
+
+from __future__ import annotations
+
+import shutil
+import struct
+from types import SimpleNamespace
+
+import msgspec
+import pytest
+
+from agent_store_support import ChainBuilder, lease_record, workitem_state, workload
+from mwpstore import limits
+from mwpstore.agent_store import AgentStore, ApplyStatus, ProjectionFailed
+from mwpstore.delivery import ListSource, rebuild_group, Delivery
+from mwpstore.errors import EventInvalid, LimitExceeded, SnapshotInvalid, StoreClosed, StoreLocked
+from mwpstore.messages import Effect, Event, encode_event, event_hash, recompute_event_hash
+
+GROUP = "g-1"
+
+
+class CountingProjection:
+    """Counts how often each Event reached it (an Event applied twice would show a 2)."""
+
+    name = "counter"
+
+    def apply(self, view, event):
+        key = f"seen:{event.seq:08d}"
+        seen = view.get(key)
+        view.put(key, struct.pack(">Q", (0 if seen is None else struct.unpack(">Q", seen)[0]) + 1))
+        total = view.get("total")
+        view.put("total", struct.pack(">Q", (0 if total is None else struct.unpack(">Q", total)[0]) + 1))
+        if event.kind.startswith("workitem."):
+            state = view.state(event.aggregate)
+            view.put(f"last:{event.aggregate}", (state or {}).get("state", "gone").encode())
+
+
+class FailingProjection:
+    name = "failing"
+
+    def __init__(self, fail_seq):
+        self.fail_seq = fail_seq
+
+    def apply(self, view, event):
+        view.put(f"e{event.seq}", b"x")
+        if event.seq == self.fail_seq:
+            raise RuntimeError("application projection failed")
+
+
+@pytest.fixture
+def events():
+    return workload(GROUP, 60, seed=3)
+
+
+@pytest.fixture
+def store(tmp_path):
+    agent = AgentStore.open(tmp_path / "agent", projections=[CountingProjection()])
+    yield agent
+    agent.close()
+
+
+def apply_all(agent, events, advance=True):
+    with agent.begin() as tx:
+        statuses = [tx.apply(event) for event in events]
+        if advance:
+            for group in {event.group for event in events}:
+                tx.advance_cursor(group)
+    return statuses
+
+
+def test_in_order_events_apply_and_cursor_advances(store, events):
+    statuses = apply_all(store, events)
+    assert statuses == [ApplyStatus.APPLIED] * len(events)
+    assert store.cursor(GROUP) == len(events)
+    assert store.ack_position(GROUP) == len(events)
+    assert store.state(GROUP, f"group:{GROUP}")["org"] == "org-1"
+
+
+def test_duplicate_event_id_is_ignored(store, events):
+    apply_all(store, events[:10])
+    before = store.projection_digest()
+    assert apply_all(store, events[:10]) == [ApplyStatus.DUPLICATE] * 10
+    assert store.projection_digest() == before
+    assert store.projection_get(GROUP, "counter", "total") == struct.pack(">Q", 10)
+
+
+def test_later_event_is_buffered_and_cursor_stays_below_the_gap(store, events):
+    statuses = apply_all(store, [events[0], events[1], events[3], events[4]])
+    assert statuses == [ApplyStatus.APPLIED, ApplyStatus.APPLIED, ApplyStatus.BUFFERED, ApplyStatus.BUFFERED]
+    assert store.cursor(GROUP) == 2
+    assert store.buffered_seqs(GROUP) == [4, 5]
+    assert store.head(GROUP).applied_seq == 2
+
+
+def test_filling_the_gap_drains_buffered_events(store, events):
+    apply_all(store, [events[0], events[2], events[3], events[5]])
+    assert apply_all(store, [events[1]]) == [ApplyStatus.APPLIED]
+    assert store.cursor(GROUP) == 4
+    assert store.buffered_seqs(GROUP) == [6]
+
+
+def test_buffered_duplicate_is_reported_as_duplicate(store, events):
+    apply_all(store, [events[4]])
+    assert apply_all(store, [events[4]]) == [ApplyStatus.DUPLICATE]
+    assert store.head(GROUP).buffered == 1
+
+
+def test_advance_cursor_is_a_separate_call(store, events, tmp_path):
+    apply_all(store, events[:5], advance=False)
+    assert store.cursor(GROUP) == 0
+    assert store.head(GROUP).applied_seq == 5
+    with store.begin() as tx:
+        assert tx.advance_cursor(GROUP) == 5
+    assert store.cursor(GROUP) == 5
+
+
+def test_exception_in_the_block_aborts_everything(store, events):
+    with pytest.raises(RuntimeError):
+        with store.begin() as tx:
+            for event in events[:5]:
+                tx.apply(event)
+            tx.advance_cursor(GROUP)
+            raise RuntimeError("caller failed")
+    assert store.cursor(GROUP) == 0
+    assert store.states(GROUP) == {}
+    assert store.projection_items(GROUP, "counter") == []
+
+
+def test_application_projection_exception_aborts_the_whole_transaction(tmp_path, events):
+    agent = AgentStore.open(tmp_path / "a", projections=[CountingProjection(), FailingProjection(fail_seq=4)])
+    with pytest.raises(RuntimeError, match="application projection failed"):
+        with agent.begin() as tx:
+            for event in events[:6]:
+                tx.apply(event)
+            tx.advance_cursor(GROUP)
+    assert agent.cursor(GROUP) == 0
+    assert agent.states(GROUP) == {}
+    assert agent.projection_items(GROUP, "counter") == []
+    assert agent.projection_items(GROUP, "failing") == []
+    agent.close()
+
+
+def test_caught_projection_exception_still_aborts_the_transaction(tmp_path, events):
+    agent = AgentStore.open(tmp_path / "a", projections=[FailingProjection(fail_seq=2)])
+    with pytest.raises(ProjectionFailed):
+        with agent.begin() as tx:
+            tx.apply(events[0])
+            try:
+                tx.apply(events[1])
+            except RuntimeError:
+                pass
+    assert agent.head(GROUP).applied_seq == 0
+    assert agent.projection_items(GROUP, "failing") == []
+    agent.close()
+
+
+def test_projection_writes_are_scoped_to_group_and_name(store):
+    first = workload("g-a", 8, seed=1)
+    second = workload("g-b", 8, seed=2)
+    apply_all(store, first + second)
+    assert store.projection_get("g-a", "counter", "total") == struct.pack(">Q", 8)
+    assert store.projection_get("g-b", "counter", "total") == struct.pack(">Q", 8)
+    assert store.projection_get("g-a", "other", "total") is None
+
+
+def test_groups_have_distinct_cursors_and_buffers(store):
+    first = workload("g-a", 10, seed=1)
+    second = workload("g-b", 10, seed=2)
+    apply_all(store, first + second[:3] + second[5:])
+    assert store.cursor("g-a") == 10
+    assert store.cursor("g-b") == 3
+    assert store.buffered_seqs("g-a") == []
+    assert store.buffered_seqs("g-b") == list(range(6, 11))
+    assert sorted(store.groups()) == ["g-a", "g-b"]
+
+
+# -- ACK and inbox cleanup --------------------------------------------------------------------
+
+
+def test_prune_inbox_removes_only_entries_at_or_below_the_cursor(store, events):
+    apply_all(store, events[:10])
+    apply_all(store, events[10:12], advance=False)
+    states_before = store.states(GROUP)
+    assert store.prune_inbox(GROUP) == 10
+    assert store.inbox_seqs(GROUP) == [11, 12]
+    assert store.states(GROUP) == states_before
+    assert store.cursor(GROUP) == 10
+
+
+def test_replay_after_prune_is_still_a_duplicate(store, events):
+    apply_all(store, events[:10])
+    store.prune_inbox(GROUP)
+    digest = store.projection_digest()
+    assert apply_all(store, events[:10]) == [ApplyStatus.DUPLICATE] * 10
+    assert store.projection_digest() == digest
+
+
+def test_prune_keeps_buffered_events(store, events):
+    apply_all(store, events[:3] + events[5:7])
+    store.prune_inbox(GROUP)
+    assert store.buffered_seqs(GROUP) == [6, 7]
+    apply_all(store, events[3:5])
+    assert store.cursor(GROUP) == 7
+
+
+# -- work queue -------------------------------------------------------------------------------
+
+
+def test_work_queue_orders_by_priority_then_not_before_then_id(store):
+    chain = ChainBuilder(GROUP)
+    specs = [("w-c", 1, 0), ("w-a", 5, 200), ("w-b", 5, 100), ("w-d", 5, 100), ("w-e", -3, 0), ("w-f", 1, 9_000)]
+    for workitem, priority, not_before in specs:
+        key = f"workitem:{workitem}"
+        chain.event("workitem.create", key, {key: workitem_state("m1", "queued", priority=priority, not_before_ms=not_before)})
+    apply_all(store, chain.events)
+    queue = store.work_queue(GROUP, now_ms=1_000)
+    assert [entry.workitem for entry in queue] == ["w-b", "w-d", "w-a", "w-c", "w-e"]
+    assert [entry.workitem for entry in store.work_queue(GROUP, now_ms=10_000)][-3:] == ["w-c", "w-f", "w-e"]
+    assert [entry.workitem for entry in store.work_queue(GROUP, now_ms=150)] == ["w-b", "w-d", "w-c", "w-e"]
+
+
+def test_leased_and_terminal_workitems_leave_the_queue(store):
+    chain = ChainBuilder(GROUP)
+    key = "workitem:w1"
+    chain.event("workitem.create", key, {key: workitem_state("m1", "queued")})
+    chain.event("workitem.create", "workitem:w2", {"workitem:w2": workitem_state("m1", "queued")})
+    chain.event("workitem.claim", key, {key: workitem_state("m1", "leased", ownership_epoch=1, lease=lease_record("a", 1))})
+    apply_all(store, chain.events)
+    assert [entry.workitem for entry in store.work_queue(GROUP, 10**12)] == ["w2"]
+    chain.event("workitem.checkpoint", key, {key: workitem_state("m1", "queued", checkpoint={"step": 3})})
+    chain.event("workitem.cancel", "workitem:w2", {"workitem:w2": workitem_state("m1", "cancelled")})
+    apply_all(store, chain.events[3:])
+    assert [entry.workitem for entry in store.work_queue(GROUP, 10**12)] == ["w1"]
+    assert store.checkpoint(GROUP, "w1") == {"step": 3}
+
+
+def test_removed_aggregate_leaves_the_queue(store):
+    chain = ChainBuilder(GROUP)
+    chain.event("workitem.create", "workitem:w1", {"workitem:w1": workitem_state("m1", "queued")})
+    chain.event("workitem.drop", "workitem:w1", {"workitem:w1": None})
+    apply_all(store, chain.events)
+    assert store.work_queue(GROUP, 10**12) == []
+    assert store.state(GROUP, "workitem:w1") is None
+    assert store.revision(GROUP, "workitem:w1") == 2
+
+
+# -- hostile delivered Events -------------------------------------------------------------------
+
+
+def _rehash(event: Event, **changes) -> Event:
+    changed = msgspec.structs.replace(event, **changes)
+    return msgspec.structs.replace(changed, hash=recompute_event_hash(changed))
+
+
+def hostile_events(events):
+    first = events[0]
+    second = events[1]
+    yield "bad hash", msgspec.structs.replace(first, hash=bytes(32)), EventInvalid
+    yield "wrong event id", _rehash(first, event_id=f"{GROUP}:7"), EventInvalid
+    yield "tampered body", msgspec.structs.replace(first, body={"org": "evil"}), EventInvalid
+    yield "tampered effect", msgspec.structs.replace(first, effects=[Effect("group:g-1", 1, {"org": "evil"})]), EventInvalid
+    yield "seq as string", msgspec.structs.replace(first, seq="1"), EventInvalid
+    yield "seq zero", _rehash(first, seq=0, event_id=f"{GROUP}:0"), EventInvalid
+    yield "authoritative as int", msgspec.structs.replace(first, authoritative=1), EventInvalid
+    yield "effects not a list", msgspec.structs.replace(first, effects="x"), EventInvalid
+    yield "effect not an Effect", msgspec.structs.replace(first, effects=[("a", 1, None)]), EventInvalid
+    yield "effect aggregate with NUL", _rehash(first, effects=[Effect("group:g\x00x", 1, {})]), EventInvalid
+    yield "effect aggregate not typed", _rehash(first, effects=[Effect("nocolon", 1, {})]), EventInvalid
+    yield "body is a list", msgspec.structs.replace(first, body=[1]), EventInvalid
+    yield "group is a path", _rehash(first, group="../x", event_id="../x:1"), EventInvalid
+    yield "hash too short", msgspec.structs.replace(first, hash=b"x"), EventInvalid
+    yield "not an Event", {"group": GROUP}, EventInvalid
+    yield "garbage bytes", b"\x93\x01\x02\x03", EventInvalid
+    yield "oversize bytes", b"\x00" * (limits.EVENT_BYTES_MAX + 1), LimitExceeded
+    big = {f"k{index}": "x" * limits.STRING_BYTES_MAX for index in range(limits.EVENT_BYTES_MAX // limits.STRING_BYTES_MAX + 1)}
+    yield "oversize body", _rehash(first, body=big), LimitExceeded
+    yield "broken chain link", _rehash(second, prev_hash=bytes(32)), EventInvalid
+
+
+@pytest.mark.parametrize("name", [name for name, _, _ in hostile_events(workload(GROUP, 3))])
+def test_hostile_event_is_rejected_and_nothing_is_written(store, events, name):
+    hostile = {entry[0]: entry for entry in hostile_events(events)}[name]
+    _, event, error = hostile
+    if name == "broken chain link":
+        apply_all(store, events[:1])
+    before = store.projection_dump()
+    with store.begin() as tx:
+        with pytest.raises(error):
+            tx.apply(event)
+        tx.advance_cursor(GROUP)
+    assert store.projection_dump() == before
+    assert store.buffered_seqs(GROUP) == []
+    with store.begin() as tx:  # the transaction stays usable after a rejected Event
+        with pytest.raises(error):
+            tx.apply(event)
+        assert tx.apply(events[0]) in (ApplyStatus.APPLIED, ApplyStatus.DUPLICATE)
+        tx.advance_cursor(GROUP)
+    reference = AgentStore.open(store.path + "-ref", projections=[CountingProjection()])
+    apply_all(reference, events[:1])
+    assert store.projection_dump() == reference.projection_dump()
+    reference.close()
+    shutil.rmtree(store.path + "-ref")
+
+
+def test_conflicting_duplicate_is_rejected(store, events):
+    apply_all(store, events[:3])
+    forged = _rehash(events[1], accepted_at_ms=events[1].accepted_at_ms + 1)
+    with store.begin() as tx:
+        with pytest.raises(EventInvalid) as info:
+            tx.apply(forged)
+    assert info.value.detail["reason"] == "conflict"
+
+
+def test_forged_buffered_event_is_dropped_when_the_gap_fills(store, events):
+    forged = _rehash(events[2], prev_hash=bytes(32))
+    apply_all(store, [events[0], forged, events[3]])
+    assert store.buffered_seqs(GROUP) == [3, 4]
+    apply_all(store, [events[1]])
+    assert store.cursor(GROUP) == 2  # forged seq 3 dropped, the gap stays open
+    assert store.buffered_seqs(GROUP) == [4]
+    apply_all(store, [events[2]])
+    assert store.cursor(GROUP) == 4
+
+
+def test_event_bytes_are_accepted(store, events):
+    with store.begin() as tx:
+        assert [tx.apply(encode_event(event)) for event in events[:3]] == [ApplyStatus.APPLIED] * 3
+
+
+# -- lock, close -----------------------------------------------------------------------------
+
+
+def test_second_open_is_store_locked(tmp_path):
+    agent = AgentStore.open(tmp_path / "a")
+    with pytest.raises(StoreLocked):
+        AgentStore.open(tmp_path / "a")
+    agent.close()
+    AgentStore.open(tmp_path / "a").close()
+
+
+def test_closed_store_refuses_use(tmp_path, events):
+    agent = AgentStore.open(tmp_path / "a")
+    agent.close()
+    with pytest.raises(StoreClosed):
+        agent.begin()
+    with pytest.raises(StoreClosed):
+        agent.cursor(GROUP)
+
+
+def test_reopen_keeps_cursor_buffer_and_state(tmp_path, events):
+    agent = AgentStore.open(tmp_path / "a")
+    apply_all(agent, events[:5] + events[7:9])
+    digest = agent.projection_digest()
+    agent.close()
+    agent = AgentStore.open(tmp_path / "a")
+    assert agent.cursor(GROUP) == 5
+    assert agent.buffered_seqs(GROUP) == [8, 9]
+    assert agent.projection_digest() == digest
+    agent.close()
+
+
+# -- rebuild ----------------------------------------------------------------------------------
+
+
+def test_delete_and_rebuild_gives_byte_identical_projections(tmp_path):
+    histories = workload("g-a", 120, seed=5) + workload("g-b", 80, seed=6)
+    source = ListSource(histories)
+    agent = AgentStore.open(tmp_path / "a", projections=[CountingProjection()])
+    for group in ("g-a", "g-b"):
+        Delivery(agent, source, batch_events=17).catch_up(group)
+    dump = agent.projection_dump()
+    digest = agent.projection_digest()
+    agent.close()
+    shutil.rmtree(tmp_path / "a")
+    rebuilt = AgentStore.open(tmp_path / "a", projections=[CountingProjection()])
+    for group in ("g-b", "g-a"):
+        Delivery(rebuilt, source, batch_events=1000).catch_up(group)
+    assert rebuilt.projection_dump() == dump
+    assert rebuilt.projection_digest() == digest
+    rebuilt.close()
+
+
+def test_reset_group_and_rebuild_from_source(store):
+    events = workload(GROUP, 50, seed=9)
+    other = workload("g-x", 10, seed=1)
+    apply_all(store, events + other)
+    digest = store.projection_digest()
+    other_digest = store.projection_digest("g-x")
+    store.reset_group(GROUP)
+    assert store.cursor(GROUP) == 0 and store.states(GROUP) == {}
+    assert store.projection_digest("g-x") == other_digest
+    assert rebuild_group(store, ListSource(events), GROUP) == 50
+    assert store.projection_digest() == digest
+
+
+# -- restore from a verified snapshot -----------------------------------------------------------
+
+
+def _snapshot_at(events, seq, *, org="org-1", group=GROUP):
+    states: dict[str, tuple[int, dict | None]] = {}
+    for event in events[:seq]:
+        for effect in event.effects:
+            states[effect.aggregate] = (effect.revision, effect.state)
+    aggregates = [Effect(key, revision, state) for key, (revision, state) in sorted(states.items())]
+    return SimpleNamespace(org=org, group=group, seq=seq, head_hash=events[seq - 1].hash, aggregates=aggregates)
+
+
+def test_restore_then_continue_strictly_after_the_snapshot(tmp_path, events):
+    full = AgentStore.open(tmp_path / "full")
+    apply_all(full, events)
+    agent = AgentStore.open(tmp_path / "a")
+    assert agent.restore_verified(_snapshot_at(events, 30), group=GROUP) == 30
+    assert agent.cursor(GROUP) == 30
+    assert apply_all(agent, events[25:30]) == [ApplyStatus.DUPLICATE] * 5
+    apply_all(agent, events[30:])
+    assert agent.states(GROUP) == full.states(GROUP)
+    assert agent.work_queue(GROUP, 10**12) == full.work_queue(GROUP, 10**12)
+    assert agent.cursor(GROUP) == len(events)
+    full.close()
+    agent.close()
+
+
+def test_restore_chain_link_is_checked_after_the_snapshot(tmp_path, events):
+    agent = AgentStore.open(tmp_path / "a")
+    agent.restore_verified(_snapshot_at(events, 10), group=GROUP)
+    with agent.begin() as tx:
+        with pytest.raises(EventInvalid):
+            tx.apply(_rehash(events[10], prev_hash=bytes(32)))
+    agent.close()
+
+
+def test_restore_refuses_rollback_and_wrong_binding_without_writing(store, events):
+    apply_all(store, events[:20])
+    digest = store.projection_digest()
+    with pytest.raises(SnapshotInvalid) as info:
+        store.restore_verified(_snapshot_at(events, 10), group=GROUP)
+    assert info.value.check == "sequence"
+    with pytest.raises(SnapshotInvalid) as info:
+        store.restore_verified(_snapshot_at(events, 30, org="org-2"), group=GROUP)
+    assert info.value.check == "binding"
+    with pytest.raises(SnapshotInvalid) as info:
+        store.restore_verified(_snapshot_at(events, 30), group="g-other")
+    assert info.value.check == "binding"
+    bad_hash = _snapshot_at(events, 20)
+    bad_hash.head_hash = bytes(32)
+    with pytest.raises(SnapshotInvalid) as info:
+        store.restore_verified(bad_hash, group=GROUP)
+    assert info.value.check == "hash"
+    assert store.projection_digest() == digest
+
+
+def test_restore_keeps_buffered_events_after_the_snapshot(tmp_path, events):
+    agent = AgentStore.open(tmp_path / "a")
+    apply_all(agent, events[:3] + events[30:33])
+    agent.restore_verified(_snapshot_at(events, 30), group=GROUP)
+    assert agent.cursor(GROUP) == 30
+    assert agent.head(GROUP).applied_seq == 33
+    with agent.begin() as tx:
+        assert tx.advance_cursor(GROUP) == 33
+    agent.close()
+
+
+def test_restore_from_signed_snapshot_bytes(tmp_path, events):
+    from mwpstore.snapshot import SigningKey, create_snapshot
+
+    signer = SigningKey.generate()
+    view = _snapshot_at(events, 25)
+    data = create_snapshot(
+        org="org-1", group=GROUP, seq=25, head_hash=view.head_hash, aggregates=view.aggregates, signer=signer,
+        created_at_ms=1,
+    )
+    untrusted = AgentStore.open(tmp_path / "u")
+    with pytest.raises(SnapshotInvalid) as info:
+        untrusted.restore(data, group=GROUP)
+    assert info.value.check == "key"
+    assert untrusted.cursor(GROUP) == 0
+    untrusted.close()
+    agent = AgentStore.open(tmp_path / "a", trusted_keys=[signer.public_key])
+    assert agent.restore(data, group=GROUP) == 25
+    with pytest.raises(SnapshotInvalid):
+        agent.restore(data, group=GROUP, org="org-9")
+    tampered = bytearray(data)
+    tampered[-3] ^= 1
+    with pytest.raises(SnapshotInvalid):
+        agent.restore(bytes(tampered), group=GROUP)
+    apply_all(agent, events[25:])
+    assert agent.cursor(GROUP) == len(events)
+    agent.close()
