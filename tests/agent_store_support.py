@@ -8,6 +8,7 @@ computed like the authority's), so the agent side can be tested without the work
 from __future__ import annotations
 
 import random
+import struct
 from typing import Any
 
 from mwpstore.messages import ZERO_HASH, Effect, Event, event_hash, make_event_id, payload_hash_of
@@ -157,3 +158,29 @@ def workload(group: str, count: int, *, seed: int = 1, workitems: int = 12) -> l
             kind = "workitem.reopen"
         chain.event(kind, key, {key: new}, {"n": len(chain.events)})
     return chain.events
+
+
+class CountingProjection:
+    """An application projection that counts how often each Event reached it: an Event applied
+    twice shows a count of 2. It also keeps the last state of each WorkItem it saw."""
+
+    name = "counter"
+
+    def apply(self, view, event):
+        key = f"seen:{event.seq:08d}"
+        seen = view.get(key)
+        view.put(key, struct.pack(">Q", (0 if seen is None else struct.unpack(">Q", seen)[0]) + 1))
+        total = view.get("total")
+        view.put("total", struct.pack(">Q", (0 if total is None else struct.unpack(">Q", total)[0]) + 1))
+        if event.kind.startswith("workitem."):
+            state = view.state(event.aggregate)
+            view.put(f"last:{event.aggregate}", (state or {}).get("state", "gone").encode())
+
+
+def seen_counts(agent, group: str) -> dict[int, int]:
+    """seq -> how many times ``CountingProjection`` saw it."""
+    counts = {}
+    for key, value in agent.projection_items(group, "counter"):
+        if key.startswith(b"seen:"):
+            counts[int(key[5:])] = struct.unpack(">Q", value)[0]
+    return counts

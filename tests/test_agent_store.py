@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from agent_store_support import ChainBuilder, lease_record, workitem_state, workload
+from agent_store_support import ChainBuilder, CountingProjection, lease_record, workitem_state, workload
 from mwpstore import limits
 from mwpstore.agent_store import AgentStore, ApplyStatus, ProjectionFailed
 from mwpstore.delivery import ListSource, rebuild_group, Delivery
@@ -17,22 +17,6 @@ from mwpstore.errors import EventInvalid, LimitExceeded, SnapshotInvalid, StoreC
 from mwpstore.messages import Effect, Event, encode_event, event_hash, recompute_event_hash
 
 GROUP = "g-1"
-
-
-class CountingProjection:
-    """Counts how often each Event reached it (an Event applied twice would show a 2)."""
-
-    name = "counter"
-
-    def apply(self, view, event):
-        key = f"seen:{event.seq:08d}"
-        seen = view.get(key)
-        view.put(key, struct.pack(">Q", (0 if seen is None else struct.unpack(">Q", seen)[0]) + 1))
-        total = view.get("total")
-        view.put("total", struct.pack(">Q", (0 if total is None else struct.unpack(">Q", total)[0]) + 1))
-        if event.kind.startswith("workitem."):
-            state = view.state(event.aggregate)
-            view.put(f"last:{event.aggregate}", (state or {}).get("state", "gone").encode())
 
 
 class FailingProjection:
