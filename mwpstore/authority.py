@@ -81,7 +81,24 @@ from .snapshot import (
 EVENT_TAG = b"E"
 ACK_TAG = b"A"
 SNAPSHOT_TAG = b"S"
-_SNAPSHOT_REF_ENCODER = msgspec.msgpack.Encoder(order="sorted")
+ARCHIVE_TAG = b"R"
+_NOTE_ENCODER = msgspec.msgpack.Encoder(order="sorted")
+
+
+class ArchiveRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What archival produced for a Group: its signed final snapshot and its encrypted audit log."""
+
+    org: str
+    group: str
+    final_snapshot: SnapshotRef
+    audit_location: str
+    audit_file_hash: str
+    audit_bytes: int
+    audit_key_id: str
+    audit_chunks: int
+    events: int
+    last_seq: int
+    archived_at_ms: int
 _ACK_ENCODER = msgspec.msgpack.Encoder()
 _ACK_DECODER = msgspec.msgpack.Decoder(tuple[str, str, int])
 BATCH_RECORD_BYTES_SOFT_MAX = 8 * 1024 * 1024
@@ -109,7 +126,7 @@ def current_boot_id() -> str:
 
 
 class _Request:
-    __slots__ = ("command", "data", "content_hash", "trusted", "ack", "snapshot", "receipt", "error", "ack_result")
+    __slots__ = ("command", "data", "content_hash", "trusted", "ack", "note", "receipt", "error", "ack_result")
 
     def __init__(
         self,
@@ -118,10 +135,10 @@ class _Request:
         content_hash: bytes = b"",
         trusted: bool = False,
         ack: tuple[str, str, int] | None = None,
-        snapshot: Any = None,
+        note: tuple[bytes, bytes, bytes] | None = None,
     ) -> None:
         self.command = command
-        self.snapshot = snapshot
+        self.note = note  # (tag, index key, encoded value): a reference logged and indexed as is
         self.data = data
         self.content_hash = content_hash
         self.trusted = trusted
@@ -176,7 +193,7 @@ class _Batch:
     heads: dict[str, tuple[int, bytes]] = field(default_factory=dict)
     receipts: dict[bytes, tuple[bytes, Receipt, bytes]] = field(default_factory=dict)
     acks: dict[bytes, int] = field(default_factory=dict)
-    snapshots: dict[bytes, bytes] = field(default_factory=dict)
+    notes: list[tuple[bytes, bytes, bytes]] = field(default_factory=list)
     records: list[bytes] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
     record_bytes: int = 0
@@ -537,10 +554,9 @@ class Authority:
         try:
             now_ms = max(self._clock(), self._last_ms)
             for request in requests:
-                if request.snapshot is not None:
-                    encoded = _SNAPSHOT_REF_ENCODER.encode(request.snapshot)
-                    batch.snapshots[event_key(request.snapshot.group, request.snapshot.seq)] = encoded
-                    batch.records.append(SNAPSHOT_TAG + encoded)
+                if request.note is not None:
+                    batch.notes.append(request.note)
+                    batch.records.append(request.note[0] + request.note[2])
                     pending.append(request)
                     continue
                 if request.ack is not None:
@@ -676,8 +692,8 @@ class Authority:
         )
         if batch.acks:
             txn.cursor(db=index.acks).putmulti([(key, u64(cursor)) for key, cursor in batch.acks.items()])
-        if batch.snapshots:
-            txn.cursor(db=index.snapshots).putmulti(list(batch.snapshots.items()))
+        for tag, key, value in batch.notes:
+            txn.put(key, value, db=_note_database(index, tag))
 
     # -- the engine's own Commands ----------------------------------------------------------------
 
@@ -846,11 +862,14 @@ class Authority:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_snapshot_file(path, data)
         ref = snapshot_ref(data, location=location)
-        request = _Request(None, snapshot=ref)
+        self._log_note(SNAPSHOT_TAG, event_key(group, seq), _NOTE_ENCODER.encode(ref))
+        return ref
+
+    def _log_note(self, tag: bytes, key: bytes, value: bytes) -> None:
+        request = _Request(None, note=(tag, key, value))
         self._submit(_Unit([request]))
         if request.error is not None:
             raise request.error
-        return ref
 
     def snapshots(self, group: str) -> list[SnapshotRef]:
         """References of every snapshot taken of ``group``, oldest first."""
@@ -874,6 +893,73 @@ class Authority:
         if ref.location != expected:
             raise InvalidCommand("snapshot reference names an unexpected location", field="location")
         return read_snapshot_file(os.path.join(self.path, expected))
+
+    def archive(
+        self,
+        group: str,
+        *,
+        actor: str,
+        action_id: str,
+        reason: str = "",
+        key_provider: Any = None,
+    ) -> ArchiveRecord:
+        """Archive ``group`` (MWP-MSN-009): accept ``group.archive``, then write the signed final
+        snapshot and the encrypted audit log of its complete history, and log the record of both.
+
+        Safe to call again after a crash part-way (the Command is idempotent and the files are
+        rewritten); returns the existing record once archival has completed.
+        ``key_provider`` supplies the Organization's audit-log key (default: a
+        ``FileKeyProvider`` under ``<path>/keys/orgs``).
+        """
+        from .audit_log import FileKeyProvider, write_audit_log
+
+        existing = self.archive_record(group)
+        if existing is not None:
+            return existing
+        self.accept(Command(actor=actor, action_id=action_id, group=group, kind="group.archive", target=group, body={"reason": reason} if reason else {}))
+        provider = key_provider or FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
+        final = self.snapshot(group)
+        location = f"archive/{group}/audit-{final.seq:020d}.log"
+        path = os.path.join(self.path, location)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        info = write_audit_log(path, org=final.org, group=group, events=self._event_payloads(group, final.seq), key_provider=provider)
+        import blake3
+
+        with open(path, "rb") as handle:
+            file_hash = blake3.blake3(handle.read()).hexdigest()
+        record = ArchiveRecord(
+            org=final.org,
+            group=group,
+            final_snapshot=final,
+            audit_location=location,
+            audit_file_hash=file_hash,
+            audit_bytes=info.bytes,
+            audit_key_id=info.key_id,
+            audit_chunks=info.chunks,
+            events=info.events,
+            last_seq=info.last_seq,
+            archived_at_ms=max(self._clock(), self._last_ms),
+        )
+        self._log_note(ARCHIVE_TAG, group.encode(), _NOTE_ENCODER.encode(record))
+        return record
+
+    def archive_record(self, group: str) -> ArchiveRecord | None:
+        canonical.check_id(group, "group")
+        self._check_readable()
+        with self.index.env.begin(db=self.index.archives) as txn:
+            value = txn.get(group.encode())
+        return None if value is None else msgspec.msgpack.decode(value, type=ArchiveRecord)
+
+    def _event_payloads(self, group: str, last_seq: int) -> Iterator[bytes]:
+        """Encoded Events 1..last_seq of ``group``, as every read sees them (tombstones applied)."""
+        after = 0
+        while after < last_seq:
+            records = self._read_records(group, after, min(10_000, last_seq - after))
+            if not records:
+                raise Corruption(f"group {group} has no Event after {after} below its head {last_seq}", reason="missing")
+            for record in records:
+                yield bytes(memoryview(record)[1:])
+            after += len(records)
 
     def replay_floor(self, group: str) -> tuple[int, SnapshotRef | None]:
         """(floor, snapshot): reads with a Cursor below ``floor`` get ``CURSOR_TOO_OLD``.
@@ -988,7 +1074,7 @@ class Authority:
             try:
                 if self.log.end != end:
                     self._redo(fresh, None)
-                for name in (b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots"):
+                for name in (b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots", b"archives"):
                     live = list(self.index.iterate(name))
                     rebuilt = list(fresh.iterate(name))
                     if live != rebuilt:
@@ -1124,12 +1210,17 @@ def _index_record(
         receipt = receipt_for(event)
         txn.put(receipt_key(event.actor, event.action_id), event.content_hash + encode_receipt(receipt), db=index.receipts)
         heads[group] = (event.seq, event.hash)
-    elif tag == SNAPSHOT_TAG:
+    elif tag in (SNAPSHOT_TAG, ARCHIVE_TAG):
+        value = bytes(record[1:])
         try:
-            ref = msgspec.msgpack.decode(memoryview(record)[1:], type=SnapshotRef)
+            if tag == SNAPSHOT_TAG:
+                ref = msgspec.msgpack.decode(value, type=SnapshotRef)
+                key = event_key(ref.group, ref.seq)
+            else:
+                key = msgspec.msgpack.decode(value, type=ArchiveRecord).group.encode()
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise Corruption(f"log record at {position} is not a snapshot reference: {exc}", offset=position, reason="decode") from None
-        txn.put(event_key(ref.group, ref.seq), _SNAPSHOT_REF_ENCODER.encode(ref), db=index.snapshots)
+            raise Corruption(f"log record at {position} is not a valid reference: {exc}", offset=position, reason="decode") from None
+        txn.put(key, value, db=_note_database(index, tag))
     elif tag == ACK_TAG:
         try:
             consumer, group, cursor = _ACK_DECODER.decode(memoryview(record)[1:])
@@ -1138,6 +1229,10 @@ def _index_record(
         txn.put(ack_key(consumer, group), u64(cursor), db=index.acks)
     else:
         raise Corruption(f"log record at {position} has unknown tag {tag!r}", offset=position, reason="tag")
+
+
+def _note_database(index: Index, tag: bytes) -> Any:
+    return index.snapshots if tag == SNAPSHOT_TAG else index.archives
 
 
 def _flush_heads(index: Index, txn: lmdb.Transaction, heads: dict[str, tuple[int, bytes]]) -> None:

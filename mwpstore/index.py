@@ -15,6 +15,7 @@ separates key parts (IDs never contain it).
 | ``receipts`` | actor ``\\0`` action id          | content hash (32) + msgpack Receipt     |
 | ``acks``     | consumer ``\\0`` group           | cursor u64 BE                           |
 | ``snapshots``| group ``\\0`` seq (u64 BE)       | msgpack SnapshotRef of a signed snapshot|
+| ``archives`` | group                            | msgpack ArchiveRecord (final snapshot + audit log) |
 
 The index never runs ahead of the log: the log group is durable before the LMDB transaction that
 reflects it commits, and every commit records the log position it reflects.
@@ -35,7 +36,7 @@ from .errors import Corruption, translate
 from .messages import HASH_BYTES, ZERO_HASH
 
 INDEX_FORMAT = b"1"
-DATABASE_NAMES = (b"meta", b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots")
+DATABASE_NAMES = (b"meta", b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots", b"archives")
 _U64 = struct.Struct(">Q")
 _STATE_ENCODER = msgspec.msgpack.Encoder()
 _STATE_DECODER = msgspec.msgpack.Decoder(dict[str, Any])
@@ -128,6 +129,7 @@ class Index:
         self.receipts = self.dbs[b"receipts"]
         self.acks = self.dbs[b"acks"]
         self.snapshots = self.dbs[b"snapshots"]
+        self.archives = self.dbs[b"archives"]
 
     def close(self) -> None:
         self.env.close()

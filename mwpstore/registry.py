@@ -55,11 +55,13 @@ class StateView(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Context:
-    """What ``decide`` may know besides state and Command: the acceptance time and the actor."""
+    """What ``decide`` may know besides state and Command: the acceptance time, the actor's
+    Membership, and the sequence the Event will get (so a kind can refer to earlier Events)."""
 
     group: str
     now_ms: int
     member: dict[str, Any] | None
+    seq: int = 0
 
 
 class Decision(NamedTuple):
@@ -204,7 +206,7 @@ def run_transition(
     if spec.compare_and_set and command.expected_revision is None:
         raise InvalidCommand(f"{command.kind} is compare-and-set: give expected_revision", field="expected_revision")
 
-    context = Context(group=command.group, now_ms=now_ms, member=member)
+    context = Context(group=command.group, now_ms=now_ms, member=member, seq=seq)
     decision = spec.decide(view, command, context)
     canonical.check_content(decision.body, "event body")
     draft = Event(

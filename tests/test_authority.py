@@ -477,3 +477,30 @@ def test_group_create_twice_is_already_exists(store):
         store.accept(group_create(action_id="again"))
     with pytest.raises(MwpError):
         store.accept(Command(actor=OWNER, action_id="m-other", group="other", kind="mission.create", target="m", body={"title": "t", "cost_limit": 1}))
+
+
+# -- archival (MWP-MSN-009) --------------------------------------------------------------------
+
+
+def test_msn_009_archive_writes_final_snapshot_and_audit_log_then_refuses_commands(tmp_path):
+    from mwpstore.audit_log import FileKeyProvider, verify_audit_log_against_snapshot
+    from mwpstore.errors import GroupArchived
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept_many([mission_create(f"m-{i}") for i in range(20)])
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive-1", reason="done")
+        assert record.last_seq == 22 and record.events == 22 and record.final_snapshot.seq == 22
+        with pytest.raises(GroupArchived):
+            authority.accept(mission_create("late"))
+        assert authority.archive(GROUP, actor=OWNER, action_id="archive-1") == record  # idempotent
+        data = authority.read_snapshot(record.final_snapshot)
+        verified = verify_snapshot(data, keyring=authority.keyring(), group=GROUP, org="acme")
+        assert verified.states_and_revisions()[0][f"group:{GROUP}"]["status"] == "archived"
+        provider = FileKeyProvider(os.path.join(path, "keys", "orgs"))
+        info = verify_audit_log_against_snapshot(os.path.join(path, record.audit_location), verified, provider)
+        assert info.last_seq == 22
+        assert len(authority.read(GROUP)) == 22  # active history is kept until compaction
+    with Authority.open(path) as authority:
+        authority.rebuild()
+        assert authority.archive_record(GROUP) == record

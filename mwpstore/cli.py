@@ -1,0 +1,307 @@
+"""The ``mwpstore`` command line.
+
+Exit codes (stable, for scripts): 0 success; 1 a check failed (verify, demo, torture found a
+violation); 2 bad usage or bad input; 3 a store error (locked, corrupt, I/O: the message says
+which); 130 interrupted. ``--json`` prints one JSON document on standard output instead of tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from . import __version__
+from .errors import MwpError
+
+EXIT_OK = 0
+EXIT_CHECK_FAILED = 1
+EXIT_USAGE = 2
+EXIT_STORE_ERROR = 3
+EXIT_INTERRUPTED = 130
+
+
+class Progress:
+    """A progress bar on standard error for long operations; silent when stderr is not a terminal."""
+
+    def __init__(self, label: str, *, enabled: bool | None = None) -> None:
+        self.label = label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        now = time.monotonic()
+        if now - self._last < 0.1 and done < total:
+            return
+        self._last = now
+        fraction = 1.0 if total <= 0 else min(1.0, done / total)
+        filled = int(fraction * 30)
+        sys.stderr.write(f"\r{self.label:<12} [{'#' * filled}{'.' * (30 - filled)}] {fraction * 100:5.1f}%")
+        if done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def print_table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> None:
+    """A plain, aligned text table."""
+    text = [[str(cell) for cell in row] for row in rows]
+    widths = [max([len(header)] + [len(row[i]) for row in text]) for i, header in enumerate(headers)]
+    print("  ".join(header.ljust(width) for header, width in zip(headers, widths)))
+    print("  ".join("-" * width for width in widths))
+    for row in text:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)))
+
+
+def emit(args: argparse.Namespace, document: Any, human: Callable[[], None]) -> None:
+    if args.json:
+        print(json.dumps(document, indent=2, sort_keys=True, default=_json_default))
+    else:
+        human()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.hex()
+    import msgspec
+
+    return msgspec.to_builtins(value)
+
+
+# -- commands -------------------------------------------------------------------------------------
+
+
+def _open_authority(args: argparse.Namespace, *, progress: bool = True) -> Any:
+    from .authority import Authority
+
+    if not os.path.isdir(args.store):
+        raise UsageError(f"no store at {args.store!r}")
+    return Authority.open(args.store, progress=Progress("opening") if progress else None)
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    with _open_authority(args) as authority:
+        info = authority.info()
+
+    def human() -> None:
+        print(f"store       {info['path']}")
+        print(f"opened      {info['open']['mode']} ({info['open']['reason']}, {info['open']['redo_records']} records redone)")
+        print(f"log         positions {info['log_start']} .. {info['log_end']}")
+        print()
+        print_table(
+            [(s["first_position"], os.path.basename(s["path"]), s["used_bytes"], s["size_bytes"], "yes" if s["sealed"] else "no") for s in info["segments"]],
+            ["first position", "segment", "used bytes", "size bytes", "sealed"],
+        )
+        print()
+        print_table([(group, head["seq"], head["head_hash"][:16]) for group, head in sorted(info["groups"].items())], ["group", "head seq", "head hash"])
+
+    emit(args, info, human)
+    return EXIT_OK
+
+
+def cmd_tail(args: argparse.Namespace) -> int:
+    with _open_authority(args, progress=False) as authority:
+        head = authority.head(args.group)[0]
+        after = max(0, head - args.lines) if args.after is None else args.after
+        subscription = authority.subscribe(args.group, after=after)
+        deadline = None if args.timeout is None else time.monotonic() + args.timeout
+        while True:
+            events = authority.read(args.group, after=subscription.cursor, limit=1000) if not args.follow else subscription.poll(timeout=0.5)
+            for event in events:
+                _print_event(args, event)
+            if events and not args.follow:
+                subscription.cursor = events[-1].seq
+                continue
+            if not args.follow:
+                return EXIT_OK
+            if deadline is not None and time.monotonic() >= deadline:
+                return EXIT_OK
+
+
+def _print_event(args: argparse.Namespace, event: Any) -> None:
+    if args.json:
+        print(json.dumps(_json_default(event), sort_keys=True, default=_json_default), flush=True)
+    else:
+        flag = "" if event.authoritative else "  [evidence]"
+        body = "<redacted>" if event.body is None else json.dumps(event.body, sort_keys=True)
+        print(f"{event.seq:>8}  {event.kind:<20} {event.aggregate:<28} rev {event.revision:<4} {event.actor:<12} {body[:80]}{flag}", flush=True)
+
+
+def cmd_verify(args: argparse.Namespace) -> int:
+    with _open_authority(args) as authority:
+        report = authority.verify(progress=Progress("verifying"))
+        snapshot_problems = _verify_snapshots(authority)
+    problems = report.problems + snapshot_problems
+    document = {"ok": not problems, "records": report.records, "events": report.events, "groups": report.groups, "problems": problems}
+
+    def human() -> None:
+        print(f"records {report.records}, events {report.events}, groups {report.groups}")
+        for problem in problems:
+            print(f"PROBLEM  {problem}")
+        print("OK: frames, hash chains, snapshots and index all verify" if not problems else f"FAILED: {len(problems)} problem(s)")
+
+    emit(args, document, human)
+    return EXIT_OK if not problems else EXIT_CHECK_FAILED
+
+
+def _verify_snapshots(authority: Any) -> list[str]:
+    from .snapshot import check_snapshot_ref, verify_snapshot
+
+    problems = []
+    keyring = authority.keyring()
+    for group in authority.groups():
+        for ref in authority.snapshots(group):
+            try:
+                data = authority.read_snapshot(ref)
+                check_snapshot_ref(data, ref)
+                verify_snapshot(data, keyring=keyring, group=group, org=ref.org)
+            except MwpError as exc:
+                problems.append(f"snapshot {ref.location}: {exc.code} {exc.detail.get('check', '')} {exc.message}")
+    return problems
+
+
+def cmd_rebuild(args: argparse.Namespace) -> int:
+    with _open_authority(args) as authority:
+        started = time.perf_counter()
+        count = authority.rebuild(progress=Progress("rebuilding"))
+        seconds = time.perf_counter() - started
+    document = {"records": count, "seconds": seconds, "records_per_second": count / seconds if seconds else None}
+    emit(args, document, lambda: print(f"rebuilt the index from {count} log records in {seconds:.2f} s"))
+    return EXIT_OK
+
+
+def cmd_snapshot_create(args: argparse.Namespace) -> int:
+    with _open_authority(args) as authority:
+        ref = authority.snapshot(args.group)
+    emit(args, ref.to_dict(), lambda: print(f"snapshot of {ref.group} at seq {ref.seq}: {ref.location} ({ref.file_bytes} bytes, key {ref.key_id})"))
+    return EXIT_OK
+
+
+def cmd_snapshot_verify(args: argparse.Namespace) -> int:
+    from .snapshot import Keyring, read_snapshot_file, verify_snapshot
+
+    keyring = Keyring()
+    for key_path in args.trust:
+        keyring.add_file(key_path)
+    data = read_snapshot_file(args.file)
+    verified = verify_snapshot(data, keyring=keyring, group=args.group, org=args.org, high_water_seq=args.high_water)
+    document = {"ok": True, "org": verified.org, "group": verified.group, "seq": verified.seq, "aggregates": len(verified.aggregates), "key_id": verified.key_id}
+    emit(args, document, lambda: print(f"OK: snapshot of {verified.group} ({verified.org}) at seq {verified.seq}, {len(verified.aggregates)} aggregates, key {verified.key_id}"))
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    report = run_demo(args.directory, agents=args.agents, workitems=args.workitems, json_output=args.json)
+    return EXIT_OK if report["ok"] else EXIT_CHECK_FAILED
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = os.path.join(root, "bench", "run_all.py")
+    if not os.path.exists(script):
+        raise UsageError("the benchmark suite lives in the source tree (bench/run_all.py); run from a checkout")
+    command = [sys.executable, script] + (["--quick"] if args.quick else [])
+    return subprocess.call(command, cwd=root)
+
+
+def cmd_torture(args: argparse.Namespace) -> int:
+    from .torture import run_torture
+
+    return run_torture(args)
+
+
+# -- parser ---------------------------------------------------------------------------------------
+
+
+class UsageError(Exception):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mwpstore", description="mwpstore: an embedded storage engine for the Mission Work Protocol.")
+    parser.add_argument("--version", action="version", version=f"mwpstore {__version__}")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
+    store = argparse.ArgumentParser(add_help=False)
+    store.add_argument("--store", default=os.environ.get("MWPSTORE_STORE", "mwpstore-data/authority"), help="the authority's directory (default: %(default)s)")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    demo = commands.add_parser("demo", parents=[common], help="run the end-to-end demonstration and report what was checked")
+    demo.add_argument("directory", nargs="?", default="mwpstore-demo", help="data directory for the demo (default: %(default)s; recreated on each run)")
+    demo.add_argument("--agents", type=int, default=4, help="worker agents (threads), 2..16")
+    demo.add_argument("--workitems", type=int, default=200, help="WorkItems in the Mission, 10..100000")
+    demo.set_defaults(handler=cmd_demo)
+
+    inspect = commands.add_parser("inspect", parents=[common, store], help="stores, Groups, heads, segments, sizes")
+    inspect.set_defaults(handler=cmd_inspect)
+
+    tail = commands.add_parser("tail", parents=[common, store], help="print a Group's Events (and follow new ones)")
+    tail.add_argument("group")
+    tail.add_argument("-n", "--lines", type=int, default=20, help="last N Events (default %(default)s)")
+    tail.add_argument("--after", type=int, default=None, help="start after this sequence instead")
+    tail.add_argument("-f", "--follow", action="store_true", help="keep printing new Events")
+    tail.add_argument("--timeout", type=float, default=None, help="stop following after this many seconds")
+    tail.set_defaults(handler=cmd_tail)
+
+    verify = commands.add_parser("verify", parents=[common, store], help="check frames, hash chains, snapshots and that the index equals a rebuild")
+    verify.set_defaults(handler=cmd_verify)
+
+    rebuild = commands.add_parser("rebuild", parents=[common, store], help="regenerate the index from the log")
+    rebuild.set_defaults(handler=cmd_rebuild)
+
+    snapshot = commands.add_parser("snapshot", help="create or verify signed snapshots")
+    snapshot_commands = snapshot.add_subparsers(dest="snapshot_command", metavar="ACTION", required=True)
+    create = snapshot_commands.add_parser("create", parents=[common, store], help="snapshot a Group at its head")
+    create.add_argument("group")
+    create.set_defaults(handler=cmd_snapshot_create)
+    check = snapshot_commands.add_parser("verify", parents=[common], help="verify a snapshot file against trusted keys")
+    check.add_argument("file")
+    check.add_argument("--trust", action="append", default=[], required=True, help="a trusted public key file (.pub, hex); repeatable")
+    check.add_argument("--group", default=None)
+    check.add_argument("--org", default=None)
+    check.add_argument("--high-water", type=int, default=0, help="refuse snapshots older than this sequence")
+    check.set_defaults(handler=cmd_snapshot_verify)
+
+    bench = commands.add_parser("bench", help="run the benchmark suite against SQLite and eventsourcing (bench/run_all.py)")
+    bench.add_argument("--quick", action="store_true", help="small sizes, a few minutes")
+    bench.set_defaults(handler=cmd_bench)
+
+    torture = commands.add_parser("torture", parents=[common], help="run the reliability suites (crash, power loss, corruption, fsync failure, fuzzing)")
+    torture.add_argument("--suite", action="append", default=None, help="run only this suite (repeatable); default: all")
+    torture.add_argument("--count", type=int, default=None, help="iterations per suite (default: the suite's short CI count)")
+    torture.add_argument("--seconds", type=float, default=None, help="time budget per suite instead of a count")
+    torture.add_argument("--seed", type=int, default=1, help="random seed (default %(default)s)")
+    torture.set_defaults(handler=cmd_torture)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except UsageError as exc:
+        print(f"mwpstore: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except MwpError as exc:
+        if getattr(args, "json", False):
+            print(json.dumps({"ok": False, "error": exc.to_dict()}, default=_json_default, sort_keys=True))
+        print(f"mwpstore: {exc.code}: {exc.message}", file=sys.stderr)
+        from .errors import InvalidCommand, SnapshotInvalid
+
+        return EXIT_USAGE if isinstance(exc, InvalidCommand) else EXIT_CHECK_FAILED if isinstance(exc, SnapshotInvalid) else EXIT_STORE_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
