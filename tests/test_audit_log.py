@@ -1,0 +1,550 @@
+"""Encrypted audit logs: round trip, Organization keys, tampering, reordering, truncation, splicing."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import msgspec
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mwpstore._files import KeyFileInvalid
+from mwpstore.audit_log import (
+    FRAME_BYTES,
+    _FRAME,
+    _HEADER,
+    AuditLogInfo,
+    FileKeyProvider,
+    read_audit_log,
+    read_audit_log_header,
+    verify_audit_log_against_snapshot,
+    write_audit_log,
+)
+from mwpstore.errors import ArchiveInvalid, InvalidCommand
+from mwpstore.messages import ZERO_HASH, Command, encode_event
+from mwpstore.registry import MemoryGroup
+from mwpstore.snapshot import Keyring, SigningKey, aggregates_from, create_snapshot, verify_snapshot
+
+SIGNER = SigningKey.from_seed(bytes(range(32)))
+KEYRING = Keyring([SIGNER.public_key])
+CHUNK = 256
+
+
+def make_group(group: str = "g1", org: str = "acme", missions: int = 30, title_chars: int = 20) -> MemoryGroup:
+    memory = MemoryGroup(group)
+    memory.accept(
+        Command(actor="alice", action_id="a0", group=group, kind="group.create", target=group, body={"org": org}),
+        now_ms=1000,
+    )
+    for index in range(missions):
+        memory.accept(
+            Command(
+                actor="alice",
+                action_id=f"m{index}",
+                group=group,
+                kind="mission.create",
+                target=f"mission-{index}",
+                body={"title": f"{index}" + "x" * title_chars},
+            ),
+            now_ms=1001 + index,
+        )
+    if missions:
+        memory.accept(
+            Command(
+                actor="alice",
+                action_id="close",
+                group=group,
+                kind="mission.close",
+                target="mission-0",
+                body={"reason": "done"},
+            ),
+            now_ms=5000,
+        )
+    return memory
+
+
+def encoded(memory: MemoryGroup) -> list[bytes]:
+    return [encode_event(event) for event in memory.events]
+
+
+def final_snapshot(memory: MemoryGroup, org: str = "acme", **overrides):
+    arguments = dict(
+        org=org,
+        group=memory.group,
+        seq=len(memory.events),
+        head_hash=memory.head_hash,
+        aggregates=aggregates_from(memory.states, memory.revisions),
+        signer=SIGNER,
+        created_at_ms=9000,
+    )
+    arguments.update(overrides)
+    return verify_snapshot(create_snapshot(**arguments), keyring=KEYRING)
+
+
+def chunk_spans(data: bytes) -> tuple[int, list[tuple[int, int]]]:
+    """The header length and each chunk's (start, end) byte span, frame included."""
+    header_length = _HEADER.unpack_from(data)[2]
+    spans = []
+    offset = header_length
+    while offset < len(data):
+        length = _FRAME.unpack_from(data, offset)[0]
+        spans.append((offset, offset + FRAME_BYTES + length))
+        offset += FRAME_BYTES + length
+    return header_length, spans
+
+
+def read_all(path: str, provider, org: str = "acme", group: str = "g1") -> list[bytes]:
+    return list(read_audit_log(path, key_provider=provider, org=org, group=group))
+
+
+def check_of(path: str, provider, **kwargs) -> str:
+    with pytest.raises(ArchiveInvalid) as info:
+        read_all(path, provider, **kwargs)
+    assert info.value.code == "ARCHIVE_INVALID"
+    return info.value.detail["check"]
+
+
+@pytest.fixture
+def provider(tmp_path) -> FileKeyProvider:
+    return FileKeyProvider(str(tmp_path / "org-keys"))
+
+
+@pytest.fixture(scope="module")
+def memory() -> MemoryGroup:
+    return make_group()
+
+
+@pytest.fixture
+def log(tmp_path, provider, memory) -> str:
+    path = str(tmp_path / "g1.audit")
+    write_audit_log(path, org="acme", group="g1", events=encoded(memory), key_provider=provider, chunk_bytes=CHUNK)
+    return path
+
+
+def rewrite(path: str, data: bytes) -> None:
+    with open(path, "wb") as handle:
+        handle.write(data)
+
+
+# -- round trip -----------------------------------------------------------------------------------------
+
+
+def test_round_trip(tmp_path, provider, memory):
+    path = str(tmp_path / "g1.audit")
+    info = write_audit_log(path, org="acme", group="g1", events=encoded(memory), key_provider=provider, chunk_bytes=CHUNK)
+    assert read_all(path, provider) == encoded(memory)
+    assert info.events == len(memory.events) == info.last_seq
+    assert info.head_hash == memory.head_hash
+    assert info.bytes == os.path.getsize(path)
+    assert info.chunks == len(chunk_spans(open(path, "rb").read())[1]) > 5
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    assert set(os.listdir(tmp_path)) == {"g1.audit", "org-keys"}  # no temporary file left
+    assert read_audit_log_header(path)["group"] == "g1"
+
+
+def test_ciphertext_does_not_show_the_plaintext(log, memory):
+    data = open(log, "rb").read()
+    assert b"mission-1" not in data and b"alice" not in data
+
+
+def test_default_chunk_size_round_trip(tmp_path, provider, memory):
+    path = str(tmp_path / "g1.audit")
+    info = write_audit_log(path, org="acme", group="g1", events=encoded(memory), key_provider=provider)
+    assert info.chunks == 1
+    assert read_all(path, provider) == encoded(memory)
+
+
+def test_empty_history_is_one_final_chunk(tmp_path, provider):
+    path = str(tmp_path / "empty.audit")
+    info = write_audit_log(path, org="acme", group="g1", events=[], key_provider=provider)
+    assert (info.chunks, info.events, info.last_seq, info.head_hash) == (1, 0, 0, ZERO_HASH)
+    assert read_all(path, provider) == []
+
+
+def test_event_larger_than_a_chunk_spans_chunks(tmp_path, provider):
+    memory = make_group(missions=2, title_chars=1000)
+    path = str(tmp_path / "big.audit")
+    info = write_audit_log(path, org="acme", group="g1", events=encoded(memory), key_provider=provider, chunk_bytes=64)
+    assert info.chunks > 30
+    assert read_all(path, provider) == encoded(memory)
+
+
+def test_exact_multiple_of_the_chunk_size_ends_with_a_full_final_chunk(tmp_path, provider, memory):
+    events = encoded(memory)
+    total = sum(4 + len(event) for event in events)
+    for parts in (1, 2, 3, 4, 5, 7):
+        if total % parts:
+            continue
+        path = str(tmp_path / f"exact{parts}.audit")
+        info = write_audit_log(path, org="acme", group="g1", events=events, key_provider=provider, chunk_bytes=total // parts)
+        assert info.chunks == parts
+        assert read_all(path, provider) == events
+
+
+def test_writer_refuses_events_of_another_group_or_out_of_order(tmp_path, provider, memory):
+    events = encoded(memory)
+    other = encoded(make_group("g2", missions=1))
+    for bad in ([events[1]], events[:2] + events[3:], events[:2] + [other[2]], [b"not an event"], ["str"]):
+        with pytest.raises(InvalidCommand):
+            write_audit_log(str(tmp_path / "x.audit"), org="acme", group="g1", events=bad, key_provider=provider)
+    assert not os.path.exists(tmp_path / "x.audit")
+    assert [name for name in os.listdir(tmp_path) if name.endswith(".tmp")] == []
+
+
+def test_writer_refuses_bad_ids(tmp_path, provider):
+    with pytest.raises(InvalidCommand):
+        write_audit_log(str(tmp_path / "x"), org="../acme", group="g1", events=[], key_provider=provider)
+    with pytest.raises(InvalidCommand):
+        write_audit_log(str(tmp_path / "x"), org="acme", group="g1", events=[], key_provider=provider, chunk_bytes=0)
+
+
+# -- Organization keys ----------------------------------------------------------------------------------
+
+
+def test_file_key_provider_creates_one_owner_only_key(tmp_path):
+    provider = FileKeyProvider(str(tmp_path))
+    key_id, key = provider.current_key("acme")
+    assert provider.current_key("acme") == (key_id, key)
+    assert len(key) == 32 and provider.key_for("acme", key_id) == key
+    key_file = tmp_path / "acme" / f"{key_id}.key"
+    assert stat.S_IMODE(os.stat(key_file).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(tmp_path / "acme").st_mode) == 0o700
+    assert provider.current_key("other-org")[1] != key
+
+
+def test_file_key_provider_refuses_loose_permissions_and_bad_size(tmp_path):
+    provider = FileKeyProvider(str(tmp_path))
+    key_id, _ = provider.current_key("acme")
+    key_file = tmp_path / "acme" / f"{key_id}.key"
+    os.chmod(key_file, 0o644)
+    with pytest.raises(KeyFileInvalid):
+        provider.current_key("acme")
+    os.chmod(key_file, 0o600)
+    with open(key_file, "ab") as handle:
+        handle.write(b"!")
+    with pytest.raises(KeyFileInvalid):
+        provider.key_for("acme", key_id)
+
+
+def test_file_key_provider_unknown_key_and_path_like_org(tmp_path):
+    provider = FileKeyProvider(str(tmp_path))
+    with pytest.raises(KeyError):
+        provider.key_for("acme", "00" * 8)
+    with pytest.raises(KeyError):
+        provider.key_for("acme", "../../etc/passwd")
+    with pytest.raises(InvalidCommand):
+        provider.current_key("../escape")
+
+
+def test_rotation_keeps_old_logs_readable(tmp_path, provider, memory):
+    old_path = str(tmp_path / "old.audit")
+    old = write_audit_log(old_path, org="acme", group="g1", events=encoded(memory), key_provider=provider)
+    new_key_id = provider.rotate("acme")
+    new_path = str(tmp_path / "new.audit")
+    new = write_audit_log(new_path, org="acme", group="g1", events=encoded(memory), key_provider=provider)
+    assert new.key_id == new_key_id != old.key_id
+    assert read_all(old_path, provider) == read_all(new_path, provider) == encoded(memory)
+
+
+def test_missing_or_foreign_key_is_refused(log, tmp_path, provider):
+    stranger = FileKeyProvider(str(tmp_path / "stranger-keys"))
+    stranger.current_key("acme")
+    assert check_of(log, stranger) == "key"
+    key_id = read_audit_log_header(log)["key_id"]
+    os.unlink(tmp_path / "org-keys" / "acme" / f"{key_id}.key")  # crypto-shredding
+    assert check_of(log, provider) == "key"
+
+
+def test_same_key_id_with_other_key_material_fails_tag(log, tmp_path, provider):
+    key_id = read_audit_log_header(log)["key_id"]
+    key_file = tmp_path / "org-keys" / "acme" / f"{key_id}.key"
+    os.chmod(key_file, 0o600)
+    rewrite(str(key_file), b"\x00" * 32)
+    assert check_of(log, provider) == "tag"
+
+
+# -- tampering -----------------------------------------------------------------------------------------
+
+
+def test_every_byte_flip_is_refused(tmp_path, provider):
+    memory = make_group(missions=4, title_chars=4)
+    path = str(tmp_path / "small.audit")
+    write_audit_log(path, org="acme", group="g1", events=encoded(memory), key_provider=provider, chunk_bytes=200)
+    original = open(path, "rb").read()
+    checks: dict[str, int] = {}
+    for offset in range(len(original)):
+        data = bytearray(original)
+        data[offset] ^= 1 << (offset % 8)
+        flipped = f"{path}.{offset}"
+        rewrite(flipped, bytes(data))
+        with pytest.raises(ArchiveInvalid) as info:
+            read_all(flipped, provider)
+        os.unlink(flipped)
+        checks[info.value.detail["check"]] = checks.get(info.value.detail["check"], 0) + 1
+    assert "tag" in checks and sum(checks.values()) == len(original)
+    assert set(checks) <= {"tag", "format", "version", "binding", "key", "size", "truncated", "appended"}
+
+
+def test_bit_flip_in_a_middle_chunk_is_tag(log):
+    data = bytearray(open(log, "rb").read())
+    _, spans = chunk_spans(bytes(data))
+    start, end = spans[len(spans) // 2]
+    data[(start + end) // 2] ^= 0x40
+    rewrite(log, bytes(data))
+    with pytest.raises(ArchiveInvalid) as info:
+        read_all(log, FileKeyProvider(os.path.join(os.path.dirname(log), "org-keys")))
+    assert info.value.detail["check"] == "tag" and info.value.detail["chunk"] == len(spans) // 2
+
+
+def test_reordered_chunks_are_refused(log, provider):
+    data = open(log, "rb").read()
+    header_length, spans = chunk_spans(data)
+    pieces = [data[start:end] for start, end in spans]
+    pieces[1], pieces[2] = pieces[2], pieces[1]
+    rewrite(log, data[:header_length] + b"".join(pieces))
+    assert check_of(log, provider) == "tag"
+
+
+def test_dropped_middle_chunk_is_refused(log, provider):
+    data = open(log, "rb").read()
+    header_length, spans = chunk_spans(data)
+    pieces = [data[start:end] for start, end in spans]
+    del pieces[2]
+    rewrite(log, data[:header_length] + b"".join(pieces))
+    assert check_of(log, provider) == "tag"
+
+
+def test_duplicated_chunk_is_refused(log, provider):
+    data = open(log, "rb").read()
+    header_length, spans = chunk_spans(data)
+    pieces = [data[start:end] for start, end in spans]
+    pieces.insert(1, pieces[1])
+    rewrite(log, data[:header_length] + b"".join(pieces))
+    assert check_of(log, provider) == "tag"
+
+
+def test_dropped_final_chunk_is_truncated_before_any_record(log, provider):
+    data = open(log, "rb").read()
+    _, spans = chunk_spans(data)
+    rewrite(log, data[: spans[-1][0]])
+    with pytest.raises(ArchiveInvalid) as info:
+        read_audit_log(log, key_provider=provider, org="acme", group="g1")  # raises before iterating
+    assert info.value.detail["check"] == "truncated"
+
+
+def test_final_flag_forged_on_an_earlier_chunk_is_tag(log, provider):
+    data = bytearray(open(log, "rb").read())
+    _, spans = chunk_spans(bytes(data))
+    start, _ = spans[-2]
+    data[start + 4] |= 0x01  # the flag is in the associated data and the nonce
+    rewrite(log, bytes(data[: spans[-2][1]]))  # and the real final chunk dropped
+    assert check_of(log, provider) == "tag"
+
+
+def test_every_truncation_is_refused_before_any_record(log, provider):
+    data = open(log, "rb").read()
+    for length in range(len(data)):
+        path = f"{log}.{length}"  # a fresh file each time: truncating in place makes ext4 flush
+        rewrite(path, data[:length])
+        with pytest.raises(ArchiveInvalid) as info:
+            read_audit_log(path, key_provider=provider, org="acme", group="g1")
+        assert info.value.detail["check"] == "truncated", length
+        os.unlink(path)
+
+
+@pytest.mark.parametrize("extra", [b"\x00", b"garbage" * 10, None])
+def test_appended_data_is_refused(log, provider, extra):
+    data = open(log, "rb").read()
+    if extra is None:  # a whole valid chunk appended after the final one
+        _, spans = chunk_spans(data)
+        extra = data[spans[0][0] : spans[0][1]]
+    rewrite(log, data + extra)
+    assert check_of(log, provider) == "appended"
+
+
+def test_chunk_spliced_from_another_groups_log_is_refused(log, tmp_path, provider):
+    other_path = str(tmp_path / "g2.audit")
+    write_audit_log(
+        other_path, org="acme", group="g2", events=encoded(make_group("g2")), key_provider=provider, chunk_bytes=CHUNK
+    )
+    data, other = open(log, "rb").read(), open(other_path, "rb").read()
+    header_length, spans = chunk_spans(data)
+    _, other_spans = chunk_spans(other)
+    pieces = [data[start:end] for start, end in spans]
+    pieces[1] = other[other_spans[1][0] : other_spans[1][1]]
+    rewrite(log, data[:header_length] + b"".join(pieces))
+    assert check_of(log, provider) == "tag"
+    # Another group's header in front of this log's chunks: refused by binding, or by the tag.
+    other_header_length = chunk_spans(other)[0]
+    rewrite(log, other[:other_header_length] + data[header_length:])
+    assert check_of(log, provider) == "binding"
+    assert check_of(log, provider, group="g2") == "tag"
+
+
+def test_chunk_spliced_from_another_log_of_the_same_group_is_refused(log, tmp_path, provider, memory):
+    twin_path = str(tmp_path / "twin.audit")
+    write_audit_log(twin_path, org="acme", group="g1", events=encoded(memory), key_provider=provider, chunk_bytes=CHUNK)
+    data, twin = open(log, "rb").read(), open(twin_path, "rb").read()
+    header_length, spans = chunk_spans(data)
+    pieces = [data[start:end] for start, end in spans]
+    pieces[0] = twin[spans[0][0] : spans[0][1]]  # same position, same length, other file key
+    rewrite(log, data[:header_length] + b"".join(pieces))
+    assert check_of(log, provider) == "tag"
+
+
+def test_reading_another_groups_log_is_binding(log, provider):
+    assert check_of(log, provider, group="g2") == "binding"
+    assert check_of(log, provider, org="other") == "binding"
+
+
+def test_not_an_audit_log(tmp_path, provider):
+    path = str(tmp_path / "x")
+    rewrite(path, b"hello, world" * 10)
+    assert check_of(path, provider) == "format"
+
+
+# -- verification against the final snapshot ---------------------------------------------------------
+
+
+def test_verify_against_final_snapshot(log, provider, memory):
+    info = verify_audit_log_against_snapshot(log, final_snapshot(memory), provider)
+    assert isinstance(info, AuditLogInfo)
+    assert (info.events, info.last_seq, info.head_hash) == (len(memory.events), len(memory.events), memory.head_hash)
+
+
+def test_verify_empty_log_against_sequence_zero_snapshot(tmp_path, provider):
+    path = str(tmp_path / "empty.audit")
+    write_audit_log(path, org="acme", group="g1", events=[], key_provider=provider)
+    snapshot = final_snapshot(MemoryGroup("g1"))
+    assert verify_audit_log_against_snapshot(path, snapshot, provider).events == 0
+
+
+def test_snapshot_at_another_sequence_is_refused(tmp_path, log, provider, memory):
+    shorter = MemoryGroup("g1")
+    for event in memory.events[:-1]:
+        shorter.apply(event)
+    with pytest.raises(ArchiveInvalid) as info:
+        verify_audit_log_against_snapshot(log, final_snapshot(shorter), provider)
+    assert info.value.detail["check"] == "snapshot"
+    path = str(tmp_path / "short.audit")
+    write_audit_log(path, org="acme", group="g1", events=encoded(shorter), key_provider=provider)
+    with pytest.raises(ArchiveInvalid) as info:
+        verify_audit_log_against_snapshot(path, final_snapshot(memory), provider)
+    assert info.value.detail["check"] == "snapshot"
+
+
+def test_snapshot_with_other_state_is_refused_by_replay(log, provider, memory):
+    states = dict(memory.states)
+    states["mission:mission-1"] = {**states["mission:mission-1"], "title": "rewritten"}
+    snapshot = final_snapshot(memory, aggregates=aggregates_from(states, memory.revisions))
+    with pytest.raises(ArchiveInvalid) as info:
+        verify_audit_log_against_snapshot(log, snapshot, provider)
+    assert info.value.detail["check"] == "state"
+    assert verify_audit_log_against_snapshot(log, snapshot, provider, replay=False).events == len(memory.events)
+
+
+def test_snapshot_of_another_organization_is_binding(log, provider, memory):
+    with pytest.raises(ArchiveInvalid) as info:
+        verify_audit_log_against_snapshot(log, final_snapshot(memory, org="other"), provider)
+    assert info.value.detail["check"] == "binding"
+
+
+def test_event_with_broken_chain_is_refused(tmp_path, provider, memory):
+    events = list(memory.events)
+    events[3] = msgspec.structs.replace(events[3], accepted_at_ms=events[3].accepted_at_ms + 1)  # hash no longer verifies
+    path = str(tmp_path / "forged.audit")
+    write_audit_log(path, org="acme", group="g1", events=[encode_event(e) for e in events], key_provider=provider)
+    with pytest.raises(ArchiveInvalid) as info:
+        verify_audit_log_against_snapshot(path, final_snapshot(memory), provider)
+    assert info.value.detail["check"] == "event" and info.value.detail["seq"] == 4
+
+
+def test_redacted_event_still_verifies(tmp_path, provider, memory):
+    events = list(memory.events)
+    events[2] = msgspec.structs.replace(events[2], body=None)  # payload gone, payload hash kept
+    path = str(tmp_path / "redacted.audit")
+    write_audit_log(path, org="acme", group="g1", events=[encode_event(e) for e in events], key_provider=provider)
+    assert verify_audit_log_against_snapshot(path, final_snapshot(memory), provider).events == len(events)
+
+
+# -- command line ----------------------------------------------------------------------------------------
+
+
+def run_cli(*arguments: str) -> tuple[int, dict]:
+    result = subprocess.run(
+        [sys.executable, "-m", "mwpstore.audit_log", *arguments], capture_output=True, text=True, timeout=60
+    )
+    lines = result.stdout.strip().splitlines()
+    return result.returncode, json.loads(lines[-1]) if lines else {}
+
+
+def test_command_line_verify_and_dump(tmp_path, log, memory):
+    from mwpstore.snapshot import write_snapshot_file
+
+    key_directory = tmp_path / "signing"
+    signer = SigningKey.load_or_create(str(key_directory))
+    snapshot_path = str(tmp_path / "g1.snap")
+    write_snapshot_file(
+        snapshot_path,
+        create_snapshot(
+            org="acme",
+            group="g1",
+            seq=len(memory.events),
+            head_hash=memory.head_hash,
+            aggregates=aggregates_from(memory.states, memory.revisions),
+            signer=signer,
+            created_at_ms=9000,
+        ),
+    )
+    keys = str(tmp_path / "org-keys")
+    code, report = run_cli("verify", log, "--snapshot", snapshot_path, "--keys", keys, "--trust", str(key_directory / "snapshot-signing.pub"))
+    assert code == 0 and report["ok"] and report["events"] == len(memory.events)
+    assert report["head_hash"] == memory.head_hash.hex()
+    code, report = run_cli("verify", log, "--snapshot", snapshot_path, "--keys", keys, "--trust", SIGNER.public_key.hex())
+    assert code == 1 and report["code"] == "SNAPSHOT_INVALID" and report["detail"]["check"] == "key"
+    data = bytearray(open(log, "rb").read())
+    data[-3] ^= 1
+    rewrite(log, bytes(data))
+    code, report = run_cli("verify", log, "--snapshot", snapshot_path, "--keys", keys, "--trust", signer.public_key.hex())
+    assert code == 1 and report["code"] == "ARCHIVE_INVALID" and report["detail"]["check"] == "tag"
+    data[-3] ^= 1
+    rewrite(log, bytes(data))
+    result = subprocess.run(
+        [sys.executable, "-m", "mwpstore.audit_log", "dump", log, "--keys", keys, "--org", "acme", "--group", "g1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0
+    dumped = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [event["seq"] for event in dumped] == list(range(1, len(memory.events) + 1))
+    assert dumped[-1]["hash"] == memory.head_hash.hex()
+
+
+# -- properties -----------------------------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(titles=st.lists(st.integers(1, 600), max_size=12), chunk_bytes=st.integers(1, 2048))
+def test_property_round_trip_any_chunk_size(tmp_path_factory, titles, chunk_bytes):
+    directory = tmp_path_factory.mktemp("prop")
+    provider = FileKeyProvider(str(directory / "keys"))
+    memory = MemoryGroup("g1")
+    memory.accept(
+        Command(actor="alice", action_id="a0", group="g1", kind="group.create", target="g1", body={"org": "acme"}),
+        now_ms=1,
+    )
+    for index, chars in enumerate(titles):
+        memory.accept(
+            Command(actor="alice", action_id=f"m{index}", group="g1", kind="mission.create", target=f"m{index}", body={"title": "t" * chars}),
+            now_ms=2 + index,
+        )
+    path = str(directory / "p.audit")
+    write_audit_log(path, org="acme", group="g1", events=encoded(memory), key_provider=provider, chunk_bytes=chunk_bytes)
+    assert read_all(path, provider) == encoded(memory)
+    assert verify_audit_log_against_snapshot(path, final_snapshot(memory), provider).events == len(memory.events)
