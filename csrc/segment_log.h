@@ -1,0 +1,163 @@
+/*
+ * segment_log.h -- the C core of the mwpstore segment log.
+ *
+ * Format: docs/format/segment.md (constants in segment_format.h). Conventions: flat
+ * signatures, inputs first and outputs last, an int result that is SL_OK or a negative
+ * SL_E_* code; when it is an error, the struct sl_fault passed last says why (reason,
+ * errno, file offset, logical position). Programmer errors (NULL handles, impossible
+ * states) abort through SL_ASSERT, which NDEBUG does not remove.
+ *
+ * Reading functions work on a caller-supplied buffer (the Python wrapper's read-only memory
+ * map of a segment file) and never write. Every mutating file operation goes through a
+ * struct sl_io, so tests can substitute a recorder that simulates power loss.
+ */
+#ifndef MWPSTORE_SEGMENT_LOG_H
+#define MWPSTORE_SEGMENT_LOG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "segment_format.h"
+
+#define SL_OK 0
+#define SL_E_IO (-1)         /* an I/O call failed; fault.sys_errno says which errno */
+#define SL_E_CORRUPT (-2)    /* damaged bytes on disk; fault.reason/offset/position say where */
+#define SL_E_LIMIT (-3)      /* a bound in segment_format.h was exceeded; fault.reason says which */
+#define SL_E_ARGUMENT (-4)   /* an argument is malformed (e.g. lengths do not add up) */
+#define SL_E_FAILED (-5)     /* the handle saw an I/O failure earlier and refuses writes */
+#define SL_E_NOT_RECORD (-6) /* the position asked for is not the start of a record frame */
+#define SL_E_NO_MEMORY (-7)
+
+#define SL_REASON_NONE 0
+#define SL_REASON_HEADER_SHORT 1
+#define SL_REASON_HEADER_MAGIC 2
+#define SL_REASON_HEADER_VERSION 3
+#define SL_REASON_HEADER_CHECKSUM 4
+#define SL_REASON_HEADER_FIELD 5
+#define SL_REASON_FRAME_TRUNCATED 6
+#define SL_REASON_FRAME_KIND 7
+#define SL_REASON_FRAME_LENGTH 8
+#define SL_REASON_FRAME_POSITION 9
+#define SL_REASON_FRAME_CHECKSUM 10
+#define SL_REASON_COMMIT_MISMATCH 11
+#define SL_REASON_COMMIT_DAMAGED 12
+#define SL_REASON_GROUP_DAMAGED 13
+#define SL_REASON_SEAL_MISMATCH 14
+#define SL_REASON_SEAL_MISSING 15
+#define SL_REASON_DATA_AFTER_SEAL 16
+#define SL_REASON_UNEXPECTED_END 17
+#define SL_REASON_RECORD_TOO_LARGE 18
+#define SL_REASON_GROUP_TOO_LARGE 19
+#define SL_REASON_GROUP_TOO_MANY 20
+#define SL_REASON_SEGMENT_BYTES 21
+#define SL_REASON_NOT_A_RECORD 22
+#define SL_REASON_PATH_TOO_LONG 23
+
+struct sl_fault {
+    int32_t reason;
+    int32_t sys_errno;
+    uint64_t offset;   /* file offset of the damage, when there is one */
+    uint64_t position; /* logical position of the damage, when there is one */
+};
+
+/* The I/O seam. Every function returns 0 or a negative errno. */
+struct sl_io {
+    void *context;
+    int (*create_file)(void *context, const char *path, int *fd_out); /* O_CREAT|O_EXCL|O_RDWR */
+    int (*open_file)(void *context, const char *path, int *fd_out);   /* O_RDWR */
+    int (*close_file)(void *context, int fd);
+    int (*write_at)(void *context, int fd, const uint8_t *data, size_t length, uint64_t offset);
+    int (*sync_data)(void *context, int fd); /* fdatasync */
+    int (*sync_file)(void *context, int fd); /* fsync: also size changes */
+    int (*truncate_file)(void *context, int fd, uint64_t length);
+    int (*allocate_file)(void *context, int fd, uint64_t length);
+    int (*rename_file)(void *context, const char *from_path, const char *to_path);
+    int (*remove_file)(void *context, const char *path);
+    int (*sync_directory)(void *context, const char *path);
+};
+
+const struct sl_io *sl_io_default(void);
+
+struct sl_header {
+    uint32_t version;
+    uint32_t seed; /* crc32c of log_id: where every frame checksum starts (not on disk) */
+    uint64_t log_id;
+    uint64_t first_position;
+    uint64_t segment_bytes;
+};
+
+struct sl_recovery {
+    uint64_t end_position; /* just after the last whole group, or after the seal */
+    uint64_t used_bytes;   /* file bytes up to end_position, header included */
+    uint64_t group_count;
+    uint64_t record_count;
+    int32_t sealed; /* the segment ends with a valid seal frame */
+    int32_t torn;   /* bytes after end_position belong to a write that never completed */
+};
+
+struct sl_scan_state {
+    uint64_t position;      /* where the next frame is expected; advanced by sl_scan */
+    uint64_t group_start;   /* first position of the group being read */
+    uint32_t group_records; /* records of that group seen so far */
+    uint32_t group_checksum;
+    int32_t group_known; /* 1 once the scan has seen the group from its start */
+    int32_t sealed;      /* 1 when the scan reached this segment's seal */
+};
+
+struct sl_log_state {
+    uint64_t first_position; /* of the active segment */
+    uint64_t segment_bytes;  /* of the active segment */
+    uint64_t end_position;
+    uint64_t used_bytes;
+    int32_t failed;
+    int32_t sync;
+    int32_t sealed; /* the active segment is sealed and no next segment is open (after a failure) */
+};
+
+struct sl_log;
+
+/* -- format -- */
+int sl_header_encode(uint64_t log_id, uint64_t first_position, uint64_t segment_bytes,
+                     uint8_t *out, size_t out_bytes);
+int sl_header_decode(const uint8_t *data, size_t length, struct sl_header *out,
+                     struct sl_fault *fault);
+uint64_t sl_frame_bytes(uint64_t payload_bytes);
+
+/* -- reading a mapped segment (data = file bytes from offset 0, data_bytes readable) -- */
+int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+               struct sl_recovery *out, struct sl_fault *fault);
+int sl_check_seal(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+                  uint64_t end_position, struct sl_fault *fault);
+int sl_verify_sealed(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+                     uint64_t *end_position_out, struct sl_fault *fault);
+int sl_read_record(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+                   uint64_t position, uint64_t *offset_out, uint32_t *length_out,
+                   struct sl_fault *fault);
+int sl_scan(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+            uint64_t stop_position, uint32_t records_max, struct sl_scan_state *state,
+            uint64_t *positions_out, uint64_t *starts_out, uint64_t *stops_out,
+            uint32_t *count_out, struct sl_fault *fault);
+int sl_find_nonzero(int fd, uint64_t from_offset, uint64_t to_offset, uint64_t *found_out,
+                    struct sl_fault *fault);
+
+/* -- files, through the seam -- */
+int sl_segment_create(const struct sl_io *io, const char *directory, uint64_t log_id,
+                      uint64_t first_position, uint64_t segment_bytes, struct sl_fault *fault);
+int sl_segment_truncate(const struct sl_io *io, const char *path, uint64_t keep_bytes,
+                        uint64_t allocate_bytes, struct sl_fault *fault);
+int sl_remove_file(const struct sl_io *io, const char *directory, const char *path,
+                   struct sl_fault *fault);
+int sl_sync_directory(const struct sl_io *io, const char *path, struct sl_fault *fault);
+
+/* -- the writer -- */
+int sl_log_open(const struct sl_io *io, const char *directory, const struct sl_header *active,
+                uint64_t end_position, uint64_t next_segment_bytes, int sync,
+                struct sl_log **out, struct sl_fault *fault);
+int sl_log_append(struct sl_log *log, const uint8_t *data, uint64_t data_bytes,
+                  const uint32_t *lengths, uint32_t count, uint64_t *positions_out,
+                  struct sl_fault *fault);
+int sl_log_sync(struct sl_log *log, struct sl_fault *fault);
+void sl_log_state(const struct sl_log *log, struct sl_log_state *out);
+void sl_log_close(struct sl_log *log);
+
+#endif

@@ -1,0 +1,764 @@
+"""The segment log: an append-only, checksummed, group-committed log — the engine's commit point.
+
+The format and the recovery rules are in ``docs/format/segment.md``; the C core that encodes,
+parses, recovers and writes is in ``csrc/``. This module owns what is easier in Python: the
+directory, the lock file, which segment is which, memory maps for readers, and turning C status
+codes into the typed errors of :mod:`mwpstore.errors`.
+
+Usage::
+
+    with SegmentLog.open("data/log") as log:
+        positions = log.append([b"first", b"second"])     # one group: one write, one fdatasync
+        assert log.read(positions[1]) == b"second"
+        for batch in log.scan(0):                          # framing and checksums checked in C,
+            for position, record in zip(batch.positions, batch.records):   # a batch per call
+                ...
+
+Threads: one thread at a time appends (appends are serialized by a lock anyway); any number of
+threads may read or scan at the same time and see only whole committed groups.
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import errno
+import fcntl
+import mmap
+import os
+import re
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from mwpstore._segment_log_c import ffi, lib
+from mwpstore.errors import (
+    Corruption,
+    InvalidCommand,
+    LimitExceeded,
+    StorageFailed,
+    StoreClosed,
+    StoreLocked,
+)
+from mwpstore.limits import (
+    GROUP_BYTES_MAX,
+    GROUP_RECORDS_MAX,
+    RECORD_BYTES_MAX,
+    SCAN_BATCH_RECORDS_MAX,
+    SEGMENT_BYTES_DEFAULT,
+    SEGMENT_BYTES_MAX,
+    SEGMENT_BYTES_MIN,
+)
+
+__all__ = ["RecordBatch", "SegmentInfo", "SegmentLog", "segment_file_name"]
+
+LOCK_FILE_NAME = "LOCK"
+_SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
+_TEMPORARY_NAME = re.compile(r"^(\d{20})\.seg\.tmp$")
+_HEADER_BYTES = lib.SL_SEGMENT_HEADER_BYTES
+_ALIGN_BYTES = lib.SL_FRAME_ALIGN_BYTES
+_PAGE_BYTES = mmap.PAGESIZE
+
+# C reason codes -> the stable ``reason`` strings carried by Corruption errors.
+REASONS: dict[int, str] = {
+    lib.SL_REASON_NONE: "none",
+    lib.SL_REASON_HEADER_SHORT: "header_short",
+    lib.SL_REASON_HEADER_MAGIC: "header_magic",
+    lib.SL_REASON_HEADER_VERSION: "header_version",
+    lib.SL_REASON_HEADER_CHECKSUM: "header_checksum",
+    lib.SL_REASON_HEADER_FIELD: "header_field",
+    lib.SL_REASON_FRAME_TRUNCATED: "frame_truncated",
+    lib.SL_REASON_FRAME_KIND: "frame_kind",
+    lib.SL_REASON_FRAME_LENGTH: "frame_length",
+    lib.SL_REASON_FRAME_POSITION: "frame_position",
+    lib.SL_REASON_FRAME_CHECKSUM: "frame_checksum",
+    lib.SL_REASON_COMMIT_MISMATCH: "commit_mismatch",
+    lib.SL_REASON_COMMIT_DAMAGED: "commit_damaged",
+    lib.SL_REASON_GROUP_DAMAGED: "group_damaged",
+    lib.SL_REASON_SEAL_MISMATCH: "seal_mismatch",
+    lib.SL_REASON_SEAL_MISSING: "seal_missing",
+    lib.SL_REASON_DATA_AFTER_SEAL: "data_after_seal",
+    lib.SL_REASON_UNEXPECTED_END: "unexpected_end",
+    lib.SL_REASON_RECORD_TOO_LARGE: "record_too_large",
+    lib.SL_REASON_GROUP_TOO_LARGE: "group_too_large",
+    lib.SL_REASON_GROUP_TOO_MANY: "group_too_many",
+    lib.SL_REASON_SEGMENT_BYTES: "segment_bytes",
+    lib.SL_REASON_NOT_A_RECORD: "not_a_record",
+    lib.SL_REASON_PATH_TOO_LONG: "path_too_long",
+}
+
+
+def segment_file_name(first_position: int) -> str:
+    """The file name of the segment whose first frame is at ``first_position``."""
+    return f"{first_position:020d}.seg"
+
+
+@dataclasses.dataclass(frozen=True)
+class SegmentInfo:
+    """One segment file as the log sees it now."""
+
+    first_position: int
+    path: str
+    size_bytes: int  # the file's size (preallocated size while active)
+    used_bytes: int  # header plus committed frames (plus the seal once sealed)
+    sealed: bool
+
+
+class RecordBatch:
+    """Records from one C call of a scan.
+
+    ``records[i]`` is a read-only ``memoryview`` of the record at ``positions[i]``, pointing
+    into the segment's memory map: nothing is copied. The views stay valid for as long as you
+    keep them, even after the next batch or after the log is closed (a view pins its mapping;
+    committed bytes never change). Use ``bytes(view)`` to keep a copy without pinning.
+    ``next_position`` is where a scan continuing after this batch starts.
+    """
+
+    __slots__ = ("positions", "records", "next_position")
+
+    def __init__(self, positions: list[int], records: list[memoryview], next_position: int) -> None:
+        self.positions = positions
+        self.records = records
+        self.next_position = next_position
+
+    def __len__(self) -> int:
+        return len(self.positions)
+
+    def __repr__(self) -> str:
+        first = self.positions[0] if self.positions else None
+        return f"RecordBatch(records={len(self)}, first_position={first}, next_position={self.next_position})"
+
+
+class _Segment:
+    """A segment file: its decoded header, how much of it is committed, and a lazy read map."""
+
+    __slots__ = ("first_position", "path", "header", "sealed", "sealed_used_bytes", "_map", "_view", "_data", "_lock")
+
+    def __init__(self, path: str, header: Any) -> None:
+        self.first_position: int = header.first_position
+        self.path = path
+        self.header = header  # struct sl_header *
+        self.sealed = False
+        self.sealed_used_bytes = 0
+        self._map: mmap.mmap | None = None
+        self._view: memoryview | None = None
+        self._data: Any = None
+        self._lock = threading.Lock()
+
+    def mapping(self) -> tuple[memoryview, Any, mmap.mmap]:
+        """(read-only view, C pointer, mmap) of the whole file, mapped on first use."""
+        if self._map is None:
+            with self._lock:
+                if self._map is None:
+                    fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        size = os.fstat(fd).st_size
+                        mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
+                    finally:
+                        os.close(fd)
+                    if mapped is None:
+                        raise Corruption(
+                            f"segment {self.path} is empty; it should begin with a header.",
+                            segment=self.path, offset=0, position=self.first_position, reason="header_short",
+                        )
+                    self._view = memoryview(mapped)
+                    self._data = ffi.from_buffer("uint8_t[]", mapped)
+                    self._map = mapped
+        assert self._view is not None and self._map is not None
+        return self._view, self._data, self._map
+
+    def mapped_bytes(self) -> int:
+        return len(self._map) if self._map is not None else 0
+
+    def unmap(self) -> None:
+        with self._lock:
+            mapped, view = self._map, self._view
+            self._map = self._view = self._data = None
+            if view is not None:
+                view.release()
+            if mapped is not None:
+                try:
+                    mapped.close()
+                except BufferError:
+                    pass  # a caller still holds record views: the map goes when they do
+
+
+def _check_position(value: Any, field: str) -> int:
+    if type(value) is not int:
+        raise InvalidCommand(f"{field} must be an int, not {type(value).__name__}.", field=field)
+    if value < 0:
+        raise InvalidCommand(f"{field} must not be negative (got {value}).", field=field, position=value)
+    return value
+
+
+class SegmentLog:
+    """An append-only log in one directory. Create with :meth:`SegmentLog.open`."""
+
+    def __init__(self, _token: object = None) -> None:
+        if _token is not _OPEN_TOKEN:
+            raise TypeError("use SegmentLog.open(directory, ...)")
+        self._closed = True
+        self._handle: Any = None
+        self._lock_fd = -1
+        self._segments: tuple[_Segment, ...] = ()
+        self._end = 0
+        self._write_lock = threading.Lock()
+        self._failed = False
+
+    # -- opening ------------------------------------------------------------------------------
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        segment_bytes: int = SEGMENT_BYTES_DEFAULT,
+        sync: bool = True,
+        readonly: bool = False,
+        io: Any = None,
+    ) -> SegmentLog:
+        """Open (creating if missing, unless ``readonly``) the log in ``directory``.
+
+        Recovery runs here: a torn tail that was never acknowledged is cut off (not when
+        ``readonly``); damage anywhere else raises :class:`Corruption` naming the segment, the
+        offset and the reason, and nothing is changed. ``sync=False`` is bulk-load mode: groups
+        are written but not fdatasync'ed, so they are not durable until :meth:`sync` or
+        :meth:`close` returns. ``readonly`` takes no lock and never writes. ``io`` replaces the
+        file operations (tests pass a recorder from :mod:`mwpstore.io_seam`).
+        """
+        if not isinstance(directory, (str, os.PathLike)):
+            raise InvalidCommand("directory must be a path.", field="directory")
+        if type(segment_bytes) is not int or segment_bytes % 4096 != 0:
+            raise InvalidCommand("segment_bytes must be an int multiple of 4096.", field="segment_bytes")
+        if not SEGMENT_BYTES_MIN <= segment_bytes <= SEGMENT_BYTES_MAX:
+            raise LimitExceeded(
+                f"segment_bytes must be between {SEGMENT_BYTES_MIN} and {SEGMENT_BYTES_MAX} (got {segment_bytes}).",
+                field="segment_bytes",
+            )
+        if io is not None and not hasattr(io, "io_struct"):
+            raise InvalidCommand("io must come from mwpstore.io_seam (or be None).", field="io")
+        self = cls(_OPEN_TOKEN)
+        self._directory = os.path.abspath(os.fspath(directory))
+        self._readonly = bool(readonly)
+        self._sync = bool(sync)
+        self._segment_bytes = segment_bytes
+        self._io_owner = io
+        self._io = lib.sl_io_default() if io is None else io.io_struct
+        self._closed = False
+        try:
+            self._open_directory()
+            self._load_segments()
+        except BaseException:
+            self._close_quietly()
+            raise
+        return self
+
+    def _open_directory(self) -> None:
+        directory = self._directory
+        if self._readonly:
+            if not os.path.isdir(directory):
+                raise StorageFailed(f"there is no log at {directory}.", errno=errno.ENOENT, path=directory)
+            return
+        if not os.path.isdir(directory):
+            try:
+                os.makedirs(directory, exist_ok=True)
+            except OSError as exc:
+                raise StorageFailed(f"cannot create the log directory {directory}: {exc}", errno=exc.errno) from exc
+            self._call(lib.sl_sync_directory, self._io, os.path.dirname(directory).encode())
+        try:
+            fd = os.open(os.path.join(directory, LOCK_FILE_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as exc:
+            raise StorageFailed(f"cannot open the lock file in {directory}: {exc}", errno=exc.errno) from exc
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLocked(
+                f"another writer holds the log at {directory}; close it first, or open with readonly=True.",
+                path=directory,
+            ) from None
+        self._lock_fd = fd
+
+    def _load_segments(self) -> None:
+        directory = self._directory
+        try:
+            names = os.listdir(directory)
+        except OSError as exc:
+            raise StorageFailed(f"cannot list {directory}: {exc}", errno=exc.errno) from exc
+        if not self._readonly:
+            for name in sorted(names):
+                if _TEMPORARY_NAME.match(name):  # a creation that never reached its rename
+                    path = os.path.join(directory, name)
+                    self._call(lib.sl_remove_file, self._io, directory.encode(), path.encode())
+        numbered = sorted((int(m.group(1)), name) for name in names if (m := _SEGMENT_NAME.match(name)))
+        segments = [self._load_header(os.path.join(directory, name), number) for number, name in numbered]
+        if not segments:
+            if not self._readonly:
+                log_id = int.from_bytes(os.urandom(8), "little") >> 1
+                self._create_segment(log_id, 0)
+                segments = [self._load_header(os.path.join(directory, segment_file_name(0)), 0)]
+        if segments and segments[0].first_position != 0:
+            raise Corruption(
+                f"the log in {directory} starts at segment {segments[0].path}, not at position 0: "
+                "earlier segments are missing.",
+                segment=segments[0].path, offset=0, position=0, reason="segment_missing",
+            )
+        for earlier, later in zip(segments, segments[1:]):
+            if later.header.log_id != earlier.header.log_id:
+                raise Corruption(
+                    f"segment {later.path} belongs to another log (log id differs).",
+                    segment=later.path, offset=lib.SL_HEADER_OFFSET_LOG_ID, position=later.first_position,
+                    reason="log_id_mismatch",
+                )
+            self._check_sealed(earlier, later.first_position)
+        self._segments = tuple(segments)
+        if segments:
+            self._recover_last()
+        if not self._readonly:
+            active = self._segments[-1]
+            handle = ffi.new("struct sl_log **")
+            self._call(
+                lib.sl_log_open, self._io, directory.encode(), active.header, self._end, self._segment_bytes,
+                1 if self._sync else 0, handle, segment=active,
+            )
+            self._handle = handle[0]
+
+    def _load_header(self, path: str, number: int) -> _Segment:
+        try:
+            with open(path, "rb") as file:
+                raw = file.read(_HEADER_BYTES)
+        except OSError as exc:
+            raise StorageFailed(f"cannot read segment {path}: {exc}", errno=exc.errno) from exc
+        header = ffi.new("struct sl_header *")
+        fault = self._fault()
+        rc = lib.sl_header_decode(raw, len(raw), header, fault)
+        if rc != lib.SL_OK:
+            raise self._error(rc, fault, path=path, position=number)
+        if header.first_position != number:
+            raise Corruption(
+                f"segment {path} says it starts at position {header.first_position}, "
+                "but its name says otherwise: it was renamed or misplaced.",
+                segment=path, offset=lib.SL_HEADER_OFFSET_FIRST_POSITION, position=number, reason="segment_name",
+            )
+        return _Segment(path, header)
+
+    def _check_sealed(self, segment: _Segment, next_first_position: int) -> None:
+        _, data, mapped = segment.mapping()
+        fault = self._fault()
+        rc = lib.sl_check_seal(data, len(mapped), segment.header, next_first_position, fault)
+        if rc != lib.SL_OK:
+            raise Corruption(
+                f"segment {segment.path} does not end with a seal at the position where the next segment "
+                f"begins ({next_first_position}): a segment is missing or this one is damaged.",
+                segment=segment.path, offset=int(fault.offset), position=next_first_position, reason="segment_missing",
+            )
+        segment.sealed = True
+        segment.sealed_used_bytes = _HEADER_BYTES + next_first_position - segment.first_position
+        if len(mapped) > segment.sealed_used_bytes and not self._readonly:
+            # Sealed, but the crash came before its trim was durable: trim it now.
+            segment.unmap()
+            self._call(
+                lib.sl_segment_truncate, self._io, segment.path.encode(), segment.sealed_used_bytes, 0, segment=segment
+            )
+
+    def _recover_last(self) -> None:
+        segment = self._segments[-1]
+        view, data, mapped = segment.mapping()
+        size = len(mapped)
+        recovery = ffi.new("struct sl_recovery *")
+        fault = self._fault()
+        rc = lib.sl_recover(data, size, segment.header, recovery, fault)
+        if rc != lib.SL_OK:
+            raise self._error(rc, fault, segment=segment)
+        self._end = int(recovery.end_position)
+        used = int(recovery.used_bytes)
+        if self._readonly:
+            if recovery.sealed:
+                segment.sealed = True
+                segment.sealed_used_bytes = used
+            return
+        segment_bytes = int(segment.header.segment_bytes)
+        if recovery.sealed:
+            segment.sealed = True
+            segment.sealed_used_bytes = used
+            if size > used:
+                segment.unmap()
+                self._call(lib.sl_segment_truncate, self._io, segment.path.encode(), used, 0, segment=segment)
+            self._create_segment(int(segment.header.log_id), self._end)
+            path = os.path.join(self._directory, segment_file_name(self._end))
+            self._segments = self._segments + (self._load_header(path, self._end),)
+            return
+        needs_repair = bool(recovery.torn) or size < segment_bytes
+        if not needs_repair:
+            # Bytes after the end must be zero, so no stale frame can ever look committed.
+            found = ffi.new("uint64_t *")
+            fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self._call(lib.sl_find_nonzero, fd, used, size, found, segment=segment)
+            finally:
+                os.close(fd)
+            needs_repair = found[0] < size
+        if needs_repair:
+            segment.unmap()
+            self._call(lib.sl_segment_truncate, self._io, segment.path.encode(), used, segment_bytes, segment=segment)
+
+    def _create_segment(self, log_id: int, first_position: int) -> None:
+        self._call(lib.sl_segment_create, self._io, self._directory.encode(), log_id, first_position, self._segment_bytes)
+
+    # -- errors: the one place that turns C status codes into typed errors ----------------------
+
+    @staticmethod
+    def _fault() -> Any:
+        return ffi.new("struct sl_fault *")
+
+    def _call(self, function: Any, *arguments: Any, segment: _Segment | None = None) -> None:
+        """Call a C function whose last parameter is a struct sl_fault *; raise its typed error."""
+        fault = ffi.new("struct sl_fault *")
+        rc = function(*arguments, fault)
+        if rc != lib.SL_OK:
+            raise self._error(rc, fault, segment=segment)
+
+    def _error(
+        self, rc: int, fault: Any, *, segment: _Segment | None = None, path: str | None = None, position: int | None = None
+    ) -> Exception:
+        where = path if path is not None else (segment.path if segment is not None else self._directory)
+        reason = REASONS.get(int(fault.reason), f"reason_{int(fault.reason)}")
+        if rc == lib.SL_E_CORRUPT:
+            at = int(fault.position) if position is None else position
+            return Corruption(
+                f"segment {where} is damaged at offset {int(fault.offset)} (position {at}): {reason}. "
+                "Nothing was truncated; restore the file or rebuild from a replica.",
+                segment=where, offset=int(fault.offset), position=at, reason=reason,
+            )
+        if rc == lib.SL_E_IO:
+            code = int(fault.sys_errno)
+            return StorageFailed(
+                f"I/O failed on {where}: {os.strerror(code) if code else 'unknown error'}. "
+                "The handle refuses writes; close and reopen the log to recover.",
+                errno=code, path=where,
+            )
+        if rc == lib.SL_E_FAILED:
+            return StorageFailed(
+                "an earlier I/O failure left this handle refusing writes; close and reopen the log.", path=where
+            )
+        if rc == lib.SL_E_LIMIT:
+            return LimitExceeded(f"a log bound was exceeded: {reason}.", field=reason)
+        if rc == lib.SL_E_NOT_RECORD:
+            return InvalidCommand(
+                f"position {int(fault.position)} is not the start of a record in this log.",
+                field="position", position=int(fault.position),
+            )
+        if rc == lib.SL_E_NO_MEMORY:
+            return StorageFailed("out of memory in the segment log.", errno=errno.ENOMEM)
+        return InvalidCommand(f"the segment log rejected the call ({reason}).", field=reason)
+
+    # -- properties ---------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosed("the segment log is closed; open it again.")
+
+    @property
+    def start(self) -> int:
+        """The first position still present (0: this version never drops old segments)."""
+        self._check_open()
+        return self._segments[0].first_position if self._segments else 0
+
+    @property
+    def end(self) -> int:
+        """The position just after the last committed group: the next record's position."""
+        self._check_open()
+        return self._end
+
+    @property
+    def directory(self) -> str:
+        return self._directory
+
+    @property
+    def log_id(self) -> int:
+        """A random number fixed when the log was created, stored in every segment header."""
+        self._check_open()
+        return int(self._segments[0].header.log_id) if self._segments else 0
+
+    # -- writing ------------------------------------------------------------------------------
+
+    def append(self, records: Sequence[bytes | bytearray | memoryview]) -> list[int]:
+        """Append ``records`` as one commit group and return each record's position.
+
+        One write and (unless bulk mode) one fdatasync; readers see all the records or none.
+        """
+        self._check_open()
+        if self._readonly:
+            raise InvalidCommand("the log was opened readonly=True; it cannot append.", field="readonly")
+        if isinstance(records, (bytes, bytearray, memoryview, str)):
+            raise InvalidCommand("append takes a sequence of records, not a single bytes object.", field="records")
+        try:
+            count = len(records)
+        except TypeError:
+            raise InvalidCommand("records must be a sequence (list or tuple) of bytes.", field="records") from None
+        if count == 0:
+            return []
+        if count > GROUP_RECORDS_MAX:
+            raise LimitExceeded(f"a group holds at most {GROUP_RECORDS_MAX} records (got {count}).", field="records")
+        try:
+            lengths = list(map(len, records))
+            blob = b"".join(records)
+        except TypeError:
+            raise InvalidCommand("every record must be bytes, bytearray or memoryview.", field="records") from None
+        if len(blob) != sum(lengths):  # e.g. a memoryview whose items are wider than a byte
+            lengths = [memoryview(record).nbytes for record in records]
+        longest = max(lengths)
+        if longest > RECORD_BYTES_MAX:
+            raise LimitExceeded(
+                f"a record holds at most {RECORD_BYTES_MAX} bytes (record {lengths.index(longest)} has {longest}).",
+                field="record", index=lengths.index(longest),
+            )
+        if len(blob) > GROUP_BYTES_MAX:
+            raise LimitExceeded(f"a group holds at most {GROUP_BYTES_MAX} bytes (got {len(blob)}).", field="records")
+        lengths_c = ffi.new("uint32_t[]", lengths)
+        positions_c = ffi.new("uint64_t[]", count)
+        fault = ffi.new("struct sl_fault *")
+        with self._write_lock:
+            self._check_open()
+            rc = lib.sl_log_append(self._handle, blob, len(blob), lengths_c, count, positions_c, fault)
+            self._observe_writer()
+            if rc != lib.SL_OK:
+                raise self._error(rc, fault, segment=self._segments[-1])
+        return ffi.unpack(positions_c, count)
+
+    def _observe_writer(self) -> None:
+        """Publish what the C writer did: first a seal or a new segment, then the new end."""
+        state = ffi.new("struct sl_log_state *")
+        lib.sl_log_state(self._handle, state)
+        self._failed = bool(state.failed)
+        active = self._segments[-1]
+        first_position, end = int(state.first_position), int(state.end_position)
+        if first_position != active.first_position:  # rolled over: the seal ends where the new segment starts
+            active.sealed_used_bytes = _HEADER_BYTES + first_position - active.first_position
+            active.sealed = True
+            path = os.path.join(self._directory, segment_file_name(first_position))
+            self._segments = self._segments + (self._load_header(path, first_position),)
+        elif state.sealed and not active.sealed:  # sealed, then creating the next segment failed
+            active.sealed_used_bytes = _HEADER_BYTES + end - active.first_position
+            active.sealed = True
+        self._end = end
+
+    def sync(self) -> None:
+        """Make every appended group durable (what bulk mode defers). No-op when read-only."""
+        self._check_open()
+        if self._readonly:
+            return
+        fault = ffi.new("struct sl_fault *")
+        with self._write_lock:
+            self._check_open()
+            rc = lib.sl_log_sync(self._handle, fault)
+            if rc != lib.SL_OK:
+                self._failed = True
+                raise self._error(rc, fault, segment=self._segments[-1])
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _segment_index(self, segments: tuple[_Segment, ...], position: int) -> int:
+        firsts = [segment.first_position for segment in segments]
+        return bisect.bisect_right(firsts, position) - 1
+
+    @staticmethod
+    def _readable_bytes(segment: _Segment, end: int) -> int:
+        if segment.sealed:
+            return segment.sealed_used_bytes
+        return _HEADER_BYTES + max(0, end - segment.first_position)
+
+    def read(self, position: int) -> bytes:
+        """The record that starts at ``position`` (as returned by append or scan)."""
+        self._check_open()
+        _check_position(position, "position")
+        end, segments = self._end, self._segments
+        if position >= end or position % _ALIGN_BYTES != 0 or not segments or position < segments[0].first_position:
+            raise InvalidCommand(
+                f"position {position} is not the start of a committed record (the log holds [{self.start}, {end})).",
+                field="position", position=position,
+            )
+        segment = segments[self._segment_index(segments, position)]
+        _, data, mapped = segment.mapping()
+        offset = ffi.new("uint64_t *")
+        length = ffi.new("uint32_t *")
+        fault = ffi.new("struct sl_fault *")
+        readable = min(self._readable_bytes(segment, end), len(mapped))
+        rc = lib.sl_read_record(data, readable, segment.header, position, offset, length, fault)
+        if rc != lib.SL_OK:
+            raise self._error(rc, fault, segment=segment)
+        return mapped[offset[0] : offset[0] + length[0]]
+
+    def scan(self, start: int = 0, *, end: int | None = None, batch_records: int = 4096) -> Iterator[RecordBatch]:
+        """Batches of the committed records with ``start <= position < end``.
+
+        ``start`` is a record position (or a segment's first position, or ``log.end``);
+        ``end`` defaults to the log's end when the scan is created. Each batch is framed and
+        checksummed by one C call over the read-only memory map.
+        """
+        self._check_open()
+        _check_position(start, "start")
+        if type(batch_records) is not int:
+            raise InvalidCommand("batch_records must be an int.", field="batch_records")
+        if not 1 <= batch_records <= SCAN_BATCH_RECORDS_MAX:
+            raise LimitExceeded(
+                f"batch_records must be between 1 and {SCAN_BATCH_RECORDS_MAX} (got {batch_records}).",
+                field="batch_records",
+            )
+        log_end, segments = self._end, self._segments
+        stop = log_end if end is None else _check_position(end, "end")
+        if stop > log_end:
+            raise InvalidCommand(f"end {stop} is past the log's end {log_end}.", field="end", position=stop)
+        if start % _ALIGN_BYTES != 0 or start > log_end or (segments and start < segments[0].first_position):
+            raise InvalidCommand(
+                f"start {start} is not a record position in this log.", field="start", position=start
+            )
+        return self._scan(start, stop, log_end, batch_records)
+
+    def _scan(self, start: int, stop: int, log_end: int, batch_records: int) -> Iterator[RecordBatch]:
+        if start >= stop:
+            return
+        segments = self._segments
+        index = self._segment_index(segments, start)
+        state = ffi.new("struct sl_scan_state *")
+        positions_c = ffi.new("uint64_t[]", batch_records)
+        starts_c = ffi.new("uint64_t[]", batch_records)
+        stops_c = ffi.new("uint64_t[]", batch_records)
+        count_c = ffi.new("uint32_t *")
+        fault = ffi.new("struct sl_fault *")
+        segment = segments[index]
+        state.position = start
+        state.group_known = 1 if start == segment.first_position else 0
+        state.group_start = start
+        state.group_checksum = segment.header.seed
+        unpack = ffi.unpack
+        released = 0  # pages before this offset were handed back to the kernel
+        while True:
+            self._check_open()
+            view, data, mapped = segment.mapping()
+            readable = min(self._readable_bytes(segment, log_end), len(mapped))
+            rc = lib.sl_scan(data, readable, segment.header, stop, batch_records, state,
+                             positions_c, starts_c, stops_c, count_c, fault)
+            if rc != lib.SL_OK:
+                raise self._error(rc, fault, segment=segment)
+            count = count_c[0]
+            if count:
+                starts = unpack(starts_c, count)
+                records = list(map(view.__getitem__, map(slice, starts, unpack(stops_c, count))))
+                yield RecordBatch(unpack(positions_c, count), records, int(state.position))
+                # Keep the resident set bounded on long scans: drop the pages already passed
+                # (a caller's views stay valid; touching them again maps the pages back).
+                done = (starts[0] // _PAGE_BYTES) * _PAGE_BYTES
+                if done - released >= (8 << 20):
+                    try:
+                        mapped.madvise(mmap.MADV_DONTNEED, released, done - released)
+                    except (ValueError, OSError):
+                        pass
+                    released = done
+            if state.position >= stop:
+                return
+            if state.sealed:
+                segments = self._segments
+                index += 1
+                if index >= len(segments) or segments[index].first_position != state.position:
+                    raise Corruption(
+                        f"segment {segment.path} is sealed but no segment starts at {int(state.position)}.",
+                        segment=segment.path, offset=0, position=int(state.position), reason="segment_missing",
+                    )
+                segment = segments[index]
+                released = 0
+                state.sealed = 0
+                state.group_known = 1
+                state.group_start = state.position
+                state.group_records = 0
+                state.group_checksum = segment.header.seed
+            elif count == 0:
+                raise Corruption(
+                    f"segment {segment.path} ends at position {int(state.position)} before the committed end.",
+                    segment=segment.path, offset=0, position=int(state.position), reason="unexpected_end",
+                )
+
+    def segments(self) -> list[SegmentInfo]:
+        """The segment files, oldest first."""
+        self._check_open()
+        end, infos = self._end, []
+        for segment in self._segments:
+            try:
+                size = os.stat(segment.path).st_size
+            except OSError as exc:
+                raise StorageFailed(f"cannot stat {segment.path}: {exc}", errno=exc.errno) from exc
+            infos.append(
+                SegmentInfo(segment.first_position, segment.path, size, self._readable_bytes(segment, end), segment.sealed)
+            )
+        return infos
+
+    def verify(self) -> int:
+        """Check every byte of every segment (headers, frames, groups, seals); return the record count.
+
+        Raises :class:`Corruption` at the first damage. Reads only; safe alongside appends.
+        """
+        self._check_open()
+        end, segments = self._end, self._segments
+        records = 0
+        fault = ffi.new("struct sl_fault *")
+        for segment in segments:
+            if segment.sealed:
+                _, data, mapped = segment.mapping()
+                end_c = ffi.new("uint64_t *")
+                rc = lib.sl_verify_sealed(data, min(len(mapped), segment.sealed_used_bytes), segment.header, end_c, fault)
+                if rc != lib.SL_OK:
+                    raise self._error(rc, fault, segment=segment)
+        for batch in self._scan(segments[0].first_position if segments else 0, end, end, SCAN_BATCH_RECORDS_MAX):
+            records += len(batch)
+        return records
+
+    # -- closing ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Release the lock and the maps. Idempotent. Groups appended in bulk mode are synced first."""
+        if self._closed:
+            return
+        with self._write_lock:
+            if self._closed:
+                return
+            error: Exception | None = None
+            if self._handle is not None and not self._sync and not self._failed:
+                fault = ffi.new("struct sl_fault *")
+                rc = lib.sl_log_sync(self._handle, fault)
+                if rc != lib.SL_OK:
+                    error = self._error(rc, fault)
+            self._close_quietly()
+        if error is not None:
+            raise error
+
+    def _close_quietly(self) -> None:
+        self._closed = True
+        if self._handle is not None:
+            lib.sl_log_close(self._handle)
+            self._handle = None
+        for segment in self._segments:
+            segment.unmap()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = -1
+
+    def __enter__(self) -> SegmentLog:
+        self._check_open()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            try:
+                self._close_quietly()
+            except Exception:  # pragma: no cover - interpreter shutdown
+                pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"end={self._end}"
+        return f"SegmentLog({getattr(self, '_directory', '?')!r}, {state})"
+
+
+_OPEN_TOKEN = object()
