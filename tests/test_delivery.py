@@ -1,0 +1,253 @@
+"""Delivery: random schedules (duplicates, reordering, gaps, aborted and reopened transactions,
+reconnect replays) end with the projection of clean in-order delivery, and no commit ever leaves
+the Cursor beyond a gap. Then the delivery helper over a fault-injecting transport and over a real
+Authority."""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent_store_support import CountingProjection, seen_counts, workload
+from mwpstore.agent_store import AgentStore
+from mwpstore.delivery import Delivery, DeliveryStats, FaultyTransport, ListSource, TransportDisconnected, deliver_batch
+from mwpstore.messages import Event
+
+MAP_BYTES = 64 * 1024 * 1024
+HISTORIES = {"g-a": workload("g-a", 24, seed=11), "g-b": workload("g-b", 14, seed=12)}
+ALL_EVENTS = [event for history in HISTORIES.values() for event in history]
+
+
+def open_agent(path):
+    return AgentStore.open(path, projections=[CountingProjection()], map_size=MAP_BYTES)
+
+
+def reference_states(events: list[Event], count: int) -> dict[str, dict]:
+    states: dict[str, dict | None] = {}
+    for event in events[:count]:
+        for effect in event.effects:
+            states[effect.aggregate] = effect.state
+    return {key: state for key, state in states.items() if state is not None}
+
+
+@pytest.fixture(scope="module")
+def clean_dump(tmp_path_factory):
+    agent = open_agent(tmp_path_factory.mktemp("clean") / "agent")
+    with agent.begin() as tx:
+        for event in ALL_EVENTS:
+            tx.apply(event)
+        for group in HISTORIES:
+            tx.advance_cursor(group)
+    dump = agent.projection_dump()
+    agent.close()
+    return dump
+
+
+def contiguous(delivered: set[int]) -> int:
+    seq = 0
+    while seq + 1 in delivered:
+        seq += 1
+    return seq
+
+
+operation = st.one_of(
+    st.tuples(st.just("deliver"), st.sampled_from(sorted(HISTORIES)), st.integers(0, 23)),
+    st.tuples(st.just("deliver_run"), st.sampled_from(sorted(HISTORIES)), st.integers(0, 23), st.integers(1, 8)),
+    st.tuples(st.just("commit")),
+    st.tuples(st.just("commit_without_cursor")),
+    st.tuples(st.just("abort")),
+    st.tuples(st.just("reopen")),
+    st.tuples(st.just("prune"), st.sampled_from(sorted(HISTORIES))),
+)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(schedule=st.lists(operation, max_size=40), replay_back=st.integers(0, 6))
+def test_random_schedule_converges_and_cursor_never_passes_a_gap(clean_dump, schedule, replay_back):
+    directory = tempfile.mkdtemp(prefix="agent-schedule-")
+    try:
+        agent = open_agent(directory + "/agent")
+        committed = {group: set() for group in HISTORIES}
+        pending = {group: set() for group in HISTORIES}
+        cursor_model = {group: 0 for group in HISTORIES}
+        tx = agent.begin()
+
+        def check_after_commit():
+            for group, history in HISTORIES.items():
+                head = agent.head(group)
+                expected = contiguous(committed[group])
+                assert head.applied_seq == expected, "applied exactly the contiguous prefix"
+                assert head.cursor == cursor_model[group] <= expected, "the Cursor is never beyond a gap"
+                assert agent.states(group) == reference_states(history, expected)
+                assert set(agent.buffered_seqs(group)) == {seq for seq in committed[group] if seq > expected + 1}
+                assert set(seen_counts(agent, group).values()) <= {1}
+
+        for step in schedule:
+            kind = step[0]
+            if kind in ("deliver", "deliver_run"):
+                group, index = step[1], step[2] % len(HISTORIES[step[1]])
+                length = step[3] if kind == "deliver_run" else 1
+                for event in HISTORIES[group][index : index + length]:
+                    tx.apply(event)
+                    pending[group].add(event.seq)
+            elif kind in ("commit", "commit_without_cursor"):
+                for group in HISTORIES:
+                    committed[group] |= pending[group]
+                    pending[group].clear()
+                    if kind == "commit":
+                        tx.advance_cursor(group)
+                        cursor_model[group] = contiguous(committed[group])
+                tx.commit()
+                check_after_commit()
+                tx = agent.begin()
+            elif kind == "abort":
+                tx.abort()
+                for group in HISTORIES:
+                    pending[group].clear()
+                tx = agent.begin()
+            elif kind == "reopen":
+                tx.abort()
+                agent.close()
+                for group in HISTORIES:
+                    pending[group].clear()
+                agent = open_agent(directory + "/agent")
+                check_after_commit()
+                tx = agent.begin()
+            elif kind == "prune":
+                tx.abort()
+                for group in HISTORIES:
+                    pending[group].clear()
+                agent.prune_inbox(step[1])
+                tx = agent.begin()
+        tx.abort()
+        # Reconnect: replay from a little before the durable Cursor, in order, as a real source would.
+        with agent.begin() as tx:
+            for group, history in HISTORIES.items():
+                start = max(0, agent.cursor(group) - replay_back)
+                for event in history[start:]:
+                    tx.apply(event)
+                tx.advance_cursor(group)
+        assert agent.projection_dump() == clean_dump
+        agent.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- the delivery helper --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_delivery_over_faulty_transport_matches_clean_delivery(tmp_path, clean_dump, seed):
+    source = ListSource(ALL_EVENTS)
+    transport = FaultyTransport(source, seed=seed, drop=0.2, duplicate=0.3, reorder=0.5, disconnect=0.1, replay=5)
+    agent = open_agent(tmp_path / "agent")
+    delivery = Delivery(agent, transport, consumer="agent-7", batch_events=5)
+    for group, history in HISTORIES.items():
+        for _ in range(10_000):
+            try:
+                count = delivery.pull_once(group)
+            except TransportDisconnected:
+                continue
+            head = agent.head(group)
+            assert head.cursor == head.applied_seq
+            assert set(seen_counts(agent, group)) == set(range(1, head.cursor + 1))
+            assert source.acks.get(("agent-7", group), 0) == head.cursor
+            if head.cursor == len(history) and count == 0:
+                break
+        assert agent.cursor(group) == len(history)
+    assert agent.projection_dump() == clean_dump
+    assert delivery.stats.duplicates > 0 and delivery.stats.buffered > 0
+    agent.close()
+
+
+def test_catch_up_reconnects_and_resumes_from_the_durable_cursor(tmp_path, clean_dump):
+    transport = FaultyTransport(ListSource(ALL_EVENTS), seed=3, drop=0.3, duplicate=0.3, disconnect=0.3)
+    agent = open_agent(tmp_path / "agent")
+    delivery = Delivery(agent, transport, batch_events=4)
+    for group in HISTORIES:
+        delivery.catch_up(group)
+    assert delivery.stats.disconnects > 0
+    assert agent.projection_dump() == clean_dump
+    agent.close()
+
+
+def test_disconnect_mid_batch_loses_nothing_durable(tmp_path, clean_dump):
+    agent = open_agent(tmp_path / "agent")
+    history = HISTORIES["g-a"]
+    deliver_batch(agent, "g-a", history[:10])
+    with pytest.raises(ConnectionError):
+        with agent.begin() as tx:
+            for event in history[10:15]:
+                tx.apply(event)
+            raise ConnectionError("connection dropped before the local commit")
+    assert agent.cursor("g-a") == 10
+    Delivery(agent, ListSource(ALL_EVENTS)).catch_up("g-a")
+    Delivery(agent, ListSource(ALL_EVENTS)).catch_up("g-b")
+    assert agent.projection_dump() == clean_dump
+    agent.close()
+
+
+def test_deliver_batch_skips_invalid_and_foreign_events(tmp_path):
+    import msgspec
+
+    agent = open_agent(tmp_path / "agent")
+    history = HISTORIES["g-a"]
+    forged = msgspec.structs.replace(history[1], hash=bytes(32))
+    stats = DeliveryStats()
+    cursor = deliver_batch(agent, "g-a", [history[0], forged, HISTORIES["g-b"][0], history[1], history[2]], stats)
+    assert cursor == 3
+    assert stats.rejected == 2 and stats.applied == 3
+    assert [type(error).__name__ for error in stats.rejections] == ["EventInvalid", "EventInvalid"]
+    assert agent.cursor("g-b") == 0
+    agent.close()
+
+
+# -- against the real Authority ---------------------------------------------------------------
+
+
+def _authority_events(path, count):
+    from mwpstore.authority import Authority
+    from mwpstore.messages import Command
+
+    clock = iter(range(1_000_000, 10**9, 10))
+    authority = Authority.open(path, clock=lambda: next(clock))
+
+    def command(actor, kind, target, body, action, revision=None):
+        return Command(actor=actor, action_id=action, group="g-auth", kind=kind, target=target, body=body,
+                       expected_revision=revision)
+
+    authority.accept(command("owner", "group.create", "g-auth", {"org": "org-1"}, "a0"))
+    authority.accept(command("owner", "mission.create", "m1", {"title": "m", "cost_limit": 100}, "a1"))
+    contract = {"max_attempts": 3, "backoff_initial_ms": 100, "backoff_multiplier": 2, "backoff_max_ms": 1_000,
+                "cost_limit": 50, "deadline_ms": None, "lease_ms": 1_000, "start_ms": 200}
+    results = authority.accept_many(
+        [command("owner", "workitem.create", f"wi{index}", {"mission": "m1", "priority": index % 4, "contract": contract},
+                 f"c{index}") for index in range(count)]
+    )
+    assert all(result.ok for result in results)
+    return authority
+
+
+def test_delivery_from_the_authority_with_acks(tmp_path):
+    authority = _authority_events(str(tmp_path / "authority"), 40)
+    agent = open_agent(tmp_path / "agent")
+    delivery = Delivery(agent, FaultyTransport(authority, seed=5, disconnect=0.2), consumer="agent-1", batch_events=7)
+    cursor = delivery.catch_up("g-auth")
+    assert cursor == 42
+    assert authority.acked("agent-1", "g-auth") == 42
+    queue = agent.work_queue("g-auth", 10**12)
+    assert len(queue) == 40
+    assert [entry.priority for entry in queue] == sorted((entry.priority for entry in queue), reverse=True)
+    assert agent.states("g-auth")["mission:m1"]["title"] == "m"
+    dump = agent.projection_dump()
+    agent.close()
+    shutil.rmtree(tmp_path / "agent")
+    rebuilt = open_agent(tmp_path / "agent")
+    Delivery(rebuilt, authority).catch_up("g-auth")
+    assert rebuilt.projection_dump() == dump
+    rebuilt.close()
+    authority.close()
