@@ -1,0 +1,195 @@
+"""The outbox (MWP-WRK-031): the intent is durable before dispatch, carries the stable
+idempotency key, the receipt is recorded, an uncertain outcome is reconciled before any retry."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mwpstore.agent_store import AgentStore, IntentState, ReconcileRequired
+from mwpstore.errors import InvalidCommand
+from mwpstore.work_keys import external_idempotency_key
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(TESTS)
+GROUP = "g-1"
+
+
+class ExternalService:
+    """A fake receiver that dedupes by idempotency key, like a well-behaved external API."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.done: dict[str, dict] = {}
+        self.fail_next = False
+
+    def call(self, intent):
+        self.calls.append(intent.key)
+        if self.fail_next:
+            self.fail_next = False
+            self.done[intent.key] = {"ok": True, "ref": f"r-{len(self.done)}"}  # it happened, the answer got lost
+            raise TimeoutError("no answer")
+        receipt = self.done.setdefault(intent.key, {"ok": True, "ref": f"r-{len(self.done)}"})
+        return receipt
+
+    def lookup(self, intent):
+        return self.done.get(intent.key)
+
+
+def record(agent, operation="notify", epoch=3):
+    with agent.begin() as tx:
+        return tx.record_intent(GROUP, mission="m1", workitem="wi-1", ownership_epoch=epoch, operation=operation,
+                                request={"to": "ops"})
+
+
+def test_intent_carries_the_stable_idempotency_key(tmp_path):
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+    assert intent.key == external_idempotency_key("m1", "wi-1", 3, "notify")
+    assert intent.state is IntentState.INTENDED
+    again = record(agent)
+    assert again.key == intent.key and len(agent.intents()) == 1
+    assert record(agent, epoch=4).key != intent.key  # a new owner's attempt is a new operation
+    agent.close()
+
+
+def test_intent_is_only_durable_with_its_local_commit(tmp_path):
+    agent = AgentStore.open(tmp_path / "a")
+    with pytest.raises(RuntimeError):
+        with agent.begin() as tx:
+            tx.record_intent(GROUP, mission="m1", workitem="wi-1", ownership_epoch=1, operation="x")
+            raise RuntimeError("abort")
+    assert agent.intents() == []
+    agent.close()
+
+
+def test_dispatch_records_the_receipt_and_never_calls_twice(tmp_path):
+    agent = AgentStore.open(tmp_path / "a")
+    service = ExternalService()
+    intent = record(agent)
+    receipt = agent.dispatch(intent.key, service.call)
+    assert agent.intent(intent.key).state is IntentState.DONE
+    assert agent.intent(intent.key).receipt == receipt
+    assert agent.dispatch(intent.key, service.call) == receipt
+    assert service.calls == [intent.key]
+    assert agent.intents(pending_only=True) == []
+    agent.close()
+
+
+def test_record_receipt_is_its_own_call(tmp_path):
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+    agent.mark_dispatched(intent.key)
+    done = agent.record_receipt(intent.key, {"ref": "ext-1"})
+    assert done.state is IntentState.DONE and done.receipt == {"ref": "ext-1"}
+    with pytest.raises(InvalidCommand):
+        agent.record_receipt("no-such-key", {"ref": "x"})
+    agent.close()
+
+
+def test_uncertain_outcome_must_be_reconciled_before_retry(tmp_path):
+    agent = AgentStore.open(tmp_path / "a")
+    service = ExternalService()
+    intent = record(agent)
+    service.fail_next = True
+    with pytest.raises(TimeoutError):
+        agent.dispatch(intent.key, service.call)
+    assert agent.intent(intent.key).state is IntentState.UNCERTAIN
+    with pytest.raises(ReconcileRequired):
+        agent.dispatch(intent.key, service.call)
+    assert service.calls == [intent.key]
+    receipt = agent.dispatch(intent.key, service.call, lookup=service.lookup)
+    assert service.calls == [intent.key], "the lookup found it: no second call"
+    assert receipt == service.done[intent.key]
+    assert agent.intent(intent.key).state is IntentState.DONE
+    agent.close()
+
+
+def test_reconciled_as_not_done_is_retried_with_the_same_key(tmp_path):
+    agent = AgentStore.open(tmp_path / "a")
+    service = ExternalService()
+    intent = record(agent)
+
+    def refuse(intent):
+        service.calls.append(intent.key)
+        raise ConnectionError("refused before anything happened")
+
+    with pytest.raises(ConnectionError):
+        agent.dispatch(intent.key, refuse)
+    assert agent.reconcile(intent.key, service.lookup).state is IntentState.RECONCILED
+    agent.dispatch(intent.key, service.call)
+    assert service.calls == [intent.key, intent.key]
+    assert agent.intent(intent.key).dispatches == 2
+    assert agent.intent(intent.key).key == intent.key
+    agent.close()
+
+
+CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.path[:0] = [{root!r}]
+    from mwpstore.agent_store import AgentStore
+    agent = AgentStore.open({path!r})
+    with agent.begin() as tx:
+        intent = tx.record_intent("g-1", mission="m1", workitem="wi-1", ownership_epoch=2, operation="pay")
+    calls = open({calls!r}, "a")
+    def side_effect(intent):
+        calls.write(intent.key + "\\n")
+        calls.flush()
+        return {{"paid": True}}
+    agent.dispatch(intent.key, side_effect)
+    """
+)
+
+
+def run_child(tmp_path, failpoint):
+    env = dict(os.environ, MWPSTORE_FAILPOINT=failpoint)
+    script = CHILD.format(root=ROOT, path=str(tmp_path / "a"), calls=str(tmp_path / "calls"))
+    completed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=60)
+    assert completed.returncode == -9, completed.stderr.decode()
+
+
+def test_crash_between_intent_and_dispatch_dispatches_once_after_restart(tmp_path):
+    run_child(tmp_path, "agent.after_intent")  # killed inside the transaction: nothing durable
+    agent = AgentStore.open(tmp_path / "a")
+    assert agent.intents() == []
+    agent.close()
+    run_child(tmp_path, "agent.after_commit")  # killed right after the intent's commit, before dispatch
+    assert not (tmp_path / "calls").exists()
+    agent = AgentStore.open(tmp_path / "a")
+    [intent] = agent.intents(pending_only=True)
+    assert intent.state is IntentState.INTENDED
+    service = ExternalService()
+    agent.dispatch(intent.key, service.call)
+    assert service.calls == [external_idempotency_key("m1", "wi-1", 2, "pay")]
+    agent.close()
+
+
+def test_crash_after_marking_dispatched_requires_reconcile(tmp_path):
+    run_child(tmp_path, "agent.after_mark_dispatched")
+    agent = AgentStore.open(tmp_path / "a")
+    [intent] = agent.intents(pending_only=True)
+    assert intent.state is IntentState.DISPATCHED
+    service = ExternalService()
+    with pytest.raises(ReconcileRequired):
+        agent.dispatch(intent.key, service.call)
+    agent.dispatch(intent.key, service.call, lookup=service.lookup)  # lookup: not done -> one dispatch
+    assert service.calls == [intent.key]
+    agent.close()
+
+
+def test_crash_after_the_external_call_finds_the_receipt_by_lookup(tmp_path):
+    run_child(tmp_path, "agent.after_dispatch")
+    calls = (tmp_path / "calls").read_text().split()
+    agent = AgentStore.open(tmp_path / "a")
+    [intent] = agent.intents(pending_only=True)
+    assert calls == [intent.key]
+    service = ExternalService()
+    service.done[intent.key] = {"paid": True}
+    assert agent.dispatch(intent.key, service.call, lookup=service.lookup) == {"paid": True}
+    assert service.calls == []
+    agent.close()
