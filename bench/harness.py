@@ -435,6 +435,7 @@ class Bench:
         self.run_dir = Path(tempfile.mkdtemp(prefix=f"mwpstore-bench-{name}-", dir=self.work_root))
         self.machine = machine_facts(self.run_dir)
         self.rows: list[Row] = []
+        self.facts: dict[str, Any] = {}  # e.g. each peer's durability settings, sizes
         self.started = time.monotonic()
         progress(
             f"bench {name}: {'quick' if quick else 'full'}, {self.rounds} rounds, data in {self.run_dir} "
@@ -480,6 +481,7 @@ class Bench:
             "command": self.command,
             "duration_seconds": round(time.monotonic() - self.started, 1),
             "machine": {**self.machine, "load_average_at_end": list(os.getloadavg())},
+            "facts": self.facts,
             "rows": [row.to_json() for row in self.rows],
         }
 
