@@ -30,6 +30,7 @@ from .errors import (
     LimitExceeded,
     MwpError,
     NotFound,
+    Rejection,
     SequenceGap,
     StorageFailed,
     StoreClosed,
@@ -718,20 +719,22 @@ class Authority:
         items = self.aggregates(group, prefix="workitem:")
         receipts = []
         for workitem in work_model.lapsed_workitems(((key.partition(":")[2], state) for key, _, state in items), now):
-            revision, state = self.state(group, f"workitem:{workitem}")
-            assert state is not None
+            _, state = self.state(group, f"workitem:{workitem}")
+            if state is None or state.get("lease") is None:
+                continue
+            lease_id = state["lease"]["lease_id"]
             command = Command(
                 actor=ENGINE_ACTOR,
-                action_id=f"expire.{workitem}.{state['ownership_epoch']}",
+                action_id=f"expire.{lease_id}",
                 group=group,
                 kind="lease.expire",
                 target=workitem,
-                body={"ownership_epoch": state["ownership_epoch"]},
+                body={"lease_id": lease_id},
             )
             try:
                 receipts.append(self.accept_trusted(command))
-            except MwpError:
-                continue  # renewed or changed meanwhile: not lapsed any more
+            except Rejection:
+                continue  # renewed, released or taken over meanwhile: not lapsed any more
         return receipts
 
     # -- reading ---------------------------------------------------------------------------------

@@ -309,9 +309,9 @@ a.close()
 
 def test_crash_between_log_sync_and_index_commit_is_redone(tmp_path):
     path = str(tmp_path / "store")
-    result = _run_child(path, CHILD_ACCEPT.format(path=path), {"MWPSTORE_FAILPOINT": "authority.after_log_sync:3"})
+    result = _run_child(path, CHILD_ACCEPT.format(path=path), {"MWPSTORE_FAILPOINT": "authority.after_log_sync:4"})
     assert result.returncode == -9, result.stderr
-    assert result.stdout.split() == ["2", "3"]  # the third commit died after its log sync
+    assert result.stdout.split() == ["2", "3"]  # the fourth commit (m-2) died after its log sync
     with Authority.open(path) as authority:
         assert authority.open_report.mode == "redo" and authority.open_report.redo_records == 1
         assert authority.head(GROUP)[0] == 4  # the durable, unacknowledged Event is kept

@@ -1,0 +1,108 @@
+"""The command line: the demo end to end, and every store command with --json and exit codes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from authority_helpers import GROUP, mission_create, open_with_group
+from mwpstore.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_STORE_ERROR, EXIT_USAGE, main
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_json(capsys, argv):
+    code = main(argv)
+    out = capsys.readouterr().out
+    return code, (json.loads(out) if out.strip() else None)
+
+
+def test_demo_runs_end_to_end_and_every_check_passes(tmp_path, capsys):
+    code, document = run_json(capsys, ["demo", str(tmp_path / "demo"), "--agents", "3", "--workitems", "30", "--json"])
+    assert code == EXIT_OK, [check for check in document["checks"] if not check["ok"]]
+    names = " ".join(check["name"] for check in document["checks"])
+    for expected in ("ACTION_ID_COLLISION", "Evidence", "CURSOR_TOO_OLD", "archive", "sweep", "duplicates, reordering"):
+        assert expected in names
+    assert document["counts"]["WorkItems submitted"] == 30
+    # a second run reuses its own directory; a foreign non-empty directory is refused
+    assert main(["demo", str(tmp_path / "demo"), "--agents", "2", "--workitems", "10", "--json"]) == EXIT_OK
+    capsys.readouterr()
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "precious.txt").write_text("keep me")
+    assert main(["demo", str(foreign)]) == EXIT_STORE_ERROR
+    assert (foreign / "precious.txt").read_text() == "keep me"
+
+
+@pytest.fixture
+def store(tmp_path):
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept_many([mission_create(f"m-{i}") for i in range(5)])
+    return path
+
+
+def test_inspect_verify_rebuild_snapshot_json(store, capsys):
+    code, info = run_json(capsys, ["inspect", "--store", store, "--json"])
+    assert code == EXIT_OK and info["groups"][GROUP]["seq"] == 6 and info["segments"]
+    code, report = run_json(capsys, ["verify", "--store", store, "--json"])
+    assert code == EXIT_OK and report["ok"] and report["events"] == 6
+    code, rebuilt = run_json(capsys, ["rebuild", "--store", store, "--json"])
+    assert code == EXIT_OK and rebuilt["records"] == 6
+    code, ref = run_json(capsys, ["snapshot", "create", GROUP, "--store", store, "--json"])
+    assert code == EXIT_OK and ref["seq"] == 6
+    snapshot_file = os.path.join(store, ref["location"])
+    public_key = os.path.join(store, "keys", "snapshot-signing.pub")
+    code, checked = run_json(capsys, ["snapshot", "verify", snapshot_file, "--trust", public_key, "--group", GROUP, "--json"])
+    assert code == EXIT_OK and checked["seq"] == 6
+    code, _ = run_json(capsys, ["snapshot", "verify", snapshot_file, "--trust", public_key, "--group", "other", "--json"])
+    assert code == EXIT_CHECK_FAILED
+    code, report = run_json(capsys, ["verify", "--store", store, "--json"])
+    assert code == EXIT_OK and report["ok"]
+
+
+def test_verify_exit_code_when_a_snapshot_is_damaged(store, capsys):
+    code, ref = run_json(capsys, ["snapshot", "create", GROUP, "--store", store, "--json"])
+    path = os.path.join(store, ref["location"])
+    data = bytearray(open(path, "rb").read())
+    data[-1] ^= 0x01
+    os.chmod(path, 0o600)
+    with open(path, "wb") as handle:
+        handle.write(bytes(data))
+    code, report = run_json(capsys, ["verify", "--store", store, "--json"])
+    assert code == EXIT_CHECK_FAILED and not report["ok"] and "SNAPSHOT_INVALID" in report["problems"][0]
+
+
+def test_tail_prints_events(store, capsys):
+    assert main(["tail", GROUP, "--store", store, "-n", "3", "--json"]) == EXIT_OK
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [json.loads(line)[1] for line in lines] == [4, 5, 6]
+
+
+def test_usage_errors(tmp_path, capsys):
+    assert main(["inspect", "--store", str(tmp_path / "missing")]) == EXIT_USAGE
+    with pytest.raises(SystemExit) as caught:
+        main(["no-such-command"])
+    assert caught.value.code == 2
+
+
+def test_locked_store_is_a_store_error(store, capsys):
+    with open_with_group(store + "-2") as _:
+        pass
+    from mwpstore import Authority
+
+    with Authority.open(store):
+        assert main(["inspect", "--store", store]) == EXIT_STORE_ERROR
+    assert "STORE_LOCKED" in capsys.readouterr().err
+
+
+def test_console_script_and_module_entry_points(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "mwpstore", "--help"], capture_output=True, text=True, cwd=REPO)
+    assert result.returncode == 0 and "demo" in result.stdout and "torture" in result.stdout
+    for command in ("demo", "inspect", "tail", "verify", "rebuild", "snapshot", "bench", "torture"):
+        sub = subprocess.run([sys.executable, "-m", "mwpstore", command, "--help"], capture_output=True, text=True, cwd=REPO)
+        assert sub.returncode == 0, (command, sub.stderr)
