@@ -1,0 +1,343 @@
+"""Bounded outage recovery on the agent side (MWP-WRK-020, MWP-WRK-021).
+
+While the Group service is unreachable an agent may only go on with work it already holds a lease
+for, that is reversible, and only until a grace deadline. :class:`OfflineGuard` enforces that
+against the AgentStore's mirror of the Group, and buffers the Commands such work produces durably,
+each with its offline binding (WorkItem, lease id, ownership epoch, session epoch, grace deadline,
+reversible). On reconnect every buffered Command is, in order:
+
+1. checked against the current projection: if the lease it was bound to is no longer the
+   WorkItem's current lease held by this agent (revoked, reassigned, expired and re-queued,
+   cancelled), it is refused (``LEASE_MISMATCH``) and reported, never resubmitted as authoritative;
+2. rebased onto the current session fields: ``session_epoch``, ``lease_id`` and
+   ``ownership_epoch`` in the body (where present) and ``expected_revision`` (where present), from
+   the projection;
+3. given a new Action ID exactly when one of those fields changed (freshness or fencing changed,
+   MWP-EXT-005): ``derive_action_id(old, changed fields)``, deterministic, so a crash during
+   reconnect re-derives the same ID and the authority's idempotency returns the original receipt;
+4. re-signed with the agent's Ed25519 key over ``command_bytes``;
+5. stored as rebased (durable) before it is submitted, so a retry resends the very same bytes.
+
+The caller brings the projection up to date (``sync``, e.g. a delivery catch-up) before each
+rebase, since a resubmitted Command changes the revision the next one must name.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from typing import Any
+
+import blake3
+import msgspec
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from . import canonical
+from .agent_store import AgentStore
+from .errors import InvalidCommand, LeaseMismatch, MwpError, Rejection
+from .messages import Command, check_command, command_bytes
+from .registry import aggregate_key, kind_spec
+
+DOMAIN_REBASE = b"mwpstore/rebase-action/v1\x00"
+
+NEVER_OFFLINE_KINDS = frozenset({"workitem.claim", "workitem.submit", "workitem.publish", "approval.request"})
+"""Kinds refused while offline whatever the caller says: new work, or visible outside the agent."""
+
+REBASED_BODY_FIELDS = ("session_epoch", "lease_id", "ownership_epoch")
+
+
+class OfflineRefused(MwpError):
+    """The offline guard refused an operation; ``reason`` says which rule (MWP-WRK-020)."""
+
+    code = "OFFLINE_REFUSED"
+
+
+class BufferedState(str, enum.Enum):
+    BUFFERED = "buffered"  # written offline, not yet rebased
+    REBASED = "rebased"  # rebased and re-signed; durable before submission
+    SUBMITTED = "submitted"  # the authority answered with a receipt
+    REFUSED = "refused"  # its lease was revoked meanwhile: not resubmitted
+    REJECTED = "rejected"  # the authority rejected the rebased Command
+
+
+class OfflineBinding(msgspec.Struct, frozen=True, kw_only=True):
+    """What an offline Command was bound to when the agent wrote it (MWP-WRK-021)."""
+
+    workitem: str
+    lease_id: str
+    ownership_epoch: int
+    session_epoch: int
+    grace_deadline_ms: int
+    reversible: bool
+
+
+class BufferedCommand(msgspec.Struct, frozen=True, kw_only=True):
+    number: int
+    group: str
+    command: Command
+    binding: OfflineBinding
+    buffered_at_ms: int
+    state: BufferedState = BufferedState.BUFFERED
+    rebased: Command | None = None
+    error_code: str | None = None
+    message: str | None = None
+    receipt: Any = None
+
+
+class Outage(msgspec.Struct, frozen=True, kw_only=True):
+    since_ms: int
+    grace_ms: int
+
+
+class ReconnectOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    number: int
+    state: BufferedState
+    command: Command
+    error: str | None = None
+    receipt: Any = None
+
+
+_BUFFERED_ENCODER = msgspec.msgpack.Encoder()
+_BUFFERED_DECODER = msgspec.msgpack.Decoder(BufferedCommand)
+_OUTAGE_DECODER = msgspec.msgpack.Decoder(Outage)
+
+
+def derive_action_id(old_action_id: str, changed: dict[str, Any]) -> str:
+    """The Action ID of a rebased Command: a pure function of the old ID and the changed fields."""
+    data = canonical.canonical_bytes({"action_id": old_action_id, "changed": changed})
+    return "rb-" + blake3.blake3(DOMAIN_REBASE + data).hexdigest()[:40]
+
+
+def sign_command(command: Command, signing_key: Ed25519PrivateKey) -> Command:
+    """Return ``command`` signed with Ed25519 over its canonical bytes."""
+    unsigned = msgspec.structs.replace(command, signature=None)
+    return msgspec.structs.replace(unsigned, signature=signing_key.sign(command_bytes(unsigned)))
+
+
+def _outage_key(group: str) -> bytes:
+    return group.encode() + b"\x00S"
+
+
+def _command_key(group: str, number: int) -> bytes:
+    return group.encode() + b"\x00C" + number.to_bytes(8, "big")
+
+
+class OfflineGuard:
+    """The outage rules for one agent in one Group, backed by the agent's store."""
+
+    def __init__(self, agent: AgentStore, group: str, agent_id: str, *, grace_ms: int) -> None:
+        canonical.check_id(group, "group")
+        canonical.check_id(agent_id, "agent_id")
+        if type(grace_ms) is not int or grace_ms < 0:
+            raise InvalidCommand("grace_ms must be a non-negative integer", field="grace_ms")
+        self.agent = agent
+        self.group = group
+        self.agent_id = agent_id
+        self.grace_ms = grace_ms
+
+    # -- reachability ---------------------------------------------------------------------------
+
+    def service_unreachable(self, now_ms: int) -> None:
+        """Note (durably) that the Group service became unreachable at ``now_ms``."""
+        with self.agent.begin() as tx:
+            if tx._offline_get(_outage_key(self.group)) is None:
+                tx._offline_put(
+                    _outage_key(self.group), _BUFFERED_ENCODER.encode(Outage(since_ms=now_ms, grace_ms=self.grace_ms))
+                )
+
+    def outage(self) -> Outage | None:
+        with self.agent.begin() as tx:
+            data = tx._offline_get(_outage_key(self.group))
+        return None if data is None else _OUTAGE_DECODER.decode(data)
+
+    @property
+    def offline(self) -> bool:
+        return self.outage() is not None
+
+    # -- the guard ------------------------------------------------------------------------------
+
+    def permit(
+        self, workitem: str, *, now_ms: int, reversible: bool, externally_visible: bool = False, kind: str | None = None
+    ) -> OfflineBinding | None:
+        """Check an operation on ``workitem``; return its offline binding, or None when online.
+
+        Online this only insists on a live lease held by this agent for irreversible or
+        externally visible operations (the authority enforces the rest). Offline it allows only
+        reversible, not externally visible work on a WorkItem this agent already holds a live
+        lease for, before the grace deadline; anything else raises ``OfflineRefused``.
+        """
+        outage = self.outage()
+        lease = self._held_lease(workitem)
+        if outage is None:
+            if (not reversible or externally_visible) and (lease is None or not self._live(lease, now_ms)):
+                raise OfflineRefused(
+                    f"an irreversible or externally visible operation on {workitem!r} needs a current lease",
+                    reason="no_current_lease",
+                )
+            return None
+        if kind in NEVER_OFFLINE_KINDS:
+            raise OfflineRefused(f"{kind} is not allowed while the Group service is unreachable", reason="kind")
+        if externally_visible:
+            raise OfflineRefused(
+                "externally visible operations wait for reconnection and reconciliation", reason="externally_visible"
+            )
+        if not reversible:
+            raise OfflineRefused("irreversible operations wait for reconnection and reconciliation", reason="irreversible")
+        if lease is None:
+            raise OfflineRefused(
+                f"no lease on {workitem!r}: new work does not start while the Group service is unreachable",
+                reason="new_work",
+            )
+        deadline = min(outage.since_ms + outage.grace_ms, lease["expires_at_ms"])
+        if now_ms >= deadline:
+            raise OfflineRefused(f"the offline grace period for {workitem!r} ended at {deadline}", reason="grace_expired")
+        return OfflineBinding(
+            workitem=workitem,
+            lease_id=lease["lease_id"],
+            ownership_epoch=lease["ownership_epoch"],
+            session_epoch=lease["session_epoch"],
+            grace_deadline_ms=deadline,
+            reversible=reversible,
+        )
+
+    def buffer(self, command: Command, *, now_ms: int, reversible: bool, externally_visible: bool = False) -> BufferedCommand:
+        """Check ``command`` with the guard and store it durably with its offline binding."""
+        check_command(command)
+        if command.group != self.group or command.actor != self.agent_id:
+            raise InvalidCommand("a buffered Command must be this agent's, in this Group", field="command")
+        binding = self.permit(
+            command.target, now_ms=now_ms, reversible=reversible, externally_visible=externally_visible, kind=command.kind
+        )
+        if binding is None:
+            raise OfflineRefused("the Group service is reachable: submit the Command directly", reason="online")
+        with self.agent.begin() as tx:
+            existing = tx._offline_range(self.group.encode() + b"\x00C")
+            number = 1 + (int.from_bytes(existing[-1][0][-8:], "big") if existing else 0)
+            record = BufferedCommand(number=number, group=self.group, command=command, binding=binding, buffered_at_ms=now_ms)
+            tx._offline_put(_command_key(self.group, number), _BUFFERED_ENCODER.encode(record))
+        return record
+
+    def buffered(self) -> list[BufferedCommand]:
+        with self.agent.begin() as tx:
+            rows = tx._offline_range(self.group.encode() + b"\x00C")
+        return [_BUFFERED_DECODER.decode(value) for _, value in rows]
+
+    # -- reconnect ------------------------------------------------------------------------------
+
+    def rebase(self, record: BufferedCommand, signing_key: Ed25519PrivateKey) -> Command:
+        """Rebase one buffered Command onto the current projection and re-sign it.
+
+        Raises ``LeaseMismatch`` when the lease it was bound to was revoked meanwhile.
+        """
+        binding = record.binding
+        lease = self._held_lease(binding.workitem)
+        if lease is None or lease["lease_id"] != binding.lease_id or lease["ownership_epoch"] != binding.ownership_epoch:
+            raise LeaseMismatch(
+                f"the lease {binding.lease_id} on {binding.workitem!r} was revoked while offline; "
+                "the buffered Command is not resubmitted as authoritative work",
+                lease_id=binding.lease_id,
+                workitem=binding.workitem,
+            )
+        command = record.command
+        member = self.agent.state(self.group, f"member:{self.agent_id}") or {}
+        current = {"session_epoch": member.get("session_epoch", lease["session_epoch"]),
+                   "lease_id": lease["lease_id"], "ownership_epoch": lease["ownership_epoch"]}
+        body = dict(command.body)
+        changed: dict[str, Any] = {}
+        for name in REBASED_BODY_FIELDS:
+            if name in body and body[name] != current[name]:
+                body[name] = current[name]
+                changed[name] = current[name]
+        expected_revision = command.expected_revision
+        if expected_revision is not None:
+            aggregate = aggregate_key(kind_spec(command.kind).aggregate_type, command.target)
+            revision = self.agent.revision(self.group, aggregate)
+            if revision != expected_revision:
+                expected_revision = revision
+                changed["expected_revision"] = revision
+        action_id = command.action_id if not changed else derive_action_id(command.action_id, changed)
+        rebased = msgspec.structs.replace(
+            command, body=body, expected_revision=expected_revision, action_id=action_id, signature=None
+        )
+        return sign_command(check_command(rebased), signing_key)
+
+    def reconnect(
+        self,
+        submit: Callable[[Command], Any],
+        *,
+        signing_key: Ed25519PrivateKey,
+        sync: Callable[[], Any] | None = None,
+    ) -> list[ReconnectOutcome]:
+        """Resubmit the buffered Commands in order: rebase, re-sign, store, submit.
+
+        ``submit(command)`` sends one Command to the authority and returns its receipt (or raises
+        a typed rejection); ``sync()`` brings the AgentStore up to date first. A transport error
+        from ``submit`` propagates: the outage is kept and a later call resends the stored bytes.
+        """
+        outcomes: list[ReconnectOutcome] = []
+        for record in self.buffered():
+            if record.state in (BufferedState.SUBMITTED, BufferedState.REFUSED, BufferedState.REJECTED):
+                continue
+            if sync is not None:
+                sync()
+            if record.state is BufferedState.BUFFERED:
+                try:
+                    rebased = self.rebase(record, signing_key)
+                except LeaseMismatch as exc:
+                    record = self._store(record, state=BufferedState.REFUSED, error_code=exc.code, message=exc.message)
+                    outcomes.append(ReconnectOutcome(number=record.number, state=record.state, command=record.command,
+                                                     error=exc.code))
+                    continue
+                record = self._store(record, state=BufferedState.REBASED, rebased=rebased)
+            assert record.rebased is not None
+            try:
+                receipt = submit(record.rebased)
+            except Rejection as exc:
+                record = self._store(record, state=BufferedState.REJECTED, error_code=exc.code, message=exc.message)
+                outcomes.append(ReconnectOutcome(number=record.number, state=record.state, command=record.rebased,
+                                                 error=exc.code))
+                continue
+            plain = msgspec.to_builtins(receipt) if receipt is not None else None
+            record = self._store(record, state=BufferedState.SUBMITTED, receipt=plain)
+            outcomes.append(ReconnectOutcome(number=record.number, state=record.state, command=record.rebased,
+                                             receipt=plain))
+        with self.agent.begin() as tx:
+            tx._offline_delete(_outage_key(self.group))
+        return outcomes
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _store(self, record: BufferedCommand, **changes: Any) -> BufferedCommand:
+        updated = msgspec.structs.replace(record, **changes)
+        with self.agent.begin() as tx:
+            tx._offline_put(_command_key(self.group, record.number), _BUFFERED_ENCODER.encode(updated))
+        return updated
+
+    def _held_lease(self, workitem: str) -> dict[str, Any] | None:
+        """The WorkItem's current lease if this agent holds it (per the projection), else None."""
+        state = self.agent.state(self.group, f"workitem:{workitem}")
+        if state is None or state.get("state") != "leased":
+            return None
+        lease = state.get("lease")
+        if not lease or lease.get("agent") != self.agent_id:
+            return None
+        return lease
+
+    @staticmethod
+    def _live(lease: dict[str, Any], now_ms: int) -> bool:
+        if now_ms >= lease["expires_at_ms"]:
+            return False
+        return bool(lease.get("started", True)) or now_ms < lease["start_by_ms"]
+
+
+__all__ = [
+    "BufferedCommand",
+    "BufferedState",
+    "OfflineBinding",
+    "OfflineGuard",
+    "OfflineRefused",
+    "Outage",
+    "ReconnectOutcome",
+    "derive_action_id",
+    "sign_command",
+]

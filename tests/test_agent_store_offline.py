@@ -1,0 +1,221 @@
+"""Bounded outage recovery: the offline guard, durable buffered Commands with their binding, and
+rebase + Ed25519 re-sign on reconnect, including a buffered Command whose lease was revoked.
+
+The Group is driven by the real work-model rules (``MemoryGroup`` through the test harness); its
+Events reach the AgentStore through ``tx.apply``, as they would through delivery.
+"""
+
+from __future__ import annotations
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from mwpstore.agent_store import AgentStore
+from mwpstore.errors import LeaseMismatch
+from mwpstore.messages import Command, command_bytes
+from mwpstore.offline import BufferedState, OfflineGuard, OfflineRefused, derive_action_id, sign_command
+from mwpstore.registry import verify_signature
+from work_model_support import GROUP, Harness
+
+AGENT = "w1"
+GRACE_MS = 5_000
+
+
+class Setup:
+    def __init__(self, tmp_path) -> None:
+        self.key = Ed25519PrivateKey.generate()
+        self.harness = Harness()
+        self.harness.signing_keys[AGENT] = self.key
+        public_key = self.key.public_key().public_bytes_raw().hex()
+        h = self.harness
+        h.accept("owner", "group.create", GROUP, {"org": "org1"})
+        h.accept("owner", "membership.add", AGENT, {"role": "worker", "public_key": public_key}, cas=True)
+        h.accept("owner", "membership.add", "w2", {"role": "worker"}, cas=True)
+        h.accept("owner", "mission.create", "m1", {"title": "one", "cost_limit": 1_000, "approval_required": []})
+        h.create_workitem("wi1")
+        h.create_workitem("wi2")
+        h.claim_and_start(AGENT, "wi1")
+        self.agent = AgentStore.open(tmp_path / "agent")
+        self.sync()
+        self.guard = OfflineGuard(self.agent, GROUP, AGENT, grace_ms=GRACE_MS)
+        self.submitted: list[Command] = []
+
+    def sync(self) -> None:
+        with self.agent.begin() as tx:
+            for event in self.harness.group.events:
+                tx.apply(event)
+            tx.advance_cursor(GROUP)
+
+    def submit(self, command: Command):
+        self.submitted.append(command)
+        return self.harness.accept_command(command)
+
+    def offline_command(self, kind: str, body: dict, *, cas: bool = False, action: str) -> Command:
+        revision = self.harness.group.revision(f"workitem:wi1") if cas else None
+        command = Command(actor=AGENT, action_id=action, group=GROUP, kind=kind, target="wi1", body=body,
+                          expected_revision=revision)
+        return sign_command(command, self.key)
+
+
+@pytest.fixture
+def setup(tmp_path):
+    state = Setup(tmp_path)
+    yield state
+    state.agent.close()
+
+
+def now(setup):
+    return setup.harness.now_ms
+
+
+def test_guard_allows_active_reversible_work_within_grace(setup):
+    setup.guard.service_unreachable(now(setup))
+    binding = setup.guard.permit("wi1", now_ms=now(setup) + 10, reversible=True)
+    lease = setup.harness.lease("wi1")
+    assert binding.lease_id == lease["lease_id"]
+    assert binding.ownership_epoch == lease["ownership_epoch"]
+    assert binding.session_epoch == lease["session_epoch"]
+    assert binding.grace_deadline_ms == min(now(setup) + GRACE_MS, lease["expires_at_ms"])
+    assert binding.reversible
+
+
+@pytest.mark.parametrize(
+    "workitem,options,reason",
+    [
+        ("wi2", dict(reversible=True), "new_work"),
+        ("wi1", dict(reversible=False), "irreversible"),
+        ("wi1", dict(reversible=True, externally_visible=True), "externally_visible"),
+        ("wi1", dict(reversible=True, kind="workitem.submit"), "kind"),
+        ("wi1", dict(reversible=True, kind="workitem.claim"), "kind"),
+    ],
+)
+def test_guard_refuses_while_offline(setup, workitem, options, reason):
+    setup.guard.service_unreachable(now(setup))
+    with pytest.raises(OfflineRefused) as info:
+        setup.guard.permit(workitem, now_ms=now(setup) + 1, **options)
+    assert info.value.detail["reason"] == reason
+
+
+def test_guard_refuses_after_the_grace_deadline(setup):
+    setup.guard.service_unreachable(now(setup))
+    deadline = setup.guard.permit("wi1", now_ms=now(setup), reversible=True).grace_deadline_ms
+    with pytest.raises(OfflineRefused) as info:
+        setup.guard.permit("wi1", now_ms=deadline, reversible=True)
+    assert info.value.detail["reason"] == "grace_expired"
+
+
+def test_outage_survives_a_restart(setup, tmp_path):
+    setup.guard.service_unreachable(now(setup))
+    setup.agent.close()
+    setup.agent = AgentStore.open(tmp_path / "agent")
+    guard = OfflineGuard(setup.agent, GROUP, AGENT, grace_ms=GRACE_MS)
+    assert guard.offline
+    with pytest.raises(OfflineRefused):
+        guard.permit("wi2", now_ms=now(setup), reversible=True)
+
+
+def test_online_irreversible_operation_needs_a_current_lease(setup):
+    assert setup.guard.permit("wi1", now_ms=now(setup), reversible=False) is None
+    with pytest.raises(OfflineRefused) as info:
+        setup.guard.permit("wi2", now_ms=now(setup), reversible=False, externally_visible=True)
+    assert info.value.detail["reason"] == "no_current_lease"
+
+
+def test_buffered_commands_are_durable_with_their_binding(setup, tmp_path):
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    command = setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 1}}, action="cp-1")
+    record = setup.guard.buffer(command, now_ms=now(setup) + 5, reversible=True)
+    with pytest.raises(OfflineRefused):
+        setup.guard.buffer(setup.offline_command("workitem.submit", {**fence, "submission": {}}, action="s-1"),
+                           now_ms=now(setup) + 6, reversible=True)
+    setup.agent.close()
+    setup.agent = AgentStore.open(tmp_path / "agent")
+    [stored] = OfflineGuard(setup.agent, GROUP, AGENT, grace_ms=GRACE_MS).buffered()
+    assert stored.command == command
+    assert stored.binding == record.binding
+    assert stored.binding.lease_id == fence["lease_id"]
+    assert stored.state is BufferedState.BUFFERED
+
+
+def test_reconnect_rebases_resigns_and_renames_exactly_where_freshness_changed(setup):
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    revision = setup.harness.group.revision("workitem:wi1")
+    # Two renewals written offline both name the revision the agent knew: the second is stale
+    # once the first is accepted, so it is rebased and gets a new Action ID.
+    first = setup.offline_command("lease.renew", dict(fence), cas=True, action="renew-1")
+    second = setup.offline_command("lease.renew", dict(fence), cas=True, action="renew-2")
+    checkpoint = setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 9}}, action="cp-1")
+    for command in (first, second, checkpoint):
+        setup.guard.buffer(command, now_ms=now(setup) + 1, reversible=True)
+    setup.harness.advance(100)
+    outcomes = setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=setup.sync)
+    assert [outcome.state for outcome in outcomes] == [BufferedState.SUBMITTED] * 3
+    sent = setup.submitted
+    assert sent[0].action_id == "renew-1" and sent[0].expected_revision == revision
+    assert sent[1].action_id == derive_action_id("renew-2", {"expected_revision": revision + 1})
+    assert sent[1].expected_revision == revision + 1
+    assert sent[2].action_id == "cp-1"
+    public_key = setup.key.public_key().public_bytes_raw()
+    for command in sent:
+        verify_signature(public_key, command_bytes(command), command.signature)
+    setup.sync()
+    assert setup.agent.checkpoint(GROUP, "wi1") == {"step": 9}
+    assert not setup.guard.offline
+    assert setup.guard.reconnect(setup.submit, signing_key=setup.key) == []
+
+
+def test_buffered_command_with_a_revoked_lease_is_not_resubmitted(setup):
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    checkpoint = setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 2}}, action="cp-1")
+    setup.guard.buffer(checkpoint, now_ms=now(setup) + 1, reversible=True)
+    # Meanwhile, at the Group: the owner reassigns the WorkItem (the lease is revoked) and w2 claims it.
+    setup.harness.accept("owner", "workitem.reassign", "wi1", {"reason": "w1 unreachable"})
+    setup.harness.claim("w2", "wi1")
+    outcomes = setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=setup.sync)
+    assert [(outcome.state, outcome.error) for outcome in outcomes] == [(BufferedState.REFUSED, LeaseMismatch.code)]
+    assert setup.submitted == []
+    [record] = setup.guard.buffered()
+    assert record.state is BufferedState.REFUSED
+    with pytest.raises(LeaseMismatch):
+        setup.guard.rebase(record, setup.key)
+
+
+def test_session_replacement_meanwhile_revokes_the_binding(setup):
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    setup.guard.buffer(setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {}}, action="cp-1"),
+                       now_ms=now(setup) + 1, reversible=True)
+    session_epoch = setup.harness.member(AGENT)["session_epoch"]
+    setup.harness.accept(AGENT, "session.replace", AGENT, {"session_epoch": session_epoch})
+    setup.harness.claim(AGENT, "wi1")  # the agent's new session holds a new lease: still not the bound one
+    outcomes = setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=setup.sync)
+    assert outcomes[0].state is BufferedState.REFUSED
+    assert setup.submitted == []
+
+
+def test_rebase_is_deterministic_and_resends_the_stored_bytes_after_a_failed_submit(setup):
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    setup.guard.buffer(setup.offline_command("lease.renew", dict(fence), cas=True, action="renew-1"),
+                       now_ms=now(setup) + 1, reversible=True)
+    setup.guard.buffer(setup.offline_command("lease.renew", dict(fence), cas=True, action="renew-2"),
+                       now_ms=now(setup) + 1, reversible=True)
+    calls = []
+
+    def flaky(command):
+        calls.append(command)
+        if len(calls) == 2:
+            raise ConnectionError("dropped during reconnect")
+        return setup.submit(command)
+
+    with pytest.raises(ConnectionError):
+        setup.guard.reconnect(flaky, signing_key=setup.key, sync=setup.sync)
+    assert setup.guard.offline
+    states = [record.state for record in setup.guard.buffered()]
+    assert states == [BufferedState.SUBMITTED, BufferedState.REBASED]
+    outcomes = setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=setup.sync)
+    assert [outcome.state for outcome in outcomes] == [BufferedState.SUBMITTED]
+    assert setup.submitted[-1] == calls[1], "the very same rebased, signed bytes are resent"
