@@ -437,7 +437,7 @@ class MwpstoreCrash:
 
 
 def open_store(adapter: Adapter, path_of: Callable[[], Path]) -> Callable[[RoundContext], int]:
-    """Seconds to open an existing, cleanly closed store (closing is not timed)."""
+    """Time to open an existing, cleanly closed store (closing is not timed)."""
 
     def run(ctx: RoundContext) -> int:
         path = path_of()
@@ -591,7 +591,7 @@ def main(argv: list[str] | None = None) -> int:
     large_store = (lambda: fixtures.populated(mwpstore, sizes.large)) if mwpstore is not None else None
     if selected(args, "open_clean"):
         bench.row(
-            "open_clean", "clean open: large store vs empty store", unit="s", primary="mwpstore_large",
+            "open_clean", "clean open: large store vs empty store", unit="ms", primary="mwpstore_large",
             size={"events": sizes.large},
             target=Target("within 1.5× of an empty store's open (no scan)", ratio_max={"mwpstore_empty": 1.5}),
         ).compare(

@@ -12,7 +12,7 @@ so that a burst of load from a neighbour on this shared machine hits every subje
 
 A subject function takes a :class:`RoundContext` and returns how many operations it performed.
 It may wrap its measured part in ``with ctx.timed():`` (setup outside is not timed); otherwise the
-whole call is timed. For rows in seconds (``unit="s"``) the value is the timed seconds; for other
+whole call is timed. For rows in time units (``"s"``, ``"ms"``) the value is the timed duration; for other
 lower-is-better units (``"MiB"``) the function returns the value itself. Each round runs in a
 fresh directory (``ctx.dir``) on the same filesystem as the repository, never on tmpfs
 (``MWPSTORE_BENCH_DIR`` overrides).
@@ -49,6 +49,7 @@ if str(REPO_ROOT) not in sys.path:  # the bench scripts run from a checkout, not
     sys.path.insert(0, str(REPO_ROOT))
 
 RESULTS_SCHEMA = "mwpstore-bench/1"
+_TIME_UNITS = {"s": 1.0, "ms": 1e3, "µs": 1e6}
 _MEMORY_FILESYSTEMS = {"tmpfs", "ramfs", "devtmpfs", "overlay-tmpfs"}
 _LIBRARIES = ["mwpstore", "eventsourcing", "msgspec", "blake3", "lmdb", "cryptography", "cffi"]
 
@@ -369,8 +370,10 @@ class Row:
             count = fn(context)
             elapsed = time.perf_counter() - start
         seconds = context.seconds if context.seconds is not None else elapsed
-        if self.lower_is_better:
-            value = float(count) if self.unit != "s" else seconds
+        if self.unit in _TIME_UNITS:
+            value = seconds * _TIME_UNITS[self.unit]
+        elif self.lower_is_better:
+            value = float(count)
         else:
             value = float(count) / seconds if seconds > 0 else float("inf")
         measurement = self.measurements.setdefault(name, Measurement(name, [], [], []))
@@ -525,7 +528,9 @@ def markdown_table(result: dict[str, Any], *, heading: bool = True) -> str:
         subjects = row["subjects"]
         ratios = row.get("ratios", {})
         target = row.get("target") or {}
-        size = ", ".join(f"{key} {format_number(value) if isinstance(value, (int, float)) else value}" for key, value in row.get("size", {}).items())
+        size = ", ".join(
+            f"{value:,} {key}" if isinstance(value, int) else f"{key} {value}" for key, value in row.get("size", {}).items()
+        )
         title = row["title"] + (f" ({size})" if size else "")
         first = True
         names = [row["primary"]] if row["primary"] in subjects else []

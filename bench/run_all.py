@@ -1,0 +1,261 @@
+"""Run every benchmark module in ``bench/``, collect their results, write ``docs/benchmarks.md``.
+
+    python bench/run_all.py            # full sizes (≈ 20 minutes on a 2-core machine)
+    python bench/run_all.py --quick    # small sizes (a few minutes; what CI runs)
+    python bench/run_all.py --report   # only regenerate docs/benchmarks.md from bench/results/
+
+Each ``bench/bench_*.py`` present runs in its own process (``--quick`` passed through), in the
+order below, then any others alphabetically. A module writes ``bench/results/<name>.json`` (see
+``bench/harness.py``); this script gathers every results file written during the run into
+``bench/results/summary.json`` and renders ``docs/benchmarks.md``: the tables with DESIGN §8's
+target and met / not met next to each figure, the machine, and the command that reproduces them.
+With matplotlib installed (the ``chart`` extra) it also draws ``docs/benchmarks.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import harness
+from harness import RESULTS_DIR, REPO_ROOT, BENCH_DIR, format_number, markdown_table, progress, write_atomic
+
+MODULE_ORDER = ["bench_authority.py", "bench_segment_log.py", "bench_agent_store.py", "bench_snapshot.py"]
+DOCS_PATH = REPO_ROOT / "docs" / "benchmarks.md"
+CHART_PATH = REPO_ROOT / "docs" / "benchmarks.png"
+SUMMARY_PATH = RESULTS_DIR / "summary.json"
+MODULE_TIMEOUT_SECONDS = {True: 15 * 60, False: 60 * 60}
+
+
+def bench_modules() -> list[Path]:
+    present = {path.name: path for path in BENCH_DIR.glob("bench_*.py")}
+    ordered = [present.pop(name) for name in MODULE_ORDER if name in present]
+    return ordered + [present[name] for name in sorted(present)]
+
+
+def run_module(path: Path, quick: bool) -> dict[str, Any]:
+    command = [sys.executable, str(path)] + (["--quick"] if quick else [])
+    progress(f"running python {os.path.relpath(path, REPO_ROOT)}{' --quick' if quick else ''}")
+    started_wall = time.time()
+    started = time.monotonic()
+    try:
+        completed = subprocess.run(command, cwd=REPO_ROOT, timeout=MODULE_TIMEOUT_SECONDS[quick], check=False)
+        returncode = completed.returncode
+    except subprocess.TimeoutExpired:
+        returncode = -1
+        progress(f"{path.name}: timed out after {MODULE_TIMEOUT_SECONDS[quick]}s")
+    seconds = time.monotonic() - started
+    written = sorted(
+        result.name
+        for result in RESULTS_DIR.glob("*.json")
+        if result != SUMMARY_PATH and result.stat().st_mtime >= started_wall - 1
+    )
+    progress(f"{path.name}: exit {returncode} in {seconds:.0f}s, results {written or 'none'}")
+    return {"module": path.name, "returncode": returncode, "seconds": round(seconds, 1), "results": written}
+
+
+def load_results(names: list[str] | None = None) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for path in sorted(RESULTS_DIR.glob("*.json")):
+        if path == SUMMARY_PATH or (names is not None and path.name not in names):
+            continue
+        try:
+            results[path.stem] = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            progress(f"skipping {path.name}: {exc}")
+    return results
+
+
+def is_harness_result(result: Any) -> bool:
+    return isinstance(result, dict) and isinstance(result.get("rows"), list) and all(
+        isinstance(row, dict) and "subjects" in row for row in result["rows"]
+    )
+
+
+# -- The report ---------------------------------------------------------------------------------
+
+
+def targets_at_a_glance(results: dict[str, Any]) -> list[str]:
+    lines = [
+        "| bench | mwpstore (median) | peer (median) | ratio | DESIGN §8 target | status |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for result in results.values():
+        if not is_harness_result(result):
+            continue
+        for row in result["rows"]:
+            if not row.get("target"):
+                continue
+            subjects = row["subjects"]
+            primary = subjects.get(row["primary"])
+            peers = list(row["target"].get("ratio_min") or {}) + list(row["target"].get("ratio_max") or {})
+            peer_name = peers[0] if peers else next((name for name in subjects if name != row["primary"]), None)
+            peer = subjects.get(peer_name) if peer_name else None
+            ratio = row.get("ratios", {}).get(f"{row['primary']}/{peer_name}")
+            unit = row["unit"]
+            lines.append(
+                "| {title} | {primary} | {peer} | {ratio} | {target} | {status} |".format(
+                    title=row["title"],
+                    primary=f"{format_number(primary['median'])} {unit}" if primary else "not run",
+                    peer=f"{peer_name}: {format_number(peer['median'])} {unit}" if peer else "",
+                    ratio=f"{ratio:.2f}×" if ratio is not None else "",
+                    target=row["target"]["text"],
+                    status={True: "met", False: "**not met**", None: "n/a"}[row.get("met")],
+                )
+            )
+    return lines
+
+
+def machine_section(results: dict[str, Any]) -> list[str]:
+    machine = next((result.get("machine") for result in results.values() if isinstance(result, dict) and result.get("machine")), None)
+    if not machine:
+        return ["(no machine facts recorded)"]
+    libraries = ", ".join(f"{name} {version}" for name, version in machine.get("libraries", {}).items())
+    return [
+        f"- CPU: {machine.get('cpu_model')}, {machine.get('cores')} cores, {machine.get('memory_mib')} MiB RAM",
+        f"- kernel: {machine.get('kernel')}; data directory filesystem: {machine.get('data_filesystem')} on {machine.get('data_device')}",
+        f"- Python {machine.get('python')}; {libraries}",
+        f"- commit {machine.get('git_commit')}; measured {machine.get('date_utc')}; load average at start {machine.get('load_average_at_start')}",
+    ]
+
+
+def render_report(summary: dict[str, Any]) -> str:
+    results = summary["results"]
+    quick = summary.get("quick")
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `bench/run_all.py` from `bench/results/*.json`; do not edit by hand.",
+        "",
+        "Reproduce:",
+        "",
+        "```",
+        f"python bench/run_all.py{' --quick' if quick else ''}",
+        "```",
+        "",
+        f"This run: {'**quick** (small sizes; the full run is `python bench/run_all.py`)' if quick else 'full sizes'}, "
+        f"{summary.get('date_utc')}. Every figure is the median of several rounds; the peers "
+        "(SQLite doing the same acceptance transaction with WAL and `synchronous=FULL`, and the "
+        "`eventsourcing` library on SQLite) ran in the same process run, rounds interleaved. The "
+        "machine is shared with other work, so compare ratios within a run rather than absolute "
+        "figures across runs. What each subject does is described in the docstrings of "
+        "`bench/bench_authority.py`, `bench/peer_sqlite.py` and `bench/peer_eventsourcing.py`.",
+        "",
+        "## Machine",
+        "",
+        *machine_section(results),
+        "",
+        "## DESIGN §8 targets at a glance",
+        "",
+        *targets_at_a_glance(results),
+        "",
+    ]
+    if summary.get("chart"):
+        lines += [f"![throughput against the peers]({Path(summary['chart']).name})", ""]
+    lines += ["## All rows", ""]
+    for name, result in results.items():
+        if is_harness_result(result):
+            lines += [markdown_table(result), ""]
+            facts = result.get("facts") or {}
+            for peer in ("sqlite", "eventsourcing"):
+                if isinstance(facts.get(peer), dict):
+                    settings = ", ".join(f"{key} {value}" for key, value in facts[peer].items())
+                    lines.append(f"- {peer} settings in force: {settings}")
+            if result.get("command"):
+                lines.append(f"- module command: `{result['command']}`; took {result.get('duration_seconds')} s")
+            lines.append("")
+        else:
+            lines += [f"### {name}", "", f"Results in `bench/results/{name}.json` (not in the harness format).", ""]
+    failed = [module for module in summary.get("modules", []) if module.get("returncode") not in (0, None)]
+    if failed:
+        lines += ["## Modules that failed in this run", ""]
+        lines += [f"- `{module['module']}`: exit {module['returncode']}" for module in failed]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def draw_chart(results: dict[str, Any]) -> Path | None:
+    """A bar chart of throughput rows (log scale), one bar per subject; None without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        progress("matplotlib is not installed (pip install .[chart]): no chart")
+        return None
+    rows = [
+        row
+        for result in results.values()
+        if is_harness_result(result)
+        for row in result["rows"]
+        if not row.get("lower_is_better") and len(row["subjects"]) > 1
+    ]
+    if not rows:
+        return None
+    subjects = sorted({name for row in rows for name in row["subjects"]})
+    figure, axes = plt.subplots(figsize=(max(8, 1.6 * len(rows)), 5))
+    width = 0.8 / len(subjects)
+    for offset, subject in enumerate(subjects):
+        values = [row["subjects"].get(subject, {}).get("median", 0) for row in rows]
+        axes.bar([index + offset * width for index in range(len(rows))], values, width, label=subject)
+    axes.set_yscale("log")
+    axes.set_xticks([index + 0.4 - width / 2 for index in range(len(rows))])
+    axes.set_xticklabels([row["key"] for row in rows], rotation=30, ha="right")
+    axes.set_ylabel("operations per second (median, log scale)")
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(CHART_PATH, dpi=110)
+    plt.close(figure)
+    return CHART_PATH
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="pass --quick to every module")
+    parser.add_argument("--report", action="store_true", help="do not run; regenerate the report from bench/results/")
+    parser.add_argument("--only", action="append", default=[], help="run only modules whose file name contains this")
+    args = parser.parse_args(argv)
+    RESULTS_DIR.mkdir(exist_ok=True)
+
+    modules: list[dict[str, Any]] = []
+    if args.report:
+        previous = json.loads(SUMMARY_PATH.read_text(encoding="utf-8")) if SUMMARY_PATH.exists() else {}
+        modules = previous.get("modules", [])
+        names = [name for module in modules for name in module.get("results", [])] or None
+    else:
+        quick = args.quick
+        for path in bench_modules():
+            if args.only and not any(part in path.name for part in args.only):
+                continue
+            modules.append(run_module(path, quick))
+        names = [name for module in modules for name in module["results"]]
+    results = load_results(names)
+    if args.report:
+        quick = any(isinstance(result, dict) and result.get("quick") for result in results.values())
+    summary: dict[str, Any] = {
+        "schema": harness.RESULTS_SCHEMA,
+        "quick": quick,
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": "python bench/run_all.py" + (" --quick" if quick else ""),
+        "modules": modules,
+        "results": results,
+    }
+    chart = draw_chart(results)
+    summary["chart"] = str(chart.relative_to(REPO_ROOT)) if chart else None
+    write_atomic(SUMMARY_PATH, json.dumps(summary, indent=2) + "\n")
+    DOCS_PATH.parent.mkdir(exist_ok=True)
+    write_atomic(DOCS_PATH, render_report(summary))
+    progress(f"wrote {SUMMARY_PATH.relative_to(REPO_ROOT)} and {DOCS_PATH.relative_to(REPO_ROOT)}")
+    return 0 if all(module.get("returncode") == 0 for module in modules) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
