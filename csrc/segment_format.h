@@ -43,7 +43,7 @@
 
 #define SL_KIND_RECORD 1 /* payload: the record's bytes */
 #define SL_KIND_COMMIT 2 /* payload: group_start u64, record_count u32, group_checksum u32 */
-#define SL_KIND_SEAL 3   /* payload: segment first_position u64, end_position u64 */
+#define SL_KIND_SEAL 3   /* payload: segment first_position u64, next_position u64 */
 
 #define SL_COMMIT_PAYLOAD_BYTES (8 + 4 + 4)
 #define SL_COMMIT_FRAME_BYTES (SL_FRAME_HEADER_BYTES + SL_COMMIT_PAYLOAD_BYTES)

@@ -260,7 +260,7 @@ static void seal_encode(uint8_t *frame, uint64_t position, uint64_t first_positi
     memset(frame, 0, SL_SEAL_FRAME_BYTES);
     frame_write_header(frame, SL_KIND_SEAL, SL_SEAL_PAYLOAD_BYTES, position);
     store_u64(frame + SL_FRAME_HEADER_BYTES, first_position);
-    store_u64(frame + SL_FRAME_HEADER_BYTES + 8, position + SL_SEAL_FRAME_BYTES);
+    store_u64(frame + SL_FRAME_HEADER_BYTES + 8, position); /* the next segment starts here */
     frame_seal_checksum(frame, SL_SEAL_FRAME_BYTES, seed);
 }
 
@@ -271,8 +271,7 @@ static int commit_matches(const struct frame *f, uint64_t group_start, uint32_t 
 }
 
 static int seal_matches(const struct frame *f, const struct sl_header *header, uint64_t position) {
-    return load_u64(f->payload) == header->first_position &&
-           load_u64(f->payload + 8) == position + SL_SEAL_FRAME_BYTES;
+    return load_u64(f->payload) == header->first_position && load_u64(f->payload + 8) == position;
 }
 
 /* ---- open-time recovery ("Torn tail") ------------------------------------------------------ */
@@ -374,7 +373,7 @@ int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header 
                 return fault_set(fault, SL_E_CORRUPT, SL_REASON_SEAL_MISMATCH, offset, position);
             }
             out->sealed = 1;
-            out->end_position = position + SL_SEAL_FRAME_BYTES;
+            out->end_position = position; /* the seal takes no position: the next segment's first */
             out->used_bytes = offset + SL_SEAL_FRAME_BYTES;
             out->torn = !all_zero(data + out->used_bytes, data_bytes - out->used_bytes);
             return SL_OK;
@@ -410,12 +409,13 @@ int sl_check_seal(const uint8_t *data, uint64_t data_bytes, const struct sl_head
                   uint64_t end_position, struct sl_fault *fault) {
     SL_ASSERT(data != NULL && header != NULL);
     fault_clear(fault);
-    if (end_position < header->first_position + SL_SEAL_FRAME_BYTES ||
-        end_position - header->first_position > header->segment_bytes - SL_SEGMENT_HEADER_BYTES ||
+    if (end_position <= header->first_position ||
+        end_position - header->first_position >
+            header->segment_bytes - SL_SEGMENT_HEADER_BYTES - SL_SEAL_FRAME_BYTES ||
         end_position % SL_FRAME_ALIGN_BYTES != 0) {
         return fault_set(fault, SL_E_CORRUPT, SL_REASON_SEAL_MISSING, 0, end_position);
     }
-    uint64_t position = end_position - SL_SEAL_FRAME_BYTES;
+    uint64_t position = end_position;
     uint64_t offset = offset_of(header, position);
     struct frame f;
     int status = frame_parse(data, data_bytes, header, offset, position, &f);
@@ -513,6 +513,7 @@ int sl_scan(const uint8_t *data, uint64_t data_bytes, const struct sl_header *he
                 return fault_set(fault, SL_E_CORRUPT, SL_REASON_SEAL_MISMATCH, offset, position);
             }
             state->sealed = 1;
+            break; /* the seal's position is the next segment's first position */
         }
         state->position = position + f.frame_bytes;
     }
@@ -875,8 +876,7 @@ static int log_roll(struct sl_log *log, struct sl_fault *fault) {
     if (rc != 0) {
         return log_fail(log, fault, rc);
     }
-    /* The seal is durable: the log now ends after it, whatever happens next. */
-    log->end_position += SL_SEAL_FRAME_BYTES;
+    /* The seal is durable: the next segment starts at end_position, whatever happens next. */
     log->sealed = 1;
     rc = io->truncate_file(io->context, log->fd, offset + SL_SEAL_FRAME_BYTES);
     if (rc == 0) {

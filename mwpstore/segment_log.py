@@ -57,6 +57,7 @@ _SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
 _TEMPORARY_NAME = re.compile(r"^(\d{20})\.seg\.tmp$")
 _HEADER_BYTES = lib.SL_SEGMENT_HEADER_BYTES
 _ALIGN_BYTES = lib.SL_FRAME_ALIGN_BYTES
+_SEAL_BYTES = lib.SL_SEAL_FRAME_BYTES
 _PAGE_BYTES = mmap.PAGESIZE
 
 # C reason codes -> the stable ``reason`` strings carried by Corruption errors.
@@ -353,7 +354,7 @@ class SegmentLog:
                 segment=segment.path, offset=int(fault.offset), position=next_first_position, reason="segment_missing",
             )
         segment.sealed = True
-        segment.sealed_used_bytes = _HEADER_BYTES + next_first_position - segment.first_position
+        segment.sealed_used_bytes = _HEADER_BYTES + next_first_position - segment.first_position + _SEAL_BYTES
         if len(mapped) > segment.sealed_used_bytes and not self._readonly:
             # Sealed, but the crash came before its trim was durable: trim it now.
             segment.unmap()
@@ -444,10 +445,7 @@ class SegmentLog:
         if rc == lib.SL_E_LIMIT:
             return LimitExceeded(f"a log bound was exceeded: {reason}.", field=reason)
         if rc == lib.SL_E_NOT_RECORD:
-            return InvalidCommand(
-                f"position {int(fault.position)} is not the start of a record in this log.",
-                field="position", position=int(fault.position),
-            )
+            return self._not_a_record(int(fault.position))
         if rc == lib.SL_E_NO_MEMORY:
             return StorageFailed("out of memory in the segment log.", errno=errno.ENOMEM)
         return InvalidCommand(f"the segment log rejected the call ({reason}).", field=reason)
@@ -534,12 +532,12 @@ class SegmentLog:
         active = self._segments[-1]
         first_position, end = int(state.first_position), int(state.end_position)
         if first_position != active.first_position:  # rolled over: the seal ends where the new segment starts
-            active.sealed_used_bytes = _HEADER_BYTES + first_position - active.first_position
+            active.sealed_used_bytes = _HEADER_BYTES + first_position - active.first_position + _SEAL_BYTES
             active.sealed = True
             path = os.path.join(self._directory, segment_file_name(first_position))
             self._segments = self._segments + (self._load_header(path, first_position),)
         elif state.sealed and not active.sealed:  # sealed, then creating the next segment failed
-            active.sealed_used_bytes = _HEADER_BYTES + end - active.first_position
+            active.sealed_used_bytes = _HEADER_BYTES + end - active.first_position + _SEAL_BYTES
             active.sealed = True
         self._end = end
 
@@ -586,8 +584,28 @@ class SegmentLog:
         readable = min(self._readable_bytes(segment, end), len(mapped))
         rc = lib.sl_read_record(data, readable, segment.header, position, offset, length, fault)
         if rc != lib.SL_OK:
-            raise self._error(rc, fault, segment=segment)
+            error = self._error(rc, fault, segment=segment)
+            if rc == lib.SL_E_CORRUPT:
+                self._walk_to(segment, position, end)  # raises the first damage it meets, if any
+                error = self._not_a_record(position)
+            raise error
         return mapped[offset[0] : offset[0] + length[0]]
+
+    @staticmethod
+    def _not_a_record(position: int) -> InvalidCommand:
+        return InvalidCommand(
+            f"position {position} is not the start of a record in this log.", field="position", position=position
+        )
+
+    def _walk_to(self, segment: _Segment, position: int, end: int) -> None:
+        """Walk the frames of ``segment`` from its start up to ``position`` (an error path only).
+
+        A frame that names a position but fails its checksum is either damage or bytes inside a
+        record that happen to look like a header; walking from a known frame start tells them
+        apart. Raises :class:`Corruption` if the walk meets damage before ``position``.
+        """
+        for _ in self._scan(segment.first_position, min(end, position + _ALIGN_BYTES), end, SCAN_BATCH_RECORDS_MAX):
+            pass
 
     def scan(self, start: int = 0, *, end: int | None = None, batch_records: int = 4096) -> Iterator[RecordBatch]:
         """Batches of the committed records with ``start <= position < end``.
@@ -640,6 +658,9 @@ class SegmentLog:
             rc = lib.sl_scan(data, readable, segment.header, stop, batch_records, state,
                              positions_c, starts_c, stops_c, count_c, fault)
             if rc != lib.SL_OK:
+                if rc == lib.SL_E_CORRUPT and not state.group_known and int(state.position) == start:
+                    self._walk_to(segment, start, log_end)  # damage, or a start inside a record?
+                    raise self._not_a_record(start)
                 raise self._error(rc, fault, segment=segment)
             count = count_c[0]
             if count:

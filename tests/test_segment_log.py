@@ -1,0 +1,420 @@
+"""The segment log through its Python API: round trip, rollover, reopen, readers during appends,
+locking, closing, and hostile inputs (typed errors, never a crash)."""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from mwpstore.errors import Corruption, InvalidCommand, LimitExceeded, StorageFailed, StoreClosed, StoreLocked
+from mwpstore.limits import GROUP_RECORDS_MAX, RECORD_BYTES_MAX, SCAN_BATCH_RECORDS_MAX, SEGMENT_BYTES_MIN
+from mwpstore.segment_log import RecordBatch, SegmentInfo, SegmentLog, segment_file_name
+
+SMALL = SEGMENT_BYTES_MIN  # 64 KiB segments roll over quickly
+
+
+def scan_all(log: SegmentLog, start: int = 0, **kwargs: object) -> list[tuple[int, bytes]]:
+    return [(p, bytes(r)) for batch in log.scan(start, **kwargs) for p, r in zip(batch.positions, batch.records)]
+
+
+def random_groups(rng: random.Random, count: int, sizes: tuple[int, ...] = (0, 1, 7, 8, 9, 100, 700, 2000)) -> list[list[bytes]]:
+    return [[rng.randbytes(rng.choice(sizes)) for _ in range(rng.choice((1, 1, 2, 3, 8, 20)))] for _ in range(count)]
+
+
+def test_new_log_is_empty(tmp_path):
+    with SegmentLog.open(tmp_path / "log") as log:
+        assert (log.start, log.end) == (0, 0)
+        assert scan_all(log) == []
+        assert [s.first_position for s in log.segments()] == [0]
+        assert log.verify() == 0
+
+
+def test_round_trip_positions_and_bytes(tmp_path):
+    rng = random.Random(1)
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        written = []
+        for group in random_groups(rng, 50):
+            end_before = log.end
+            positions = log.append(group)
+            assert positions[0] == end_before
+            assert positions == sorted(set(positions))
+            written += list(zip(positions, group))
+        assert all(position % 8 == 0 for position, _ in written)
+        for position, record in written:
+            assert log.read(position) == record
+        assert scan_all(log) == written
+        assert log.verify() == len(written)
+
+
+def test_append_accepts_bytes_like_records(tmp_path):
+    import array
+
+    with SegmentLog.open(tmp_path) as log:
+        wide = memoryview(array.array("I", [1, 2, 3]))
+        positions = log.append([b"a", bytearray(b"bc"), memoryview(b"def"), wide])
+        assert [log.read(p) for p in positions] == [b"a", b"bc", b"def", wide.tobytes()]
+
+
+def test_empty_append_writes_nothing(tmp_path):
+    with SegmentLog.open(tmp_path) as log:
+        assert log.append([]) == []
+        assert log.end == 0
+
+
+def test_rollover_seals_segments_and_keeps_positions_contiguous(tmp_path):
+    rng = random.Random(2)
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        written = []
+        for group in random_groups(rng, 150):
+            written += list(zip(log.append(group), group))
+        infos = log.segments()
+        assert len(infos) >= 3
+        assert all(isinstance(info, SegmentInfo) for info in infos)
+        assert [info.sealed for info in infos] == [True] * (len(infos) - 1) + [False]
+        for earlier, later in zip(infos, infos[1:]):
+            # A sealed segment is trimmed to its seal; the next one starts where the seal ends.
+            assert earlier.size_bytes == earlier.used_bytes
+            assert later.first_position == earlier.first_position + earlier.used_bytes - 64 - 32
+            assert os.path.basename(later.path) == segment_file_name(later.first_position)
+        assert infos[-1].size_bytes == SMALL
+        assert scan_all(log) == written
+        # Scans starting at every record position, in small batches, across segment boundaries.
+        for index in range(0, len(written), 37):
+            assert scan_all(log, written[index][0], batch_records=5) == written[index:]
+
+
+def test_group_never_spans_segments(tmp_path):
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        log.append([b"x" * 40_000])
+        positions = log.append([b"y" * 30_000])  # does not fit the rest: a new segment
+        assert positions == [log.segments()[1].first_position]
+
+
+def test_group_larger_than_a_segment_is_limit_exceeded(tmp_path):
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        with pytest.raises(LimitExceeded):
+            log.append([b"z" * (SMALL - 64)])
+        with pytest.raises(LimitExceeded):
+            log.append([b"z" * 30_000, b"z" * 30_000, b"z" * 30_000])
+        assert log.end == 0
+        log.append([b"still fine"])
+
+
+def test_reopen_sees_everything(tmp_path):
+    rng = random.Random(3)
+    written = []
+    for round_number in range(4):
+        with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+            assert scan_all(log) == written
+            for group in random_groups(rng, 30):
+                written += list(zip(log.append(group), group))
+    with SegmentLog.open(tmp_path, readonly=True) as log:
+        assert scan_all(log) == written
+        assert log.end == written[-1][0] + 8 * ((16 + len(written[-1][1]) + 7) // 8) + 32
+
+
+def test_reopen_with_another_segment_size_keeps_old_segments(tmp_path):
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        first = [log.append([b"a" * 1000])[0] for _ in range(100)]
+    with SegmentLog.open(tmp_path, segment_bytes=2 * SMALL) as log:
+        second = [log.append([b"b" * 1000])[0] for _ in range(200)]
+        assert [log.read(p) for p in first] == [b"a" * 1000] * 100
+        assert [log.read(p) for p in second] == [b"b" * 1000] * 200
+        assert log.segments()[-1].size_bytes == 2 * SMALL
+
+
+def test_scan_end_and_next_position(tmp_path):
+    with SegmentLog.open(tmp_path) as log:
+        positions = [log.append([bytes([i]) * i])[0] for i in range(1, 20)]
+        batches = list(log.scan(positions[3], end=positions[10], batch_records=3))
+        assert all(isinstance(batch, RecordBatch) for batch in batches)
+        assert [p for batch in batches for p in batch.positions] == positions[3:10]
+        assert [len(batch) for batch in batches] == [3, 3, 1]
+        # next_position resumes exactly where the batch stopped.
+        resumed = scan_all(log, batches[0].next_position)
+        assert [p for p, _ in resumed] == positions[6:]
+        assert list(log.scan(log.end)) == []
+
+
+def test_record_views_outlive_the_next_batch_and_close(tmp_path):
+    with SegmentLog.open(tmp_path) as log:
+        log.append([b"first", b"second", b"third"])
+        iterator = log.scan(0, batch_records=1)
+        kept = next(iterator).records[0]
+        next(iterator)
+        assert kept.readonly
+    assert bytes(kept) == b"first"
+
+
+def test_readonly_does_not_lock_or_write(tmp_path):
+    with SegmentLog.open(tmp_path) as writer:
+        writer.append([b"one"])
+        with SegmentLog.open(tmp_path, readonly=True) as reader:
+            assert scan_all(reader) == [(0, b"one")]
+            with pytest.raises(InvalidCommand):
+                reader.append([b"two"])
+            reader.sync()
+
+
+def test_readonly_on_missing_directory_is_storage_failed(tmp_path):
+    with pytest.raises(StorageFailed):
+        SegmentLog.open(tmp_path / "absent", readonly=True)
+    assert not (tmp_path / "absent").exists()
+
+
+def test_second_writer_is_store_locked(tmp_path):
+    with SegmentLog.open(tmp_path):
+        with pytest.raises(StoreLocked) as caught:
+            SegmentLog.open(tmp_path)
+        assert caught.value.code == "STORE_LOCKED"
+    SegmentLog.open(tmp_path).close()  # the lock went with the first handle
+
+
+def test_second_writer_in_another_process_is_store_locked(tmp_path):
+    program = (
+        "import sys\n"
+        "from mwpstore.segment_log import SegmentLog\n"
+        "from mwpstore.errors import StoreLocked\n"
+        "try:\n"
+        "    SegmentLog.open(sys.argv[1])\n"
+        "except StoreLocked:\n"
+        "    sys.exit(7)\n"
+    )
+    with SegmentLog.open(tmp_path):
+        result = subprocess.run([sys.executable, "-c", program, str(tmp_path)], capture_output=True)
+        assert result.returncode == 7, result.stderr
+    result = subprocess.run([sys.executable, "-c", program, str(tmp_path)], capture_output=True)
+    assert result.returncode == 0, result.stderr
+
+
+def test_every_call_after_close_is_store_closed(tmp_path):
+    log = SegmentLog.open(tmp_path)
+    position = log.append([b"x"])[0]
+    pending_scan = log.scan(0)
+    log.close()
+    log.close()  # idempotent
+    for call in (
+        lambda: log.append([b"y"]),
+        lambda: log.read(position),
+        lambda: log.scan(0),
+        lambda: next(pending_scan),
+        lambda: log.segments(),
+        lambda: log.sync(),
+        lambda: log.verify(),
+        lambda: log.start,
+        lambda: log.end,
+    ):
+        with pytest.raises(StoreClosed):
+            call()
+
+
+@pytest.mark.parametrize(
+    "records",
+    [b"bytes, not a list", "text", bytearray(b"x"), 17, None, [b"ok", "text"], [b"ok", 5], [None], (x for x in [b"gen"])],
+)
+def test_hostile_records_are_invalid_command(tmp_path, records):
+    with SegmentLog.open(tmp_path) as log:
+        with pytest.raises(InvalidCommand):
+            log.append(records)
+        assert log.end == 0
+        log.append([b"the log still works"])
+
+
+def test_oversize_inputs_are_limit_exceeded(tmp_path):
+    with SegmentLog.open(tmp_path) as log:
+        with pytest.raises(LimitExceeded):
+            log.append([bytes(RECORD_BYTES_MAX + 1)])
+        with pytest.raises(LimitExceeded):
+            log.append([b""] * (GROUP_RECORDS_MAX + 1))
+        with pytest.raises(LimitExceeded):
+            log.scan(0, batch_records=SCAN_BATCH_RECORDS_MAX + 1)
+        with pytest.raises(LimitExceeded):
+            log.scan(0, batch_records=0)
+        assert log.end == 0
+        position = log.append([bytes(RECORD_BYTES_MAX)])[0]  # exactly at the bound is fine
+        assert len(log.read(position)) == RECORD_BYTES_MAX
+
+
+@pytest.mark.parametrize("segment_bytes", [0, 4096, SEGMENT_BYTES_MIN + 1, 2**40, -65536, 65536.0, True, "65536"])
+def test_bad_segment_bytes_are_rejected(tmp_path, segment_bytes):
+    with pytest.raises((InvalidCommand, LimitExceeded)):
+        SegmentLog.open(tmp_path, segment_bytes=segment_bytes)
+
+
+def test_bad_positions_are_typed_errors(tmp_path):
+    with SegmentLog.open(tmp_path) as log:
+        positions = log.append([b"a" * 100, b"b" * 5])
+        for bad in (-8, -1, 1, 3, positions[0] + 8, positions[0] + 16, positions[1] + 8, log.end, log.end + 8, 2**64, 2**80):
+            with pytest.raises(InvalidCommand):
+                log.read(bad)
+        for bad in (1.0, "0", None, True, b"\x00"):
+            with pytest.raises(InvalidCommand):
+                log.read(bad)
+        # The commit record that ends the group is not a record either.
+        with pytest.raises(InvalidCommand):
+            log.read(log.end - 32)
+        for bad in (-8, 4, positions[0] + 24, log.end + 8):
+            with pytest.raises(InvalidCommand):
+                list(log.scan(bad))
+        with pytest.raises(InvalidCommand):
+            log.scan(0, end=log.end + 8)
+        with pytest.raises(InvalidCommand):
+            log.scan(0, batch_records="10")
+
+
+def test_payload_that_imitates_a_frame_is_not_a_record_start(tmp_path):
+    # A record whose bytes look like a frame header for the position inside it: without the
+    # log's id in the checksum it would pass; with it, it cannot be forged without the id.
+    import struct
+
+    with SegmentLog.open(tmp_path) as log:
+        end = log.end
+        inner_position = end + 16
+        fake = struct.pack("<IIQ", 0, (1 << 28) | 8, inner_position) + b"12345678"
+        log.append([fake])
+        with pytest.raises(InvalidCommand):
+            log.read(inner_position)
+
+
+def test_concurrent_readers_see_only_whole_groups(tmp_path):
+    rng = random.Random(4)
+    groups = random_groups(rng, 300, sizes=(0, 10, 300, 1200))
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL, sync=False) as log:
+        group_ends: list[int] = []
+        ends_lock = threading.Lock()
+        stop = threading.Event()
+        failures: list[BaseException] = []
+
+        def reader() -> None:
+            try:
+                while not stop.is_set():
+                    end = log.end
+                    got = scan_all(log, end=end)
+                    # Every record seen belongs to a group the writer finished, and all of it.
+                    with ends_lock:
+                        known = list(group_ends)
+                    assert end in known or end == 0
+                    expected = [(p, r) for group, positions in written[: known.index(end) + 1 if end else 0] for p, r in zip(positions, group)]
+                    assert got == expected
+                    if got:
+                        position, record = got[len(got) // 2]
+                        assert log.read(position) == record
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                failures.append(exc)
+
+        written: list[tuple[list[bytes], list[int]]] = []
+        threads = [threading.Thread(target=reader) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        try:
+            for group in groups:
+                positions = log.append(group)
+                written.append((group, positions))
+                with ends_lock:
+                    group_ends.append(log.end)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join()
+        assert not failures, failures[0]
+        assert len(log.segments()) > 2
+
+
+def test_bulk_mode_is_durable_after_sync_and_close(tmp_path):
+    with SegmentLog.open(tmp_path, sync=False) as log:
+        positions = log.append([b"bulk"] * 1000)
+        log.sync()
+    with SegmentLog.open(tmp_path, readonly=True) as log:
+        assert [log.read(p) for p in positions[:3]] == [b"bulk"] * 3
+
+
+def test_foreign_files_in_the_directory_are_ignored(tmp_path):
+    with SegmentLog.open(tmp_path) as log:
+        log.append([b"x"])
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "123.seg").write_bytes(b"not a segment name")
+    with SegmentLog.open(tmp_path) as log:
+        assert scan_all(log) == [(0, b"x")]
+
+
+def test_leftover_temporary_segment_is_removed(tmp_path):
+    with SegmentLog.open(tmp_path) as log:
+        log.append([b"x"])
+    leftover = tmp_path / (segment_file_name(4096) + ".tmp")
+    leftover.write_bytes(b"half-made")
+    with SegmentLog.open(tmp_path) as log:
+        assert not leftover.exists()
+        assert scan_all(log) == [(0, b"x")]
+
+
+def test_misnamed_segment_is_corruption(tmp_path):
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        for _ in range(100):
+            log.append([b"q" * 1000])
+        infos = log.segments()
+    os.rename(infos[1].path, os.path.join(tmp_path, segment_file_name(infos[1].first_position + 8)))
+    with pytest.raises(Corruption) as caught:
+        SegmentLog.open(tmp_path, readonly=True)
+    assert caught.value.detail["reason"] in ("segment_name", "segment_missing")
+
+
+def test_missing_middle_segment_is_corruption(tmp_path):
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        for _ in range(150):
+            log.append([b"q" * 1000])
+        infos = log.segments()
+    assert len(infos) >= 3
+    os.unlink(infos[1].path)
+    for readonly in (True, False):
+        with pytest.raises(Corruption) as caught:
+            SegmentLog.open(tmp_path, readonly=readonly)
+        assert caught.value.detail["reason"] == "segment_missing"
+        assert caught.value.detail["segment"] == infos[0].path
+
+
+def test_missing_first_segment_is_corruption(tmp_path):
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        for _ in range(100):
+            log.append([b"q" * 1000])
+        infos = log.segments()
+    os.unlink(infos[0].path)
+    with pytest.raises(Corruption) as caught:
+        SegmentLog.open(tmp_path)
+    assert caught.value.detail["reason"] == "segment_missing"
+
+
+def test_segment_from_another_log_is_corruption(tmp_path):
+    for name in ("a", "b"):
+        with SegmentLog.open(tmp_path / name, segment_bytes=SMALL) as log:
+            for _ in range(100):
+                log.append([b"q" * 1000])
+    second = SegmentLog.open(tmp_path / "b", readonly=True)
+    infos = second.segments()
+    second.close()
+    os.replace(infos[1].path, str(tmp_path / "a" / os.path.basename(infos[1].path)))
+    with pytest.raises(Corruption):
+        SegmentLog.open(tmp_path / "a", readonly=True)
+
+
+def test_reopen_after_seal_without_next_segment(tmp_path):
+    # The state a crash leaves between sealing a segment and creating the next one.
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        written = []
+        for _ in range(100):
+            written += list(zip(log.append([b"s" * 1000]), [b"s" * 1000]))
+        last = log.segments()[-1]
+    os.unlink(last.path)
+    kept = [(p, r) for p, r in written if p < last.first_position]
+    with SegmentLog.open(tmp_path, readonly=True) as reader:
+        assert reader.end == last.first_position
+        assert scan_all(reader) == kept
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        assert log.end == last.first_position
+        assert scan_all(log) == kept
+        assert log.append([b"after"]) == [last.first_position]
+        assert log.segments()[-1].first_position == last.first_position
