@@ -55,6 +55,8 @@ PROJECTION_KEY_BYTES_MAX = 256
 
 AGGREGATE_CHARS_MAX = 2 * limits.ID_CHARS_MAX + 1
 
+VERIFY_MODES = frozenset({"full", "trusted"})
+
 _DATABASES = (
     b"meta",  # format version
     b"heads",  # group -> GroupHead
@@ -193,7 +195,23 @@ def _check_group(group: object) -> str:
     return canonical.check_id(group, "group")
 
 
+# Strings already found valid (bounded): checking an ID is a regex match, and the same Group and
+# aggregate keys recur in almost every Event.
+_CHECKED_AGGREGATES: set[str] = set()
+_CHECKED_GROUPS: set[str] = set()
+_CHECKED_AGGREGATES_MAX = 100_000
+
+
 def _check_aggregate(aggregate: object) -> None:
+    if type(aggregate) is str and aggregate in _CHECKED_AGGREGATES:
+        return
+    _check_aggregate_slow(aggregate)
+    if len(_CHECKED_AGGREGATES) >= _CHECKED_AGGREGATES_MAX:
+        _CHECKED_AGGREGATES.clear()
+    _CHECKED_AGGREGATES.add(aggregate)  # type: ignore[arg-type]
+
+
+def _check_aggregate_slow(aggregate: object) -> None:
     if type(aggregate) is not str or not 0 < len(aggregate) <= AGGREGATE_CHARS_MAX:
         raise EventInvalid("Event effect names no valid aggregate", reason="effects")
     kind, sep, ident = aggregate.partition(":")
@@ -215,10 +233,14 @@ def _check_shape(event: Event) -> None:
         or type(event.effects) is not list
     ):
         raise EventInvalid("Event fields have the wrong types", reason="type")
-    try:
-        canonical.check_id(event.group, "group")
-    except InvalidCommand as exc:
-        raise EventInvalid(f"Event group invalid: {exc.message}", reason="field", field="group") from None
+    if type(event.group) is not str or event.group not in _CHECKED_GROUPS:
+        try:
+            canonical.check_id(event.group, "group")
+        except InvalidCommand as exc:
+            raise EventInvalid(f"Event group invalid: {exc.message}", reason="field", field="group") from None
+        if len(_CHECKED_GROUPS) >= _CHECKED_AGGREGATES_MAX:
+            _CHECKED_GROUPS.clear()
+        _CHECKED_GROUPS.add(event.group)
     for effect in event.effects:
         if type(effect) is not Effect:
             raise EventInvalid("Event effects must be Effect values", reason="effects")
@@ -250,6 +272,21 @@ def admit_event(event: Event | bytes | bytearray | memoryview) -> tuple[Event, b
     return event, data
 
 
+def admit_trusted_event(event: object) -> Event:
+    """The checks of ``verify="trusted"``: an Event object of the right types whose IDs and
+    aggregate keys are safe to use as store keys. No hashing and no content walk."""
+    if type(event) is not Event:
+        if isinstance(event, (bytes, bytearray, memoryview)):
+            return admit_event(event)[0]
+        raise EventInvalid("expected a mwpstore.Event or its encoded bytes", reason="type")
+    _check_shape(event)
+    if type(event.seq) is not int or event.seq < 1 or event.event_id != f"{event.group}:{event.seq}":
+        raise EventInvalid("Event ID does not match its Group and a positive sequence", reason="event_id")
+    if type(event.prev_hash) is not bytes or len(event.hash) != 32 or len(event.prev_hash) != 32:
+        raise EventInvalid("Event hashes must be 32 bytes", reason="hash")
+    return event
+
+
 # -- the store -----------------------------------------------------------------------------------
 
 
@@ -264,8 +301,10 @@ class AgentStore:
         projections: Sequence[Projection],
         trusted_keys: Sequence[Any],
         clock: Callable[[], int],
+        verify: str = "full",
     ) -> None:
         self.path = path
+        self.verify = verify
         self._env = env
         self._lock_fd = lock_fd
         self._dbs = {name.decode(): env.open_db(name) for name in _DATABASES}
@@ -285,11 +324,19 @@ class AgentStore:
         trusted_keys: Iterable[Any] = (),
         map_size: int = limits.AGENT_LMDB_MAP_BYTES_DEFAULT,
         clock: Callable[[], int] = _wall_clock_ms,
+        verify: str = "full",
     ) -> AgentStore:
         """Open (creating on first use) the store in directory ``path``.
 
+        ``verify="full"`` (the default) checks every delivered Event completely (``check_event``:
+        types, IDs, canonical content, payload hash, chain hash and link). ``verify="trusted"`` is
+        for Events read from an in-process ``Authority`` (validated when accepted, read back from
+        its checksummed log): it checks types, IDs, sequence and the chain link by comparing
+        ``prev_hash`` with the applied head, but does not recompute hashes or re-walk content.
         Raises ``StoreLocked`` when another handle (any process) has it open.
         """
+        if verify not in VERIFY_MODES:
+            raise InvalidCommand(f"verify must be one of {sorted(VERIFY_MODES)}", field="verify")
         path = os.fspath(path)
         projections = tuple(projections)
         names = [projection.name for projection in projections]
@@ -317,7 +364,7 @@ class AgentStore:
                 subdir=True,
                 readahead=False,
             )
-            store = cls(path, env, lock_fd, projections, tuple(trusted_keys), clock)
+            store = cls(path, env, lock_fd, projections, tuple(trusted_keys), clock, verify)
             store._check_format()
         except BaseException as exc:
             os.close(lock_fd)
@@ -778,6 +825,7 @@ class AgentTransaction:
         self._dirty: set[str] = set()
         self._done = False
         self._failed: BaseException | None = None
+        self._full = store.verify == "full"
 
     def __enter__(self) -> AgentTransaction:
         return self
@@ -838,7 +886,10 @@ class AgentTransaction:
         stays usable. An application projection that raises aborts the whole transaction.
         """
         self._check_usable()
-        event, data = admit_event(event)
+        if self._full:
+            event, data = admit_event(event)
+        else:
+            event, data = admit_trusted_event(event), None
         group = event.group
         head = self._heads.get(group) or self._head(group)
         seq = event.seq
@@ -854,12 +905,16 @@ class AgentTransaction:
             failpoints.hit("agent.after_dedupe")
             return ApplyStatus.DUPLICATE
         if seq == head.applied_seq + 1:
-            check_event(event, expected_prev_hash=head.applied_hash)
+            self._check_link(event, head.applied_hash)
             failpoints.hit("agent.after_sequence")
             self._apply_next(head, event)
-            self._drain(group)
+            if head.buffered:
+                self._drain(group)
             return ApplyStatus.APPLIED
-        check_event(event)
+        if self._full:
+            check_event(event)
+        else:
+            data = encode_event(event)
         key = _seq_key(group, seq)
         buffered = self._txn.get(key, db=self._buffer_db)
         if buffered is not None:
@@ -877,6 +932,12 @@ class AgentTransaction:
         self._dirty.add(group)
         failpoints.hit("agent.after_buffer")
         return ApplyStatus.BUFFERED
+
+    def _check_link(self, event: Event, prev_hash: bytes) -> None:
+        if self._full:
+            check_event(event, expected_prev_hash=prev_hash)
+        elif event.prev_hash != prev_hash:
+            raise EventInvalid("Event does not link to the previous Event's hash", reason="prev_hash")
 
     def apply_many(self, events: Iterable[Event | bytes]) -> list[ApplyStatus]:
         return [self.apply(event) for event in events]
@@ -1020,7 +1081,7 @@ class AgentTransaction:
             self._dirty.add(group)
             try:
                 event = decode_event(data)
-                check_event(event, expected_prev_hash=head.applied_hash)
+                self._check_link(event, head.applied_hash)
             except EventInvalid:
                 return  # a forged or conflicting buffered Event: dropped; the gap stays open
             self._apply_next(head, event)
