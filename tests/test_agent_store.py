@@ -470,3 +470,41 @@ def test_restore_from_signed_snapshot_bytes(tmp_path, events):
     apply_all(agent, events[25:])
     assert agent.cursor(GROUP) == len(events)
     agent.close()
+
+
+# -- verify="trusted" (Events from an in-process Authority) --------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["wrong event id", "seq as string", "effects not a list", "effect aggregate with NUL", "group is a path",
+             "not an Event", "garbage bytes", "broken chain link", "authoritative as int"],
+)
+def test_trusted_mode_still_rejects_malformed_events(tmp_path, events, name):
+    agent = AgentStore.open(tmp_path / "a", verify="trusted")
+    _, event, _ = {entry[0]: entry for entry in hostile_events(events)}[name]
+    if name == "broken chain link":
+        apply_all(agent, events[:1])
+    before = agent.projection_dump()
+    with agent.begin() as tx:
+        with pytest.raises(EventInvalid):
+            tx.apply(event)
+    assert agent.projection_dump() == before
+    agent.close()
+
+
+def test_trusted_mode_builds_the_same_projection(tmp_path, events):
+    full = AgentStore.open(tmp_path / "full", projections=[CountingProjection()])
+    trusted = AgentStore.open(tmp_path / "trusted", projections=[CountingProjection()], verify="trusted")
+    apply_all(full, events)
+    shuffled = events[30:] + events[:30]
+    apply_all(trusted, shuffled)
+    assert trusted.projection_dump() == full.projection_dump()
+    full.close()
+    trusted.close()
+
+
+def test_unknown_verify_mode_is_refused(tmp_path):
+    from mwpstore.errors import InvalidCommand
+
+    with pytest.raises(InvalidCommand):
+        AgentStore.open(tmp_path / "a", verify="none")
