@@ -77,6 +77,31 @@ def _remove_quietly(path: str) -> None:
         pass
 
 
+def makedirs_durable(directory: str) -> None:
+    """Create ``directory`` and any missing parents, fsyncing each parent after a creation.
+
+    ``os.makedirs`` alone is not enough before an atomic write: after a power loss the new
+    directory entry itself may be gone, taking the renamed file with it.
+    """
+    directory = os.path.abspath(directory)
+    missing = []
+    while not os.path.isdir(directory):
+        missing.append(directory)
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    try:
+        for path in reversed(missing):
+            try:
+                os.mkdir(path, 0o755)
+            except FileExistsError:
+                pass
+            fsync_directory(os.path.dirname(path))
+    except OSError as exc:
+        raise translate(exc, context=f"creating {path}") from None
+
+
 def ensure_private_directory(directory: str) -> None:
     """Create ``directory`` (mode 0700) if missing; an existing directory is left as it is."""
     try:

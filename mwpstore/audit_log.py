@@ -41,6 +41,7 @@ from ._files import (
     create_secret_file,
     ensure_private_directory,
     fsync_directory,
+    makedirs_durable,
     read_file_capped,
     read_secret_file,
     write_file_atomic,
@@ -163,6 +164,8 @@ class AuditLogInfo(msgspec.Struct, frozen=True, kw_only=True):
     bytes: int
     last_seq: int
     head_hash: bytes
+    file_hash: str = ""
+    """blake3 of the whole file, hex (set by ``write_audit_log``, computed while writing)."""
 
 
 class _Header(msgspec.Struct, frozen=True):
@@ -221,7 +224,8 @@ def write_audit_log(
     """Encrypt ``events`` (encoded Events of ``group``, seqs 1, 2, ... in order) into ``path``.
 
     The file appears atomically (temp file, fsync, rename, directory fsync) with mode 0600, and
-    only once complete. Raises ``InvalidCommand`` for Events of another Group or out of order.
+    only once complete; missing parent directories are created durably. Raises ``InvalidCommand``
+    for Events of another Group or out of order.
     """
     canonical.check_id(org, "org")
     canonical.check_id(group, "group")
@@ -242,11 +246,18 @@ def write_audit_log(
     header = _parse_header(header_raw)
     sealer = _Sealer(header, AESGCM(_file_key(org_key, salt)))
     directory = os.path.dirname(os.path.abspath(path))
+    makedirs_durable(directory)
     temp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp")
     count, last_seq, head_hash = 0, 0, ZERO_HASH
+    file_hasher = blake3.blake3()
     try:
         with open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as handle:
-            handle.write(header_raw)
+
+            def emit(piece: bytes) -> None:
+                file_hasher.update(piece)
+                handle.write(piece)
+
+            emit(header_raw)
             pending = bytearray()
             for data in events:
                 event = _checked_input_event(data, group, last_seq + 1)
@@ -254,9 +265,9 @@ def write_audit_log(
                 pending += data
                 count, last_seq, head_hash = count + 1, event.seq, event.hash
                 while len(pending) > chunk_bytes:  # keep a remainder for the final chunk
-                    handle.write(sealer.seal(bytes(pending[:chunk_bytes]), final=False))
+                    emit(sealer.seal(bytes(pending[:chunk_bytes]), final=False))
                     del pending[:chunk_bytes]
-            handle.write(sealer.seal(bytes(pending), final=True))
+            emit(sealer.seal(bytes(pending), final=True))
             handle.flush()
             os.fsync(handle.fileno())
             size = handle.tell()
@@ -280,6 +291,7 @@ def write_audit_log(
         bytes=size,
         last_seq=last_seq,
         head_hash=head_hash,
+        file_hash=file_hasher.hexdigest(),
     )
 
 

@@ -43,6 +43,7 @@ from ._files import (
     KeyFileInvalid,
     create_secret_file,
     ensure_private_directory,
+    makedirs_durable,
     read_file_capped,
     read_secret_file,
     write_file_atomic,
@@ -513,7 +514,11 @@ def _decode_state(state: memoryview, count: int) -> list[Effect]:
 
 
 def write_snapshot_file(path: str, data: bytes) -> None:
-    """Write snapshot bytes to ``path`` atomically (temp file, fsync, rename, directory fsync)."""
+    """Write snapshot bytes to ``path`` atomically (temp file, fsync, rename, directory fsync).
+
+    Missing parent directories are created durably (each new entry's parent fsynced).
+    """
+    makedirs_durable(os.path.dirname(os.path.abspath(path)))
     write_file_atomic(path, data, mode=0o600)
 
 

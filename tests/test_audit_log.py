@@ -8,12 +8,13 @@ import stat
 import subprocess
 import sys
 
+import blake3
 import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mwpstore._files import KeyFileInvalid
+from mwpstore._files import KeyFileInvalid, makedirs_durable
 from mwpstore.audit_log import (
     FRAME_BYTES,
     _FRAME,
@@ -141,6 +142,7 @@ def test_round_trip(tmp_path, provider, memory):
     assert info.events == len(memory.events) == info.last_seq
     assert info.head_hash == memory.head_hash
     assert info.bytes == os.path.getsize(path)
+    assert info.file_hash == blake3.blake3(open(path, "rb").read()).hexdigest()
     assert info.chunks == len(chunk_spans(open(path, "rb").read())[1]) > 5
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert set(os.listdir(tmp_path)) == {"g1.audit", "org-keys"}  # no temporary file left
@@ -194,6 +196,13 @@ def test_writer_refuses_events_of_another_group_or_out_of_order(tmp_path, provid
             write_audit_log(str(tmp_path / "x.audit"), org="acme", group="g1", events=bad, key_provider=provider)
     assert not os.path.exists(tmp_path / "x.audit")
     assert [name for name in os.listdir(tmp_path) if name.endswith(".tmp")] == []
+
+
+def test_makedirs_durable_creates_missing_parents(tmp_path):
+    target = tmp_path / "archive" / "g1" / "deep"
+    makedirs_durable(str(target))
+    makedirs_durable(str(target))  # existing: nothing to do
+    assert target.is_dir()
 
 
 def test_writer_refuses_bad_ids(tmp_path, provider):

@@ -289,6 +289,9 @@ def test_snapshot_file_is_written_atomically_and_read_back(tmp_path, good):
     assert read_snapshot_file(path) == good
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
     assert os.listdir(tmp_path) == ["g1-3.snap"]
+    nested = str(tmp_path / "snapshots" / "g1" / "00000003.snap")
+    write_snapshot_file(nested, good)  # parents created durably
+    assert read_snapshot_file(nested) == good
 
 
 def test_snapshot_ref_names_the_file_and_checks_it(good):
