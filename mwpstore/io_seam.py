@@ -34,7 +34,10 @@ SECTOR_BYTES = lib.SL_SECTOR_BYTES
 class RecordingIO:
     """Real file I/O that records each mutating call (see the module docstring)."""
 
-    def __init__(self, *, fail_sync_at: int | None = None, fail_errno: int = errno.EIO) -> None:
+    def __init__(
+        self, *, directory: str | None = None, fail_sync_at: int | None = None, fail_errno: int = errno.EIO
+    ) -> None:
+        """``directory``: files already there are recorded as durable before anything happens."""
         self.operations: list[tuple[Any, ...]] = []
         self.sync_calls = 0  # sync_data, sync_file and sync_directory calls so far
         self.fail_sync_at = fail_sync_at
@@ -58,6 +61,11 @@ class RecordingIO:
         table.remove_file = lib.sl_py_remove_file
         table.sync_directory = lib.sl_py_sync_directory
         self.io_struct = table
+        if directory is not None:
+            for name in sorted(os.listdir(directory)):
+                path = os.path.join(os.path.abspath(directory), name)
+                if os.path.isfile(path):
+                    self._file_for_path(path)
 
     def mark(self, label: str, value: Any = None) -> None:
         """Write a test's own note (e.g. "this group was acknowledged") into the operation list."""
@@ -314,14 +322,17 @@ def crash_state(operations: list[tuple[Any, ...]], crash_at: int, rng: random.Ra
     durable_names: dict[str, int] = {}
     pending_names: list[tuple[Any, ...]] = []
     live_names: dict[str, int] = {}
-    for operation in operations[:crash_at]:
-        kind = operation[0]
-        if kind == "existing":
+    for operation in operations:  # files that were there before recording began, whenever first seen
+        if operation[0] == "existing":
             _, path, file_id, content = operation
             durable[file_id] = bytearray(content)
             pending[file_id] = []
             durable_names[path] = file_id
             live_names[path] = file_id
+    for operation in operations[:crash_at]:
+        kind = operation[0]
+        if kind == "existing":
+            pass
         elif kind == "create":
             _, path, file_id = operation
             durable[file_id] = bytearray()
