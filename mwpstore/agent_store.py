@@ -55,6 +55,9 @@ PROJECTION_KEY_BYTES_MAX = 256
 
 AGGREGATE_CHARS_MAX = 2 * limits.ID_CHARS_MAX + 1
 
+_WRITE_CACHE_ENTRIES_MAX = 200_000
+"""A local transaction's write-back cache is flushed into LMDB when it holds this many entries."""
+
 VERIFY_MODES = frozenset({"full", "trusted"})
 
 _DATABASES = (
@@ -763,12 +766,12 @@ class ProjectionView:
     """What an application projection may touch: its own keys of one Group, in the local
     transaction, plus read access to the mirrored authoritative state."""
 
-    __slots__ = ("_txn", "_db", "_state_db", "_prefix", "group", "name")
+    __slots__ = ("_txn", "_db", "_tx", "_prefix", "group", "name")
 
-    def __init__(self, txn: lmdb.Transaction, db: Any, state_db: Any, group: str, name: str) -> None:
-        self._txn = txn
-        self._db = db
-        self._state_db = state_db
+    def __init__(self, tx: AgentTransaction, group: str, name: str) -> None:
+        self._tx = tx
+        self._txn = tx._txn
+        self._db = tx._projection_db
         self._prefix = _prefix(group) + name.encode() + b"\x00"
         self.group = group
         self.name = name
@@ -797,8 +800,8 @@ class ProjectionView:
 
     def state(self, aggregate: str) -> dict[str, Any] | None:
         """The mirrored authoritative state (already updated by the Event being applied)."""
-        data = self._txn.get(_prefix(self.group) + aggregate.encode(), db=self._state_db)
-        return None if data is None else _STATE_DECODER.decode(data)[1]
+        found = self._tx._get_state(self.group, aggregate)
+        return None if found is None else found[1]
 
 
 def _projection_key(group: str, name: str, key: str | bytes) -> bytes:
@@ -826,6 +829,12 @@ class AgentTransaction:
         self._done = False
         self._failed: BaseException | None = None
         self._full = store.verify == "full"
+        # Write-back caches, flushed (sorted, coalesced) before commit and before range operations:
+        # Events of one batch touch the same aggregates again and again, and only the last state
+        # of each needs writing. Reads inside the transaction look here first.
+        self._state_writes: dict[bytes, tuple[int, dict[str, Any] | None]] = {}
+        self._inbox_writes: dict[bytes, bytes] = {}
+        self._queue_writes: dict[bytes, bytes | None] = {}  # G NUL workitem -> queue suffix | None
 
     def __enter__(self) -> AgentTransaction:
         return self
@@ -846,6 +855,7 @@ class AgentTransaction:
         """Write the Group heads and commit durably (LMDB syncs before returning)."""
         self._check_usable()
         try:
+            self._flush()
             for group in self._dirty:
                 self._txn.put(group.encode(), _HEAD_ENCODER.encode(self._heads[group]), db=self._heads_db)
             failpoints.hit("agent.before_commit")
@@ -897,7 +907,10 @@ class AgentTransaction:
             # Cheap checks only: nothing of a duplicate is written, but it must still be well-formed.
             if seq < 1 or event.event_id != f"{group}:{seq}":
                 raise EventInvalid("Event ID does not match its Group and a positive sequence", reason="event_id")
-            stored = self._txn.get(_seq_key(group, seq), db=self._inbox_db) if seq > head.pruned_seq else None
+            stored = None
+            if seq > head.pruned_seq:
+                key = _seq_key(group, seq)
+                stored = self._inbox_writes.get(key) or self._txn.get(key, db=self._inbox_db)
             if stored is not None and stored != event.hash:
                 raise EventInvalid(
                     f"Event {event.event_id} differs from the one already applied", reason="conflict", event_id=event.event_id
@@ -1024,14 +1037,17 @@ class AgentTransaction:
         return head
 
     def _get_state(self, group: str, aggregate: str) -> tuple[int, dict[str, Any] | None] | None:
-        data = self._txn.get(_prefix(group) + aggregate.encode(), db=self._state_db)
+        key = _prefix(group) + aggregate.encode()
+        pending = self._state_writes.get(key)
+        if pending is not None:
+            return pending
+        data = self._txn.get(key, db=self._state_db)
         return None if data is None else _STATE_DECODER.decode(data)
 
     def _apply_next(self, head: GroupHead, event: Event) -> None:
         group = event.group
-        txn = self._txn
         prefix = _prefix(group)
-        txn.put(_seq_key(group, event.seq), event.hash, db=self._inbox_db)
+        self._inbox_writes[_seq_key(group, event.seq)] = event.hash
         for effect in event.effects:
             self._put_aggregate(prefix, effect.aggregate, effect.revision, effect.state)
         failpoints.hit("agent.after_builtin_projection")
@@ -1043,7 +1059,7 @@ class AgentTransaction:
         self._dirty.add(group)
 
     def _run_projection(self, function: Callable[[ProjectionView, Any], None], group: str, name: str, arg: Any) -> None:
-        view = ProjectionView(self._txn, self._projection_db, self._state_db, group, name)
+        view = ProjectionView(self, group, name)
         try:
             function(view, arg)
         except BaseException as exc:
@@ -1051,22 +1067,41 @@ class AgentTransaction:
             raise
 
     def _put_aggregate(self, prefix: bytes, aggregate: str, revision: int, state: dict[str, Any] | None) -> None:
-        txn = self._txn
-        txn.put(prefix + aggregate.encode(), _STATE_ENCODER.encode((revision, state)), db=self._state_db)
+        self._state_writes[prefix + aggregate.encode()] = (revision, state)
         if aggregate.startswith("workitem:"):
             workitem = aggregate[9:]
-            index_key = prefix + workitem.encode()
-            old = txn.get(index_key, db=self._queue_index_db)
-            new = _queue_suffix_for(workitem, state)
-            if old == new:
-                return
-            if old is not None:
-                txn.delete(prefix + old, db=self._queue_db)
-            if new is None:
-                txn.delete(index_key, db=self._queue_index_db)
-            else:
-                txn.put(prefix + new, b"", db=self._queue_db)
-                txn.put(index_key, new, db=self._queue_index_db)
+            self._queue_writes[prefix + workitem.encode()] = _queue_suffix_for(workitem, state)
+        if len(self._state_writes) + len(self._inbox_writes) >= _WRITE_CACHE_ENTRIES_MAX:
+            self._flush()
+
+    def _flush(self) -> None:
+        """Write the cached inbox, state and queue changes, in key order."""
+        txn = self._txn
+        if self._inbox_writes:
+            with txn.cursor(db=self._inbox_db) as cursor:
+                cursor.putmulti(sorted(self._inbox_writes.items()))
+            self._inbox_writes.clear()
+        if self._state_writes:
+            encode = _STATE_ENCODER.encode
+            items = [(key, encode(value)) for key, value in sorted(self._state_writes.items())]
+            with txn.cursor(db=self._state_db) as cursor:
+                cursor.putmulti(items)
+            self._state_writes.clear()
+        if self._queue_writes:
+            queue_db, index_db = self._queue_db, self._queue_index_db
+            for index_key, new in sorted(self._queue_writes.items()):
+                old = txn.get(index_key, db=index_db)
+                if old == new:
+                    continue
+                prefix = index_key[: index_key.index(b"\x00") + 1]
+                if old is not None:
+                    txn.delete(prefix + old, db=queue_db)
+                if new is None:
+                    txn.delete(index_key, db=index_db)
+                else:
+                    txn.put(prefix + new, b"", db=queue_db)
+                    txn.put(index_key, new, db=index_db)
+            self._queue_writes.clear()
 
     def _drain(self, group: str) -> None:
         """Apply buffered Events that have become contiguous; drop one whose chain link fails."""
@@ -1087,6 +1122,7 @@ class AgentTransaction:
             self._apply_next(head, event)
 
     def _prune_inbox(self, group: str) -> int:
+        self._flush()
         head = self._head(_check_group(group))
         count = 0
         start = _seq_key(group, head.pruned_seq + 1)
@@ -1106,6 +1142,7 @@ class AgentTransaction:
 
     def _clear_group(self, group: str, keep_buffer_after: int | None) -> None:
         _check_group(group)
+        self._flush()
         prefix = _prefix(group)
         for name in ("inbox", "state", "queue", "queue_index", "projection"):
             _delete_range(self._txn, self._dbs[name], prefix)
