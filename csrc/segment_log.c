@@ -869,7 +869,12 @@ static int log_roll(struct sl_log *log, struct sl_fault *fault) {
     SL_ASSERT(offset + SL_SEAL_FRAME_BYTES <= log->segment_bytes);
     seal_encode(seal, log->end_position, log->first_position, log->seed);
     const struct sl_io *io = log->io;
-    int rc = io->write_at(io->context, log->fd, seal, sizeof(seal), offset);
+    /* Groups first, then the seal: an intact seal must prove that everything before it is
+     * durable (recovery relies on it), also in bulk mode where groups were never synced. */
+    int rc = io->sync_data(io->context, log->fd);
+    if (rc == 0) {
+        rc = io->write_at(io->context, log->fd, seal, sizeof(seal), offset);
+    }
     if (rc == 0) {
         rc = io->sync_data(io->context, log->fd);
     }
