@@ -18,13 +18,17 @@ one SQLite transaction:
    upsert every changed aggregate with its new revision, insert the receipt, move the head;
 4. ``COMMIT`` (WAL with ``synchronous=FULL``: one fsync of the WAL per commit).
 
-A rejected Command is refused before anything is written. Threads each get their own connection;
+A rejected Command is refused before anything is written. A duplicate is first looked up outside
+any write transaction (a plain read), as mwpstore does. Threads each get their own connection;
 writers take SQLite's write lock up front (``BEGIN IMMEDIATE``) with a busy timeout, and a
 transaction that still finds the database locked is retried and counted in ``retries``. Within
 one process the writers also queue on a Python lock first (``writer_lock=True``, the default):
-with 16 threads on this machine that is faster than leaving them to SQLite's busy handler,
-which sleeps in steps of milliseconds, so the peer gets its better variant. A duplicate is first looked
-up outside any write transaction (a plain read), as mwpstore does.
+with 16 threads on this machine that is faster than leaving them to SQLite's busy handler, which
+sleeps in steps of milliseconds, so the peer runs its better variant. ``accept_many`` decides its
+Commands against the transaction's own uncommitted state and moves each Group head once.
+
+The Event row keeps the header fields as columns, the body and the effects as msgpack; ``read``
+decodes rows back into ``mwpstore.messages.Event`` objects, the type mwpstore's ``read`` returns.
 
 This is a benchmark peer, not part of the engine.
 """

@@ -126,6 +126,37 @@ def machine_section(results: dict[str, Any]) -> list[str]:
     ]
 
 
+def authority_notes(result: dict[str, Any]) -> list[str]:
+    sizes = (result.get("facts") or {}).get("sizes") or {}
+    mwpstore = (result.get("facts") or {}).get("mwpstore") or {}
+    lines = ["## How the Authority rows are measured", ""]
+    if mwpstore and not mwpstore.get("available", True):
+        lines += [f"- **mwpstore.Authority was not available in this run** ({mwpstore.get('why_not')}): peers only.", ""]
+    lines += [
+        "- `sqlite`: the acceptance transaction (receipt lookup and content-hash compare, revision "
+        "check, Group head + 1, Event row with the blake3 chain hash, aggregate upsert, receipt, "
+        "commit) in SQLite, WAL, `synchronous=FULL`; DESIGN §8's ratios are taken against it. "
+        "`sqlite_rules`: the same, deciding with mwpstore's own rules (exactly mwpstore's work). "
+        "`eventsourcing`: create + save of one aggregate per Command (no receipts, sequences or chain).",
+        "- Write rows start from an empty store each round; the read, replay, redo, open, growth and "
+        "memory rows use stores populated once per run (populating is not timed).",
+        "- Redo: the populated store's index is replaced by a copy taken right after `group.create`, "
+        "so `Authority.open` must redo every record (checked: `open_report.mode == \"redo\"`); SQLite "
+        "re-applies the same Events (10,000 per transaction).",
+        "- Memory: the kernel's peak-RSS mark is reset (`/proc/self/clear_refs`), every Event is read "
+        "in pages of 10,000, and the peak growth over the RSS before reading is reported.",
+    ]
+    if sizes:
+        lines.append(
+            f"- Sizes in this run: decoded read {sizes.get('read'):,} Events (eventsourcing "
+            f"{sizes.get('eventsourcing_read'):,}), redo {sizes.get('redo'):,} records, large store "
+            f"{sizes.get('large'):,} Events (DESIGN §8 names 10M for the open, growth and memory rows: "
+            "`python bench/bench_authority.py --large-events 10000000`)."
+        )
+    lines.append("")
+    return lines
+
+
 def render_report(summary: dict[str, Any]) -> str:
     results = summary["results"]
     quick = summary.get("quick")
@@ -159,6 +190,8 @@ def render_report(summary: dict[str, Any]) -> str:
     ]
     if summary.get("chart"):
         lines += [f"![throughput against the peers]({Path(summary['chart']).name})", ""]
+    if "authority" in results:
+        lines += authority_notes(results["authority"])
     lines += ["## All rows", ""]
     for name, result in results.items():
         if is_harness_result(result):
