@@ -592,6 +592,11 @@ class AgentStore:
         if org is None:
             mirrored = self.state(group, f"group:{group}")
             org = None if mirrored is None else mirrored.get("org")
+            if org is None:
+                raise InvalidCommand(
+                    f"the Organization of group {group!r} is not known here: pass org= to bind the snapshot",
+                    field="org",
+                )
         verified = verify_snapshot(
             data, keyring=keyring, org=org, group=group, high_water_seq=self.head(group).applied_seq
         )

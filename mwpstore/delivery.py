@@ -89,6 +89,7 @@ class Delivery:
     ``consumer`` names this agent in the source's ACK table (when the source has ``ack``).
     ``restore_snapshot(error)`` is called on ``CursorTooOld`` and must return the snapshot bytes to
     restore (e.g. fetched by ``error.snapshot_ref``); without it ``CursorTooOld`` propagates.
+    ``org`` binds such a snapshot to the Group's Organization when the store does not know it yet.
     """
 
     def __init__(
@@ -99,6 +100,7 @@ class Delivery:
         consumer: str | None = None,
         batch_events: int = BATCH_EVENTS_DEFAULT,
         restore_snapshot: Callable[[CursorTooOld], bytes] | None = None,
+        org: str | None = None,
     ) -> None:
         if not 0 < batch_events <= limits.READ_LIMIT_MAX:
             raise ValueError(f"batch_events must be in 1..{limits.READ_LIMIT_MAX}")
@@ -107,6 +109,7 @@ class Delivery:
         self.consumer = consumer
         self.batch_events = batch_events
         self.restore_snapshot = restore_snapshot
+        self.org = org
         self.stats = DeliveryStats()
 
     def pull_once(self, group: str) -> int:
@@ -118,7 +121,7 @@ class Delivery:
         except CursorTooOld as exc:
             if self.restore_snapshot is None:
                 raise
-            self.agent.restore(self.restore_snapshot(exc), group=group)
+            self.agent.restore(self.restore_snapshot(exc), group=group, org=self.org)
             self.stats.restores += 1
             return -1
         self.stats.rounds += 1

@@ -13,7 +13,7 @@ from agent_store_support import ChainBuilder, CountingProjection, lease_record, 
 from mwpstore import limits
 from mwpstore.agent_store import AgentStore, ApplyStatus, ProjectionFailed
 from mwpstore.delivery import ListSource, rebuild_group, Delivery
-from mwpstore.errors import EventInvalid, LimitExceeded, SnapshotInvalid, StoreClosed, StoreLocked
+from mwpstore.errors import EventInvalid, InvalidCommand, LimitExceeded, SnapshotInvalid, StoreClosed, StoreLocked
 from mwpstore.messages import Effect, Event, encode_event, event_hash, recompute_event_hash
 
 GROUP = "g-1"
@@ -455,12 +455,14 @@ def test_restore_from_signed_snapshot_bytes(tmp_path, events):
     )
     untrusted = AgentStore.open(tmp_path / "u")
     with pytest.raises(SnapshotInvalid) as info:
-        untrusted.restore(data, group=GROUP)
+        untrusted.restore(data, group=GROUP, org="org-1")
     assert info.value.check == "key"
     assert untrusted.cursor(GROUP) == 0
     untrusted.close()
     agent = AgentStore.open(tmp_path / "a", trusted_keys=[signer.public_key])
-    assert agent.restore(data, group=GROUP) == 25
+    with pytest.raises(InvalidCommand):
+        agent.restore(data, group=GROUP)  # the Organization is not known locally yet
+    assert agent.restore(data, group=GROUP, org="org-1") == 25
     with pytest.raises(SnapshotInvalid):
         agent.restore(data, group=GROUP, org="org-9")
     tampered = bytearray(data)

@@ -251,3 +251,52 @@ def test_delivery_from_the_authority_with_acks(tmp_path):
     assert rebuilt.projection_dump() == dump
     rebuilt.close()
     authority.close()
+
+
+class FlooredSource:
+    """A source whose replay starts at a snapshot: reads below the floor raise CursorTooOld."""
+
+    def __init__(self, events, floor, snapshot):
+        self.events = events
+        self.floor = floor
+        self.snapshot = snapshot
+
+    def read(self, group, after=0, limit=1000):
+        from mwpstore.errors import CursorTooOld
+
+        if after < self.floor:
+            raise CursorTooOld("below the replay floor", group=group, cursor=after, floor=self.floor,
+                               snapshot_ref={"seq": self.floor})
+        return [event for event in self.events if event.group == group][after : after + limit]
+
+
+def test_cursor_too_old_restores_from_a_verified_snapshot_and_continues(tmp_path, clean_dump):
+    from mwpstore.messages import Effect
+    from mwpstore.snapshot import SigningKey, create_snapshot
+
+    history = HISTORIES["g-a"]
+    floor = 15
+    states: dict = {}
+    for event in history[:floor]:
+        for effect in event.effects:
+            states[effect.aggregate] = (effect.revision, effect.state)
+    signer = SigningKey.generate()
+    data = create_snapshot(org="org-1", group="g-a", seq=floor, head_hash=history[floor - 1].hash,
+                           aggregates=[Effect(key, *value) for key, value in states.items()], signer=signer,
+                           created_at_ms=1)
+    agent = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    source = FlooredSource(ALL_EVENTS, floor, data)
+    with pytest.raises(Exception) as info:
+        Delivery(agent, source).catch_up("g-a")
+    assert type(info.value).__name__ == "CursorTooOld"
+    fetched = []
+    delivery = Delivery(agent, source, org="org-1",
+                        restore_snapshot=lambda error: fetched.append(error.snapshot_ref) or source.snapshot)
+    assert delivery.catch_up("g-a") == len(history)
+    assert fetched == [{"seq": floor}] and delivery.stats.restores == 1
+    reference = AgentStore.open(tmp_path / "reference", map_size=MAP_BYTES)
+    Delivery(reference, ListSource(ALL_EVENTS)).catch_up("g-a")
+    assert agent.states("g-a") == reference.states("g-a")
+    assert agent.work_queue("g-a", 10**12) == reference.work_queue("g-a", 10**12)
+    agent.close()
+    reference.close()
