@@ -10,6 +10,8 @@ does after a crash or a power loss.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import os
 import threading
 import time
@@ -34,6 +36,7 @@ from .errors import (
     SequenceGap,
     StorageFailed,
     StoreClosed,
+    StoreLocked,
     translate,
 )
 from .index import (
@@ -83,6 +86,10 @@ EVENT_TAG = b"E"
 ACK_TAG = b"A"
 SNAPSHOT_TAG = b"S"
 ARCHIVE_TAG = b"R"
+RECEIPT_TAG = b"P"  # a permanent receipt kept when compaction dropped its Event
+GROUP_TAG = b"G"  # what stays of a compacted archived Group: head and Group aggregate
+_RECEIPT_DECODER = msgspec.msgpack.Decoder(tuple[str, str, bytes, bytes])
+_GROUP_DECODER = msgspec.msgpack.Decoder(tuple[str, int, bytes, int, dict[str, Any]])
 _NOTE_ENCODER = msgspec.msgpack.Encoder(order="sorted")
 
 
@@ -271,15 +278,27 @@ class Authority:
         self._published = threading.Condition(threading.Lock())
         self._last_ms = 0
         self._signing_key: SigningKey | None = None
+        self._segment_bytes = segment_bytes
+        self._retired: list[Any] = []
         try:
             os.makedirs(self.path, exist_ok=True)
         except OSError as exc:
             raise translate(exc, context=f"creating {self.path}") from None
-        self.log = SegmentLog.open(os.path.join(self.path, "log"), segment_bytes=segment_bytes, sync=sync)
+        self._lock_fd = _lock_store(self.path)
         try:
-            self.open_report = self._open_index(progress)
+            from .compaction import recover_interrupted_compaction
+
+            force_rebuild = recover_interrupted_compaction(self.path)
+            self.log = SegmentLog.open(os.path.join(self.path, "log"), segment_bytes=segment_bytes, sync=sync)
+            try:
+                if force_rebuild:
+                    remove_index(self._index_dir())
+                self.open_report = self._open_index(progress)
+            except BaseException:
+                self.log.close()
+                raise
         except BaseException:
-            self.log.close()
+            os.close(self._lock_fd)
             raise
         return self
 
@@ -418,6 +437,10 @@ class Authority:
         finally:
             self.index.close()
             self.log.close()
+            for retired in self._retired:
+                retired.close()
+            self._retired.clear()
+            os.close(self._lock_fd)
 
     def __enter__(self) -> Authority:
         return self
@@ -620,6 +643,9 @@ class Authority:
             return
         seq, head_hash = batch.head(command.group)
         view = _GroupView(batch, command.group)
+        if command.kind == "event.redact" and not self._redactable(batch, command):
+            request.error = InvalidCommand("a tombstone (event.redact or audit.delete) is never itself redacted", field="target")
+            return
         try:
             event = run_transition(
                 view,
@@ -655,6 +681,20 @@ class Authority:
         batch.events.append(event)
         batch.record_bytes += len(record)
         request.receipt = receipt
+
+    def _redactable(self, batch: _Batch, command: Command) -> bool:
+        """What ``event.redact``'s pure decide cannot see: whether the named Event is a tombstone."""
+        from .redaction import TOMBSTONE_KINDS
+
+        if not command.target.isdigit():
+            return True  # decide rejects the target with its own message
+        for event in batch.events:  # decided earlier in this batch
+            if event.group == command.group and event.seq == int(command.target):
+                return event.kind not in TOMBSTONE_KINDS
+        value = batch.txn.get(event_key(command.group, int(command.target)), db=batch.index.events)
+        if value is None:
+            return True  # no such Event: decide rejects it
+        return decode_event(memoryview(self.log.read(read_u64(value)))[1:]).kind not in TOMBSTONE_KINDS
 
     def _decide_ack(self, batch: _Batch, request: _Request) -> None:
         assert request.ack is not None
@@ -801,7 +841,25 @@ class Authority:
                 floor=floor,
                 snapshot_ref=reference.to_dict(),
             )
-        return [decode_event(memoryview(record)[1:]) for record in self._read_records(group, after, limit)]
+        return self._read_events(group, after, limit)
+
+    def _read_events(self, group: str, after: int, limit: int) -> list[Event]:
+        """Decoded Events with tombstones applied: a redacted Event keeps everything but its body."""
+        events = [decode_event(memoryview(record)[1:]) for record in self._read_records(group, after, limit)]
+        if events:
+            _, group_state = self.state(group, f"group:{group}")
+            if group_state is not None and group_state.get("tombstones"):
+                events = self._apply_tombstones(group, events)
+        return events
+
+    def _apply_tombstones(self, group: str, events: list[Event]) -> list[Event]:
+        out = []
+        with self.index.env.begin(db=self.index.states) as txn:
+            for event in events:
+                if event.body is not None and txn.get(state_key(group, f"tombstone:{event.seq}")) is not None:
+                    event = msgspec.structs.replace(event, body=None)
+                out.append(event)
+        return out
 
     def _read_records(self, group: str, after: int, limit: int) -> list[bytes]:
         positions = []
@@ -957,12 +1015,34 @@ class Authority:
         """Encoded Events 1..last_seq of ``group``, as every read sees them (tombstones applied)."""
         after = 0
         while after < last_seq:
-            records = self._read_records(group, after, min(10_000, last_seq - after))
-            if not records:
+            events = self._read_events(group, after, min(10_000, last_seq - after))
+            if not events:
                 raise Corruption(f"group {group} has no Event after {after} below its head {last_seq}", reason="missing")
-            for record in records:
-                yield bytes(memoryview(record)[1:])
-            after += len(records)
+            for event in events:
+                yield encode_event(event)
+            after = events[-1].seq
+
+    def redact(self, group: str, seq: int, *, actor: str, action_id: str, reason: str) -> Receipt:
+        """Accept ``event.redact`` for Event ``seq``: from now on every read returns it without
+        its payload; compaction removes the payload from disk."""
+        return self.accept(Command(actor=actor, action_id=action_id, group=group, kind="event.redact", target=str(seq), body={"reason": reason}))
+
+    def delete_audit_log(self, group: str, *, actor: str, action_id: str, reason: str = "") -> Receipt:
+        """Accept ``audit.delete`` (retention expired) for an archived Group, then delete the file."""
+        receipt = self.accept(Command(actor=actor, action_id=action_id, group=group, kind="audit.delete", target=group, body={"reason": reason} if reason else {}))
+        record = self.archive_record(group)
+        if record is not None:
+            path = os.path.join(self.path, record.audit_location)
+            if os.path.exists(path):
+                os.remove(path)
+                _fsync_directory(os.path.dirname(path))
+        return receipt
+
+    def compact(self, progress: Callable[[int, int], None] | None = None) -> Any:
+        """Rewrite the log without redacted payloads and archived Groups' Events; see ``compaction``."""
+        from .compaction import compact
+
+        return compact(self, progress)
 
     def replay_floor(self, group: str) -> tuple[int, SnapshotRef | None]:
         """(floor, snapshot): reads with a Cursor below ``floor`` get ``CURSOR_TOO_OLD``.
@@ -972,6 +1052,10 @@ class Authority:
         signed snapshot can take over). The reference offered is the newest snapshot.
         """
         _, state = self.state(group, f"group:{group}")
+        if state is not None and state.get("compacted"):
+            record = self.archive_record(group)
+            assert record is not None
+            return self.head(group)[0], record.final_snapshot  # its Events live in the audit log now
         window = 0 if state is None else int(state.get("policy", {}).get("replay_window_events", 0))
         if window <= 0:
             return 0, None
@@ -1041,7 +1125,12 @@ class Authority:
             for batch in self.log.scan(self.log.start, end=end):
                 for position, record in zip(batch.positions, batch.records):
                     records += 1
-                    if bytes(record[:1]) != EVENT_TAG:
+                    tag = bytes(record[:1])
+                    if tag == GROUP_TAG:
+                        group, seq, digest, _, _ = _GROUP_DECODER.decode(memoryview(record)[1:])
+                        heads[group] = (seq, digest)
+                        continue
+                    if tag != EVENT_TAG:
                         continue
                     events += 1
                     event = decode_event(memoryview(record)[1:])
@@ -1070,50 +1159,56 @@ class Authority:
             with fresh.env.begin(write=True, db=fresh.meta) as txn:
                 txn.put(b"log_position", u64(self.log.start))
             self._redo(fresh, None)
-            with self._lock:  # hold commits off while comparing
-                while self._leader:
-                    self._wake.wait(0.01)
-                self._leader = True
-            try:
+            with self._exclusive():  # hold commits off while comparing
                 if self.log.end != end:
                     self._redo(fresh, None)
                 for name in (b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots", b"archives"):
-                    live = list(self.index.iterate(name))
-                    rebuilt = list(fresh.iterate(name))
-                    if live != rebuilt:
-                        problems.append(
-                            f"index database {name.decode()} differs from a rebuild from the log "
-                            f"({len(live)} vs {len(rebuilt)} entries)"
-                        )
-            finally:
-                with self._lock:
-                    self._leader = False
-                    self._wake.notify_all()
+                    for live, rebuilt in itertools.zip_longest(self.index.iterate(name), fresh.iterate(name)):
+                        if live != rebuilt:
+                            where = (live or rebuilt or (b"", b""))[0]
+                            problems.append(
+                                f"index database {name.decode()} differs from a rebuild from the log at key {where!r}"
+                            )
+                            break
         finally:
             fresh.close()
             remove_index(temp)
         return problems
 
     def rebuild(self, progress: Callable[[int, int], None] | None = None) -> int:
-        """Regenerate the index from the log (crash-safe); return the number of records applied."""
+        """Regenerate the index from the log (crash-safe); return the number of records applied.
+
+        Commits wait meanwhile; readers keep using the previous index until the new one is in place.
+        """
         self._check_open()
+        with self._exclusive():
+            count = self._build_index(self._index_dir(), progress)
+            self._install_index()
+            return count
+
+    @contextlib.contextmanager
+    def _exclusive(self) -> Iterator[None]:
+        """Hold the commit leader role: no commit runs until the block ends."""
         with self._lock:
             while self._leader:
                 self._wake.wait(0.01)
             self._leader = True
         try:
-            self.index.close()
-            count = self._build_index(self._index_dir(), progress)
-            self.index = Index(self._index_dir(), map_size=self._map_size)
-            with self.index.env.begin(write=True, db=self.index.meta) as txn:
-                txn.put(b"boot_id", current_boot_id().encode())
-                txn.put(b"clean", b"0")
-            self.index.sync()
-            return count
+            yield
         finally:
             with self._lock:
                 self._leader = False
                 self._wake.notify_all()
+
+    def _install_index(self) -> None:
+        """Open the freshly built index and switch to it; the old handle is closed at close()."""
+        index = Index(self._index_dir(), map_size=self._map_size)
+        with index.env.begin(write=True, db=index.meta) as txn:
+            txn.put(b"boot_id", current_boot_id().encode())
+            txn.put(b"clean", b"0")
+        index.sync()
+        self._retired.append(self.index)
+        self.index = index
 
     def info(self) -> dict[str, Any]:
         """Facts for ``mwpstore inspect``: groups, heads, segments, sizes."""
@@ -1224,6 +1319,19 @@ def _index_record(
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not a valid reference: {exc}", offset=position, reason="decode") from None
         txn.put(key, value, db=_note_database(index, tag))
+    elif tag == RECEIPT_TAG:
+        try:
+            actor, action_id, content_hash, encoded = _RECEIPT_DECODER.decode(memoryview(record)[1:])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise Corruption(f"log record at {position} is not a receipt: {exc}", offset=position, reason="decode") from None
+        txn.put(receipt_key(actor, action_id), content_hash + encoded, db=index.receipts)
+    elif tag == GROUP_TAG:
+        try:
+            group, seq, digest, revision, state = _GROUP_DECODER.decode(memoryview(record)[1:])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise Corruption(f"log record at {position} is not a Group remainder: {exc}", offset=position, reason="decode") from None
+        heads[group] = (seq, digest)
+        txn.put(state_key(group, f"group:{group}"), encode_state(revision, state), db=index.states)
     elif tag == ACK_TAG:
         try:
             consumer, group, cursor = _ACK_DECODER.decode(memoryview(record)[1:])
@@ -1241,6 +1349,22 @@ def _note_database(index: Index, tag: bytes) -> Any:
 def _flush_heads(index: Index, txn: lmdb.Transaction, heads: dict[str, tuple[int, bytes]]) -> None:
     for group, (seq, digest) in heads.items():
         txn.put(group.encode(), encode_head(seq, digest), db=index.heads)
+
+
+def _lock_store(path: str) -> int:
+    """Take the store's writer lock (``<path>/authority.lock``); ``StoreLocked`` if another holds it."""
+    import fcntl
+
+    try:
+        fd = os.open(os.path.join(path, "authority.lock"), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise translate(exc, context="opening the store lock") from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        raise StoreLocked(f"{path} is open in another process or handle; close it first", path=path) from None
+    return fd
 
 
 def _fsync_directory(directory: str) -> None:

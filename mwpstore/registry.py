@@ -125,6 +125,7 @@ def _load_kinds() -> None:
         return
     _KINDS_LOADED = True
     from . import kinds  # noqa: F401  (registers group.* and mission.*)
+    from . import redaction  # noqa: F401  (registers event.redact and audit.delete)
 
     import importlib
     import importlib.util

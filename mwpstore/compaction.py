@@ -1,0 +1,234 @@
+"""Compaction: rewrite the log so redacted payloads and archived Groups' Events are gone from disk.
+
+What a compaction keeps, and what it drops (MWP-MSN-009):
+
+- every Event of an active Group, in place and in order; a redacted Event is rewritten with its
+  payload removed (``body`` None) — ID, sequence, payload hash and chain hash unchanged;
+- for an archived Group whose audit log is durable (the file exists and its blake3 hash equals the
+  archive record's): its Events are dropped; what stays is one ``G`` record (head sequence, head
+  hash and the Group aggregate, so the Group still refuses Commands) and one ``P`` record per
+  dropped Event holding its receipt (receipts are permanent: idempotency still answers with the
+  original receipt);
+- ACK, snapshot-reference, archive and earlier ``P``/``G`` records, unchanged.
+
+Crash safety, step by step (each step is a named fail point ``compaction.<step>``):
+
+1. ``copy``: write the new log in ``log.compact/`` (synced groups, directory synced);
+2. ``marked``: write ``COMPACT-SWITCH`` atomically: from here the new log is complete;
+3. ``switched``: rename ``log`` → ``log.old``, then ``log.compact`` → ``log``, directory sync;
+4. ``indexed``: rebuild the index from the new log (itself crash-safe) and switch to it;
+5. remove ``log.old`` and the marker, directory sync.
+
+:func:`recover_interrupted_compaction` runs at open, before the log is opened: without the marker
+an unfinished ``log.compact`` is deleted (the old log is intact); with it, the switch is completed
+and the index is rebuilt. Readers in this process keep using the old log and index handles until
+the switch; those handles stay valid (the files stay open) and are closed when the store closes.
+Commits wait while a compaction runs.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import blake3
+import msgspec
+
+from . import failpoints
+from .messages import decode_event, encode_event, encode_receipt, receipt_for
+from .segment_log import SegmentLog
+
+if TYPE_CHECKING:
+    from .authority import Authority
+
+MARKER = "COMPACT-SWITCH"
+_ENCODER = msgspec.msgpack.Encoder()
+FLUSH_RECORDS = 4096
+FLUSH_BYTES = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CompactionReport:
+    records_before: int
+    records_after: int
+    bytes_before: int
+    bytes_after: int
+    payloads_removed: int
+    events_dropped: int
+    groups_compacted: list[str]
+    seconds: float
+
+
+def _fsync_directory(directory: str) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _log_bytes(directory: str) -> int:
+    return sum(entry.stat().st_size for entry in os.scandir(directory) if entry.is_file())
+
+
+def recover_interrupted_compaction(path: str) -> bool:
+    """Finish or undo a compaction that a crash interrupted. True: the index must be rebuilt."""
+    log, compacted, old = (os.path.join(path, name) for name in ("log", "log.compact", "log.old"))
+    marker = os.path.join(path, MARKER)
+    if not os.path.exists(marker):
+        if os.path.isdir(compacted):
+            shutil.rmtree(compacted)  # unfinished copy: the old log is the truth
+            _fsync_directory(path)
+        return False
+    if os.path.isdir(compacted):
+        if os.path.isdir(log):
+            os.rename(log, old)
+        os.rename(compacted, log)
+        _fsync_directory(path)
+    if os.path.isdir(old):
+        shutil.rmtree(old)
+    os.remove(marker)
+    _fsync_directory(path)
+    return True
+
+
+def compact(authority: Authority, progress: Callable[[int, int], None] | None = None) -> CompactionReport:
+    """Compact ``authority``'s log (see the module docstring). Commits wait until it is done."""
+    import time
+
+    from .authority import EVENT_TAG, GROUP_TAG, RECEIPT_TAG
+
+    authority._check_open()
+    started = time.perf_counter()
+    path = authority.path
+    with authority._exclusive():
+        archived = _durable_archives(authority)
+        redacted = _redacted_seqs(authority)
+        old_log = authority.log
+        bytes_before = _log_bytes(os.path.join(path, "log"))
+        target = os.path.join(path, "log.compact")
+        if os.path.isdir(target):
+            shutil.rmtree(target)
+        new_log = SegmentLog.open(target, segment_bytes=authority._segment_bytes, sync=True)
+        pending: list[bytes] = []
+        pending_bytes = 0
+        counts = {"before": 0, "after": 0, "payloads": 0, "dropped": 0}
+
+        def emit(record: bytes) -> None:
+            nonlocal pending_bytes
+            pending.append(record)
+            pending_bytes += len(record)
+            counts["after"] += 1
+            if len(pending) >= FLUSH_RECORDS or pending_bytes >= FLUSH_BYTES:
+                flush()
+
+        def flush() -> None:
+            nonlocal pending_bytes
+            if pending:
+                new_log.append(pending)
+                pending.clear()
+                pending_bytes = 0
+
+        try:
+            start, end = old_log.start, old_log.end
+            for batch in old_log.scan(start, end=end):
+                for record in batch.records:
+                    counts["before"] += 1
+                    data = bytes(record)
+                    if data[:1] != EVENT_TAG:
+                        emit(data)
+                        continue
+                    event = decode_event(memoryview(data)[1:])
+                    if event.group in archived:
+                        receipt = receipt_for(event)
+                        emit(RECEIPT_TAG + _ENCODER.encode((event.actor, event.action_id, event.content_hash, encode_receipt(receipt))))
+                        counts["dropped"] += 1
+                        continue
+                    if event.body is not None and event.seq in redacted.get(event.group, ()):
+                        event = msgspec.structs.replace(event, body=None)
+                        data = EVENT_TAG + encode_event(event)
+                        counts["payloads"] += 1
+                    emit(data)
+                if progress:
+                    progress(batch.next_position - start, max(1, end - start))
+            for group in sorted(archived):
+                seq, digest = authority.head(group)
+                revision, state = authority.state(group, f"group:{group}")
+                assert state is not None
+                emit(GROUP_TAG + _ENCODER.encode((group, seq, digest, revision, {**state, "compacted": True})))
+            flush()
+            new_log.sync()
+        finally:
+            new_log.close()
+        _fsync_directory(path)
+        failpoints.hit("compaction.copy")
+        _write_marker(path)
+        failpoints.hit("compaction.marked")
+        os.rename(os.path.join(path, "log"), os.path.join(path, "log.old"))
+        failpoints.hit("compaction.half_switched")
+        os.rename(target, os.path.join(path, "log"))
+        _fsync_directory(path)
+        failpoints.hit("compaction.switched")
+        authority._retired.append(old_log)
+        authority.log = SegmentLog.open(os.path.join(path, "log"), segment_bytes=authority._segment_bytes, sync=authority._sync)
+        authority._build_index(authority._index_dir(), None)
+        authority._install_index()
+        failpoints.hit("compaction.indexed")
+        shutil.rmtree(os.path.join(path, "log.old"))
+        os.remove(os.path.join(path, MARKER))
+        _fsync_directory(path)
+    return CompactionReport(
+        records_before=counts["before"],
+        records_after=counts["after"],
+        bytes_before=bytes_before,
+        bytes_after=_log_bytes(os.path.join(path, "log")),
+        payloads_removed=counts["payloads"],
+        events_dropped=counts["dropped"],
+        groups_compacted=sorted(archived),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _write_marker(path: str) -> None:
+    marker = os.path.join(path, MARKER)
+    temp = marker + ".tmp"
+    with open(temp, "wb") as handle:
+        handle.write(b"log.compact is complete; finish the switch at open\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.rename(temp, marker)
+    _fsync_directory(path)
+
+
+def _durable_archives(authority: Authority) -> set[str]:
+    """Archived Groups whose audit log is on disk and matches its record, not yet compacted."""
+    out = set()
+    for group in authority.groups():
+        record = authority.archive_record(group)
+        if record is None:
+            continue
+        _, state = authority.state(group, f"group:{group}")
+        if state is None or state.get("compacted"):
+            continue
+        audit = os.path.join(authority.path, record.audit_location)
+        try:
+            with open(audit, "rb") as handle:
+                digest = blake3.blake3(handle.read()).hexdigest()
+        except OSError:
+            continue  # no durable audit log: the Group's history stays
+        if digest == record.audit_file_hash:
+            out.add(group)
+    return out
+
+
+def _redacted_seqs(authority: Authority) -> dict[str, set[int]]:
+    out: dict[str, set[int]] = {}
+    for group in authority.groups():
+        for key, _, state in authority.aggregates(group, prefix="tombstone:"):
+            if state is not None:
+                out.setdefault(group, set()).add(int(state["seq"]))
+    return out
+

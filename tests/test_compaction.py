@@ -1,0 +1,213 @@
+"""Tombstones (event.redact, audit.delete) and compaction (MWP-MSN-009)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from authority_helpers import GROUP, OWNER, FakeClock, group_create, mission_create, open_with_group
+from mwpstore import Authority, Command, CursorTooOld, InvalidCommand
+from mwpstore.compaction import MARKER
+from mwpstore.errors import AlreadyExists, GroupArchived, InvalidState, Unauthorized
+from mwpstore.messages import check_event, encode_receipt
+from mwpstore.snapshot import SnapshotRef
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SECRET = "top-secret-payload-4711"
+
+
+def secret_command(group: str = GROUP) -> Command:
+    """A Command whose payload holds the secret but whose transition keeps none of it in state."""
+    return Command(actor=OWNER, action_id="secret", group=group, kind="mission.close", target="m-s", body={"reason": SECRET})
+
+
+def open_mission(authority: Authority, group: str = GROUP) -> None:
+    authority.accept(Command(actor=OWNER, action_id=f"open-m-s-{group}", group=group, kind="mission.create", target="m-s", body={"title": "t", "cost_limit": 1}))
+
+
+def _fill(authority: Authority, group: str = GROUP, count: int = 10, start: int = 0) -> list:
+    return [r.unwrap() for r in authority.accept_many([mission_create(f"m-{group}-{i}", group=group) for i in range(start, start + count)])]
+
+
+def _log_bytes(path: str) -> bytes:
+    log = os.path.join(path, "log")
+    return b"".join(open(os.path.join(log, name), "rb").read() for name in sorted(os.listdir(log)) if name.endswith(".seg") or name[0].isdigit())
+
+
+def test_msn_009_redaction_keeps_id_sequence_and_chain_and_hides_payload(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        open_mission(authority)
+        receipt = authority.accept(secret_command())
+        _fill(authority)
+        tombstone = authority.redact(GROUP, receipt.seq, actor=OWNER, action_id="redact-1", reason="legal request")
+        assert tombstone.seq == 14 and tombstone.aggregate == f"tombstone:{receipt.seq}"
+        events = authority.read(GROUP)
+        assert [event.seq for event in events] == list(range(1, 15))  # nothing renumbered
+        redacted = events[receipt.seq - 1]
+        assert redacted.body is None and redacted.event_id == receipt.event_id and redacted.hash == receipt.event_hash
+        previous = events[receipt.seq - 2].hash
+        check_event(redacted, expected_prev_hash=previous)  # the chain still verifies
+        assert authority.verify().ok
+        with pytest.raises(AlreadyExists):
+            authority.redact(GROUP, receipt.seq, actor=OWNER, action_id="redact-2", reason="again")
+        with pytest.raises(InvalidCommand):
+            authority.redact(GROUP, 99, actor=OWNER, action_id="redact-3", reason="future")
+        # idempotency still answers with the original receipt
+        again = authority.accept(secret_command())
+        assert encode_receipt(again) == encode_receipt(receipt)
+        with pytest.raises(InvalidCommand):  # the record of a deletion is never deleted
+            authority.redact(GROUP, tombstone.seq, actor=OWNER, action_id="redact-4", reason="hide the tombstone")
+
+
+def test_redaction_needs_the_owner(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept(Command(actor=OWNER, action_id="add", group=GROUP, kind="membership.add", target="w", body={"role": "worker"}, expected_revision=0))
+        with pytest.raises(Unauthorized):
+            authority.redact(GROUP, 1, actor="w", action_id="r", reason="x")
+
+
+def test_compaction_removes_redacted_payloads_from_disk_and_keeps_everything_else(tmp_path):
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        open_mission(authority)
+        receipt = authority.accept(secret_command())
+        _fill(authority)
+        authority.redact(GROUP, receipt.seq, actor=OWNER, action_id="redact-1", reason="legal")
+        before = [(e.seq, e.event_id, e.hash) for e in authority.read(GROUP)]
+        assert SECRET.encode() in _log_bytes(path)
+        report = authority.compact()
+        assert report.payloads_removed == 1 and report.events_dropped == 0
+        assert SECRET.encode() not in _log_bytes(path)
+        assert [(e.seq, e.event_id, e.hash) for e in authority.read(GROUP)] == before
+        assert authority.verify().ok
+        again = authority.accept(secret_command())
+        assert encode_receipt(again) == encode_receipt(receipt)
+        authority.accept(mission_create("after-compaction"))
+    with Authority.open(path) as authority:
+        assert authority.head(GROUP)[0] == 15 and authority.verify().ok
+
+
+def test_compaction_drops_archived_group_events_keeps_receipts_and_never_touches_active_groups(tmp_path):
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(group_create("active"))
+        kept = _fill(authority, "active", 5)
+        dropped = _fill(authority, GROUP, 5)
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive", reason="done")
+        active_before = authority.read("active")
+        report = authority.compact()
+        assert report.groups_compacted == [GROUP] and report.events_dropped == 7
+        assert authority.read("active") == active_before  # an active Group's history is never removed
+        with pytest.raises(CursorTooOld) as caught:
+            authority.read(GROUP)
+        assert SnapshotRef.from_dict(caught.value.snapshot_ref) == record.final_snapshot
+        assert authority.read(GROUP, after=record.last_seq) == []
+        with pytest.raises(GroupArchived):
+            authority.accept(mission_create("late"))
+        for receipt, command_index in zip(dropped, range(5)):
+            replay = authority.accept(Command(actor=OWNER, action_id=receipt.action_id, group=GROUP, kind="mission.create", target=f"m-{GROUP}-{command_index}", body={"title": f"mission m-{GROUP}-{command_index}", "cost_limit": 100}))
+            assert encode_receipt(replay) == encode_receipt(receipt)
+        assert authority.verify().ok
+        assert authority.compact().events_dropped == 0  # nothing left to drop
+        del kept
+
+
+def test_archived_group_without_durable_audit_log_keeps_its_history(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        _fill(authority, GROUP, 3)
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive")
+        os.remove(os.path.join(authority.path, record.audit_location))
+        assert authority.compact().events_dropped == 0
+        assert len(authority.read(GROUP)) == 5
+
+
+def test_audit_log_deletion_is_an_accepted_transition_after_retention(tmp_path):
+    clock = FakeClock()
+    with Authority.open(str(tmp_path / "s"), clock=clock) as authority:
+        authority.accept(Command(actor=OWNER, action_id="g", group=GROUP, kind="group.create", target=GROUP, body={"org": "acme", "policy": {"audit_retention_days": 30}}))
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive")
+        audit = os.path.join(authority.path, record.audit_location)
+        with pytest.raises(InvalidState):
+            authority.delete_audit_log(GROUP, actor=OWNER, action_id="del-early")
+        assert os.path.exists(audit)
+        clock.advance(31 * 86_400_000)
+        receipt = authority.delete_audit_log(GROUP, actor=OWNER, action_id="del")
+        assert receipt.kind == "audit.delete" and not os.path.exists(audit)
+        assert authority.read(GROUP)[-1].kind == "audit.delete"  # auditable
+
+
+CHILD = """
+import sys
+from mwpstore import Authority
+authority = Authority.open(sys.argv[1])
+authority.compact()
+"""
+
+
+@pytest.mark.parametrize("step", ["compaction.copy", "compaction.marked", "compaction.half_switched", "compaction.switched", "compaction.indexed"])
+def test_kill_9_at_every_compaction_step_loses_nothing(tmp_path, step):
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(group_create("active"))
+        open_mission(authority, "active")
+        receipt = authority.accept(secret_command("active"))
+        _fill(authority, "active", 30)
+        _fill(authority, GROUP, 30)
+        authority.redact("active", receipt.seq, actor=OWNER, action_id="redact", reason="legal")
+        authority.archive(GROUP, actor=OWNER, action_id="archive")
+        expected = [(e.seq, e.hash) for e in authority.read("active", limit=1000)]
+        receipts = {r.action_id: encode_receipt(r) for r in _fill(authority, "active", 3, start=100)}
+        expected += [(e.seq, e.hash) for e in authority.read("active", after=expected[-1][0])]
+    env = dict(os.environ, MWPSTORE_FAILPOINT=step, PYTHONPATH=REPO)
+    result = subprocess.run([sys.executable, "-c", CHILD, path], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == -9, result.stderr
+    with Authority.open(path) as authority:
+        assert [(e.seq, e.hash) for e in authority.read("active", limit=1000)] == expected
+        assert authority.verify().ok
+        assert not os.path.exists(os.path.join(path, "log.compact")) and not os.path.exists(os.path.join(path, MARKER))
+        authority.compact()  # and a compaction after the crash completes
+        assert [(e.seq, e.hash) for e in authority.read("active", limit=1000)] == expected
+        for action, encoded in receipts.items():
+            events = [e for e in authority.read("active", limit=1000) if e.action_id == action]
+            assert len(events) == 1
+        assert SECRET.encode() not in _log_bytes(path)
+        assert authority.verify().ok
+
+
+def test_reader_iterating_during_compaction_sees_correct_data(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept(group_create("active"))
+        _fill(authority, "active", 400)
+        expected = [(e.seq, e.hash) for e in authority.read("active", limit=1000)]
+        seen: list[tuple[int, bytes]] = []
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def reader() -> None:
+            try:
+                while not stop.is_set():
+                    cursor = 0
+                    batch_seen = []
+                    while True:
+                        events = authority.read("active", after=cursor, limit=7)
+                        if not events:
+                            break
+                        batch_seen.extend((e.seq, e.hash) for e in events)
+                        cursor = events[-1].seq
+                    assert batch_seen == expected
+                    seen.extend(batch_seen[:1])
+            except BaseException as exc:  # surfaced below
+                errors.append(exc)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        for _ in range(3):
+            authority.compact()
+        stop.set()
+        thread.join(timeout=30)
+        assert not errors, errors
+        assert seen
