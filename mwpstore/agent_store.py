@@ -643,7 +643,7 @@ class AgentStore:
             for projection in self._projections:
                 restore = getattr(projection, "restore", None)
                 if restore is not None:
-                    tx._run_projection(projection.restore, group, projection.name, snapshot)
+                    tx._run_projection(restore, group, projection.name, snapshot)
             tx._drain(group)
         return seq
 
@@ -944,6 +944,7 @@ class AgentTransaction:
             )
         else:
             head.buffered += 1
+        assert data is not None
         # A second, different Event for a buffered seq replaces the first: only the chain link
         # checked when the gap is filled can tell which is genuine.
         self._txn.put(key, data, db=self._buffer_db)

@@ -289,18 +289,18 @@ class OfflineGuard:
                                                      error=exc.code))
                     continue
                 record = self._store(record, state=BufferedState.REBASED, rebased=rebased)
-            assert record.rebased is not None
+            command = record.rebased
+            assert command is not None
             try:
-                receipt = submit(record.rebased)
+                receipt = submit(command)
             except Rejection as exc:
                 record = self._store(record, state=BufferedState.REJECTED, error_code=exc.code, message=exc.message)
-                outcomes.append(ReconnectOutcome(number=record.number, state=record.state, command=record.rebased,
+                outcomes.append(ReconnectOutcome(number=record.number, state=record.state, command=command,
                                                  error=exc.code))
                 continue
             plain = msgspec.to_builtins(receipt) if receipt is not None else None
             record = self._store(record, state=BufferedState.SUBMITTED, receipt=plain)
-            outcomes.append(ReconnectOutcome(number=record.number, state=record.state, command=record.rebased,
-                                             receipt=plain))
+            outcomes.append(ReconnectOutcome(number=record.number, state=record.state, command=command, receipt=plain))
         with self.agent.begin() as tx:
             tx._offline_delete(_outage_key(self.group))
         return outcomes
