@@ -6,6 +6,7 @@ Evidence with no state change (``Harness.evidence``).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -58,8 +59,22 @@ RESULT_BODIES: dict[str, dict[str, Any]] = {
 
 
 @pytest.fixture
-def h() -> Harness:
-    return Harness().setup()
+def new_harness() -> Iterator[Callable[[], Harness]]:
+    """Makes fresh Harnesses (in memory here; the durable test module overrides this fixture)."""
+    made: list[Harness] = []
+
+    def make() -> Harness:
+        made.append(Harness())
+        return made[-1]
+
+    yield make
+    for harness in made:
+        harness.close()
+
+
+@pytest.fixture
+def h(new_harness: Callable[[], Harness]) -> Harness:
+    return new_harness().setup()
 
 
 # -- MWP-WRK-031 / MWP-WRK-018: keys --------------------------------------------------------------
@@ -122,7 +137,7 @@ def test_wrk_018_attempt_key_is_stable_per_attempt() -> None:
 
 def test_wrk_018_claim_and_fail_events_carry_the_attempt_key(h: Harness) -> None:
     h.claim_and_start("w1", "wi1")
-    claim = h.group.events[-2]
+    claim = h.events()[-2]
     assert claim.kind == "workitem.claim"
     assert claim.body is not None and claim.body["attempt_key"] == attempt_key("m1", "wi1", 1)
     failure = h.accept("w1", "workitem.fail", "wi1", {**h.fence("wi1"), "reason": "x"})
@@ -234,8 +249,8 @@ def _public_hex(private_key: Ed25519PrivateKey) -> str:
     return private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
 
 
-def test_member_with_a_public_key_must_sign_its_commands() -> None:
-    h = Harness().setup(workers=())
+def test_member_with_a_public_key_must_sign_its_commands(new_harness: Callable[[], Harness]) -> None:
+    h = new_harness().setup(workers=())
     key = Ed25519PrivateKey.generate()
     h.accept("owner", "membership.add", "w3", {"role": "worker", "public_key": _public_hex(key)}, cas=True)
     unsigned = h.command("w3", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
@@ -251,8 +266,8 @@ def test_member_with_a_public_key_must_sign_its_commands() -> None:
     assert h.accept_command(signed).authoritative
 
 
-def test_membership_change_rotates_and_clears_the_public_key() -> None:
-    h = Harness().setup(workers=())
+def test_membership_change_rotates_and_clears_the_public_key(new_harness: Callable[[], Harness]) -> None:
+    h = new_harness().setup(workers=())
     old, new = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
     h.accept("owner", "membership.add", "w3", {"role": "worker", "public_key": _public_hex(old)}, cas=True)
     h.accept("owner", "membership.change", "w3", {"public_key": _public_hex(new)}, cas=True)
@@ -286,7 +301,7 @@ def test_evt_007_claim_without_expected_revision_is_invalid(h: Harness) -> None:
 
 
 def test_evt_007_first_ownership_goes_to_one_claimer(h: Harness) -> None:
-    revision = h.group.revision("workitem:wi1")
+    revision = h.revision("workitem:wi1")
     first = h.command("w1", "workitem.claim", "wi1", {"session_epoch": 1}, revision=revision)
     second = h.command("w2", "workitem.claim", "wi1", {"session_epoch": 1}, revision=revision)
     h.accept_command(first)
@@ -298,7 +313,7 @@ def test_evt_007_first_ownership_goes_to_one_claimer(h: Harness) -> None:
 def test_evt_007_lease_renew_is_compare_and_set(h: Harness) -> None:
     h.claim_and_start("w1", "wi1")
     h.reject(InvalidCommand, "w1", "lease.renew", "wi1", h.fence("wi1"), field="expected_revision")
-    stale = h.group.revision("workitem:wi1") - 1
+    stale = h.revision("workitem:wi1") - 1
     h.reject(RevisionMismatch, "w1", "lease.renew", "wi1", h.fence("wi1"), revision=stale)
 
 
@@ -651,8 +666,8 @@ def test_wrk_018_claim_with_the_budget_spent_is_refused(h: Harness) -> None:
     h.reject(BudgetExceeded, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
 
 
-def test_wrk_018_failure_whose_retry_would_miss_the_deadline_is_terminal() -> None:
-    h = Harness()
+def test_wrk_018_failure_whose_retry_would_miss_the_deadline_is_terminal(new_harness: Callable[[], Harness]) -> None:
+    h = new_harness()
     h.setup(contract={**CONTRACT, "deadline_ms": h.now_ms + 150})
     h.claim_and_start("w1", "wi1")
     h.advance(60)
@@ -660,8 +675,8 @@ def test_wrk_018_failure_whose_retry_would_miss_the_deadline_is_terminal() -> No
     assert event.body is not None and event.body["outcome"] == "failed"
 
 
-def test_wrk_018_claim_after_the_deadline_is_refused() -> None:
-    h = Harness()
+def test_wrk_018_claim_after_the_deadline_is_refused(new_harness: Callable[[], Harness]) -> None:
+    h = new_harness()
     h.setup(contract={**CONTRACT, "deadline_ms": h.now_ms + 500})
     h.advance(500)
     h.reject(DeadlinePassed, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
@@ -735,12 +750,10 @@ def test_wrk_019_lease_expire_sweep_requeues_lapsed_work(h: Harness) -> None:
     h.create_workitem("wi2")
     lease = h.claim("w1", "wi1")
     h.claim_and_start("w2", "wi2")
-    items = [(key.split(":", 1)[1], state) for key, state in h.group.states.items() if key.startswith("workitem:")]
-    assert lapsed_workitems(items, h.now_ms) == []
+    assert lapsed_workitems(h.workitem_states(), h.now_ms) == []
     h.reject(InvalidState, ENGINE_ACTOR, "lease.expire", "wi1", {})
     h.advance(CONTRACT["start_ms"])
-    items = [(key.split(":", 1)[1], state) for key, state in h.group.states.items() if key.startswith("workitem:")]
-    assert lapsed_workitems(items, h.now_ms) == ["wi1"]
+    assert lapsed_workitems(h.workitem_states(), h.now_ms) == ["wi1"]
     h.reject(LeaseMismatch, ENGINE_ACTOR, "lease.expire", "wi1", {"lease_id": lease_id_for(GROUP, "wi1", 9)})
     event = h.accept(ENGINE_ACTOR, "lease.expire", "wi1", {"lease_id": lease["lease_id"]})
     assert event.authoritative and event.body == {
@@ -773,8 +786,8 @@ def test_wrk_022_workitem_budget_overflow_rejects_charge_and_progress(h: Harness
     assert h.item("wi1")["progress"] is None and h.mission()["cost_spent"] == 45
 
 
-def test_wrk_022_mission_budget_overflow_rejects_charge_and_progress() -> None:
-    h = Harness().setup(mission_cost_limit=60, workitems=("wi1", "wi2"))
+def test_wrk_022_mission_budget_overflow_rejects_charge_and_progress(new_harness: Callable[[], Harness]) -> None:
+    h = new_harness().setup(mission_cost_limit=60, workitems=("wi1", "wi2"))
     h.claim_and_start("w1", "wi1")
     h.claim_and_start("w2", "wi2")
     h.accept("w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": 40})
@@ -795,8 +808,8 @@ def test_wrk_022_charge_rejections(h: Harness) -> None:
 # -- Approvals ---------------------------------------------------------------------------------------
 
 
-def test_approval_required_for_submit() -> None:
-    h = Harness().setup(approval_required=("submit",), workitems=("wi1", "wi2"))
+def test_approval_required_for_submit(new_harness: Callable[[], Harness]) -> None:
+    h = new_harness().setup(approval_required=("submit",), workitems=("wi1", "wi2"))
     h.claim_and_start("w1", "wi1")
     body = {**h.fence("wi1"), "submission": 1}
     h.reject(ApprovalRequired, "w1", "workitem.submit", "wi1", body)
@@ -813,8 +826,8 @@ def test_approval_required_for_submit() -> None:
     assert h.accept("w1", "workitem.submit", "wi1", {**body, "approval": "ap1"}).authoritative
 
 
-def test_rejected_approval_does_not_allow_the_operation() -> None:
-    h = Harness().setup(approval_required=("publish",))
+def test_rejected_approval_does_not_allow_the_operation(new_harness: Callable[[], Harness]) -> None:
+    h = new_harness().setup(approval_required=("publish",))
     h.claim_and_start("w1", "wi1")
     h.accept("w1", "approval.request", "ap1", {"workitem": "wi1", "operation": "publish"})
     h.accept("a1", "approval.decide", "ap1", {"decision": "rejected"}, cas=True)
@@ -825,11 +838,11 @@ def test_rejected_approval_does_not_allow_the_operation() -> None:
 
 def test_approval_state_fields(h: Harness) -> None:
     h.accept("w1", "approval.request", "ap1", {"workitem": "wi1", "operation": "submit"})
-    approval = h.group.get("approval:ap1")
+    approval = h.get("approval:ap1")
     assert approval is not None
     assert (approval["workitem"], approval["operation"], approval["state"]) == ("wi1", "submit", "pending")
     h.accept("a1", "approval.decide", "ap1", {"decision": "approved"}, cas=True)
-    approval = h.group.get("approval:ap1")
+    approval = h.get("approval:ap1")
     assert approval is not None
     assert (approval["state"], approval["decided_by"]) == ("approved", "a1")
 

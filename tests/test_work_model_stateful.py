@@ -196,6 +196,10 @@ class Model:
 
 
 class WorkModelMachine(RuleBasedStateMachine):
+    def make_harness(self) -> Harness:
+        """The backend under test (``tests/test_work_model_durable.py`` swaps in the Authority)."""
+        return Harness()
+
     def __init__(self) -> None:
         super().__init__()
         contracts = {
@@ -209,7 +213,7 @@ class WorkModelMachine(RuleBasedStateMachine):
             }
             for wi in WORKITEMS
         }
-        self.h = Harness().setup(workers=AGENTS, mission_cost_limit=MISSION_COST_LIMIT, workitems=())
+        self.h = self.make_harness().setup(workers=AGENTS, mission_cost_limit=MISSION_COST_LIMIT, workitems=())
         for wi in WORKITEMS:
             self.h.create_workitem(wi, contract=contracts[wi])
         self.model = Model(now=self.h.now_ms)
@@ -397,15 +401,20 @@ class WorkModelMachine(RuleBasedStateMachine):
         assert self.h.mission()["cost_spent"] <= MISSION_COST_LIMIT
 
     def teardown(self) -> None:
-        # state after a rebuild from the log equals state before
+        try:
+            self.check_rebuild()
+        finally:
+            self.h.close()
+
+    def check_rebuild(self) -> None:
+        """State after a rebuild from the log equals state before."""
         fresh = MemoryGroup(GROUP)
         previous = ZERO_HASH
-        for event in self.h.group.events:
-            check_event(event, expected_prev_hash=previous)
-            previous = event.hash
-            fresh.apply(event)
-        assert fresh.states == self.h.group.states
-        assert fresh.revisions == self.h.group.revisions
+        for accepted in self.h.events():
+            check_event(accepted, expected_prev_hash=previous)
+            previous = accepted.hash
+            fresh.apply(accepted)
+        assert (fresh.states, fresh.revisions) == self.h.states()
 
 
 WorkModelMachine.TestCase.settings = settings(

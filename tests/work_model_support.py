@@ -29,13 +29,40 @@ CONTRACT: dict[str, Any] = {
 
 
 class Harness:
-    """Drives one Group through ``MemoryGroup.accept`` with an explicit clock."""
+    """Drives one Group through ``MemoryGroup.accept`` with an explicit clock.
+
+    The backend-specific part is small (``accept_command``, ``get``, ``revision``, ``states``,
+    ``events``), so ``tests/test_work_model_durable.py`` runs the same rule tests through the
+    durable Authority by overriding it.
+    """
 
     def __init__(self, group: str = GROUP, now_ms: int = START_MS) -> None:
+        self.group_id = group
         self.group = MemoryGroup(group)
         self.now_ms = now_ms
         self._actions = 0
         self.signing_keys: dict[str, Any] = {}
+
+    # -- backend -------------------------------------------------------------------------------
+
+    def accept_command(self, command: Command) -> Event:
+        return self.group.accept(command, now_ms=self.now_ms, trusted=command.actor == ENGINE_ACTOR)
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        return self.group.get(key)
+
+    def revision(self, key: str) -> int:
+        return self.group.revision(key)
+
+    def states(self) -> tuple[dict[str, Any], dict[str, int]]:
+        """Copies of every aggregate's state and revision."""
+        return copy.deepcopy(self.group.states), dict(self.group.revisions)
+
+    def events(self) -> list[Event]:
+        return list(self.group.events)
+
+    def close(self) -> None:
+        pass
 
     # -- Commands ------------------------------------------------------------------------------
 
@@ -54,11 +81,11 @@ class Harness:
     ) -> Command:
         self._actions += 1
         if cas:
-            revision = self.group.revision(self.key_of(kind, target))
+            revision = self.revision(self.key_of(kind, target))
         command = Command(
             actor=actor,
             action_id=f"act-{self._actions}",
-            group=self.group.group,
+            group=self.group_id,
             kind=kind,
             target=target,
             body=body or {},
@@ -79,11 +106,7 @@ class Harness:
         revision: int | None = None,
         cas: bool = False,
     ) -> Event:
-        command = self.command(actor, kind, target, body, revision=revision, cas=cas)
-        return self.group.accept(command, now_ms=self.now_ms, trusted=actor == ENGINE_ACTOR)
-
-    def accept_command(self, command: Command) -> Event:
-        return self.group.accept(command, now_ms=self.now_ms, trusted=command.actor == ENGINE_ACTOR)
+        return self.accept_command(self.command(actor, kind, target, body, revision=revision, cas=cas))
 
     def reject(self, error: type[MwpError], actor: str, kind: str, target: str, body: dict[str, Any] | None = None, *,
                revision: int | None = None, cas: bool = False, field: str | None = None) -> MwpError:
@@ -103,35 +126,33 @@ class Harness:
 
     def evidence(self, actor: str, kind: str, target: str, body: dict[str, Any], reason: str | None = None) -> Event:
         """Assert the Command is kept as Evidence: own Event, not authoritative, no state change."""
-        before_states = copy.deepcopy(self.group.states)
-        before_revisions = dict(self.group.revisions)
+        before = self.states()
         event = self.accept(actor, kind, target, body)
         assert event.authoritative is False
         assert event.effects == []
-        assert self.group.states == before_states
-        assert self.group.revisions == before_revisions
+        assert self.states() == before
         assert event.body is not None and "evidence" in event.body
         if reason is not None:
             assert event.body["evidence"]["reason"] == reason
         return event
 
     def snapshot(self) -> tuple[Any, ...]:
-        return copy.deepcopy(self.group.states), dict(self.group.revisions), len(self.group.events)
+        return self.states(), len(self.events())
 
     # -- State ---------------------------------------------------------------------------------
 
     def item(self, workitem: str) -> dict[str, Any]:
-        state = self.group.get(f"workitem:{workitem}")
+        state = self.get(f"workitem:{workitem}")
         assert state is not None
         return state
 
     def member(self, agent: str) -> dict[str, Any]:
-        state = self.group.get(f"member:{agent}")
+        state = self.get(f"member:{agent}")
         assert state is not None
         return state
 
     def mission(self, mission: str = "m1") -> dict[str, Any]:
-        state = self.group.get(f"mission:{mission}")
+        state = self.get(f"mission:{mission}")
         assert state is not None
         return state
 
@@ -156,7 +177,7 @@ class Harness:
         workitems: tuple[str, ...] = ("wi1",),
         contract: dict[str, Any] | None = None,
     ) -> Harness:
-        self.accept("owner", "group.create", self.group.group, {"org": "org1"})
+        self.accept("owner", "group.create", self.group_id, {"org": "org1"})
         for worker in workers:
             self.accept("owner", "membership.add", worker, {"role": "worker"}, cas=True)
         self.accept("owner", "membership.add", "a1", {"role": "approver"}, cas=True)
@@ -191,6 +212,10 @@ class Harness:
 
     def advance(self, milliseconds: int) -> None:
         self.now_ms += milliseconds
+
+    def workitem_states(self) -> list[tuple[str, dict[str, Any]]]:
+        states, _ = self.states()
+        return [(key.split(":", 1)[1], state) for key, state in sorted(states.items()) if key.startswith("workitem:")]
 
 
 def fence_of(lease: dict[str, Any]) -> dict[str, Any]:
