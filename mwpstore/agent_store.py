@@ -526,6 +526,15 @@ class AgentStore:
         with self._read() as txn:
             return [int.from_bytes(key[len(prefix) :], "big") for key, _ in _range(txn, self._dbs["inbox"], prefix)]
 
+    def _offline_read(self, key: bytes) -> bytes | None:
+        with self._read() as txn:
+            value = txn.get(key, db=self._dbs["offline"])
+        return None if value is None else bytes(value)
+
+    def _offline_read_range(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
+        with self._read() as txn:
+            return [(bytes(key), bytes(value)) for key, value in _range(txn, self._dbs["offline"], prefix)]
+
     # -- rebuild comparison --------------------------------------------------------------------
 
     def projection_dump(self, group: str | None = None) -> list[tuple[str, bytes, bytes]]:

@@ -146,8 +146,7 @@ class OfflineGuard:
                 )
 
     def outage(self) -> Outage | None:
-        with self.agent.begin() as tx:
-            data = tx._offline_get(_outage_key(self.group))
+        data = self.agent._offline_read(_outage_key(self.group))
         return None if data is None else _OUTAGE_DECODER.decode(data)
 
     @property
@@ -218,8 +217,7 @@ class OfflineGuard:
         return record
 
     def buffered(self) -> list[BufferedCommand]:
-        with self.agent.begin() as tx:
-            rows = tx._offline_range(self.group.encode() + b"\x00C")
+        rows = self.agent._offline_read_range(self.group.encode() + b"\x00C")
         return [_BUFFERED_DECODER.decode(value) for _, value in rows]
 
     # -- reconnect ------------------------------------------------------------------------------
