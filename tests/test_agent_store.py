@@ -510,3 +510,26 @@ def test_unknown_verify_mode_is_refused(tmp_path):
 
     with pytest.raises(InvalidCommand):
         AgentStore.open(tmp_path / "a", verify="none")
+
+
+def test_another_process_cannot_open_the_store(tmp_path):
+    import subprocess
+    import sys
+    import os
+
+    agent = AgentStore.open(tmp_path / "a")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    script = (
+        f"import sys; sys.path.insert(0, {root!r})\n"
+        "from mwpstore.agent_store import AgentStore\n"
+        "from mwpstore.errors import StoreLocked\n"
+        f"try:\n    AgentStore.open({str(tmp_path / 'a')!r})\nexcept StoreLocked:\n    sys.exit(3)\n"
+    )
+    assert subprocess.run([sys.executable, "-c", script], timeout=60).returncode == 3
+    agent.close()
+
+
+def test_nested_begin_in_one_thread_is_refused(store):
+    with store.begin():
+        with pytest.raises(InvalidCommand):
+            store.begin()
