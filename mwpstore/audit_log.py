@@ -529,6 +529,8 @@ def verify_audit_log_against_snapshot(
             event = check_event(decode_event(data), expected_prev_hash=previous)
         except EventInvalid as exc:
             raise _fail("event", f"record {count + 1}: {exc.message}", seq=count + 1) from None
+        except RecursionError:
+            raise _fail("event", f"record {count + 1} nests too deeply to decode", seq=count + 1) from None
         if event.group != snapshot.group:
             raise _fail("binding", f"record {count + 1} is an Event of group {event.group!r}", seq=event.seq)
         if event.seq != count + 1:

@@ -428,7 +428,7 @@ def verify_snapshot(
         raise _fail("signature", f"the header signature does not verify with key {key_id}") from None
     try:
         fields = msgspec.json.decode(header_raw)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, RecursionError):
         raise _fail("format", "the signed header is not JSON") from None
     if type(fields) is not dict or canonical.canonical_bytes(fields) != header_raw:
         raise _fail("format", "the signed header is not in canonical form")
@@ -495,7 +495,7 @@ def _decode_state(state: memoryview, count: int) -> list[Effect]:
     gc.disable()
     try:
         aggregates = _STATE_DECODER.decode(state)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         raise _fail("format", f"the state does not decode: {exc}") from None
     finally:
         if paused:

@@ -424,6 +424,12 @@ def test_signed_header_that_is_not_json_is_format(good):
     assert check_of(assemble(b"\xff not json", state)) == "format"
 
 
+def test_signed_but_absurdly_nested_header_or_state_is_format(good):
+    _, _, _, state = split(good)
+    assert check_of(assemble(b"[" * 30000 + b"]" * 30000, state)) == "format"
+    assert check_of(_signed_with_state(b"\x91" * 100000 + b"\xc0", 1)) == "format"
+
+
 def test_other_organization_is_binding(good):
     assert check_of(good, org="other-org") == "binding"
 
