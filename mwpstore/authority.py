@@ -246,6 +246,20 @@ class Authority:
     def __init__(self) -> None:  # use Authority.open
         raise TypeError("use Authority.open(path, ...)")
 
+    # The log and the index are swapped together (compaction, rebuild): readers that need both
+    # take ``self._pair`` once, so positions always come from the index that matches the log.
+    _pair: tuple[SegmentLog, Index | None]
+
+    @property
+    def log(self) -> SegmentLog:
+        return self._pair[0]
+
+    @property
+    def index(self) -> Index:
+        index = self._pair[1]
+        assert index is not None
+        return index
+
     # -- opening and closing ---------------------------------------------------------------------
 
     @classmethod
@@ -289,7 +303,7 @@ class Authority:
             from .compaction import recover_interrupted_compaction
 
             force_rebuild = recover_interrupted_compaction(self.path)
-            self.log = SegmentLog.open(os.path.join(self.path, "log"), segment_bytes=segment_bytes, sync=sync)
+            self._pair = (SegmentLog.open(os.path.join(self.path, "log"), segment_bytes=segment_bytes, sync=sync), None)
             try:
                 if force_rebuild:
                     remove_index(self._index_dir())
@@ -314,10 +328,10 @@ class Authority:
             mode, reason = self._judge_index(boot_id)
         if mode == "rebuild":
             self._build_index(self._index_dir(), progress)
-            self.index = Index(self._index_dir(), map_size=self._map_size)
+            self._pair = (self.log, Index(self._index_dir(), map_size=self._map_size))
             redo = 0
         else:
-            self.index = Index(self._index_dir(), map_size=self._map_size)
+            self._pair = (self.log, Index(self._index_dir(), map_size=self._map_size))
             redo = self._redo(self.index, progress)
             if redo:
                 mode = "redo"
@@ -355,16 +369,17 @@ class Authority:
             return "rebuild", f"index position {position} is outside the log [{self.log.start}, {self.log.end}]"
         return "clean", "index trusted"
 
-    def _build_index(self, directory: str, progress: Callable[[int, int], None] | None) -> int:
+    def _build_index(self, directory: str, progress: Callable[[int, int], None] | None, log: SegmentLog | None = None) -> int:
         """Build a fresh index from the whole log into ``directory`` (crash-safe: temp dir + rename)."""
+        log = log or self.log
         temp = directory + ".rebuild"
         remove_index(temp)
         index = Index(temp, map_size=self._map_size)
         try:
             with index.env.begin(write=True, db=index.meta) as txn:
                 txn.put(b"format", INDEX_FORMAT)
-                txn.put(b"log_position", u64(self.log.start))
-            count = self._redo(index, progress, failpoint="authority.mid_rebuild")
+                txn.put(b"log_position", u64(log.start))
+            count = self._redo(index, progress, failpoint="authority.mid_rebuild", log=log)
             index.sync()
         finally:
             index.close()
@@ -381,11 +396,13 @@ class Authority:
         index: Index,
         progress: Callable[[int, int], None] | None,
         failpoint: str = "authority.mid_redo",
+        log: SegmentLog | None = None,
     ) -> int:
         """Apply every log record past the index's position to the index. Returns the count."""
+        log = log or self.log
         with index.env.begin() as txn:
             start = index.log_position(txn)
-        end = self.log.end
+        end = log.end
         if start >= end:
             return 0
         done = 0
@@ -393,7 +410,7 @@ class Authority:
         heads: dict[str, tuple[int, bytes]] = {}
         pending = 0
         try:
-            for batch in self.log.scan(start, end=end):
+            for batch in log.scan(start, end=end):
                 for position, record in zip(batch.positions, batch.records):
                     _index_record(index, txn, heads, position, record)
                 done += len(batch.positions)
@@ -862,16 +879,18 @@ class Authority:
         return out
 
     def _read_records(self, group: str, after: int, limit: int) -> list[bytes]:
+        log, index = self._pair
+        assert index is not None
         positions = []
         prefix = group.encode() + b"\x00"
-        with self.index.env.begin(db=self.index.events, buffers=True) as txn:
+        with index.env.begin(db=index.events, buffers=True) as txn:
             cursor = txn.cursor()
             if cursor.set_range(event_key(group, after + 1)):
                 for key, value in cursor:
                     if bytes(key[: len(prefix)]) != prefix or len(positions) >= limit:
                         break
                     positions.append(read_u64(value))
-        return [self.log.read(position) for position in positions]
+        return [log.read(position) for position in positions]
 
     # -- snapshots and retention -----------------------------------------------------------------
 
@@ -1200,15 +1219,19 @@ class Authority:
                 self._leader = False
                 self._wake.notify_all()
 
-    def _install_index(self) -> None:
-        """Open the freshly built index and switch to it; the old handle is closed at close()."""
+    def _install_index(self, log: SegmentLog | None = None) -> None:
+        """Open the freshly built index and switch to it (with ``log`` when the log changes too);
+        the old handles stay valid for readers still using them and are closed at close()."""
         index = Index(self._index_dir(), map_size=self._map_size)
         with index.env.begin(write=True, db=index.meta) as txn:
             txn.put(b"boot_id", current_boot_id().encode())
             txn.put(b"clean", b"0")
         index.sync()
-        self._retired.append(self.index)
-        self.index = index
+        old_log, old_index = self._pair
+        self._pair = (log or old_log, index)
+        self._retired.append(old_index)
+        if log is not None:
+            self._retired.append(old_log)
 
     def info(self) -> dict[str, Any]:
         """Facts for ``mwpstore inspect``: groups, heads, segments, sizes."""

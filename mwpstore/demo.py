@@ -342,7 +342,7 @@ def _scenario(
                 check_snapshot_ref(data, reference)
                 return data
 
-            far = Delivery(behind, authority, consumer="far-behind", restore_snapshot=fetch)
+            far = Delivery(behind, authority, consumer="far-behind", restore_snapshot=fetch, org=ORG)
             far.catch_up(GROUP)
             Delivery(clean, authority, consumer="observer-clean").catch_up(GROUP)
             report.check(
