@@ -175,6 +175,28 @@ def cmd_rebuild(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_compact(args: argparse.Namespace) -> int:
+    with _open_authority(args) as authority:
+        report = authority.compact(progress=Progress("compacting"))
+    document = {
+        "records_before": report.records_before,
+        "records_after": report.records_after,
+        "bytes_before": report.bytes_before,
+        "bytes_after": report.bytes_after,
+        "payloads_removed": report.payloads_removed,
+        "events_dropped": report.events_dropped,
+        "groups_compacted": report.groups_compacted,
+        "seconds": report.seconds,
+    }
+
+    def human() -> None:
+        print(f"records {report.records_before} -> {report.records_after}, bytes {report.bytes_before} -> {report.bytes_after}")
+        print(f"redacted payloads removed {report.payloads_removed}; archived Events dropped {report.events_dropped} ({', '.join(report.groups_compacted) or 'no archived Group'})")
+
+    emit(args, document, human)
+    return EXIT_OK
+
+
 def cmd_snapshot_create(args: argparse.Namespace) -> int:
     with _open_authority(args) as authority:
         ref = authority.snapshot(args.group)
@@ -257,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     rebuild = commands.add_parser("rebuild", parents=[common, store], help="regenerate the index from the log")
     rebuild.set_defaults(handler=cmd_rebuild)
+
+    compact = commands.add_parser("compact", parents=[common, store], help="rewrite the log without redacted payloads and archived Groups' Events")
+    compact.set_defaults(handler=cmd_compact)
 
     snapshot = commands.add_parser("snapshot", help="create or verify signed snapshots")
     snapshot_commands = snapshot.add_subparsers(dest="snapshot_command", metavar="ACTION", required=True)

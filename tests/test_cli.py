@@ -61,6 +61,8 @@ def test_inspect_verify_rebuild_snapshot_json(store, capsys):
     assert code == EXIT_OK and checked["seq"] == 6
     code, _ = run_json(capsys, ["snapshot", "verify", snapshot_file, "--trust", public_key, "--group", "other", "--json"])
     assert code == EXIT_CHECK_FAILED
+    code, compacted = run_json(capsys, ["compact", "--store", store, "--json"])
+    assert code == EXIT_OK and compacted["records_after"] == compacted["records_before"] == 7
     code, report = run_json(capsys, ["verify", "--store", store, "--json"])
     assert code == EXIT_OK and report["ok"]
 
@@ -103,6 +105,6 @@ def test_locked_store_is_a_store_error(store, capsys):
 def test_console_script_and_module_entry_points(tmp_path):
     result = subprocess.run([sys.executable, "-m", "mwpstore", "--help"], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0 and "demo" in result.stdout and "torture" in result.stdout
-    for command in ("demo", "inspect", "tail", "verify", "rebuild", "snapshot", "bench", "torture"):
+    for command in ("demo", "inspect", "tail", "verify", "rebuild", "compact", "snapshot", "bench", "torture"):
         sub = subprocess.run([sys.executable, "-m", "mwpstore", command, "--help"], capture_output=True, text=True, cwd=REPO)
         assert sub.returncode == 0, (command, sub.stderr)
