@@ -192,6 +192,9 @@ def _decide_claim(view: StateView, command: Command, context: Context) -> Decisi
             )
     else:
         require_state(item, ("queued",), command.kind)
+    mission = view.get(mission_key(item["mission"]))
+    if mission is None or mission["status"] != "open":
+        raise InvalidState(f"mission {item['mission']!r} is not open", state="mission_closed")
     contract = item["contract"]
     if contract["deadline_ms"] is not None and now >= contract["deadline_ms"]:
         raise DeadlinePassed(
@@ -203,9 +206,6 @@ def _decide_claim(view: StateView, command: Command, context: Context) -> Decisi
         )
     if item["cost_spent"] >= contract["cost_limit"]:
         raise BudgetExceeded("the WorkItem's cost budget is spent", scope="workitem", cost_spent=item["cost_spent"])
-    mission = view.get(mission_key(item["mission"]))
-    if mission is None or mission["status"] != "open":
-        raise InvalidState(f"mission {item['mission']!r} is not open", state="mission_closed")
     if now < item["not_before_ms"]:
         raise NotReady(f"the WorkItem is not ready before {item['not_before_ms']}", not_before_ms=item["not_before_ms"])
     epoch = item["ownership_epoch"] + 1
