@@ -69,6 +69,7 @@ def test_duplicate_event_id_is_ignored(store, events):
 
 
 def test_later_event_is_buffered_and_cursor_stays_below_the_gap(store, events):
+    """MWP-WRK-029: a later Event is buffered; the Cursor never moves over the gap."""
     statuses = apply_all(store, [events[0], events[1], events[3], events[4]])
     assert statuses == [ApplyStatus.APPLIED, ApplyStatus.APPLIED, ApplyStatus.BUFFERED, ApplyStatus.BUFFERED]
     assert store.cursor(GROUP) == 2
@@ -148,6 +149,7 @@ def test_projection_writes_are_scoped_to_group_and_name(store):
 
 
 def test_groups_have_distinct_cursors_and_buffers(store):
+    """MWP-WRK-008: each Group has its own Cursor, buffer, inbox and state."""
     first = workload("g-a", 10, seed=1)
     second = workload("g-b", 10, seed=2)
     apply_all(store, first + second[:3] + second[5:])
@@ -162,6 +164,7 @@ def test_groups_have_distinct_cursors_and_buffers(store):
 
 
 def test_prune_inbox_removes_only_entries_at_or_below_the_cursor(store, events):
+    """MWP-WRK-030: ACK cleanup prunes the inbox at or below the Cursor and nothing else."""
     apply_all(store, events[:10])
     apply_all(store, events[10:12], advance=False)
     states_before = store.states(GROUP)
@@ -347,6 +350,7 @@ def test_reopen_keeps_cursor_buffer_and_state(tmp_path, events):
 
 
 def test_delete_and_rebuild_gives_byte_identical_projections(tmp_path):
+    """MWP-FND-023: the store holds nothing authoritative; deleted, it rebuilds byte for byte."""
     histories = workload("g-a", 120, seed=5) + workload("g-b", 80, seed=6)
     source = ListSource(histories)
     agent = AgentStore.open(tmp_path / "a", projections=[CountingProjection()])

@@ -69,6 +69,7 @@ def now(setup):
 
 
 def test_guard_allows_active_reversible_work_within_grace(setup):
+    """MWP-WRK-020: offline, only already-active reversible work within the grace period."""
     setup.guard.service_unreachable(now(setup))
     binding = setup.guard.permit("wi1", now_ms=now(setup) + 10, reversible=True)
     lease = setup.harness.lease("wi1")
@@ -122,6 +123,7 @@ def test_online_irreversible_operation_needs_a_current_lease(setup):
 
 
 def test_buffered_commands_are_durable_with_their_binding(setup, tmp_path):
+    """MWP-WRK-021: buffered Commands keep their offline-execution binding, durably."""
     setup.guard.service_unreachable(now(setup))
     fence = setup.harness.fence("wi1")
     command = setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 1}}, action="cp-1")
@@ -139,6 +141,7 @@ def test_buffered_commands_are_durable_with_their_binding(setup, tmp_path):
 
 
 def test_reconnect_rebases_resigns_and_renames_exactly_where_freshness_changed(setup):
+    """MWP-WRK-021, MWP-EXT-005: rebase, re-sign, new Action ID exactly where freshness changed."""
     setup.guard.service_unreachable(now(setup))
     fence = setup.harness.fence("wi1")
     revision = setup.harness.group.revision("workitem:wi1")

@@ -68,6 +68,7 @@ operation = st.one_of(
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(schedule=st.lists(operation, max_size=40), replay_back=st.integers(0, 6))
 def test_random_schedule_converges_and_cursor_never_passes_a_gap(clean_dump, schedule, replay_back):
+    """MWP-WRK-029, MWP-FND-018: any delivery schedule converges; no commit passes a gap."""
     directory = tempfile.mkdtemp(prefix="agent-schedule-")
     try:
         agent = open_agent(directory + "/agent")
