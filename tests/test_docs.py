@@ -34,3 +34,33 @@ def test_api_example_runs(line: int, source: str, tmp_path: pytest.TempPathFacto
     code = compile(source, f"{API}:{line}", "exec")
     namespace: dict[str, object] = {"__name__": "__docs_example__"}
     exec(code, namespace)  # noqa: S102 - the documentation's own examples
+
+
+def test_canonical_worked_example_matches_the_code(tmp_path: pytest.TempPathFactory) -> None:
+    """The bytes and hashes printed in docs/format/canonical.md are the ones the code computes."""
+    import blake3
+    import msgspec
+
+    import mwpstore
+    from mwpstore import canonical
+    from mwpstore.messages import command_bytes, recompute_event_hash
+
+    with open(os.path.join(ROOT, "docs", "format", "canonical.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    command = mwpstore.Command(actor="alice", action_id="a-1", group="g-1", kind="group.create", target="g-1", body={"org": "acme"})
+    data = command_bytes(command)
+    with mwpstore.Authority.open(str(tmp_path) + "/authority", clock=lambda: 1767225600000) as authority:
+        receipt = authority.accept(command)
+        event = authority.read("g-1")[0]
+    encoder = msgspec.msgpack.Encoder(order="sorted")
+    header = encoder.encode([event.group, event.seq, event.event_id, event.kind, event.aggregate, event.revision,
+                             event.actor, event.action_id, event.content_hash, event.accepted_at_ms, event.authoritative])
+    effects = encoder.encode(event.effects)
+    assert data.decode() in text and f"({len(data)} bytes)" in text
+    assert canonical.content_hash(data).hex() in text
+    assert canonical.canonical_bytes(event.body).decode() in text
+    assert event.payload_hash.hex() in text
+    assert f"{len(header)} bytes of msgpack" in text and f"{len(effects)} bytes of msgpack" in text
+    assert blake3.blake3(effects).hexdigest() in text
+    assert recompute_event_hash(event) == event.hash == receipt.event_hash
+    assert event.hash.hex() in text
