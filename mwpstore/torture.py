@@ -833,8 +833,338 @@ def run_power(count: int | None = None, seconds: float | None = None, seed: int 
     })
 
 
-def run_corruption(count=None, seconds=None, seed=1, progress=None):
-    raise NotImplementedError
+
+# -- corruption: cut, zeroed and garbled tails; bit flips; missing, duplicated, reordered files -----
+
+CORRUPTION_FAMILIES = (
+    "tail_cut", "tail_zero", "tail_garble", "sealed_flip", "header_flip",
+    "segment_files", "snapshot_flip", "audit_flip", "lmdb_flip",
+)
+TAIL_RECORDS = 3
+"""The sweep covers every byte of the last frames: the last few records and their commit frame."""
+LMDB_BATCH = 5
+CORRUPTION_SCHEDULE = ("tail_cut", "tail_zero", "tail_garble") * 4 + (
+    "sealed_flip", "header_flip", "segment_files", "snapshot_flip", "audit_flip", "lmdb_flip")
+"""One turn of the round robin: the tail sweep gets most cases; an LMDB turn is a batch in a child."""
+
+
+@dataclasses.dataclass
+class _Fixture:
+    root: str
+    store: str
+    records: list[tuple[int, bytes]]  # every record of the log, in order
+    segments: list[tuple[str, int, int, bool]]  # (file name, first position, used bytes, sealed)
+    tail_region: tuple[int, int]  # byte range of the last frames in the last segment
+    snapshot: bytes
+    snapshot_group: str
+    audit_path: str
+    audit_records: list[bytes]
+    keys: str
+    boot: str
+    oracle: Acknowledged
+
+
+def _build_fixture(root: str, rng: random.Random) -> _Fixture:
+    """A store with several sealed segments, snapshots and an audit log; everything acknowledged."""
+    from .audit_log import FileKeyProvider, read_audit_log, write_audit_log
+    from .authority import Authority
+    from .segment_log import SegmentLog
+    from ._segment_log_c import lib
+
+    store = os.path.join(root, "fixture")
+    boot = f"corruption-{rng.random()}"
+    oracle = Acknowledged()
+    with _boot_id(boot):
+        authority = Authority.open(store, segment_bytes=POWER_SEGMENT_BYTES)
+        ensure_groups(authority)
+        step = 0
+        while len(authority.log.segments()) < 4:
+            step += 1
+            commands = workload_commands(authority, rng, f"c{step}")
+            results = authority.accept_many(commands)
+            for result in results:
+                if result.ok:
+                    receipt = result.receipt
+                    oracle.add_receipt(receipt.action_id, receipt.group, receipt.seq, receipt.event_id)
+        ref = authority.snapshot(GROUPS[0])
+        oracle.snapshots.add((ref.group, ref.seq))
+        snapshot = authority.read_snapshot(ref)
+        events = [bytes(memoryview(record)[1:]) for record in authority._read_records(GROUPS[1], 0, 100_000)]
+        authority.close()
+    keys = os.path.join(root, "org-keys")
+    audit_path = os.path.join(root, "audit.log")
+    provider = FileKeyProvider(keys)
+    write_audit_log(audit_path, org=ORG, group=GROUPS[1], events=events, key_provider=provider, chunk_bytes=4096)
+    audit_records = list(read_audit_log(audit_path, key_provider=provider, org=ORG, group=GROUPS[1]))
+    with SegmentLog.open(os.path.join(store, "log"), readonly=True) as log:
+        records = [(p, bytes(r)) for batch in log.scan(0) for p, r in zip(batch.positions, batch.records)]
+        infos = log.segments()
+    segments = [(os.path.basename(info.path), info.first_position, info.used_bytes, info.sealed) for info in infos]
+    _, last_first, last_used, _ = segments[-1]
+    tail_start = lib.SL_SEGMENT_HEADER_BYTES + records[-TAIL_RECORDS][0] - last_first
+    return _Fixture(root, store, records, segments, (tail_start, last_used), snapshot, GROUPS[0], audit_path,
+                    audit_records, keys, boot, oracle)
+
+
+def _copy_log(fixture: _Fixture, target: str) -> str:
+    log = os.path.join(target, "log")
+    shutil.copytree(os.path.join(fixture.store, "log"), log)
+    lock = os.path.join(log, "LOCK")
+    if os.path.exists(lock):
+        os.remove(lock)
+    return log
+
+
+def _mutate_file(path: str, offset: int, change: Callable[[bytearray, int], None]) -> None:
+    with open(path, "r+b") as handle:
+        content = bytearray(handle.read())
+        change(content, offset)
+        handle.seek(0)
+        handle.truncate()
+        handle.write(content)
+
+
+def _judge_log(directory: str, original: list[tuple[int, bytes]], *, must_keep_all: bool) -> tuple[str, str]:
+    """Open (with recovery) and read a damaged log. Returns (outcome, violation or "").
+
+    Outcomes: ``detected`` (a typed Corruption naming segment and offset), ``prefix`` (some tail
+    records gone, the rest exact), ``intact`` (everything exact, e.g. a flip in padding);
+    ``wrong`` and ``foreign`` are violations, and so is ``prefix`` when ``must_keep_all``.
+    """
+    from .errors import Corruption
+    from .segment_log import SegmentLog
+
+    try:
+        with SegmentLog.open(directory, segment_bytes=POWER_SEGMENT_BYTES) as log:
+            seen = [(p, bytes(r)) for batch in log.scan(0) for p, r in zip(batch.positions, batch.records)]
+            log.verify()
+    except Corruption as exc:
+        if "segment" not in exc.detail or "offset" not in exc.detail:
+            return "detected", f"Corruption without segment and offset: {exc.detail}"
+        return "detected", ""
+    except MwpError as exc:
+        return "detected", f"a typed error that is not CORRUPTION: {_describe(exc)}" if exc.code != "STORAGE_FAILED" else ""
+    except Exception as exc:
+        return "foreign", f"foreign error {_describe(exc)}"
+    if seen == original:
+        return "intact", ""
+    if seen == original[: len(seen)]:
+        return "prefix", ("damage inside committed data passed silently for a torn tail "
+                          f"({len(original) - len(seen)} records dropped)") if must_keep_all else ""
+    return "wrong", "the log returned records that differ from what was written"
+
+
+def _corruption_case(family: str, fixture: _Fixture, rng: random.Random, work: str, sweep: dict[str, list[int]]) -> tuple[str, str]:
+    """One damaged copy of one family; returns (outcome, violation or "")."""
+    from ._segment_log_c import lib
+
+    if family in ("tail_cut", "tail_zero", "tail_garble"):
+        offsets = sweep.setdefault(family, [])
+        if not offsets:
+            offsets.extend(range(*fixture.tail_region))
+            rng.shuffle(offsets)
+        offset = offsets.pop()
+        log = _copy_log(fixture, work)
+        name = fixture.segments[-1][0]
+        path = os.path.join(log, name)
+        if family == "tail_cut":
+            os.truncate(path, offset)
+        elif family == "tail_zero":
+            _mutate_file(path, offset, lambda content, at: content.__setitem__(slice(at, fixture.tail_region[1]), bytes(fixture.tail_region[1] - at)))
+        else:
+            _mutate_file(path, offset, lambda content, at: content.__setitem__(at, (content[at] + rng.randrange(1, 256)) % 256))
+        # A garbled byte is damage, not a torn write; only a cut or a zeroed tail may drop records.
+        return _judge_log(log, fixture.records, must_keep_all=family == "tail_garble")
+    if family in ("sealed_flip", "header_flip"):
+        log = _copy_log(fixture, work)
+        if family == "sealed_flip":
+            name, _, used, _ = rng.choice([segment for segment in fixture.segments if segment[3]])
+            offset = rng.randrange(lib.SL_SEGMENT_HEADER_BYTES, used)
+        else:
+            name = rng.choice(fixture.segments)[0]
+            offset = rng.randrange(lib.SL_SEGMENT_HEADER_BYTES)
+        bit = rng.randrange(8)
+        _mutate_file(os.path.join(log, name), offset, lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
+        return _judge_log(log, fixture.records, must_keep_all=True)
+    if family == "segment_files":
+        log = _copy_log(fixture, work)
+        names = [segment[0] for segment in fixture.segments]
+        kind = rng.choice(("missing", "duplicated", "reordered"))
+        if kind == "missing":
+            os.remove(os.path.join(log, rng.choice(names)))
+        elif kind == "duplicated":
+            from .segment_log import segment_file_name
+
+            source = rng.choice(names)
+            # A copy under another segment's name, or under a new name past the end.
+            target = rng.choice([name for name in names if name != source] + [segment_file_name(fixture.records[-1][0] + 4096)])
+            shutil.copyfile(os.path.join(log, source), os.path.join(log, target))
+        else:
+            first, second = rng.sample(names, 2)
+            os.rename(os.path.join(log, first), os.path.join(log, "swap"))
+            os.rename(os.path.join(log, second), os.path.join(log, first))
+            os.rename(os.path.join(log, "swap"), os.path.join(log, second))
+        return _judge_log(log, fixture.records, must_keep_all=False)
+    if family == "snapshot_flip":
+        from .errors import SnapshotInvalid
+        from .snapshot import Keyring, SigningKey, verify_snapshot
+
+        data = bytearray(fixture.snapshot)
+        offset = rng.randrange(len(data))
+        data[offset] ^= 1 << rng.randrange(8)
+        keyring = Keyring([SigningKey.load_or_create(os.path.join(fixture.store, "keys")).public_key])
+        try:
+            verify_snapshot(bytes(data), keyring=keyring, org=ORG, group=fixture.snapshot_group)
+        except SnapshotInvalid as exc:
+            return f"rejected:{exc.check}", ""
+        except Exception as exc:
+            return "foreign", f"snapshot bit flip at {offset}: {_describe(exc)}"
+        return "accepted", f"a snapshot with a flipped bit at offset {offset} verified"
+    if family == "audit_flip":
+        from .audit_log import FileKeyProvider, read_audit_log
+
+        path = os.path.join(work, "audit.log")
+        shutil.copyfile(fixture.audit_path, path)
+        offset = rng.randrange(os.path.getsize(path))
+        bit = rng.randrange(8)
+        _mutate_file(path, offset, lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
+        records: list[bytes] = []
+        try:
+            for record in read_audit_log(path, key_provider=FileKeyProvider(fixture.keys), org=ORG, group=GROUPS[1]):
+                records.append(record)
+        except MwpError as exc:
+            if records != fixture.audit_records[: len(records)]:
+                return "wrong", f"audit log flip at {offset}: records before the error differ"
+            return f"rejected:{exc.detail.get('check', exc.code)}", ""
+        except Exception as exc:
+            return "foreign", f"audit log flip at {offset}: {_describe(exc)}"
+        return "accepted", f"an audit log with a flipped bit at offset {offset} was read without error"
+    raise AssertionError(family)
+
+
+def corruption_lmdb_child(argv: list[str]) -> None:
+    """Check LMDB bit flips in isolation (a damaged B-tree may take the process down):
+    ``FIXTURE_STORE WORK_DIR CASES_JSON ORACLE_JSON BOOT``; prints one JSON line per case."""
+    from .authority import Authority
+
+    fixture_store, work, cases_path, oracle_path, boot = argv
+    with open(cases_path) as handle:
+        cases = json.load(handle)
+    with open(oracle_path) as handle:
+        saved = json.load(handle)
+    oracle = Acknowledged(receipts={key: tuple(value) for key, value in saved["receipts"].items()},
+                          snapshots={tuple(item) for item in saved["snapshots"]})
+    for number, (offset, bit) in enumerate(cases):
+        print(json.dumps({"start": number}), flush=True)
+        target = os.path.join(work, f"lmdb-{number}")
+        shutil.copytree(fixture_store, target, ignore=shutil.ignore_patterns("LOCK", "lock.mdb"))
+        _mutate_file(os.path.join(target, "index", "data.mdb"), offset, lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
+        outcome, violation = "", ""
+        try:
+            with _boot_id(boot), Authority.open(target) as authority:
+                mode = authority.open_report.mode
+                problems = check_authority(authority, oracle, full_verify=False)
+                report = authority.verify()
+                if mode == "rebuild":
+                    outcome = "rebuilt_at_open"
+                    if problems or not report.ok:
+                        violation = f"rebuilt index is wrong: {(problems + report.problems)[:2]}"
+                elif not problems and report.ok:
+                    outcome = "no_effect"  # the flip hit a byte no answer depends on
+                elif not problems:
+                    outcome = "found_by_verify"
+                elif not report.ok:
+                    # Reads answered wrongly without an error; only verify() noticed. Counted.
+                    outcome = "wrong_reads_until_verify"
+                    violation = f"reads served wrong data after an LMDB flip at {offset} until verify(): {problems[:2]}"
+                    authority.rebuild()
+                    if check_authority(authority, oracle, full_verify=True):
+                        violation += "; and rebuild() did not restore it"
+                else:
+                    outcome = "wrong"
+                    violation = f"silently wrong data after an LMDB flip at {offset}: {problems[:2]}"
+        except MwpError as exc:
+            outcome = f"typed_error:{exc.code}"
+        except Exception as exc:
+            outcome, violation = "foreign", f"LMDB flip at {offset} bit {bit}: {_describe(exc)}"
+        shutil.rmtree(target, ignore_errors=True)
+        print(json.dumps({"done": number, "offset": offset, "outcome": outcome, "violation": violation}), flush=True)
+
+
+def _run_lmdb_batch(fixture: _Fixture, cases: list[tuple[int, int]], work: str) -> list[tuple[str, str]]:
+    """Run LMDB flip cases in a child; a child that dies on a case counts that case as a crash."""
+    oracle_path = os.path.join(work, "oracle.json")
+    with open(oracle_path, "w") as handle:
+        json.dump({"receipts": fixture.oracle.receipts, "snapshots": sorted(fixture.oracle.snapshots)}, handle)
+    outcomes: list[tuple[str, str]] = []
+    remaining = list(cases)
+    while remaining:
+        cases_path = os.path.join(work, "cases.json")
+        with open(cases_path, "w") as handle:
+            json.dump(remaining, handle)
+        child = subprocess.run(
+            _python_command("corruption_lmdb_child", fixture.store, work, cases_path, oracle_path, fixture.boot),
+            capture_output=True, text=True, timeout=600,
+        )
+        done = 0
+        for line in child.stdout.splitlines():
+            item = json.loads(line)
+            if "done" in item:
+                outcomes.append((item["outcome"], item["violation"]))
+                done += 1
+        if done < len(remaining):  # the child died inside case `done`
+            offset, bit = remaining[done]
+            outcomes.append(("interpreter_crash", f"LMDB flip at {offset} bit {bit} killed the process "
+                                                  f"(exit {child.returncode}): {child.stderr[-800:]}"))
+            done += 1
+        remaining = remaining[done:]
+    return outcomes
+
+
+def run_corruption(count: int | None = None, seconds: float | None = None, seed: int = 1,
+                   progress: Progress | None = None) -> dict[str, Any]:
+    """Damage copies of a store, one case at a time, round-robin over the families."""
+    started = time.monotonic()
+    budget = Budget(count, seconds, DEFAULT_COUNTS["corruption"])
+    rng = random.Random(seed)
+    findings = Findings()
+    outcomes: dict[str, dict[str, int]] = {family: {} for family in CORRUPTION_FAMILIES}
+    sweep: dict[str, list[int]] = {}
+    cases = 0
+    with _scratch("corruption") as root:
+        fixture = _build_fixture(root, rng)
+        tail_bytes = fixture.tail_region[1] - fixture.tail_region[0]
+        turn = 0
+        while budget.more(cases):
+            family = CORRUPTION_SCHEDULE[turn % len(CORRUPTION_SCHEDULE)]
+            turn += 1
+            work = os.path.join(root, f"case-{turn}")
+            os.makedirs(work)
+            try:
+                if family == "lmdb_flip":
+                    size = os.path.getsize(os.path.join(fixture.store, "index", "data.mdb"))
+                    batch = [(rng.randrange(size), rng.randrange(8)) for _ in range(LMDB_BATCH)]
+                    results = _run_lmdb_batch(fixture, batch, work)
+                else:
+                    results = [_corruption_case(family, fixture, rng, work, sweep)]
+            except Exception as exc:
+                results = [("foreign", f"harness error: {_describe(exc)}\n{traceback.format_exc()[-1200:]}")]
+            for outcome, violation in results:
+                cases += 1
+                outcomes[family][outcome] = outcomes[family].get(outcome, 0) + 1
+                if violation:
+                    findings.add(f"{family} (seed {seed}): {violation}")
+            shutil.rmtree(work, ignore_errors=True)
+            budget.report(cases, progress)
+    swept = {family: min(sum(outcomes[family].values()), tail_bytes) for family in ("tail_cut", "tail_zero", "tail_garble")}
+    return _result("corruption", seed, cases, started, findings, {
+        "cases": cases,
+        "outcomes": outcomes,
+        "tail_sweep_bytes": tail_bytes,
+        "tail_offsets_covered": swept,
+        "segments": len(fixture.segments),
+        "records": len(fixture.records),
+    })
 
 
 def run_disk(count=None, seconds=None, seed=1, progress=None):
