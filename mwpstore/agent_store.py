@@ -597,7 +597,10 @@ class AgentStore:
         from .snapshot import Keyring, verify_snapshot
 
         _check_group(group)
-        keyring = self.trusted_keys[0] if len(self.trusted_keys) == 1 and isinstance(self.trusted_keys[0], Keyring) else Keyring(self.trusted_keys)
+        if len(self.trusted_keys) == 1 and isinstance(self.trusted_keys[0], Keyring):
+            keyring = self.trusted_keys[0]  # a caller's keyring, used as is
+        else:
+            keyring = Keyring(self.trusted_keys)  # raw Ed25519 public keys
         if org is None:
             mirrored = self.state(group, f"group:{group}")
             org = None if mirrored is None else mirrored.get("org")
