@@ -47,21 +47,23 @@ def external_idempotency_key(mission_id: str, workitem_id: str, ownership_epoch:
     of the same operation by the same owner reuses the key; a new owner (higher epoch) gets a new
     one, so the receiver can tell a takeover's fresh attempt from a duplicate.
     """
-    hasher = blake3.blake3(DOMAIN_EXTERNAL_IDEMPOTENCY)
-    hasher.update(_text_part(mission_id, "mission_id"))
-    hasher.update(_text_part(workitem_id, "workitem_id"))
-    hasher.update(_count_part(ownership_epoch, "ownership_epoch"))
-    hasher.update(_text_part(operation_id, "operation_id"))
-    return hasher.hexdigest()
+    return blake3.blake3(
+        DOMAIN_EXTERNAL_IDEMPOTENCY
+        + _text_part(mission_id, "mission_id")
+        + _text_part(workitem_id, "workitem_id")
+        + _count_part(ownership_epoch, "ownership_epoch")
+        + _text_part(operation_id, "operation_id")
+    ).hexdigest()
 
 
 def attempt_key(mission_id: str, workitem_id: str, attempt: int) -> str:
     """The stable key of one attempt at a WorkItem (MWP-WRK-018): same attempt, same key."""
-    hasher = blake3.blake3(DOMAIN_ATTEMPT)
-    hasher.update(_text_part(mission_id, "mission_id"))
-    hasher.update(_text_part(workitem_id, "workitem_id"))
-    hasher.update(_count_part(attempt, "attempt"))
-    return hasher.hexdigest()
+    return blake3.blake3(
+        DOMAIN_ATTEMPT
+        + _text_part(mission_id, "mission_id")
+        + _text_part(workitem_id, "workitem_id")
+        + _count_part(attempt, "attempt")
+    ).hexdigest()
 
 
 def lease_id_for(group_id: str, workitem_id: str, ownership_epoch: int) -> str:
@@ -71,8 +73,13 @@ def lease_id_for(group_id: str, workitem_id: str, ownership_epoch: int) -> str:
     WorkItem's state can recompute it, and a Command can be checked for naming an id and an epoch
     that do not belong together.
     """
-    hasher = blake3.blake3(DOMAIN_LEASE)
-    hasher.update(_text_part(group_id, "group"))
-    hasher.update(_text_part(workitem_id, "workitem_id"))
-    hasher.update(_count_part(ownership_epoch, "ownership_epoch"))
-    return hasher.digest(length=LEASE_ID_BYTES).hex()
+    return (
+        blake3.blake3(
+            DOMAIN_LEASE
+            + _text_part(group_id, "group")
+            + _text_part(workitem_id, "workitem_id")
+            + _count_part(ownership_epoch, "ownership_epoch")
+        )
+        .digest()[:LEASE_ID_BYTES]
+        .hex()
+    )
