@@ -837,13 +837,13 @@ def run_power(count: int | None = None, seconds: float | None = None, seed: int 
 # -- corruption: cut, zeroed and garbled tails; bit flips; missing, duplicated, reordered files -----
 
 CORRUPTION_FAMILIES = (
-    "tail_cut", "tail_zero", "tail_garble", "sealed_flip", "header_flip",
+    "tail_cut", "tail_zero", "tail_garble", "tail_flip", "sealed_flip", "header_flip",
     "segment_files", "snapshot_flip", "audit_flip", "lmdb_flip",
 )
 TAIL_RECORDS = 3
 """The sweep covers every byte of the last frames: the last few records and their commit frame."""
 LMDB_BATCH = 5
-CORRUPTION_SCHEDULE = ("tail_cut", "tail_zero", "tail_garble") * 4 + (
+CORRUPTION_SCHEDULE = ("tail_cut", "tail_zero", "tail_garble", "tail_flip") * 3 + (
     "sealed_flip", "header_flip", "segment_files", "snapshot_flip", "audit_flip", "lmdb_flip")
 """One turn of the round robin: the tail sweep gets most cases; an LMDB turn is a batch in a child."""
 
@@ -901,7 +901,7 @@ def _build_fixture(root: str, rng: random.Random) -> _Fixture:
         infos = log.segments()
     segments = [(os.path.basename(info.path), info.first_position, info.used_bytes, info.sealed) for info in infos]
     _, last_first, last_used, _ = segments[-1]
-    tail_start = lib.SL_SEGMENT_HEADER_BYTES + records[-TAIL_RECORDS][0] - last_first
+    tail_start = lib.SL_SEGMENT_HEADER_BYTES + max(0, records[-TAIL_RECORDS][0] - last_first)
     return _Fixture(root, store, records, segments, (tail_start, last_used), snapshot, GROUPS[0], audit_path,
                     audit_records, keys, boot, oracle)
 
@@ -958,7 +958,7 @@ def _corruption_case(family: str, fixture: _Fixture, rng: random.Random, work: s
     """One damaged copy of one family; returns (outcome, violation or "")."""
     from ._segment_log_c import lib
 
-    if family in ("tail_cut", "tail_zero", "tail_garble"):
+    if family in ("tail_cut", "tail_zero", "tail_garble", "tail_flip"):
         offsets = sweep.setdefault(family, [])
         if not offsets:
             offsets.extend(range(*fixture.tail_region))
@@ -971,10 +971,16 @@ def _corruption_case(family: str, fixture: _Fixture, rng: random.Random, work: s
             os.truncate(path, offset)
         elif family == "tail_zero":
             _mutate_file(path, offset, lambda content, at: content.__setitem__(slice(at, fixture.tail_region[1]), bytes(fixture.tail_region[1] - at)))
-        else:
+        elif family == "tail_garble":
             _mutate_file(path, offset, lambda content, at: content.__setitem__(at, (content[at] + rng.randrange(1, 256)) % 256))
-        # A garbled byte is damage, not a torn write; only a cut or a zeroed tail may drop records.
-        return _judge_log(log, fixture.records, must_keep_all=family == "tail_garble")
+        else:
+            bit = rng.randrange(8)
+            _mutate_file(path, offset, lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
+        # A cut, a zeroed tail or a garbled byte may read as a torn write (a correct prefix is
+        # enough); a single flipped bit inside committed frames must be reported (DESIGN.md §4).
+        outcome, violation = _judge_log(log, fixture.records, must_keep_all=family == "tail_flip")
+        where = f"{name} offset {offset} (tail {fixture.tail_region[0]}..{fixture.tail_region[1]})"
+        return outcome, f"{where}: {violation}" if violation else ""
     if family in ("sealed_flip", "header_flip"):
         log = _copy_log(fixture, work)
         if family == "sealed_flip":
@@ -985,7 +991,8 @@ def _corruption_case(family: str, fixture: _Fixture, rng: random.Random, work: s
             offset = rng.randrange(lib.SL_SEGMENT_HEADER_BYTES)
         bit = rng.randrange(8)
         _mutate_file(os.path.join(log, name), offset, lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
-        return _judge_log(log, fixture.records, must_keep_all=True)
+        outcome, violation = _judge_log(log, fixture.records, must_keep_all=True)
+        return outcome, f"{name} offset {offset} bit {bit}: {violation}" if violation else ""
     if family == "segment_files":
         log = _copy_log(fixture, work)
         names = [segment[0] for segment in fixture.segments]
@@ -1156,7 +1163,7 @@ def run_corruption(count: int | None = None, seconds: float | None = None, seed:
                     findings.add(f"{family} (seed {seed}): {violation}")
             shutil.rmtree(work, ignore_errors=True)
             budget.report(cases, progress)
-    swept = {family: min(sum(outcomes[family].values()), tail_bytes) for family in ("tail_cut", "tail_zero", "tail_garble")}
+    swept = {family: min(sum(outcomes[family].values()), tail_bytes) for family in ("tail_cut", "tail_zero", "tail_garble", "tail_flip")}
     return _result("corruption", seed, cases, started, findings, {
         "cases": cases,
         "outcomes": outcomes,
