@@ -64,3 +64,26 @@ def test_canonical_worked_example_matches_the_code(tmp_path: pytest.TempPathFact
     assert blake3.blake3(effects).hexdigest() in text
     assert recompute_event_hash(event) == event.hash == receipt.event_hash
     assert event.hash.hex() in text
+
+
+def test_index_worked_example_matches_the_code(tmp_path: pytest.TempPathFactory) -> None:
+    """The keys and values in docs/format/index.md's worked example are the ones a store writes."""
+    import mwpstore
+    from mwpstore.index import DATABASE_NAMES
+
+    with open(os.path.join(ROOT, "docs", "format", "index.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    for name in DATABASE_NAMES:
+        assert f"| `{name.decode()}` |" in text, name
+    with mwpstore.Authority.open(str(tmp_path) + "/authority", clock=lambda: 1767225600000) as authority:
+        authority.accept(mwpstore.Command(actor="alice", action_id="a-1", group="g-1", kind="group.create", target="g-1", body={"org": "acme"}))
+        authority.ack("bob", "g-1", 1)
+        meta = dict(authority.index.iterate(b"meta"))
+        events = list(authority.index.iterate(b"events"))
+        receipts = list(authority.index.iterate(b"receipts"))
+        states = [key for key, _ in authority.index.iterate(b"states")]
+    position = meta[b"log_position"]
+    assert f"`{position.hex()}` (position {int.from_bytes(position, 'big')}" in text
+    assert events == [(b"g-1\x00" + (1).to_bytes(8, "big"), (0).to_bytes(8, "big"))]
+    assert receipts[0][0] == b"alice\x00a-1" and f"msgpack receipt ({len(receipts[0][1]) - 32} bytes)" in text
+    assert states == [b"g-1\x00group:g-1", b"g-1\x00member:alice"]
