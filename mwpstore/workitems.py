@@ -174,6 +174,7 @@ def _evolve_create(view: StateView, event: Event) -> dict[str, dict[str, Any] | 
 def _decide_claim(view: StateView, command: Command, context: Context) -> Decision:
     check_unknown_fields(command, {"session_epoch"})
     session_epoch = body_int(command, "session_epoch", minimum=1)
+    assert session_epoch is not None
     item = _workitem(view, command.target)
     member = context.member
     assert member is not None

@@ -736,7 +736,7 @@ def test_wrk_019_no_second_authoritative_submission(h: Harness) -> None:
 
 def test_wrk_019_lapsed_workitems_finds_missed_starts_and_expiries() -> None:
     lease = {"started": False, "start_by_ms": 100, "expires_at_ms": 500}
-    items = [
+    items: list[tuple[str, dict[str, Any]]] = [
         ("a", {"lease": lease}),
         ("b", {"lease": {**lease, "started": True}}),
         ("c", {"lease": None}),

@@ -274,14 +274,15 @@ class WorkModelMachine(RuleBasedStateMachine):
 
     def issue_result(self, kind: str, actor: str, wi: str, epoch: int, cost: int) -> None:
         body = self.fence_body(wi, epoch)
-        body.update({
+        fields: dict[str, dict[str, Any]] = {
             "workitem.checkpoint": {"checkpoint": {"epoch": epoch}},
             "workitem.block": {"checkpoint": {"epoch": epoch}, "required_resolution": "input"},
             "workitem.submit": {"submission": {"by": actor, "epoch": epoch}},
             "workitem.fail": {"reason": "random failure"},
             "workitem.charge": {"cost": cost, "progress": {"epoch": epoch}},
             "workitem.publish": {"publication": {"epoch": epoch}},
-        }[kind])
+        }
+        body.update(fields[kind])
         lease_before = self.h.item(wi)["lease"]
         now = self.h.now_ms
         expected = self.model.result(kind, actor, wi, epoch, cost)

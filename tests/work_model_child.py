@@ -152,9 +152,9 @@ def worker_loop(index: int) -> None:
                 workitem, revision, _ = rng.choice(claimable)
                 accept(command(agent, action, "workitem.claim", workitem, {"session_epoch": member["session_epoch"]},
                                revision))
-                _, state = authority.state(GROUP, f"workitem:{workitem}")
-                if state is not None and state["lease"] and state["lease"]["agent"] == agent:
-                    held.append((workitem, state["lease"]))
+                _, claimed = authority.state(GROUP, f"workitem:{workitem}")
+                if claimed is not None and claimed["lease"] and claimed["lease"]["agent"] == agent:
+                    held.append((workitem, claimed["lease"]))
                     del held[:-8]
 
 
