@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, settings
 
 import test_work_model as rules
 from mwpstore import Authority
-from mwpstore.errors import InvalidState, MwpError
+from mwpstore.errors import InvalidState
 from mwpstore.messages import Command, Event, receipt_for
 from mwpstore.registry import ENGINE_ACTOR, MemoryGroup
 from test_work_model_stateful import WorkModelMachine
@@ -63,10 +63,7 @@ class DurableHarness(Harness):
         return self.authority.state(self.group_id, key)[0]
 
     def states(self) -> tuple[dict[str, Any], dict[str, int]]:
-        try:
-            aggregates = self.authority.aggregates(self.group_id)
-        except MwpError:
-            return {}, {}
+        aggregates = self.authority.aggregates(self.group_id)
         states = {key: state for key, _, state in aggregates if state is not None}
         return states, {key: revision for key, revision, _ in aggregates}
 
