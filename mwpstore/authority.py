@@ -23,7 +23,7 @@ from typing import Any
 import lmdb
 import msgspec
 
-from . import canonical, failpoints, limits
+from . import _gc, canonical, failpoints, limits
 from .errors import (
     ActionIdCollision,
     Corruption,
@@ -410,7 +410,7 @@ class Authority:
         heads: dict[str, tuple[int, bytes]] = {}
         pending = 0
         try:
-            for batch in log.scan(start, end=end):
+            for batch in _gc_paused_iter(log.scan(start, end=end)):
                 for position, record in zip(batch.positions, batch.records):
                     _index_record(index, txn, heads, position, record)
                 done += len(batch.positions)
@@ -584,6 +584,10 @@ class Authority:
             for request in requests:
                 request.error = error
             return
+        with _gc.paused():
+            self._commit_batch(requests)
+
+    def _commit_batch(self, requests: list[_Request]) -> None:
         index = self.index
         try:
             txn = index.env.begin(write=True)
@@ -862,7 +866,8 @@ class Authority:
 
     def _read_events(self, group: str, after: int, limit: int) -> list[Event]:
         """Decoded Events with tombstones applied: a redacted Event keeps everything but its body."""
-        events = [decode_event(memoryview(record)[1:]) for record in self._read_records(group, after, limit)]
+        with _gc.paused():
+            events = [decode_event(memoryview(record)[1:]) for record in self._read_records(group, after, limit)]
         if events:
             _, group_state = self.state(group, f"group:{group}")
             if group_state is not None and group_state.get("tombstones"):
@@ -1363,6 +1368,13 @@ def _index_record(
         txn.put(ack_key(consumer, group), u64(cursor), db=index.acks)
     else:
         raise Corruption(f"log record at {position} has unknown tag {tag!r}", offset=position, reason="tag")
+
+
+def _gc_paused_iter(batches: Iterable[Any]) -> Iterator[Any]:
+    """Yield from ``batches`` with the cyclic collector paused while each batch is processed."""
+    for batch in batches:
+        with _gc.paused():
+            yield batch
 
 
 def _note_database(index: Index, tag: bytes) -> Any:

@@ -34,7 +34,7 @@ class Command(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     signature: bytes | None = None
 
 
-class Effect(msgspec.Struct, frozen=True, array_like=True):
+class Effect(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """One aggregate's new state after a transition (``state`` None: the aggregate is gone)."""
 
     aggregate: str
@@ -42,7 +42,7 @@ class Effect(msgspec.Struct, frozen=True, array_like=True):
     state: dict[str, Any] | None
 
 
-class Event(msgspec.Struct, frozen=True, array_like=True):
+class Event(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """An accepted, immutable fact with its Group sequence and its aggregate's revision."""
 
     group: str
@@ -67,7 +67,7 @@ class Event(msgspec.Struct, frozen=True, array_like=True):
         return self.body is None
 
 
-class Receipt(msgspec.Struct, frozen=True, array_like=True):
+class Receipt(msgspec.Struct, frozen=True, array_like=True, gc=False):
     """The answer to an accepted Command; derived from its Event, so it is identical after rebuild.
 
     ``authoritative`` is False when the Command was kept only as Evidence (e.g. a late result
