@@ -55,6 +55,9 @@ PROJECTION_KEY_BYTES_MAX = 256
 
 AGGREGATE_CHARS_MAX = 2 * limits.ID_CHARS_MAX + 1
 
+_FAILPOINT_ARMED = failpoints.armed().startswith("agent.")
+"""Whether an ``agent.*`` fail point is armed in this process (read once, like ``failpoints``)."""
+
 _WRITE_CACHE_ENTRIES_MAX = 200_000
 """A local transaction's write-back cache is flushed into LMDB when it holds this many entries."""
 
@@ -851,7 +854,7 @@ class AgentTransaction:
         # of each needs writing. Reads inside the transaction look here first.
         self._state_writes: dict[bytes, tuple[int, dict[str, Any] | None]] = {}
         self._inbox_writes: dict[bytes, bytes] = {}
-        self._queue_writes: dict[bytes, bytes | None] = {}  # G NUL workitem -> queue suffix | None
+        self._prefixes: dict[str, bytes] = {}
 
     def __enter__(self) -> AgentTransaction:
         return self
@@ -912,7 +915,8 @@ class AgentTransaction:
         raises ``EventInvalid``/``LimitExceeded`` before anything is written, so the transaction
         stays usable. An application projection that raises aborts the whole transaction.
         """
-        self._check_usable()
+        if self._done or self._failed is not None:
+            self._check_usable()
         if self._full:
             event, data = admit_event(event)
         else:
@@ -932,11 +936,11 @@ class AgentTransaction:
                 raise EventInvalid(
                     f"Event {event.event_id} differs from the one already applied", reason="conflict", event_id=event.event_id
                 )
-            failpoints.hit("agent.after_dedupe")
+            _FAILPOINT_ARMED and failpoints.hit("agent.after_dedupe")
             return ApplyStatus.DUPLICATE
         if seq == head.applied_seq + 1:
             self._check_link(event, head.applied_hash)
-            failpoints.hit("agent.after_sequence")
+            _FAILPOINT_ARMED and failpoints.hit("agent.after_sequence")
             self._apply_next(head, event)
             if head.buffered:
                 self._drain(group)
@@ -1064,17 +1068,22 @@ class AgentTransaction:
 
     def _apply_next(self, head: GroupHead, event: Event) -> None:
         group = event.group
-        prefix = _prefix(group)
-        self._inbox_writes[_seq_key(group, event.seq)] = event.hash
+        prefix = self._prefixes.get(group)
+        if prefix is None:
+            prefix = self._prefixes[group] = _prefix(group)
+        self._inbox_writes[prefix + event.seq.to_bytes(8, "big")] = event.hash
+        state_writes = self._state_writes
         for effect in event.effects:
-            self._put_aggregate(prefix, effect.aggregate, effect.revision, effect.state)
-        failpoints.hit("agent.after_builtin_projection")
+            state_writes[prefix + effect.aggregate.encode()] = (effect.revision, effect.state)
+        _FAILPOINT_ARMED and failpoints.hit("agent.after_builtin_projection")
         for projection in self._store._projections:
             self._run_projection(projection.apply, group, projection.name, event)
-        failpoints.hit("agent.after_projection")
+        _FAILPOINT_ARMED and failpoints.hit("agent.after_projection")
         head.applied_seq = event.seq
         head.applied_hash = event.hash
         self._dirty.add(group)
+        if len(state_writes) + len(self._inbox_writes) >= _WRITE_CACHE_ENTRIES_MAX:
+            self._flush()
 
     def _run_projection(self, function: Callable[[ProjectionView, Any], None], group: str, name: str, arg: Any) -> None:
         view = ProjectionView(self, group, name)
@@ -1086,40 +1095,41 @@ class AgentTransaction:
 
     def _put_aggregate(self, prefix: bytes, aggregate: str, revision: int, state: dict[str, Any] | None) -> None:
         self._state_writes[prefix + aggregate.encode()] = (revision, state)
-        if aggregate.startswith("workitem:"):
-            workitem = aggregate[9:]
-            self._queue_writes[prefix + workitem.encode()] = _queue_suffix_for(workitem, state)
         if len(self._state_writes) + len(self._inbox_writes) >= _WRITE_CACHE_ENTRIES_MAX:
             self._flush()
 
     def _flush(self) -> None:
-        """Write the cached inbox, state and queue changes, in key order."""
+        """Write the cached inbox and state changes in key order, then the work queue."""
         txn = self._txn
         if self._inbox_writes:
             with txn.cursor(db=self._inbox_db) as cursor:
                 cursor.putmulti(sorted(self._inbox_writes.items()))
             self._inbox_writes.clear()
-        if self._state_writes:
-            encode = _STATE_ENCODER.encode
-            items = [(key, encode(value)) for key, value in sorted(self._state_writes.items())]
-            with txn.cursor(db=self._state_db) as cursor:
-                cursor.putmulti(items)
-            self._state_writes.clear()
-        if self._queue_writes:
-            queue_db, index_db = self._queue_db, self._queue_index_db
-            for index_key, new in sorted(self._queue_writes.items()):
-                old = txn.get(index_key, db=index_db)
-                if old == new:
-                    continue
-                prefix = index_key[: index_key.index(b"\x00") + 1]
-                if old is not None:
-                    txn.delete(prefix + old, db=queue_db)
-                if new is None:
-                    txn.delete(index_key, db=index_db)
-                else:
-                    txn.put(prefix + new, b"", db=queue_db)
-                    txn.put(index_key, new, db=index_db)
-            self._queue_writes.clear()
+        if not self._state_writes:
+            return
+        encode = _STATE_ENCODER.encode
+        items = sorted(self._state_writes.items())
+        self._state_writes.clear()
+        with txn.cursor(db=self._state_db) as cursor:
+            cursor.putmulti([(key, encode(value)) for key, value in items])
+        # The work queue follows the last state of each WorkItem written in this transaction.
+        queue_db, index_db = self._queue_db, self._queue_index_db
+        for key, (_, state) in items:
+            separator = key.index(b"\x00") + 1
+            if not key.startswith(b"workitem:", separator):
+                continue
+            index_key = key[:separator] + key[separator + 9 :]
+            new = _queue_suffix_for(key[separator + 9 :].decode(), state)
+            old = txn.get(index_key, db=index_db)
+            if old == new:
+                continue
+            if old is not None:
+                txn.delete(key[:separator] + old, db=queue_db)
+            if new is None:
+                txn.delete(index_key, db=index_db)
+            else:
+                txn.put(key[:separator] + new, b"", db=queue_db)
+                txn.put(index_key, new, db=index_db)
 
     def _drain(self, group: str) -> None:
         """Apply buffered Events that have become contiguous; drop one whose chain link fails."""
