@@ -1,4 +1,4 @@
-"""Every ```python block of ``docs/api.md`` runs, each in a fresh temporary directory as the
+"""Every ```python block of ``docs/api.md`` (and ``docs/overview.md``) runs, each in a fresh temporary directory as the
 working directory and a fresh namespace, and none raises. The examples assert what they show,
 so a block that runs is a block that still tells the truth."""
 
@@ -11,6 +11,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 API = os.path.join(ROOT, "docs", "api.md")
+OVERVIEW = os.path.join(ROOT, "docs", "overview.md")
 _BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
@@ -22,16 +23,19 @@ def python_blocks(path: str) -> list[tuple[int, str]]:
 
 
 BLOCKS = python_blocks(API)
+EXAMPLES = [(API, line, source) for line, source in BLOCKS] + [(OVERVIEW, line, source) for line, source in python_blocks(OVERVIEW)]
 
 
 def test_api_doc_has_examples() -> None:
     assert len(BLOCKS) >= 10
 
 
-@pytest.mark.parametrize(("line", "source"), BLOCKS, ids=[f"api.md:{line}" for line, _ in BLOCKS])
-def test_api_example_runs(line: int, source: str, tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(
+    ("path", "line", "source"), EXAMPLES, ids=[f"{os.path.basename(path)}:{line}" for path, line, _ in EXAMPLES]
+)
+def test_doc_example_runs(path: str, line: int, source: str, tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    code = compile(source, f"{API}:{line}", "exec")
+    code = compile(source, f"{path}:{line}", "exec")
     namespace: dict[str, object] = {"__name__": "__docs_example__"}
     exec(code, namespace)  # noqa: S102 - the documentation's own examples
 
