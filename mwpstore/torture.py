@@ -48,7 +48,7 @@ from typing import Any
 from .errors import MwpError
 
 SUITES = ("crash", "power", "corruption", "disk", "fuzz", "concurrency")
-DEFAULT_COUNTS = {"crash": 12, "power": 400, "corruption": 600, "disk": 24, "fuzz": 3000, "concurrency": 2}
+DEFAULT_COUNTS = {"crash": 12, "power": 400, "corruption": 600, "disk": 15, "fuzz": 3000, "concurrency": 2}
 """The short run of each suite (what CI and ``mwpstore torture`` without ``--count`` do)."""
 
 GROUPS = ("g-1", "g-2")
@@ -1174,8 +1174,245 @@ def run_corruption(count: int | None = None, seconds: float | None = None, seed:
     })
 
 
-def run_disk(count=None, seconds=None, seed=1, progress=None):
-    raise NotImplementedError
+
+# -- disk: failed fsyncs, ENOSPC and short writes --------------------------------------------------
+
+FAIL_SYNC_SOURCE = os.path.join(REPO_ROOT, "tests", "native", "fail_sync.c")
+DISK_STEPS = 30
+DISK_MODES = ("sync_once", "sync_from", "enospc", "short_write", "seam_sync")
+
+
+def build_fail_sync_library(directory: str) -> str:
+    """Compile ``tests/native/fail_sync.c`` into ``directory``; returns the library's path."""
+    if not os.path.exists(FAIL_SYNC_SOURCE):
+        raise FileNotFoundError(f"{FAIL_SYNC_SOURCE} is missing (the disk suite runs from a source checkout)")
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise FileNotFoundError("no C compiler (cc) to build the fault-injection library")
+    library = os.path.join(directory, "fail_sync.so")
+    subprocess.run([compiler, "-shared", "-fPIC", "-O1", "-Wall", "-Wextra", "-Werror", "-o", library, FAIL_SYNC_SOURCE, "-ldl"],
+                   check=True, capture_output=True, text=True)
+    return library
+
+
+def _disk_workload(authority: Any, rng: random.Random, say: Callable[[str], None], faults: Callable[[], int]) -> None:
+    """The deterministic single-threaded workload of the disk suite; prints each outcome with
+    the count of injected faults before and after the call."""
+    for step in range(DISK_STEPS):
+        before = faults()
+        choice = rng.random()
+        try:
+            if choice < 0.1:
+                ref = authority.snapshot(rng.choice(GROUPS))
+                say(f"SNAP {ref.group} {ref.seq} {before} {faults()}")
+                continue
+            if choice < 0.2:
+                group = rng.choice(GROUPS)
+                stored = authority.ack("agent-d", group, authority.head(group)[0])
+                say(f"ACK agent-d {group} {stored} {before} {faults()}")
+                continue
+            commands = workload_commands(authority, rng, f"d{step}")
+            say("TRY " + " ".join(command.action_id for command in commands))
+            if len(commands) == 1:
+                receipts = [authority.accept(commands[0])]
+            else:
+                receipts = [result.receipt for result in authority.accept_many(commands) if result.ok]
+            after = faults()
+            for receipt in receipts:
+                say(f"OK {receipt.action_id} {receipt.group} {receipt.seq} {receipt.event_id} {before} {after}")
+        except MwpError as exc:
+            say(f"FAIL {exc.code} {before} {faults()}")
+        except Exception as exc:
+            say(f"FOREIGN {type(exc).__name__} {before} {faults()}")
+
+
+def disk_child(argv: list[str]) -> None:
+    """The workload under the LD_PRELOAD library: ``PATH SEED``."""
+    import ctypes
+
+    from .authority import Authority
+
+    path, seed = argv[0], int(argv[1])
+    injected = ctypes.CDLL(None).mwpstore_faults_injected
+    injected.restype = ctypes.c_long
+
+    def say(line: str) -> None:
+        sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+
+    try:
+        authority = Authority.open(path)
+        for group in GROUPS:
+            receipt = authority.accept(group_create_command(group))
+            say(f"OK {receipt.action_id} {receipt.group} {receipt.seq} {receipt.event_id} 0 {injected()}")
+    except MwpError as exc:
+        say(f"OPENFAIL {exc.code} {injected()}")
+        return
+    except Exception as exc:
+        say(f"OPENFOREIGN {type(exc).__name__}: {exc}")
+        return
+    _disk_workload(authority, random.Random(seed), say, injected)
+    try:
+        authority.close()
+        say("CLOSED")
+    except MwpError as exc:
+        say(f"CLOSEFAIL {exc.code}")
+    except Exception as exc:
+        say(f"CLOSEFOREIGN {type(exc).__name__}: {exc}")
+
+
+def _judge_disk_lines(lines: list[str], fault_paths: list[str]) -> tuple[Acknowledged, list[str]]:
+    """The oracle from a run's lines, and the violations visible in them: a call that saw an
+    injected failed sync or ENOSPC yet succeeded; any success after a failure on the log."""
+    oracle = Acknowledged()
+    problems: list[str] = []
+    log_failed = False
+    first_fault_on_log = bool(fault_paths) and "/log" in fault_paths[0]
+    for line in lines:
+        parts = line.split()
+        kind = parts[0]
+        if kind == "TRY":
+            oracle.attempted.update(parts[1:])
+            continue
+        if kind in ("OPENFOREIGN", "CLOSEFOREIGN", "FOREIGN"):
+            problems.append(f"a foreign (untyped) error escaped: {line}")
+            continue
+        if kind in ("OK", "SNAP", "ACK"):
+            before, after = int(parts[-2]), int(parts[-1])
+            if after > before:
+                problems.append(f"acknowledged although the call met an injected failure: {line}")
+            if log_failed:
+                problems.append(f"acknowledged after a failed log sync/write (retry-then-acknowledge): {line}")
+            if kind == "OK":
+                oracle.add_receipt(parts[1], parts[2], int(parts[3]), parts[4])
+            elif kind == "SNAP":
+                oracle.snapshots.add((parts[1], int(parts[2])))
+        elif kind == "FAIL":
+            if int(parts[-1]) > 0 and first_fault_on_log:
+                log_failed = True
+    return oracle, problems
+
+
+def _reopen_and_check(path: str, oracle: Acknowledged, boot: str) -> list[str]:
+    from .authority import Authority
+
+    try:
+        with _boot_id(boot), Authority.open(path) as authority:
+            return check_authority(authority, oracle, full_verify=True)
+    except MwpError as exc:
+        return [f"reopen after the disk failure failed: {_describe(exc)}"]
+    except Exception as exc:
+        return [f"reopen raised a foreign error: {_describe(exc)}"]
+
+
+def _seam_case(path: str, fail_at: int, seed: int, boot: str) -> tuple[list[str], int]:
+    """The same workload in-process with the log's syncs going through the recorder, the
+    ``fail_at``-th one failing with EIO. Returns (violations, sync calls seen)."""
+    from .authority import Authority
+    from .io_seam import RecordingIO
+
+    recorder = RecordingIO(fail_sync_at=fail_at)
+    lines: list[str] = []
+    with _boot_id(boot), recorded_log(recorder):
+        try:
+            authority = Authority.open(path)
+            for group in GROUPS:
+                receipt = authority.accept(group_create_command(group))
+                lines.append(f"OK {receipt.action_id} {receipt.group} {receipt.seq} {receipt.event_id} 0 {recorder.failures}")
+        except MwpError as exc:
+            lines.append(f"OPENFAIL {exc.code} {recorder.failures}")
+            authority = None
+        if authority is not None:
+            _disk_workload(authority, random.Random(seed), lines.append, lambda: recorder.failures)
+            try:
+                authority.close()
+            except MwpError:
+                pass
+    oracle, problems = _judge_disk_lines(lines, [os.path.join(path, "log")] if recorder.failures else [])
+    return problems + _reopen_and_check(path, oracle, boot), recorder.sync_calls
+
+
+def run_disk(count: int | None = None, seconds: float | None = None, seed: int = 1,
+             progress: Progress | None = None) -> dict[str, Any]:
+    """Failed fsyncs (once and persistent), ENOSPC and short writes at every point of a workload."""
+    started = time.monotonic()
+    budget = Budget(count, seconds, DEFAULT_COUNTS["disk"])
+    findings = Findings()
+    cases: dict[str, dict[str, int]] = {mode: {"cases": 0, "faults_injected": 0} for mode in DISK_MODES}
+    iterations = 0
+    boot = f"disk-{seed}"
+    with _scratch("disk") as root:
+        library = build_fail_sync_library(root)
+
+        def run_child(env_extra: dict[str, str], number: int) -> tuple[str, list[str], list[str]]:
+            path = os.path.join(root, f"store-{number}")
+            fault_log = os.path.join(root, f"faults-{number}.log")
+            env = dict(os.environ, LD_PRELOAD=library, MWPSTORE_FAULT_PATH=path, MWPSTORE_FAULT_LOG=fault_log,
+                       **{BOOT_ID_ENV: boot}, **env_extra)
+            env.pop(FAILPOINT_ENV, None)
+            child = subprocess.run(_python_command("disk_child", path, str(seed)), env=env, capture_output=True,
+                                   text=True, timeout=300)
+            if child.returncode != 0:
+                findings.add(f"disk child {env_extra} exited with {child.returncode}: {child.stderr[-800:]}")
+            calls = []
+            if os.path.exists(fault_log):
+                with open(fault_log) as handle:
+                    calls = handle.read().splitlines()
+            return path, child.stdout.splitlines(), calls
+
+        # A clean run counts the sync and write calls: the points to fail.
+        _, _, calls = run_child({}, -1)
+        sync_points = sum(1 for call in calls if call.split()[0] in ("fsync", "fdatasync"))
+        write_points = sum(1 for call in calls if call.split()[0] in ("write", "pwrite"))
+        _, seam_syncs = _seam_case(os.path.join(root, "seam-count"), -1, seed, boot)
+        sweep = {mode: 0 for mode in DISK_MODES}
+        points = {"sync_once": sync_points, "sync_from": sync_points, "enospc": write_points,
+                  "short_write": write_points, "seam_sync": seam_syncs}
+        rng = random.Random(seed)
+        # Each mode visits its points in a seeded order, every point once before any repeats.
+        orders = {mode: rng.sample(range(1, max(1, points[mode]) + 1), max(1, points[mode])) for mode in DISK_MODES}
+        while budget.more(iterations):
+            mode = DISK_MODES[iterations % len(DISK_MODES)]
+            sweep[mode] += 1
+            point = orders[mode][(sweep[mode] - 1) % len(orders[mode])]
+            iterations += 1
+            cases[mode]["cases"] += 1
+            if mode == "seam_sync":
+                problems, _ = _seam_case(os.path.join(root, f"seam-{iterations}"), point - 1, seed, boot)
+                cases[mode]["faults_injected"] += 1
+            else:
+                variable = {"sync_once": "MWPSTORE_FAIL_SYNC_AT", "sync_from": "MWPSTORE_FAIL_SYNC_FROM",
+                            "enospc": "MWPSTORE_ENOSPC_WRITE_AT", "short_write": "MWPSTORE_SHORT_WRITE_AT"}[mode]
+                path, lines, calls = run_child({variable: str(point)}, iterations)
+                fault_paths = [call.split(maxsplit=3)[3] if len(call.split()) > 3 else "" for call in calls
+                               if (call.split()[0] in ("fsync", "fdatasync") and call.split()[2] == str(-errno.EIO))
+                               or call.split()[0] in ("write", "pwrite") and call.split()[2] == str(-errno.ENOSPC)
+                               or call.split()[0].endswith("-short")]
+                cases[mode]["faults_injected"] += len(fault_paths)
+                if mode == "short_write":
+                    fault_paths = []  # a short write may be completed by the caller: success is allowed
+                    lines = [_forgive_short(line) for line in lines]
+                oracle, problems = _judge_disk_lines(lines, fault_paths)
+                problems += _reopen_and_check(path, oracle, boot)
+                shutil.rmtree(path, ignore_errors=True)
+            findings.extend(problems, f"{mode} at point {point} (seed {seed}): ")
+            budget.report(iterations, progress)
+    return _result("disk", seed, iterations, started, findings, {
+        "sync_points": sync_points,
+        "write_points": write_points,
+        "seam_sync_points": seam_syncs,
+        "cases": cases,
+        "points_covered": {mode: min(sweep[mode], max(1, points[mode])) for mode in DISK_MODES},
+        "library": os.path.relpath(FAIL_SYNC_SOURCE, REPO_ROOT),
+    })
+
+
+def _forgive_short(line: str) -> str:
+    """Short writes are allowed to be retried to completion: drop the fault counts from a success."""
+    parts = line.split()
+    if parts and parts[0] in ("OK", "SNAP", "ACK"):
+        parts[-2] = parts[-1]
+    return " ".join(parts)
 
 
 def run_fuzz(count=None, seconds=None, seed=1, progress=None):
