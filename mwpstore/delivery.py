@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from . import limits
-from .agent_store import AgentStore, ApplyStatus
+from .agent_store import AgentStore, ApplyStatus, admit_event
 from .errors import CursorTooOld, EventInvalid, LimitExceeded, MwpError
 from .messages import Event
 
 BATCH_EVENTS_DEFAULT = 1000
 ROUNDS_MAX_DEFAULT = 1_000_000
+REJECTIONS_KEPT_MAX = 100
+"""``DeliveryStats.rejections`` keeps the first errors only; ``rejected`` counts them all."""
 
 
 @runtime_checkable
@@ -69,15 +71,15 @@ def deliver_batch(agent: AgentStore, group: str, events: list[Any], stats: Deliv
     with agent.begin() as tx:
         for event in events:
             stats.received += 1
-            if isinstance(event, Event) and event.group != group:
-                stats.rejected += 1
-                stats.rejections.append(EventInvalid(f"Event of group {event.group!r} delivered for {group!r}", reason="group"))
-                continue
             try:
+                if not isinstance(event, Event):
+                    event = admit_event(event)[0]  # bytes: decode (bounded) to see their Group
+                if event.group != group:
+                    raise EventInvalid(f"an Event of group {event.group!r} was delivered for {group!r}", reason="group")
                 stats.add(tx.apply(event))
             except (EventInvalid, LimitExceeded) as exc:
                 stats.rejected += 1
-                if len(stats.rejections) < 100:
+                if len(stats.rejections) < REJECTIONS_KEPT_MAX:
                     stats.rejections.append(exc)
         cursor = tx.advance_cursor(group)
     return cursor

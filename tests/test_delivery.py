@@ -301,3 +301,16 @@ def test_cursor_too_old_restores_from_a_verified_snapshot_and_continues(tmp_path
     assert agent.work_queue("g-a", 10**12) == reference.work_queue("g-a", 10**12)
     agent.close()
     reference.close()
+
+
+def test_deliver_batch_accepts_encoded_events_and_rejects_foreign_bytes(tmp_path):
+    from mwpstore.messages import encode_event
+
+    agent = open_agent(tmp_path / "agent")
+    history = HISTORIES["g-a"]
+    stats = DeliveryStats()
+    batch = [encode_event(event) for event in history[:4]] + [encode_event(HISTORIES["g-b"][0]), b"\x00garbage"]
+    assert deliver_batch(agent, "g-a", batch, stats) == 4
+    assert stats.applied == 4 and stats.rejected == 2
+    assert agent.cursor("g-b") == 0
+    agent.close()
