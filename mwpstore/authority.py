@@ -169,15 +169,15 @@ class _Unit:
 class _GroupView:
     """A StateView of one Group: the batch's uncommitted changes over the LMDB write transaction."""
 
-    __slots__ = ("_batch", "_group")
+    __slots__ = ("_batch", "_prefix")
 
     def __init__(self, batch: _Batch, group: str) -> None:
         self._batch = batch
-        self._group = group
+        self._prefix = group.encode() + b"\x00"
 
     def _entry(self, key: str) -> tuple[int, dict[str, Any] | None]:
         batch = self._batch
-        full_key = state_key(self._group, key)
+        full_key = self._prefix + key.encode()
         entry = batch.states.get(full_key)
         if entry is None:
             value = batch.txn.get(full_key, db=batch.index.states)
@@ -691,12 +691,12 @@ class Authority:
             )
             return
         receipt = receipt_for(event)
-        group = command.group
+        prefix = command.group.encode() + b"\x00"
         for effect in event.effects:
-            full_key = state_key(group, effect.aggregate)
+            full_key = prefix + effect.aggregate.encode()
             batch.states[full_key] = (effect.revision, effect.state)
             batch.dirty_states[full_key] = encode_state(effect.revision, effect.state)
-        batch.heads[group] = (event.seq, event.hash)
+        batch.heads[command.group] = (event.seq, event.hash)
         batch.receipts[key] = (request.content_hash, receipt, encode_receipt(receipt))
         batch.records.append(record)
         batch.events.append(event)
