@@ -1242,15 +1242,21 @@ def disk_child(argv: list[str]) -> None:
 
     try:
         authority = Authority.open(path)
-        for group in GROUPS:
-            receipt = authority.accept(group_create_command(group))
-            say(f"OK {receipt.action_id} {receipt.group} {receipt.seq} {receipt.event_id} 0 {injected()}")
     except MwpError as exc:
         say(f"OPENFAIL {exc.code} {injected()}")
         return
     except Exception as exc:
         say(f"OPENFOREIGN {type(exc).__name__}: {exc}")
         return
+    for group in GROUPS:
+        before = injected()
+        try:
+            receipt = authority.accept(group_create_command(group))
+            say(f"OK {receipt.action_id} {receipt.group} {receipt.seq} {receipt.event_id} {before} {injected()}")
+        except MwpError as exc:
+            say(f"FAIL {exc.code} {before} {injected()}")
+        except Exception as exc:
+            say(f"FOREIGN {type(exc).__name__} {before} {injected()}")
     _disk_workload(authority, random.Random(seed), say, injected)
     try:
         authority.close()
@@ -1316,13 +1322,17 @@ def _seam_case(path: str, fail_at: int, seed: int, boot: str) -> tuple[list[str]
     with _boot_id(boot), recorded_log(recorder):
         try:
             authority = Authority.open(path)
-            for group in GROUPS:
-                receipt = authority.accept(group_create_command(group))
-                lines.append(f"OK {receipt.action_id} {receipt.group} {receipt.seq} {receipt.event_id} 0 {recorder.failures}")
         except MwpError as exc:
             lines.append(f"OPENFAIL {exc.code} {recorder.failures}")
             authority = None
         if authority is not None:
+            for group in GROUPS:
+                before = recorder.failures
+                try:
+                    receipt = authority.accept(group_create_command(group))
+                    lines.append(f"OK {receipt.action_id} {receipt.group} {receipt.seq} {receipt.event_id} {before} {recorder.failures}")
+                except MwpError as exc:
+                    lines.append(f"FAIL {exc.code} {before} {recorder.failures}")
             _disk_workload(authority, random.Random(seed), lines.append, lambda: recorder.failures)
             try:
                 authority.close()
