@@ -1,0 +1,242 @@
+"""Benchmark of the C segment log against plain Python logs, measured side by side in one run.
+
+    python bench/bench_segment_log.py            # full sizes; writes bench/results/segment_log.json
+    python bench/bench_segment_log.py --quick    # small sizes, 3 rounds (CI)
+
+Rows (issue 2 targets):
+
+- ``durable_single``: one 256-byte record per durable commit, against a plain ``os.write`` +
+  ``os.fdatasync`` loop on a growing file (target ≥ 1.3×: the log's segments are preallocated, so
+  its fdatasync has no size metadata to flush).
+- ``group_100``: 100 msgpack-encoded records per commit, against a plain Python framed log
+  (length + CRC-32C + msgpack via msgspec, one write and one fdatasync per 100 records;
+  target ≥ 2×).
+- ``scan_views``: records per second scanned as raw record views (target ≥ 5M/s).
+- ``scan_memory``: growth of the resident set while scanning 10M records (1M with --quick),
+  measured in a child process (target: bounded, ≤ 64 MiB over the baseline).
+
+The committed ``bench/results/segment_log.json`` comes from the first command above.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import harness
+from harness import Bench, RoundContext, Target, argument_parser, progress, rss_mib, reset_peak_rss, selected
+
+import msgspec
+
+from mwpstore.segment_log import SegmentLog
+
+RECORD_BYTES = 256
+SCAN_RECORD_BYTES = 100
+RSS_GROWTH_MAX_MIB = 64
+
+try:  # a C CRC-32C for the Python peer, so the comparison is not against a slow pure-Python CRC
+    from crc32c import crc32c as _peer_crc32c
+
+    PEER_CRC = "crc32c package (hardware CRC-32C)"
+except ImportError:  # pragma: no cover - depends on the environment
+    import zlib
+
+    _peer_crc32c = zlib.crc32
+    PEER_CRC = "zlib.crc32 (the crc32c package is not installed; same cost class)"
+
+
+def _records(count: int, size: int) -> list[bytes]:
+    pool = [os.urandom(size) for _ in range(min(count, 1024))]
+    return [pool[i % len(pool)] for i in range(count)]
+
+
+def _events(count: int) -> list[dict]:
+    # Event-like dicts whose msgpack encoding is about RECORD_BYTES long.
+    filler = "x" * (RECORD_BYTES - 90)
+    return [
+        {"group": "g-1", "seq": i, "kind": "workitem.claim", "actor": "agent-7", "action": f"a-{i}", "body": filler}
+        for i in range(count)
+    ]
+
+
+# -- durable single-record commits --------------------------------------------------------------
+
+
+def single_mwpstore(count: int):
+    def run(ctx: RoundContext) -> int:
+        records = _records(count, RECORD_BYTES)
+        log = SegmentLog.open(ctx.dir / "log")  # creates and preallocates the segment: not timed
+        append = log.append
+        with ctx.timed():
+            for record in records:
+                append([record])
+        log.close()
+        return count
+
+    return run
+
+
+def single_plain(count: int):
+    def run(ctx: RoundContext) -> int:
+        records = _records(count, RECORD_BYTES)
+        fd = os.open(ctx.dir / "plain.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        write, fdatasync = os.write, os.fdatasync
+        with ctx.timed():
+            for record in records:
+                write(fd, record)
+                fdatasync(fd)
+        os.close(fd)
+        return count
+
+    return run
+
+
+# -- 100 records per commit ---------------------------------------------------------------------
+
+
+def group_mwpstore(count: int):
+    def run(ctx: RoundContext) -> int:
+        events = _events(count)
+        encode = msgspec.msgpack.Encoder().encode
+        log = SegmentLog.open(ctx.dir / "log")
+        with ctx.timed():
+            for start in range(0, count, 100):
+                log.append([encode(event) for event in events[start : start + 100]])
+        log.close()
+        return count
+
+    return run
+
+
+def group_plain(count: int):
+    def run(ctx: RoundContext) -> int:
+        events = _events(count)
+        encode = msgspec.msgpack.Encoder().encode
+        pack, crc = struct.Struct("<II").pack, _peer_crc32c
+        fd = os.open(ctx.dir / "framed.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        with ctx.timed():
+            for start in range(0, count, 100):
+                frames = []
+                for event in events[start : start + 100]:
+                    payload = encode(event)
+                    frames.append(pack(len(payload), crc(payload)))
+                    frames.append(payload)
+                os.write(fd, b"".join(frames))
+                os.fdatasync(fd)
+        os.close(fd)
+        return count
+
+    return run
+
+
+# -- scans --------------------------------------------------------------------------------------
+
+
+def build_scan_fixture(directory: Path, count: int) -> None:
+    records = _records(10_000, SCAN_RECORD_BYTES)
+    with SegmentLog.open(directory, sync=False) as log:
+        for start in range(0, count, 10_000):
+            log.append(records[: min(10_000, count - start)])
+
+
+def scan_mwpstore(directory: Path, count: int):
+    def run(ctx: RoundContext) -> int:
+        log = SegmentLog.open(directory, readonly=True)
+        seen = 0
+        with ctx.timed():
+            for batch in log.scan(0, batch_records=4096):
+                seen += len(batch.records)
+        log.close()
+        assert seen == count, (seen, count)
+        return seen
+
+    return run
+
+
+def scan_child(directory: str) -> None:
+    """Run in a child process: the resident set before and at its peak during a full scan."""
+    log = SegmentLog.open(directory, readonly=True)
+    baseline, _ = rss_mib()
+    reset = reset_peak_rss()
+    started = time.perf_counter()
+    seen = 0
+    for batch in log.scan(0):
+        seen += len(batch.records)
+    seconds = time.perf_counter() - started
+    _, peak = rss_mib()
+    log.close()
+    print(json.dumps({"baseline_mib": baseline, "peak_mib": peak, "records": seen, "seconds": seconds, "peak_reset": reset}))
+
+
+def scan_memory(row, directory: Path, count: int, rounds: int) -> None:
+    growths, details = [], []
+    for round_index in range(rounds):
+        out = subprocess.run(
+            [sys.executable, __file__, "--scan-child", str(directory)], capture_output=True, text=True, check=True
+        )
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        assert result["records"] == count
+        growth = result["peak_mib"] - result["baseline_mib"]
+        growths.append(growth)
+        details.append(result)
+        progress(f"  scan_memory round {round_index + 1}/{rounds}: +{growth:.1f} MiB over {result['baseline_mib']:.1f} MiB")
+    row.record("mwpstore", growths, extra={"children": details})
+
+
+def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--scan-child":
+        scan_child(sys.argv[2])
+        return
+    args = argument_parser("segment log against plain Python logs").parse_args()
+    bench = Bench("segment_log", quick=args.quick, rounds=args.rounds)
+    single_count = 500 if args.quick else 3000
+    group_count = 20_000 if args.quick else 200_000
+    scan_count = 1_000_000 if args.quick else 10_000_000
+    bench.facts.update(
+        {
+            "record_bytes": RECORD_BYTES,
+            "scan_record_bytes": SCAN_RECORD_BYTES,
+            "peer_crc": PEER_CRC,
+            "segment_bytes": 64 * 1024 * 1024,
+            "mwpstore_durability": "one pwrite + one fdatasync per commit group, preallocated segments",
+            "plain_durability": "os.write + os.fdatasync on a growing O_APPEND file",
+        }
+    )
+    if selected(args, "durable_single"):
+        bench.row(
+            "durable_single", "durable single-record commits (256 B)", unit="commits/s",
+            target=Target("≥ 1.3× plain write+fdatasync", ratio_min={"plain_fdatasync": 1.3}),
+            size={"commits": single_count},
+        ).compare({"mwpstore": single_mwpstore(single_count), "plain_fdatasync": single_plain(single_count)})
+    if selected(args, "group_100"):
+        bench.row(
+            "group_100", "100 records per commit (msgpack, ≈256 B)", unit="records/s",
+            target=Target("≥ 2× plain Python framed log", ratio_min={"plain_framed": 2.0}),
+            size={"records": group_count},
+        ).compare({"mwpstore": group_mwpstore(group_count), "plain_framed": group_plain(group_count)})
+    if selected(args, "scan"):
+        fixture = bench.fixture_dir("scan")
+        progress(f"building the scan fixture: {scan_count:,} records of {SCAN_RECORD_BYTES} B")
+        build_scan_fixture(fixture, scan_count)
+        if selected(args, "scan_views"):
+            bench.row(
+                "scan_views", "scan as raw record views", unit="records/s",
+                target=Target("≥ 5M records/s", value_min=5_000_000), size={"records": scan_count},
+            ).measure("mwpstore", scan_mwpstore(fixture, scan_count))
+        if selected(args, "scan_memory"):
+            row = bench.row(
+                "scan_memory", "RSS growth while scanning", unit="MiB",
+                target=Target(f"bounded: ≤ {RSS_GROWTH_MAX_MIB} MiB over the baseline", value_max=RSS_GROWTH_MAX_MIB),
+                size={"records": scan_count},
+            )
+            scan_memory(row, fixture, scan_count, bench.rounds)
+    bench.finish(keep_data=args.keep_data)
+
+
+if __name__ == "__main__":
+    main()
