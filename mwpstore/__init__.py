@@ -34,16 +34,33 @@ from .errors import (
 )
 from .messages import AcceptResult, Command, Effect, Event, Receipt
 
+from .registry import MemoryGroup
+from .work_keys import attempt_key, external_idempotency_key
+
 if TYPE_CHECKING:
-    from .authority import Authority, OpenReport, Subscription, VerifyReport
+    from .agent_store import AgentStore, ApplyStatus
+    from .authority import ArchiveRecord, Authority, OpenReport, Subscription, VerifyReport
+    from .compaction import CompactionReport
+    from .delivery import Delivery
+    from .snapshot import Keyring, SigningKey, SnapshotRef, VerifiedSnapshot, verify_snapshot
 
 # Storage classes load on first use, so that the pure parts (messages, rules) import without the
 # compiled segment log.
 _LAZY = {
+    "AgentStore": "agent_store",
+    "ApplyStatus": "agent_store",
+    "ArchiveRecord": "authority",
     "Authority": "authority",
+    "CompactionReport": "compaction",
+    "Delivery": "delivery",
+    "Keyring": "snapshot",
     "OpenReport": "authority",
+    "SigningKey": "snapshot",
+    "SnapshotRef": "snapshot",
     "Subscription": "authority",
+    "VerifiedSnapshot": "snapshot",
     "VerifyReport": "authority",
+    "verify_snapshot": "snapshot",
 }
 
 
@@ -61,22 +78,29 @@ def __getattr__(name: str) -> Any:
 __all__ = [
     "AcceptResult",
     "ActionIdCollision",
+    "AgentStore",
+    "ApplyStatus",
     "ApprovalRequired",
+    "ArchiveRecord",
     "AttemptsExhausted",
     "Authority",
     "BudgetExceeded",
     "Command",
+    "CompactionReport",
     "Corruption",
     "CursorTooOld",
     "DeadlinePassed",
+    "Delivery",
     "Effect",
     "Event",
     "EventInvalid",
     "GroupArchived",
     "InvalidCommand",
+    "Keyring",
     "LeaseExpired",
     "LeaseMismatch",
     "LimitExceeded",
+    "MemoryGroup",
     "MwpError",
     "NotAMember",
     "OpenReport",
@@ -84,13 +108,19 @@ __all__ = [
     "Rejection",
     "RevisionMismatch",
     "SequenceGap",
+    "SigningKey",
     "SnapshotInvalid",
+    "SnapshotRef",
     "StaleOwnershipEpoch",
     "StorageFailed",
     "StoreClosed",
     "StoreLocked",
     "Subscription",
     "Unauthorized",
+    "VerifiedSnapshot",
     "VerifyReport",
     "__version__",
+    "attempt_key",
+    "external_idempotency_key",
+    "verify_snapshot",
 ]

@@ -23,10 +23,10 @@ from typing import Any
 from . import limits
 from .errors import InvalidCommand
 
-MAX_ATTEMPTS_MAX = 1000
+MAX_ATTEMPTS_MAX = limits.WORK_ATTEMPTS_MAX
 """Bound on ``max_attempts`` (it also bounds the exponent in :func:`backoff_ms`)."""
 
-BACKOFF_MULTIPLIER_TERM_MAX = 1_000_000
+BACKOFF_MULTIPLIER_TERM_MAX = limits.BACKOFF_MULTIPLIER_TERM_MAX
 """Bound on a multiplier's integer or on each term of its rational form."""
 
 CONTRACT_FIELDS = (

@@ -26,6 +26,10 @@ SIGNATURE_BYTES = 64
 PUBLIC_KEY_BYTES = 32
 INT_ABS_MAX = 2**63 - 1
 
+# -- Work Contracts -----------------------------------------------------------------------------
+WORK_ATTEMPTS_MAX = 1000  # bound on a Work Contract's max_attempts (also bounds backoff exponents)
+BACKOFF_MULTIPLIER_TERM_MAX = 1_000_000  # bound on a backoff multiplier or each term of its ratio
+
 # -- Acceptance ---------------------------------------------------------------------------------
 ACCEPT_MANY_COMMANDS_MAX = 10_000
 COMMIT_BATCH_COMMANDS_MAX = 4096
