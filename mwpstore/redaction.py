@@ -60,6 +60,8 @@ def _decide_event_redact(view: StateView, command: Command, context: Context) ->
     check_unknown_fields(command, {"seq", "reason"})
     seq = _redacted_seq(command)
     reason = body_str(command, "reason", max_chars=REASON_CHARS_MAX)
+    if context.seq and seq >= context.seq:
+        raise InvalidCommand(f"there is no Event {seq} to redact: the Group's next sequence is {context.seq}", field="target")
     if view.get(tombstone_key(seq)) is not None:
         raise AlreadyExists(f"Event {seq} of group {command.group!r} is already redacted", field="body.seq", seq=seq)
     return Decision({"seq": seq, "reason": reason})
