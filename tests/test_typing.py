@@ -19,16 +19,33 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 CHECKED = [
+    # public modules
     "mwpstore/__init__.py",
     "mwpstore/messages.py",
     "mwpstore/errors.py",
     "mwpstore/registry.py",
+    # the rest that passes today
     "mwpstore/canonical.py",
     "mwpstore/limits.py",
     "mwpstore/delivery.py",
+    "mwpstore/offline.py",
+    "mwpstore/index.py",
+    "mwpstore/kinds.py",
+    "mwpstore/memberships.py",
+    "mwpstore/workitems.py",
+    "mwpstore/approvals.py",
+    "mwpstore/redaction.py",
+    "mwpstore/leases.py",
+    "mwpstore/contracts.py",
+    "mwpstore/work_keys.py",
+    "mwpstore/work_model.py",
+    "mwpstore/cli.py",
+    "mwpstore/_files.py",
+    "mwpstore/failpoints.py",
 ]
 
 PENDING = [
+    # public modules with mypy findings their owners are fixing
     "mwpstore/authority.py",
     "mwpstore/agent_store.py",
     "mwpstore/snapshot.py",
