@@ -423,3 +423,73 @@ def test_reopen_after_seal_without_next_segment(tmp_path):
         assert scan_all(log) == kept
         assert log.append([b"after"]) == [last.first_position]
         assert log.segments()[-1].first_position == last.first_position
+
+
+# -- a stateful test against a model: appends, reopens and power cuts in any order ------------
+
+from hypothesis import settings, strategies as st  # noqa: E402
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule  # noqa: E402
+
+from mwpstore.io_seam import RecordingIO, crash_state, write_crash_state  # noqa: E402
+
+
+class SegmentLogMachine(RuleBasedStateMachine):
+    """The log against a list of acknowledged groups. A power cut keeps every acknowledged group."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        import tempfile
+
+        root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+        self.root = tempfile.mkdtemp(prefix="mwpstore-machine-", dir=root)
+        self.generation = 0
+        self.directory = os.path.join(self.root, "0")
+        self.recorder = RecordingIO()
+        self.log = SegmentLog.open(self.directory, segment_bytes=SMALL, io=self.recorder)
+        self.model: list[tuple[int, bytes]] = []
+
+    @rule(group=st.lists(st.binary(max_size=3000), min_size=1, max_size=6))
+    def append(self, group: list[bytes]) -> None:
+        end = self.log.end
+        positions = self.log.append(group)
+        assert positions[0] >= end and positions == sorted(positions)
+        self.model += list(zip(positions, group))
+
+    @rule(big=st.integers(20_000, 60_000))
+    def append_big(self, big: int) -> None:
+        self.append([bytes([big % 251]) * big])
+
+    @rule()
+    def reopen(self) -> None:
+        self.log.close()
+        self.log = SegmentLog.open(self.directory, segment_bytes=SMALL, io=self.recorder)
+
+    @rule(seed=st.integers(0, 2**32 - 1))
+    def power_cut(self, seed: int) -> None:
+        import random
+
+        state = crash_state(self.recorder.operations, len(self.recorder.operations), random.Random(seed))
+        self.log.close()
+        self.generation += 1
+        target = os.path.join(self.root, str(self.generation))
+        write_crash_state(state, self.directory, target)
+        self.directory = target
+        self.recorder = RecordingIO(directory=target)
+        self.log = SegmentLog.open(self.directory, segment_bytes=SMALL, io=self.recorder)
+
+    @invariant()
+    def matches_the_model(self) -> None:
+        assert scan_all(self.log) == self.model
+        if self.model:
+            position, record = self.model[len(self.model) // 3]
+            assert self.log.read(position) == record
+
+    def teardown(self) -> None:
+        import shutil
+
+        self.log.close()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+SegmentLogMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=15, deadline=None)
+test_segment_log_state_machine = SegmentLogMachine.TestCase
