@@ -263,8 +263,8 @@ def header_bytes(header: SnapshotHeader) -> bytes:
     return _HEADER_ENCODER.encode(header)
 
 
-def encode_state(aggregates: list[Effect]) -> bytes:
-    """Canonical state bytes of aggregates already sorted by key."""
+def encode_state(aggregates: list[Effect] | list[tuple[str, int, dict[str, Any] | None]]) -> bytes:
+    """Canonical state bytes of aggregates already sorted by key (Effects or 3-tuples: same bytes)."""
     return _STATE_ENCODER.encode(aggregates)
 
 
@@ -287,32 +287,46 @@ def _strictly_increasing(keys: list[str]) -> bool:
     return all(map(operator.lt, keys, itertools.islice(keys, 1, None)))
 
 
-def _checked_aggregates(aggregates: Iterable[Effect | tuple[str, int, dict[str, Any] | None]]) -> list[Effect]:
-    """The aggregates as a list of ``Effect`` sorted by key, after checking keys, revisions, states.
+_ROW_GETTERS = {
+    Effect: (_AGGREGATE, _REVISION, _STATE),
+    tuple: (operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)),
+}
 
-    The checks run as C-level ``map``s, not a Python loop: a snapshot of 100k aggregates spends
-    its time encoding, not checking (``bench/bench_snapshot.py``).
+
+def _checked_aggregates(
+    aggregates: Iterable[Effect | tuple[str, int, dict[str, Any] | None]],
+) -> list[Effect] | list[tuple[str, int, dict[str, Any] | None]]:
+    """The aggregates sorted by key, after checking keys, revisions and states.
+
+    Rows stay ``Effect``s or ``(key, revision, state)`` tuples as given (both encode to the same
+    3-element array), so an index scan's tuples are never copied into new objects. The checks run
+    as C-level ``map``s, not a Python loop: creating a snapshot of 100k aggregates spends its time
+    encoding, not checking (``bench/bench_snapshot.py``).
     """
-    items = list(aggregates)
-    if set(map(type, items)) - {Effect}:
+    items: list[Any] = list(aggregates)
+    kinds = set(map(type, items))
+    getters = _ROW_GETTERS.get(kinds.pop()) if len(kinds) == 1 else None
+    if getters is None or (getters is _ROW_GETTERS[tuple] and set(map(len, items)) - {3}):
         try:
             items = [item if type(item) is Effect else Effect(*item) for item in items]
         except TypeError:
             raise InvalidCommand("aggregates are Effects or (key, revision, state) tuples", field="aggregates") from None
-    keys = list(map(_AGGREGATE, items))
+        getters = _ROW_GETTERS[Effect]
+    key_of, revision_of, state_of = getters
+    keys = list(map(key_of, items))
     if set(map(type, keys)) - {str}:
         raise InvalidCommand("aggregate keys must be strings", field="aggregates")
     if not _strictly_increasing(keys):
-        items.sort(key=_AGGREGATE)  # engines usually hand them over sorted already
-        keys = list(map(_AGGREGATE, items))
+        items.sort(key=key_of)  # engines usually hand them over sorted already
+        keys = list(map(key_of, items))
         if not _strictly_increasing(keys):
             raise InvalidCommand("aggregate keys must be unique", field="aggregates")
     if keys and not keys[0]:
         raise InvalidCommand("aggregate keys must be non-empty", field="aggregates")
-    revisions = list(map(_REVISION, items))
+    revisions = list(map(revision_of, items))
     if set(map(type, revisions)) - {int} or (revisions and min(revisions) < 1):
         raise InvalidCommand("every aggregate needs an integer revision >= 1", field="aggregates")
-    if set(map(type, map(_STATE, items))) - {dict, type(None)}:
+    if set(map(type, map(state_of, items))) - {dict, type(None)}:
         raise InvalidCommand("aggregate states must be dicts or None", field="aggregates")
     return items
 

@@ -193,6 +193,11 @@ def test_equal_sequence_to_high_water_mark_is_accepted(good):
         ("aggregates", [Effect("a", 1, {}), Effect("a", 2, {})]),
         ("aggregates", [Effect("", 1, {})]),
         ("aggregates", [Effect("a", 1, {"x": object()})]),
+        ("aggregates", [("a", 1)]),
+        ("aggregates", [("a", "1", {})]),
+        ("aggregates", [("a", 1, [])]),
+        ("aggregates", [("a", 1, {}), Effect("a", 1, {})]),
+        ("aggregates", [(1, 1, {})]),
     ],
 )
 def test_create_refuses_bad_input(memory, field, value):
