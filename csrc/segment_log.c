@@ -433,7 +433,8 @@ int sl_read_record(const uint8_t *data, uint64_t data_bytes, const struct sl_hea
     SL_ASSERT(data != NULL && header != NULL && offset_out != NULL && length_out != NULL);
     fault_clear(fault);
     if (position < header->first_position || position % SL_FRAME_ALIGN_BYTES != 0 ||
-        position - header->first_position >= data_bytes) {
+        position - header->first_position >= data_bytes - SL_SEGMENT_HEADER_BYTES ||
+        data_bytes <= SL_SEGMENT_HEADER_BYTES) {
         return fault_set(fault, SL_E_NOT_RECORD, SL_REASON_NOT_A_RECORD, 0, position);
     }
     uint64_t offset = offset_of(header, position);
@@ -465,8 +466,10 @@ int sl_scan(const uint8_t *data, uint64_t data_bytes, const struct sl_header *he
     if (records_max == 0 || records_max > SL_SCAN_BATCH_RECORDS_MAX) {
         return fault_set(fault, SL_E_LIMIT, SL_REASON_NONE, 0, 0);
     }
-    if (state->position < header->first_position || state->position % SL_FRAME_ALIGN_BYTES != 0 ||
-        data_bytes > header->segment_bytes) {
+    if (data_bytes > header->segment_bytes || data_bytes < SL_SEGMENT_HEADER_BYTES) {
+        return fault_set(fault, SL_E_ARGUMENT, SL_REASON_NONE, 0, 0);
+    }
+    if (state->position < header->first_position || state->position % SL_FRAME_ALIGN_BYTES != 0) {
         return fault_set(fault, SL_E_NOT_RECORD, SL_REASON_NOT_A_RECORD, 0, state->position);
     }
     uint32_t count = 0;
