@@ -48,7 +48,7 @@ from typing import Any
 from .errors import MwpError
 
 SUITES = ("crash", "power", "corruption", "disk", "fuzz", "concurrency")
-DEFAULT_COUNTS = {"crash": 12, "power": 400, "corruption": 600, "disk": 15, "fuzz": 3000, "concurrency": 2}
+DEFAULT_COUNTS = {"crash": 12, "power": 400, "corruption": 400, "disk": 15, "fuzz": 2000, "concurrency": 2}
 """The short run of each suite (what CI and ``mwpstore torture`` without ``--count`` do)."""
 
 GROUPS = ("g-1", "g-2")
@@ -1425,8 +1425,406 @@ def _forgive_short(line: str) -> str:
     return " ".join(parts)
 
 
-def run_fuzz(count=None, seconds=None, seed=1, progress=None):
-    raise NotImplementedError
+
+# -- fuzz: every decoder and entry point that takes outside bytes ----------------------------------
+
+FUZZ_TARGETS = ("segment_file", "event_bytes", "command", "agent_delivery", "snapshot", "audit_log")
+FUZZ_INPUT_SECONDS_MAX = 5.0
+"""An input that takes longer than this is a hang (a violation)."""
+FUZZ_INPUT_BYTES_MAX = 1 << 16
+
+
+class AcceptedForgery(Exception):
+    """Modified signed or authenticated bytes passed verification (a violation, never expected)."""
+
+
+class FuzzHang(Exception):
+    """Raised by the watchdog alarm inside a fuzzed call that ran too long."""
+
+
+class FuzzContext:
+    """Valid samples of every input kind (the seeds mutations start from) and the objects the
+    entry points need: a keyring, an Organization key provider, an Authority and an AgentStore."""
+
+    def __init__(self, root: str) -> None:
+        from .agent_store import AgentStore
+        from .audit_log import FileKeyProvider, write_audit_log
+        from .authority import Authority
+        from .segment_log import SegmentLog
+
+        self.root = root
+        self.counter = 0
+        with _boot_id("fuzz"):
+            self.authority = Authority.open(os.path.join(root, "authority"), sync=False, segment_bytes=POWER_SEGMENT_BYTES)
+        ensure_groups(self.authority)
+        rng = random.Random(7)
+        for step in range(30):
+            self.authority.accept_many(workload_commands(self.authority, rng, f"f{step}"))
+        ref = self.authority.snapshot(GROUPS[0])
+        self.keyring = self.authority.keyring()
+        snapshot = self.authority.read_snapshot(ref)
+        events = [bytes(memoryview(record)[1:]) for record in self.authority._read_records(GROUPS[1], 0, 1000)]
+        self.events = [bytes(memoryview(record)[1:]) for record in self.authority._read_records(GROUPS[0], 0, 1000)]
+        self.provider = FileKeyProvider(os.path.join(root, "org-keys"))
+        audit = os.path.join(root, "audit.log")
+        write_audit_log(audit, org=ORG, group=GROUPS[1], events=events, key_provider=self.provider, chunk_bytes=2048)
+        with open(audit, "rb") as handle:
+            audit_bytes = handle.read()
+        log_dir = os.path.join(root, "small-log")
+        with SegmentLog.open(log_dir, segment_bytes=POWER_SEGMENT_BYTES) as log:
+            for index in range(12):
+                log.append([rng.randbytes(rng.choice((0, 5, 100, 700))) for _ in range(rng.choice((1, 2, 3)))])
+            used = log.segments()[-1].used_bytes
+        with open(os.path.join(log_dir, "00000000000000000000.seg"), "rb") as handle:
+            segment = handle.read()
+        self.agent = AgentStore.open(os.path.join(root, "agent"), projections=[CountingProjection()], trusted_keys=[self.keyring])
+        commands = [msgspec_command(command) for command in workload_commands(self.authority, rng, "seed-a")]
+        self.samples: dict[str, list[bytes]] = {
+            "segment_file": [segment[:used], segment[: used + 512], segment],
+            "event_bytes": self.events[:8],
+            "command": commands,
+            "agent_delivery": self.events[:8],
+            "snapshot": [snapshot],
+            "audit_log": [audit_bytes],
+        }
+
+    def scratch_path(self, name: str) -> str:
+        self.counter += 1
+        return os.path.join(self.root, "inputs", f"{self.counter}-{name}")
+
+    def close(self) -> None:
+        self.agent.close()
+        self.authority.close()
+
+
+def msgspec_command(command: Any) -> bytes:
+    import msgspec
+
+    return msgspec.msgpack.encode(command)
+
+
+def _command_from_bytes(data: bytes) -> Any:
+    """A Command whose fields come from fuzzed bytes: msgpack decoded without a schema, so any
+    field may hold any type (the entry point must check every one)."""
+    import msgspec
+
+    from .messages import Command
+
+    try:
+        fields = msgspec.msgpack.decode(data)
+    except (msgspec.DecodeError, RecursionError, ValueError):
+        fields = None
+    if not isinstance(fields, dict):
+        fields = {"actor": data[:16].decode("latin-1"), "action_id": data.hex()[:40], "group": GROUPS[0],
+                  "kind": "mission.create", "target": data[16:40].decode("utf-8", "replace"), "body": {"title": data[40:80].decode("latin-1")}}
+    names = ("actor", "action_id", "group", "kind", "target", "body", "expected_revision", "signature")
+    values = {name: fields[name] for name in names if name in fields}
+    for name in names[:5]:
+        values.setdefault(name, None)
+    return Command(**values)  # msgspec does not check types on construction: the entry point must
+
+
+def fuzz_one(target: str, data: bytes, context: FuzzContext) -> None:
+    """Feed one input to one entry point. Returns normally or raises ``MwpError``: anything else
+    (and a hang) is a violation for the caller to count."""
+    if target == "segment_file":
+        from .segment_log import SegmentLog
+
+        directory = context.scratch_path("log")
+        os.makedirs(directory)
+        with open(os.path.join(directory, "00000000000000000000.seg"), "wb") as handle:
+            handle.write(data)
+        try:
+            for readonly in (True, False):
+                with SegmentLog.open(directory, segment_bytes=POWER_SEGMENT_BYTES, readonly=readonly) as log:
+                    for batch in log.scan(0):
+                        for position in batch.positions[:3]:
+                            log.read(position)
+                    log.verify()
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
+    elif target == "event_bytes":
+        from .messages import check_event, decode_event
+
+        check_event(decode_event(data))
+    elif target == "command":
+        from .messages import check_command, command_bytes
+
+        command = _command_from_bytes(data)
+        check_command(command)
+        command_bytes(command)
+        context.authority.accept(command)
+    elif target == "agent_delivery":
+        from .messages import decode_event
+
+        with context.agent.begin() as tx:
+            try:
+                tx.apply(data)
+            except MwpError:
+                pass
+            try:
+                event = decode_event(data)
+            except MwpError:
+                return
+            tx.apply(event)
+    elif target == "snapshot":
+        from .snapshot import verify_snapshot
+
+        verify_snapshot(data, keyring=context.keyring, org=ORG, group=GROUPS[0])
+        if data not in context.samples["snapshot"]:
+            raise AcceptedForgery(f"modified snapshot bytes verified ({len(data)} bytes)")
+    elif target == "audit_log":
+        from .audit_log import read_audit_log
+
+        path = context.scratch_path("audit")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "wb") as handle:
+            handle.write(data)
+        try:
+            records = list(read_audit_log(path, key_provider=context.provider, org=ORG, group=GROUPS[1]))
+        finally:
+            os.remove(path)
+        if data not in context.samples["audit_log"]:
+            raise AcceptedForgery(f"modified audit log bytes read without error ({len(records)} records)")
+    else:
+        raise AssertionError(target)
+
+
+def mutate(data: bytes, rng: random.Random, others: list[bytes]) -> bytes:
+    """1 to 4 random edits: bit flips, byte sets, inserts, deletions, cuts, splices, repeats."""
+    buffer = bytearray(data)
+    for _ in range(rng.randint(1, 4)):
+        choice = rng.randrange(8)
+        at = rng.randrange(len(buffer) + 1)
+        if choice == 0 and buffer:
+            at = min(at, len(buffer) - 1)
+            buffer[at] ^= 1 << rng.randrange(8)
+        elif choice == 1 and buffer:
+            at = min(at, len(buffer) - 1)
+            buffer[at] = rng.choice((0, 0xFF, 0x7F, 0x80, rng.randrange(256)))
+        elif choice == 2:
+            buffer[at:at] = rng.randbytes(rng.choice((1, 2, 4, 8, 64)))
+        elif choice == 3 and buffer:
+            del buffer[at : at + rng.choice((1, 2, 4, 8, 64))]
+        elif choice == 4:
+            del buffer[at:]
+        elif choice == 5 and others:
+            other = rng.choice(others)
+            cut = rng.randrange(len(other) + 1)
+            buffer[at:] = other[cut:]
+        elif choice == 6 and buffer:
+            piece = bytes(buffer[at : at + rng.choice((4, 16, 64))])
+            buffer[at:at] = piece * rng.randint(1, 4)
+        else:
+            buffer = bytearray(rng.randbytes(rng.randrange(0, 256))) if rng.random() < 0.1 else buffer
+    return bytes(buffer[:FUZZ_INPUT_BYTES_MAX])
+
+
+class _Watchdog:
+    """A per-input time bound (SIGALRM; only in the main thread, else unbounded)."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.usable = threading.current_thread() is threading.main_thread() and hasattr(signal, "setitimer")
+
+    def __enter__(self) -> _Watchdog:
+        if self.usable:
+            self.previous = signal.signal(signal.SIGALRM, self._fire)
+            signal.setitimer(signal.ITIMER_REAL, self.seconds)
+        return self
+
+    def _fire(self, signum: int, frame: Any) -> None:
+        raise FuzzHang(f"an input took more than {self.seconds} s")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.usable:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, self.previous)
+
+
+def _run_input(target: str, data: bytes, context: FuzzContext, findings: Findings, tally: dict[str, int]) -> None:
+    try:
+        with _Watchdog(FUZZ_INPUT_SECONDS_MAX):
+            fuzz_one(target, data, context)
+        tally["accepted"] = tally.get("accepted", 0) + 1
+    except MwpError as exc:
+        tally[exc.code] = tally.get(exc.code, 0) + 1
+    except FuzzHang as exc:
+        findings.add(f"{target}: hang: {exc} (input {data[:64].hex()}..., {len(data)} bytes)")
+    except RecursionError as exc:
+        findings.add(f"{target}: RecursionError {exc} (input {len(data)} bytes)")
+    except Exception as exc:
+        findings.add(f"{target}: untyped {_describe(exc)} (input {data[:96].hex()}, {len(data)} bytes)\n"
+                     f"{traceback.format_exc()[-800:]}")
+
+
+def _hypothesis_inputs(target: str, samples: list[bytes], examples: int, seed: int, run: Callable[[bytes], None]) -> int:
+    """Drive ``run`` with hypothesis-generated inputs (mutated samples and raw bytes). Returns
+    the number of inputs run, or -1 when hypothesis is not installed."""
+    try:
+        import hypothesis
+        from hypothesis import strategies as st
+    except ImportError:
+        return -1
+    edits = st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255), st.sampled_from(("set", "xor", "insert", "cut"))), max_size=6)
+    raw = st.binary(max_size=512)
+    done = [0]
+
+    def build(sample: bytes, changes: list[tuple[int, int, str]]) -> bytes:
+        buffer = bytearray(sample)
+        for at, value, how in changes:
+            at = at % (len(buffer) + 1)
+            if how == "insert":
+                buffer[at:at] = bytes([value])
+            elif how == "cut":
+                del buffer[at:]
+            elif buffer:
+                at = min(at, len(buffer) - 1)
+                buffer[at] = value if how == "set" else buffer[at] ^ (value or 1)
+        return bytes(buffer)
+
+    @hypothesis.settings(max_examples=examples, database=None, deadline=None, derandomize=False,
+                         suppress_health_check=list(hypothesis.HealthCheck), phases=[hypothesis.Phase.generate])
+    @hypothesis.seed(seed)
+    @hypothesis.given(st.one_of(st.tuples(st.sampled_from(samples), edits).map(lambda pair: build(*pair)), raw))
+    def drive(data: bytes) -> None:
+        done[0] += 1
+        run(data)
+
+    drive()
+    return done[0]
+
+
+ATHERIS_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+import atheris
+with atheris.instrument_imports():
+    import mwpstore.messages, mwpstore.segment_log, mwpstore.snapshot, mwpstore.audit_log, mwpstore.agent_store, mwpstore.canonical
+from mwpstore.errors import MwpError
+from mwpstore.torture import FUZZ_TARGETS, FuzzContext, fuzz_one
+context = FuzzContext({work!r})
+
+def test(data):
+    if not data:
+        return
+    try:
+        fuzz_one(FUZZ_TARGETS[data[0] % len(FUZZ_TARGETS)], data[1:], context)
+    except MwpError:
+        pass
+
+atheris.Setup([sys.argv[0], "-runs={runs}", "-seed={seed}", "-timeout={timeout}", "-max_len={max_len}",
+               "-max_total_time={seconds}", {corpus!r}], test)
+atheris.Fuzz()
+"""
+
+
+def atheris_available() -> bool:
+    try:
+        import importlib.util
+
+        return importlib.util.find_spec("atheris") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def _run_atheris(context: FuzzContext, runs: int, seconds: int, seed: int, findings: Findings) -> int:
+    """Coverage-guided fuzzing of every target in one child (libFuzzer exits the process when
+    done): an input's first byte chooses the target, the rest is the target's bytes."""
+    work = tempfile.mkdtemp(prefix="atheris-", dir=context.root)
+    corpus = os.path.join(work, "corpus")
+    os.makedirs(corpus)
+    for number, target in enumerate(FUZZ_TARGETS):
+        for index, sample in enumerate(context.samples[target]):
+            with open(os.path.join(corpus, f"seed-{target}-{index}"), "wb") as handle:
+                handle.write(bytes([number]) + sample)
+    script = ATHERIS_SCRIPT.format(root=REPO_ROOT, work=os.path.join(work, "context"), runs=runs,
+                                   seed=seed + 1, timeout=int(FUZZ_INPUT_SECONDS_MAX) + 1, max_len=FUZZ_INPUT_BYTES_MAX,
+                                   seconds=max(1, seconds), corpus=corpus)
+    os.makedirs(os.path.join(work, "context"))
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=work,
+                           timeout=seconds + 300, env=dict(os.environ, **{BOOT_ID_ENV: "fuzz"}))
+    done = 0
+    for line in child.stderr.splitlines():
+        if line.startswith("Done ") and " runs " in line:
+            done = int(line.split()[1])
+        elif line.startswith("#"):
+            try:
+                done = max(done, int(line[1:].split()[0]))
+            except (ValueError, IndexError):
+                pass
+    if child.returncode != 0:
+        findings.add(f"atheris found a failure (exit {child.returncode}): {child.stderr[-2000:]}")
+    shutil.rmtree(work, ignore_errors=True)
+    return done
+
+
+def run_fuzz(count: int | None = None, seconds: float | None = None, seed: int = 1,
+             progress: Progress | None = None) -> dict[str, Any]:
+    """Seeded mutations and hypothesis for every target; atheris too when it is installed.
+
+    With a count, each target gets an equal share: half seeded mutations, half hypothesis, and
+    (with atheris) as many coverage-guided runs again. With a time budget the same shares of time.
+    """
+    started = time.monotonic()
+    total = count if count is not None else (None if seconds is not None else DEFAULT_COUNTS["fuzz"])
+    findings = Findings()
+    tallies: dict[str, dict[str, dict[str, int]]] = {}
+    inputs = 0
+    rng = random.Random(seed)
+    has_atheris = atheris_available()
+    hypothesis_missing = False
+    atheris_runs = 0
+    with _scratch("fuzz") as root:
+        context = FuzzContext(root)
+        try:
+            split = 3 if has_atheris else 2
+            share_seconds = (seconds or 0) / len(FUZZ_TARGETS) / split
+            for number, target in enumerate(FUZZ_TARGETS):
+                tally = tallies.setdefault(target, {"mutation": {}, "hypothesis": {}})
+                samples = context.samples[target]
+                per_target = None if total is None else max(2, total // len(FUZZ_TARGETS) * 2 // split)
+                deadline = time.monotonic() + share_seconds
+                done = 0
+                while (done < per_target // 2) if per_target is not None else time.monotonic() < deadline:
+                    _run_input(target, mutate(rng.choice(samples), rng, samples), context, findings, tally["mutation"])
+                    done += 1
+                inputs += done
+                examples = (per_target - per_target // 2) if per_target is not None else max(10, done)
+                ran = _hypothesis_inputs(target, samples, examples, seed + number,
+                                         lambda data: _run_input(target, data, context, findings, tally["hypothesis"]))
+                if ran < 0:
+                    hypothesis_missing = True
+                else:
+                    inputs += ran
+                if progress:
+                    progress(number + 1, len(FUZZ_TARGETS) + int(has_atheris))
+            if has_atheris:
+                runs = max(1, total // split) if total is not None else 100_000_000
+                limit = int(share_seconds * len(FUZZ_TARGETS)) if total is None else 900
+                atheris_runs = _run_atheris(context, runs, limit, seed, findings)
+                inputs += atheris_runs
+                if progress:
+                    progress(len(FUZZ_TARGETS) + 1, len(FUZZ_TARGETS) + 1)
+        finally:
+            context.close()
+    notes = []
+    if not has_atheris:
+        notes.append("atheris is not installed: coverage-guided fuzzing skipped (pip install 'mwpstore[fuzz]')")
+    if hypothesis_missing:
+        notes.append("hypothesis is not installed: property-based inputs skipped (pip install 'mwpstore[test]')")
+    for note in notes:
+        print(f"fuzz: {note}", file=sys.stderr)
+    return _result("fuzz", seed, inputs, started, findings, {
+        "inputs": inputs,
+        "targets": list(FUZZ_TARGETS),
+        "outcomes": tallies,
+        "atheris": has_atheris,
+        "atheris_runs": atheris_runs,
+        "hypothesis": not hypothesis_missing,
+        "input_seconds_max": FUZZ_INPUT_SECONDS_MAX,
+        "notes": notes,
+    })
 
 
 def run_concurrency(count=None, seconds=None, seed=1, progress=None):
