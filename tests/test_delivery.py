@@ -314,3 +314,26 @@ def test_deliver_batch_accepts_encoded_events_and_rejects_foreign_bytes(tmp_path
     assert stats.applied == 4 and stats.rejected == 2
     assert agent.cursor("g-b") == 0
     agent.close()
+
+
+def test_threads_delivering_different_groups_share_one_store(tmp_path, clean_dump):
+    import threading
+
+    agent = open_agent(tmp_path / "agent")
+    errors = []
+
+    def run(group, seed):
+        try:
+            transport = FaultyTransport(ListSource(ALL_EVENTS), seed=seed, disconnect=0.1)
+            Delivery(agent, transport, batch_events=3).catch_up(group)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(group, index)) for index, group in enumerate(HISTORIES)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not errors
+    assert agent.projection_dump() == clean_dump
+    agent.close()
