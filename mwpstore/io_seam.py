@@ -175,7 +175,7 @@ def _negative_errno(exc: OSError) -> int:
 @ffi.def_extern(error=-errno.EIO)
 def sl_py_create_file(context: Any, path: Any, fd_out: Any) -> int:
     try:
-        rc, fd = _recorder(context).create_file(ffi.string(path).decode())
+        rc, fd = _recorder(context).create_file(os.fsdecode(ffi.string(path)))
     except OSError as exc:
         return _negative_errno(exc)
     fd_out[0] = fd
@@ -185,7 +185,7 @@ def sl_py_create_file(context: Any, path: Any, fd_out: Any) -> int:
 @ffi.def_extern(error=-errno.EIO)
 def sl_py_open_file(context: Any, path: Any, fd_out: Any) -> int:
     try:
-        rc, fd = _recorder(context).open_file(ffi.string(path).decode())
+        rc, fd = _recorder(context).open_file(os.fsdecode(ffi.string(path)))
     except OSError as exc:
         return _negative_errno(exc)
     fd_out[0] = fd
@@ -243,7 +243,7 @@ def sl_py_allocate_file(context: Any, fd: int, length: int) -> int:
 @ffi.def_extern(error=-errno.EIO)
 def sl_py_rename_file(context: Any, from_path: Any, to_path: Any) -> int:
     try:
-        return _recorder(context).rename_file(ffi.string(from_path).decode(), ffi.string(to_path).decode())
+        return _recorder(context).rename_file(os.fsdecode(ffi.string(from_path)), os.fsdecode(ffi.string(to_path)))
     except OSError as exc:
         return _negative_errno(exc)
 
@@ -251,7 +251,7 @@ def sl_py_rename_file(context: Any, from_path: Any, to_path: Any) -> int:
 @ffi.def_extern(error=-errno.EIO)
 def sl_py_remove_file(context: Any, path: Any) -> int:
     try:
-        return _recorder(context).remove_file(ffi.string(path).decode())
+        return _recorder(context).remove_file(os.fsdecode(ffi.string(path)))
     except OSError as exc:
         return _negative_errno(exc)
 
@@ -259,7 +259,7 @@ def sl_py_remove_file(context: Any, path: Any) -> int:
 @ffi.def_extern(error=-errno.EIO)
 def sl_py_sync_directory(context: Any, path: Any) -> int:
     try:
-        return _recorder(context).sync_directory(ffi.string(path).decode())
+        return _recorder(context).sync_directory(os.fsdecode(ffi.string(path)))
     except OSError as exc:
         return _negative_errno(exc)
 

@@ -262,7 +262,7 @@ class SegmentLog:
                 os.makedirs(directory, exist_ok=True)
             except OSError as exc:
                 raise StorageFailed(f"cannot create the log directory {directory}: {exc}", errno=exc.errno) from exc
-            self._call(lib.sl_sync_directory, self._io, os.path.dirname(directory).encode())
+            self._call(lib.sl_sync_directory, self._io, os.fsencode(os.path.dirname(directory)))
         try:
             fd = os.open(os.path.join(directory, LOCK_FILE_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
@@ -287,7 +287,7 @@ class SegmentLog:
             for name in sorted(names):
                 if _TEMPORARY_NAME.match(name):  # a creation that never reached its rename
                     path = os.path.join(directory, name)
-                    self._call(lib.sl_remove_file, self._io, directory.encode(), path.encode())
+                    self._call(lib.sl_remove_file, self._io, os.fsencode(directory), os.fsencode(path))
         numbered = sorted((int(m.group(1)), name) for name in names if (m := _SEGMENT_NAME.match(name)))
         segments = [self._load_header(os.path.join(directory, name), number) for number, name in numbered]
         if not segments:
@@ -316,7 +316,7 @@ class SegmentLog:
             active = self._segments[-1]
             handle = ffi.new("struct sl_log **")
             self._call(
-                lib.sl_log_open, self._io, directory.encode(), active.header, self._end, self._segment_bytes,
+                lib.sl_log_open, self._io, os.fsencode(directory), active.header, self._end, self._segment_bytes,
                 1 if self._sync else 0, handle, segment=active,
             )
             self._handle = handle[0]
@@ -356,7 +356,7 @@ class SegmentLog:
             # Sealed, but the crash came before its trim was durable: trim it now.
             segment.unmap()
             self._call(
-                lib.sl_segment_truncate, self._io, segment.path.encode(), segment.sealed_used_bytes, 0, segment=segment
+                lib.sl_segment_truncate, self._io, os.fsencode(segment.path), segment.sealed_used_bytes, 0, segment=segment
             )
 
     def _recover_last(self) -> None:
@@ -381,7 +381,7 @@ class SegmentLog:
             segment.sealed_used_bytes = used
             if size > used:
                 segment.unmap()
-                self._call(lib.sl_segment_truncate, self._io, segment.path.encode(), used, 0, segment=segment)
+                self._call(lib.sl_segment_truncate, self._io, os.fsencode(segment.path), used, 0, segment=segment)
             self._create_segment(int(segment.header.log_id), self._end)
             path = os.path.join(self._directory, segment_file_name(self._end))
             self._segments = self._segments + (self._load_header(path, self._end),)
@@ -398,10 +398,10 @@ class SegmentLog:
             needs_repair = found[0] < size
         if needs_repair:
             segment.unmap()
-            self._call(lib.sl_segment_truncate, self._io, segment.path.encode(), used, segment_bytes, segment=segment)
+            self._call(lib.sl_segment_truncate, self._io, os.fsencode(segment.path), used, segment_bytes, segment=segment)
 
     def _create_segment(self, log_id: int, first_position: int) -> None:
-        self._call(lib.sl_segment_create, self._io, self._directory.encode(), log_id, first_position, self._segment_bytes)
+        self._call(lib.sl_segment_create, self._io, os.fsencode(self._directory), log_id, first_position, self._segment_bytes)
 
     # -- errors: the one place that turns C status codes into typed errors ----------------------
 
