@@ -337,3 +337,50 @@ def test_threads_delivering_different_groups_share_one_store(tmp_path, clean_dum
     assert not errors
     assert agent.projection_dump() == clean_dump
     agent.close()
+
+
+def test_authority_cursor_too_old_is_recovered_through_its_signed_snapshot(tmp_path):
+    """The whole long-gap path against the real Authority: CURSOR_TOO_OLD with a snapshot
+    reference → fetch → verify (trusted key, Organization and Group binding) → restore → replay
+    strictly after the snapshot."""
+    from mwpstore.authority import Authority
+    from mwpstore.messages import Command
+
+    clock = iter(range(1_000_000, 10**9, 10))
+    authority = Authority.open(str(tmp_path / "authority"), clock=lambda: next(clock))
+    actions = iter(range(10**6))
+
+    def accept(kind, target, body):
+        return authority.accept(Command(actor="owner", action_id=f"a{next(actions)}", group="g-auth", kind=kind,
+                                        target=target, body=body))
+
+    accept("group.create", "g-auth", {"org": "org-1", "policy": {"replay_window_events": 5}})
+    accept("mission.create", "m1", {"title": "m", "cost_limit": 100})
+    contract = {"max_attempts": 3, "backoff_initial_ms": 100, "backoff_multiplier": 2, "backoff_max_ms": 1_000,
+                "cost_limit": 50, "deadline_ms": None, "lease_ms": 1_000, "start_ms": 200}
+    for index in range(20):
+        accept("workitem.create", f"wi{index}", {"mission": "m1", "priority": index % 3, "contract": contract})
+    snapshot_ref = authority.snapshot("g-auth")
+    for index in range(20, 30):
+        accept("workitem.create", f"wi{index}", {"mission": "m1", "priority": 0, "contract": contract})
+    agent = AgentStore.open(tmp_path / "agent", trusted_keys=[authority.signing_key.public_key], map_size=MAP_BYTES)
+    fetched = []
+
+    def fetch(error):
+        from mwpstore.snapshot import SnapshotRef
+
+        ref = error.snapshot_ref
+        ref = SnapshotRef.from_dict(ref) if isinstance(ref, dict) else ref
+        fetched.append(ref)
+        return authority.read_snapshot(ref)
+
+    delivery = Delivery(agent, authority, consumer="agent-1", org="org-1", restore_snapshot=fetch)
+    assert delivery.catch_up("g-auth") == 32
+    assert [ref.seq for ref in fetched] == [snapshot_ref.seq] == [22]
+    assert agent.head("g-auth").floor_seq == 22
+    assert len(agent.work_queue("g-auth", 10**12)) == 30
+    for key, state in agent.states("g-auth").items():
+        assert authority.state("g-auth", key)[1] == state
+    assert authority.acked("agent-1", "g-auth") == 32
+    agent.close()
+    authority.close()
