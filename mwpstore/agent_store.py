@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import blake3
 import lmdb
@@ -509,7 +509,7 @@ class AgentStore:
         """Read one key of an application projection."""
         _check_group(group)
         with self._read() as txn:
-            return txn.get(_projection_key(group, name, key), db=self._dbs["projection"])
+            return cast("bytes | None", txn.get(_projection_key(group, name, key), db=self._dbs["projection"]))
 
     def projection_items(self, group: str, name: str) -> list[tuple[bytes, bytes]]:
         _check_group(group)
@@ -803,7 +803,7 @@ class ProjectionView:
         return self._prefix + raw
 
     def get(self, key: str | bytes) -> bytes | None:
-        return self._txn.get(self._key(key), db=self._db)
+        return cast("bytes | None", self._txn.get(self._key(key), db=self._db))
 
     def put(self, key: str | bytes, value: bytes) -> None:
         if type(value) is not bytes:
@@ -936,11 +936,13 @@ class AgentTransaction:
                 raise EventInvalid(
                     f"Event {event.event_id} differs from the one already applied", reason="conflict", event_id=event.event_id
                 )
-            _FAILPOINT_ARMED and failpoints.hit("agent.after_dedupe")
+            if _FAILPOINT_ARMED:
+                failpoints.hit("agent.after_dedupe")
             return ApplyStatus.DUPLICATE
         if seq == head.applied_seq + 1:
             self._check_link(event, head.applied_hash)
-            _FAILPOINT_ARMED and failpoints.hit("agent.after_sequence")
+            if _FAILPOINT_ARMED:
+                failpoints.hit("agent.after_sequence")
             self._apply_next(head, event)
             if head.buffered:
                 self._drain(group)
@@ -1075,10 +1077,12 @@ class AgentTransaction:
         state_writes = self._state_writes
         for effect in event.effects:
             state_writes[prefix + effect.aggregate.encode()] = (effect.revision, effect.state)
-        _FAILPOINT_ARMED and failpoints.hit("agent.after_builtin_projection")
+        if _FAILPOINT_ARMED:
+            failpoints.hit("agent.after_builtin_projection")
         for projection in self._store._projections:
             self._run_projection(projection.apply, group, projection.name, event)
-        _FAILPOINT_ARMED and failpoints.hit("agent.after_projection")
+        if _FAILPOINT_ARMED:
+            failpoints.hit("agent.after_projection")
         head.applied_seq = event.seq
         head.applied_hash = event.hash
         self._dirty.add(group)
@@ -1157,7 +1161,7 @@ class AgentTransaction:
         end = _seq_key(group, head.cursor)
         cursor = self._txn.cursor(db=self._inbox_db)
         if head.cursor > head.pruned_seq and cursor.set_range(start):
-            while cursor.key() <= end:
+            while cast(bytes, cursor.key()) <= end:
                 if not cursor.delete():
                     break
                 count += 1
@@ -1207,7 +1211,7 @@ class AgentTransaction:
     # offline records (used by ``mwpstore.offline``)
 
     def _offline_get(self, key: bytes) -> bytes | None:
-        return self._txn.get(key, db=self._dbs["offline"])
+        return cast("bytes | None", self._txn.get(key, db=self._dbs["offline"]))
 
     def _offline_put(self, key: bytes, value: bytes) -> None:
         self._check_usable()
@@ -1252,7 +1256,7 @@ def _range(txn: lmdb.Transaction, db: Any, prefix: bytes) -> Iterator[tuple[byte
     cursor = txn.cursor(db=db)
     if not cursor.set_range(prefix):
         return
-    for key, value in cursor:
+    for key, value in cast("Iterator[tuple[bytes, bytes]]", cursor):
         if not key.startswith(prefix):
             return
         yield key, value
@@ -1263,7 +1267,7 @@ def _delete_range(txn: lmdb.Transaction, db: Any, prefix: bytes) -> int:
     count = 0
     if not cursor.set_range(prefix):
         return 0
-    while cursor.key().startswith(prefix):
+    while cast(bytes, cursor.key()).startswith(prefix):
         if not cursor.delete():
             break
         count += 1
