@@ -1827,9 +1827,233 @@ def run_fuzz(count: int | None = None, seconds: float | None = None, seed: int =
     })
 
 
-def run_concurrency(count=None, seconds=None, seed=1, progress=None):
-    raise NotImplementedError
 
+# -- concurrency: many threads, every operation, a watchdog ----------------------------------------
+
+CONCURRENCY_ROUND_SECONDS = 4.0
+CONCURRENCY_WATCHDOG_SECONDS = 60.0
+"""A round whose threads have not all finished this long after it should have is a deadlock."""
+
+
+def _concurrency_round(path: str, round_seconds: float, seed: int, findings: Findings, ops: dict[str, int],
+                       skipped: set[str]) -> None:
+    from .agent_store import AgentStore
+    from .authority import Authority
+    from .delivery import Delivery
+    from .errors import Rejection
+    from .snapshot import verify_snapshot
+
+    context = f"round {os.path.basename(path)} (seed {seed}): "
+    authority = Authority.open(os.path.join(path, "authority"))
+    ensure_groups(authority)
+    oracle = Acknowledged()
+    lock = threading.Lock()
+    stop = threading.Event()
+    deadline = time.monotonic() + round_seconds
+    duplicates: dict[str, list[Any]] = {}
+    seen_by_subscriber: dict[str, list[int]] = {group: [] for group in GROUPS}
+    agents = [AgentStore.open(os.path.join(path, f"agent-{index}"), projections=[CountingProjection()]) for index in range(2)]
+
+    def count(name: str, amount: int = 1) -> None:
+        with lock:
+            ops[name] = ops.get(name, 0) + amount
+
+    def problem(message: str) -> None:
+        with lock:
+            findings.add(context + message)
+
+    def guarded(name: str, body: Callable[[random.Random], None], index: int) -> Callable[[], None]:
+        def run() -> None:
+            rng = random.Random(f"{seed}-{name}-{index}")
+            try:
+                while not stop.is_set() and time.monotonic() < deadline:
+                    body(rng)
+            except Exception as exc:
+                problem(f"{name}-{index} raised {_describe(exc)}\n{traceback.format_exc()[-1200:]}")
+        return run
+
+    counters = {"write": 0}
+
+    def write(rng: random.Random) -> None:
+        with lock:
+            counters["write"] += 1
+            action = f"w{counters['write']}"
+        commands = workload_commands(authority, rng, action)
+        with lock:
+            oracle.attempted.update(command.action_id for command in commands)
+        try:
+            if len(commands) == 1:
+                receipts = [authority.accept(commands[0])]
+            else:
+                receipts = [result.receipt for result in authority.accept_many(commands) if result.ok]
+        except Rejection:
+            count("rejected")
+            return
+        with lock:
+            for receipt in receipts:
+                oracle.add_receipt(receipt.action_id, receipt.group, receipt.seq, receipt.event_id)
+        count("accepted", len(receipts))
+
+    def same_action(rng: random.Random) -> None:
+        # Two threads submit the very same Commands: each must get the one original receipt.
+        number = rng.randrange(40)
+        command = _mission_create(GROUPS[number % 2], f"dup-{number}", f"dup-{number}")
+        with lock:
+            oracle.attempted.add(command.action_id)
+        receipt = authority.accept(command)
+        with lock:
+            duplicates.setdefault(command.action_id, []).append(receipt)
+        count("same_action")
+        time.sleep(0.001)
+
+    def read(rng: random.Random) -> None:
+        group = rng.choice(GROUPS)
+        head = authority.head(group)[0]
+        after = rng.randint(0, max(0, head))
+        events = authority.read(group, after=after, limit=rng.choice((1, 10, 1000)))
+        expected = list(range(after + 1, after + 1 + len(events)))
+        if [event.seq for event in events] != expected:
+            problem(f"read({group}, after={after}) returned sequences {[e.seq for e in events][:5]}...")
+        for previous, event in zip(events, events[1:]):
+            if event.prev_hash != previous.hash:
+                problem(f"read({group}) returned a broken chain at {event.seq}")
+        count("read")
+
+    def subscribe(group: str) -> Callable[[random.Random], None]:
+        subscription = authority.subscribe(group, after=0)
+
+        def body(rng: random.Random) -> None:
+            events = subscription.poll(timeout=0.1)
+            seen = seen_by_subscriber[group]
+            for event in events:
+                if event.seq != (seen[-1] if seen else 0) + 1:
+                    problem(f"subscriber of {group} got seq {event.seq} after {seen[-1] if seen else 0}")
+                seen.append(event.seq)
+            count("subscribe_events", len(events))
+        return body
+
+    acked: dict[str, int] = {}
+
+    def ack(rng: random.Random) -> None:
+        group = rng.choice(GROUPS)
+        cursor = rng.randint(0, authority.head(group)[0])
+        stored = authority.ack("consumer-c", group, cursor)
+        with lock:
+            previous = acked.get(group, 0)
+            if stored < previous or stored < cursor:
+                problem(f"ack({group}, {cursor}) returned {stored} after {previous}")
+            acked[group] = max(previous, stored)
+        count("ack")
+
+    def snapshot(rng: random.Random) -> None:
+        group = rng.choice(GROUPS)
+        ref = authority.snapshot(group)
+        verify_snapshot(authority.read_snapshot(ref), keyring=authority.keyring(), org=ORG, group=group)
+        with lock:
+            oracle.snapshots.add((ref.group, ref.seq))
+        count("snapshot")
+        time.sleep(0.2)
+
+    def verify(rng: random.Random) -> None:
+        report = authority.verify()
+        if not report.ok:
+            problem(f"verify() during load: {report.problems[:3]}")
+        count("verify")
+        time.sleep(0.3)
+
+    def compact(rng: random.Random) -> None:
+        authority.compact()
+        count("compact")
+        time.sleep(0.5)
+
+    def deliver(index: int) -> Callable[[random.Random], None]:
+        delivery = Delivery(agents[index], authority, consumer=f"agent-{index}", batch_events=5 + 20 * index)
+
+        def body(rng: random.Random) -> None:
+            for group in GROUPS:
+                count("delivered", max(0, delivery.pull_once(group)))
+        return body
+
+    plan: list[tuple[str, Callable[[random.Random], None], int]] = []
+    plan += [("writer", write, index) for index in range(6)]
+    plan += [("same_action", same_action, index) for index in range(2)]
+    plan += [("reader", read, index) for index in range(2)]
+    plan += [(f"subscriber-{group}", subscribe(group), 0) for group in GROUPS]
+    plan += [("acker", ack, 0), ("snapshotter", snapshot, 0), ("verifier", verify, 0), ("compactor", compact, 0)]
+    plan += [("agent", deliver(index), index) for index in range(2)]
+    plan = [entry for entry in plan if entry[0] not in skipped]
+    threads = [threading.Thread(target=guarded(name, body, index), name=f"{name}-{index}", daemon=True) for name, body, index in plan]
+    for thread in threads:
+        thread.start()
+    watchdog = time.monotonic() + round_seconds + CONCURRENCY_WATCHDOG_SECONDS
+    for thread in threads:
+        thread.join(timeout=max(0.0, watchdog - time.monotonic()))
+    stuck = [thread for thread in threads if thread.is_alive()]
+    if stuck:
+        stop.set()
+        frames = sys._current_frames()
+        stacks = "".join(
+            f"\n--- {thread.name}:\n" + "".join(traceback.format_stack(frames[thread.ident])[-6:])
+            for thread in stuck if thread.ident in frames
+        )
+        problem(f"deadlock: {len(stuck)} thread(s) still running {CONCURRENCY_WATCHDOG_SECONDS:.0f} s after the round ended{stacks[-4000:]}")
+        return  # the store is left open: closing it could hang on the same lock
+    ops["threads"] = len(threads)
+    for action, receipts in duplicates.items():
+        if any(receipt != receipts[0] for receipt in receipts):
+            problem(f"the same action {action} from two threads got different receipts")
+    for group in GROUPS:  # drain each subscriber's view to the head: exactly 1..head, in order
+        seen = seen_by_subscriber[group]
+        rest = authority.read(group, after=seen[-1] if seen else 0, limit=100_000)
+        if seen + [event.seq for event in rest] != list(range(1, authority.head(group)[0] + 1)):
+            problem(f"subscriber of {group} saw a gap or a repeat")
+    for index, agent in enumerate(agents):
+        delivery = Delivery(agent, authority, consumer=f"agent-{index}")
+        for group in GROUPS:
+            delivery.catch_up(group)
+        findings.extend(check_agent(agent, authority, consumer=f"agent-{index}"), context + f"agent-{index}: ")
+        if any(agent.cursor(group) != authority.head(group)[0] for group in GROUPS):
+            problem(f"agent-{index} did not catch up to the heads")
+        agent.close()
+    findings.extend(check_authority(authority, oracle, full_verify=True), context)
+    authority.close()
+    with _boot_id("concurrency-reopen"), Authority.open(os.path.join(path, "authority")) as reopened:
+        findings.extend(check_authority(reopened, oracle, full_verify=True), context + "after reopen: ")
+
+
+def run_concurrency(count: int | None = None, seconds: float | None = None, seed: int = 1,
+                    progress: Progress | None = None, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Rounds of 19 threads mixing every operation; each round checked, with a watchdog.
+
+    ``skip`` leaves out thread kinds (``writer``, ``same_action``, ``reader``, ``acker``,
+    ``snapshotter``, ``verifier``, ``compactor``, ``agent``, ``subscriber-<group>``), to bisect
+    a failure; the environment variable ``MWPSTORE_CONCURRENCY_SKIP`` (comma-separated) does the
+    same from the command line.
+    """
+    skipped = set(skip) | set(filter(None, os.environ.get("MWPSTORE_CONCURRENCY_SKIP", "").split(",")))
+    started = time.monotonic()
+    budget = Budget(count, seconds, DEFAULT_COUNTS["concurrency"])
+    findings = Findings()
+    ops: dict[str, int] = {}
+    rounds = 0
+    round_seconds = CONCURRENCY_ROUND_SECONDS if seconds is None else min(30.0, max(CONCURRENCY_ROUND_SECONDS, seconds / 10))
+    with _scratch("concurrency") as root:
+        while budget.more(rounds):
+            path = os.path.join(root, f"round-{rounds}")
+            try:
+                _concurrency_round(path, round_seconds, seed + rounds, findings, ops, skipped)
+            except Exception as exc:
+                findings.add(f"round {rounds}: {_describe(exc)}\n{traceback.format_exc()[-1500:]}")
+            rounds += 1
+            shutil.rmtree(path, ignore_errors=True)
+            budget.report(rounds, progress)
+    return _result("concurrency", seed, rounds, started, findings, {
+        "rounds": rounds,
+        "round_seconds": round_seconds,
+        "watchdog_seconds": CONCURRENCY_WATCHDOG_SECONDS,
+        "operations": ops,
+        "skipped": sorted(skipped),
+    })
 
 # -- the command -------------------------------------------------------------------------------------
 
