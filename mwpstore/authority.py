@@ -58,6 +58,7 @@ from .messages import (
     ZERO_HASH,
     AcceptResult,
     Command,
+    Effect,
     Event,
     Receipt,
     check_command,
@@ -87,9 +88,9 @@ ACK_TAG = b"A"
 SNAPSHOT_TAG = b"S"
 ARCHIVE_TAG = b"R"
 RECEIPT_TAG = b"P"  # a permanent receipt kept when compaction dropped its Event
-GROUP_TAG = b"G"  # what stays of a compacted archived Group: head and Group aggregate
+GROUP_TAG = b"G"  # what stays of a compacted archived Group: head, Group aggregate, Memberships
 _RECEIPT_DECODER = msgspec.msgpack.Decoder(tuple[str, str, bytes, bytes])
-_GROUP_DECODER = msgspec.msgpack.Decoder(tuple[str, int, bytes, int, dict[str, Any]])
+_GROUP_DECODER = msgspec.msgpack.Decoder(tuple[str, int, bytes, list[Effect]])
 _NOTE_ENCODER = msgspec.msgpack.Encoder(order="sorted")
 
 
@@ -308,6 +309,7 @@ class Authority:
                 if force_rebuild:
                     remove_index(self._index_dir())
                 self.open_report = self._open_index(progress)
+                self._finish_audit_deletions()
             except BaseException:
                 self.log.close()
                 raise
@@ -637,6 +639,9 @@ class Authority:
             txn.abort()
             raise
         failpoints.hit("authority.after_index_commit")
+        for event in batch.events:
+            if event.kind == "audit.delete" and event.authoritative:
+                self._remove_audit_log(event.group)
         if batch.events or batch.acks:
             with self._published:
                 self._published.notify_all()
@@ -1051,16 +1056,33 @@ class Authority:
         its payload; compaction removes the payload from disk."""
         return self.accept(Command(actor=actor, action_id=action_id, group=group, kind="event.redact", target=str(seq), body={"reason": reason}))
 
-    def delete_audit_log(self, group: str, *, actor: str, action_id: str, reason: str = "") -> Receipt:
-        """Accept ``audit.delete`` (retention expired) for an archived Group, then delete the file."""
-        receipt = self.accept(Command(actor=actor, action_id=action_id, group=group, kind="audit.delete", target=group, body={"reason": reason} if reason else {}))
+    def delete_audit_log(self, group: str, *, actor: str, action_id: str, reason: str = "", basis: str = "retention") -> Receipt:
+        """Accept ``audit.delete`` for an archived Group (``basis`` "retention": the Organization's
+        retention has passed; "legal": a legal deletion). The file is deleted once the Event is
+        durable — by whatever path the Command was accepted — and again at open if a crash came
+        between the two."""
+        body: dict[str, Any] = {"basis": basis}
+        if reason:
+            body["reason"] = reason
+        return self.accept(Command(actor=actor, action_id=action_id, group=group, kind="audit.delete", target=group, body=body))
+
+    def _remove_audit_log(self, group: str) -> None:
         record = self.archive_record(group)
-        if record is not None:
-            path = os.path.join(self.path, record.audit_location)
-            if os.path.exists(path):
-                os.remove(path)
-                _fsync_directory(os.path.dirname(path))
-        return receipt
+        if record is None:
+            return
+        path = os.path.join(self.path, record.audit_location)
+        if os.path.exists(path):
+            os.remove(path)
+            _fsync_directory(os.path.dirname(path))
+
+    def _finish_audit_deletions(self) -> None:
+        """Delete audit logs whose ``audit.delete`` is durable but whose file a crash left behind."""
+        with self.index.env.begin(db=self.index.archives) as txn:
+            groups = [key.decode() for key, _ in txn.cursor()]
+        for group in groups:
+            _, state = self.state(group, f"group:{group}")
+            if state is not None and state.get("audit_deleted_at_ms") is not None:
+                self._remove_audit_log(group)
 
     def compact(self, progress: Callable[[int, int], None] | None = None) -> Any:
         """Rewrite the log without redacted payloads and archived Groups' Events; see ``compaction``."""
@@ -1151,7 +1173,7 @@ class Authority:
                     records += 1
                     tag = bytes(record[:1])
                     if tag == GROUP_TAG:
-                        group, seq, digest, _, _ = _GROUP_DECODER.decode(memoryview(record)[1:])
+                        group, seq, digest, _ = _GROUP_DECODER.decode(memoryview(record)[1:])
                         heads[group] = (seq, digest)
                         continue
                     if tag != EVENT_TAG:
@@ -1355,11 +1377,12 @@ def _index_record(
         txn.put(receipt_key(actor, action_id), content_hash + encoded, db=index.receipts)
     elif tag == GROUP_TAG:
         try:
-            group, seq, digest, revision, state = _GROUP_DECODER.decode(memoryview(record)[1:])
+            group, seq, digest, kept = _GROUP_DECODER.decode(memoryview(record)[1:])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not a Group remainder: {exc}", offset=position, reason="decode") from None
         heads[group] = (seq, digest)
-        txn.put(state_key(group, f"group:{group}"), encode_state(revision, state), db=index.states)
+        for effect in kept:
+            txn.put(state_key(group, effect.aggregate), encode_state(effect.revision, effect.state), db=index.states)
     elif tag == ACK_TAG:
         try:
             consumer, group, cursor = _ACK_DECODER.decode(memoryview(record)[1:])

@@ -38,7 +38,7 @@ import blake3
 import msgspec
 
 from . import failpoints
-from .messages import decode_event, encode_event, encode_receipt, receipt_for
+from .messages import Effect, decode_event, encode_event, encode_receipt, receipt_for
 from .segment_log import SegmentLog
 
 if TYPE_CHECKING:
@@ -156,9 +156,12 @@ def compact(authority: Authority, progress: Callable[[int, int], None] | None = 
                     progress(batch.next_position - start, max(1, end - start))
             for group in sorted(archived):
                 seq, digest = authority.head(group)
-                revision, state = authority.state(group, f"group:{group}")
-                assert state is not None
-                emit(GROUP_TAG + _ENCODER.encode((group, seq, digest, revision, {**state, "compacted": True})))
+                kept = [
+                    Effect(key, revision, {**state, "compacted": True} if key == f"group:{group}" else state)
+                    for key, revision, state in authority.aggregates(group)
+                    if key == f"group:{group}" or key.startswith("member:")
+                ]
+                emit(GROUP_TAG + _ENCODER.encode((group, seq, digest, kept)))
             flush()
             new_log.sync()
         finally:

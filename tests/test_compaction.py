@@ -211,3 +211,38 @@ def test_reader_iterating_during_compaction_sees_correct_data(tmp_path):
         thread.join(timeout=30)
         assert not errors, errors
         assert seen
+
+
+def test_audit_log_deletion_after_compaction_and_legal_basis_deletes_the_file(tmp_path):
+    clock = FakeClock()
+    with Authority.open(str(tmp_path / "s"), clock=clock) as authority:
+        for group in ("g-ret", "g-legal"):
+            authority.accept(Command(actor=OWNER, action_id=f"g-{group}", group=group, kind="group.create", target=group, body={"org": "acme", "policy": {"audit_retention_days": 1}}))
+        records = {group: authority.archive(group, actor=OWNER, action_id=f"archive-{group}") for group in ("g-ret", "g-legal")}
+        authority.compact()
+        clock.advance(2 * 86_400_000)
+        authority.delete_audit_log("g-ret", actor=OWNER, action_id="del-ret")
+        assert not os.path.exists(os.path.join(authority.path, records["g-ret"].audit_location))
+        # a legal deletion accepted through plain accept() deletes the file too
+        authority.accept(Command(actor=OWNER, action_id="del-legal", group="g-legal", kind="audit.delete", target="g-legal", body={"basis": "legal", "reason": "court order"}))
+        assert not os.path.exists(os.path.join(authority.path, records["g-legal"].audit_location))
+        assert authority.verify().ok
+
+
+def test_audit_log_deletion_interrupted_after_commit_is_finished_at_open(tmp_path):
+    path = str(tmp_path / "s")
+    with Authority.open(path) as authority:
+        authority.accept(Command(actor=OWNER, action_id="g", group=GROUP, kind="group.create", target=GROUP, body={"org": "acme"}))
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive")
+    code = (
+        "import sys\nfrom mwpstore import Authority, Command\n"
+        "a = Authority.open(sys.argv[1])\n"
+        f"a.accept(Command(actor='{OWNER}', action_id='del', group='{GROUP}', kind='audit.delete', target='{GROUP}', body={{'basis': 'legal'}}))\n"
+    )
+    env = dict(os.environ, MWPSTORE_FAILPOINT="authority.after_index_commit", PYTHONPATH=REPO)
+    result = subprocess.run([sys.executable, "-c", code, path], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == -9, result.stderr
+    audit = os.path.join(path, record.audit_location)
+    assert os.path.exists(audit)  # the Event is durable, the file not yet deleted
+    with Authority.open(path):
+        assert not os.path.exists(audit)
