@@ -366,6 +366,11 @@ AUTHORITY_FAILPOINTS = (
     "authority.after_index_commit",  # both committed, callers not woken
     "authority.mid_redo",
     "authority.mid_rebuild",
+    "compaction.copy",  # mid compaction: the new log written, not yet marked complete
+    "compaction.marked",
+    "compaction.half_switched",
+    "compaction.switched",
+    "compaction.indexed",
 )
 AGENT_FAILPOINTS = (
     "agent.begin",
@@ -393,7 +398,8 @@ def crash_child(argv: list[str]) -> None:
     """The process the crash suite kills: ``PATH AGENT_ROOT RUN_ID THREADS AGENTS``.
 
     Writer threads accept Commands and print ``OK action group seq event_id`` after each
-    acknowledgement; one thread takes snapshots (``SNAP group seq``); agent threads pull both
+    acknowledgement; one thread takes snapshots (``SNAP group seq``), another compacts the log
+    now and then; agent threads pull both
     Groups through a misbehaving transport into their AgentStores and ACK their Cursors.
     """
     from .agent_store import AgentStore
@@ -433,6 +439,12 @@ def crash_child(argv: list[str]) -> None:
                 try:
                     ref = authority.snapshot(rng.choice(GROUPS))
                     say(f"SNAP {ref.group} {ref.seq}")
+                except MwpError:
+                    pass
+            if index == 1 and counter % 25 == 0 and hasattr(authority, "compact"):
+                try:
+                    authority.compact()
+                    say("COMPACTED")
                 except MwpError:
                     pass
 
@@ -484,7 +496,8 @@ def _kill_child(path: str, agent_root: str, run_id: str, rng: random.Random, env
     choice = rng.random()
     if choice < 0.35:
         name = rng.choice(AUTHORITY_FAILPOINTS + AGENT_FAILPOINTS)
-        child_env[FAILPOINT_ENV] = f"{name}:{rng.randrange(1, 60)}"
+        rare = name.startswith("compaction.") or name.endswith(("mid_redo", "mid_rebuild"))
+        child_env[FAILPOINT_ENV] = f"{name}:{rng.randrange(1, 3) if rare else rng.randrange(1, 60)}"
         mode = name
     elif choice < 0.45:
         mode = "during_open"
@@ -495,7 +508,9 @@ def _kill_child(path: str, agent_root: str, run_id: str, rng: random.Random, env
     if mode == "during_open":
         time.sleep(rng.uniform(0.05, 0.6))
     else:
-        reader.ready.wait(timeout=60)
+        waited = time.monotonic() + 60
+        while not reader.ready.wait(timeout=0.02) and child.poll() is None and time.monotonic() < waited:
+            pass
         time.sleep(rng.uniform(0.02, 0.6))
     died_alone = child.poll() is not None
     if not died_alone:
@@ -529,7 +544,7 @@ def run_crash(count: int | None = None, seconds: float | None = None, seed: int 
     modes: dict[str, int] = {}
     fired: dict[str, int] = {}
     open_modes: dict[str, int] = {}
-    acknowledged_total = events_checked = verifies = reboots = agent_applied = 0
+    acknowledged_total = events_checked = verifies = reboots = agent_applied = compactions = 0
     kills = 0
     boot = f"torture-boot-{seed}-0"
     with _scratch("crash") as root:
@@ -561,6 +576,8 @@ def run_crash(count: int | None = None, seconds: float | None = None, seed: int 
                     oracle.attempted.update(parts[1:])
                 elif parts[0] == "SNAP" and len(parts) == 3:
                     oracle.snapshots.add((parts[1], int(parts[2])))
+                elif parts[0] == "COMPACTED":
+                    compactions += 1
             if rng.random() < 0.1:  # the machine "restarted": the index is rebuilt, not redone
                 reboots += 1
                 boot = f"torture-boot-{seed}-{kills}"
@@ -591,6 +608,7 @@ def run_crash(count: int | None = None, seconds: float | None = None, seed: int 
         "agent_events_checked": agent_applied,
         "full_verifies": verifies,
         "reboots_simulated": reboots,
+        "compactions_completed": compactions,
         "kill_modes": modes,
         "fail_points_fired": fired,
         "reopen_modes": open_modes,
