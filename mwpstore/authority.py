@@ -250,6 +250,24 @@ class Authority:
     # The log and the index are swapped together (compaction, rebuild): readers that need both
     # take ``self._pair`` once, so positions always come from the index that matches the log.
     _pair: tuple[SegmentLog, Index | None]
+    path: str
+    open_report: OpenReport
+    _clock: Callable[[], int]
+    _sync: bool
+    _map_size: int
+    _segment_bytes: int
+    _closed: bool
+    _failure: MwpError | None
+    _queue: deque[_Unit]
+    _lock: threading.Lock
+    _wake: threading.Condition
+    _leader: bool
+    _published: threading.Condition
+    _last_ms: int
+    _log_position: int
+    _signing_key: SigningKey | None
+    _retired: list[Any]
+    _lock_fd: int
 
     @property
     def log(self) -> SegmentLog:
@@ -285,16 +303,16 @@ class Authority:
         self._sync = sync
         self._map_size = map_size
         self._closed = False
-        self._failure: MwpError | None = None
-        self._queue: deque[_Unit] = deque()
+        self._failure = None
+        self._queue = deque()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._leader = False
         self._published = threading.Condition(threading.Lock())
         self._last_ms = 0
-        self._signing_key: SigningKey | None = None
+        self._signing_key = None
         self._segment_bytes = segment_bytes
-        self._retired: list[Any] = []
+        self._retired = []
         try:
             os.makedirs(self.path, exist_ok=True)
         except OSError as exc:
@@ -656,6 +674,7 @@ class Authority:
         assert command is not None
         key = receipt_key(command.actor, command.action_id)
         stored = batch.receipts.get(key)
+        receipt: Receipt | None
         if stored is not None:
             content_hash, receipt, _ = stored
         else:
@@ -784,7 +803,8 @@ class Authority:
         now = self._clock() if now_ms is None else now_ms
         items = self.aggregates(group, prefix="workitem:")
         receipts = []
-        for workitem in work_model.lapsed_workitems(((key.partition(":")[2], state) for key, _, state in items), now):
+        live = ((key.partition(":")[2], state) for key, _, state in items if state is not None)
+        for workitem in work_model.lapsed_workitems(live, now):
             _, state = self.state(group, f"workitem:{workitem}")
             if state is None or state.get("lease") is None:
                 continue
@@ -891,7 +911,7 @@ class Authority:
     def _read_records(self, group: str, after: int, limit: int) -> list[bytes]:
         log, index = self._pair
         assert index is not None
-        positions = []
+        positions: list[int] = []
         prefix = group.encode() + b"\x00"
         with index.env.begin(db=index.events, buffers=True) as txn:
             cursor = txn.cursor()

@@ -157,7 +157,7 @@ def compact(authority: Authority, progress: Callable[[int, int], None] | None = 
             for group in sorted(archived):
                 seq, digest = authority.head(group)
                 kept = [
-                    Effect(key, revision, {**state, "compacted": True} if key == f"group:{group}" else state)
+                    Effect(key, revision, {**(state or {}), "compacted": True} if key == f"group:{group}" else state)
                     for key, revision, state in authority.aggregates(group)
                     if key == f"group:{group}" or key.startswith("member:")
                 ]

@@ -254,7 +254,7 @@ def _scenario(
 
     # the stopped agent's lease lapses; the engine's sweep expires it; a worker takes over
     deadline = time.monotonic() + 5
-    expired = []
+    expired: list[Any] = []
     while not expired and time.monotonic() < deadline:
         time.sleep(0.1)
         expired = authority.expire_leases(GROUP)
@@ -380,10 +380,10 @@ def _print_report(report: Report, directory: str) -> None:
     for name, ok, detail in report.checks:
         print(f"  [{'ok' if ok else 'FAILED'}] {name}" + (f"  ({detail})" if detail else ""))
     print()
-    for name, value in sorted(report.counts.items()):
-        print(f"  {name:<52} {value}")
-    for name, value in sorted(report.figures.items()):
-        print(f"  {name:<52} {value:,.1f}")
+    for name, count in sorted(report.counts.items()):
+        print(f"  {name:<52} {count}")
+    for name, figure in sorted(report.figures.items()):
+        print(f"  {name:<52} {figure:,.1f}")
     print()
     passed = sum(ok for _, ok, _ in report.checks)
     print(f"{passed}/{len(report.checks)} checks passed" + ("" if report.ok else " — FAILED"))
