@@ -22,6 +22,9 @@ from .errors import (
     LimitExceeded,
     MwpError,
     NotAMember,
+    OfflineRefused,
+    ProjectionFailed,
+    ReconcileRequired,
     Rejection,
     RevisionMismatch,
     SequenceGap,
@@ -30,6 +33,7 @@ from .errors import (
     StorageFailed,
     StoreClosed,
     StoreLocked,
+    TransportDisconnected,
     Unauthorized,
 )
 from .messages import AcceptResult, Command, Effect, Event, Receipt
@@ -41,7 +45,8 @@ if TYPE_CHECKING:
     from .agent_store import AgentStore, ApplyStatus
     from .authority import ArchiveRecord, Authority, OpenReport, Subscription, VerifyReport
     from .compaction import CompactionReport
-    from .delivery import Delivery
+    from .delivery import Delivery, FaultyTransport
+    from .offline import OfflineGuard
     from .snapshot import Keyring, SigningKey, SnapshotRef, VerifiedSnapshot, verify_snapshot
 
 # Storage classes load on first use, so that the pure parts (messages, rules) import without the
@@ -53,6 +58,8 @@ _LAZY = {
     "Authority": "authority",
     "CompactionReport": "compaction",
     "Delivery": "delivery",
+    "FaultyTransport": "delivery",
+    "OfflineGuard": "offline",
     "Keyring": "snapshot",
     "OpenReport": "authority",
     "SigningKey": "snapshot",
@@ -94,6 +101,7 @@ __all__ = [
     "Effect",
     "Event",
     "EventInvalid",
+    "FaultyTransport",
     "GroupArchived",
     "InvalidCommand",
     "Keyring",
@@ -103,8 +111,12 @@ __all__ = [
     "MemoryGroup",
     "MwpError",
     "NotAMember",
+    "OfflineGuard",
+    "OfflineRefused",
     "OpenReport",
+    "ProjectionFailed",
     "Receipt",
+    "ReconcileRequired",
     "Rejection",
     "RevisionMismatch",
     "SequenceGap",
@@ -116,6 +128,7 @@ __all__ = [
     "StoreClosed",
     "StoreLocked",
     "Subscription",
+    "TransportDisconnected",
     "Unauthorized",
     "VerifiedSnapshot",
     "VerifyReport",

@@ -33,6 +33,7 @@ import lmdb
 import msgspec
 
 from . import canonical, failpoints, limits
+from .errors import ReconcileRequired, ProjectionFailed  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import (
     EventInvalid,
     InvalidCommand,
@@ -145,16 +146,6 @@ _INTENT_ENCODER = msgspec.msgpack.Encoder()
 _INTENT_DECODER = msgspec.msgpack.Decoder(Intent)
 
 
-class ReconcileRequired(MwpError):
-    """An intent's outcome is uncertain: reconcile it (a lookup) before any retry."""
-
-    code = "RECONCILE_REQUIRED"
-
-
-class ProjectionFailed(MwpError):
-    """An application projection raised while applying an Event; the local transaction aborted."""
-
-    code = "PROJECTION_FAILED"
 
 
 class Projection(Protocol):

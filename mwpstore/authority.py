@@ -996,8 +996,11 @@ class Authority:
                     out.append(msgspec.msgpack.decode(value, type=SnapshotRef))
         return out
 
-    def read_snapshot(self, ref: SnapshotRef) -> bytes:
-        """The bytes a reference names (not yet verified: verify with ``snapshot.verify_snapshot``)."""
+    def read_snapshot(self, ref: SnapshotRef | dict[str, Any]) -> bytes:
+        """The bytes a reference names (as a ``SnapshotRef`` or the dict ``CursorTooOld`` carries);
+        not yet verified: verify with ``snapshot.verify_snapshot``."""
+        if not isinstance(ref, SnapshotRef):
+            ref = SnapshotRef.from_dict(ref)
         canonical.check_id(ref.group, "group")
         expected = f"snapshots/{ref.group}/{ref.seq:020d}.snap"
         if ref.location != expected:

@@ -18,6 +18,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from . import limits
 from .agent_store import AgentStore, ApplyStatus, admit_event
+from .errors import TransportDisconnected  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import CursorTooOld, EventInvalid, LimitExceeded, MwpError
 from .messages import Event
 
@@ -33,11 +34,6 @@ class EventSource(Protocol):
 
     def read(self, group: str, after: int = 0, limit: int = 1000) -> list[Event]: ...
 
-
-class TransportDisconnected(MwpError):
-    """The connection to the Group service dropped; reconnect and resume from the durable Cursor."""
-
-    code = "TRANSPORT_DISCONNECTED"
 
 
 @dataclass

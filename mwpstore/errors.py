@@ -176,6 +176,33 @@ class ArchiveInvalid(MwpError):
     code = "ARCHIVE_INVALID"
 
 
+# -- The agent side -------------------------------------------------------------------------------
+
+
+class ReconcileRequired(MwpError):
+    """An outbox intent's outcome is uncertain: reconcile it (a lookup) before any retry."""
+
+    code = "RECONCILE_REQUIRED"
+
+
+class ProjectionFailed(MwpError):
+    """An application projection raised while applying an Event; the local transaction aborted."""
+
+    code = "PROJECTION_FAILED"
+
+
+class OfflineRefused(MwpError):
+    """The offline guard refused an operation; ``reason`` says which rule (MWP-WRK-020)."""
+
+    code = "OFFLINE_REFUSED"
+
+
+class TransportDisconnected(MwpError):
+    """The connection to the Group service dropped; reconnect and resume from the durable Cursor."""
+
+    code = "TRANSPORT_DISCONNECTED"
+
+
 # -- Storage ------------------------------------------------------------------------------------
 
 
@@ -230,6 +257,10 @@ ERROR_CLASSES: dict[str, type[MwpError]] = {
         EventInvalid,
         SnapshotInvalid,
         ArchiveInvalid,
+        ReconcileRequired,
+        ProjectionFailed,
+        OfflineRefused,
+        TransportDisconnected,
         Corruption,
         StorageFailed,
         StoreLocked,

@@ -34,6 +34,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from . import canonical
 from .agent_store import AgentStore
+from .errors import OfflineRefused  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import InvalidCommand, LeaseMismatch, MwpError, Rejection
 from .messages import Command, check_command, command_bytes
 from .registry import aggregate_key, kind_spec
@@ -45,11 +46,6 @@ NEVER_OFFLINE_KINDS = frozenset({"workitem.claim", "workitem.submit", "workitem.
 
 REBASED_BODY_FIELDS = ("session_epoch", "lease_id", "ownership_epoch")
 
-
-class OfflineRefused(MwpError):
-    """The offline guard refused an operation; ``reason`` says which rule (MWP-WRK-020)."""
-
-    code = "OFFLINE_REFUSED"
 
 
 class BufferedState(str, enum.Enum):
