@@ -838,6 +838,14 @@ int sl_sync_directory(const struct sl_io *io, const char *path, struct sl_fault 
 
 /* ---- the writer ("Commit groups", "Seal and rollover") ------------------------------------- */
 
+/* Space ahead of the end is zero-written in chunks of this size before groups reach it: fallocate
+ * leaves "unwritten" extents, and an fdatasync after writing into one must also commit the
+ * extent's conversion to the journal. Writing into blocks that already hold zeros is a plain
+ * overwrite, so most group syncs flush only data. A writer tuning, not part of the format. */
+#define SL_ZERO_AHEAD_BYTES (1024u * 1024u)
+
+static const uint8_t zero_block[64 * 1024];
+
 struct sl_log {
     const struct sl_io *io;
     char directory[SL_PATH_BYTES_MAX];
@@ -851,6 +859,7 @@ struct sl_log {
     uint64_t segment_bytes;  /* of the active segment */
     uint64_t next_segment_bytes;
     uint64_t end_position;
+    uint64_t zeroed_until; /* file offset: bytes before it were written (with zeros or frames) */
     uint8_t *buffer;
     uint64_t buffer_bytes;
 };
@@ -892,6 +901,7 @@ int sl_log_open(const struct sl_io *io, const char *directory, const struct sl_h
     log->segment_bytes = active->segment_bytes;
     log->next_segment_bytes = next_segment_bytes;
     log->end_position = end_position;
+    log->zeroed_until = offset_of(active, end_position);
     *out = log;
     return SL_OK;
 }
@@ -899,6 +909,27 @@ int sl_log_open(const struct sl_io *io, const char *directory, const struct sl_h
 static int log_fail(struct sl_log *log, struct sl_fault *fault, int rc) {
     log->failed = 1;
     return fault_io(fault, rc);
+}
+
+/* Make sure the file bytes before `needed_until` have been written, zeroing ahead if not. */
+static int log_zero_ahead(struct sl_log *log, uint64_t needed_until) {
+    if (needed_until <= log->zeroed_until) {
+        return 0;
+    }
+    uint64_t target = needed_until + SL_ZERO_AHEAD_BYTES;
+    if (target > log->segment_bytes) {
+        target = log->segment_bytes;
+    }
+    for (uint64_t at = log->zeroed_until; at < target;) {
+        size_t chunk = (size_t)(target - at < sizeof(zero_block) ? target - at : sizeof(zero_block));
+        int rc = log->io->write_at(log->io->context, log->fd, zero_block, chunk, at);
+        if (rc != 0) {
+            return rc;
+        }
+        at += chunk;
+    }
+    log->zeroed_until = target;
+    return 0;
 }
 
 /* Seal the active segment and start the next one. Every step is durable before the next. */
@@ -949,6 +980,7 @@ static int log_roll(struct sl_log *log, struct sl_fault *fault) {
     }
     log->first_position = log->end_position;
     log->segment_bytes = log->next_segment_bytes;
+    log->zeroed_until = SL_SEGMENT_HEADER_BYTES;
     log->sealed = 0;
     return SL_OK;
 }
@@ -1028,8 +1060,11 @@ int sl_log_append(struct sl_log *log, const uint8_t *data, uint64_t data_bytes,
     SL_ASSERT((uint64_t)(frame - log->buffer) == group_bytes);
     SL_ASSERT(source == data + data_bytes);
     const struct sl_io *io = log->io;
-    int rc = io->write_at(io->context, log->fd, log->buffer, (size_t)group_bytes,
-                          offset_of(&active, log->end_position));
+    const uint64_t offset = offset_of(&active, log->end_position);
+    int rc = log_zero_ahead(log, offset + group_bytes);
+    if (rc == 0) {
+        rc = io->write_at(io->context, log->fd, log->buffer, (size_t)group_bytes, offset);
+    }
     if (rc != 0) {
         return log_fail(log, fault, rc);
     }
