@@ -590,6 +590,20 @@ def rss_mib() -> tuple[float, float]:
     return current, peak
 
 
+def rss_parts_mib() -> dict[str, float]:
+    """This process's resident memory by kind, in MiB: ``anon`` (heap: what a leak would grow),
+    ``file`` (mapped file pages, e.g. mmapped segments and LMDB: page cache the kernel can drop),
+    ``total``."""
+    parts = {"anon": 0.0, "file": 0.0, "total": 0.0}
+    names = {"RssAnon:": "anon", "RssFile:": "file", "VmRSS:": "total"}
+    with open("/proc/self/status", encoding="utf-8") as status:
+        for line in status:
+            name = names.get(line.split(":", 1)[0] + ":")
+            if name is not None:
+                parts[name] = int(line.split()[1]) / 1024
+    return parts
+
+
 def reset_peak_rss() -> bool:
     """Reset the kernel's peak-RSS mark for this process (Linux ≥ 4.0); False if unsupported."""
     try:
