@@ -264,7 +264,6 @@ class Authority:
     _leader: bool
     _published: threading.Condition
     _last_ms: int
-    _log_position: int
     _signing_key: SigningKey | None
     _retired: list[Any]
     _lock_fd: int
@@ -343,34 +342,34 @@ class Authority:
         for leftover in (".rebuild", ".old", ".verify"):
             remove_index(self._index_dir(leftover))
         boot_id = current_boot_id()
-        mode, reason = "rebuild", "no index yet"
+        mode, reason, index = "rebuild", "no index yet", None
         if os.path.exists(os.path.join(self._index_dir(), "data.mdb")):
-            mode, reason = self._judge_index(boot_id)
-        if mode == "rebuild":
+            mode, reason, index = self._judge_index(boot_id)
+        redo = 0
+        if index is None:
             self._build_index(self._index_dir(), progress)
             self._pair = (self.log, Index(self._index_dir(), map_size=self._map_size))
-            redo = 0
         else:
-            self._pair = (self.log, Index(self._index_dir(), map_size=self._map_size))
-            redo = self._redo(self.index, progress)
+            self._pair = (self.log, index)
+            redo = self._redo(index, progress)
             if redo:
                 mode = "redo"
         with self.index.env.begin(write=True, db=self.index.meta) as txn:
             txn.put(b"boot_id", boot_id.encode())
             txn.put(b"clean", b"0")
             txn.put(b"format", INDEX_FORMAT)
+            last_ms = txn.get(b"last_ms")
         self.index.sync()
-        with self.index.env.begin() as txn:
-            self._last_ms = 0
-            self._log_position = self.index.log_position(txn)
+        self._last_ms = 0 if last_ms is None else read_u64(last_ms)
         return OpenReport(mode=mode, reason=reason, redo_records=redo)
 
-    def _judge_index(self, boot_id: str) -> tuple[str, str]:
-        """Decide whether the LMDB index can be trusted (then redo) or must be rebuilt."""
+    def _judge_index(self, boot_id: str) -> tuple[str, str, Index | None]:
+        """Decide whether the LMDB index can be trusted (then redo: the open index is returned)
+        or must be rebuilt (None)."""
         try:
             index = Index(self._index_dir(), map_size=self._map_size)
         except MwpError as exc:
-            return "rebuild", f"index unreadable ({exc.code})"
+            return "rebuild", f"index unreadable ({exc.code})", None
         try:
             with index.env.begin() as txn:
                 meta_boot = (txn.get(b"boot_id", db=index.meta) or b"").decode("ascii", "replace")
@@ -378,16 +377,19 @@ class Authority:
                 fmt = txn.get(b"format", db=index.meta)
                 position = index.log_position(txn)
         except lmdb.Error as exc:
-            return "rebuild", f"index unreadable ({type(exc).__name__})"
-        finally:
             index.close()
+            return "rebuild", f"index unreadable ({type(exc).__name__})", None
+        verdict = None
         if fmt != INDEX_FORMAT:
-            return "rebuild", "index format differs"
-        if meta_boot != boot_id and not clean:
-            return "rebuild", "the machine restarted since the index was last written without a clean close"
-        if position > self.log.end or position < self.log.start:
-            return "rebuild", f"index position {position} is outside the log [{self.log.start}, {self.log.end}]"
-        return "clean", "index trusted"
+            verdict = "index format differs"
+        elif meta_boot != boot_id and not clean:
+            verdict = "the machine restarted since the index was last written without a clean close"
+        elif position > self.log.end or position < self.log.start:
+            verdict = f"index position {position} is outside the log [{self.log.start}, {self.log.end}]"
+        if verdict is not None:
+            index.close()
+            return "rebuild", verdict, None
+        return "clean", "index trusted", index
 
     def _build_index(self, directory: str, progress: Callable[[int, int], None] | None, log: SegmentLog | None = None) -> int:
         """Build a fresh index from the whole log into ``directory`` (crash-safe: temp dir + rename)."""
@@ -429,10 +431,11 @@ class Authority:
         txn = index.env.begin(write=True)
         heads: dict[str, tuple[int, bytes]] = {}
         pending = 0
+        last_ms = [0]
         try:
             for batch in _gc_paused_iter(log.scan(start, end=end)):
                 for position, record in zip(batch.positions, batch.records):
-                    _index_record(index, txn, heads, position, record)
+                    _index_record(index, txn, heads, position, record, last_ms)
                 done += len(batch.positions)
                 pending += len(batch.positions)
                 if pending >= REDO_COMMIT_RECORDS:
@@ -446,6 +449,8 @@ class Authority:
                         progress(batch.next_position - start, end - start)
             _flush_heads(index, txn, heads)
             txn.put(b"log_position", u64(end), db=index.meta)
+            previous = txn.get(b"last_ms", db=index.meta)
+            txn.put(b"last_ms", u64(max(last_ms[0], 0 if previous is None else read_u64(previous))), db=index.meta)
             txn.commit()
         except BaseException:
             txn.abort()
@@ -638,6 +643,7 @@ class Authority:
                 failpoints.hit("authority.after_log_sync")
                 self._write_batch(batch, positions)
                 txn.put(b"log_position", u64(self.log.end), db=index.meta)
+                txn.put(b"last_ms", u64(now_ms), db=index.meta)
             txn.commit()
             self._last_ms = now_ms
         except MwpError as exc:
@@ -1356,7 +1362,12 @@ def _collision(command: Command) -> ActionIdCollision:
 
 
 def _index_record(
-    index: Index, txn: lmdb.Transaction, heads: dict[str, tuple[int, bytes]], position: int, record: bytes | memoryview
+    index: Index,
+    txn: lmdb.Transaction,
+    heads: dict[str, tuple[int, bytes]],
+    position: int,
+    record: bytes | memoryview,
+    last_ms: list[int],
 ) -> None:
     """Apply one log record to the index inside ``txn`` (redo and rebuild)."""
     tag = bytes(record[:1])
@@ -1381,6 +1392,8 @@ def _index_record(
         receipt = receipt_for(event)
         txn.put(receipt_key(event.actor, event.action_id), event.content_hash + encode_receipt(receipt), db=index.receipts)
         heads[group] = (event.seq, event.hash)
+        if event.accepted_at_ms > last_ms[0]:
+            last_ms[0] = event.accepted_at_ms
     elif tag in (SNAPSHOT_TAG, ARCHIVE_TAG):
         value = bytes(record[1:])
         try:
