@@ -196,16 +196,23 @@ class RoundContext:
     round: int
     quick: bool
     seconds: float | None = None
+    cpu_seconds: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     @contextlib.contextmanager
     def timed(self) -> Iterator[None]:
-        """Time only the block inside; call once per round (a second call adds to the first)."""
+        """Time only the block inside; call once per round (a second call adds to the first).
+
+        Also records the process's CPU time (all threads) over the block: on a loaded machine,
+        operations per CPU-second moves less than the wall-clock rate for CPU-bound rows.
+        """
         start = time.perf_counter()
+        cpu_start = time.process_time()
         try:
             yield
         finally:
             self.seconds = (self.seconds or 0.0) + time.perf_counter() - start
+            self.cpu_seconds = (self.cpu_seconds or 0.0) + time.process_time() - cpu_start
 
 
 SubjectFunction = Callable[[RoundContext], int | float]
@@ -219,6 +226,7 @@ class Measurement:
     seconds: list[float]
     extra: dict[str, Any] = field(default_factory=dict)
     note: str = ""
+    cpu_seconds: list[float] = field(default_factory=list)
 
     @property
     def median(self) -> float:
@@ -232,6 +240,7 @@ class Measurement:
             "rounds": self.values,
             "operations": self.counts,
             "seconds": self.seconds,
+            "cpu_seconds": self.cpu_seconds,
             "extra": self.extra,
             "note": self.note,
         }
@@ -367,9 +376,12 @@ class Row:
         with self.bench.fresh_dir(f"{self.key}-{name}-r{round_index}") as directory:
             context = RoundContext(dir=directory, round=round_index, quick=self.bench.quick)
             start = time.perf_counter()
+            cpu_start = time.process_time()
             count = fn(context)
             elapsed = time.perf_counter() - start
+            cpu_elapsed = time.process_time() - cpu_start
         seconds = context.seconds if context.seconds is not None else elapsed
+        cpu_seconds = context.cpu_seconds if context.cpu_seconds is not None else cpu_elapsed
         if self.unit in _TIME_UNITS:
             value = seconds * _TIME_UNITS[self.unit]
         elif self.lower_is_better:
@@ -380,6 +392,7 @@ class Row:
         measurement.values.append(value)
         measurement.counts.append(float(count))
         measurement.seconds.append(seconds)
+        measurement.cpu_seconds.append(cpu_seconds)
         for extra_key, extra_value in context.extra.items():
             measurement.extra.setdefault(extra_key, []).append(extra_value)
         progress(
