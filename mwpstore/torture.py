@@ -1147,13 +1147,16 @@ def _run_lmdb_batch(fixture: _Fixture, cases: list[tuple[int, int]], work: str) 
 
 
 def run_corruption(count: int | None = None, seconds: float | None = None, seed: int = 1,
-                   progress: Progress | None = None) -> dict[str, Any]:
+                   progress: Progress | None = None, *, families: tuple[str, ...] = CORRUPTION_FAMILIES) -> dict[str, Any]:
     """Damage copies of a store, one case at a time, round-robin over the families."""
+    schedule = [family for family in CORRUPTION_SCHEDULE if family in families]
+    if not schedule:
+        raise ValueError(f"no corruption family among {families}")
     started = time.monotonic()
     budget = Budget(count, seconds, DEFAULT_COUNTS["corruption"])
     rng = random.Random(seed)
     findings = Findings()
-    outcomes: dict[str, dict[str, int]] = {family: {} for family in CORRUPTION_FAMILIES}
+    outcomes: dict[str, dict[str, int]] = {family: {} for family in CORRUPTION_FAMILIES if family in families}
     sweep: dict[str, list[int]] = {}
     cases = 0
     with _scratch("corruption") as root:
@@ -1161,7 +1164,7 @@ def run_corruption(count: int | None = None, seconds: float | None = None, seed:
         tail_bytes = fixture.tail_region[1] - fixture.tail_region[0]
         turn = 0
         while budget.more(cases):
-            family = CORRUPTION_SCHEDULE[turn % len(CORRUPTION_SCHEDULE)]
+            family = schedule[turn % len(schedule)]
             turn += 1
             work = os.path.join(root, f"case-{turn}")
             os.makedirs(work)
@@ -1181,7 +1184,7 @@ def run_corruption(count: int | None = None, seconds: float | None = None, seed:
                     findings.add(f"{family} (seed {seed}): {violation}")
             shutil.rmtree(work, ignore_errors=True)
             budget.report(cases, progress)
-    swept = {family: min(sum(outcomes[family].values()), tail_bytes) for family in ("tail_cut", "tail_zero", "tail_garble", "tail_flip")}
+    swept = {family: min(sum(outcomes[family].values()), tail_bytes) for family in ("tail_cut", "tail_zero", "tail_garble", "tail_flip") if family in outcomes}
     return _result("corruption", seed, cases, started, findings, {
         "cases": cases,
         "outcomes": outcomes,
@@ -1361,12 +1364,19 @@ def _seam_case(path: str, fail_at: int, seed: int, boot: str) -> tuple[list[str]
 
 
 def run_disk(count: int | None = None, seconds: float | None = None, seed: int = 1,
-             progress: Progress | None = None) -> dict[str, Any]:
-    """Failed fsyncs (once and persistent), ENOSPC and short writes at every point of a workload."""
+             progress: Progress | None = None, *, modes: tuple[str, ...] = DISK_MODES, scope: str = "store") -> dict[str, Any]:
+    """Failed fsyncs (once and persistent), ENOSPC and short writes at every point of a workload.
+
+    ``scope``: ``store`` counts and fails calls on every file of the store (log, LMDB index,
+    snapshots, keys); ``log`` only on the segment log's files.
+    """
+    if scope not in ("store", "log"):
+        raise ValueError("scope must be 'store' or 'log'")
+    chosen = [mode for mode in DISK_MODES if mode in modes]
     started = time.monotonic()
     budget = Budget(count, seconds, DEFAULT_COUNTS["disk"])
     findings = Findings()
-    cases: dict[str, dict[str, int]] = {mode: {"cases": 0, "faults_injected": 0} for mode in DISK_MODES}
+    cases: dict[str, dict[str, int]] = {mode: {"cases": 0, "faults_injected": 0} for mode in DISK_MODES if mode in modes}
     iterations = 0
     boot = f"disk-{seed}"
     with _scratch("disk") as root:
@@ -1375,7 +1385,8 @@ def run_disk(count: int | None = None, seconds: float | None = None, seed: int =
         def run_child(env_extra: dict[str, str], number: int) -> tuple[str, list[str], list[str]]:
             path = os.path.join(root, f"store-{number}")
             fault_log = os.path.join(root, f"faults-{number}.log")
-            env = dict(os.environ, LD_PRELOAD=library, MWPSTORE_FAULT_PATH=path, MWPSTORE_FAULT_LOG=fault_log,
+            filtered = path if scope == "store" else os.path.join(path, "log") + os.sep
+            env = dict(os.environ, LD_PRELOAD=library, MWPSTORE_FAULT_PATH=filtered, MWPSTORE_FAULT_LOG=fault_log,
                        **{BOOT_ID_ENV: boot}, **env_extra)
             env.pop(FAILPOINT_ENV, None)
             child = subprocess.run(_python_command("disk_child", path, str(seed)), env=env, capture_output=True,
@@ -1400,7 +1411,7 @@ def run_disk(count: int | None = None, seconds: float | None = None, seed: int =
         # Each mode visits its points in a seeded order, every point once before any repeats.
         orders = {mode: rng.sample(range(1, max(1, points[mode]) + 1), max(1, points[mode])) for mode in DISK_MODES}
         while budget.more(iterations):
-            mode = DISK_MODES[iterations % len(DISK_MODES)]
+            mode = chosen[iterations % len(chosen)]
             sweep[mode] += 1
             point = orders[mode][(sweep[mode] - 1) % len(orders[mode])]
             iterations += 1
@@ -1430,7 +1441,8 @@ def run_disk(count: int | None = None, seconds: float | None = None, seed: int =
         "write_points": write_points,
         "seam_sync_points": seam_syncs,
         "cases": cases,
-        "points_covered": {mode: min(sweep[mode], max(1, points[mode])) for mode in DISK_MODES},
+        "points_covered": {mode: min(sweep[mode], max(1, points[mode])) for mode in chosen},
+        "scope": scope,
         "library": os.path.relpath(FAIL_SYNC_SOURCE, REPO_ROOT),
     })
 
