@@ -838,13 +838,12 @@ int sl_sync_directory(const struct sl_io *io, const char *path, struct sl_fault 
 
 /* ---- the writer ("Commit groups", "Seal and rollover") ------------------------------------- */
 
-/* Space ahead of the end is zero-written in chunks of this size before groups reach it: fallocate
- * leaves "unwritten" extents, and an fdatasync after writing into one must also commit the
- * extent's conversion to the journal. Writing into blocks that already hold zeros is a plain
- * overwrite, so most group syncs flush only data. A writer tuning, not part of the format. */
+/* A group that reaches never-written space is written with this many zero bytes after it (in the
+ * same write): fallocate leaves "unwritten" extents, and an fdatasync after writing into one must
+ * also commit the extent's conversion to the journal. Writing into blocks that already hold
+ * zeros is a plain overwrite, so most group syncs flush only data. A writer tuning, not part of
+ * the format (the zeros are what unused space holds anyway). */
 #define SL_ZERO_AHEAD_BYTES (1024u * 1024u)
-
-static const uint8_t zero_block[64 * 1024];
 
 struct sl_log {
     const struct sl_io *io;
@@ -911,25 +910,17 @@ static int log_fail(struct sl_log *log, struct sl_fault *fault, int rc) {
     return fault_io(fault, rc);
 }
 
-/* Make sure the file bytes before `needed_until` have been written, zeroing ahead if not. */
-static int log_zero_ahead(struct sl_log *log, uint64_t needed_until) {
-    if (needed_until <= log->zeroed_until) {
-        return 0;
+/* How many bytes to write for a group of `group_bytes` at `offset`: the group, plus zeros up to
+ * SL_ZERO_AHEAD_BYTES past it when the group reaches space that was never written. */
+static uint64_t log_write_bytes(const struct sl_log *log, uint64_t offset, uint64_t group_bytes) {
+    if (offset + group_bytes <= log->zeroed_until) {
+        return group_bytes;
     }
-    uint64_t target = needed_until + SL_ZERO_AHEAD_BYTES;
+    uint64_t target = offset + group_bytes + SL_ZERO_AHEAD_BYTES;
     if (target > log->segment_bytes) {
         target = log->segment_bytes;
     }
-    for (uint64_t at = log->zeroed_until; at < target;) {
-        size_t chunk = (size_t)(target - at < sizeof(zero_block) ? target - at : sizeof(zero_block));
-        int rc = log->io->write_at(log->io->context, log->fd, zero_block, chunk, at);
-        if (rc != 0) {
-            return rc;
-        }
-        at += chunk;
-    }
-    log->zeroed_until = target;
-    return 0;
+    return target - offset;
 }
 
 /* Seal the active segment and start the next one. Every step is durable before the next. */
@@ -1027,15 +1018,17 @@ int sl_log_append(struct sl_log *log, const uint8_t *data, uint64_t data_bytes,
         }
         active.first_position = log->first_position;
     }
-    if (log->buffer_bytes < group_bytes) {
-        uint8_t *grown = realloc(log->buffer, (size_t)group_bytes);
+    const uint64_t offset = offset_of(&active, log->end_position);
+    const uint64_t write_bytes = log_write_bytes(log, offset, group_bytes);
+    if (log->buffer_bytes < write_bytes) {
+        uint8_t *grown = realloc(log->buffer, (size_t)write_bytes);
         if (grown == NULL) {
             return SL_E_NO_MEMORY;
         }
         log->buffer = grown;
-        log->buffer_bytes = group_bytes;
+        log->buffer_bytes = write_bytes;
     }
-    /* Check the data right before writing it: the frames must cover exactly group_bytes. */
+    /* Build the record frames and the commit frame; they must add up to group_bytes exactly. */
     uint8_t *frame = log->buffer;
     uint64_t position = log->end_position;
     uint32_t group_checksum = log->seed;
@@ -1059,14 +1052,14 @@ int sl_log_append(struct sl_log *log, const uint8_t *data, uint64_t data_bytes,
     frame += SL_COMMIT_FRAME_BYTES;
     SL_ASSERT((uint64_t)(frame - log->buffer) == group_bytes);
     SL_ASSERT(source == data + data_bytes);
+    memset(frame, 0, (size_t)(write_bytes - group_bytes));
     const struct sl_io *io = log->io;
-    const uint64_t offset = offset_of(&active, log->end_position);
-    int rc = log_zero_ahead(log, offset + group_bytes);
-    if (rc == 0) {
-        rc = io->write_at(io->context, log->fd, log->buffer, (size_t)group_bytes, offset);
-    }
+    int rc = io->write_at(io->context, log->fd, log->buffer, (size_t)write_bytes, offset);
     if (rc != 0) {
         return log_fail(log, fault, rc);
+    }
+    if (offset + write_bytes > log->zeroed_until) {
+        log->zeroed_until = offset + write_bytes;
     }
     if (log->sync) {
         rc = io->sync_data(io->context, log->fd);
