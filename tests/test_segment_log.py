@@ -10,8 +10,12 @@ import sys
 import threading
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from mwpstore.errors import Corruption, InvalidCommand, LimitExceeded, StorageFailed, StoreClosed, StoreLocked
+from mwpstore.io_seam import RecordingIO, crash_state, write_crash_state
 from mwpstore.limits import GROUP_RECORDS_MAX, RECORD_BYTES_MAX, SCAN_BATCH_RECORDS_MAX, SEGMENT_BYTES_MIN
 from mwpstore.segment_log import RecordBatch, SegmentInfo, SegmentLog, segment_file_name
 
@@ -427,10 +431,6 @@ def test_reopen_after_seal_without_next_segment(tmp_path):
 
 # -- a stateful test against a model: appends, reopens and power cuts in any order ------------
 
-from hypothesis import settings, strategies as st  # noqa: E402
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule  # noqa: E402
-
-from mwpstore.io_seam import RecordingIO, crash_state, write_crash_state  # noqa: E402
 
 
 class SegmentLogMachine(RuleBasedStateMachine):
@@ -493,3 +493,28 @@ class SegmentLogMachine(RuleBasedStateMachine):
 
 SegmentLogMachine.TestCase.settings = settings(max_examples=25, stateful_step_count=15, deadline=None)
 test_segment_log_state_machine = SegmentLogMachine.TestCase
+
+
+@given(
+    groups=st.lists(st.lists(st.binary(max_size=300), min_size=1, max_size=6), max_size=25),
+    batch_records=st.integers(1, 40),
+    start_index=st.integers(0, 200),
+)
+@settings(max_examples=60, deadline=None)
+def test_scan_round_trip_property(groups, batch_records, start_index):
+    import shutil
+    import tempfile
+
+    directory = tempfile.mkdtemp(prefix="mwpstore-property-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    try:
+        with SegmentLog.open(directory, segment_bytes=SMALL, sync=False) as log:
+            written = [pair for group in groups for pair in zip(log.append(group), group)]
+            start = written[start_index % len(written)][0] if written else 0
+            expected = [pair for pair in written if pair[0] >= start]
+            batches = list(log.scan(start, batch_records=batch_records))
+            assert all(1 <= len(batch) <= batch_records for batch in batches)
+            assert [pair for batch in batches for pair in zip(batch.positions, batch.records)] == expected
+            assert all(batch.next_position > batch.positions[-1] for batch in batches)
+            assert all(log.read(position) == record for position, record in expected[:5])
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
