@@ -1,0 +1,200 @@
+"""Short runs of the reliability suites (``mwpstore torture``), and proof that their checks bite.
+
+Each suite's short run asserts iterations > 0 and no violation. The long runs and their figures
+are in ``docs/reliability.md``. ``MWPSTORE_KILLS`` and ``MWPSTORE_POWER_LOSS_STATES`` lengthen the
+crash and power runs here, e.g. ``MWPSTORE_POWER_LOSS_STATES=100000 python -m pytest
+tests/test_torture.py -k power``.
+
+Known engine bugs found by the suites are pinned by ``xfail(strict=False)`` tests (remove the
+marker once fixed): the LMDB families of the corruption suite are run separately for that reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mwpstore import torture
+from mwpstore._segment_log_c import lib
+from mwpstore.agent_store import AgentStore
+from mwpstore.authority import Authority
+from mwpstore.delivery import Delivery
+from mwpstore.segment_log import SegmentLog
+
+SL_SEGMENT_HEADER_BYTES = lib.SL_SEGMENT_HEADER_BYTES
+LMDB_DAMAGE = (
+    "mwpstore/authority.py read paths (read/_read_records, aggregates, Index.iterate in verify) let "
+    "lmdb.CorruptedError/PageNotFoundError and UnicodeDecodeError escape, and a flipped bit in data.mdb "
+    "can serve wrong states or Events with no error until verify() is run"
+)
+
+
+def _assert_clean(result: dict) -> None:
+    assert result["iterations"] > 0
+    assert result["violations"] == 0, "\n".join(result["details"]["violation_messages"][:5])
+
+
+def test_crash_short_run():
+    kills = int(os.environ.get("MWPSTORE_KILLS", "10"))
+    result = torture.run_crash(count=kills, seed=1)
+    _assert_clean(result)
+    assert result["details"]["acknowledged_results"] > kills  # the children did real work
+
+
+def test_power_short_run():
+    states = int(os.environ.get("MWPSTORE_POWER_LOSS_STATES", "300"))
+    result = torture.run_power(count=states, seed=1, verify_every=1 if states <= 1000 else 10)
+    _assert_clean(result)
+    assert result["details"]["losses_during_recovery"] > 0
+    assert set(result["details"]["index_after_loss"]) >= {"deleted", "last_synced_image"}
+
+
+def test_corruption_short_run_of_the_log_snapshot_and_audit_families():
+    families = tuple(family for family in torture.CORRUPTION_FAMILIES if family != "lmdb_flip")
+    result = torture.run_corruption(count=260, seed=1, families=families)
+    _assert_clean(result)
+    outcomes = result["details"]["outcomes"]
+    assert set(outcomes["sealed_flip"]) == {"detected"}
+    assert set(outcomes["header_flip"]) == {"detected"}
+    assert all(outcome.startswith("rejected:") for outcome in outcomes["snapshot_flip"])
+    assert all(outcome.startswith("rejected:") for outcome in outcomes["audit_flip"])
+
+
+@pytest.mark.xfail(reason=LMDB_DAMAGE, strict=False)
+def test_corruption_short_run_of_lmdb_bit_flips():
+    result = torture.run_corruption(count=40, seed=1, families=("lmdb_flip",))
+    _assert_clean(result)
+
+
+# -- the checks can fail --------------------------------------------------------------------------
+
+
+def _store_with_receipts(path: str) -> tuple[Authority, torture.Acknowledged]:
+    authority = Authority.open(path)
+    torture.ensure_groups(authority)
+    oracle = torture.Acknowledged()
+    for number in range(5):
+        receipt = authority.accept(torture._mission_create("g-1", f"m-{number}", f"a-{number}"))
+        oracle.add_receipt(receipt.action_id, receipt.group, receipt.seq, receipt.event_id)
+    return authority, oracle
+
+
+def test_the_oracle_check_passes_on_an_intact_store(tmp_path):
+    authority, oracle = _store_with_receipts(str(tmp_path / "store"))
+    with authority:
+        assert torture.check_authority(authority, oracle) == []
+
+
+def test_the_oracle_check_catches_a_lost_acknowledged_record(tmp_path):
+    """Zero the last commit group of the log (as a lost write would): the store reopens as a
+    shorter but consistent store, and only the oracle can tell an acknowledged record is gone."""
+    path = str(tmp_path / "store")
+    authority, oracle = _store_with_receipts(path)
+    log = authority.log
+    last_position = [position for batch in log.scan(0) for position in batch.positions][-1]
+    segment = log.segments()[-1]
+    authority.close()
+    offset = SL_SEGMENT_HEADER_BYTES + last_position - segment.first_position
+    with open(segment.path, "r+b") as handle:
+        handle.seek(offset)
+        handle.write(bytes(segment.used_bytes - offset))
+    with Authority.open(path) as reopened:
+        problems = torture.check_authority(reopened, oracle)
+    assert any("a-4" in problem and "lost" in problem for problem in problems), problems
+
+
+def test_the_oracle_check_catches_a_moved_receipt_and_a_phantom(tmp_path):
+    authority, oracle = _store_with_receipts(str(tmp_path / "store"))
+    with authority:
+        oracle.receipts["a-2"] = ("g-1", 99, "g-1:99")
+        oracle.attempted.update({"a-0", "a-1", "a-2", "a-3"})  # a-4 "was never submitted"
+        problems = torture.check_authority(authority, oracle, full_verify=False)
+    assert any("a-2 moved" in problem for problem in problems)
+    assert any("a-4 that was never submitted" in problem for problem in problems)
+
+
+def test_the_partial_transition_check_catches_an_index_ahead_of_the_log(tmp_path):
+    from mwpstore.index import encode_state, state_key
+
+    authority, oracle = _store_with_receipts(str(tmp_path / "store"))
+    with authority:
+        with authority.index.env.begin(write=True, db=authority.index.states) as txn:
+            txn.put(state_key("g-1", "mission:m-0"), encode_state(7, {"title": "never logged"}))
+        problems = torture.check_authority(authority, oracle, full_verify=True)
+    assert any("partial transition" in problem for problem in problems)
+    assert any(problem.startswith("verify:") for problem in problems)
+
+
+def test_the_agent_check_catches_a_cursor_past_a_gap(tmp_path):
+    authority, _ = _store_with_receipts(str(tmp_path / "store"))
+    with authority, AgentStore.open(str(tmp_path / "agent"), projections=[torture.CountingProjection()]) as agent:
+        Delivery(agent, authority).catch_up("g-1")
+        assert torture.check_agent(agent, authority) == []
+        # Forge a Cursor beyond what was applied, as a buggy apply cycle would.
+        from mwpstore.agent_store import _HEAD_DECODER, _HEAD_ENCODER
+
+        with agent._env.begin(write=True, db=agent._dbs["heads"]) as txn:
+            head = _HEAD_DECODER.decode(txn.get(b"g-1"))
+            head.cursor = head.applied_seq + 3
+            txn.put(b"g-1", _HEAD_ENCODER.encode(head))
+        problems = torture.check_agent(agent, authority)
+    assert any("cursor" in problem for problem in problems), problems
+
+
+def test_a_suite_that_breaks_reports_it_as_a_violation(monkeypatch):
+    def broken(**options):
+        raise RuntimeError("harness bug")
+
+    monkeypatch.setitem(torture._suite_functions.__globals__, "run_fuzz", broken)
+    result = torture.run_suite("fuzz", count=1, seed=1)
+    assert result["violations"] == 1 and "harness bug" in result["details"]["violation_messages"][0]
+
+
+# -- the command ----------------------------------------------------------------------------------
+
+
+def _cli(*arguments: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mwpstore", "torture", *arguments], capture_output=True, text=True, timeout=600)
+
+
+def test_command_prints_figures_and_exits_zero():
+    completed = _cli("--suite", "power", "--count", "20", "--seed", "3", "--json")
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    document = json.loads(completed.stdout)
+    (result,) = document["results"]
+    assert (result["suite"], result["seed"], result["iterations"], result["violations"]) == ("power", 3, 20, 0)
+
+
+def test_command_exits_one_on_a_violation(monkeypatch, capsys):
+    from mwpstore.cli import main
+
+    def failing(name, **options):
+        return {"suite": name, "seed": 1, "iterations": 1, "duration_s": 0.0, "violations": 1,
+                "details": {"violation_messages": ["an invariant broke"]}}
+
+    monkeypatch.setattr(torture, "run_suite", failing)
+    assert main(["torture", "--suite", "crash", "--count", "1"]) == 1
+    assert "VIOLATION: an invariant broke" in capsys.readouterr().out
+
+
+def test_command_refuses_an_unknown_suite():
+    completed = _cli("--suite", "nope")
+    assert completed.returncode == 2
+    assert "unknown suite" in completed.stderr
+
+
+def test_log_prefix_judge_tells_outcomes_apart(tmp_path):
+    directory = str(tmp_path / "log")
+    with SegmentLog.open(directory, segment_bytes=64 * 1024) as log:
+        log.append([b"one", b"two"])
+        log.append([b"three"])
+        original = [(p, bytes(r)) for batch in log.scan(0) for p, r in zip(batch.positions, batch.records)]
+    assert torture._judge_log(directory, original, must_keep_all=True) == ("intact", "")
+    outcome, violation = torture._judge_log(directory, original + [(10_000, b"lost")], must_keep_all=True)
+    assert outcome == "prefix" and "torn tail" in violation
+    outcome, violation = torture._judge_log(directory, [(0, b"other")] + original[1:], must_keep_all=False)
+    assert outcome == "wrong" and violation
