@@ -12,6 +12,9 @@ Subjects, all on the same in-memory state (built once, not timed; no disk is tou
 - ``mwpstore``: ``create_snapshot`` (check, sort, canonical msgpack with sorted keys, blake3, header,
   Ed25519 signature, file bytes) or ``verify_snapshot`` (every check of docs/format/snapshot.md,
   including decoding the state back into ``Effect``s);
+- ``mwpstore`` in ``snapshot_create_from_index_bytes``: the same snapshot (identical bytes) made
+  from rows whose state is ``msgspec.Raw`` canonical msgpack, as an index storing states with sorted
+  keys would hand them over;
 - ``plain``: ``msgspec.msgpack.encode`` of the same list of aggregates + ``blake3`` of the bytes —
   the DESIGN §8 baseline for both rows;
 - ``plain_decode`` (verify row only): ``blake3`` + ``msgspec.msgpack.decode`` of the same bytes into
@@ -96,6 +99,22 @@ def main() -> None:
             )
         return 1
 
+    state_encoder = msgspec.msgpack.Encoder(order="sorted")
+    index_rows = [(a.aggregate, a.revision, msgspec.Raw(state_encoder.encode(a.state))) for a in aggregates]
+
+    def create_from_index_bytes(ctx: RoundContext) -> int:
+        with ctx.timed():
+            create_snapshot(
+                org="acme",
+                group="g-bench",
+                seq=count,
+                head_hash=HEAD_HASH,
+                aggregates=index_rows,
+                signer=signer,
+                created_at_ms=1,
+            )
+        return 1
+
     def plain_encode(ctx: RoundContext) -> int:
         with ctx.timed():
             blake3.blake3(msgspec.msgpack.encode(aggregates)).digest()
@@ -126,6 +145,18 @@ def main() -> None:
     if selected(args, "snapshot_create"):
         row = bench.row("snapshot_create", "snapshot create + sign", unit="s", target=target, size=size)
         row.compare({"mwpstore": create, "plain": plain_encode})
+    if selected(args, "snapshot_create_from_index_bytes"):
+        row = bench.row(
+            "snapshot_create_from_index_bytes",
+            "snapshot create + sign, states handed over as canonical msgpack (msgspec.Raw)",
+            unit="s",
+            target=target,
+            size=size,
+        )
+        row.compare({"mwpstore": create_from_index_bytes, "plain": plain_encode})
+        row.notes.append(
+            "what Authority.snapshot costs if the index stores states with sorted keys: same snapshot bytes, no decode or re-encode"
+        )
     if selected(args, "snapshot_verify"):
         row = bench.row("snapshot_verify", "snapshot verify (all checks, state decoded)", unit="s", target=target, size=size)
         row.compare({"mwpstore": verify, "plain": plain_encode, "plain_decode": plain_decode})

@@ -347,7 +347,10 @@ def create_snapshot(
     """Build and sign the snapshot of ``group`` at ``seq`` whose chain head is ``head_hash``.
 
     ``aggregates`` are ``Effect``s or ``(key, revision, state)`` tuples, in any order (they are
-    sorted). Returns the file bytes; write them with ``write_snapshot_file``.
+    sorted). A state is a dict, None (a deleted aggregate) or ``msgspec.Raw`` holding the state's
+    canonical msgpack (map keys sorted at every depth, as ``encode_state`` writes them): an index
+    that stores states in that form hands them over without decoding, and the snapshot bytes are
+    identical. Returns the file bytes; write them with ``write_snapshot_file``.
     """
     canonical.check_id(org, "org")
     canonical.check_id(group, "group")
