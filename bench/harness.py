@@ -49,6 +49,7 @@ if str(REPO_ROOT) not in sys.path:  # the bench scripts run from a checkout, not
     sys.path.insert(0, str(REPO_ROOT))
 
 RESULTS_SCHEMA = "mwpstore-bench/1"
+RESULTS_LOG_ENV = "MWPSTORE_BENCH_RESULTS_LOG"
 _TIME_UNITS = {"s": 1.0, "ms": 1e3, "µs": 1e6}
 _MEMORY_FILESYSTEMS = {"tmpfs", "ramfs", "devtmpfs", "overlay-tmpfs"}
 _LIBRARIES = ["mwpstore", "eventsourcing", "msgspec", "blake3", "lmdb", "cryptography", "cffi"]
@@ -508,6 +509,10 @@ class Bench:
         write_atomic(RESULTS_DIR / f"{self.name}.json", json.dumps(result, indent=2, sort_keys=False) + "\n")
         table = markdown_table(result)
         write_atomic(RESULTS_DIR / f"{self.name}.md", table + "\n")
+        written_log = os.environ.get(RESULTS_LOG_ENV)
+        if written_log:  # run_all.py learns which results this process wrote
+            with open(written_log, "a", encoding="utf-8") as log:
+                log.write(f"{self.name}.json\n")
         print(table)
         if not keep_data:
             shutil.rmtree(self.run_dir, ignore_errors=True)

@@ -20,6 +20,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -41,22 +42,22 @@ def bench_modules() -> list[Path]:
 
 
 def run_module(path: Path, quick: bool) -> dict[str, Any]:
+    """Run one bench module in its own process; return its exit code and the results it wrote."""
     command = [sys.executable, str(path)] + (["--quick"] if quick else [])
     progress(f"running python {os.path.relpath(path, REPO_ROOT)}{' --quick' if quick else ''}")
-    started_wall = time.time()
-    started = time.monotonic()
-    try:
-        completed = subprocess.run(command, cwd=REPO_ROOT, timeout=MODULE_TIMEOUT_SECONDS[quick], check=False)
-        returncode = completed.returncode
-    except subprocess.TimeoutExpired:
-        returncode = -1
-        progress(f"{path.name}: timed out after {MODULE_TIMEOUT_SECONDS[quick]}s")
-    seconds = time.monotonic() - started
-    written = sorted(
-        result.name
-        for result in RESULTS_DIR.glob("*.json")
-        if result != SUMMARY_PATH and result.stat().st_mtime >= started_wall - 1
-    )
+    with tempfile.NamedTemporaryFile("r", suffix=".written", encoding="utf-8") as written_log:
+        environment = {**os.environ, harness.RESULTS_LOG_ENV: written_log.name}
+        started = time.monotonic()
+        try:
+            completed = subprocess.run(
+                command, cwd=REPO_ROOT, env=environment, timeout=MODULE_TIMEOUT_SECONDS[quick], check=False
+            )
+            returncode = completed.returncode
+        except subprocess.TimeoutExpired:
+            returncode = -1
+            progress(f"{path.name}: timed out after {MODULE_TIMEOUT_SECONDS[quick]}s")
+        seconds = time.monotonic() - started
+        written = sorted({line.strip() for line in written_log.read().splitlines() if line.strip()})
     progress(f"{path.name}: exit {returncode} in {seconds:.0f}s, results {written or 'none'}")
     return {"module": path.name, "returncode": returncode, "seconds": round(seconds, 1), "results": written}
 
@@ -269,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.only and not any(part in path.name for part in args.only):
                 continue
             modules.append(run_module(path, quick))
+        if args.only and SUMMARY_PATH.exists():  # keep the other modules' entries of the last run
+            previous = json.loads(SUMMARY_PATH.read_text(encoding="utf-8")).get("modules", [])
+            ran = {module["module"] for module in modules}
+            modules = [module for module in previous if module.get("module") not in ran] + modules
         names = [name for module in modules for name in module["results"]]
     results = load_results(names)
     if args.report:
