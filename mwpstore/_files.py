@@ -16,17 +16,8 @@ import os
 import secrets
 import stat
 
-from .errors import MwpError, StorageFailed, translate
+from .errors import KeyFileInvalid, MwpError, StorageFailed, translate  # noqa: F401
 
-
-class KeyFileInvalid(StorageFailed):
-    """A key file exists but cannot be trusted (permissions, owner, type or size); it was not used.
-
-    Fix the file (``chmod 600``, restore it from a backup) or move it away to have a new key
-    generated. Subclass of ``StorageFailed`` until the code is registered in ``errors.py``.
-    """
-
-    code = "KEY_FILE_INVALID"
 
 
 def fsync_directory(directory: str) -> None:

@@ -1030,22 +1030,25 @@ class Authority:
         ``key_provider`` supplies the Organization's audit-log key (default: a
         ``FileKeyProvider`` under ``<path>/keys/orgs``).
         """
-        from .audit_log import FileKeyProvider, write_audit_log
+        from .audit_log import FileKeyProvider, verify_audit_log_against_snapshot, write_audit_log
+        from .snapshot import verify_snapshot
 
         existing = self.archive_record(group)
         if existing is not None:
             return existing
-        self.accept(Command(actor=actor, action_id=action_id, group=group, kind="group.archive", target=group, body={"reason": reason} if reason else {}))
+        _, group_state = self.state(group, f"group:{group}")
+        if group_state is None or group_state.get("status") != "archived":
+            self.accept(Command(actor=actor, action_id=action_id, group=group, kind="group.archive", target=group, body={"reason": reason} if reason else {}))
         provider = key_provider or FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
         final = self.snapshot(group)
         location = f"archive/{group}/audit-{final.seq:020d}.log"
         path = os.path.join(self.path, location)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         info = write_audit_log(path, org=final.org, group=group, events=self._event_payloads(group, final.seq), key_provider=provider)
-        import blake3
-
-        with open(path, "rb") as handle:
-            file_hash = blake3.blake3(handle.read()).hexdigest()
+        # Compaction deletes the Group's history once the archive record exists: check first that
+        # the audit log is complete, authentic and ends exactly in the signed final snapshot.
+        verified = verify_snapshot(self.read_snapshot(final), keyring=self.keyring(), org=final.org, group=group)
+        verify_audit_log_against_snapshot(path, verified, provider)
+        file_hash = info.file_hash
         record = ArchiveRecord(
             org=final.org,
             group=group,

@@ -218,6 +218,15 @@ class StorageFailed(MwpError):
     code = "STORAGE_FAILED"
 
 
+class KeyFileInvalid(StorageFailed):
+    """A key file exists but cannot be trusted (permissions, owner, type or size); it was not used.
+
+    Fix the file (``chmod 600``, restore it from a backup) or move it away to have a new key generated.
+    """
+
+    code = "KEY_FILE_INVALID"
+
+
 class StoreLocked(MwpError):
     code = "STORE_LOCKED"
 
@@ -263,6 +272,7 @@ ERROR_CLASSES: dict[str, type[MwpError]] = {
         TransportDisconnected,
         Corruption,
         StorageFailed,
+        KeyFileInvalid,
         StoreLocked,
         StoreClosed,
     ]

@@ -504,3 +504,12 @@ def test_msn_009_archive_writes_final_snapshot_and_audit_log_then_refuses_comman
     with Authority.open(path) as authority:
         authority.rebuild()
         assert authority.archive_record(GROUP) == record
+
+
+def test_archive_completes_for_a_group_archived_without_its_record(tmp_path):
+    """A crash between the group.archive Event and the archive record: archive() finishes the job."""
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept(Command(actor=OWNER, action_id="arch-1", group=GROUP, kind="group.archive", target=GROUP, body={}))
+        assert authority.archive_record(GROUP) is None
+        record = authority.archive(GROUP, actor=OWNER, action_id="arch-2")
+        assert record.last_seq == 2 and authority.archive_record(GROUP) == record
