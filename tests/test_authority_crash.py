@@ -11,6 +11,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from authority_helpers import GROUP
@@ -21,22 +22,39 @@ CHILD = os.path.join(REPO, "tests", "authority_child.py")
 FAILPOINTS = ["authority.after_log_sync", "authority.before_log_append", "authority.after_index_commit", "authority.mid_redo"]
 
 
-def _kill_once(path: str, run: int, rng: random.Random) -> list[tuple[str, int, str]]:
+def _kill_once(path: str, run: int, rng: random.Random, child: str | None = None) -> list[tuple[str, int, str]]:
+    """Run the child until it has started working (its first line), let it work a random while,
+    SIGKILL it, and return what it acknowledged (complete ``OK`` lines only)."""
     env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests") + os.pathsep + REPO)
     if rng.random() < 0.3:
         env["MWPSTORE_FAILPOINT"] = f"{rng.choice(FAILPOINTS)}:{rng.randrange(1, 40)}"
-    child = subprocess.Popen(
-        [sys.executable, CHILD, path, f"r{run}", "8"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    process = subprocess.Popen(
+        [sys.executable, child or CHILD, path, f"r{run}", "8"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    time.sleep(rng.uniform(0.3, 0.9))
-    if child.poll() is None:
-        child.send_signal(signal.SIGKILL)
-    out, err = child.communicate(timeout=60)
-    assert child.returncode == -signal.SIGKILL, err[-2000:]
+    lines: list[str] = []
+    started = threading.Event()
+
+    def read_stdout() -> None:
+        assert process.stdout is not None
+        for line in process.stdout:
+            lines.append(line)
+            started.set()
+        started.set()
+
+    reader = threading.Thread(target=read_stdout, daemon=True)
+    reader.start()
+    started.wait(timeout=60)  # imports and open can be slow on a loaded machine: start the clock at work
+    time.sleep(rng.uniform(0.05, 0.6))
+    if process.poll() is None:
+        process.send_signal(signal.SIGKILL)
+    process.wait(timeout=60)
+    reader.join(timeout=60)
+    err = process.stderr.read() if process.stderr else ""
+    assert process.returncode == -signal.SIGKILL, err[-2000:]
     acknowledged = []
-    for line in out.splitlines():
+    for line in lines:
         parts = line.split()
-        if len(parts) == 4 and parts[0] == "OK":  # a torn last line was never complete: not acknowledged
+        if line.endswith("\n") and len(parts) == 4 and parts[0] == "OK":  # a torn last line was never complete
             acknowledged.append((parts[1], int(parts[2]), parts[3]))
     return acknowledged
 
