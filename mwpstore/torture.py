@@ -48,7 +48,7 @@ from typing import Any
 from .errors import MwpError
 
 SUITES = ("crash", "power", "corruption", "disk", "fuzz", "concurrency")
-DEFAULT_COUNTS = {"crash": 12, "power": 400, "corruption": 400, "disk": 15, "fuzz": 2000, "concurrency": 2}
+DEFAULT_COUNTS = {"crash": 12, "power": 400, "corruption": 600, "disk": 15, "fuzz": 2000, "concurrency": 2}
 """The short run of each suite (what CI and ``mwpstore torture`` without ``--count`` do)."""
 
 GROUPS = ("g-1", "g-2")
@@ -861,9 +861,12 @@ CORRUPTION_FAMILIES = (
 TAIL_RECORDS = 3
 """The sweep covers every byte of the last frames: the last few records and their commit frame."""
 LMDB_BATCH = 5
+TAIL_OFFSETS_PER_TURN = 8
 CORRUPTION_SCHEDULE = ("tail_cut", "tail_zero", "tail_garble", "tail_flip") * 3 + (
     "sealed_flip", "header_flip", "segment_files", "snapshot_flip", "audit_flip", "lmdb_flip")
-"""One turn of the round robin: the tail sweep gets most cases; an LMDB turn is a batch in a child."""
+"""One turn of the round robin: the tail sweep gets most cases (8 offsets a turn); an LMDB turn is
+a batch of 5 in a child. A cycle is 106 cases; every tail offset is covered after
+(tail region bytes / 8) cycles."""
 
 
 @dataclasses.dataclass
@@ -1173,6 +1176,13 @@ def run_corruption(count: int | None = None, seconds: float | None = None, seed:
                     size = os.path.getsize(os.path.join(fixture.store, "index", "data.mdb"))
                     batch = [(rng.randrange(size), rng.randrange(8)) for _ in range(LMDB_BATCH)]
                     results = _run_lmdb_batch(fixture, batch, work)
+                elif family.startswith("tail_"):
+                    results = []
+                    for number in range(TAIL_OFFSETS_PER_TURN):
+                        case_dir = os.path.join(work, str(number))
+                        os.makedirs(case_dir)
+                        results.append(_corruption_case(family, fixture, rng, case_dir, sweep))
+                        shutil.rmtree(case_dir, ignore_errors=True)
                 else:
                     results = [_corruption_case(family, fixture, rng, work, sweep)]
             except Exception as exc:

@@ -55,7 +55,7 @@ def test_power_short_run():
 
 def test_corruption_short_run_of_the_log_snapshot_and_audit_families():
     families = tuple(family for family in torture.CORRUPTION_FAMILIES if family != "lmdb_flip")
-    result = torture.run_corruption(count=260, seed=1, families=families)
+    result = torture.run_corruption(count=600, seed=1, families=families)
     _assert_clean(result)
     outcomes = result["details"]["outcomes"]
     assert set(outcomes["sealed_flip"]) == {"detected"}
