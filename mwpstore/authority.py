@@ -1192,8 +1192,11 @@ class Authority:
 
     # -- checking and rebuilding -----------------------------------------------------------------
 
-    def verify(self, progress: Callable[[int, int], None] | None = None) -> VerifyReport:
-        """Check every frame, every Group's hash chain, and that the index equals a rebuild."""
+    def verify(self, progress: Callable[[int, int], None] | None = None, *, key_provider: Any = None) -> VerifyReport:
+        """Check every frame, every Group's hash chain (tombstoned Events included: a redacted
+        payload keeps its hash), that the index equals a rebuild, every snapshot against the
+        store's key, and every kept audit log against its Group's signed final snapshot
+        (``key_provider`` as for :meth:`archive`)."""
         self._check_readable()
         problems: list[str] = []
         heads: dict[str, tuple[int, bytes]] = {}
@@ -1226,7 +1229,41 @@ class Authority:
             problems.append(f"{exc.code}: {exc.message}")
             return VerifyReport(records, events, len(heads), problems)
         problems.extend(self._compare_with_rebuild(end))
+        problems.extend(self._verify_files(key_provider))
         return VerifyReport(records, events, len(heads), problems)
+
+    def _verify_files(self, key_provider: Any) -> list[str]:
+        """Snapshots and audit logs: each problem names the file and the failed check."""
+        from .audit_log import FileKeyProvider, verify_audit_log_against_snapshot
+        from .snapshot import check_snapshot_ref, verify_snapshot
+
+        problems = []
+        keyring = self.keyring()
+        provider = key_provider or FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
+        for group in self.groups():
+            for ref in self.snapshots(group):
+                try:
+                    data = self.read_snapshot(ref)
+                    check_snapshot_ref(data, ref)
+                    verify_snapshot(data, keyring=keyring, group=group, org=ref.org)
+                except MwpError as exc:
+                    problems.append(f"snapshot {ref.location}: {exc.code} ({exc.detail.get('check', '')}) {exc.message}")
+            record = self.archive_record(group)
+            if record is None:
+                continue
+            _, state = self.state(group, f"group:{group}")
+            if state is not None and state.get("audit_deleted_at_ms") is not None:
+                continue  # deleted by an accepted audit.delete: nothing to check
+            path = os.path.join(self.path, record.audit_location)
+            if not os.path.exists(path):
+                problems.append(f"audit log {record.audit_location}: missing (no accepted audit.delete explains it)")
+                continue
+            try:
+                final = verify_snapshot(self.read_snapshot(record.final_snapshot), keyring=keyring, group=group, org=record.org)
+                verify_audit_log_against_snapshot(path, final, provider)
+            except MwpError as exc:
+                problems.append(f"audit log {record.audit_location}: {exc.code} ({exc.detail.get('check', '')}) {exc.message}")
+        return problems
 
     def _compare_with_rebuild(self, end: int) -> list[str]:
         temp = self._index_dir(".verify")

@@ -246,3 +246,22 @@ def test_audit_log_deletion_interrupted_after_commit_is_finished_at_open(tmp_pat
     assert os.path.exists(audit)  # the Event is durable, the file not yet deleted
     with Authority.open(path):
         assert not os.path.exists(audit)
+
+
+def test_verify_covers_snapshots_audit_logs_and_tombstoned_chains(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        open_mission(authority)
+        receipt = authority.accept(secret_command())
+        authority.redact(GROUP, receipt.seq, actor=OWNER, action_id="redact", reason="legal")
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive")
+        assert authority.verify().ok  # redacted chain, snapshot and audit log all verify
+        audit = os.path.join(authority.path, record.audit_location)
+        data = bytearray(open(audit, "rb").read())
+        data[len(data) // 2] ^= 0x20
+        os.chmod(audit, 0o600)
+        with open(audit, "wb") as handle:
+            handle.write(bytes(data))
+        problems = authority.verify().problems
+        assert len(problems) == 1 and problems[0].startswith(f"audit log {record.audit_location}: ARCHIVE_INVALID")
+        os.remove(audit)
+        assert "missing" in authority.verify().problems[0]
