@@ -341,6 +341,9 @@ class Authority:
     def _open_index(self, progress: Callable[[int, int], None] | None) -> OpenReport:
         for leftover in (".rebuild", ".old", ".verify"):
             remove_index(self._index_dir(leftover))
+        for name in os.listdir(self.path):
+            if name.startswith("index.verify-"):
+                remove_index(os.path.join(self.path, name))
         boot_id = current_boot_id()
         mode, reason, index = "rebuild", "no index yet", None
         if os.path.exists(os.path.join(self._index_dir(), "data.mdb")):
@@ -1198,12 +1201,14 @@ class Authority:
         store's key, and every kept audit log against its Group's signed final snapshot
         (``key_provider`` as for :meth:`archive`)."""
         self._check_readable()
+        log, index = self._pair  # one consistent pair, even if a compaction swaps them meanwhile
+        assert index is not None
         problems: list[str] = []
         heads: dict[str, tuple[int, bytes]] = {}
         records = events = 0
-        end = self.log.end
+        end = log.end
         try:
-            for batch in self.log.scan(self.log.start, end=end):
+            for batch in log.scan(log.start, end=end):
                 for position, record in zip(batch.positions, batch.records):
                     records += 1
                     tag = bytes(record[:1])
@@ -1224,11 +1229,11 @@ class Authority:
                         problems.append(f"payload hash mismatch in group {event.group} at seq {event.seq}")
                     heads[event.group] = (event.seq, event.hash)
                 if progress:
-                    progress(batch.next_position - self.log.start, end - self.log.start)
+                    progress(batch.next_position - log.start, end - log.start)
         except MwpError as exc:
             problems.append(f"{exc.code}: {exc.message}")
             return VerifyReport(records, events, len(heads), problems)
-        problems.extend(self._compare_with_rebuild(end))
+        problems.extend(self._compare_with_rebuild(log, index))
         problems.extend(self._verify_files(key_provider))
         return VerifyReport(records, events, len(heads), problems)
 
@@ -1265,20 +1270,21 @@ class Authority:
                 problems.append(f"audit log {record.audit_location}: {exc.code} ({exc.detail.get('check', '')}) {exc.message}")
         return problems
 
-    def _compare_with_rebuild(self, end: int) -> list[str]:
-        temp = self._index_dir(".verify")
-        remove_index(temp)
+    def _compare_with_rebuild(self, log: SegmentLog, index: Index) -> list[str]:
+        """Rebuild an index from ``log`` into a scratch directory and compare it with ``index``."""
+        import tempfile
+
+        temp = tempfile.mkdtemp(prefix="index.verify-", dir=self.path)
         fresh = Index(temp, map_size=self._map_size)
         problems = []
         try:
             with fresh.env.begin(write=True, db=fresh.meta) as txn:
-                txn.put(b"log_position", u64(self.log.start))
-            self._redo(fresh, None)
+                txn.put(b"log_position", u64(log.start))
+            self._redo(fresh, None, log=log)
             with self._exclusive():  # hold commits off while comparing
-                if self.log.end != end:
-                    self._redo(fresh, None)
+                self._redo(fresh, None, log=log)  # what was committed meanwhile (if the pair is live)
                 for name in (b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots", b"archives"):
-                    for live, rebuilt in itertools.zip_longest(self.index.iterate(name), fresh.iterate(name)):
+                    for live, rebuilt in itertools.zip_longest(index.iterate(name), fresh.iterate(name)):
                         if live != rebuilt:
                             where = (live or rebuilt or (b"", b""))[0]
                             problems.append(

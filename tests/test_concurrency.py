@@ -1,7 +1,6 @@
 """Many threads mixing accept, read, subscribe, ack, snapshot, verify, compaction and AgentStore
 delivery, under a watchdog: no deadlock, no wrong result (``mwpstore torture --suite concurrency``).
 
-Known engine bugs are pinned by ``xfail(strict=False)`` tests; remove the marker once fixed.
 """
 
 from __future__ import annotations
@@ -14,11 +13,6 @@ import pytest
 from mwpstore import torture
 from mwpstore.authority import Authority
 
-VERIFY_DURING_COMPACTION = (
-    "mwpstore/authority.py verify()/_compare_with_rebuild is not serialized with compact(): run at the "
-    "same time it reports 'index database events differs from a rebuild' or raises INVALID_COMMAND "
-    "'position N is not the start of a record' from the log scan"
-)
 
 
 def test_concurrency_short_run_without_compaction():
@@ -30,13 +24,11 @@ def test_concurrency_short_run_without_compaction():
         assert operations.get(name, 0) > 0, name
 
 
-@pytest.mark.xfail(reason=VERIFY_DURING_COMPACTION, strict=False)
 def test_concurrency_short_run_with_compaction():
     result = torture.run_concurrency(count=1, seed=1)
     assert result["violations"] == 0, "\n".join(result["details"]["violation_messages"][:3])
 
 
-@pytest.mark.xfail(reason=VERIFY_DURING_COMPACTION, strict=False)
 def test_verify_while_compacting_reports_no_problem(tmp_path):
     """The minimal reproduction: a quiet store, one thread compacting, one verifying."""
     with Authority.open(str(tmp_path / "store")) as authority:
