@@ -430,7 +430,7 @@ def crash_child(argv: list[str]) -> None:
                 if len(commands) == 1:
                     receipts = [authority.accept(commands[0])]
                 else:
-                    receipts = [result.receipt for result in authority.accept_many(commands) if result.ok]
+                    receipts = [result.unwrap() for result in authority.accept_many(commands) if result.ok]
             except MwpError:
                 continue
             for receipt in receipts:
@@ -715,7 +715,7 @@ def _power_workload(source: str, rng: random.Random, steps: int) -> _PowerRecord
                     if len(commands) == 1:
                         receipts = [authority.accept(commands[0])]
                     else:
-                        receipts = [result.receipt for result in authority.accept_many(commands) if result.ok]
+                        receipts = [result.unwrap() for result in authority.accept_many(commands) if result.ok]
                 except MwpError:
                     receipts = []
                 for receipt in receipts:
@@ -905,7 +905,7 @@ def _build_fixture(root: str, rng: random.Random) -> _Fixture:
             results = authority.accept_many(commands)
             for result in results:
                 if result.ok:
-                    receipt = result.receipt
+                    receipt = result.unwrap()
                     oracle.add_receipt(receipt.action_id, receipt.group, receipt.seq, receipt.event_id)
         ref = authority.snapshot(GROUPS[0])
         oracle.snapshots.add((ref.group, ref.seq))
@@ -1247,7 +1247,7 @@ def _disk_workload(authority: Any, rng: random.Random, say: Callable[[str], None
             if len(commands) == 1:
                 receipts = [authority.accept(commands[0])]
             else:
-                receipts = [result.receipt for result in authority.accept_many(commands) if result.ok]
+                receipts = [result.unwrap() for result in authority.accept_many(commands) if result.ok]
             after = faults()
             for receipt in receipts:
                 say(f"OK {receipt.action_id} {receipt.group} {receipt.seq} {receipt.event_id} {before} {after}")
@@ -1925,7 +1925,7 @@ def _concurrency_round(path: str, round_seconds: float, seed: int, findings: Fin
             if len(commands) == 1:
                 receipts = [authority.accept(commands[0])]
             else:
-                receipts = [result.receipt for result in authority.accept_many(commands) if result.ok]
+                receipts = [result.unwrap() for result in authority.accept_many(commands) if result.ok]
         except Rejection:
             count("rejected")
             return
