@@ -131,21 +131,26 @@ class _Agent:
 def _work(agent: _Agent, report: Report, lock: threading.Lock, stop: threading.Event, rng: random.Random) -> None:
     """Claim, start, renew ×3, publish, charge, submit — until no ready WorkItem is left."""
     idle_rounds = 0
+    stale = True
     while not stop.is_set() and idle_rounds < 50:
-        agent.delivery.catch_up(GROUP)
-        queue = [entry.workitem for entry in agent.store.work_queue(GROUP, agent.authority._clock(), limit=16)]
+        if stale:  # catch up (one durable local commit) only when the local view proved stale
+            agent.delivery.catch_up(GROUP)
+        queue = [entry.workitem for entry in agent.store.work_queue(GROUP, agent.authority._clock(), limit=64)]
         queue = [workitem for workitem in queue if not workitem.startswith("special")]
         if not queue:
             idle_rounds += 1
+            stale = True
             time.sleep(0.02)
             continue
         idle_rounds = 0
         workitem = rng.choice(queue)
         lease = agent.claim(workitem)
         if lease is None:
+            stale = True
             with lock:
                 report.count("claims lost to another agent (compare-and-set)")
             continue
+        stale = False
         key = f"workitem:{workitem}"
         accept = agent.authority.accept
         accept(agent.command("workitem.start", workitem, agent.lease_body(lease)))
