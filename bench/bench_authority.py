@@ -2,8 +2,8 @@
 
 Reproduce the committed results (``bench/results/authority.json``) with::
 
-    python bench/bench_authority.py            # full sizes, 5 rounds (≈ 15 minutes here)
-    python bench/bench_authority.py --quick    # small sizes, 3 rounds (< 3 minutes)
+    python bench/bench_authority.py            # full sizes, 5 rounds (9 for fsync-bound rows); ≈ 10 minutes
+    python bench/bench_authority.py --quick    # small sizes, 3 rounds (5 for fsync-bound rows); ≈ 1 minute
 
 or everything at once with ``python bench/run_all.py [--quick]``.
 
@@ -518,6 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     wanted = set(args.subjects.split(","))
     bench = Bench("authority", quick=args.quick, rounds=args.rounds)
     heavy_rounds = min(bench.rounds, sizes.heavy_rounds)
+    # Rows bound by fsync latency swing most with a neighbour's disk traffic: more, interleaved rounds.
+    sync_rounds = args.rounds or (5 if args.quick else 9)
 
     authority_class, missing = load_authority()
     if authority_class is None:
@@ -552,7 +554,10 @@ def main(argv: list[str] | None = None) -> int:
             "accept_single", "durable accept, 1 thread, one commit each", unit="Commands/s",
             size={"commands": sizes.single},
             target=Target("≥ 1.5× SQLite FULL doing the same work", ratio_min={"sqlite": 1.5}),
-        ).compare(subjects(lambda a: accept_single(a, sizes.single), mwpstore, sqlite, sqlite_rules, eventsourcing))
+        ).compare(
+            subjects(lambda a: accept_single(a, sizes.single), mwpstore, sqlite, sqlite_rules, eventsourcing),
+            rounds=sync_rounds,
+        )
 
     if selected(args, "accept_threads"):
         bench.row(
@@ -560,7 +565,8 @@ def main(argv: list[str] | None = None) -> int:
             size={"commands": sizes.threads},
             target=Target("≥ 60k Commands/s and ≥ 10× SQLite FULL with 16 threads", value_min=60_000, ratio_min={"sqlite": 10}),
         ).compare(
-            subjects(lambda a: accept_threads(a, sizes.threads, sizes.thread_count), mwpstore, sqlite, sqlite_rules, eventsourcing)
+            subjects(lambda a: accept_threads(a, sizes.threads, sizes.thread_count), mwpstore, sqlite, sqlite_rules, eventsourcing),
+            rounds=sync_rounds,
         )
 
     if selected(args, "accept_many"):
@@ -583,7 +589,10 @@ def main(argv: list[str] | None = None) -> int:
         bench.row(
             "accept_update", "durable update with expected revision, 1 thread, one commit each", unit="Commands/s",
             size={"commands": sizes.update},
-        ).compare(subjects(lambda a: accept_updates(a, sizes.update), mwpstore, sqlite, sqlite_rules, eventsourcing))
+        ).compare(
+            subjects(lambda a: accept_updates(a, sizes.update), mwpstore, sqlite, sqlite_rules, eventsourcing),
+            rounds=sync_rounds,
+        )
 
     if selected(args, "read_decoded"):
         read_row = bench.row(
@@ -637,7 +646,8 @@ def main(argv: list[str] | None = None) -> int:
             {
                 "mwpstore_large": accept_on_store(mwpstore, large_store, sizes.growth, sizes.many_batch) if mwpstore and large_store else None,
                 "mwpstore_empty": accept_batches(mwpstore, sizes.growth, sizes.many_batch) if mwpstore else None,
-            }
+            },
+            rounds=sync_rounds,
         )
 
     if selected(args, "read_memory"):

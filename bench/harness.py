@@ -538,9 +538,9 @@ def markdown_table(result: dict[str, Any], *, heading: bool = True) -> str:
     lines: list[str] = []
     if heading:
         mode = "quick" if result.get("quick") else "full"
-        lines.append(f"### {result['name']} ({mode}, {result.get('rounds')} rounds, medians)")
+        lines.append(f"### {result['name']} ({mode}; medians, rounds in parentheses)")
         lines.append("")
-    lines.append("| bench | subject | median | min … max | primary ÷ subject | DESIGN §8 target | status |")
+    lines.append("| bench | subject | median | min … max (rounds) | primary ÷ subject | DESIGN §8 target | status |")
     lines.append("|---|---|---:|---:|---:|---|---|")
     for row in result["rows"]:
         subjects = row["subjects"]
@@ -560,6 +560,8 @@ def markdown_table(result: dict[str, Any], *, heading: bool = True) -> str:
             if data:
                 median = f"{format_number(data['median'])} {row['unit']}"
                 spread = f"{format_number(data['min'])} … {format_number(data['max'])}"
+                if data.get("rounds"):
+                    spread += f" ({len(data['rounds'])})"
             else:
                 median = spread = "—"
             ratio_key = f"{row['primary']}/{name}"

@@ -97,7 +97,10 @@ def targets_at_a_glance(results: dict[str, Any]) -> list[str]:
             subjects = row["subjects"]
             primary = subjects.get(row["primary"])
             peers = list(row["target"].get("ratio_min") or {}) + list(row["target"].get("ratio_max") or {})
-            peer_name = peers[0] if peers else next((name for name in subjects if name != row["primary"]), None)
+            # The peer the target names; else the first subject that is not a variant of the primary.
+            peer_name = peers[0] if peers else next(
+                (name for name in subjects if not name.startswith(row["primary"].split("_")[0])), None
+            )
             peer = subjects.get(peer_name) if peer_name else None
             ratio = row.get("ratios", {}).get(f"{row['primary']}/{peer_name}")
             unit = row["unit"]
