@@ -502,7 +502,10 @@ def _kill_child(path: str, agent_root: str, run_id: str, rng: random.Random, env
     elif choice < 0.45:
         mode = "during_open"
     command = _python_command("crash_child", path, agent_root, run_id, str(CRASH_WRITER_THREADS), str(CRASH_AGENTS))
-    child = subprocess.Popen(command, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # Standard error goes to a file: only the reader thread may read standard output, or lines
+    # (the oracle) would be lost to whoever else reads the pipe.
+    errors = tempfile.TemporaryFile(mode="w+")
+    child = subprocess.Popen(command, env=child_env, stdout=subprocess.PIPE, stderr=errors, text=True)
     reader = _LineReader(child.stdout)
     reader.start()
     if mode == "during_open":
@@ -516,12 +519,18 @@ def _kill_child(path: str, agent_root: str, run_id: str, rng: random.Random, env
     if not died_alone:
         child.send_signal(signal.SIGKILL)
     try:
-        _, stderr = child.communicate(timeout=60)
+        child.wait(timeout=60)
     except subprocess.TimeoutExpired:
         child.kill()
-        _, stderr = child.communicate()
-    reader.join(timeout=10)
+        child.wait()
+    reader.join(timeout=60)
+    child.stdout.close()
+    errors.seek(0)
+    stderr = errors.read()
+    errors.close()
     failure = ""
+    if reader.is_alive():
+        failure = "the child's output was not read to its end"
     if child.returncode != -signal.SIGKILL:
         failure = f"child exited with {child.returncode}: {stderr[-1500:]}"
     return reader.lines, mode, died_alone, failure
