@@ -34,6 +34,7 @@ import errno
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -94,11 +95,16 @@ class Findings:
     def __init__(self) -> None:
         self.count = 0
         self.messages: list[str] = []
+        self.kinds: dict[str, int] = {}  # message shape (digits dropped) -> count
 
     def add(self, message: str) -> None:
         self.count += 1
         if len(self.messages) < VIOLATION_MESSAGES_MAX:
             self.messages.append(message)
+        shape = re.sub(r"[0-9a-f]{8,}|\d+", "#", message.split("\n")[0])
+        shape = shape.split("): ", 1)[-1][:120]
+        if shape in self.kinds or len(self.kinds) < VIOLATION_MESSAGES_MAX:
+            self.kinds[shape] = self.kinds.get(shape, 0) + 1
 
     def extend(self, messages: list[str], context: str = "") -> None:
         for message in messages:
@@ -107,6 +113,7 @@ class Findings:
 
 def _result(suite: str, seed: int, iterations: int, started: float, findings: Findings, details: dict[str, Any]) -> dict[str, Any]:
     details = dict(details)
+    details["violation_kinds"] = findings.kinds
     details["violation_messages"] = findings.messages
     return {
         "suite": suite,
@@ -2170,7 +2177,7 @@ def _print_result(result: dict[str, Any]) -> None:
     print(f"== {result['suite']}: {result['iterations']} iterations in {result['duration_s']:.1f} s, "
           f"seed {result['seed']}, violations {result['violations']}")
     for key, value in result["details"].items():
-        if key == "violation_messages":
+        if key in ("violation_messages", "violation_kinds"):
             continue
         print(f"   {key}: {json.dumps(value, sort_keys=True, default=str) if isinstance(value, (dict, list)) else value}")
     for message in result["details"].get("violation_messages", []):
