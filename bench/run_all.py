@@ -2,7 +2,7 @@
 
     python bench/run_all.py            # full sizes (≈ 20 minutes on a 2-core machine)
     python bench/run_all.py --quick    # small sizes (a few minutes; what CI runs)
-    python bench/run_all.py --report   # only regenerate docs/benchmarks.md from bench/results/
+    python bench/run_all.py --report   # only regenerate docs/benchmarks.md from every bench/results/*.json
 
 Each ``bench/bench_*.py`` present runs in its own process (``--quick`` passed through), in the
 order below, then any others alphabetically. A module writes ``bench/results/<name>.json`` (see
@@ -266,7 +266,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         previous = json.loads(SUMMARY_PATH.read_text(encoding="utf-8")) if SUMMARY_PATH.exists() else {}
         modules = previous.get("modules", [])
-        names = [name for module in modules for name in module.get("results", [])] or None
+        names = None  # every results file present, including runs made outside run_all
     else:
         quick = args.quick
         for path in bench_modules():
