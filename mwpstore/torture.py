@@ -298,7 +298,7 @@ def check_authority(authority: Any, oracle: Acknowledged, *, full_verify: bool =
         elif (event.group, event.seq, event.event_id) != (group, seq, event_id):
             problems.append(f"acknowledged action {action} moved: was {group}/{seq}, now {event.group}/{event.seq}")
     if oracle.snapshots:
-        from .snapshot import verify_snapshot
+        from .snapshot import check_snapshot_ref, verify_snapshot
 
         keyring = authority.keyring()
         listed = {(ref.group, ref.seq): ref for group in GROUPS for ref in authority.snapshots(group)}
@@ -308,7 +308,9 @@ def check_authority(authority: Any, oracle: Acknowledged, *, full_verify: bool =
                 problems.append(f"acknowledged snapshot {group}@{seq} is not listed")
                 continue
             try:
-                verify_snapshot(authority.read_snapshot(ref), keyring=keyring, org=ORG, group=group)
+                data = authority.read_snapshot(ref)
+                check_snapshot_ref(data, ref)  # the bytes are the ones the reference names
+                verify_snapshot(data, keyring=keyring, org=ORG, group=group)
             except MwpError as exc:
                 problems.append(f"acknowledged snapshot {group}@{seq} does not verify: {_describe(exc)}")
     if full_verify:
