@@ -1716,9 +1716,15 @@ def _run_input(target: str, data: bytes, context: FuzzContext, findings: Finding
                      f"{traceback.format_exc()[-800:]}")
 
 
-def _hypothesis_inputs(target: str, samples: list[bytes], examples: int, seed: int, run: Callable[[bytes], None]) -> int:
-    """Drive ``run`` with hypothesis-generated inputs (mutated samples and raw bytes). Returns
-    the number of inputs run, or -1 when hypothesis is not installed."""
+class _BudgetSpent(Exception):
+    """Ends a hypothesis drive when its share of a time budget is used up."""
+
+
+def _hypothesis_inputs(target: str, samples: list[bytes], examples: int, seed: int, run: Callable[[bytes], None],
+                       deadline: float | None = None) -> int:
+    """Drive ``run`` with hypothesis-generated inputs (mutated samples and raw bytes), at most
+    ``examples`` of them and (when given) until the monotonic ``deadline``. Returns the number
+    of inputs run, or -1 when hypothesis is not installed."""
     try:
         import hypothesis
         from hypothesis import strategies as st
@@ -1746,10 +1752,15 @@ def _hypothesis_inputs(target: str, samples: list[bytes], examples: int, seed: i
     @hypothesis.seed(seed)
     @hypothesis.given(st.one_of(st.tuples(st.sampled_from(samples), edits).map(lambda pair: build(*pair)), raw))
     def drive(data: bytes) -> None:
+        if deadline is not None and time.monotonic() > deadline:
+            raise _BudgetSpent
         done[0] += 1
         run(data)
 
-    drive()
+    try:
+        drive()
+    except _BudgetSpent:
+        pass
     return done[0]
 
 
@@ -1848,9 +1859,11 @@ def run_fuzz(count: int | None = None, seconds: float | None = None, seed: int =
                     _run_input(target, mutate(rng.choice(samples), rng, samples), context, findings, tally["mutation"])
                     done += 1
                 inputs += done
-                examples = (per_target - per_target // 2) if per_target is not None else max(10, done)
+                examples = (per_target - per_target // 2) if per_target is not None else 10**9
+                stop_at = None if per_target is not None else time.monotonic() + share_seconds
                 ran = _hypothesis_inputs(target, samples, examples, seed + number,
-                                         lambda data: _run_input(target, data, context, findings, tally["hypothesis"]))
+                                         lambda data: _run_input(target, data, context, findings, tally["hypothesis"]),
+                                         deadline=stop_at)
                 if ran < 0:
                     hypothesis_missing = True
                 else:
