@@ -265,6 +265,7 @@ class Authority:
     _published: threading.Condition
     _last_ms: int
     _signing_key: SigningKey | None
+    _snapshot_lock: threading.Lock
     _retired: list[Any]
     _lock_fd: int
 
@@ -310,6 +311,7 @@ class Authority:
         self._published = threading.Condition(threading.Lock())
         self._last_ms = 0
         self._signing_key = None
+        self._snapshot_lock = threading.Lock()
         self._segment_bytes = segment_bytes
         self._retired = []
         try:
@@ -952,10 +954,17 @@ class Authority:
         """
         canonical.check_id(group, "group")
         self._check_open()
+        with self._snapshot_lock:  # one snapshot at a time: a sequence's file is written once
+            return self._snapshot(group)
+
+    def _snapshot(self, group: str) -> SnapshotRef:
         with self.index.env.begin() as txn:  # one read transaction: head and states agree
             seq, head_hash = decode_head(txn.get(group.encode(), db=self.index.heads))
             if seq == 0:
                 raise NotFound(f"group {group!r} does not exist", field="group")
+            existing = txn.get(event_key(group, seq), db=self.index.snapshots)
+            if existing is not None:  # the state at this sequence is already signed: reuse it
+                return msgspec.msgpack.decode(existing, type=SnapshotRef)
             prefix = group.encode() + b"\x00"
             aggregates = []
             cursor = txn.cursor(db=self.index.states)

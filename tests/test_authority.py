@@ -513,3 +513,22 @@ def test_archive_completes_for_a_group_archived_without_its_record(tmp_path):
         assert authority.archive_record(GROUP) is None
         record = authority.archive(GROUP, actor=OWNER, action_id="arch-2")
         assert record.last_seq == 2 and authority.archive_record(GROUP) == record
+
+
+def test_snapshot_twice_at_the_same_sequence_returns_the_same_reference(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        first = authority.snapshot(GROUP)
+        second = authority.snapshot(GROUP)
+        assert second == first and authority.snapshots(GROUP) == [first]
+        refs = []
+        threads = [threading.Thread(target=lambda: refs.append(authority.snapshot(GROUP))) for _ in range(4)]
+        authority.accept(mission_create("m-1"))
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert len({ref.file_hash for ref in refs}) == 1
+        from mwpstore.snapshot import check_snapshot_ref
+
+        for ref in authority.snapshots(GROUP):
+            check_snapshot_ref(authority.read_snapshot(ref), ref)
