@@ -11,14 +11,16 @@ does after a crash or a power loss.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import os
+import struct
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 import lmdb
 import msgspec
@@ -114,6 +116,28 @@ BATCH_RECORD_BYTES_SOFT_MAX = 8 * 1024 * 1024
 REDO_COMMIT_RECORDS = 50_000
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _index_errors_typed(method: _F) -> _F:
+    """Translate what a damaged index can raise on a read path into typed errors
+    (``CORRUPTION``: run ``mwpstore rebuild``), never a foreign exception."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except MwpError:
+            raise
+        except (lmdb.Error, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, struct.error) as exc:
+            raise Corruption(
+                f"the index is damaged ({type(exc).__name__}: {exc}); run `mwpstore rebuild` to regenerate it from the log",
+                reason="index",
+            ) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
 def default_clock() -> int:
     """Wall-clock milliseconds since the Unix epoch."""
     return time.time_ns() // 1_000_000
@@ -207,6 +231,7 @@ class _Batch:
     events: list[Event] = field(default_factory=list)
     record_bytes: int = 0
 
+    @_index_errors_typed
     def head(self, group: str) -> tuple[int, bytes]:
         head = self.heads.get(group)
         if head is None:
@@ -554,6 +579,7 @@ class Authority:
         data = command_bytes(command)
         return _Request(command, data, canonical.content_hash(data), trusted)
 
+    @_index_errors_typed
     def _lookup_receipt(self, request: _Request) -> Receipt | None:
         """Fast path for replays: the stored receipt, without joining a commit."""
         self._check_open()
@@ -563,9 +589,10 @@ class Authority:
             value = txn.get(receipt_key(command.actor, command.action_id))
             if value is None:
                 return None
-            if bytes(value[:32]) != request.content_hash:
+            content_hash, receipt = _stored_receipt(value)
+            if content_hash != request.content_hash:
                 raise _collision(command)
-            return decode_receipt(value[32:])
+            return receipt
 
     def _check_open(self) -> None:
         if self._closed:
@@ -690,7 +717,7 @@ class Authority:
             content_hash, receipt, _ = stored
         else:
             value = batch.txn.get(key, db=batch.index.receipts)
-            content_hash, receipt = (b"", None) if value is None else (bytes(value[:32]), decode_receipt(value[32:]))
+            content_hash, receipt = (b"", None) if value is None else _stored_receipt(value)
         if receipt is not None:
             if content_hash != request.content_hash:
                 request.error = _collision(command)
@@ -843,10 +870,12 @@ class Authority:
         with self.index.env.begin(db=self.index.heads) as txn:
             return decode_head(txn.get(group.encode()))
 
+    @_index_errors_typed
     def groups(self) -> list[str]:
         self._check_readable()
         return [key.decode() for key, _ in self.index.iterate(b"heads")]
 
+    @_index_errors_typed
     def state(self, group: str, aggregate: str) -> tuple[int, dict[str, Any] | None]:
         """(revision, state) of one aggregate (``"workitem:wi-3"``); (0, None) if it never existed."""
         canonical.check_id(group, "group")
@@ -855,6 +884,7 @@ class Authority:
             value = txn.get(state_key(group, aggregate))
         return (0, None) if value is None else decode_state(value)
 
+    @_index_errors_typed
     def aggregates(self, group: str, *, prefix: str = "") -> list[tuple[str, int, dict[str, Any] | None]]:
         """Every aggregate of a Group (optionally of one type prefix) as (key, revision, state)."""
         canonical.check_id(group, "group")
@@ -910,6 +940,7 @@ class Authority:
                 events = self._apply_tombstones(group, events)
         return events
 
+    @_index_errors_typed
     def _apply_tombstones(self, group: str, events: list[Event]) -> list[Event]:
         out = []
         with self.index.env.begin(db=self.index.states) as txn:
@@ -919,6 +950,7 @@ class Authority:
                 out.append(event)
         return out
 
+    @_index_errors_typed
     def _read_records(self, group: str, after: int, limit: int) -> list[bytes]:
         log, index = self._pair
         assert index is not None
@@ -999,6 +1031,7 @@ class Authority:
         if request.error is not None:
             raise request.error
 
+    @_index_errors_typed
     def snapshots(self, group: str) -> list[SnapshotRef]:
         """References of every snapshot taken of ``group``, oldest first."""
         canonical.check_id(group, "group")
@@ -1077,6 +1110,7 @@ class Authority:
         self._log_note(ARCHIVE_TAG, group.encode(), _NOTE_ENCODER.encode(record))
         return record
 
+    @_index_errors_typed
     def archive_record(self, group: str) -> ArchiveRecord | None:
         canonical.check_id(group, "group")
         self._check_readable()
@@ -1180,6 +1214,7 @@ class Authority:
             raise request.error
         return request.ack_result
 
+    @_index_errors_typed
     def acked(self, consumer: str, group: str) -> int:
         canonical.check_id(consumer, "consumer")
         canonical.check_id(group, "group")
@@ -1344,6 +1379,7 @@ class Authority:
         if log is not None:
             self._retired.append(old_log)
 
+    @_index_errors_typed
     def info(self) -> dict[str, Any]:
         """Facts for ``mwpstore inspect``: groups, heads, segments, sizes."""
         self._check_readable()
@@ -1405,6 +1441,19 @@ class Subscription:
 
 
 # -- helpers shared by commit, redo and verify ---------------------------------------------------
+
+
+def _stored_receipt(value: bytes | memoryview) -> tuple[bytes, Receipt]:
+    """(content hash, receipt) from a receipts value; the two copies of the hash must agree, so a
+    damaged value is ``CORRUPTION``, never a false collision or a wrong receipt."""
+    content_hash = bytes(value[:32])
+    try:
+        receipt = decode_receipt(value[32:])
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise Corruption(f"a stored receipt is undecodable ({exc}); run `mwpstore rebuild`", reason="index") from None
+    if receipt.content_hash != content_hash:
+        raise Corruption("a stored receipt disagrees with its own content hash; run `mwpstore rebuild`", reason="index")
+    return content_hash, receipt
 
 
 def _collision(command: Command) -> ActionIdCollision:

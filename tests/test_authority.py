@@ -532,3 +532,28 @@ def test_snapshot_twice_at_the_same_sequence_returns_the_same_reference(tmp_path
 
         for ref in authority.snapshots(GROUP):
             check_snapshot_ref(authority.read_snapshot(ref), ref)
+
+
+def test_damaged_index_values_surface_as_corruption_not_foreign_errors(tmp_path):
+    from mwpstore import Corruption
+
+    path = str(tmp_path / "store")
+    command = mission_create("m-1", action_id="act-1")
+    with open_with_group(path) as authority:
+        authority.accept(command)
+        with authority.index.env.begin(write=True) as txn:
+            txn.put(b"g-1\x00mission:m-1", b"\x00" * 8 + b"\xc1\xc1", db=authority.index.states)
+            good = txn.get(b"owner\x00act-1", db=authority.index.receipts)
+            txn.put(b"owner\x00act-1", b"\x00" * 32 + good[32:], db=authority.index.receipts)
+            txn.put(b"g-1", b"short", db=authority.index.heads)
+        for call in (
+            lambda: authority.state(GROUP, "mission:m-1"),
+            lambda: authority.head(GROUP),
+            lambda: authority.accept(command),
+        ):
+            with pytest.raises(Corruption):
+                call()
+        assert not authority.verify().ok  # verify names the damage
+        authority.rebuild()
+        assert authority.state(GROUP, "mission:m-1")[0] == 1 and authority.head(GROUP)[0] == 2
+        assert encode_receipt(authority.accept(command)) == encode_receipt(authority.accept(command))
