@@ -104,9 +104,11 @@ def targets_at_a_glance(results: dict[str, Any]) -> list[str]:
             peer = subjects.get(peer_name) if peer_name else None
             ratio = row.get("ratios", {}).get(f"{row['primary']}/{peer_name}")
             unit = row["unit"]
+            size = row.get("size") or {}
+            events = size.get("events") or size.get("records")
             lines.append(
                 "| {title} | {primary} | {peer} | {ratio} | {target} | {status} |".format(
-                    title=row["title"],
+                    title=row["title"] + (f" ({events:,})" if isinstance(events, int) and events >= 1_000_000 else ""),
                     primary=f"{format_number(primary['median'])} {unit}" if primary else "not run",
                     peer=f"{peer_name}: {format_number(peer['median'])} {unit}" if peer else "",
                     ratio=f"{ratio:.2f}×" if ratio is not None else "",
