@@ -503,12 +503,17 @@ class Bench:
         }
 
     def finish(self, *, keep_data: bool = False) -> dict[str, Any]:
-        """Write ``bench/results/<name>.json`` and ``.md``, print the table, remove the data."""
+        """Write ``<results>/<name>.json`` and ``.md``, print the table, remove the data.
+
+        Full runs write ``bench/results/`` (committed); quick runs ``bench/results/quick/``
+        (git-ignored), so a quick run never overwrites the committed figures.
+        """
         result = self.to_json()
-        RESULTS_DIR.mkdir(exist_ok=True)
-        write_atomic(RESULTS_DIR / f"{self.name}.json", json.dumps(result, indent=2, sort_keys=False) + "\n")
+        directory = results_dir(self.quick)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_atomic(directory / f"{self.name}.json", json.dumps(result, indent=2, sort_keys=False) + "\n")
         table = markdown_table(result)
-        write_atomic(RESULTS_DIR / f"{self.name}.md", table + "\n")
+        write_atomic(directory / f"{self.name}.md", table + "\n")
         written_log = os.environ.get(RESULTS_LOG_ENV)
         if written_log:  # run_all.py learns which results this process wrote
             with open(written_log, "a", encoding="utf-8") as log:
@@ -516,8 +521,13 @@ class Bench:
         print(table)
         if not keep_data:
             shutil.rmtree(self.run_dir, ignore_errors=True)
-        progress(f"bench {self.name}: done in {result['duration_seconds']}s -> {RESULTS_DIR / (self.name + '.json')}")
+        progress(f"bench {self.name}: done in {result['duration_seconds']}s -> {directory / (self.name + '.json')}")
         return result
+
+
+def results_dir(quick: bool) -> Path:
+    """Where results go: ``bench/results/`` for full runs, ``bench/results/quick/`` for quick ones."""
+    return RESULTS_DIR / "quick" if quick else RESULTS_DIR
 
 
 def write_atomic(path: Path, text: str) -> None:

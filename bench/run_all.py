@@ -1,7 +1,7 @@
 """Run every benchmark module in ``bench/``, collect their results, write ``docs/benchmarks.md``.
 
-    python bench/run_all.py            # full sizes (≈ 20 minutes on a 2-core machine)
-    python bench/run_all.py --quick    # small sizes (a few minutes; what CI runs)
+    python bench/run_all.py            # full sizes (≈ 15 minutes on a 2-core machine)
+    python bench/run_all.py --quick    # small sizes (≈ 2 minutes; results in bench/results/quick/)
     python bench/run_all.py --report   # only regenerate docs/benchmarks.md from every bench/results/*.json
 
 Each ``bench/bench_*.py`` present runs in its own process (``--quick`` passed through), in the
@@ -9,7 +9,9 @@ order below, then any others alphabetically. A module writes ``bench/results/<na
 ``bench/harness.py``); this script gathers every results file written during the run into
 ``bench/results/summary.json`` and renders ``docs/benchmarks.md``: the tables with DESIGN §8's
 target and met / not met next to each figure, the machine, and the command that reproduces them.
-With matplotlib installed (the ``chart`` extra) it also draws ``docs/benchmarks.png``.
+With matplotlib installed (the ``chart`` extra) it also draws ``docs/benchmarks.png``. A quick run
+writes all of these under ``bench/results/quick/`` (git-ignored) instead, so it never replaces the
+committed figures.
 """
 
 from __future__ import annotations
@@ -26,12 +28,21 @@ from pathlib import Path
 from typing import Any
 
 import harness
-from harness import RESULTS_DIR, REPO_ROOT, BENCH_DIR, format_number, markdown_table, progress, write_atomic
+from harness import BENCH_DIR, REPO_ROOT, format_number, markdown_table, progress, results_dir, write_atomic
 
 MODULE_ORDER = ["bench_authority.py", "bench_segment_log.py", "bench_agent_store.py", "bench_snapshot.py"]
-DOCS_PATH = REPO_ROOT / "docs" / "benchmarks.md"
-CHART_PATH = REPO_ROOT / "docs" / "benchmarks.png"
-SUMMARY_PATH = RESULTS_DIR / "summary.json"
+
+class Paths:
+    """Where a run's summary, report and chart go: full runs into the committed places
+    (``bench/results/summary.json``, ``docs/benchmarks.md``); quick runs into the git-ignored
+    ``bench/results/quick/`` so they never replace the committed figures."""
+
+    def __init__(self, quick: bool) -> None:
+        self.results = results_dir(quick)
+        self.summary = self.results / "summary.json"
+        self.report = self.results / "benchmarks.md" if quick else REPO_ROOT / "docs" / "benchmarks.md"
+        self.chart = self.results / "benchmarks.png" if quick else REPO_ROOT / "docs" / "benchmarks.png"
+
 MODULE_TIMEOUT_SECONDS = {True: 15 * 60, False: 60 * 60}
 
 
@@ -62,10 +73,10 @@ def run_module(path: Path, quick: bool) -> dict[str, Any]:
     return {"module": path.name, "returncode": returncode, "seconds": round(seconds, 1), "results": written}
 
 
-def load_results(names: list[str] | None = None) -> dict[str, Any]:
+def load_results(paths: Paths, names: list[str] | None = None) -> dict[str, Any]:
     results: dict[str, Any] = {}
-    for path in sorted(RESULTS_DIR.glob("*.json")):
-        if path == SUMMARY_PATH or (names is not None and path.name not in names):
+    for path in sorted(paths.results.glob("*.json")):
+        if path == paths.summary or (names is not None and path.name not in names):
             continue
         try:
             results[path.stem] = json.loads(path.read_text(encoding="utf-8"))
@@ -220,7 +231,7 @@ def render_report(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def draw_chart(results: dict[str, Any]) -> Path | None:
+def draw_chart(results: dict[str, Any], chart_path: Path) -> Path | None:
     """A bar chart of throughput rows (log scale), one bar per subject; None without matplotlib."""
     try:
         import matplotlib
@@ -251,38 +262,36 @@ def draw_chart(results: dict[str, Any]) -> Path | None:
     axes.set_ylabel("operations per second (median, log scale)")
     axes.legend()
     figure.tight_layout()
-    figure.savefig(CHART_PATH, dpi=110)
+    figure.savefig(chart_path, dpi=110)
     plt.close(figure)
-    return CHART_PATH
+    return chart_path
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="pass --quick to every module")
-    parser.add_argument("--report", action="store_true", help="do not run; regenerate the report from bench/results/")
+    parser.add_argument("--quick", action="store_true", help="pass --quick to every module (results in bench/results/quick/)")
+    parser.add_argument("--report", action="store_true", help="do not run; regenerate the report from the results files")
     parser.add_argument("--only", action="append", default=[], help="run only modules whose file name contains this")
     args = parser.parse_args(argv)
-    RESULTS_DIR.mkdir(exist_ok=True)
+    quick = args.quick
+    paths = Paths(quick)
+    paths.results.mkdir(parents=True, exist_ok=True)
+    previous = json.loads(paths.summary.read_text(encoding="utf-8")) if paths.summary.exists() else {}
 
     modules: list[dict[str, Any]] = []
     if args.report:
-        previous = json.loads(SUMMARY_PATH.read_text(encoding="utf-8")) if SUMMARY_PATH.exists() else {}
         modules = previous.get("modules", [])
         names = None  # every results file present, including runs made outside run_all
     else:
-        quick = args.quick
         for path in bench_modules():
             if args.only and not any(part in path.name for part in args.only):
                 continue
             modules.append(run_module(path, quick))
-        if args.only and SUMMARY_PATH.exists():  # keep the other modules' entries of the last run
-            previous = json.loads(SUMMARY_PATH.read_text(encoding="utf-8")).get("modules", [])
+        if args.only:  # keep the other modules' entries of the last run
             ran = {module["module"] for module in modules}
-            modules = [module for module in previous if module.get("module") not in ran] + modules
+            modules = [module for module in previous.get("modules", []) if module.get("module") not in ran] + modules
         names = [name for module in modules for name in module["results"]]
-    results = load_results(names)
-    if args.report:
-        quick = any(isinstance(result, dict) and result.get("quick") for result in results.values())
+    results = load_results(paths, names)
     summary: dict[str, Any] = {
         "schema": harness.RESULTS_SCHEMA,
         "quick": quick,
@@ -291,12 +300,12 @@ def main(argv: list[str] | None = None) -> int:
         "modules": modules,
         "results": results,
     }
-    chart = draw_chart(results)
+    chart = draw_chart(results, paths.chart)
     summary["chart"] = str(chart.relative_to(REPO_ROOT)) if chart else None
-    write_atomic(SUMMARY_PATH, json.dumps(summary, indent=2) + "\n")
-    DOCS_PATH.parent.mkdir(exist_ok=True)
-    write_atomic(DOCS_PATH, render_report(summary))
-    progress(f"wrote {SUMMARY_PATH.relative_to(REPO_ROOT)} and {DOCS_PATH.relative_to(REPO_ROOT)}")
+    write_atomic(paths.summary, json.dumps(summary, indent=2) + "\n")
+    paths.report.parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(paths.report, render_report(summary))
+    progress(f"wrote {paths.summary.relative_to(REPO_ROOT)} and {paths.report.relative_to(REPO_ROOT)}")
     return 0 if all(module.get("returncode") == 0 for module in modules) else 1
 
 

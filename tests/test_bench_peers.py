@@ -254,3 +254,10 @@ def test_run_all_renders_a_report_from_results() -> None:
     assert "python bench/run_all.py --quick" in report
     assert "| durable accept | 3.00k Commands/s | sqlite: 1.00k Commands/s | 3.00× | ≥ 1.5× SQLite | met |" in report
     assert "not in the harness format" in report
+
+
+def test_quick_runs_never_touch_the_committed_results() -> None:
+    full, quick = run_all.Paths(False), run_all.Paths(True)
+    assert quick.results == harness.results_dir(True) != harness.results_dir(False) == full.results
+    assert full.report.name == "benchmarks.md" and full.report.parent.name == "docs"
+    assert quick.report.parent == quick.results and quick.summary.parent == quick.results
