@@ -131,16 +131,27 @@ def targets_at_a_glance(results: dict[str, Any]) -> list[str]:
 
 
 def machine_section(results: dict[str, Any]) -> list[str]:
-    machine = next((result.get("machine") for result in results.values() if isinstance(result, dict) and result.get("machine")), None)
-    if not machine:
+    """The machine once, then when, at which commit and under which load each results file was made."""
+    machines = {name: result.get("machine") for name, result in results.items() if isinstance(result, dict) and result.get("machine")}
+    if not machines:
         return ["(no machine facts recorded)"]
+    machine = next(iter(machines.values()))
     libraries = ", ".join(f"{name} {version}" for name, version in machine.get("libraries", {}).items())
-    return [
+    lines = [
         f"- CPU: {machine.get('cpu_model')}, {machine.get('cores')} cores, {machine.get('memory_mib')} MiB RAM",
         f"- kernel: {machine.get('kernel')}; data directory filesystem: {machine.get('data_filesystem')} on {machine.get('data_device')}",
         f"- Python {machine.get('python')}; {libraries}",
-        f"- commit {machine.get('git_commit')}; measured {machine.get('date_utc')}; load average at start {machine.get('load_average_at_start')}",
+        "",
+        "| results | measured (UTC) | commit | load average at start → end | mode |",
+        "|---|---|---|---|---|",
     ]
+    for name, facts in machines.items():
+        start = facts.get("load_average_at_start") or []
+        end = facts.get("load_average_at_end") or []
+        load = f"{start[0]:.1f} → {end[0]:.1f}" if start and end else (f"{start[0]:.1f}" if start else "?")
+        mode = "quick" if results[name].get("quick") else "full"
+        lines.append(f"| `{name}` | {facts.get('date_utc')} | {facts.get('git_commit')} | {load} | {mode} |")
+    return lines
 
 
 def authority_notes(result: dict[str, Any]) -> list[str]:
@@ -160,15 +171,20 @@ def authority_notes(result: dict[str, Any]) -> list[str]:
         "- Redo: the populated store's index is replaced by a copy taken right after `group.create`, "
         "so `Authority.open` must redo every record (checked: `open_report.mode == \"redo\"`); SQLite "
         "re-applies the same Events (10,000 per transaction).",
-        "- Memory: the kernel's peak-RSS mark is reset (`/proc/self/clear_refs`), every Event is read "
-        "in pages of 10,000, and the peak growth over the RSS before reading is reported.",
+        "- Memory: every Event is read in pages of 10,000; after each page the process's anonymous "
+        "resident memory (`RssAnon`, the heap) is sampled and its peak growth over the value before "
+        "reading is reported. Mapped file pages (the mmapped segments and LMDB, page cache the kernel "
+        "can reclaim) are reported beside it in the results file (`file_backed_growth_mib`, "
+        "`rss_peak_growth_mib`).",
     ]
     if sizes:
         lines.append(
             f"- Sizes in this run: decoded read {sizes.get('read'):,} Events (eventsourcing "
             f"{sizes.get('eventsourcing_read'):,}), redo {sizes.get('redo'):,} records, large store "
-            f"{sizes.get('large'):,} Events (DESIGN §8 names 10M for the open, growth and memory rows: "
-            "`python bench/bench_authority.py --large-events 10000000`)."
+            f"{sizes.get('large'):,} Events. DESIGN §8 names 10M for the open, growth and memory rows: "
+            "those are in `bench/results/authority_10m.json`, made by `python bench/bench_authority.py "
+            "--results-name authority_10m --large-events 10000000 --subjects mwpstore --only open_clean "
+            "--only growth --only read_memory`."
         )
     lines.append("")
     return lines
@@ -188,8 +204,9 @@ def render_report(summary: dict[str, Any]) -> str:
         f"python bench/run_all.py{' --quick' if quick else ''}",
         "```",
         "",
-        f"This run: {'**quick** (small sizes; the full run is `python bench/run_all.py`)' if quick else 'full sizes'}, "
-        f"{summary.get('date_utc')}. Every figure is the median of several rounds; the peers "
+        f"{'**Quick** run (small sizes; the full run is `python bench/run_all.py`). ' if quick else ''}"
+        f"Report generated {summary.get('date_utc')}; when each module was measured is listed under "
+        "Machine. Every figure is the median of several rounds; the peers "
         "(SQLite doing the same acceptance transaction with WAL and `synchronous=FULL`, and the "
         "`eventsourcing` library on SQLite) ran in the same process run, rounds interleaved. The "
         "machine is shared with other work, so compare ratios within a run rather than absolute "
