@@ -30,7 +30,6 @@ reported as not available instead of failing the run.
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import threading
@@ -40,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import harness
+import harness  # noqa: F401  (puts the checkout on sys.path first)
 from harness import (
     Bench,
     RoundContext,

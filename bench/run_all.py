@@ -132,7 +132,11 @@ def targets_at_a_glance(results: dict[str, Any]) -> list[str]:
 
 def machine_section(results: dict[str, Any]) -> list[str]:
     """The machine once, then when, at which commit and under which load each results file was made."""
-    machines = {name: result.get("machine") for name, result in results.items() if isinstance(result, dict) and result.get("machine")}
+    machines: dict[str, dict[str, Any]] = {
+        name: result["machine"]
+        for name, result in results.items()
+        if isinstance(result, dict) and isinstance(result.get("machine"), dict)
+    }
     if not machines:
         return ["(no machine facts recorded)"]
     machine = next(iter(machines.values()))
