@@ -2094,7 +2094,7 @@ def _concurrency_round(path: str, round_seconds: float, seed: int, findings: Fin
 
 def run_concurrency(count: int | None = None, seconds: float | None = None, seed: int = 1,
                     progress: Progress | None = None, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    """Rounds of 19 threads mixing every operation; each round checked, with a watchdog.
+    """Rounds of 18 threads mixing every operation; each round checked, with a watchdog.
 
     ``skip`` leaves out thread kinds (``writer``, ``same_action``, ``reader``, ``acker``,
     ``snapshotter``, ``verifier``, ``compactor``, ``agent``, ``subscriber-<group>``), to bisect
