@@ -355,8 +355,16 @@ class Authority:
                 self.open_report = self._open_index(progress)
                 self._finish_audit_deletions()
             except BaseException:
-                self.log.close()
+                index = self._pair[1]
+                if index is not None:
+                    with contextlib.suppress(Exception):
+                        index.close()
+                with contextlib.suppress(Exception):
+                    self.log.close()
                 raise
+        except (OSError, lmdb.Error) as exc:
+            os.close(self._lock_fd)
+            raise translate(exc, context=f"opening {self.path}") from None
         except BaseException:
             os.close(self._lock_fd)
             raise
@@ -649,9 +657,12 @@ class Authority:
         try:
             txn = index.env.begin(write=True)
         except lmdb.Error as exc:
-            self._fail_all(requests, translate(exc, context="beginning an index transaction"))
+            self._failure = translate(exc, context="beginning an index transaction")
+            self._fail_all(requests, self._failure)
             return
         batch = _Batch(index=index, txn=txn)
+        # Every request whose answer depends on this batch reaching the disk: new Events, notes,
+        # ACKs, and duplicates answered from a receipt decided earlier in this same batch.
         pending: list[_Request] = []
         try:
             now_ms = max(self._clock(), self._last_ms)
@@ -666,8 +677,7 @@ class Authority:
                     if request.error is None:
                         pending.append(request)
                     continue
-                self._decide(batch, request, now_ms)
-                if request.error is None and request.receipt is None:
+                if self._decide(batch, request, now_ms):
                     pending.append(request)
             if batch.records:
                 failpoints.hit("authority.before_log_append")
@@ -678,22 +688,22 @@ class Authority:
                 txn.put(b"last_ms", u64(now_ms), db=index.meta)
             txn.commit()
             self._last_ms = now_ms
-        except MwpError as exc:
-            txn.abort()
-            if isinstance(exc, StorageFailed):
-                self._failure = exc
-            self._fail_all(pending, exc)
+        except BaseException as exc:
+            _abort_quietly(txn)
+            if isinstance(exc, MwpError) and not isinstance(exc, (StorageFailed, Corruption)):
+                error: MwpError = exc  # refused before anything reached the disk (e.g. a limit)
+            elif isinstance(exc, MwpError):
+                error = self._failure = exc
+            else:
+                # The log may already hold the batch: refuse writes; reopening redoes the index.
+                cause = translate(exc, context="committing a batch") if isinstance(exc, Exception) else None
+                error = self._failure = StorageFailed(
+                    f"the commit failed ({cause.message if cause else type(exc).__name__}); reopen the authority"
+                )
+            self._fail_all(pending, error)
+            if not isinstance(exc, Exception):
+                raise  # KeyboardInterrupt and the like: every caller was answered, now propagate
             return
-        except lmdb.Error as exc:
-            txn.abort()
-            error = translate(exc, context="committing the index")
-            # The log already holds the batch: the index is behind and must be redone on reopen.
-            self._failure = StorageFailed(f"index commit failed after the log commit: {error.message}")
-            self._fail_all(pending, self._failure)
-            return
-        except BaseException:
-            txn.abort()
-            raise
         failpoints.hit("authority.after_index_commit")
         for event in batch.events:
             if event.kind == "audit.delete" and event.authoritative:
@@ -707,7 +717,8 @@ class Authority:
             request.receipt = None
             request.error = error
 
-    def _decide(self, batch: _Batch, request: _Request, now_ms: int) -> None:
+    def _decide(self, batch: _Batch, request: _Request, now_ms: int) -> bool:
+        """Decide one Command into the batch. True: its answer depends on this batch's commit."""
         command = request.command
         assert command is not None
         key = receipt_key(command.actor, command.action_id)
@@ -723,12 +734,12 @@ class Authority:
                 request.error = _collision(command)
             else:
                 request.receipt = receipt
-            return
+            return stored is not None  # a receipt from this batch is only as durable as the batch
         seq, head_hash = batch.head(command.group)
         view = _GroupView(batch, command.group)
         if command.kind == "event.redact" and not self._redactable(batch, command):
             request.error = InvalidCommand("a tombstone (event.redact or audit.delete) is never itself redacted", field="target")
-            return
+            return False
         try:
             event = run_transition(
                 view,
@@ -742,16 +753,16 @@ class Authority:
             )
         except MwpError as exc:
             request.error = exc
-            return
+            return False
         except Exception as exc:  # a bug in a kind's decide/evolve must not take the batch down
             request.error = MwpError(f"internal error deciding {command.kind}: {type(exc).__name__}: {exc}")
-            return
+            return False
         record = EVENT_TAG + encode_event(event)
         if len(record) > limits.RECORD_BYTES_MAX:
             request.error = LimitExceeded(
                 f"the Event would be {len(record)} bytes, more than {limits.RECORD_BYTES_MAX}", field="body"
             )
-            return
+            return False
         receipt = receipt_for(event)
         prefix = command.group.encode() + b"\x00"
         for effect in event.effects:
@@ -764,6 +775,7 @@ class Authority:
         batch.events.append(event)
         batch.record_bytes += len(record)
         request.receipt = receipt
+        return True
 
     def _redactable(self, batch: _Batch, command: Command) -> bool:
         """What ``event.redact``'s pure decide cannot see: whether the named Event is a tombstone."""
@@ -1441,6 +1453,13 @@ class Subscription:
 
 
 # -- helpers shared by commit, redo and verify ---------------------------------------------------
+
+
+def _abort_quietly(txn: lmdb.Transaction) -> None:
+    try:
+        txn.abort()
+    except lmdb.Error:
+        pass  # the environment is already failing; the commit is refused either way
 
 
 def _stored_receipt(value: bytes | memoryview) -> tuple[bytes, Receipt]:
