@@ -29,6 +29,7 @@ import os
 import re
 import struct
 import threading
+import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -37,6 +38,7 @@ from mwpstore.errors import (
     Corruption,
     InvalidCommand,
     LimitExceeded,
+    MwpError,
     StorageFailed,
     StoreClosed,
     StoreLocked,
@@ -54,6 +56,12 @@ from mwpstore.limits import (
 __all__ = ["RecordBatch", "SegmentInfo", "SegmentLog", "segment_file_name"]
 
 LOCK_FILE_NAME = "LOCK"
+CLEAN_FILE_NAME = "CLEAN"
+"""Written at a clean close: the durable end, so the next open need not scan the active segment.
+Removed (durably) before the first append after an open; see docs/format/segment.md."""
+_CLEAN = struct.Struct("<8sQQQ")  # magic, log id, active segment's first position, end
+_CLEAN_MAGIC = b"MWPCLEAN"
+_CLEAN_ZERO_CHECK_BYTES = 64 * 1024  # after a clean close the bytes after the end are zero: checked
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
 _TEMPORARY_NAME = re.compile(r"^(\d{20})\.seg\.tmp$")
 _HEADER_BYTES = lib.SL_SEGMENT_HEADER_BYTES
@@ -88,6 +96,33 @@ REASONS: dict[int, str] = {
     lib.SL_REASON_NOT_A_RECORD: "not_a_record",
     lib.SL_REASON_PATH_TOO_LONG: "path_too_long",
 }
+
+
+_COMMIT_FRAME = struct.Struct("<IIQQII")  # checksum, length|kind, position, group start, count, group crc
+_COMMIT_KIND = 2
+
+
+def _commit_frame_ends_at(mapped: Any, tail: int, end: int, log_id: int) -> bool:
+    """True if an intact commit frame (docs/format/segment.md, kind 2) ends exactly at ``end``."""
+    start = tail - _COMMIT_FRAME.size
+    if start < _HEADER_BYTES:
+        return False
+    frame = bytes(mapped[start:tail])
+    checksum, length_kind, position, _, count, _ = _COMMIT_FRAME.unpack(frame)
+    if length_kind != (_COMMIT_KIND << 28) | 16 or position != end - _COMMIT_FRAME.size or count < 1:
+        return False
+    seed = log_id.to_bytes(8, "little")
+    return int(lib.sl_crc32c(0, seed + frame[4:], 8 + len(frame) - 4)) == checksum
+
+
+def _fsync_directory(directory: str) -> None:
+    """Directory fsync for the clean-close marker (outside the I/O seam: the marker only ever
+    saves a scan, so a simulated power loss that forgets it loses nothing)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def segment_file_name(first_position: int) -> str:
@@ -217,6 +252,7 @@ class SegmentLog:
         self._end = 0
         self._write_lock = threading.Lock()
         self._failed = False
+        self._clean_marker = False
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -378,6 +414,18 @@ class SegmentLog:
         segment = self._segments[-1]
         data, mapped = segment.mapping()
         size = len(mapped)
+        end = self._read_clean_marker(segment, size)
+        if end is not None:
+            tail = _HEADER_BYTES + end - segment.first_position
+            window = mapped[tail : tail + _CLEAN_ZERO_CHECK_BYTES]
+            if window.count(0) != len(window):
+                end = None  # written to after the clean close: recover by scanning
+            elif end > segment.first_position and not _commit_frame_ends_at(mapped, tail, end, int(segment.header.log_id)):
+                end = None  # the last group's commit record is not intact: recovery will say why
+        if end is not None:  # closed cleanly and untouched since: the end is known, nothing to scan
+            self._end = end
+            self._clean_marker = True
+            return
         recovery = ffi.new("struct sl_recovery *")
         fault = self._fault()
         rc = lib.sl_recover(data, size, segment.header, recovery, fault)
@@ -414,6 +462,57 @@ class SegmentLog:
         if needs_repair:
             segment.unmap()
             self._call(lib.sl_segment_truncate, self._io, os.fsencode(segment.path), used, segment_bytes, segment=segment)
+
+    def _read_clean_marker(self, segment: _Segment, size: int) -> int | None:
+        """The end recorded by a clean close, if the marker is intact and fits the active segment."""
+        path = os.path.join(self._directory, CLEAN_FILE_NAME)
+        try:
+            with open(path, "rb") as file:
+                raw = file.read(_CLEAN.size + 8)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageFailed(f"cannot read {path}: {exc}", errno=exc.errno) from exc
+        if len(raw) != _CLEAN.size + 4 or zlib.crc32(raw[: _CLEAN.size]) != int.from_bytes(raw[_CLEAN.size :], "little"):
+            return None  # damaged or foreign: recover by scanning, as after a crash
+        magic, log_id, first_position, end = _CLEAN.unpack_from(raw)
+        header = segment.header
+        if magic != _CLEAN_MAGIC or log_id != header.log_id or first_position != segment.first_position:
+            return None
+        if size != header.segment_bytes or end < first_position or _HEADER_BYTES + end - first_position > size:
+            return None
+        return int(end)
+
+    def _write_clean_marker(self) -> None:
+        """Record the durable end after a clean close (temp file, fsync, rename, directory fsync)."""
+        segment = self._segments[-1]
+        if segment.sealed:
+            return
+        body = _CLEAN.pack(_CLEAN_MAGIC, int(segment.header.log_id), segment.first_position, self._end)
+        path = os.path.join(self._directory, CLEAN_FILE_NAME)
+        temporary = path + ".tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        try:
+            os.write(fd, body + zlib.crc32(body).to_bytes(4, "little"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(temporary, path)
+        _fsync_directory(self._directory)
+
+    def _drop_clean_marker(self) -> None:
+        """Before the first append after an open: the recorded end is about to go stale."""
+        path = os.path.join(self._directory, CLEAN_FILE_NAME)
+        try:
+            try:
+                os.remove(path)
+            except FileNotFoundError:
+                pass
+            _fsync_directory(self._directory)
+        except OSError as exc:
+            self._failed = True
+            raise StorageFailed(f"cannot remove {path}: {exc}; reopen the log", errno=exc.errno) from exc
+        self._clean_marker = False
 
     def _create_segment(self, log_id: int, first_position: int) -> None:
         self._call(lib.sl_segment_create, self._io, os.fsencode(self._directory), log_id, first_position, self._segment_bytes)
@@ -530,6 +629,8 @@ class SegmentLog:
         fault = ffi.new("struct sl_fault *")
         with self._write_lock:
             self._check_open()
+            if self._clean_marker:
+                self._drop_clean_marker()
             rc = lib.sl_log_append(self._handle, blob, len(blob), lengths_c, count, positions_c, fault)
             self._observe_writer()
             if rc != lib.SL_OK:
@@ -768,6 +869,11 @@ class SegmentLog:
                 rc = lib.sl_log_sync(self._handle, fault)
                 if rc != lib.SL_OK:
                     error = self._error(rc, fault)
+            if self._handle is not None and not self._failed and error is None and not self._clean_marker:
+                try:
+                    self._write_clean_marker()
+                except (OSError, MwpError):
+                    pass  # no marker: the next open scans, as after a crash
             self._close_quietly()
         if error is not None:
             raise error

@@ -94,7 +94,6 @@ def test_the_judge_flags_an_acknowledgement_after_a_failed_sync():
     assert any("met an injected failure" in problem for problem in problems)
 
 
-@pytest.mark.xfail(reason=ACK_AFTER_FAILED_SYNC, strict=False)
 def test_accept_fails_when_its_log_sync_fails(tmp_path):
     """The minimal reproduction: the recorder fails the fdatasync of the second accept's group."""
     path = str(tmp_path / "store")
@@ -118,13 +117,11 @@ def test_accept_fails_when_its_log_sync_fails(tmp_path):
             authority.close()
 
 
-@pytest.mark.xfail(reason=f"{FOREIGN_ERRORS}: a short write into the LMDB file panics the environment", strict=False)
 def test_short_writes_anywhere_in_the_store_give_typed_errors(library):
     result = torture.run_disk(count=4, seed=3, modes=("short_write",))
     assert result["violations"] == 0, result["details"]["violation_messages"][:5]
 
 
-@pytest.mark.xfail(reason=f"{ACK_AFTER_FAILED_SYNC}; {FOREIGN_ERRORS}", strict=False)
 def test_disk_suite_short_run_finds_no_violation(library):
     result = torture.run_disk(count=5, seed=1)
     assert result["iterations"] > 0
@@ -158,8 +155,6 @@ def test_reopen_after_persistent_eio_keeps_what_was_acknowledged(tmp_path):
             assert torture.check_authority(reopened, acknowledged) == []
 
 
-@pytest.mark.xfail(reason="mwpstore/index.py Index.sync and authority._fsync_directory raise lmdb.Error / OSError "
-                          "untranslated out of Authority.open when a sync fails", strict=False)
 def test_open_gives_a_typed_error_when_the_index_sync_fails(library, tmp_path):
     store = str(tmp_path / "store")
     code = (

@@ -22,7 +22,7 @@ import pytest
 from mwpstore._segment_log_c import ffi, lib
 from mwpstore.errors import Corruption
 from mwpstore.limits import SEGMENT_BYTES_MIN
-from mwpstore.segment_log import SegmentLog
+from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
 
 SMALL = SEGMENT_BYTES_MIN
 HEADER = lib.SL_SEGMENT_HEADER_BYTES
@@ -312,6 +312,7 @@ def test_wrong_magic_is_refused_by_name(scratch):
 
 def test_damage_is_never_truncated_by_the_writer(scratch):
     groups = build(scratch, [[b"one"], [b"two"], [b"three"]])
+    os.remove(os.path.join(scratch, CLEAN_FILE_NAME))  # as after a crash: open scans the active segment
     path = segment_paths(scratch)[0]
     flip(path, (HEADER + groups[0][0][0] + 20) * 8)  # inside the first record's payload
     with open(path, "rb") as file:
@@ -321,6 +322,42 @@ def test_damage_is_never_truncated_by_the_writer(scratch):
     assert caught.value.detail["offset"] == HEADER + groups[0][0][0]
     with open(path, "rb") as file:
         assert file.read() == before
+
+
+def test_clean_open_does_not_scan_but_damage_is_still_never_served_or_truncated(scratch):
+    groups = build(scratch, [[b"one"], [b"two"], [b"three"]])
+    assert os.path.exists(os.path.join(scratch, CLEAN_FILE_NAME))
+    path = segment_paths(scratch)[0]
+    damaged = groups[2][0][0]
+    flip(path, (HEADER + damaged + 20) * 8)  # inside the last acknowledged group
+    with open(path, "rb") as file:
+        before = file.read()
+    with SegmentLog.open(scratch) as log:  # the end is known from the clean close: no scan
+        assert log.end == groups[2][0][0] + frame_bytes(5) + 32
+        assert log.read(groups[0][0][0]) == b"one"
+        with pytest.raises(Corruption):
+            log.read(damaged)
+        with pytest.raises(Corruption):
+            list(log.scan(0))
+    with open(path, "rb") as file:
+        assert file.read() == before  # nothing truncated
+    with SegmentLog.open(scratch) as log:  # appending drops the marker first ...
+        log.append([b"four"])
+        assert not os.path.exists(os.path.join(scratch, CLEAN_FILE_NAME))
+    assert os.path.exists(os.path.join(scratch, CLEAN_FILE_NAME))  # ... and a clean close writes it again
+
+
+def test_a_damaged_or_foreign_clean_marker_means_a_full_recovery(scratch):
+    groups = build(scratch, [[b"one"], [b"two"]])
+    marker = os.path.join(scratch, CLEAN_FILE_NAME)
+    with open(marker, "r+b") as file:
+        data = bytearray(file.read())
+        data[20] ^= 1  # the recorded end, now wrong: its checksum no longer matches
+        file.seek(0)
+        file.write(bytes(data))
+    with SegmentLog.open(scratch) as log:
+        assert [bytes(r) for batch in log.scan(0) for r in batch.records] == [b"one", b"two"]
+        assert log.end == groups[1][0][0] + frame_bytes(3) + 32
 
 
 def test_damaged_record_read_by_position_is_corruption(scratch):
