@@ -540,7 +540,9 @@ class Authority:
 
         Raises the typed rejection (nothing changed) or ``StorageFailed``.
         """
-        request = self._prepare(command)
+        return self._accept_one(self._prepare(command))
+
+    def _accept_one(self, request: _Request) -> Receipt:
         receipt = self._lookup_receipt(request)
         if receipt is not None:
             return receipt
@@ -835,15 +837,7 @@ class Authority:
 
     def accept_trusted(self, command: Command) -> Receipt:
         """Accept a Command the engine issues itself (``system_only`` kinds such as ``lease.expire``)."""
-        request = self._prepare(command, trusted=True)
-        receipt = self._lookup_receipt(request)
-        if receipt is not None:
-            return receipt
-        self._submit(_Unit([request]))
-        if request.error is not None:
-            raise request.error
-        assert request.receipt is not None
-        return request.receipt
+        return self._accept_one(self._prepare(command, trusted=True))
 
     def expire_leases(self, group: str, *, now_ms: int | None = None) -> list[Receipt]:
         """The lease sweep: a ``lease.expire`` Event for every lapsed lease in ``group``."""
