@@ -940,6 +940,13 @@ class Authority:
         """Decoded Events with tombstones applied: a redacted Event keeps everything but its body."""
         with _gc.paused():
             events = [decode_event(memoryview(record)[1:]) for record in self._read_records(group, after, limit)]
+        for offset, event in enumerate(events):  # the index pointed at these records: check it was right
+            if event.group != group or event.seq != after + 1 + offset:
+                raise Corruption(
+                    f"the index points {group}:{after + 1 + offset} at the record of {event.event_id}; "
+                    "run `mwpstore rebuild`",
+                    reason="index",
+                )
         if events:
             _, group_state = self.state(group, f"group:{group}")
             if group_state is not None and group_state.get("tombstones"):

@@ -557,3 +557,18 @@ def test_damaged_index_values_surface_as_corruption_not_foreign_errors(tmp_path)
         authority.rebuild()
         assert authority.state(GROUP, "mission:m-1")[0] == 1 and authority.head(GROUP)[0] == 2
         assert encode_receipt(authority.accept(command)) == encode_receipt(authority.accept(command))
+
+
+def test_an_index_entry_pointing_at_the_wrong_record_is_corruption(tmp_path):
+    from mwpstore import Corruption
+    from mwpstore.index import event_key, read_u64
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept_many([mission_create(f"m-{i}") for i in range(3)])
+        with authority.index.env.begin(write=True, db=authority.index.events) as txn:
+            other = txn.get(event_key(GROUP, 2))
+            txn.put(event_key(GROUP, 3), other)  # seq 3 now points at seq 2's record
+            assert read_u64(other) >= 0
+        with pytest.raises(Corruption):
+            authority.read(GROUP)
+        assert authority.read(GROUP, limit=2)[-1].seq == 2
