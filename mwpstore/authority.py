@@ -507,6 +507,7 @@ class Authority:
                 self._wake.wait(0.05)
         with self._published:
             self._published.notify_all()
+        error: MwpError | None = None
         try:
             if self._failure is None:
                 if not self._sync:
@@ -514,13 +515,22 @@ class Authority:
                 with self.index.env.begin(write=True, db=self.index.meta) as txn:
                     txn.put(b"clean", b"1")
                 self.index.sync()
+        except MwpError as exc:
+            error = exc
+        except (OSError, lmdb.Error) as exc:  # not marked clean: the next open redoes or rebuilds
+            error = translate(exc, context="closing the authority")
         finally:
-            self.index.close()
-            self.log.close()
-            for retired in self._retired:
-                retired.close()
+            for handle in [self.index, self.log, *self._retired]:
+                try:
+                    handle.close()
+                except MwpError as exc:
+                    error = error or exc
+                except (OSError, lmdb.Error) as exc:
+                    error = error or translate(exc, context="closing the authority")
             self._retired.clear()
             os.close(self._lock_fd)
+        if error is not None:
+            raise error
 
     def __enter__(self) -> Authority:
         return self

@@ -71,7 +71,14 @@ def _fsync_directory(directory: str) -> None:
 
 
 def _log_bytes(directory: str) -> int:
-    return sum(entry.stat().st_size for entry in os.scandir(directory) if entry.is_file())
+    total = 0
+    for entry in os.scandir(directory):
+        try:
+            if entry.is_file():
+                total += entry.stat().st_size
+        except FileNotFoundError:
+            continue  # e.g. the CLEAN marker, removed by a commit that ran meanwhile
+    return total
 
 
 def recover_interrupted_compaction(path: str) -> bool:

@@ -15,13 +15,6 @@ from mwpstore.authority import Authority
 
 
 
-COMPACT_SIZES_A_VANISHING_FILE = (
-    "mwpstore/compaction.py _log_bytes (line 74, called from compact line 189) stats every file listed in log/, "
-    "but the clean-close marker log/CLEAN (added in 9ae38cd) is removed by the first append in another thread: "
-    "compact() raises FileNotFoundError (untyped)"
-)
-
-
 def test_concurrency_short_run_without_compaction():
     result = torture.run_concurrency(count=2, seed=1, skip=("compactor",))
     assert result["iterations"] == 2
@@ -31,7 +24,6 @@ def test_concurrency_short_run_without_compaction():
         assert operations.get(name, 0) > 0, name
 
 
-@pytest.mark.xfail(reason=COMPACT_SIZES_A_VANISHING_FILE, strict=False)
 def test_concurrency_short_run_with_compaction():
     result = torture.run_concurrency(count=1, seed=1)
     assert result["violations"] == 0, "\n".join(result["details"]["violation_messages"][:3])
