@@ -231,7 +231,6 @@ class _Batch:
     events: list[Event] = field(default_factory=list)
     record_bytes: int = 0
 
-    @_index_errors_typed
     def head(self, group: str) -> tuple[int, bytes]:
         head = self.heads.get(group)
         if head is None:
@@ -849,6 +848,7 @@ class Authority:
         """Accept a Command the engine issues itself (``system_only`` kinds such as ``lease.expire``)."""
         return self._accept_one(self._prepare(command, trusted=True))
 
+    @_index_errors_typed
     def expire_leases(self, group: str, *, now_ms: int | None = None) -> list[Receipt]:
         """The lease sweep: a ``lease.expire`` Event for every lapsed lease in ``group``."""
         from . import work_model
@@ -879,6 +879,7 @@ class Authority:
 
     # -- reading ---------------------------------------------------------------------------------
 
+    @_index_errors_typed
     def head(self, group: str) -> tuple[int, bytes]:
         """(sequence, chain hash) of the Group's last Event; (0, zero hash) for an unknown Group."""
         canonical.check_id(group, "group")
@@ -921,6 +922,7 @@ class Authority:
         if self._closed:
             raise StoreClosed("the authority is closed; open it again")
 
+    @_index_errors_typed
     def read(self, group: str, after: int = 0, limit: int = 1000) -> list[Event]:
         """Events of ``group`` with sequence > ``after``, in order, at most ``limit``.
 
@@ -1001,6 +1003,7 @@ class Authority:
         """A keyring trusting this store's snapshot key (add more keys for rotation)."""
         return Keyring([self.signing_key.public_key])
 
+    @_index_errors_typed
     def snapshot(self, group: str) -> SnapshotRef:
         """Write a signed snapshot of ``group`` at its current head; return its reference.
 
@@ -1081,6 +1084,7 @@ class Authority:
             raise InvalidCommand("snapshot reference names an unexpected location", field="location")
         return read_snapshot_file(os.path.join(self.path, expected))
 
+    @_index_errors_typed
     def archive(
         self,
         group: str,
@@ -1191,6 +1195,7 @@ class Authority:
 
         return compact(self, progress)
 
+    @_index_errors_typed
     def replay_floor(self, group: str) -> tuple[int, SnapshotRef | None]:
         """(floor, snapshot): reads with a Cursor below ``floor`` get ``CURSOR_TOO_OLD``.
 
@@ -1246,6 +1251,7 @@ class Authority:
             value = txn.get(ack_key(consumer, group))
         return 0 if value is None else read_u64(value)
 
+    @_index_errors_typed
     def wait_for(self, group: str, after: int, timeout: float | None) -> bool:
         """Block until ``group``'s head passes ``after`` (True) or the timeout ends (False)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -1262,6 +1268,7 @@ class Authority:
 
     # -- checking and rebuilding -----------------------------------------------------------------
 
+    @_index_errors_typed
     def verify(self, progress: Callable[[int, int], None] | None = None, *, key_provider: Any = None) -> VerifyReport:
         """Check every frame, every Group's hash chain (tombstoned Events included: a redacted
         payload keeps its hash), that the index equals a rebuild, every snapshot against the
