@@ -27,9 +27,8 @@ from mwpstore.segment_log import SegmentLog
 
 SL_SEGMENT_HEADER_BYTES = lib.SL_SEGMENT_HEADER_BYTES
 LMDB_DAMAGE = (
-    "mwpstore/authority.py read paths (read/_read_records, aggregates, Index.iterate in verify) let "
-    "lmdb.CorruptedError/PageNotFoundError and UnicodeDecodeError escape, and a flipped bit in data.mdb "
-    "can serve wrong states or Events with no error until verify() is run"
+    "open: LMDB keeps no checksums, so after a same-boot restart a flipped bit in data.mdb that yields "
+    "another well-formed value (a state, a head) or moves a key is served until verify() runs"
 )
 
 
