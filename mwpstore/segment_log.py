@@ -188,8 +188,14 @@ class _Segment:
                 if self._map is None:
                     fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
                     try:
-                        size = os.fstat(fd).st_size
-                        mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
+                        for attempt in range(8):
+                            size = os.fstat(fd).st_size
+                            try:
+                                mapped = mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else None
+                                break
+                            except ValueError:  # the writer trimmed the file (seal) between fstat and mmap
+                                if attempt == 7:
+                                    raise
                     finally:
                         os.close(fd)
                     if mapped is None:
