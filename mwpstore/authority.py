@@ -112,7 +112,6 @@ class ArchiveRecord(msgspec.Struct, frozen=True, kw_only=True):
     archived_at_ms: int
 _ACK_ENCODER = msgspec.msgpack.Encoder()
 _ACK_DECODER = msgspec.msgpack.Decoder(tuple[str, str, int])
-BATCH_RECORD_BYTES_SOFT_MAX = 8 * 1024 * 1024
 REDO_COMMIT_RECORDS = 50_000
 
 
@@ -772,6 +771,14 @@ class Authority:
         if len(record) > limits.RECORD_BYTES_MAX:
             request.error = LimitExceeded(
                 f"the Event would be {len(record)} bytes, more than {limits.RECORD_BYTES_MAX}", field="body"
+            )
+            return False
+        if batch.record_bytes + len(record) > limits.GROUP_BYTES_MAX:
+            # The log takes at most GROUP_BYTES_MAX per commit: this Command alone is refused
+            # (nothing of it is written) instead of the whole batch failing at the append.
+            request.error = LimitExceeded(
+                f"this commit already holds {batch.record_bytes} bytes of Events; accept the Command again",
+                field="commands",
             )
             return False
         receipt = receipt_for(event)

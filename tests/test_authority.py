@@ -572,3 +572,18 @@ def test_an_index_entry_pointing_at_the_wrong_record_is_corruption(tmp_path):
         with pytest.raises(Corruption):
             authority.read(GROUP)
         assert authority.read(GROUP, limit=2)[-1].seq == 2
+
+
+def test_a_commit_that_would_exceed_the_log_group_bound_refuses_only_the_overflowing_commands(tmp_path, monkeypatch):
+    from mwpstore import limits
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        monkeypatch.setattr(limits, "GROUP_BYTES_MAX", 2_000)  # a few Events' worth
+        results = authority.accept_many([mission_create(f"m-{i}") for i in range(20)])
+        accepted = [result for result in results if result.ok]
+        refused = [result for result in results if not result.ok]
+        assert accepted and refused and {result.error_code for result in refused} == {LimitExceeded.code}
+        assert [event.seq for event in authority.read(GROUP)] == list(range(1, len(accepted) + 2))
+        monkeypatch.undo()
+        assert authority.accept(mission_create("m-19", action_id="again")).seq == len(accepted) + 2
+        assert authority.verify().ok
