@@ -297,18 +297,31 @@ def _evolve_checkpoint(view: StateView, event: Event) -> dict[str, dict[str, Any
     return changes.states
 
 
-def _decide_publish(view: StateView, command: Command, context: Context) -> Decision:
-    check_unknown_fields(command, LEASE_FIELDS | {"publication", "approval"})
-    body: dict[str, Any] = {"publication": _required_content(command, "publication")}
+def _gated_result(
+    view: StateView, command: Command, context: Context, field: str, operation: str
+) -> tuple[dict[str, Any], dict[str, Any], Decision | None]:
+    """A result (``publish``/``submit``) that the Mission may gate behind an approved Approval.
+
+    Returns the WorkItem, the Event body so far and, when the named lease is not current, the
+    Evidence decision to return as is; raises ``APPROVAL_REQUIRED`` when the gate is closed.
+    """
+    check_unknown_fields(command, LEASE_FIELDS | {field, "approval"})
+    body: dict[str, Any] = {field: _required_content(command, field)}
     approval = _optional_id(command, "approval")
     if approval is not None:
         body["approval"] = approval
     item, evidence = _result(view, command, context, body)
+    if evidence is None:
+        mission = view.get(mission_key(item["mission"]))
+        assert mission is not None
+        require_approval(view, mission, command.target, operation, approval)
+    return item, body, evidence
+
+
+def _decide_publish(view: StateView, command: Command, context: Context) -> Decision:
+    item, body, evidence = _gated_result(view, command, context, "publication", "publish")
     if evidence is not None:
         return evidence
-    mission = view.get(mission_key(item["mission"]))
-    assert mission is not None
-    require_approval(view, mission, command.target, "publish", approval)
     body["publication_number"] = item["publications"] + 1
     return Decision(body)
 
@@ -340,17 +353,9 @@ def _evolve_block(view: StateView, event: Event) -> dict[str, dict[str, Any] | N
 
 
 def _decide_submit(view: StateView, command: Command, context: Context) -> Decision:
-    check_unknown_fields(command, LEASE_FIELDS | {"submission", "approval"})
-    body: dict[str, Any] = {"submission": _required_content(command, "submission")}
-    approval = _optional_id(command, "approval")
-    if approval is not None:
-        body["approval"] = approval
-    item, evidence = _result(view, command, context, body)
+    item, body, evidence = _gated_result(view, command, context, "submission", "submit")
     if evidence is not None:
         return evidence
-    mission = view.get(mission_key(item["mission"]))
-    assert mission is not None
-    require_approval(view, mission, command.target, "submit", approval)
     body["attempt"] = item["attempt"]
     return Decision(body)
 
