@@ -204,7 +204,7 @@ class _GroupView:
         full_key = self._prefix + key.encode()
         entry = batch.states.get(full_key)
         if entry is None:
-            value = batch.txn.get(full_key, db=batch.index.states)
+            value = batch.index.get(batch.txn, b"states", full_key)
             entry = (0, None) if value is None else decode_state(value)
             batch.states[full_key] = entry
         return entry
@@ -233,7 +233,7 @@ class _Batch:
     def head(self, group: str) -> tuple[int, bytes]:
         head = self.heads.get(group)
         if head is None:
-            head = decode_head(self.txn.get(group.encode(), db=self.index.heads))
+            head = decode_head(self.index.get(self.txn, b"heads", group.encode()))
         return head
 
 
@@ -390,11 +390,12 @@ class Authority:
             redo = self._redo(index, progress)
             if redo:
                 mode = "redo"
-        with self.index.env.begin(write=True, db=self.index.meta) as txn:
-            txn.put(b"boot_id", boot_id.encode())
-            txn.put(b"clean", b"0")
-            txn.put(b"format", INDEX_FORMAT)
-            last_ms = txn.get(b"last_ms")
+        index = self.index
+        with index.env.begin(write=True) as txn:
+            index.put(txn, b"meta", b"boot_id", boot_id.encode())
+            index.put(txn, b"meta", b"clean", b"0")
+            index.put(txn, b"meta", b"format", INDEX_FORMAT)
+            last_ms = index.get(txn, b"meta", b"last_ms")
         self.index.sync()
         self._last_ms = 0 if last_ms is None else read_u64(last_ms)
         return OpenReport(mode=mode, reason=reason, redo_records=redo)
@@ -408,17 +409,21 @@ class Authority:
             return "rebuild", f"index unreadable ({exc.code})", None
         try:
             with index.env.begin() as txn:
-                meta_boot = (txn.get(b"boot_id", db=index.meta) or b"").decode("ascii", "replace")
-                clean = txn.get(b"clean", db=index.meta) == b"1"
-                fmt = txn.get(b"format", db=index.meta)
+                fmt = index.get(txn, b"meta", b"format")
+                if fmt != INDEX_FORMAT:
+                    index.close()
+                    return "rebuild", "index format differs", None
+                meta_boot = bytes(index.get(txn, b"meta", b"boot_id") or b"").decode("ascii", "replace")
+                clean = index.get(txn, b"meta", b"clean") == b"1"
                 position = index.log_position(txn)
         except lmdb.Error as exc:
             index.close()
             return "rebuild", f"index unreadable ({type(exc).__name__})", None
+        except Corruption as exc:  # a damaged meta entry: the index cannot say what it reflects
+            index.close()
+            return "rebuild", f"index unreadable ({exc.code}: {exc.message})", None
         verdict = None
-        if fmt != INDEX_FORMAT:
-            verdict = "index format differs"
-        elif meta_boot != boot_id and not clean:
+        if meta_boot != boot_id and not clean:
             verdict = "the machine restarted since the index was last written without a clean close"
         elif position > self.log.end or position < self.log.start:
             verdict = f"index position {position} is outside the log [{self.log.start}, {self.log.end}]"
@@ -434,9 +439,9 @@ class Authority:
         remove_index(temp)
         index = Index(temp, map_size=self._map_size)
         try:
-            with index.env.begin(write=True, db=index.meta) as txn:
-                txn.put(b"format", INDEX_FORMAT)
-                txn.put(b"log_position", u64(log.start))
+            with index.env.begin(write=True) as txn:
+                index.put(txn, b"meta", b"format", INDEX_FORMAT)
+                index.put(txn, b"meta", b"log_position", u64(log.start))
             count = self._redo(index, progress, failpoint="authority.mid_rebuild", log=log)
             index.sync()
         finally:
@@ -476,7 +481,7 @@ class Authority:
                 pending += len(batch.positions)
                 if pending >= REDO_COMMIT_RECORDS:
                     _flush_heads(index, txn, heads)
-                    txn.put(b"log_position", u64(batch.next_position), db=index.meta)
+                    index.put(txn, b"meta", b"log_position", u64(batch.next_position))
                     txn.commit()
                     failpoints.hit(failpoint)
                     txn = index.env.begin(write=True)
@@ -484,9 +489,9 @@ class Authority:
                     if progress:
                         progress(batch.next_position - start, end - start)
             _flush_heads(index, txn, heads)
-            txn.put(b"log_position", u64(end), db=index.meta)
-            previous = txn.get(b"last_ms", db=index.meta)
-            txn.put(b"last_ms", u64(max(last_ms[0], 0 if previous is None else read_u64(previous))), db=index.meta)
+            index.put(txn, b"meta", b"log_position", u64(end))
+            previous = index.get(txn, b"meta", b"last_ms")
+            index.put(txn, b"meta", b"last_ms", u64(max(last_ms[0], 0 if previous is None else read_u64(previous))))
             txn.commit()
         except BaseException:
             txn.abort()
@@ -510,8 +515,8 @@ class Authority:
             if self._failure is None:
                 if not self._sync:
                     self.log.sync()
-                with self.index.env.begin(write=True, db=self.index.meta) as txn:
-                    txn.put(b"clean", b"1")
+                with self.index.env.begin(write=True) as txn:
+                    self.index.put(txn, b"meta", b"clean", b"1")
                 self.index.sync()
         except MwpError as exc:
             error = exc
@@ -603,8 +608,9 @@ class Authority:
         self._check_open()
         command = request.command
         assert command is not None
-        with self.index.env.begin(db=self.index.receipts, buffers=True) as txn:
-            value = txn.get(receipt_key(command.actor, command.action_id))
+        index = self.index
+        with index.env.begin(buffers=True) as txn:
+            value = index.get(txn, b"receipts", receipt_key(command.actor, command.action_id))
             if value is None:
                 return None
             content_hash, receipt = _stored_receipt(value)
@@ -694,8 +700,8 @@ class Authority:
                 positions = self.log.append(batch.records)
                 failpoints.hit("authority.after_log_sync")
                 self._write_batch(batch, positions)
-                txn.put(b"log_position", u64(self.log.end), db=index.meta)
-                txn.put(b"last_ms", u64(now_ms), db=index.meta)
+                index.put(txn, b"meta", b"log_position", u64(self.log.end))
+                index.put(txn, b"meta", b"last_ms", u64(now_ms))
             txn.commit()
             self._last_ms = now_ms
         except BaseException as exc:
@@ -737,7 +743,7 @@ class Authority:
         if stored is not None:
             content_hash, receipt, _ = stored
         else:
-            value = batch.txn.get(key, db=batch.index.receipts)
+            value = batch.index.get(batch.txn, b"receipts", key)
             content_hash, receipt = (b"", None) if value is None else _stored_receipt(value)
         if receipt is not None:
             if content_hash != request.content_hash:
@@ -804,8 +810,11 @@ class Authority:
         for event in batch.events:  # decided earlier in this batch
             if event.group == command.group and event.seq == int(command.target):
                 return event.kind not in TOMBSTONE_KINDS
-        value = batch.txn.get(event_key(command.group, int(command.target)), db=batch.index.events)
+        target = int(command.target)
+        value = batch.index.get(batch.txn, b"events", event_key(command.group, target))
         if value is None:
+            if target <= batch.head(command.group)[0]:
+                raise Corruption(f"the index lost Event {command.group}:{target}; run `mwpstore rebuild`", reason="index_missing")
             return True  # no such Event: decide rejects it
         return decode_event(memoryview(self.log.read(read_u64(value)))[1:]).kind not in TOMBSTONE_KINDS
 
@@ -821,7 +830,7 @@ class Authority:
         key = ack_key(consumer, group)
         previous = batch.acks.get(key)
         if previous is None:
-            value = batch.txn.get(key, db=batch.index.acks)
+            value = batch.index.get(batch.txn, b"acks", key)
             previous = 0 if value is None else read_u64(value)
         if cursor <= previous:
             request.ack_result = previous
@@ -834,20 +843,16 @@ class Authority:
     def _write_batch(self, batch: _Batch, positions: list[int]) -> None:
         index, txn = batch.index, batch.txn
         event_positions = [position for position, record in zip(positions, batch.records) if record[:1] == EVENT_TAG]
-        txn.cursor(db=index.events).putmulti(
-            [(event_key(event.group, event.seq), u64(position)) for event, position in zip(batch.events, event_positions)]
+        index.put_many(
+            txn, b"events", [(event_key(event.group, event.seq), u64(position)) for event, position in zip(batch.events, event_positions)]
         )
-        txn.cursor(db=index.states).putmulti(list(batch.dirty_states.items()))
-        txn.cursor(db=index.heads).putmulti(
-            [(group.encode(), encode_head(seq, digest)) for group, (seq, digest) in batch.heads.items()]
-        )
-        txn.cursor(db=index.receipts).putmulti(
-            [(key, content_hash + encoded) for key, (content_hash, _, encoded) in batch.receipts.items()]
-        )
+        index.put_many(txn, b"states", list(batch.dirty_states.items()))
+        index.put_many(txn, b"heads", [(group.encode(), encode_head(seq, digest)) for group, (seq, digest) in batch.heads.items()])
+        index.put_many(txn, b"receipts", [(key, content_hash + encoded) for key, (content_hash, _, encoded) in batch.receipts.items()])
         if batch.acks:
-            txn.cursor(db=index.acks).putmulti([(key, u64(cursor)) for key, cursor in batch.acks.items()])
+            index.put_many(txn, b"acks", [(key, u64(cursor)) for key, cursor in batch.acks.items()])
         for tag, key, value in batch.notes:
-            txn.put(key, value, db=_note_database(index, tag))
+            index.put(txn, _note_database(tag), key, value)
 
     # -- the engine's own Commands ----------------------------------------------------------------
 
@@ -891,22 +896,26 @@ class Authority:
         """(sequence, chain hash) of the Group's last Event; (0, zero hash) for an unknown Group."""
         canonical.check_id(group, "group")
         self._check_readable()
-        with self.index.env.begin(db=self.index.heads) as txn:
-            return decode_head(txn.get(group.encode()))
+        index = self.index
+        with index.env.begin() as txn:
+            return decode_head(index.get(txn, b"heads", group.encode()))
 
     @_index_errors_typed
     def groups(self) -> list[str]:
         self._check_readable()
-        return [key.decode() for key, _ in self.index.iterate(b"heads")]
+        index = self.index
+        with index.env.begin() as txn:
+            return [key.decode() for key, _ in index.range(txn, b"heads", b"")]
 
     @_index_errors_typed
     def state(self, group: str, aggregate: str) -> tuple[int, dict[str, Any] | None]:
         """(revision, state) of one aggregate (``"workitem:wi-3"``); (0, None) if it never existed."""
         canonical.check_id(group, "group")
         self._check_readable()
-        with self.index.env.begin(db=self.index.states) as txn:
-            value = txn.get(state_key(group, aggregate))
-        return (0, None) if value is None else decode_state(value)
+        index = self.index
+        with index.env.begin() as txn:
+            value = index.get(txn, b"states", state_key(group, aggregate))
+            return (0, None) if value is None else decode_state(value)
 
     @_index_errors_typed
     def aggregates(self, group: str, *, prefix: str = "") -> list[tuple[str, int, dict[str, Any] | None]]:
@@ -915,14 +924,11 @@ class Authority:
         self._check_readable()
         start = state_key(group, prefix)
         out = []
-        with self.index.env.begin(db=self.index.states) as txn:
-            cursor = txn.cursor()
-            if cursor.set_range(start):
-                for key, value in cursor.iternext():
-                    if not key.startswith(start):
-                        break
-                    revision, state = decode_state(value)
-                    out.append((key[len(group) + 1 :].decode(), revision, state))
+        index = self.index
+        with index.env.begin() as txn:
+            for key, value in index.range(txn, b"states", start):
+                revision, state = decode_state(value)
+                out.append((key[len(group) + 1 :].decode(), revision, state))
         return out
 
     def _check_readable(self) -> None:
@@ -975,9 +981,10 @@ class Authority:
     @_index_errors_typed
     def _apply_tombstones(self, group: str, events: list[Event]) -> list[Event]:
         out = []
-        with self.index.env.begin(db=self.index.states) as txn:
+        index = self.index
+        with index.env.begin() as txn:
             for event in events:
-                if event.body is not None and txn.get(state_key(group, f"tombstone:{event.seq}")) is not None:
+                if event.body is not None and index.get(txn, b"states", state_key(group, f"tombstone:{event.seq}")) is not None:
                     event = msgspec.structs.replace(event, body=None)
                 out.append(event)
         return out
@@ -988,13 +995,18 @@ class Authority:
         assert index is not None
         positions: list[int] = []
         prefix = group.encode() + b"\x00"
-        with index.env.begin(db=index.events, buffers=True) as txn:
-            cursor = txn.cursor()
-            if cursor.set_range(event_key(group, after + 1)):
-                for key, value in cursor:
-                    if bytes(key[: len(prefix)]) != prefix or len(positions) >= limit:
-                        break
-                    positions.append(read_u64(value))
+        with index.env.begin(buffers=True) as txn:
+            for _, value in index.range(txn, b"events", prefix, event_key(group, after + 1)):
+                positions.append(read_u64(value))
+                if len(positions) >= limit:
+                    break
+            if len(positions) < limit:  # the range ended: it must have reached the Group's head
+                head = decode_head(index.get(txn, b"heads", group.encode()))[0]
+                if after + len(positions) < head:
+                    raise Corruption(
+                        f"the index lost Events of group {group} after {after + len(positions)} (head {head}); run `mwpstore rebuild`",
+                        reason="index_missing",
+                    )
         return _records_at(log, positions)
 
     # -- snapshots and retention -----------------------------------------------------------------
@@ -1023,22 +1035,19 @@ class Authority:
             return self._snapshot(group)
 
     def _snapshot(self, group: str) -> SnapshotRef:
-        with self.index.env.begin() as txn:  # one read transaction: head and states agree
-            seq, head_hash = decode_head(txn.get(group.encode(), db=self.index.heads))
+        index = self.index
+        with index.env.begin() as txn:  # one read transaction: head and states agree
+            seq, head_hash = decode_head(index.get(txn, b"heads", group.encode()))
             if seq == 0:
                 raise NotFound(f"group {group!r} does not exist", field="group")
-            existing = txn.get(event_key(group, seq), db=self.index.snapshots)
+            existing = index.get(txn, b"snapshots", event_key(group, seq))
             if existing is not None:  # the state at this sequence is already signed: reuse it
-                return msgspec.msgpack.decode(existing, type=SnapshotRef)
+                return _decode_note(existing, SnapshotRef)
             prefix = group.encode() + b"\x00"
             aggregates = []
-            cursor = txn.cursor(db=self.index.states)
-            if cursor.set_range(prefix):
-                for key, value in cursor.iternext():
-                    if not key.startswith(prefix):
-                        break
-                    revision, state = decode_state(value)
-                    aggregates.append((key[len(prefix):].decode(), revision, state))
+            for key, value in index.range(txn, b"states", prefix):
+                revision, state = decode_state(value)
+                aggregates.append((key[len(prefix):].decode(), revision, state))
         group_state = next(state for key, _, state in aggregates if key == f"group:{group}")
         assert group_state is not None
         data = create_snapshot(
@@ -1071,13 +1080,10 @@ class Authority:
         self._check_readable()
         prefix = group.encode() + b"\x00"
         out = []
-        with self.index.env.begin(db=self.index.snapshots) as txn:
-            cursor = txn.cursor()
-            if cursor.set_range(prefix):
-                for key, value in cursor.iternext():
-                    if not key.startswith(prefix):
-                        break
-                    out.append(msgspec.msgpack.decode(value, type=SnapshotRef))
+        index = self.index
+        with index.env.begin() as txn:
+            for _, value in index.range(txn, b"snapshots", prefix):
+                out.append(_decode_note(value, SnapshotRef))
         return out
 
     def read_snapshot(self, ref: SnapshotRef | dict[str, Any]) -> bytes:
@@ -1148,9 +1154,10 @@ class Authority:
     def archive_record(self, group: str) -> ArchiveRecord | None:
         canonical.check_id(group, "group")
         self._check_readable()
-        with self.index.env.begin(db=self.index.archives) as txn:
-            value = txn.get(group.encode())
-        return None if value is None else msgspec.msgpack.decode(value, type=ArchiveRecord)
+        index = self.index
+        with index.env.begin() as txn:
+            value = index.get(txn, b"archives", group.encode())
+            return None if value is None else _decode_note(value, ArchiveRecord)
 
     def _event_payloads(self, group: str, last_seq: int) -> Iterator[bytes]:
         """Encoded Events 1..last_seq of ``group``, as every read sees them (tombstones applied)."""
@@ -1189,8 +1196,9 @@ class Authority:
 
     def _finish_audit_deletions(self) -> None:
         """Delete audit logs whose ``audit.delete`` is durable but whose file a crash left behind."""
-        with self.index.env.begin(db=self.index.archives) as txn:
-            groups = [key.decode() for key, _ in txn.cursor()]
+        index = self.index
+        with index.env.begin() as txn:
+            groups = [key.decode() for key, _ in index.range(txn, b"archives", b"")]
         for group in groups:
             _, state = self.state(group, f"group:{group}")
             if state is not None and state.get("audit_deleted_at_ms") is not None:
@@ -1254,9 +1262,10 @@ class Authority:
         canonical.check_id(consumer, "consumer")
         canonical.check_id(group, "group")
         self._check_readable()
-        with self.index.env.begin(db=self.index.acks) as txn:
-            value = txn.get(ack_key(consumer, group))
-        return 0 if value is None else read_u64(value)
+        index = self.index
+        with index.env.begin() as txn:
+            value = index.get(txn, b"acks", ack_key(consumer, group))
+            return 0 if value is None else read_u64(value)
 
     @_index_errors_typed
     def wait_for(self, group: str, after: int, timeout: float | None) -> bool:
@@ -1315,7 +1324,10 @@ class Authority:
             problems.append(f"{exc.code}: {exc.message}")
             return VerifyReport(records, events, len(heads), problems)
         problems.extend(self._compare_with_rebuild(log, index))
-        problems.extend(self._verify_files(key_provider))
+        try:
+            problems.extend(self._verify_files(key_provider))
+        except MwpError as exc:  # the index cannot even list the files: the comparison above says why
+            problems.append(f"listing snapshots and audit logs: {exc.code}: {exc.message}")
         return VerifyReport(records, events, len(heads), problems)
 
     def _verify_files(self, key_provider: Any) -> list[str]:
@@ -1359,12 +1371,12 @@ class Authority:
         fresh = Index(temp, map_size=self._map_size)
         problems = []
         try:
-            with fresh.env.begin(write=True, db=fresh.meta) as txn:
-                txn.put(b"log_position", u64(log.start))
+            with fresh.env.begin(write=True) as txn:
+                fresh.put(txn, b"meta", b"log_position", u64(log.start))
             self._redo(fresh, None, log=log)
             with self._exclusive():  # hold commits off while comparing
                 self._redo(fresh, None, log=log)  # what was committed meanwhile (if the pair is live)
-                for name in (b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots", b"archives"):
+                for name in (b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots", b"archives", b"presence"):
                     for live, rebuilt in itertools.zip_longest(index.iterate(name), fresh.iterate(name)):
                         if live != rebuilt:
                             where = (live or rebuilt or (b"", b""))[0]
@@ -1406,9 +1418,9 @@ class Authority:
         """Open the freshly built index and switch to it (with ``log`` when the log changes too);
         the old handles stay valid for readers still using them and are closed at close()."""
         index = Index(self._index_dir(), map_size=self._map_size)
-        with index.env.begin(write=True, db=index.meta) as txn:
-            txn.put(b"boot_id", current_boot_id().encode())
-            txn.put(b"clean", b"0")
+        with index.env.begin(write=True) as txn:
+            index.put(txn, b"meta", b"boot_id", current_boot_id().encode())
+            index.put(txn, b"meta", b"clean", b"0")
         index.sync()
         old_log, old_index = self._pair
         self._pair = (log or old_log, index)
@@ -1421,8 +1433,9 @@ class Authority:
         """Facts for ``mwpstore inspect``: groups, heads, segments, sizes."""
         self._check_readable()
         groups = {}
-        with self.index.env.begin(db=self.index.heads) as txn:
-            for key, value in txn.cursor():
+        index = self.index
+        with index.env.begin() as txn:
+            for key, value in index.range(txn, b"heads", b""):
                 seq, digest = decode_head(value)
                 groups[key.decode()] = {"seq": seq, "head_hash": digest.hex()}
         return {
@@ -1526,7 +1539,7 @@ def _index_record(
             raise Corruption(f"log record at {position} is not an Event: {exc.message}", offset=position, reason="decode") from None
         head = heads.get(event.group)
         if head is None:
-            head = decode_head(txn.get(event.group.encode(), db=index.heads))
+            head = decode_head(index.get(txn, b"heads", event.group.encode()))
         if event.seq != head[0] + 1 or event.prev_hash != head[1]:
             raise Corruption(
                 f"log record at {position} breaks group {event.group}'s chain (seq {event.seq} after {head[0]})",
@@ -1534,11 +1547,11 @@ def _index_record(
                 reason="chain",
             )
         group = event.group
-        txn.put(event_key(group, event.seq), u64(position), db=index.events)
+        index.put(txn, b"events", event_key(group, event.seq), u64(position))
         for effect in event.effects:
-            txn.put(state_key(group, effect.aggregate), encode_state(effect.revision, effect.state), db=index.states)
+            index.put(txn, b"states", state_key(group, effect.aggregate), encode_state(effect.revision, effect.state))
         receipt = receipt_for(event)
-        txn.put(receipt_key(event.actor, event.action_id), event.content_hash + encode_receipt(receipt), db=index.receipts)
+        index.put(txn, b"receipts", receipt_key(event.actor, event.action_id), event.content_hash + encode_receipt(receipt))
         heads[group] = (event.seq, event.hash)
         if event.accepted_at_ms > last_ms[0]:
             last_ms[0] = event.accepted_at_ms
@@ -1552,13 +1565,13 @@ def _index_record(
                 key = msgspec.msgpack.decode(value, type=ArchiveRecord).group.encode()
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not a valid reference: {exc}", offset=position, reason="decode") from None
-        txn.put(key, value, db=_note_database(index, tag))
+        index.put(txn, _note_database(tag), key, value)
     elif tag == RECEIPT_TAG:
         try:
             actor, action_id, content_hash, encoded = _RECEIPT_DECODER.decode(memoryview(record)[1:])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not a receipt: {exc}", offset=position, reason="decode") from None
-        txn.put(receipt_key(actor, action_id), content_hash + encoded, db=index.receipts)
+        index.put(txn, b"receipts", receipt_key(actor, action_id), content_hash + encoded)
     elif tag == GROUP_TAG:
         try:
             group, seq, digest, kept = _GROUP_DECODER.decode(memoryview(record)[1:])
@@ -1566,13 +1579,13 @@ def _index_record(
             raise Corruption(f"log record at {position} is not a Group remainder: {exc}", offset=position, reason="decode") from None
         heads[group] = (seq, digest)
         for effect in kept:
-            txn.put(state_key(group, effect.aggregate), encode_state(effect.revision, effect.state), db=index.states)
+            index.put(txn, b"states", state_key(group, effect.aggregate), encode_state(effect.revision, effect.state))
     elif tag == ACK_TAG:
         try:
             consumer, group, cursor = _ACK_DECODER.decode(memoryview(record)[1:])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not an ACK: {exc}", offset=position, reason="decode") from None
-        txn.put(ack_key(consumer, group), u64(cursor), db=index.acks)
+        index.put(txn, b"acks", ack_key(consumer, group), u64(cursor))
     else:
         raise Corruption(f"log record at {position} has unknown tag {tag!r}", offset=position, reason="tag")
 
@@ -1605,13 +1618,20 @@ def _gc_paused_iter(batches: Iterable[Any]) -> Iterator[Any]:
             yield batch
 
 
-def _note_database(index: Index, tag: bytes) -> Any:
-    return index.snapshots if tag == SNAPSHOT_TAG else index.archives
+def _note_database(tag: bytes) -> bytes:
+    return b"snapshots" if tag == SNAPSHOT_TAG else b"archives"
+
+
+def _decode_note(value: bytes | memoryview, kind: Any) -> Any:
+    try:
+        return msgspec.msgpack.decode(value, type=kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise Corruption(f"an index {kind.__name__} is undecodable ({exc}); run `mwpstore rebuild`", reason="index") from None
 
 
 def _flush_heads(index: Index, txn: lmdb.Transaction, heads: dict[str, tuple[int, bytes]]) -> None:
     for group, (seq, digest) in heads.items():
-        txn.put(group.encode(), encode_head(seq, digest), db=index.heads)
+        index.put(txn, b"heads", group.encode(), encode_head(seq, digest))
 
 
 def _lock_store(path: str) -> int:

@@ -16,9 +16,16 @@ separates key parts (IDs never contain it).
 | ``acks``     | consumer ``\\0`` group           | cursor u64 BE                           |
 | ``snapshots``| group ``\\0`` seq (u64 BE)       | msgpack SnapshotRef of a signed snapshot|
 | ``archives`` | group                            | msgpack ArchiveRecord (final snapshot + audit log) |
+| ``presence`` | tag byte + key of a lookup database | empty                                   |
 
 The index never runs ahead of the log: the log group is durable before the LMDB transaction that
 reflects it commits, and every commit records the log position it reflects.
+
+Every value above is stored **sealed**: followed by a CRC-32 over the database's name, the key and
+the value, so a damaged value, or a value reached under a damaged key, is ``CORRUPTION`` instead of
+a wrong answer. A lookup that finds nothing asks ``presence`` (a second B-tree, so one damaged page
+cannot hide an entry from both) whether the key was ever written: if it was, the miss is
+``CORRUPTION`` too, never "absent". Keys are never deleted, so presence only grows.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from __future__ import annotations
 import os
 import shutil
 import struct
+import zlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,11 +43,45 @@ import msgspec
 from .errors import Corruption, translate
 from .messages import HASH_BYTES, ZERO_HASH
 
-INDEX_FORMAT = b"1"
-DATABASE_NAMES = (b"meta", b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots", b"archives")
+INDEX_FORMAT = b"2"
+DATABASE_NAMES = (b"meta", b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots", b"archives", b"presence")
+# Databases whose misses are confirmed against ``presence`` (one tag byte each). Events need no
+# presence entry: a Group's head says which sequences must exist.
+PRESENCE_TAGS = {b"heads": b"h", b"states": b"s", b"receipts": b"r", b"acks": b"a", b"snapshots": b"n", b"archives": b"v"}
+SEAL_BYTES = 4
+_SEEDS = {name: zlib.crc32(name) for name in DATABASE_NAMES}
+_CHECK = struct.Struct("<I")
 _U64 = struct.Struct(">Q")
 _STATE_ENCODER = msgspec.msgpack.Encoder()
 _STATE_DECODER = msgspec.msgpack.Decoder(dict[str, Any])
+
+
+def seal(name: bytes, key: bytes, value: bytes) -> bytes:
+    """``value`` followed by its CRC-32 over the database name, ``key`` and ``value``."""
+    return value + _CHECK.pack(zlib.crc32(value, zlib.crc32(key, _SEEDS[name])))
+
+
+def unseal(name: bytes, key: bytes | memoryview, stored: bytes | memoryview) -> bytes | memoryview:
+    """The value inside a sealed entry; ``Corruption`` naming the database and key if it fails."""
+    size = len(stored) - SEAL_BYTES
+    body = stored[:size]
+    if size < 0 or _CHECK.unpack_from(stored, size)[0] != zlib.crc32(body, zlib.crc32(key, _SEEDS[name])):
+        raise Corruption(
+            f"index database {name.decode()} has a damaged entry at key {bytes(key)!r}; run `mwpstore rebuild`",
+            reason="index_checksum",
+            database=name.decode(),
+            key=bytes(key).decode("utf-8", "replace"),
+        )
+    return body
+
+
+def _out_of_order(name: bytes, key: bytes | memoryview) -> Corruption:
+    return Corruption(
+        f"index database {name.decode()} is out of key order at {bytes(key)!r}; run `mwpstore rebuild`",
+        reason="index_order",
+        database=name.decode(),
+        key=bytes(key).decode("utf-8", "replace"),
+    )
 
 
 def u64(value: int) -> bytes:
@@ -130,6 +172,7 @@ class Index:
         self.acks = self.dbs[b"acks"]
         self.snapshots = self.dbs[b"snapshots"]
         self.archives = self.dbs[b"archives"]
+        self.presence = self.dbs[b"presence"]
 
     def close(self) -> None:
         self.env.close()
@@ -138,11 +181,66 @@ class Index:
         self.env.sync(True)
 
     def log_position(self, txn: lmdb.Transaction) -> int:
-        value = txn.get(b"log_position", db=self.meta)
+        value = self.get(txn, b"meta", b"log_position")
         return 0 if value is None else read_u64(value)
 
+    # -- sealed access: every read and write of a value goes through these -----------------------
+
+    def get(self, txn: lmdb.Transaction, name: bytes, key: bytes) -> bytes | memoryview | None:
+        """The value at ``key`` (checked), or None if it was never written (checked too)."""
+        stored = txn.get(key, db=self.dbs[name])
+        if stored is None:
+            tag = PRESENCE_TAGS.get(name)
+            if tag is not None and txn.get(tag + key, db=self.presence) is not None:
+                raise Corruption(
+                    f"index database {name.decode()} lost the entry at key {key!r}; run `mwpstore rebuild`",
+                    reason="index_missing",
+                    database=name.decode(),
+                    key=key.decode("utf-8", "replace"),
+                )
+            return None
+        return unseal(name, key, stored)
+
+    def put(self, txn: lmdb.Transaction, name: bytes, key: bytes, value: bytes) -> None:
+        txn.put(key, seal(name, key, value), db=self.dbs[name])
+        tag = PRESENCE_TAGS.get(name)
+        if tag is not None:
+            txn.put(tag + key, b"", db=self.presence)
+
+    def put_many(self, txn: lmdb.Transaction, name: bytes, items: list[tuple[bytes, bytes]]) -> None:
+        txn.cursor(db=self.dbs[name]).putmulti([(key, seal(name, key, value)) for key, value in items])
+        tag = PRESENCE_TAGS.get(name)
+        if tag is not None:
+            txn.cursor(db=self.presence).putmulti([(tag + key, b"") for key, _ in items])
+
+    def range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes | memoryview]]:
+        """(key, checked value) pairs whose key starts with ``prefix``, from ``start`` (default:
+        the prefix itself), in key order."""
+        start = prefix if start is None else start
+        cursor = txn.cursor(db=self.dbs[name])
+        if not cursor.set_range(start):
+            return
+        # A damaged branch key can send the descent past the first entries of the range: the
+        # entry before the landing point must sort before ``start``.
+        if cursor.prev():
+            if bytes(cursor.key()) >= start:
+                raise _out_of_order(name, cursor.key())
+            cursor.next()
+        previous = b""
+        for key, stored in cursor:
+            key = bytes(key)
+            if key <= previous:
+                raise _out_of_order(name, key)
+            if not key.startswith(prefix):
+                # The entry that ends the range must be sound too: a damaged key that merely
+                # fell outside the prefix would otherwise end the range early, silently.
+                unseal(name, key, stored)
+                return
+            previous = key
+            yield key, unseal(name, key, stored)
+
     def iterate(self, name: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """All (key, value) pairs of one database, in key order (a read transaction)."""
+        """All raw (key, sealed value) pairs of one database, in key order (a read transaction)."""
         with self.env.begin(db=self.dbs[name], buffers=False) as txn:
             yield from txn.cursor().iternext(keys=True, values=True)
 

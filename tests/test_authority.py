@@ -367,8 +367,8 @@ def test_verify_finds_an_index_that_differs_from_the_log(tmp_path):
     path = str(tmp_path / "store")
     with open_with_group(path) as authority:
         authority.accept(mission_create("m-1"))
-        with authority.index.env.begin(write=True, db=authority.index.states) as txn:
-            txn.put(b"g-1\x00mission:m-1", u64(9) + b"\x80")
+        with authority.index.env.begin(write=True) as txn:  # well-formed and sealed, but not what the log says
+            authority.index.put(txn, b"states", b"g-1\x00mission:m-1", u64(9) + b"\x80")
         report = authority.verify()
         assert not report.ok and any("states" in problem for problem in report.problems)
         authority.rebuild()

@@ -73,7 +73,7 @@ def test_canonical_worked_example_matches_the_code(tmp_path: pytest.TempPathFact
 def test_index_worked_example_matches_the_code(tmp_path: pytest.TempPathFactory) -> None:
     """The keys and values in docs/format/index.md's worked example are the ones a store writes."""
     import mwpstore
-    from mwpstore.index import DATABASE_NAMES
+    from mwpstore.index import DATABASE_NAMES, unseal
 
     with open(os.path.join(ROOT, "docs", "format", "index.md"), encoding="utf-8") as handle:
         text = handle.read()
@@ -86,8 +86,9 @@ def test_index_worked_example_matches_the_code(tmp_path: pytest.TempPathFactory)
         events = list(authority.index.iterate(b"events"))
         receipts = list(authority.index.iterate(b"receipts"))
         states = [key for key, _ in authority.index.iterate(b"states")]
-    position = meta[b"log_position"]
+    position = unseal(b"meta", b"log_position", meta[b"log_position"])
     assert f"`{position.hex()}` (position {int.from_bytes(position, 'big')}" in text
-    assert events == [(b"g-1\x00" + (1).to_bytes(8, "big"), (0).to_bytes(8, "big"))]
-    assert receipts[0][0] == b"alice\x00a-1" and f"msgpack receipt ({len(receipts[0][1]) - 32} bytes)" in text
+    assert [(key, unseal(b"events", key, value)) for key, value in events] == [(b"g-1\x00" + (1).to_bytes(8, "big"), (0).to_bytes(8, "big"))]
+    receipt_value = unseal(b"receipts", receipts[0][0], receipts[0][1])
+    assert receipts[0][0] == b"alice\x00a-1" and f"msgpack receipt ({len(receipt_value) - 32} bytes)" in text
     assert states == [b"g-1\x00group:g-1", b"g-1\x00member:alice"]

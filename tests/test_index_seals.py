@@ -1,0 +1,140 @@
+"""The index never answers from damage: sealed values, presence-checked misses, checked ranges.
+
+Each test damages the LMDB index of an open, trusted store the way a flipped bit can (a value
+changed, a key moved so a lookup misses, a damaged key ending a range) and checks that the answer
+is ``CORRUPTION`` — never a wrong state, a second Event for a replayed Command, or a short read.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from authority_helpers import GROUP, mission_create, open_with_group
+from mwpstore import Authority, Corruption
+from mwpstore.index import INDEX_FORMAT, event_key, receipt_key, seal, state_key, unseal
+
+
+def _raw(authority: Authority, name: bytes):
+    return authority.index.dbs[name]
+
+
+def test_a_changed_value_fails_its_seal(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept(mission_create("m-1"))
+        key = state_key(GROUP, "mission:m-1")
+        with authority.index.env.begin(write=True) as txn:
+            stored = bytearray(txn.get(key, db=_raw(authority, b"states")))
+            stored[10] ^= 0x01
+            txn.put(key, bytes(stored), db=_raw(authority, b"states"))
+        with pytest.raises(Corruption) as caught:
+            authority.state(GROUP, "mission:m-1")
+        assert caught.value.detail["reason"] == "index_checksum" and caught.value.detail["database"] == "states"
+
+
+def test_a_value_under_another_key_fails_its_seal(tmp_path):
+    """The seal covers the key: a well-formed value reached under the wrong key is damage."""
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept_many([mission_create("m-1"), mission_create("m-2")])
+        with authority.index.env.begin(write=True) as txn:
+            other = txn.get(state_key(GROUP, "mission:m-2"), db=_raw(authority, b"states"))
+            txn.put(state_key(GROUP, "mission:m-1"), other, db=_raw(authority, b"states"))
+        with pytest.raises(Corruption):
+            authority.state(GROUP, "mission:m-1")
+
+
+def test_a_lost_receipt_never_lets_a_replay_append_a_second_event(tmp_path):
+    command = mission_create("m-1", action_id="act-1")
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept(command)
+        head = authority.head(GROUP)
+        with authority.index.env.begin(write=True) as txn:  # as if a damaged key hid the entry
+            assert txn.delete(receipt_key(command.actor, command.action_id), db=_raw(authority, b"receipts"))
+        with pytest.raises(Corruption) as caught:
+            authority.accept(command)
+        assert caught.value.detail["reason"] == "index_missing"
+    with Authority.open(str(tmp_path / "store")) as reopened:  # clean close: trusted, still refused
+        with pytest.raises(Corruption):
+            reopened.accept(command)
+        reopened.rebuild()
+        assert reopened.accept(command).seq == head[0] and reopened.head(GROUP) == head
+
+
+def test_a_lost_state_is_corruption_not_a_fresh_aggregate(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept(mission_create("m-1"))
+        with authority.index.env.begin(write=True) as txn:
+            txn.delete(state_key(GROUP, "mission:m-1"), db=_raw(authority, b"states"))
+        with pytest.raises(Corruption):
+            authority.state(GROUP, "mission:m-1")
+        with pytest.raises(Corruption):  # mission.create would otherwise succeed a second time
+            authority.accept(mission_create("m-1", action_id="again"))
+
+
+def test_a_lost_head_is_corruption_not_an_empty_group(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        with authority.index.env.begin(write=True) as txn:
+            txn.delete(GROUP.encode(), db=_raw(authority, b"heads"))
+        with pytest.raises(Corruption):
+            authority.head(GROUP)
+        assert authority.head("g-never") == (0, bytes(32))  # a real miss is still a miss
+
+
+def test_a_lost_last_event_entry_is_corruption_not_a_short_read(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept_many([mission_create(f"m-{i}") for i in range(3)])
+        with authority.index.env.begin(write=True) as txn:
+            txn.delete(event_key(GROUP, 4), db=_raw(authority, b"events"))
+        with pytest.raises(Corruption):
+            authority.read(GROUP)
+        assert [event.seq for event in authority.read(GROUP, limit=3)] == [1, 2, 3]
+
+
+def test_a_damaged_key_that_ends_a_range_is_corruption(tmp_path):
+    """A flipped key byte can move an entry just past its Group's prefix; the range must not
+    simply stop there as if the Group had no more aggregates."""
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept(mission_create("m-1"))
+        key = state_key(GROUP, "mission:m-1")
+        moved = GROUP.encode() + b"\x01" + key[len(GROUP) + 1 :]
+        with authority.index.env.begin(write=True) as txn:
+            stored = txn.get(key, db=_raw(authority, b"states"))
+            txn.delete(key, db=_raw(authority, b"states"))
+            txn.put(moved, stored, db=_raw(authority, b"states"))
+        with pytest.raises(Corruption):
+            authority.aggregates(GROUP)
+        with pytest.raises(Corruption):
+            authority.snapshot(GROUP)  # never a signed snapshot that is missing an aggregate
+
+
+def test_verify_reports_damage_instead_of_raising(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept(mission_create("m-1"))
+        with authority.index.env.begin(write=True) as txn:
+            txn.put(GROUP.encode(), b"garbage", db=_raw(authority, b"heads"))
+        report = authority.verify()
+        assert not report.ok and any("heads" in problem for problem in report.problems)
+
+
+def test_an_index_of_another_format_is_rebuilt_at_open(tmp_path):
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        head = authority.head(GROUP)
+    authority = Authority.open(path)
+    with authority.index.env.begin(write=True) as txn:  # an index written by format 1 (unsealed)
+        txn.put(b"format", b"1", db=authority.index.meta)
+    authority.close()
+    with Authority.open(path) as reopened:
+        assert reopened.open_report.mode == "rebuild" and reopened.head(GROUP) == head
+        with reopened.index.env.begin() as txn:
+            assert reopened.index.get(txn, b"meta", b"format") == INDEX_FORMAT
+
+
+def test_seal_round_trip_and_bounds():
+    sealed = seal(b"states", b"k", b"value")
+    assert bytes(unseal(b"states", b"k", sealed)) == b"value"
+    for bad in (b"", b"abc", sealed[:-1], b"x" + sealed[1:]):
+        with pytest.raises(Corruption):
+            unseal(b"states", b"k", bad)
+    with pytest.raises(Corruption):
+        unseal(b"receipts", b"k", sealed)  # the database name is sealed in too
