@@ -44,6 +44,7 @@ from .errors import (
 from .index import (
     INDEX_FORMAT,
     Index,
+    PendingWrites,
     ack_key,
     decode_head,
     decode_state,
@@ -471,12 +472,14 @@ class Authority:
         done = 0
         txn = index.env.begin(write=True)
         heads: dict[str, tuple[int, bytes]] = {}
+        writes = PendingWrites()
         pending = 0
         last_ms = [0]
         try:
             for batch in _gc_paused_iter(log.scan(start, end=end)):
                 for position, record in zip(batch.positions, batch.records):
-                    _index_record(index, txn, heads, position, record, last_ms)
+                    _index_record(index, txn, writes, heads, position, record, last_ms)
+                writes.flush(index, txn)
                 done += len(batch.positions)
                 pending += len(batch.positions)
                 if pending >= REDO_COMMIT_RECORDS:
@@ -846,8 +849,15 @@ class Authority:
         index.put_many(
             txn, b"events", [(event_key(event.group, event.seq), u64(position)) for event, position in zip(batch.events, event_positions)]
         )
-        index.put_many(txn, b"states", list(batch.dirty_states.items()))
-        index.put_many(txn, b"heads", [(group.encode(), encode_head(seq, digest)) for group, (seq, digest) in batch.heads.items()])
+        # Presence is recorded once per key: an aggregate's revision 1, a Group's first Event.
+        states = batch.states
+        index.put_many(txn, b"states", list(batch.dirty_states.items()), [key for key in batch.dirty_states if states[key][0] == 1])
+        index.put_many(
+            txn,
+            b"heads",
+            [(group.encode(), encode_head(seq, digest)) for group, (seq, digest) in batch.heads.items()],
+            [event.group.encode() for event in batch.events if event.seq == 1],
+        )
         index.put_many(txn, b"receipts", [(key, content_hash + encoded) for key, (content_hash, _, encoded) in batch.receipts.items()])
         if batch.acks:
             index.put_many(txn, b"acks", [(key, u64(cursor)) for key, cursor in batch.acks.items()])
@@ -1525,12 +1535,14 @@ def _collision(command: Command) -> ActionIdCollision:
 def _index_record(
     index: Index,
     txn: lmdb.Transaction,
+    writes: PendingWrites,
     heads: dict[str, tuple[int, bytes]],
     position: int,
     record: bytes | memoryview,
     last_ms: list[int],
 ) -> None:
-    """Apply one log record to the index inside ``txn`` (redo and rebuild)."""
+    """Apply one log record to the index: gathered in ``writes``, flushed into ``txn`` by the caller
+    (redo and rebuild). Heads are kept in ``heads``; ``txn`` is read only for a Group's head."""
     tag = bytes(record[:1])
     if tag == EVENT_TAG:
         try:
@@ -1547,11 +1559,11 @@ def _index_record(
                 reason="chain",
             )
         group = event.group
-        index.put(txn, b"events", event_key(group, event.seq), u64(position))
-        for effect in event.effects:
-            index.put(txn, b"states", state_key(group, effect.aggregate), encode_state(effect.revision, effect.state))
+        writes.put(b"events", event_key(group, event.seq), u64(position))
+        for effect in event.effects:  # presence once per key: at its revision 1
+            writes.put(b"states", state_key(group, effect.aggregate), encode_state(effect.revision, effect.state), effect.revision == 1)
         receipt = receipt_for(event)
-        index.put(txn, b"receipts", receipt_key(event.actor, event.action_id), event.content_hash + encode_receipt(receipt))
+        writes.put(b"receipts", receipt_key(event.actor, event.action_id), event.content_hash + encode_receipt(receipt))
         heads[group] = (event.seq, event.hash)
         if event.accepted_at_ms > last_ms[0]:
             last_ms[0] = event.accepted_at_ms
@@ -1565,27 +1577,27 @@ def _index_record(
                 key = msgspec.msgpack.decode(value, type=ArchiveRecord).group.encode()
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not a valid reference: {exc}", offset=position, reason="decode") from None
-        index.put(txn, _note_database(tag), key, value)
+        writes.put(_note_database(tag), key, value)
     elif tag == RECEIPT_TAG:
         try:
             actor, action_id, content_hash, encoded = _RECEIPT_DECODER.decode(memoryview(record)[1:])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not a receipt: {exc}", offset=position, reason="decode") from None
-        index.put(txn, b"receipts", receipt_key(actor, action_id), content_hash + encoded)
+        writes.put(b"receipts", receipt_key(actor, action_id), content_hash + encoded)
     elif tag == GROUP_TAG:
         try:
             group, seq, digest, kept = _GROUP_DECODER.decode(memoryview(record)[1:])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not a Group remainder: {exc}", offset=position, reason="decode") from None
         heads[group] = (seq, digest)
-        for effect in kept:
-            index.put(txn, b"states", state_key(group, effect.aggregate), encode_state(effect.revision, effect.state))
+        for effect in kept:  # the first record of these keys in a compacted log
+            writes.put(b"states", state_key(group, effect.aggregate), encode_state(effect.revision, effect.state))
     elif tag == ACK_TAG:
         try:
             consumer, group, cursor = _ACK_DECODER.decode(memoryview(record)[1:])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not an ACK: {exc}", offset=position, reason="decode") from None
-        index.put(txn, b"acks", ack_key(consumer, group), u64(cursor))
+        writes.put(b"acks", ack_key(consumer, group), u64(cursor))
     else:
         raise Corruption(f"log record at {position} has unknown tag {tag!r}", offset=position, reason="tag")
 

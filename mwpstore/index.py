@@ -51,6 +51,9 @@ PRESENCE_TAGS = {b"heads": b"h", b"states": b"s", b"receipts": b"r", b"acks": b"
 SEAL_BYTES = 4
 _SEEDS = {name: zlib.crc32(name) for name in DATABASE_NAMES}
 _CHECK = struct.Struct("<I")
+_unpack_check = _CHECK.unpack_from
+_pack_check = _CHECK.pack
+_crc32 = zlib.crc32
 _U64 = struct.Struct(">Q")
 _STATE_ENCODER = msgspec.msgpack.Encoder()
 _STATE_DECODER = msgspec.msgpack.Decoder(dict[str, Any])
@@ -58,21 +61,22 @@ _STATE_DECODER = msgspec.msgpack.Decoder(dict[str, Any])
 
 def seal(name: bytes, key: bytes, value: bytes) -> bytes:
     """``value`` followed by its CRC-32 over the database name, ``key`` and ``value``."""
-    return value + _CHECK.pack(zlib.crc32(value, zlib.crc32(key, _SEEDS[name])))
+    return value + _pack_check(_crc32(value, _crc32(key, _SEEDS[name])))
 
 
 def unseal(name: bytes, key: bytes | memoryview, stored: bytes | memoryview) -> bytes | memoryview:
     """The value inside a sealed entry; ``Corruption`` naming the database and key if it fails."""
     size = len(stored) - SEAL_BYTES
-    body = stored[:size]
-    if size < 0 or _CHECK.unpack_from(stored, size)[0] != zlib.crc32(body, zlib.crc32(key, _SEEDS[name])):
-        raise Corruption(
+    if size >= 0:
+        body = stored[:size]
+        if _unpack_check(stored, size)[0] == _crc32(body, _crc32(key, _SEEDS[name])):
+            return body
+    raise Corruption(
             f"index database {name.decode()} has a damaged entry at key {bytes(key)!r}; run `mwpstore rebuild`",
             reason="index_checksum",
             database=name.decode(),
             key=bytes(key).decode("utf-8", "replace"),
         )
-    return body
 
 
 def _out_of_order(name: bytes, key: bytes | memoryview) -> Corruption:
@@ -207,11 +211,16 @@ class Index:
         if tag is not None:
             txn.put(tag + key, b"", db=self.presence)
 
-    def put_many(self, txn: lmdb.Transaction, name: bytes, items: list[tuple[bytes, bytes]]) -> None:
-        txn.cursor(db=self.dbs[name]).putmulti([(key, seal(name, key, value)) for key, value in items])
+    def put_many(self, txn: lmdb.Transaction, name: bytes, items: list[tuple[bytes, bytes]], new: list[bytes] | None = None) -> None:
+        """Write ``items``; record presence for the keys in ``new`` (default: every key). A caller
+        that knows a key was written before (a later revision, a Group's next head) leaves it out."""
+        seed = _SEEDS[name]
+        txn.cursor(db=self.dbs[name]).putmulti([(key, value + _pack_check(_crc32(value, _crc32(key, seed)))) for key, value in items])
         tag = PRESENCE_TAGS.get(name)
         if tag is not None:
-            txn.cursor(db=self.presence).putmulti([(tag + key, b"") for key, _ in items])
+            keys = [key for key, _ in items] if new is None else new
+            if keys:
+                txn.cursor(db=self.presence).putmulti([(tag + key, b"") for key in keys])
 
     def range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes | memoryview]]:
         """(key, checked value) pairs whose key starts with ``prefix``, from ``start`` (default:
@@ -243,6 +252,30 @@ class Index:
         """All raw (key, sealed value) pairs of one database, in key order (a read transaction)."""
         with self.env.begin(db=self.dbs[name], buffers=False) as txn:
             yield from txn.cursor().iternext(keys=True, values=True)
+
+
+class PendingWrites:
+    """Index writes gathered over many log records and written with one ``putmulti`` per
+    database (redo and rebuild); later writes to a key win, as they would one by one."""
+
+    __slots__ = ("items", "new")
+
+    def __init__(self) -> None:
+        self.items: dict[bytes, list[tuple[bytes, bytes]]] = {name: [] for name in DATABASE_NAMES if name != b"presence"}
+        self.new: dict[bytes, list[bytes]] = {name: [] for name in PRESENCE_TAGS}
+
+    def put(self, name: bytes, key: bytes, value: bytes, new: bool = True) -> None:
+        self.items[name].append((key, value))
+        if new and name in PRESENCE_TAGS:
+            self.new[name].append(key)
+
+    def flush(self, index: Index, txn: lmdb.Transaction) -> None:
+        for name, items in self.items.items():
+            if items:
+                index.put_many(txn, name, items, self.new.get(name, []))
+                items.clear()
+        for keys in self.new.values():
+            keys.clear()
 
 
 def remove_index(directory: str) -> None:

@@ -138,3 +138,23 @@ def test_seal_round_trip_and_bounds():
             unseal(b"states", b"k", bad)
     with pytest.raises(Corruption):
         unseal(b"receipts", b"k", sealed)  # the database name is sealed in too
+
+
+def test_presence_survives_rebuild_for_keys_written_many_times(tmp_path):
+    """Presence is written once per key (at revision 1, a Group's first Event); a rebuild from the
+    log must record it again, also for aggregates now at a later revision."""
+    from authority_helpers import mission_update
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.accept(mission_update("m-1", 1, "second"))
+        authority.accept(mission_update("m-1", 2, "third"))
+        authority.rebuild()
+        assert authority.state(GROUP, "mission:m-1")[0] == 3
+        with authority.index.env.begin(write=True) as txn:
+            txn.delete(state_key(GROUP, "mission:m-1"), db=_raw(authority, b"states"))
+            txn.delete(GROUP.encode(), db=_raw(authority, b"heads"))
+        with pytest.raises(Corruption):
+            authority.state(GROUP, "mission:m-1")
+        with pytest.raises(Corruption):
+            authority.head(GROUP)
