@@ -1,9 +1,23 @@
-"""Build script: compiles the C segment log (csrc/) into ``mwpstore._segment_log_c``.
+"""Build script: compiles the C parts of the package.
 
-cffi out-of-line API mode: ``csrc/build_segment_log.py`` defines the FFI builder and imports
-nothing from the package.
+- ``mwpstore._segment_log_c``: the C segment log (csrc/), in cffi out-of-line API mode:
+  ``csrc/build_segment_log.py`` defines the FFI builder and imports nothing from the package.
+- ``mwpstore._canonical_c``: fast yes/no checks of canonical content and IDs
+  (``csrc/canonical_check.c``), a small CPython extension (limited API) because it walks Python
+  objects; ``mwpstore/canonical.py`` calls it and keeps the precise, typed errors in Python.
 """
 
-from setuptools import setup
+from setuptools import Extension, setup
 
-setup(cffi_modules=["csrc/build_segment_log.py:ffibuilder"])
+setup(
+    cffi_modules=["csrc/build_segment_log.py:ffibuilder"],
+    ext_modules=[
+        Extension(
+            "mwpstore._canonical_c",
+            sources=["csrc/canonical_check.c"],
+            extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"],
+            define_macros=[("Py_LIMITED_API", "0x030B0000")],
+            py_limited_api=True,
+        )
+    ],
+)

@@ -4,6 +4,10 @@ The bytes that are hashed or signed always come from this module. Canonical cont
 produced by one module-level msgspec encoder with sorted keys; before encoding, the content is
 walked once to enforce the rules that JSON alone would not: string keys only, no NaN or Infinity,
 integers within 64 bits, bounded depth, item count and size. See ``docs/format/canonical.md``.
+
+The walk that accepts is done in C (``csrc/canonical_check.c``: yes or no, never an error); only
+when it says no does the Python walk here run, to raise the typed error naming the field.
+``_content_ok`` is the Python statement of the C check, kept as the reference the tests compare it to.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from typing import Any
 import blake3
 import msgspec
 
-from . import limits
+from . import _canonical_c, limits
 from .errors import InvalidCommand, LimitExceeded
 
 _ENCODER = msgspec.json.Encoder(order="sorted")
@@ -30,8 +34,16 @@ DOMAIN_PAYLOAD = b"mwpstore/payload/v1\x00"
 DOMAIN_EVENT = b"mwpstore/event/v1\x00"
 
 
+_id_ok = _canonical_c.id_ok
+_kind_ok = _canonical_c.kind_ok
+content_ok = _canonical_c.content_ok
+"""``content_ok(value) -> bool``: True when ``check_content(value)`` would accept ``value``; never raises."""
+
+
 def check_id(value: object, field: str) -> str:
     """Return ``value`` if it is a valid ID, else raise ``InvalidCommand`` naming ``field``."""
+    if _id_ok(value):
+        return value  # type: ignore[return-value]
     if type(value) is not str:
         raise InvalidCommand(f"{field} must be a string ID", field=field)
     if not value or len(value) > limits.ID_CHARS_MAX:
@@ -47,6 +59,8 @@ def check_id(value: object, field: str) -> str:
 
 
 def check_kind(value: object, field: str = "kind") -> str:
+    if _kind_ok(value):
+        return value  # type: ignore[return-value]
     if type(value) is not str or not value or len(value) > limits.KIND_CHARS_MAX:
         raise InvalidCommand(f"{field} must be a short dotted name like 'workitem.claim'", field=field)
     if _KIND_PATTERN.match(value) is None:
@@ -56,7 +70,7 @@ def check_kind(value: object, field: str = "kind") -> str:
 
 def check_content(value: Any, field: str = "body") -> None:
     """Enforce the canonical-content rules on a JSON-like value (dict/list/str/int/float/bool/None)."""
-    if _content_ok(value, 0, [limits.BODY_ITEMS_MAX]):
+    if content_ok(value):
         return
     # Slow path, only to name the offending field precisely in the error.
     _check_value(value, field, 0, [limits.BODY_ITEMS_MAX])
@@ -64,7 +78,8 @@ def check_content(value: Any, field: str = "body") -> None:
 
 
 def _content_ok(value: Any, depth: int, budget: list[int]) -> bool:
-    """The fast check: True when every rule holds (no field names are built on this path)."""
+    """The fast check in Python, the reference for ``_canonical_c.content_ok``: True when every
+    rule holds (no field names are built on this path)."""
     if depth > limits.BODY_DEPTH_MAX:
         return False
     budget[0] -= 1

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import math
 import random
+from collections import OrderedDict
+from enum import IntEnum
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mwpstore import Command, InvalidCommand, LimitExceeded
-from mwpstore.canonical import canonical_bytes, check_content, check_id, content_hash
+from mwpstore import Command, InvalidCommand, LimitExceeded, _canonical_c, limits
+from mwpstore.canonical import _ID_PATTERN, _KIND_PATTERN, _content_ok, canonical_bytes, check_content, check_id, check_kind, content_hash
 from mwpstore.messages import check_command, command_bytes
 
 scalars = st.none() | st.booleans() | st.integers(-(2**63) + 1, 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20)
@@ -104,3 +106,104 @@ def test_signature_is_not_part_of_the_content():
     check_command(signed)
     assert command_bytes(unsigned) == command_bytes(signed)
     assert command_bytes(Command(**{**base, "expected_revision": 3})) != command_bytes(unsigned)
+
+
+# -- The C fast checks (csrc/canonical_check.c) agree with the Python rules ----------------------
+
+class _Level(IntEnum):
+    LOW = 1
+
+
+class _Text(str):
+    pass
+
+
+def _python_content_ok(value):
+    return _content_ok(value, 0, [limits.BODY_ITEMS_MAX])
+
+
+def _nested(leaf, levels, container):
+    for _ in range(levels):
+        leaf = {"k": leaf} if container is dict else [leaf]
+    return leaf
+
+
+@pytest.mark.parametrize("name", ["BODY_DEPTH_MAX", "BODY_ITEMS_MAX", "STRING_BYTES_MAX", "ID_CHARS_MAX", "KIND_CHARS_MAX", "INT_ABS_MAX"])
+def test_c_bounds_match_limits_py(name):
+    assert getattr(_canonical_c, name) == getattr(limits, name)
+
+
+wild_scalars = scalars | st.floats() | st.integers() | st.binary(max_size=4) | st.sampled_from(
+    [_Level.LOW, _Text("x"), (1, 2), (), OrderedDict(a=1), {1: 2}, {None: 1}, frozenset(), "x" * (limits.STRING_BYTES_MAX + 1)]
+)
+wild_content = st.recursive(
+    wild_scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.tuples(inner, inner) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=30,
+)
+
+
+@given(wild_content)
+@settings(max_examples=500, deadline=None)
+def test_c_content_check_agrees_with_python(value):
+    assert _canonical_c.content_ok(value) is _python_content_ok(value)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        _nested("s", limits.BODY_DEPTH_MAX + 1, dict),  # a str right inside a dict at the deepest level
+        _nested(7, limits.BODY_DEPTH_MAX + 1, dict),
+        _nested(1.5, limits.BODY_DEPTH_MAX + 1, dict),
+        _nested("s", limits.BODY_DEPTH_MAX + 1, list),
+        _nested([], limits.BODY_DEPTH_MAX, list),
+        _nested([], limits.BODY_DEPTH_MAX + 1, list),
+        list(range(limits.BODY_ITEMS_MAX - 1)),
+        list(range(limits.BODY_ITEMS_MAX)),
+        {str(index): index for index in range(limits.BODY_ITEMS_MAX - 1)},
+        {str(index): index for index in range(limits.BODY_ITEMS_MAX)},
+        [2**63 - 1, -(2**63) + 1],
+        [-(2**63)],
+        {"a": 2**63},
+        {"a": 2**64},
+        {"a": -(2**70)},
+        [float("nan")],
+        {"a": float("-inf")},
+        "x" * limits.STRING_BYTES_MAX,
+        {"a": "x" * (limits.STRING_BYTES_MAX + 1)},
+        "\ud800",
+        True,
+        None,
+    ],
+)
+def test_c_content_check_agrees_with_python_at_the_bounds(value):
+    assert _canonical_c.content_ok(value) is _python_content_ok(value)
+
+
+def test_c_content_check_stops_on_a_cycle():
+    cycle: list = []
+    cycle.append(cycle)
+    assert _canonical_c.content_ok(cycle) is False
+    with pytest.raises(LimitExceeded):
+        check_content(cycle)
+
+
+id_like = st.text(alphabet="aZ09_.@+=-:/\\ é\n\x00", min_size=0, max_size=6) | st.sampled_from(
+    ["x" * 128, "x" * 129, "a" * 64, "a" * 65, "\ud800", "a\n", "workitem.claim", "a..b", "a.", ".a", "a.1"]
+)
+
+
+@given(id_like | st.integers() | st.none() | st.builds(_Text, st.text(max_size=3)))
+@settings(max_examples=500, deadline=None)
+def test_c_id_and_kind_checks_agree_with_python(value):
+    is_str = type(value) is str
+    id_ok = is_str and 0 < len(value) <= limits.ID_CHARS_MAX and _ID_PATTERN.match(value) is not None
+    kind_ok = is_str and 0 < len(value) <= limits.KIND_CHARS_MAX and _KIND_PATTERN.match(value) is not None
+    assert _canonical_c.id_ok(value) is id_ok
+    assert _canonical_c.kind_ok(value) is kind_ok
+    if not id_ok:
+        with pytest.raises(InvalidCommand):
+            check_id(value, "x")
+    if not kind_ok:
+        with pytest.raises(InvalidCommand):
+            check_kind(value)
