@@ -170,6 +170,7 @@ def command_bytes(command: Command) -> bytes:
 
 # -- Event encoding and hashing -----------------------------------------------------------------
 
+_content_ok = canonical.content_ok
 _EVENT_ENCODER = msgspec.msgpack.Encoder()
 _EVENT_DECODER = msgspec.msgpack.Decoder(Event)
 _RECEIPT_DECODER = msgspec.msgpack.Decoder(Receipt)
@@ -218,29 +219,46 @@ def event_hash(
     prev_hash: bytes,
 ) -> bytes:
     """The chain hash of one Event: commits to the previous hash, header, effects and payload hash."""
-    header = _EFFECTS_ENCODER.encode(
-        [group, seq, event_id, kind, aggregate, revision, actor, action_id, content_hash, accepted_at_ms, authoritative]
+    return event_hash_of_fields(
+        (group, seq, event_id, kind, aggregate, revision, actor, action_id, content_hash, accepted_at_ms, authoritative),
+        effects,
+        payload_hash,
+        prev_hash,
     )
-    effects_hash = canonical.hash_bytes(_EFFECTS_ENCODER.encode(effects))
-    return canonical.hash_bytes(canonical.DOMAIN_EVENT, prev_hash, header, effects_hash, payload_hash)
+
+
+def event_hash_of_fields(
+    header: tuple[str, int, str, str, str, int, str, str, bytes, int, bool],
+    effects: list[Effect],
+    payload_hash: bytes,
+    prev_hash: bytes,
+) -> bytes:
+    """``event_hash`` with the header fields as one tuple, in the order of the hashed header:
+    (group, seq, event_id, kind, aggregate, revision, actor, action_id, content_hash,
+    accepted_at_ms, authoritative)."""
+    encode = _EFFECTS_ENCODER.encode
+    hash_bytes = canonical.hash_bytes
+    return hash_bytes(canonical.DOMAIN_EVENT, prev_hash, encode(header), hash_bytes(encode(effects)), payload_hash)
 
 
 def recompute_event_hash(event: Event) -> bytes:
-    return event_hash(
-        group=event.group,
-        seq=event.seq,
-        event_id=event.event_id,
-        kind=event.kind,
-        aggregate=event.aggregate,
-        revision=event.revision,
-        actor=event.actor,
-        action_id=event.action_id,
-        content_hash=event.content_hash,
-        accepted_at_ms=event.accepted_at_ms,
-        authoritative=event.authoritative,
-        effects=event.effects,
-        payload_hash=event.payload_hash,
-        prev_hash=event.prev_hash,
+    return event_hash_of_fields(
+        (
+            event.group,
+            event.seq,
+            event.event_id,
+            event.kind,
+            event.aggregate,
+            event.revision,
+            event.actor,
+            event.action_id,
+            event.content_hash,
+            event.accepted_at_ms,
+            event.authoritative,
+        ),
+        event.effects,
+        event.payload_hash,
+        event.prev_hash,
     )
 
 
@@ -285,27 +303,42 @@ def check_event(event: object, *, expected_prev_hash: bytes | None = None) -> Ev
         raise EventInvalid("Event seq must be a positive integer", reason="seq")
     if event.event_id != make_event_id(event.group, event.seq):
         raise EventInvalid("Event ID does not match its Group and sequence", reason="event_id")
-    for name in ("content_hash", "payload_hash", "prev_hash", "hash"):
-        value = getattr(event, name)
-        if type(value) is not bytes or len(value) != HASH_BYTES:
-            raise EventInvalid(f"Event {name} must be {HASH_BYTES} bytes", reason=name)
-    if event.body is not None:
-        try:
-            canonical.check_content(event.body)
-        except InvalidCommand as exc:
-            raise EventInvalid(f"Event body invalid: {exc.message}", reason="body") from None
-        if payload_hash_of(event.body) != event.payload_hash:
+    content_hash, payload_hash, prev_hash, digest = event.content_hash, event.payload_hash, event.prev_hash, event.hash
+    if not (
+        type(content_hash) is bytes
+        and len(content_hash) == HASH_BYTES
+        and type(payload_hash) is bytes
+        and len(payload_hash) == HASH_BYTES
+        and type(prev_hash) is bytes
+        and len(prev_hash) == HASH_BYTES
+        and type(digest) is bytes
+        and len(digest) == HASH_BYTES
+    ):
+        for name in ("content_hash", "payload_hash", "prev_hash", "hash"):  # name the first one wrong
+            value = getattr(event, name)
+            if type(value) is not bytes or len(value) != HASH_BYTES:
+                raise EventInvalid(f"Event {name} must be {HASH_BYTES} bytes", reason=name)
+    body = event.body
+    if body is not None:
+        if not _content_ok(body):
+            try:
+                canonical.check_content(body)
+            except InvalidCommand as exc:
+                raise EventInvalid(f"Event body invalid: {exc.message}", reason="body") from None
+        if payload_hash_of(body) != payload_hash:
             raise EventInvalid("Event body does not match its payload hash", reason="payload_hash")
     for effect in event.effects:
-        if type(effect.aggregate) is not str or type(effect.revision) is not int or effect.revision < 1:
+        revision = effect.revision
+        if type(effect.aggregate) is not str or type(revision) is not int or revision < 1:
             raise EventInvalid("Event effect malformed", reason="effects")
-        if effect.state is not None:
+        state = effect.state
+        if state is not None and not _content_ok(state):
             try:
-                canonical.check_content(effect.state, "effects")
+                canonical.check_content(state, "effects")
             except InvalidCommand as exc:
                 raise EventInvalid(f"Event effect invalid: {exc.message}", reason="effects") from None
-    if expected_prev_hash is not None and event.prev_hash != expected_prev_hash:
+    if expected_prev_hash is not None and prev_hash != expected_prev_hash:
         raise EventInvalid("Event does not link to the previous Event's hash", reason="prev_hash")
-    if recompute_event_hash(event) != event.hash:
+    if recompute_event_hash(event) != digest:
         raise EventInvalid("Event hash does not verify", reason="hash")
     return event

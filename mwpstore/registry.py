@@ -18,6 +18,7 @@ from typing import Any, NamedTuple, Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+from msgspec.structs import replace as replace_struct
 
 from . import canonical
 from .errors import (
@@ -36,7 +37,7 @@ from .messages import (
     Effect,
     Event,
     command_bytes,
-    event_hash,
+    event_hash_of_fields,
     make_event_id,
     payload_hash_of,
 )
@@ -209,11 +210,16 @@ def run_transition(
 
     context = Context(group=command.group, now_ms=now_ms, member=member, seq=seq)
     decision = spec.decide(view, command, context)
-    canonical.check_content(decision.body, "event body")
+    body = decision.body
+    authoritative = decision.authoritative
+    canonical.check_content(body, "event body")
+    group = command.group
+    # The draft is what ``evolve`` sees: the Event as decided, before its effects, new revision
+    # and hashes are known. The accepted Event is the draft with those four fields filled in.
     draft = Event(
-        group=command.group,
+        group=group,
         seq=seq,
-        event_id=make_event_id(command.group, seq),
+        event_id=make_event_id(group, seq),
         kind=command.kind,
         aggregate=key,
         revision=current,
@@ -221,8 +227,8 @@ def run_transition(
         action_id=command.action_id,
         content_hash=content_hash,
         accepted_at_ms=now_ms,
-        authoritative=decision.authoritative,
-        body=decision.body,
+        authoritative=authoritative,
+        body=body,
         effects=[],
         payload_hash=ZERO_HASH,
         prev_hash=prev_hash,
@@ -230,48 +236,21 @@ def run_transition(
     )
     effects: list[Effect] = []
     revision = current
-    if decision.authoritative:
+    if authoritative:
         changes = spec.evolve(view, draft)
         for changed_key in sorted(changes):
             new_revision = view.revision(changed_key) + 1
             effects.append(Effect(changed_key, new_revision, changes[changed_key]))
             if changed_key == key:
                 revision = new_revision
-    payload = payload_hash_of(decision.body)
-    digest = event_hash(
-        group=draft.group,
-        seq=seq,
-        event_id=draft.event_id,
-        kind=draft.kind,
-        aggregate=key,
-        revision=revision,
-        actor=draft.actor,
-        action_id=draft.action_id,
-        content_hash=content_hash,
-        accepted_at_ms=now_ms,
-        authoritative=decision.authoritative,
-        effects=effects,
-        payload_hash=payload,
-        prev_hash=prev_hash,
+    payload = payload_hash_of(body)
+    digest = event_hash_of_fields(
+        (group, seq, draft.event_id, draft.kind, key, revision, draft.actor, draft.action_id, content_hash, now_ms, authoritative),
+        effects,
+        payload,
+        prev_hash,
     )
-    return Event(
-        group=draft.group,
-        seq=seq,
-        event_id=draft.event_id,
-        kind=draft.kind,
-        aggregate=key,
-        revision=revision,
-        actor=draft.actor,
-        action_id=draft.action_id,
-        content_hash=content_hash,
-        accepted_at_ms=now_ms,
-        authoritative=decision.authoritative,
-        body=decision.body,
-        effects=effects,
-        payload_hash=payload,
-        prev_hash=prev_hash,
-        hash=digest,
-    )
+    return replace_struct(draft, revision=revision, effects=effects, payload_hash=payload, hash=digest)
 
 
 # -- In-memory driver (for rule tests and reference models; no disk) ----------------------------
