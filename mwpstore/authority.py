@@ -1634,7 +1634,10 @@ def _note_database(tag: bytes) -> bytes:
     return b"snapshots" if tag == SNAPSHOT_TAG else b"archives"
 
 
-def _decode_note(value: bytes | memoryview, kind: Any) -> Any:
+_Note = TypeVar("_Note", SnapshotRef, ArchiveRecord)
+
+
+def _decode_note(value: bytes | memoryview, kind: type[_Note]) -> _Note:
     try:
         return msgspec.msgpack.decode(value, type=kind)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
