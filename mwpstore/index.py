@@ -33,13 +33,13 @@ from __future__ import annotations
 import os
 import shutil
 import struct
-import zlib
 from collections.abc import Iterator
 from typing import Any
 
 import lmdb
 import msgspec
 
+from ._sealed import SEAL_BYTES, SealedTables, seal  # noqa: F401  (seal, SEAL_BYTES: part of this module's API)
 from .errors import Corruption, translate
 from .messages import HASH_BYTES, ZERO_HASH
 
@@ -48,44 +48,14 @@ DATABASE_NAMES = (b"meta", b"events", b"heads", b"states", b"receipts", b"acks",
 # Databases whose misses are confirmed against ``presence`` (one tag byte each). Events need no
 # presence entry: a Group's head says which sequences must exist.
 PRESENCE_TAGS = {b"heads": b"h", b"states": b"s", b"receipts": b"r", b"acks": b"a", b"snapshots": b"n", b"archives": b"v"}
-SEAL_BYTES = 4
-_SEEDS = {name: zlib.crc32(name) for name in DATABASE_NAMES}
-_CHECK = struct.Struct("<I")
-_unpack_check = _CHECK.unpack_from
-_pack_check = _CHECK.pack
-_crc32 = zlib.crc32
 _U64 = struct.Struct(">Q")
 _STATE_ENCODER = msgspec.msgpack.Encoder()
 _STATE_DECODER = msgspec.msgpack.Decoder(dict[str, Any])
 
 
-def seal(name: bytes, key: bytes, value: bytes) -> bytes:
-    """``value`` followed by its CRC-32 over the database name, ``key`` and ``value``."""
-    return value + _pack_check(_crc32(value, _crc32(key, _SEEDS[name])))
-
-
 def unseal(name: bytes, key: bytes | memoryview, stored: bytes | memoryview) -> bytes | memoryview:
-    """The value inside a sealed entry; ``Corruption`` naming the database and key if it fails."""
-    size = len(stored) - SEAL_BYTES
-    if size >= 0:
-        body = stored[:size]
-        if _unpack_check(stored, size)[0] == _crc32(body, _crc32(key, _SEEDS[name])):
-            return body
-    raise Corruption(
-            f"index database {name.decode()} has a damaged entry at key {bytes(key)!r}; run `mwpstore rebuild`",
-            reason="index_checksum",
-            database=name.decode(),
-            key=bytes(key).decode("utf-8", "replace"),
-        )
-
-
-def _out_of_order(name: bytes, key: bytes | memoryview) -> Corruption:
-    return Corruption(
-        f"index database {name.decode()} is out of key order at {bytes(key)!r}; run `mwpstore rebuild`",
-        reason="index_order",
-        database=name.decode(),
-        key=bytes(key).decode("utf-8", "replace"),
-    )
+    """The value inside a sealed index entry (``Corruption`` if it fails), without an open index."""
+    return _UNSEALER.unseal(name, key, stored)
 
 
 def u64(value: int) -> bytes:
@@ -140,8 +110,12 @@ def decode_head(data: bytes | memoryview | None) -> tuple[int, bytes]:
     return _U64.unpack_from(data, 0)[0], bytes(data[8:])
 
 
-class Index:
-    """An open LMDB environment with the authority's named databases."""
+class Index(SealedTables):
+    """An open LMDB environment with the authority's named databases, read and written sealed."""
+
+    label = "index"
+    reason = "index"
+    remedy = "run `mwpstore rebuild`"
 
     def __init__(self, directory: str, *, map_size: int, readonly: bool = False) -> None:
         self.directory = directory
@@ -176,7 +150,7 @@ class Index:
         self.acks = self.dbs[b"acks"]
         self.snapshots = self.dbs[b"snapshots"]
         self.archives = self.dbs[b"archives"]
-        self.presence = self.dbs[b"presence"]
+        self._seal_tables(self.dbs, self.dbs[b"presence"], PRESENCE_TAGS)
 
     def close(self) -> None:
         self.env.close()
@@ -187,66 +161,6 @@ class Index:
     def log_position(self, txn: lmdb.Transaction) -> int:
         value = self.get(txn, b"meta", b"log_position")
         return 0 if value is None else read_u64(value)
-
-    # -- sealed access: every read and write of a value goes through these -----------------------
-
-    def get(self, txn: lmdb.Transaction, name: bytes, key: bytes) -> bytes | memoryview | None:
-        """The value at ``key`` (checked), or None if it was never written (checked too)."""
-        stored = txn.get(key, db=self.dbs[name])
-        if stored is None:
-            tag = PRESENCE_TAGS.get(name)
-            if tag is not None and txn.get(tag + key, db=self.presence) is not None:
-                raise Corruption(
-                    f"index database {name.decode()} lost the entry at key {key!r}; run `mwpstore rebuild`",
-                    reason="index_missing",
-                    database=name.decode(),
-                    key=key.decode("utf-8", "replace"),
-                )
-            return None
-        return unseal(name, key, stored)
-
-    def put(self, txn: lmdb.Transaction, name: bytes, key: bytes, value: bytes) -> None:
-        txn.put(key, seal(name, key, value), db=self.dbs[name])
-        tag = PRESENCE_TAGS.get(name)
-        if tag is not None:
-            txn.put(tag + key, b"", db=self.presence)
-
-    def put_many(self, txn: lmdb.Transaction, name: bytes, items: list[tuple[bytes, bytes]], new: list[bytes] | None = None) -> None:
-        """Write ``items``; record presence for the keys in ``new`` (default: every key). A caller
-        that knows a key was written before (a later revision, a Group's next head) leaves it out."""
-        seed = _SEEDS[name]
-        txn.cursor(db=self.dbs[name]).putmulti([(key, value + _pack_check(_crc32(value, _crc32(key, seed)))) for key, value in items])
-        tag = PRESENCE_TAGS.get(name)
-        if tag is not None:
-            keys = [key for key, _ in items] if new is None else new
-            if keys:
-                txn.cursor(db=self.presence).putmulti([(tag + key, b"") for key in keys])
-
-    def range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes | memoryview]]:
-        """(key, checked value) pairs whose key starts with ``prefix``, from ``start`` (default:
-        the prefix itself), in key order."""
-        start = prefix if start is None else start
-        cursor = txn.cursor(db=self.dbs[name])
-        if not cursor.set_range(start):
-            return
-        # A damaged branch key can send the descent past the first entries of the range: the
-        # entry before the landing point must sort before ``start``.
-        if cursor.prev():
-            if bytes(cursor.key()) >= start:
-                raise _out_of_order(name, cursor.key())
-            cursor.next()
-        previous = b""
-        for key, stored in cursor:
-            key = bytes(key)
-            if key <= previous:
-                raise _out_of_order(name, key)
-            if not key.startswith(prefix):
-                # The entry that ends the range must be sound too: a damaged key that merely
-                # fell outside the prefix would otherwise end the range early, silently.
-                unseal(name, key, stored)
-                return
-            previous = key
-            yield key, unseal(name, key, stored)
 
     def iterate(self, name: bytes) -> Iterator[tuple[bytes, bytes]]:
         """All raw (key, sealed value) pairs of one database, in key order (a read transaction)."""
@@ -276,6 +190,16 @@ class PendingWrites:
                 items.clear()
         for keys in self.new.values():
             keys.clear()
+
+
+class _Unsealer(SealedTables):
+    label, reason, remedy = Index.label, Index.reason, Index.remedy
+
+    def __init__(self) -> None:
+        self._seal_tables({name: None for name in DATABASE_NAMES}, None, {})
+
+
+_UNSEALER = _Unsealer()
 
 
 def remove_index(directory: str) -> None:

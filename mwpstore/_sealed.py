@@ -1,0 +1,164 @@
+"""Sealed LMDB databases: damage in an LMDB file is ``CORRUPTION``, never an answer.
+
+LMDB keeps no checksums. Both of mwpstore's LMDB stores (the authority's index and an
+AgentStore) read and write their values only through :class:`SealedTables`:
+
+- every value is stored followed by a 4-byte CRC-32 (zlib's, little-endian) over the database's
+  name, the key and the value, so a changed value, or a sound value reached under a changed key,
+  fails its seal;
+- a lookup that finds nothing asks a second B-tree, ``presence`` (one tag byte + the key, empty
+  value), whether the key exists; a damaged page cannot hide an entry from both trees, so the miss
+  of an existing key is ``CORRUPTION`` instead of "absent";
+- a range checks that the entry before its start sorts before it (a damaged branch key cannot skip
+  the first entries), that keys strictly increase, and that the entry ending the range is sound (a
+  damaged key that fell outside the prefix cannot end the range early).
+
+The format is in ``docs/format/index.md`` ("Seals and presence").
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import lmdb
+
+from .errors import Corruption
+
+SEAL_BYTES = 4
+_CHECK = struct.Struct("<I")
+_unpack_check = _CHECK.unpack_from
+_pack_check = _CHECK.pack
+_crc32 = zlib.crc32
+
+
+def seal(name: bytes, key: bytes, value: bytes) -> bytes:
+    """``value`` followed by its CRC-32 over the database name, ``key`` and ``value``."""
+    return value + _pack_check(_crc32(value, _crc32(key, _crc32(name))))
+
+
+class SealedTables:
+    """Sealed get, put, delete and range over named databases (see the module docstring).
+
+    ``tags`` maps each database whose misses are confirmed against ``presence`` to its tag byte;
+    the other databases are sealed only (their callers check misses another way). ``label``,
+    ``reason`` and ``remedy`` word the errors: "<label> database states has a damaged entry ...",
+    ``reason`` "<reason>_checksum" / "_missing" / "_order".
+    """
+
+    label = "store"
+    reason = "store"
+    remedy = "rebuild it"
+
+    def _seal_tables(self, dbs: dict[bytes, Any], presence: Any, tags: dict[bytes, bytes]) -> None:
+        self.dbs = dbs
+        self.presence = presence
+        self.tags = tags
+        self._seeds = {name: _crc32(name) for name in dbs}
+
+    # -- errors ----------------------------------------------------------------------------------
+
+    def _damage(self, kind: str, name: bytes, key: bytes | memoryview, what: str) -> Corruption:
+        return Corruption(
+            f"{self.label} database {name.decode()} {what} at key {bytes(key)!r}; {self.remedy}",
+            reason=f"{self.reason}_{kind}",
+            database=name.decode(),
+            key=bytes(key).decode("utf-8", "replace"),
+        )
+
+    def unseal(self, name: bytes, key: bytes | memoryview, stored: bytes | memoryview) -> bytes | memoryview:
+        """The value inside a sealed entry; ``Corruption`` naming the database and key if it fails."""
+        size = len(stored) - SEAL_BYTES
+        if size >= 0:
+            body = stored[:size]
+            if _unpack_check(stored, size)[0] == _crc32(body, _crc32(key, self._seeds[name])):
+                return body
+        raise self._damage("checksum", name, key, "has a damaged entry")
+
+    # -- access ----------------------------------------------------------------------------------
+
+    def get(self, txn: lmdb.Transaction, name: bytes, key: bytes) -> bytes | memoryview | None:
+        """The value at ``key`` (checked), or None if it does not exist (checked too)."""
+        stored = txn.get(key, db=self.dbs[name])
+        if stored is None:
+            tag = self.tags.get(name)
+            if tag is not None and txn.get(tag + key, db=self.presence) is not None:
+                raise self._damage("missing", name, key, "lost the entry")
+            return None
+        return self.unseal(name, key, stored)
+
+    def put(self, txn: lmdb.Transaction, name: bytes, key: bytes, value: bytes, new: bool = True) -> None:
+        """Write one entry; ``new=False`` when the key is known to exist already (presence kept)."""
+        txn.put(key, value + _pack_check(_crc32(value, _crc32(key, self._seeds[name]))), db=self.dbs[name])
+        tag = self.tags.get(name)
+        if tag is not None and new:
+            txn.put(tag + key, b"", db=self.presence)
+
+    def put_many(self, txn: lmdb.Transaction, name: bytes, items: list[tuple[bytes, bytes]], new: list[bytes] | None = None) -> None:
+        """Write ``items``; record presence for the keys in ``new`` (default: every key). A caller
+        that knows a key was written before (a later revision, a Group's next head) leaves it out."""
+        seed = self._seeds[name]
+        txn.cursor(db=self.dbs[name]).putmulti([(key, value + _pack_check(_crc32(value, _crc32(key, seed)))) for key, value in items])
+        tag = self.tags.get(name)
+        if tag is not None:
+            keys = [key for key, _ in items] if new is None else new
+            if keys:
+                txn.cursor(db=self.presence).putmulti([(tag + key, b"") for key in keys])
+
+    def delete(self, txn: lmdb.Transaction, name: bytes, key: bytes) -> bool:
+        """Delete one entry and its presence; True if it existed."""
+        tag = self.tags.get(name)
+        if tag is not None:
+            txn.delete(tag + key, db=self.presence)
+        return bool(txn.delete(key, db=self.dbs[name]))
+
+    def delete_range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes) -> int:
+        """Delete every entry whose key starts with ``prefix`` (and their presence); the count."""
+        count = _delete_prefix(txn, self.dbs[name], prefix)
+        tag = self.tags.get(name)
+        if tag is not None:
+            _delete_prefix(txn, self.presence, tag + prefix)
+        return count
+
+    def range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes | memoryview]]:
+        """(key, checked value) pairs whose key starts with ``prefix``, from ``start`` (default:
+        the prefix itself), in key order."""
+        start = prefix if start is None else start
+        cursor = txn.cursor(db=self.dbs[name])
+        if not cursor.set_range(start):
+            return
+        # A damaged branch key can send the descent past the first entries of the range: the
+        # entry before the landing point must sort before ``start``.
+        if cursor.prev():
+            if bytes(cursor.key()) >= start:
+                raise self._damage("order", name, cursor.key(), "is out of key order")
+            cursor.next()
+        previous = b""
+        unseal = self.unseal
+        for key, stored in cursor:
+            key = bytes(key)
+            if key <= previous:
+                raise self._damage("order", name, key, "is out of key order")
+            if not key.startswith(prefix):
+                # The entry that ends the range must be sound too: a damaged key that merely
+                # fell outside the prefix would otherwise end the range early, silently.
+                unseal(name, key, stored)
+                return
+            previous = key
+            yield key, unseal(name, key, stored)
+
+
+def _delete_prefix(txn: lmdb.Transaction, db: Any, prefix: bytes) -> int:
+    cursor = txn.cursor(db=db)
+    count = 0
+    if not cursor.set_range(prefix):
+        return 0
+    while bytes(cursor.key()).startswith(prefix):
+        if not cursor.delete():  # the cursor moves to the next entry
+            break
+        count += 1
+        if not cursor.key():  # deleted the last entry of the database
+            break
+    return count
