@@ -34,15 +34,15 @@ DOMAIN_PAYLOAD = b"mwpstore/payload/v1\x00"
 DOMAIN_EVENT = b"mwpstore/event/v1\x00"
 
 
-_id_ok = _canonical_c.id_ok
-_kind_ok = _canonical_c.kind_ok
+# Yes/no, never raising: True exactly when check_id, check_kind, check_content accept the value.
+id_ok = _canonical_c.id_ok
+kind_ok = _canonical_c.kind_ok
 content_ok = _canonical_c.content_ok
-"""``content_ok(value) -> bool``: True when ``check_content(value)`` would accept ``value``; never raises."""
 
 
 def check_id(value: object, field: str) -> str:
     """Return ``value`` if it is a valid ID, else raise ``InvalidCommand`` naming ``field``."""
-    if _id_ok(value):
+    if id_ok(value):
         return value  # type: ignore[return-value]
     if type(value) is not str:
         raise InvalidCommand(f"{field} must be a string ID", field=field)
@@ -59,7 +59,7 @@ def check_id(value: object, field: str) -> str:
 
 
 def check_kind(value: object, field: str = "kind") -> str:
-    if _kind_ok(value):
+    if kind_ok(value):
         return value  # type: ignore[return-value]
     if type(value) is not str or not value or len(value) > limits.KIND_CHARS_MAX:
         raise InvalidCommand(f"{field} must be a short dotted name like 'workitem.claim'", field=field)

@@ -20,6 +20,11 @@ from .errors import EventInvalid, InvalidCommand, LimitExceeded, MwpError, error
 HASH_BYTES = 32
 ZERO_HASH = b"\x00" * HASH_BYTES
 
+# The C yes/no checks; on no, the canonical.check_* functions raise the typed error.
+_id_ok = canonical.id_ok
+_kind_ok = canonical.kind_ok
+_content_ok = canonical.content_ok
+
 
 class Command(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """A request to change one Group. ``target`` names the aggregate (its type comes from ``kind``)."""
@@ -143,14 +148,22 @@ def check_command(command: object) -> Command:
     """Validate a Command from outside; return it or raise ``InvalidCommand`` naming the field."""
     if not isinstance(command, Command):
         raise InvalidCommand("expected a mwpstore.Command", field="command")
-    canonical.check_id(command.actor, "actor")
-    canonical.check_id(command.action_id, "action_id")
-    canonical.check_id(command.group, "group")
-    canonical.check_kind(command.kind)
-    canonical.check_id(command.target, "target")
+    if not (
+        _id_ok(command.actor)
+        and _id_ok(command.action_id)
+        and _id_ok(command.group)
+        and _kind_ok(command.kind)
+        and _id_ok(command.target)
+    ):  # one is wrong: check them in order, so the error names the first
+        canonical.check_id(command.actor, "actor")
+        canonical.check_id(command.action_id, "action_id")
+        canonical.check_id(command.group, "group")
+        canonical.check_kind(command.kind)
+        canonical.check_id(command.target, "target")
     if type(command.body) is not dict:
         raise InvalidCommand("body must be a dict with string keys", field="body")
-    canonical.check_content(command.body)
+    if not _content_ok(command.body):
+        canonical.check_content(command.body)
     revision = command.expected_revision
     if revision is not None and (type(revision) is not int or not 0 <= revision <= limits.INT_ABS_MAX):
         raise InvalidCommand("expected_revision must be a non-negative integer or None", field="expected_revision")
@@ -170,7 +183,6 @@ def command_bytes(command: Command) -> bytes:
 
 # -- Event encoding and hashing -----------------------------------------------------------------
 
-_content_ok = canonical.content_ok
 _EVENT_ENCODER = msgspec.msgpack.Encoder()
 _EVENT_DECODER = msgspec.msgpack.Decoder(Event)
 _RECEIPT_DECODER = msgspec.msgpack.Decoder(Receipt)
@@ -292,13 +304,14 @@ def check_event(event: object, *, expected_prev_hash: bytes | None = None) -> Ev
     """
     if not isinstance(event, Event):
         raise EventInvalid("expected a mwpstore.Event", reason="type")
-    try:
-        canonical.check_id(event.group, "group")
-        canonical.check_id(event.actor, "actor")
-        canonical.check_id(event.action_id, "action_id")
-        canonical.check_kind(event.kind)
-    except InvalidCommand as exc:
-        raise EventInvalid(f"Event field invalid: {exc.message}", reason="field", field=exc.field) from None
+    if not (_id_ok(event.group) and _id_ok(event.actor) and _id_ok(event.action_id) and _kind_ok(event.kind)):
+        try:  # one is wrong: check them in order, so the error names the first
+            canonical.check_id(event.group, "group")
+            canonical.check_id(event.actor, "actor")
+            canonical.check_id(event.action_id, "action_id")
+            canonical.check_kind(event.kind)
+        except InvalidCommand as exc:
+            raise EventInvalid(f"Event field invalid: {exc.message}", reason="field", field=exc.field) from None
     if type(event.seq) is not int or event.seq < 1:
         raise EventInvalid("Event seq must be a positive integer", reason="seq")
     if event.event_id != make_event_id(event.group, event.seq):

@@ -239,10 +239,11 @@ def run_transition(
     if authoritative:
         changes = spec.evolve(view, draft)
         for changed_key in sorted(changes):
-            new_revision = view.revision(changed_key) + 1
+            if changed_key == key:  # its revision was read above; evolve cannot change the view
+                new_revision = revision = current + 1
+            else:
+                new_revision = view.revision(changed_key) + 1
             effects.append(Effect(changed_key, new_revision, changes[changed_key]))
-            if changed_key == key:
-                revision = new_revision
     payload = payload_hash_of(body)
     digest = event_hash_of_fields(
         (group, seq, draft.event_id, draft.kind, key, revision, draft.actor, draft.action_id, content_hash, now_ms, authoritative),

@@ -207,3 +207,16 @@ def test_c_id_and_kind_checks_agree_with_python(value):
     if not kind_ok:
         with pytest.raises(InvalidCommand):
             check_kind(value)
+
+
+def test_check_command_names_the_first_bad_field():
+    command = Command(actor="ok", action_id="-bad", group="a/b", kind="Bad", target="t")
+    with pytest.raises(InvalidCommand) as raised:
+        check_command(command)
+    assert raised.value.field == "action_id"
+    with pytest.raises(InvalidCommand) as raised:
+        check_command(Command(actor="ok", action_id="a", group="g", kind="Bad", target="."))
+    assert raised.value.field == "kind"
+    with pytest.raises(LimitExceeded) as raised:
+        check_command(Command(actor="ok", action_id="a", group="g", kind="k", target="t", body={"deep": _nested(1, 40, list)}))
+    assert raised.value.field == "body.deep"
