@@ -18,14 +18,18 @@ The format is in ``docs/format/index.md`` ("Seals and presence").
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, TypeVar
 
 import lmdb
+import msgspec
 
-from .errors import Corruption
+from .errors import Corruption, MwpError
+
+_F = TypeVar("_F", bound=Callable[..., Any])
 
 SEAL_BYTES = 4
 _CHECK = struct.Struct("<I")
@@ -129,11 +133,14 @@ class SealedTables:
         cursor = txn.cursor(db=self.dbs[name])
         if not cursor.set_range(start):
             return
-        # A damaged branch key can send the descent past the first entries of the range: the
-        # entry before the landing point must sort before ``start``.
+        # A damaged key (in a branch, or the entry just before) can make the search land past the
+        # first entries of the range: the entry before the landing point must be sound and sort
+        # before ``start``.
         if cursor.prev():
-            if bytes(cursor.key()) >= start:
-                raise self._damage("order", name, cursor.key(), "is out of key order")
+            before = bytes(cursor.key())
+            self.unseal(name, before, cursor.value())
+            if before >= start:
+                raise self._damage("order", name, before, "is out of key order")
             cursor.next()
         previous = b""
         unseal = self.unseal
@@ -148,6 +155,48 @@ class SealedTables:
                 return
             previous = key
             yield key, unseal(name, key, stored)
+
+
+def open_databases(env: lmdb.Environment, names: Iterable[bytes], *, label: str, remedy: str) -> dict[bytes, Any]:
+    """Open the named databases, creating them only in a new environment.
+
+    A damaged record in LMDB's main database can change a database's name; opening it by name
+    would then silently create a new, empty one. So in an environment that already holds some of
+    ``names``, a missing one is ``CORRUPTION``.
+    """
+    names = list(names)
+    with env.begin() as txn:
+        existing = {bytes(key) for key, _ in txn.cursor()}
+    missing = [name for name in names if name not in existing]
+    if missing and len(missing) < len(names):
+        raise Corruption(
+            f"the {label} lacks its database(s) {b', '.join(missing).decode('utf-8', 'replace')}; {remedy}",
+            reason="missing_database",
+        )
+    return {name: env.open_db(name) for name in names}
+
+
+_DAMAGE_ERRORS = (lmdb.Error, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, struct.error)
+
+
+def typed_damage(label: str, remedy: str, reason: str, errors: tuple[type[BaseException], ...] = _DAMAGE_ERRORS) -> Callable[[_F], _F]:
+    """A decorator for read paths: what damaged LMDB pages or bytes can raise (by default LMDB,
+    decode and struct errors) becomes ``CORRUPTION`` naming the store and the remedy, never a
+    foreign error."""
+
+    def decorate(method: _F) -> _F:
+        @functools.wraps(method)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return method(*args, **kwargs)
+            except MwpError:
+                raise
+            except errors as exc:
+                raise Corruption(f"the {label} is damaged ({type(exc).__name__}: {exc}); {remedy}", reason=reason) from None
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate
 
 
 def _delete_prefix(txn: lmdb.Transaction, db: Any, prefix: bytes) -> int:

@@ -33,8 +33,10 @@ import lmdb
 import msgspec
 
 from . import canonical, failpoints, limits
+from ._sealed import SealedTables, open_databases, typed_damage
 from .errors import ReconcileRequired, ProjectionFailed  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import (
+    Corruption,
     EventInvalid,
     InvalidCommand,
     LimitExceeded,
@@ -46,7 +48,7 @@ from .errors import (
 )
 from .messages import ZERO_HASH, Effect, Event, check_event, decode_event, encode_event
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 BUFFERED_EVENTS_MAX = 100_000
 """Bound on Events buffered beyond a gap, per Group; more is refused with ``LIMIT_EXCEEDED``."""
@@ -76,7 +78,21 @@ _DATABASES = (
     b"outbox",  # group NUL idempotency key -> Intent
     b"intent_group",  # idempotency key -> group
     b"offline",  # group NUL b"C" seq -> BufferedCommand; group NUL b"S" -> outage record
+    b"presence",  # tag byte + key of the databases below -> b"" (misses are checked against it)
 )
+# Every value is sealed (``mwpstore._sealed``). A miss in these databases is checked against
+# ``presence``; the inbox's misses are checked against the Group head (it holds exactly the
+# unpruned applied range), the queue is only ever read as ranges, meta only at open.
+_PRESENCE_TAGS = {
+    b"heads": b"h",
+    b"buffer": b"b",
+    b"state": b"s",
+    b"queue_index": b"q",
+    b"projection": b"p",
+    b"outbox": b"o",
+    b"intent_group": b"i",
+    b"offline": b"f",
+}
 
 _DIGEST_DATABASES = (b"state", b"queue", b"queue_index", b"projection")
 
@@ -287,6 +303,24 @@ def admit_trusted_event(event: object) -> Event:
 # -- the store -----------------------------------------------------------------------------------
 
 
+class _Tables(SealedTables):
+    """The AgentStore's LMDB databases, read and written sealed."""
+
+    label = "agent store"
+    reason = "agent"
+    remedy = "delete the agent store and rebuild it from the authority (its Events, or a verified snapshot)"
+
+    def __init__(self, env: lmdb.Environment) -> None:
+        dbs = open_databases(env, _DATABASES, label="agent store", remedy=self.remedy)
+        self._seal_tables(dbs, dbs[b"presence"], _PRESENCE_TAGS)
+
+
+_damage_typed = typed_damage("agent store", _Tables.remedy, "agent")
+"""Read paths of the AgentStore: damaged LMDB pages or bytes are ``CORRUPTION``, never foreign."""
+_lmdb_damage_typed = typed_damage("agent store", _Tables.remedy, "agent", (lmdb.Error,))
+"""Transaction paths that also run application code: only LMDB's own errors are translated."""
+
+
 class AgentStore:
     """One agent's local store. Open with :meth:`open`; one process writes (a lock file)."""
 
@@ -304,7 +338,7 @@ class AgentStore:
         self.verify = verify
         self._env = env
         self._lock_fd = lock_fd
-        self._dbs = {name.decode(): env.open_db(name) for name in _DATABASES}
+        self._tables = _Tables(env)
         self._projections = tuple(projections)
         self.trusted_keys = tuple(trusted_keys)
         self._clock = clock
@@ -364,6 +398,8 @@ class AgentStore:
             store = cls(path, env, lock_fd, projections, tuple(trusted_keys), clock, verify)
             store._check_format()
         except BaseException as exc:
+            if "env" in locals():
+                env.close()
             os.close(lock_fd)
             if isinstance(exc, MwpError):
                 raise
@@ -372,16 +408,19 @@ class AgentStore:
             raise
         return store
 
+    @_damage_typed
     def _check_format(self) -> None:
-        with self._env.begin(write=True, db=self._dbs["meta"]) as txn:
-            stored = txn.get(b"format")
+        tables = self._tables
+        with self._env.begin(write=True) as txn:
+            try:
+                stored = tables.get(txn, b"meta", b"format")
+            except Corruption:  # an unsealed value: a store of format 1, or damage
+                stored = txn.get(b"format", db=tables.dbs[b"meta"])
             if stored is None:
-                txn.put(b"format", str(FORMAT_VERSION).encode())
-            elif stored != str(FORMAT_VERSION).encode():
-                from .errors import Corruption
-
+                tables.put(txn, b"meta", b"format", str(FORMAT_VERSION).encode())
+            elif bytes(stored) != str(FORMAT_VERSION).encode():
                 raise Corruption(
-                    f"agent store format {stored!r} is not {FORMAT_VERSION}; delete the directory and rebuild it",
+                    f"agent store format {bytes(stored)!r} is not {FORMAT_VERSION}; delete the directory and rebuild it",
                     reason="format",
                 )
 
@@ -430,10 +469,11 @@ class AgentStore:
 
     # -- reads -------------------------------------------------------------------------------
 
+    @_damage_typed
     def head(self, group: str) -> GroupHead:
         _check_group(group)
         with self._read() as txn:
-            return _load_head(txn, self._dbs["heads"], group)
+            return _load_head(self._tables, txn, group)
 
     def cursor(self, group: str) -> int:
         """The durable Cursor: every Event of ``group`` up to it is applied; none after a gap."""
@@ -443,9 +483,10 @@ class AgentStore:
         """What to ACK (MWP-WRK-030): the highest contiguous durable Cursor."""
         return self.cursor(group)
 
+    @_damage_typed
     def groups(self) -> list[str]:
         with self._read() as txn:
-            return [bytes(key).decode() for key, _ in txn.cursor(db=self._dbs["heads"])]
+            return [key.decode() for key, _ in self._tables.range(txn, b"heads", b"")]
 
     def state(self, group: str, key: str) -> dict[str, Any] | None:
         """The mirrored authoritative state of aggregate ``key`` (e.g. ``workitem:wi-3``)."""
@@ -454,33 +495,36 @@ class AgentStore:
     def revision(self, group: str, key: str) -> int:
         return self.aggregate(group, key)[0]
 
+    @_damage_typed
     def aggregate(self, group: str, key: str) -> tuple[int, dict[str, Any] | None]:
         _check_group(group)
         with self._read() as txn:
-            data = txn.get(_prefix(group) + key.encode(), db=self._dbs["state"])
-        if data is None:
-            return 0, None
-        return _STATE_DECODER.decode(data)
+            data = self._tables.get(txn, b"state", _prefix(group) + key.encode())
+            if data is None:
+                return 0, None
+            return _STATE_DECODER.decode(data)
 
+    @_damage_typed
     def states(self, group: str) -> dict[str, dict[str, Any]]:
         """Every live aggregate of ``group`` (key → state)."""
         _check_group(group)
         prefix = _prefix(group)
         result: dict[str, dict[str, Any]] = {}
         with self._read() as txn:
-            for key, value in _range(txn, self._dbs["state"], prefix):
+            for key, value in self._tables.range(txn, b"state", prefix):
                 state = _STATE_DECODER.decode(value)[1]
                 if state is not None:
                     result[key[len(prefix) :].decode()] = state
         return result
 
+    @_damage_typed
     def work_queue(self, group: str, now_ms: int, *, limit: int | None = None) -> list[QueueEntry]:
         """Ready WorkItems of ``group`` at ``now_ms``: priority desc, not-before asc, then ID."""
         _check_group(group)
         prefix = _prefix(group)
         result: list[QueueEntry] = []
         with self._read() as txn:
-            for key, _ in _range(txn, self._dbs["queue"], prefix):
+            for key, _ in self._tables.range(txn, b"queue", prefix):
                 suffix = key[len(prefix) :]
                 not_before_ms = int.from_bytes(suffix[8:16], "big") - _INT64
                 if not_before_ms > now_ms:
@@ -496,41 +540,49 @@ class AgentStore:
         state = self.state(group, f"workitem:{workitem}")
         return None if state is None else state.get("checkpoint")
 
+    @_damage_typed
     def projection_get(self, group: str, name: str, key: str | bytes) -> bytes | None:
         """Read one key of an application projection."""
         _check_group(group)
         with self._read() as txn:
-            return cast("bytes | None", txn.get(_projection_key(group, name, key), db=self._dbs["projection"]))
+            value = self._tables.get(txn, b"projection", _projection_key(group, name, key))
+            return None if value is None else bytes(value)
 
+    @_damage_typed
     def projection_items(self, group: str, name: str) -> list[tuple[bytes, bytes]]:
         _check_group(group)
         prefix = _prefix(group) + name.encode() + b"\x00"
         with self._read() as txn:
-            return [(bytes(key[len(prefix) :]), bytes(value)) for key, value in _range(txn, self._dbs["projection"], prefix)]
+            return [(key[len(prefix) :], bytes(value)) for key, value in self._tables.range(txn, b"projection", prefix)]
 
+    @_damage_typed
     def buffered_seqs(self, group: str) -> list[int]:
         _check_group(group)
         prefix = _prefix(group)
         with self._read() as txn:
-            return [int.from_bytes(key[len(prefix) :], "big") for key, _ in _range(txn, self._dbs["buffer"], prefix)]
+            return [int.from_bytes(key[len(prefix) :], "big") for key, _ in self._tables.range(txn, b"buffer", prefix)]
 
+    @_damage_typed
     def inbox_seqs(self, group: str) -> list[int]:
         _check_group(group)
         prefix = _prefix(group)
         with self._read() as txn:
-            return [int.from_bytes(key[len(prefix) :], "big") for key, _ in _range(txn, self._dbs["inbox"], prefix)]
+            return [int.from_bytes(key[len(prefix) :], "big") for key, _ in self._tables.range(txn, b"inbox", prefix)]
 
+    @_damage_typed
     def _offline_read(self, key: bytes) -> bytes | None:
         with self._read() as txn:
-            value = txn.get(key, db=self._dbs["offline"])
-        return None if value is None else bytes(value)
+            value = self._tables.get(txn, b"offline", key)
+            return None if value is None else bytes(value)
 
+    @_damage_typed
     def _offline_read_range(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         with self._read() as txn:
-            return [(bytes(key), bytes(value)) for key, value in _range(txn, self._dbs["offline"], prefix)]
+            return [(key, bytes(value)) for key, value in self._tables.range(txn, b"offline", prefix)]
 
     # -- rebuild comparison --------------------------------------------------------------------
 
+    @_damage_typed
     def projection_dump(self, group: str | None = None) -> list[tuple[str, bytes, bytes]]:
         """Every projection entry as (database, key, value) in key order, plus each Group's
         (applied seq, head hash, Cursor). Equal dumps mean byte-identical projections."""
@@ -539,16 +591,15 @@ class AgentStore:
         prefix = b"" if group is None else _prefix(group)
         rows: list[tuple[str, bytes, bytes]] = []
         with self._read() as txn:
-            for key, value in txn.cursor(db=self._dbs["heads"]):
-                if group is not None and bytes(key) != group.encode():
+            tables = self._tables
+            for key, value in tables.range(txn, b"heads", b""):
+                if group is not None and key != group.encode():
                     continue
                 head = _HEAD_DECODER.decode(value)
-                rows.append(
-                    ("heads", bytes(key), _STATE_ENCODER.encode([head.applied_seq, head.applied_hash, head.cursor]))
-                )
+                rows.append(("heads", key, _STATE_ENCODER.encode([head.applied_seq, head.applied_hash, head.cursor])))
             for name in _DIGEST_DATABASES:
-                for key, value in _range(txn, self._dbs[name.decode()], prefix):
-                    rows.append((name.decode(), bytes(key), bytes(value)))
+                for key, value in tables.range(txn, name, prefix):
+                    rows.append((name.decode(), key, bytes(value)))
         return rows
 
     def projection_digest(self, group: str | None = None) -> str:
@@ -655,15 +706,17 @@ class AgentStore:
 
     # -- outbox --------------------------------------------------------------------------------
 
+    @_damage_typed
     def intent(self, key: str) -> Intent | None:
         with self._read() as txn:
-            return _load_intent(txn, self._dbs, key)
+            return _load_intent(self._tables, txn, key)
 
+    @_damage_typed
     def intents(self, group: str | None = None, *, pending_only: bool = False) -> list[Intent]:
         """Outbox intents (of one Group or all), oldest key order."""
         prefix = b"" if group is None else _prefix(_check_group(group))
         with self._read() as txn:
-            found = [_INTENT_DECODER.decode(value) for _, value in _range(txn, self._dbs["outbox"], prefix)]
+            found = [_INTENT_DECODER.decode(value) for _, value in self._tables.range(txn, b"outbox", prefix)]
         if pending_only:
             found = [intent for intent in found if intent.state != IntentState.DONE]
         return found
@@ -777,12 +830,12 @@ class ProjectionView:
     """What an application projection may touch: its own keys of one Group, in the local
     transaction, plus read access to the mirrored authoritative state."""
 
-    __slots__ = ("_txn", "_db", "_tx", "_prefix", "group", "name")
+    __slots__ = ("_txn", "_tables", "_tx", "_prefix", "group", "name")
 
     def __init__(self, tx: AgentTransaction, group: str, name: str) -> None:
         self._tx = tx
         self._txn = tx._txn
-        self._db = tx._projection_db
+        self._tables = tx._tables
         self._prefix = _prefix(group) + name.encode() + b"\x00"
         self.group = group
         self.name = name
@@ -794,20 +847,21 @@ class ProjectionView:
         return self._prefix + raw
 
     def get(self, key: str | bytes) -> bytes | None:
-        return cast("bytes | None", self._txn.get(self._key(key), db=self._db))
+        value = self._tables.get(self._txn, b"projection", self._key(key))
+        return None if value is None else bytes(value)
 
     def put(self, key: str | bytes, value: bytes) -> None:
         if type(value) is not bytes:
             raise InvalidCommand("projection values are bytes", field="value")
-        self._txn.put(self._key(key), value, db=self._db)
+        self._tables.put(self._txn, b"projection", self._key(key), value)
 
     def delete(self, key: str | bytes) -> bool:
-        return self._txn.delete(self._key(key), db=self._db)
+        return self._tables.delete(self._txn, b"projection", self._key(key))
 
     def items(self, prefix: str | bytes = b"") -> Iterator[tuple[bytes, bytes]]:
         start = self._key(prefix)
-        for key, value in _range(self._txn, self._db, start):
-            yield bytes(key[len(self._prefix) :]), bytes(value)
+        for key, value in self._tables.range(self._txn, b"projection", start):
+            yield key[len(self._prefix) :], bytes(value)
 
     def state(self, aggregate: str) -> dict[str, Any] | None:
         """The mirrored authoritative state (already updated by the Event being applied)."""
@@ -826,15 +880,7 @@ class AgentTransaction:
     def __init__(self, store: AgentStore, txn: lmdb.Transaction) -> None:
         self._store = store
         self._txn = txn
-        dbs = store._dbs
-        self._dbs = dbs
-        self._heads_db = dbs["heads"]
-        self._inbox_db = dbs["inbox"]
-        self._buffer_db = dbs["buffer"]
-        self._state_db = dbs["state"]
-        self._queue_db = dbs["queue"]
-        self._queue_index_db = dbs["queue_index"]
-        self._projection_db = dbs["projection"]
+        self._tables = store._tables
         self._heads: dict[str, GroupHead] = {}
         self._dirty: set[str] = set()
         self._done = False
@@ -868,7 +914,7 @@ class AgentTransaction:
         try:
             self._flush()
             for group in self._dirty:
-                self._txn.put(group.encode(), _HEAD_ENCODER.encode(self._heads[group]), db=self._heads_db)
+                self._tables.put(self._txn, b"heads", group.encode(), _HEAD_ENCODER.encode(self._heads[group]))
             failpoints.hit("agent.before_commit")
             self._txn.commit()
         except BaseException as exc:
@@ -898,6 +944,7 @@ class AgentTransaction:
                 reason=type(self._failed).__name__,
             )
 
+    @_lmdb_damage_typed
     def apply(self, event: Event | bytes) -> ApplyStatus:
         """Apply one delivered Event (an ``Event`` or its encoded bytes).
 
@@ -920,9 +967,15 @@ class AgentTransaction:
             if seq < 1 or event.event_id != f"{group}:{seq}":
                 raise EventInvalid("Event ID does not match its Group and a positive sequence", reason="event_id")
             stored = None
-            if seq > head.pruned_seq:
+            if seq > head.pruned_seq:  # the inbox holds every applied, unpruned sequence
                 key = _seq_key(group, seq)
-                stored = self._inbox_writes.get(key) or self._txn.get(key, db=self._inbox_db)
+                stored = self._inbox_writes.get(key) or self._tables.get(self._txn, b"inbox", key)
+                if stored is None:
+                    raise Corruption(
+                        f"the agent store's inbox lost {group}:{seq}; {self._tables.remedy}",
+                        reason="agent_missing",
+                        database="inbox",
+                    )
             if stored is not None and stored != event.hash:
                 raise EventInvalid(
                     f"Event {event.event_id} differs from the one already applied", reason="conflict", event_id=event.event_id
@@ -943,7 +996,7 @@ class AgentTransaction:
         else:
             data = encode_event(event)
         key = _seq_key(group, seq)
-        buffered = self._txn.get(key, db=self._buffer_db)
+        buffered = self._tables.get(self._txn, b"buffer", key)
         if buffered is not None:
             if decode_event(buffered).hash == event.hash:
                 return ApplyStatus.DUPLICATE
@@ -956,7 +1009,7 @@ class AgentTransaction:
         assert data is not None
         # A second, different Event for a buffered seq replaces the first: only the chain link
         # checked when the gap is filled can tell which is genuine.
-        self._txn.put(key, data, db=self._buffer_db)
+        self._tables.put(self._txn, b"buffer", key, data)
         self._dirty.add(group)
         failpoints.hit("agent.after_buffer")
         return ApplyStatus.BUFFERED
@@ -970,6 +1023,7 @@ class AgentTransaction:
     def apply_many(self, events: Iterable[Event | bytes]) -> list[ApplyStatus]:
         return [self.apply(event) for event in events]
 
+    @_lmdb_damage_typed
     def advance_cursor(self, group: str) -> int:
         """Move the durable Cursor to the highest contiguous applied seq (never over a gap)."""
         self._check_usable()
@@ -1047,7 +1101,7 @@ class AgentTransaction:
     def _head(self, group: str) -> GroupHead:
         head = self._heads.get(group)
         if head is None:
-            head = _load_head(self._txn, self._heads_db, group)
+            head = _load_head(self._tables, self._txn, group)
             self._heads[group] = head
         return head
 
@@ -1056,7 +1110,7 @@ class AgentTransaction:
         pending = self._state_writes.get(key)
         if pending is not None:
             return pending
-        data = self._txn.get(key, db=self._state_db)
+        data = self._tables.get(self._txn, b"state", key)
         return None if data is None else _STATE_DECODER.decode(data)
 
     def _apply_next(self, head: GroupHead, event: Event) -> None:
@@ -1095,46 +1149,46 @@ class AgentTransaction:
 
     def _flush(self) -> None:
         """Write the cached inbox and state changes in key order, then the work queue."""
-        txn = self._txn
+        txn, tables = self._txn, self._tables
         if self._inbox_writes:
-            with txn.cursor(db=self._inbox_db) as cursor:
-                cursor.putmulti(sorted(self._inbox_writes.items()))
+            tables.put_many(txn, b"inbox", sorted(self._inbox_writes.items()))
             self._inbox_writes.clear()
         if not self._state_writes:
             return
         encode = _STATE_ENCODER.encode
         items = sorted(self._state_writes.items())
         self._state_writes.clear()
-        with txn.cursor(db=self._state_db) as cursor:
-            cursor.putmulti([(key, encode(value)) for key, value in items])
+        tables.put_many(txn, b"state", [(key, encode(value)) for key, value in items])
         # The work queue follows the last state of each WorkItem written in this transaction.
-        queue_db, index_db = self._queue_db, self._queue_index_db
         for key, (_, state) in items:
             separator = key.index(b"\x00") + 1
             if not key.startswith(b"workitem:", separator):
                 continue
             index_key = key[:separator] + key[separator + 9 :]
             new = _queue_suffix_for(key[separator + 9 :].decode(), state)
-            old = txn.get(index_key, db=index_db)
+            old = tables.get(txn, b"queue_index", index_key)
+            if old is not None:
+                old = bytes(old)
             if old == new:
                 continue
             if old is not None:
-                txn.delete(key[:separator] + old, db=queue_db)
+                tables.delete(txn, b"queue", key[:separator] + old)
             if new is None:
-                txn.delete(index_key, db=index_db)
+                tables.delete(txn, b"queue_index", index_key)
             else:
-                txn.put(key[:separator] + new, b"", db=queue_db)
-                txn.put(index_key, new, db=index_db)
+                tables.put(txn, b"queue", key[:separator] + new, b"")
+                tables.put(txn, b"queue_index", index_key, new)
 
     def _drain(self, group: str) -> None:
         """Apply buffered Events that have become contiguous; drop one whose chain link fails."""
         head = self._head(group)
         while head.buffered:
             key = _seq_key(group, head.applied_seq + 1)
-            data = self._txn.get(key, db=self._buffer_db)
+            data = self._tables.get(self._txn, b"buffer", key)
             if data is None:
                 return
-            self._txn.delete(key, db=self._buffer_db)
+            data = bytes(data)
+            self._tables.delete(self._txn, b"buffer", key)
             head.buffered -= 1
             self._dirty.add(group)
             try:
@@ -1150,7 +1204,7 @@ class AgentTransaction:
         count = 0
         start = _seq_key(group, head.pruned_seq + 1)
         end = _seq_key(group, head.cursor)
-        cursor = self._txn.cursor(db=self._inbox_db)
+        cursor = self._txn.cursor(db=self._tables.dbs[b"inbox"])  # the inbox keeps no presence entries
         if head.cursor > head.pruned_seq and cursor.set_range(start):
             while cast(bytes, cursor.key()) <= end:
                 if not cursor.delete():
@@ -1167,15 +1221,16 @@ class AgentTransaction:
         _check_group(group)
         self._flush()
         prefix = _prefix(group)
-        for name in ("inbox", "state", "queue", "queue_index", "projection"):
-            _delete_range(self._txn, self._dbs[name], prefix)
+        tables = self._tables
+        for name in (b"inbox", b"state", b"queue", b"queue_index", b"projection"):
+            tables.delete_range(self._txn, name, prefix)
         head = GroupHead()
         if keep_buffer_after is None:
-            _delete_range(self._txn, self._buffer_db, prefix)
+            tables.delete_range(self._txn, b"buffer", prefix)
         else:
-            for key, _ in list(_range(self._txn, self._buffer_db, prefix)):
+            for key, _ in list(tables.range(self._txn, b"buffer", prefix)):
                 if int.from_bytes(key[len(prefix) :], "big") <= keep_buffer_after:
-                    self._txn.delete(bytes(key), db=self._buffer_db)
+                    tables.delete(self._txn, b"buffer", key)
                 else:
                     head.buffered += 1
         self._heads[group] = head
@@ -1187,7 +1242,7 @@ class AgentTransaction:
             self._put_aggregate(prefix, effect.aggregate, effect.revision, effect.state)
 
     def _get_intent(self, key: str) -> Intent | None:
-        return _load_intent(self._txn, self._dbs, key)
+        return _load_intent(self._tables, self._txn, key)
 
     def _require_intent(self, key: str) -> Intent:
         intent = self._get_intent(key)
@@ -1196,23 +1251,24 @@ class AgentTransaction:
         return intent
 
     def _put_intent(self, intent: Intent) -> None:
-        self._txn.put(_prefix(intent.group) + intent.key.encode(), _INTENT_ENCODER.encode(intent), db=self._dbs["outbox"])
-        self._txn.put(intent.key.encode(), intent.group.encode(), db=self._dbs["intent_group"])
+        self._tables.put(self._txn, b"outbox", _prefix(intent.group) + intent.key.encode(), _INTENT_ENCODER.encode(intent))
+        self._tables.put(self._txn, b"intent_group", intent.key.encode(), intent.group.encode())
 
     # offline records (used by ``mwpstore.offline``)
 
     def _offline_get(self, key: bytes) -> bytes | None:
-        return cast("bytes | None", self._txn.get(key, db=self._dbs["offline"]))
+        value = self._tables.get(self._txn, b"offline", key)
+        return None if value is None else bytes(value)
 
     def _offline_put(self, key: bytes, value: bytes) -> None:
         self._check_usable()
-        self._txn.put(key, value, db=self._dbs["offline"])
+        self._tables.put(self._txn, b"offline", key, value)
 
     def _offline_delete(self, key: bytes) -> None:
-        self._txn.delete(key, db=self._dbs["offline"])
+        self._tables.delete(self._txn, b"offline", key)
 
     def _offline_range(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
-        return [(bytes(key), bytes(value)) for key, value in _range(self._txn, self._dbs["offline"], prefix)]
+        return [(key, bytes(value)) for key, value in self._tables.range(self._txn, b"offline", prefix)]
 
 
 def _queue_suffix_for(workitem: str, state: dict[str, Any] | None) -> bytes | None:
@@ -1228,43 +1284,21 @@ def _queue_suffix_for(workitem: str, state: dict[str, Any] | None) -> bytes | No
     return _queue_suffix(workitem, priority, not_before_ms)
 
 
-def _load_head(txn: lmdb.Transaction, db: Any, group: str) -> GroupHead:
-    data = txn.get(group.encode(), db=db)
+def _load_head(tables: _Tables, txn: lmdb.Transaction, group: str) -> GroupHead:
+    data = tables.get(txn, b"heads", group.encode())
     return GroupHead() if data is None else _HEAD_DECODER.decode(data)
 
 
-def _load_intent(txn: lmdb.Transaction, dbs: dict[str, Any], key: str) -> Intent | None:
+def _load_intent(tables: _Tables, txn: lmdb.Transaction, key: str) -> Intent | None:
     if type(key) is not str or not 0 < len(key) <= limits.ID_CHARS_MAX:
         raise InvalidCommand("an intent key is a non-empty string", field="intent_key")
-    group = txn.get(key.encode(), db=dbs["intent_group"])
+    group = tables.get(txn, b"intent_group", key.encode())
     if group is None:
         return None
-    data = txn.get(bytes(group) + b"\x00" + key.encode(), db=dbs["outbox"])
-    return None if data is None else _INTENT_DECODER.decode(data)
-
-
-def _range(txn: lmdb.Transaction, db: Any, prefix: bytes) -> Iterator[tuple[bytes, bytes]]:
-    cursor = txn.cursor(db=db)
-    if not cursor.set_range(prefix):
-        return
-    for key, value in cast("Iterator[tuple[bytes, bytes]]", cursor):
-        if not key.startswith(prefix):
-            return
-        yield key, value
-
-
-def _delete_range(txn: lmdb.Transaction, db: Any, prefix: bytes) -> int:
-    cursor = txn.cursor(db=db)
-    count = 0
-    if not cursor.set_range(prefix):
-        return 0
-    while cast(bytes, cursor.key()).startswith(prefix):
-        if not cursor.delete():
-            break
-        count += 1
-        if not cursor.key():
-            break
-    return count
+    data = tables.get(txn, b"outbox", bytes(group) + b"\x00" + key.encode())
+    if data is None:  # the outbox and its key map are written together: one without the other is damage
+        raise Corruption(f"the agent store's outbox lost intent {key!r}; {tables.remedy}", reason="agent_missing", database="outbox")
+    return _INTENT_DECODER.decode(data)
 
 
 __all__ = [

@@ -41,6 +41,7 @@ from .errors import (
     StoreLocked,
     translate,
 )
+from ._sealed import typed_damage
 from .index import (
     INDEX_FORMAT,
     Index,
@@ -119,23 +120,8 @@ REDO_COMMIT_RECORDS = 50_000
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-def _index_errors_typed(method: _F) -> _F:
-    """Translate what a damaged index can raise on a read path into typed errors
-    (``CORRUPTION``: run ``mwpstore rebuild``), never a foreign exception."""
-
-    @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return method(*args, **kwargs)
-        except MwpError:
-            raise
-        except (lmdb.Error, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, struct.error) as exc:
-            raise Corruption(
-                f"the index is damaged ({type(exc).__name__}: {exc}); run `mwpstore rebuild` to regenerate it from the log",
-                reason="index",
-            ) from None
-
-    return wrapper  # type: ignore[return-value]
+_index_errors_typed = typed_damage("index", "run `mwpstore rebuild` to regenerate it from the log", "index")
+"""Translate what a damaged index can raise on a read path into ``CORRUPTION``."""
 
 
 def default_clock() -> int:

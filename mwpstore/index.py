@@ -39,7 +39,7 @@ from typing import Any
 import lmdb
 import msgspec
 
-from ._sealed import SEAL_BYTES, SealedTables, seal  # noqa: F401  (seal, SEAL_BYTES: part of this module's API)
+from ._sealed import SEAL_BYTES, SealedTables, open_databases, seal  # noqa: F401  (seal, SEAL_BYTES: part of this module's API)
 from .errors import Corruption, translate
 from .messages import HASH_BYTES, ZERO_HASH
 
@@ -134,12 +134,16 @@ class Index(SealedTables):
                 lock=True,
             )
             self.dbs: dict[bytes, Any] = {}
-            for name in DATABASE_NAMES:
-                if readonly:
+            if readonly:
+                for name in DATABASE_NAMES:
                     with self.env.begin() as txn:
                         self.dbs[name] = self.env.open_db(name, txn=txn, create=False)
-                else:
-                    self.dbs[name] = self.env.open_db(name)
+            else:
+                try:
+                    self.dbs = open_databases(self.env, DATABASE_NAMES, label="index", remedy=self.remedy)
+                except Corruption:
+                    self.env.close()
+                    raise
         except lmdb.Error as exc:
             raise translate(exc, context=f"opening index {directory}") from None
         self.meta = self.dbs[b"meta"]

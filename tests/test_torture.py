@@ -133,10 +133,11 @@ def test_the_agent_check_catches_a_cursor_past_a_gap(tmp_path):
         # Forge a Cursor beyond what was applied, as a buggy apply cycle would.
         from mwpstore.agent_store import _HEAD_DECODER, _HEAD_ENCODER
 
-        with agent._env.begin(write=True, db=agent._dbs["heads"]) as txn:
-            head = _HEAD_DECODER.decode(txn.get(b"g-1"))
+        tables = agent._tables
+        with agent._env.begin(write=True) as txn:  # sealed: well-formed, but wrong
+            head = _HEAD_DECODER.decode(tables.get(txn, b"heads", b"g-1"))
             head.cursor = head.applied_seq + 3
-            txn.put(b"g-1", _HEAD_ENCODER.encode(head))
+            tables.put(txn, b"heads", b"g-1", _HEAD_ENCODER.encode(head))
         problems = torture.check_agent(agent, authority)
     assert any("cursor" in problem for problem in problems), problems
 
