@@ -874,17 +874,17 @@ def run_power(count: int | None = None, seconds: float | None = None, seed: int 
 
 CORRUPTION_FAMILIES = (
     "tail_cut", "tail_zero", "tail_garble", "tail_flip", "sealed_flip", "header_flip",
-    "segment_files", "snapshot_flip", "audit_flip", "lmdb_flip",
+    "segment_files", "snapshot_flip", "audit_flip", "lmdb_flip", "agent_lmdb_flip",
 )
 TAIL_RECORDS = 3
 """The sweep covers every byte of the last frames: the last few records and their commit frame."""
 LMDB_BATCH = 5
 TAIL_OFFSETS_PER_TURN = 8
 CORRUPTION_SCHEDULE = ("tail_cut", "tail_zero", "tail_garble", "tail_flip") * 3 + (
-    "sealed_flip", "header_flip", "segment_files", "snapshot_flip", "audit_flip", "lmdb_flip")
-"""One turn of the round robin: the tail sweep gets most cases (8 offsets a turn); an LMDB turn is
-a batch of 5 in a child. A cycle is 106 cases; every tail offset is covered after
-(tail region bytes / 8) cycles."""
+    "sealed_flip", "header_flip", "segment_files", "snapshot_flip", "audit_flip", "lmdb_flip", "agent_lmdb_flip")
+"""One turn of the round robin: the tail sweep gets most cases (8 offsets a turn); an LMDB turn
+(the authority's index or an AgentStore's file) is a batch of 5 in a child. A cycle is 111 cases;
+every tail offset is covered after (tail region bytes / 8) cycles."""
 
 
 @dataclasses.dataclass
@@ -901,6 +901,8 @@ class _Fixture:
     keys: str
     boot: str
     oracle: Acknowledged
+    agent: str  # an AgentStore that applied both Groups, cleanly closed
+    agent_dump: str  # everything its read API answers (``agent_answers``)
 
 
 def _build_fixture(root: str, rng: random.Random) -> _Fixture:
@@ -929,6 +931,8 @@ def _build_fixture(root: str, rng: random.Random) -> _Fixture:
         oracle.snapshots.add((ref.group, ref.seq))
         snapshot = authority.read_snapshot(ref)
         events = [bytes(memoryview(record)[1:]) for record in authority._read_records(GROUPS[1], 0, 100_000)]
+        agent_path = os.path.join(root, "agent")
+        agent_dump = _build_agent_fixture(agent_path, authority)
         authority.close()
     keys = os.path.join(root, "org-keys")
     audit_path = os.path.join(root, "audit.log")
@@ -942,7 +946,40 @@ def _build_fixture(root: str, rng: random.Random) -> _Fixture:
     _, last_first, last_used, _ = segments[-1]
     tail_start = lib.SL_SEGMENT_HEADER_BYTES + max(0, records[-TAIL_RECORDS][0] - last_first)
     return _Fixture(root, store, records, segments, (tail_start, last_used), snapshot, GROUPS[0], audit_path,
-                    audit_records, keys, boot, oracle)
+                    audit_records, keys, boot, oracle, agent_path, agent_dump)
+
+
+def _build_agent_fixture(path: str, authority: Any) -> str:
+    """An AgentStore following both Groups (pruned inbox, an outbox intent, a buffered Event)."""
+    from .agent_store import AgentStore
+    from .delivery import Delivery
+
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        for group in GROUPS:
+            Delivery(agent, authority).catch_up(group)
+        agent.prune_inbox(GROUPS[0])
+        with agent.begin() as tx:
+            tx.record_intent(GROUPS[1], mission="m-fixture", workitem="wi-fixture", ownership_epoch=1, operation="notify")
+        return agent_answers(agent)
+
+
+def agent_answers(agent: Any) -> str:
+    """Everything an AgentStore's read API answers, as one JSON text (two equal texts: the same
+    store as far as any caller can tell)."""
+    answers: dict[str, Any] = {"groups": agent.groups()}
+    for group in answers["groups"]:
+        head = agent.head(group)
+        answers[group] = {
+            "head": [head.applied_seq, head.applied_hash.hex(), head.cursor, head.pruned_seq, head.floor_seq, head.buffered],
+            "states": agent.states(group),
+            "inbox": agent.inbox_seqs(group),
+            "buffer": agent.buffered_seqs(group),
+            "projection": [[key.hex(), value.hex()] for key, value in agent.projection_items(group, CountingProjection.name)],
+            "queue": [[entry.workitem, entry.priority, entry.not_before_ms] for entry in agent.work_queue(group, 2**62)],
+            "intents": [repr(intent) for intent in agent.intents(group)],
+            "dump": [[name, key.hex(), value.hex()] for name, key, value in agent.projection_dump(group)],
+        }
+    return json.dumps(answers, sort_keys=True, default=repr)
 
 
 def _copy_log(fixture: _Fixture, target: str) -> str:
@@ -1137,21 +1174,55 @@ def corruption_lmdb_child(argv: list[str]) -> None:
         print(json.dumps({"done": number, "offset": offset, "outcome": outcome, "violation": violation}), flush=True)
 
 
-def _run_lmdb_batch(fixture: _Fixture, cases: list[tuple[int, int]], work: str) -> list[tuple[str, str]]:
-    """Run LMDB flip cases in a child; a child that dies on a case counts that case as a crash."""
+def corruption_agent_lmdb_child(argv: list[str]) -> None:
+    """Check bit flips in an AgentStore's LMDB file in isolation: ``FIXTURE_AGENT WORK_DIR
+    CASES_JSON EXPECTED_JSON``; prints one JSON line per case."""
+    from .agent_store import AgentStore
+
+    fixture_agent, work, cases_path, expected_path = argv
+    with open(cases_path) as handle:
+        cases = json.load(handle)
+    with open(expected_path) as handle:
+        expected = handle.read()
+    for number, (offset, bit) in enumerate(cases):
+        print(json.dumps({"start": number}), flush=True)
+        target = os.path.join(work, f"agent-{number}")
+        shutil.copytree(fixture_agent, target, ignore=shutil.ignore_patterns("lock.mdb", "agent.lock"))
+        _mutate_file(os.path.join(target, "lmdb", "data.mdb"), offset, lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
+        outcome, violation = "", ""
+        try:
+            with AgentStore.open(target, projections=[CountingProjection()]) as agent:
+                outcome = "no_effect" if agent_answers(agent) == expected else "wrong"
+            if outcome == "wrong":
+                violation = f"an AgentStore with a flipped bit at {offset} (bit {bit}) answered differently without an error"
+        except MwpError as exc:
+            outcome = f"typed_error:{exc.code}"
+        except Exception as exc:
+            outcome, violation = "foreign", f"AgentStore flip at {offset} bit {bit}: {_describe(exc)}"
+        shutil.rmtree(target, ignore_errors=True)
+        print(json.dumps({"done": number, "offset": offset, "outcome": outcome, "violation": violation}), flush=True)
+
+
+def _run_lmdb_batch(fixture: _Fixture, cases: list[tuple[int, int]], work: str, *, agent: bool = False) -> list[tuple[str, str]]:
+    """Run LMDB flip cases (the authority's index, or with ``agent`` the AgentStore's file) in a
+    child; a child that dies on a case counts that case as a crash."""
     oracle_path = os.path.join(work, "oracle.json")
     with open(oracle_path, "w") as handle:
-        json.dump({"receipts": fixture.oracle.receipts, "snapshots": sorted(fixture.oracle.snapshots)}, handle)
+        if agent:
+            handle.write(fixture.agent_dump)
+        else:
+            json.dump({"receipts": fixture.oracle.receipts, "snapshots": sorted(fixture.oracle.snapshots)}, handle)
     outcomes: list[tuple[str, str]] = []
     remaining = list(cases)
     while remaining:
         cases_path = os.path.join(work, "cases.json")
         with open(cases_path, "w") as handle:
             json.dump(remaining, handle)
-        child = subprocess.run(
-            _python_command("corruption_lmdb_child", fixture.store, work, cases_path, oracle_path, fixture.boot),
-            capture_output=True, text=True, timeout=600,
-        )
+        if agent:
+            command = _python_command("corruption_agent_lmdb_child", fixture.agent, work, cases_path, oracle_path)
+        else:
+            command = _python_command("corruption_lmdb_child", fixture.store, work, cases_path, oracle_path, fixture.boot)
+        child = subprocess.run(command, capture_output=True, text=True, timeout=600)
         done = 0
         for line in child.stdout.splitlines():
             item = json.loads(line)
@@ -1190,10 +1261,12 @@ def run_corruption(count: int | None = None, seconds: float | None = None, seed:
             work = os.path.join(root, f"case-{turn}")
             os.makedirs(work)
             try:
-                if family == "lmdb_flip":
-                    size = os.path.getsize(os.path.join(fixture.store, "index", "data.mdb"))
+                if family in ("lmdb_flip", "agent_lmdb_flip"):
+                    agent = family == "agent_lmdb_flip"
+                    data = os.path.join(fixture.agent, "lmdb") if agent else os.path.join(fixture.store, "index")
+                    size = os.path.getsize(os.path.join(data, "data.mdb"))
                     batch = [(rng.randrange(size), rng.randrange(8)) for _ in range(LMDB_BATCH)]
-                    results = _run_lmdb_batch(fixture, batch, work)
+                    results = _run_lmdb_batch(fixture, batch, work, agent=agent)
                 elif family.startswith("tail_"):
                     results = []
                     for number in range(TAIL_OFFSETS_PER_TURN):

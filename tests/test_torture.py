@@ -47,7 +47,7 @@ def test_power_short_run():
 
 
 def test_corruption_short_run_of_the_log_snapshot_and_audit_families():
-    families = tuple(family for family in torture.CORRUPTION_FAMILIES if family != "lmdb_flip")
+    families = tuple(family for family in torture.CORRUPTION_FAMILIES if not family.endswith("lmdb_flip"))
     result = torture.run_corruption(count=600, seed=1, families=families)
     _assert_clean(result)
     outcomes = result["details"]["outcomes"]
@@ -64,6 +64,28 @@ def test_corruption_short_run_of_lmdb_bit_flips():
     _assert_clean(result)
     outcomes = result["details"]["outcomes"]["lmdb_flip"]
     assert outcomes.get("typed_error:CORRUPTION", 0) > 0, outcomes  # some flips did reach an answer
+
+
+def test_corruption_short_run_of_agent_store_lmdb_bit_flips():
+    """The same for an AgentStore's data.mdb: every answer of its read API equals the undamaged
+    store's, or opening/reading it is a typed error."""
+    result = torture.run_corruption(count=200, seed=1, families=("agent_lmdb_flip",))
+    _assert_clean(result)
+    outcomes = result["details"]["outcomes"]["agent_lmdb_flip"]
+    assert outcomes.get("typed_error:CORRUPTION", 0) > 0 and outcomes.get("no_effect", 0) > 0, outcomes
+
+
+def test_the_agent_flip_check_catches_a_silently_different_answer(tmp_path):
+    """``agent_answers`` must tell a store that answers differently (here: one more applied Event)."""
+    from mwpstore.delivery import Delivery
+
+    authority, _ = _store_with_receipts(str(tmp_path / "store"))
+    with authority, AgentStore.open(str(tmp_path / "agent"), projections=[torture.CountingProjection()]) as agent:
+        Delivery(agent, authority).catch_up("g-1")
+        before = torture.agent_answers(agent)
+        authority.accept(torture._mission_create("g-1", "m-extra", "a-extra"))
+        Delivery(agent, authority).catch_up("g-1")
+        assert torture.agent_answers(agent) != before
 
 
 # -- the checks can fail --------------------------------------------------------------------------

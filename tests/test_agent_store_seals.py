@@ -1,0 +1,155 @@
+"""The AgentStore never answers from a damaged LMDB file: sealed values, presence-checked misses,
+checked ranges, and no silently re-created database.
+
+Each test damages the store the way a flipped bit can (a value changed, an entry a lookup no
+longer finds, a key moved out of order, a database renamed) and checks the answer is
+``CORRUPTION`` — and that ordinary deletes (projection keys, a group reset) never raise a false
+alarm.
+"""
+
+from __future__ import annotations
+
+import lmdb
+import pytest
+
+from agent_store_support import CountingProjection, workload
+from mwpstore.agent_store import AgentStore
+from mwpstore.errors import Corruption
+
+GROUP = "g-1"
+
+
+@pytest.fixture
+def events():
+    return workload(GROUP, 30, seed=5)
+
+
+def _filled(path, events):
+    agent = AgentStore.open(path, projections=[CountingProjection()])
+    with agent.begin() as tx:
+        for event in events:
+            tx.apply(event)
+        tx.advance_cursor(GROUP)
+    return agent
+
+
+def _raw(agent, name: bytes):
+    return agent._tables.dbs[name]
+
+
+def _some_state_key(agent) -> bytes:
+    with agent._env.begin() as txn:
+        return next(key for key, _ in agent._tables.range(txn, b"state", GROUP.encode() + b"\x00"))
+
+
+def test_a_changed_state_value_fails_its_seal(tmp_path, events):
+    with _filled(tmp_path / "agent", events) as agent:
+        key = _some_state_key(agent)
+        with agent._env.begin(write=True) as txn:
+            stored = bytearray(txn.get(key, db=_raw(agent, b"state")))
+            stored[3] ^= 0x10
+            txn.put(key, bytes(stored), db=_raw(agent, b"state"))
+        aggregate = key.split(b"\x00", 1)[1].decode()
+        with pytest.raises(Corruption) as caught:
+            agent.state(GROUP, aggregate)
+        assert caught.value.detail["reason"] == "agent_checksum"
+        with pytest.raises(Corruption):
+            agent.states(GROUP)
+
+
+def test_a_lost_head_is_corruption_not_a_new_group(tmp_path, events):
+    """A head that vanished would make the Group look new: every Event applied again."""
+    with _filled(tmp_path / "agent", events) as agent:
+        with agent._env.begin(write=True) as txn:
+            txn.delete(GROUP.encode(), db=_raw(agent, b"heads"))
+        with pytest.raises(Corruption) as caught:
+            agent.head(GROUP)
+        assert caught.value.detail["reason"] == "agent_missing"
+        with pytest.raises(Corruption):
+            with agent.begin() as tx:
+                tx.apply(events[0])
+
+
+def test_a_lost_inbox_entry_is_corruption_when_its_event_is_redelivered(tmp_path, events):
+    with _filled(tmp_path / "agent", events) as agent:
+        with agent._env.begin(write=True) as txn:
+            txn.delete(GROUP.encode() + b"\x00" + (5).to_bytes(8, "big"), db=_raw(agent, b"inbox"))
+        with pytest.raises(Corruption):
+            with agent.begin() as tx:
+                tx.apply(events[4])
+        with agent.begin() as tx:  # other duplicates are still just duplicates
+            assert tx.apply(events[5]).value == "duplicate"
+
+
+def test_a_lost_projection_entry_is_corruption(tmp_path, events):
+    with _filled(tmp_path / "agent", events) as agent:
+        key = agent.projection_items(GROUP, CountingProjection.name)[0][0]
+        with agent._env.begin(write=True) as txn:
+            full = GROUP.encode() + b"\x00" + CountingProjection.name.encode() + b"\x00" + key
+            assert txn.delete(full, db=_raw(agent, b"projection"))
+        with pytest.raises(Corruption):
+            agent.projection_get(GROUP, CountingProjection.name, key)
+
+
+def test_a_damaged_key_just_before_a_range_is_corruption(tmp_path, events):
+    """The search can land past a range's first entries when the key before them is damaged."""
+    with _filled(tmp_path / "agent", events) as agent:
+        prefix = GROUP.encode() + b"\x00" + CountingProjection.name.encode() + b"\x00"
+        items = agent.projection_items(GROUP, CountingProjection.name)
+        victim = prefix + items[1][0]
+        moved = victim.replace(b"counter", b"countdr") if b"counter" in victim else victim[:-1]
+        with agent._env.begin(write=True) as txn:
+            stored = txn.get(victim, db=_raw(agent, b"projection"))
+            txn.delete(victim, db=_raw(agent, b"projection"))
+            txn.put(moved, stored, db=_raw(agent, b"projection"))  # same sealed value, changed key
+        with pytest.raises(Corruption):
+            agent.projection_items(GROUP, CountingProjection.name)
+
+
+def test_a_renamed_database_is_corruption_at_open_not_a_new_empty_one(tmp_path, events):
+    path = tmp_path / "agent"
+    _filled(path, events).close()
+    env = lmdb.open(str(path / "lmdb"), max_dbs=20)
+    with env.begin(write=True) as txn:
+        txn.drop(env.open_db(b"heads", txn=txn), delete=True)
+    env.close()
+    with pytest.raises(Corruption) as caught:
+        AgentStore.open(path, projections=[CountingProjection()])
+    assert caught.value.detail["reason"] == "missing_database"
+    AgentStore.open(tmp_path / "fresh").close()  # a new store still creates its databases
+
+
+def test_a_store_of_the_unsealed_format_is_refused_with_a_typed_error(tmp_path, events):
+    path = tmp_path / "agent"
+    agent = _filled(path, events)
+    with agent._env.begin(write=True) as txn:
+        txn.put(b"format", b"1", db=_raw(agent, b"meta"))
+    agent.close()
+    with pytest.raises(Corruption) as caught:
+        AgentStore.open(path)
+    assert caught.value.detail["reason"] == "format"
+
+
+def test_deletes_and_resets_leave_no_false_alarm(tmp_path, events):
+    class Scratch:
+        name = "scratch"
+
+        def apply(self, view, event):
+            view.put(f"k{event.seq}", b"v")
+            if event.seq > 1:
+                assert view.delete(f"k{event.seq - 1}")
+
+    agent = AgentStore.open(tmp_path / "agent", projections=[Scratch()])
+    with agent:
+        with agent.begin() as tx:
+            for event in events:
+                tx.apply(event)
+        assert agent.projection_get(GROUP, "scratch", "k1") is None  # deleted: absent, not damage
+        assert [key for key, _ in agent.projection_items(GROUP, "scratch")] == [f"k{len(events)}".encode()]
+        agent.reset_group(GROUP)
+        assert agent.head(GROUP).applied_seq == 0 and agent.states(GROUP) == {}
+        assert agent.projection_get(GROUP, "scratch", f"k{len(events)}") is None
+        with agent.begin() as tx:  # and the Group applies again from the start
+            for event in events:
+                tx.apply(event)
+        assert agent.head(GROUP).applied_seq == len(events)
