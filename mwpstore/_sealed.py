@@ -27,11 +27,14 @@ from typing import Any, TypeVar
 import lmdb
 import msgspec
 
+from . import limits
 from .errors import Corruption, MwpError
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 SEAL_BYTES = 4
+KEY_SHOWN_BYTES = 200
+"""At most this much of a key goes into an error message."""
 _CHECK = struct.Struct("<I")
 _unpack_check = _CHECK.unpack_from
 _pack_check = _CHECK.pack
@@ -56,6 +59,8 @@ class SealedTables:
     reason = "store"
     remedy = "rebuild it"
 
+    env: lmdb.Environment
+
     def _seal_tables(self, dbs: dict[bytes, Any], presence: Any, tags: dict[bytes, bytes]) -> None:
         self.dbs = dbs
         self.presence = presence
@@ -65,25 +70,32 @@ class SealedTables:
     # -- errors ----------------------------------------------------------------------------------
 
     def _damage(self, kind: str, name: bytes, key: bytes | memoryview, what: str) -> Corruption:
+        shown = bytes(key[:KEY_SHOWN_BYTES])  # a damaged key can be any length
         return Corruption(
-            f"{self.label} database {name.decode()} {what} at key {bytes(key)!r}; {self.remedy}",
+            f"{self.label} database {name.decode()} {what} at key {shown!r}; {self.remedy}",
             reason=f"{self.reason}_{kind}",
             database=name.decode(),
-            key=bytes(key).decode("utf-8", "replace"),
+            key=shown.decode("utf-8", "replace"),
         )
 
-    def unseal(self, name: bytes, key: bytes | memoryview, stored: bytes | memoryview) -> bytes | memoryview:
-        """The value inside a sealed entry; ``Corruption`` naming the database and key if it fails."""
+    def begin(self, *, write: bool = False) -> lmdb.Transaction:
+        """A transaction for sealed access: values stay views into the map until their length
+        is checked (a damaged length must not make LMDB copy past the end of the file)."""
+        return self.env.begin(write=write, buffers=True)
+
+    def unseal(self, name: bytes, key: bytes | memoryview, stored: bytes | memoryview) -> bytes:
+        """The value inside a sealed entry, as bytes; ``Corruption`` naming the database and key
+        if its length is impossible or its seal fails."""
         size = len(stored) - SEAL_BYTES
-        if size >= 0:
+        if 0 <= size <= limits.LMDB_VALUE_BYTES_MAX:
             body = stored[:size]
             if _unpack_check(stored, size)[0] == _crc32(body, _crc32(key, self._seeds[name])):
-                return body
+                return bytes(body)
         raise self._damage("checksum", name, key, "has a damaged entry")
 
     # -- access ----------------------------------------------------------------------------------
 
-    def get(self, txn: lmdb.Transaction, name: bytes, key: bytes) -> bytes | memoryview | None:
+    def get(self, txn: lmdb.Transaction, name: bytes, key: bytes) -> bytes | None:
         """The value at ``key`` (checked), or None if it does not exist (checked too)."""
         stored = txn.get(key, db=self.dbs[name])
         if stored is None:
@@ -126,7 +138,7 @@ class SealedTables:
             _delete_prefix(txn, self.presence, tag + prefix)
         return count
 
-    def range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes | memoryview]]:
+    def range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """(key, checked value) pairs whose key starts with ``prefix``, from ``start`` (default:
         the prefix itself), in key order."""
         start = prefix if start is None else start

@@ -311,6 +311,7 @@ class _Tables(SealedTables):
     remedy = "delete the agent store and rebuild it from the authority (its Events, or a verified snapshot)"
 
     def __init__(self, env: lmdb.Environment) -> None:
+        self.env = env
         dbs = open_databases(env, _DATABASES, label="agent store", remedy=self.remedy)
         self._seal_tables(dbs, dbs[b"presence"], _PRESENCE_TAGS)
 
@@ -411,11 +412,12 @@ class AgentStore:
     @_damage_typed
     def _check_format(self) -> None:
         tables = self._tables
-        with self._env.begin(write=True) as txn:
+        with tables.begin(write=True) as txn:
             try:
                 stored = tables.get(txn, b"meta", b"format")
             except Corruption:  # an unsealed value: a store of format 1, or damage
-                stored = txn.get(b"format", db=tables.dbs[b"meta"])
+                raw = txn.get(b"format", db=tables.dbs[b"meta"])
+                stored = None if raw is None else bytes(raw[:16])  # enough to name it in the error
             if stored is None:
                 tables.put(txn, b"meta", b"format", str(FORMAT_VERSION).encode())
             elif bytes(stored) != str(FORMAT_VERSION).encode():
@@ -451,7 +453,7 @@ class AgentStore:
         self._write_lock.acquire()
         self._writer = threading.get_ident()
         try:
-            txn = self._env.begin(write=True)
+            txn = self._tables.begin(write=True)
         except Exception as exc:
             self._writer = None
             self._write_lock.release()
@@ -465,7 +467,7 @@ class AgentStore:
 
     def _read(self) -> lmdb.Transaction:
         self._check_open()
-        return self._env.begin(write=False)
+        return self._tables.begin()
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -853,6 +855,8 @@ class ProjectionView:
     def put(self, key: str | bytes, value: bytes) -> None:
         if type(value) is not bytes:
             raise InvalidCommand("projection values are bytes", field="value")
+        if len(value) > limits.LMDB_VALUE_BYTES_MAX:
+            raise LimitExceeded(f"projection values are at most {limits.LMDB_VALUE_BYTES_MAX} bytes", field="value")
         self._tables.put(self._txn, b"projection", self._key(key), value)
 
     def delete(self, key: str | bytes) -> bool:
@@ -1206,7 +1210,7 @@ class AgentTransaction:
         end = _seq_key(group, head.cursor)
         cursor = self._txn.cursor(db=self._tables.dbs[b"inbox"])  # the inbox keeps no presence entries
         if head.cursor > head.pruned_seq and cursor.set_range(start):
-            while cast(bytes, cursor.key()) <= end:
+            while bytes(cursor.key()) <= end:
                 if not cursor.delete():
                     break
                 count += 1

@@ -41,7 +41,7 @@ from .errors import (
     StoreLocked,
     translate,
 )
-from ._sealed import typed_damage
+from ._sealed import KEY_SHOWN_BYTES, typed_damage
 from .index import (
     INDEX_FORMAT,
     Index,
@@ -170,11 +170,16 @@ class _Request:
 class _Unit:
     """Requests that must share one durable commit (one ``accept`` or one ``accept_many``)."""
 
-    __slots__ = ("requests", "done")
+    __slots__ = ("requests", "done", "gate")
 
     def __init__(self, requests: list[_Request]) -> None:
         self.requests = requests
         self.done = False
+        # Held from the start; released once, by whoever wakes this unit's caller: because the
+        # unit is done, or because leadership passes to it. Each caller sleeps on its own gate,
+        # so a commit wakes exactly the callers it answered and the next leader.
+        self.gate = threading.Lock()
+        self.gate.acquire()
 
 
 class _GroupView:
@@ -272,6 +277,7 @@ class Authority:
     _lock: threading.Lock
     _wake: threading.Condition
     _leader: bool
+    _exclusive_waiting: int
     _published: threading.Condition
     _last_ms: int
     _signing_key: SigningKey | None
@@ -318,6 +324,7 @@ class Authority:
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
         self._leader = False
+        self._exclusive_waiting = 0
         self._published = threading.Condition(threading.Lock())
         self._last_ms = 0
         self._signing_key = None
@@ -378,7 +385,7 @@ class Authority:
             if redo:
                 mode = "redo"
         index = self.index
-        with index.env.begin(write=True) as txn:
+        with index.begin(write=True) as txn:
             index.put(txn, b"meta", b"boot_id", boot_id.encode())
             index.put(txn, b"meta", b"clean", b"0")
             index.put(txn, b"meta", b"format", INDEX_FORMAT)
@@ -395,7 +402,7 @@ class Authority:
         except MwpError as exc:
             return "rebuild", f"index unreadable ({exc.code})", None
         try:
-            with index.env.begin() as txn:
+            with index.begin() as txn:
                 fmt = index.get(txn, b"meta", b"format")
                 if fmt != INDEX_FORMAT:
                     index.close()
@@ -426,7 +433,7 @@ class Authority:
         remove_index(temp)
         index = Index(temp, map_size=self._map_size)
         try:
-            with index.env.begin(write=True) as txn:
+            with index.begin(write=True) as txn:
                 index.put(txn, b"meta", b"format", INDEX_FORMAT)
                 index.put(txn, b"meta", b"log_position", u64(log.start))
             count = self._redo(index, progress, failpoint="authority.mid_rebuild", log=log)
@@ -450,13 +457,13 @@ class Authority:
     ) -> int:
         """Apply every log record past the index's position to the index. Returns the count."""
         log = log or self.log
-        with index.env.begin() as txn:
+        with index.begin() as txn:
             start = index.log_position(txn)
         end = log.end
         if start >= end:
             return 0
         done = 0
-        txn = index.env.begin(write=True)
+        txn = index.begin(write=True)
         heads: dict[str, tuple[int, bytes]] = {}
         writes = PendingWrites()
         pending = 0
@@ -473,7 +480,7 @@ class Authority:
                     index.put(txn, b"meta", b"log_position", u64(batch.next_position))
                     txn.commit()
                     failpoints.hit(failpoint)
-                    txn = index.env.begin(write=True)
+                    txn = index.begin(write=True)
                     pending = 0
                     if progress:
                         progress(batch.next_position - start, end - start)
@@ -504,7 +511,7 @@ class Authority:
             if self._failure is None:
                 if not self._sync:
                     self.log.sync()
-                with self.index.env.begin(write=True) as txn:
+                with self.index.begin(write=True) as txn:
                     self.index.put(txn, b"meta", b"clean", b"1")
                 self.index.sync()
         except MwpError as exc:
@@ -598,7 +605,7 @@ class Authority:
         command = request.command
         assert command is not None
         index = self.index
-        with index.env.begin(buffers=True) as txn:
+        with index.begin() as txn:
             value = index.get(txn, b"receipts", receipt_key(command.actor, command.action_id))
             if value is None:
                 return None
@@ -616,26 +623,47 @@ class Authority:
             )
 
     def _submit(self, unit: _Unit) -> None:
-        """Queue a unit; become the leader if none is active; return once the unit is committed."""
+        """Queue a unit; lead if no commit is running, else sleep until the unit is committed or
+        leadership is handed to it; return once the unit is committed.
+
+        A leader commits batches from the front of the queue until its own unit is done, then
+        wakes the callers it answered and hands leadership to the first unit still queued (or
+        gives it up when none is, or when ``_exclusive`` is waiting for it).
+        """
         with self._lock:
             if self._closed:
                 raise StoreClosed("the authority is closed; open it again")
             self._queue.append(unit)
-            while not unit.done:
-                if self._leader:
-                    self._wake.wait()
-                    continue
+            lead = not self._leader and not self._exclusive_waiting
+            if lead:
                 self._leader = True
-                units = self._take_units()
-                self._lock.release()
+        if not lead:
+            unit.gate.acquire()
+            if unit.done:
+                return
+        answered: list[_Unit] = []
+        try:
+            while not unit.done:
+                with self._lock:
+                    units = self._take_units()
                 try:
                     self._commit(units)
                 finally:
-                    self._lock.acquire()
-                    for taken in units:
-                        taken.done = True
+                    with self._lock:
+                        for taken in units:
+                            taken.done = True
+                    answered.extend(units)
+        finally:
+            with self._lock:
+                following = self._queue[0] if self._queue and not self._exclusive_waiting else None
+                if following is None:
                     self._leader = False
-                    self._wake.notify_all()
+                    self._wake.notify_all()  # close() and _exclusive() wait for this
+            for taken in answered:
+                if taken is not unit:
+                    taken.gate.release()
+            if following is not None:
+                following.gate.release()  # its caller leads now (the role never lapses)
 
     def _take_units(self) -> list[_Unit]:
         units = [self._queue.popleft()]
@@ -660,7 +688,7 @@ class Authority:
     def _commit_batch(self, requests: list[_Request]) -> None:
         index = self.index
         try:
-            txn = index.env.begin(write=True)
+            txn = index.begin(write=True)
         except lmdb.Error as exc:
             self._failure = translate(exc, context="beginning an index transaction")
             self._fail_all(requests, self._failure)
@@ -893,14 +921,14 @@ class Authority:
         canonical.check_id(group, "group")
         self._check_readable()
         index = self.index
-        with index.env.begin() as txn:
+        with index.begin() as txn:
             return decode_head(index.get(txn, b"heads", group.encode()))
 
     @_index_errors_typed
     def groups(self) -> list[str]:
         self._check_readable()
         index = self.index
-        with index.env.begin() as txn:
+        with index.begin() as txn:
             return [key.decode() for key, _ in index.range(txn, b"heads", b"")]
 
     @_index_errors_typed
@@ -909,7 +937,7 @@ class Authority:
         canonical.check_id(group, "group")
         self._check_readable()
         index = self.index
-        with index.env.begin() as txn:
+        with index.begin() as txn:
             value = index.get(txn, b"states", state_key(group, aggregate))
             return (0, None) if value is None else decode_state(value)
 
@@ -921,7 +949,7 @@ class Authority:
         start = state_key(group, prefix)
         out = []
         index = self.index
-        with index.env.begin() as txn:
+        with index.begin() as txn:
             for key, value in index.range(txn, b"states", start):
                 revision, state = decode_state(value)
                 out.append((key[len(group) + 1 :].decode(), revision, state))
@@ -978,7 +1006,7 @@ class Authority:
     def _apply_tombstones(self, group: str, events: list[Event]) -> list[Event]:
         out = []
         index = self.index
-        with index.env.begin() as txn:
+        with index.begin() as txn:
             for event in events:
                 if event.body is not None and index.get(txn, b"states", state_key(group, f"tombstone:{event.seq}")) is not None:
                     event = msgspec.structs.replace(event, body=None)
@@ -991,7 +1019,7 @@ class Authority:
         assert index is not None
         positions: list[int] = []
         prefix = group.encode() + b"\x00"
-        with index.env.begin(buffers=True) as txn:
+        with index.begin() as txn:
             for _, value in index.range(txn, b"events", prefix, event_key(group, after + 1)):
                 positions.append(read_u64(value))
                 if len(positions) >= limit:
@@ -1032,7 +1060,7 @@ class Authority:
 
     def _snapshot(self, group: str) -> SnapshotRef:
         index = self.index
-        with index.env.begin() as txn:  # one read transaction: head and states agree
+        with index.begin() as txn:  # one read transaction: head and states agree
             seq, head_hash = decode_head(index.get(txn, b"heads", group.encode()))
             if seq == 0:
                 raise NotFound(f"group {group!r} does not exist", field="group")
@@ -1077,7 +1105,7 @@ class Authority:
         prefix = group.encode() + b"\x00"
         out = []
         index = self.index
-        with index.env.begin() as txn:
+        with index.begin() as txn:
             for _, value in index.range(txn, b"snapshots", prefix):
                 out.append(_decode_note(value, SnapshotRef))
         return out
@@ -1151,7 +1179,7 @@ class Authority:
         canonical.check_id(group, "group")
         self._check_readable()
         index = self.index
-        with index.env.begin() as txn:
+        with index.begin() as txn:
             value = index.get(txn, b"archives", group.encode())
             return None if value is None else _decode_note(value, ArchiveRecord)
 
@@ -1193,7 +1221,7 @@ class Authority:
     def _finish_audit_deletions(self) -> None:
         """Delete audit logs whose ``audit.delete`` is durable but whose file a crash left behind."""
         index = self.index
-        with index.env.begin() as txn:
+        with index.begin() as txn:
             groups = [key.decode() for key, _ in index.range(txn, b"archives", b"")]
         for group in groups:
             _, state = self.state(group, f"group:{group}")
@@ -1259,7 +1287,7 @@ class Authority:
         canonical.check_id(group, "group")
         self._check_readable()
         index = self.index
-        with index.env.begin() as txn:
+        with index.begin() as txn:
             value = index.get(txn, b"acks", ack_key(consumer, group))
             return 0 if value is None else read_u64(value)
 
@@ -1367,19 +1395,22 @@ class Authority:
         fresh = Index(temp, map_size=self._map_size)
         problems = []
         try:
-            with fresh.env.begin(write=True) as txn:
+            with fresh.begin(write=True) as txn:
                 fresh.put(txn, b"meta", b"log_position", u64(log.start))
             self._redo(fresh, None, log=log)
             with self._exclusive():  # hold commits off while comparing
                 self._redo(fresh, None, log=log)  # what was committed meanwhile (if the pair is live)
                 for name in (b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots", b"archives", b"presence"):
-                    for live, rebuilt in itertools.zip_longest(index.iterate(name), fresh.iterate(name)):
-                        if live != rebuilt:
-                            where = (live or rebuilt or (b"", b""))[0]
-                            problems.append(
-                                f"index database {name.decode()} differs from a rebuild from the log at key {where!r}"
-                            )
-                            break
+                    try:
+                        for live, rebuilt in itertools.zip_longest(index.iterate(name), fresh.iterate(name)):
+                            if live != rebuilt:
+                                where = (live or rebuilt or (b"", b""))[0][:KEY_SHOWN_BYTES]
+                                problems.append(
+                                    f"index database {name.decode()} differs from a rebuild from the log at key {where!r}"
+                                )
+                                break
+                    except MwpError as exc:
+                        problems.append(f"index database {name.decode()}: {exc.code}: {exc.message}")
         finally:
             fresh.close()
             remove_index(temp)
@@ -1400,21 +1431,29 @@ class Authority:
     def _exclusive(self) -> Iterator[None]:
         """Hold the commit leader role: no commit runs until the block ends."""
         with self._lock:
-            while self._leader:
-                self._wake.wait(0.01)
+            self._exclusive_waiting += 1
+            try:
+                while self._leader:
+                    self._wake.wait(0.01)
+            finally:
+                self._exclusive_waiting -= 1
             self._leader = True
         try:
             yield
         finally:
             with self._lock:
-                self._leader = False
-                self._wake.notify_all()
+                following = self._queue[0] if self._queue and not self._exclusive_waiting else None
+                if following is None:
+                    self._leader = False
+                    self._wake.notify_all()
+            if following is not None:
+                following.gate.release()
 
     def _install_index(self, log: SegmentLog | None = None) -> None:
         """Open the freshly built index and switch to it (with ``log`` when the log changes too);
         the old handles stay valid for readers still using them and are closed at close()."""
         index = Index(self._index_dir(), map_size=self._map_size)
-        with index.env.begin(write=True) as txn:
+        with index.begin(write=True) as txn:
             index.put(txn, b"meta", b"boot_id", current_boot_id().encode())
             index.put(txn, b"meta", b"clean", b"0")
         index.sync()
@@ -1430,7 +1469,7 @@ class Authority:
         self._check_readable()
         groups = {}
         index = self.index
-        with index.env.begin() as txn:
+        with index.begin() as txn:
             for key, value in index.range(txn, b"heads", b""):
                 seq, digest = decode_head(value)
                 groups[key.decode()] = {"seq": seq, "head_hash": digest.hex()}

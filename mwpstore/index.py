@@ -39,6 +39,7 @@ from typing import Any
 import lmdb
 import msgspec
 
+from . import limits
 from ._sealed import SEAL_BYTES, SealedTables, open_databases, seal  # noqa: F401  (seal, SEAL_BYTES: part of this module's API)
 from .errors import Corruption, translate
 from .messages import HASH_BYTES, ZERO_HASH
@@ -53,7 +54,7 @@ _STATE_ENCODER = msgspec.msgpack.Encoder()
 _STATE_DECODER = msgspec.msgpack.Decoder(dict[str, Any])
 
 
-def unseal(name: bytes, key: bytes | memoryview, stored: bytes | memoryview) -> bytes | memoryview:
+def unseal(name: bytes, key: bytes | memoryview, stored: bytes | memoryview) -> bytes:
     """The value inside a sealed index entry (``Corruption`` if it fails), without an open index."""
     return _UNSEALER.unseal(name, key, stored)
 
@@ -167,9 +168,13 @@ class Index(SealedTables):
         return 0 if value is None else read_u64(value)
 
     def iterate(self, name: bytes) -> Iterator[tuple[bytes, bytes]]:
-        """All raw (key, sealed value) pairs of one database, in key order (a read transaction)."""
-        with self.env.begin(db=self.dbs[name], buffers=False) as txn:
-            yield from txn.cursor().iternext(keys=True, values=True)
+        """All raw (key, sealed value) pairs of one database, in key order (a read transaction);
+        a value longer than any sealed value can be is ``CORRUPTION`` before it is read."""
+        with self.begin() as txn:
+            for key, value in txn.cursor(db=self.dbs[name]).iternext(keys=True, values=True):
+                if len(value) > limits.LMDB_VALUE_BYTES_MAX + SEAL_BYTES:
+                    raise self._damage("checksum", name, key, "has an entry of impossible length")
+                yield bytes(key), bytes(value)
 
 
 class PendingWrites:

@@ -45,3 +45,4 @@ AUDIT_CHUNK_BYTES_MAX = 16 * 1024 * 1024
 # -- LMDB ---------------------------------------------------------------------------------------
 LMDB_MAP_BYTES_DEFAULT = 64 * 1024 * 1024 * 1024
 AGENT_LMDB_MAP_BYTES_DEFAULT = 16 * 1024 * 1024 * 1024
+LMDB_VALUE_BYTES_MAX = RECORD_BYTES_MAX  # any value either LMDB store holds (a state, an encoded Event, a projection value)

@@ -1140,6 +1140,7 @@ def corruption_lmdb_child(argv: list[str]) -> None:
     for number, (offset, bit) in enumerate(cases):
         print(json.dumps({"start": number}), flush=True)
         target = os.path.join(work, f"lmdb-{number}")
+        shutil.rmtree(target, ignore_errors=True)  # left by a child that died on a case
         shutil.copytree(fixture_store, target, ignore=shutil.ignore_patterns("LOCK", "lock.mdb"))
         _mutate_file(os.path.join(target, "index", "data.mdb"), offset, lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
         outcome, violation = "", ""
@@ -1187,6 +1188,7 @@ def corruption_agent_lmdb_child(argv: list[str]) -> None:
     for number, (offset, bit) in enumerate(cases):
         print(json.dumps({"start": number}), flush=True)
         target = os.path.join(work, f"agent-{number}")
+        shutil.rmtree(target, ignore_errors=True)  # left by a child that died on a case
         shutil.copytree(fixture_agent, target, ignore=shutil.ignore_patterns("lock.mdb", "agent.lock"))
         _mutate_file(os.path.join(target, "lmdb", "data.mdb"), offset, lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
         outcome, violation = "", ""
@@ -1201,6 +1203,18 @@ def corruption_agent_lmdb_child(argv: list[str]) -> None:
             outcome, violation = "foreign", f"AgentStore flip at {offset} bit {bit}: {_describe(exc)}"
         shutil.rmtree(target, ignore_errors=True)
         print(json.dumps({"done": number, "offset": offset, "outcome": outcome, "violation": violation}), flush=True)
+
+
+def _lmdb_used_bytes(directory: str) -> int:
+    """Bytes of an LMDB data file up to its last used page: flips go where the data is, not into
+    whatever unused space the file may have after it."""
+    import lmdb
+
+    env = lmdb.open(directory, readonly=True, lock=False, max_dbs=32)
+    try:
+        return int((env.info()["last_pgno"] + 1) * env.stat()["psize"])
+    finally:
+        env.close()
 
 
 def _run_lmdb_batch(fixture: _Fixture, cases: list[tuple[int, int]], work: str, *, agent: bool = False) -> list[tuple[str, str]]:
@@ -1264,7 +1278,7 @@ def run_corruption(count: int | None = None, seconds: float | None = None, seed:
                 if family in ("lmdb_flip", "agent_lmdb_flip"):
                     agent = family == "agent_lmdb_flip"
                     data = os.path.join(fixture.agent, "lmdb") if agent else os.path.join(fixture.store, "index")
-                    size = os.path.getsize(os.path.join(data, "data.mdb"))
+                    size = _lmdb_used_bytes(data)
                     batch = [(rng.randrange(size), rng.randrange(8)) for _ in range(LMDB_BATCH)]
                     results = _run_lmdb_batch(fixture, batch, work, agent=agent)
                 elif family.startswith("tail_"):

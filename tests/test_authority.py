@@ -210,6 +210,41 @@ def test_group_commit_16_threads_contiguous_sequences_and_own_receipts(store):
     assert store.verify().ok
 
 
+def test_group_commit_hands_leadership_over_while_rebuild_and_verify_hold_it_off(store):
+    """Leadership passes from caller to caller; ``rebuild``/``verify`` (which hold commits off)
+    still get their turn, and after them the queued callers are led again: no caller is left
+    asleep, none is answered twice, and the close at the end finds nothing pending."""
+    per_thread, threads_count = 25, 8
+    receipts: dict[str, int] = {}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def work(thread_index: int) -> None:
+        try:
+            for i in range(per_thread):
+                action = f"h{thread_index}-{i}"
+                receipt = store.accept(mission_create(f"m-{action}", action_id=action))
+                with lock:
+                    receipts[action] = receipt.seq
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(threads_count)]
+    for thread in threads:
+        thread.start()
+    for _ in range(3):
+        store.rebuild()
+        assert store.verify().ok
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads), "a caller was never woken"
+    assert errors == []
+    events = store.read(GROUP, limit=10_000)
+    assert len(receipts) == per_thread * threads_count
+    assert [event.seq for event in events] == list(range(1, per_thread * threads_count + 2))
+    assert {event.action_id: event.seq for event in events if event.action_id in receipts} == receipts
+
+
 # -- replay, subscribe, ACK ----------------------------------------------------------------------
 
 
