@@ -57,7 +57,8 @@ static int int_ok(PyObject *value) {
 /*
  * canonical._content_ok, step for step: 1 when every rule holds, else 0. ``budget`` counts the
  * values still allowed. Like the Python fast check, a str or int directly inside a dict is counted
- * and checked there without the depth test of a nested value.
+ * and checked there, without a call of its own; a dict at the deepest level may hold nothing,
+ * since its items would lie one level deeper.
  */
 static int content_ok(PyObject *value, int depth, Py_ssize_t *budget) {
     CC_ASSERT(depth >= 0 && depth <= CC_BODY_DEPTH_MAX + 1); /* the recursion is bounded below */
@@ -79,6 +80,9 @@ static int content_ok(PyObject *value, int depth, Py_ssize_t *budget) {
         return 1;
     }
     if (type == &PyDict_Type) {
+        if (depth >= CC_BODY_DEPTH_MAX && PyDict_Size(value) > 0) {
+            return 0;
+        }
         Py_ssize_t position = 0;
         PyObject *key = NULL;
         PyObject *item = NULL;

@@ -93,6 +93,8 @@ def _content_ok(value: Any, depth: int, budget: list[int]) -> bool:
     if kind is bool or value is None:
         return True
     if kind is dict:
+        if value and depth >= limits.BODY_DEPTH_MAX:
+            return False  # its items would lie deeper than the bound
         for key, item in value.items():
             if type(key) is not str:
                 return False

@@ -180,6 +180,15 @@ def test_c_content_check_agrees_with_python_at_the_bounds(value):
     assert _canonical_c.content_ok(value) is _python_content_ok(value)
 
 
+@pytest.mark.parametrize("leaf", ["s", 7, 1.5, True, None, []])
+def test_the_depth_bound_is_the_same_for_every_kind_of_value(leaf):
+    """A value one level below the deepest allowed is refused whatever it is (a str or int right
+    inside a dict at the deepest level once slipped through the fast check)."""
+    check_content(_nested(leaf, limits.BODY_DEPTH_MAX, dict))
+    with pytest.raises(LimitExceeded):
+        check_content(_nested(leaf, limits.BODY_DEPTH_MAX + 1, dict))
+
+
 def test_c_content_check_stops_on_a_cycle():
     cycle: list = []
     cycle.append(cycle)
