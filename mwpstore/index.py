@@ -147,14 +147,6 @@ class Index(SealedTables):
                     raise
         except lmdb.Error as exc:
             raise translate(exc, context=f"opening index {directory}") from None
-        self.meta = self.dbs[b"meta"]
-        self.events = self.dbs[b"events"]
-        self.heads = self.dbs[b"heads"]
-        self.states = self.dbs[b"states"]
-        self.receipts = self.dbs[b"receipts"]
-        self.acks = self.dbs[b"acks"]
-        self.snapshots = self.dbs[b"snapshots"]
-        self.archives = self.dbs[b"archives"]
         self._seal_tables(self.dbs, self.dbs[b"presence"], PRESENCE_TAGS)
 
     def close(self) -> None:

@@ -1125,6 +1125,28 @@ def _corruption_case(family: str, fixture: _Fixture, rng: random.Random, work: s
     raise AssertionError(family)
 
 
+def _flip_cases(cases: list[list[int]], fixture: str, work: str, data_file: str, ignore: tuple[str, ...],
+                judge: Callable[[str, int, int], tuple[str, str]]) -> None:
+    """The LMDB-flip child's loop: for each (offset, bit), a fresh copy of ``fixture`` with that bit
+    of ``data_file`` flipped, judged by ``judge(copy, offset, bit)`` -> (outcome, violation); a typed
+    error is an outcome of its own, a foreign one a violation. One JSON line when a case starts
+    and one when it is done, so the parent can tell which case a crash happened in."""
+    for number, (offset, bit) in enumerate(cases):
+        print(json.dumps({"start": number}), flush=True)
+        target = os.path.join(work, f"case-{number}")
+        shutil.rmtree(target, ignore_errors=True)  # left by a child that died on a case
+        shutil.copytree(fixture, target, ignore=shutil.ignore_patterns(*ignore))
+        _mutate_file(os.path.join(target, data_file), offset, lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
+        try:
+            outcome, violation = judge(target, offset, bit)
+        except MwpError as exc:
+            outcome, violation = f"typed_error:{exc.code}", ""
+        except Exception as exc:
+            outcome, violation = "foreign", f"LMDB flip at {offset} bit {bit}: {_describe(exc)}"
+        shutil.rmtree(target, ignore_errors=True)
+        print(json.dumps({"done": number, "offset": offset, "outcome": outcome, "violation": violation}), flush=True)
+
+
 def corruption_lmdb_child(argv: list[str]) -> None:
     """Check LMDB bit flips in isolation (a damaged B-tree may take the process down):
     ``FIXTURE_STORE WORK_DIR CASES_JSON ORACLE_JSON BOOT``; prints one JSON line per case."""
@@ -1137,42 +1159,29 @@ def corruption_lmdb_child(argv: list[str]) -> None:
         saved = json.load(handle)
     oracle = Acknowledged(receipts={key: tuple(value) for key, value in saved["receipts"].items()},
                           snapshots={tuple(item) for item in saved["snapshots"]})
-    for number, (offset, bit) in enumerate(cases):
-        print(json.dumps({"start": number}), flush=True)
-        target = os.path.join(work, f"lmdb-{number}")
-        shutil.rmtree(target, ignore_errors=True)  # left by a child that died on a case
-        shutil.copytree(fixture_store, target, ignore=shutil.ignore_patterns("LOCK", "lock.mdb"))
-        _mutate_file(os.path.join(target, "index", "data.mdb"), offset, lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
-        outcome, violation = "", ""
-        try:
-            with _boot_id(boot), Authority.open(target) as authority:
-                mode = authority.open_report.mode
-                problems = check_authority(authority, oracle, full_verify=False)
-                report = authority.verify()
-                if mode == "rebuild":
-                    outcome = "rebuilt_at_open"
-                    if problems or not report.ok:
-                        violation = f"rebuilt index is wrong: {(problems + report.problems)[:2]}"
-                elif not problems and report.ok:
-                    outcome = "no_effect"  # the flip hit a byte no answer depends on
-                elif not problems:
-                    outcome = "found_by_verify"
-                elif not report.ok:
-                    # Reads answered wrongly without an error; only verify() noticed. Counted.
-                    outcome = "wrong_reads_until_verify"
-                    violation = f"reads served wrong data after an LMDB flip at {offset} until verify(): {problems[:2]}"
-                    authority.rebuild()
-                    if check_authority(authority, oracle, full_verify=True):
-                        violation += "; and rebuild() did not restore it"
-                else:
-                    outcome = "wrong"
-                    violation = f"silently wrong data after an LMDB flip at {offset}: {problems[:2]}"
-        except MwpError as exc:
-            outcome = f"typed_error:{exc.code}"
-        except Exception as exc:
-            outcome, violation = "foreign", f"LMDB flip at {offset} bit {bit}: {_describe(exc)}"
-        shutil.rmtree(target, ignore_errors=True)
-        print(json.dumps({"done": number, "offset": offset, "outcome": outcome, "violation": violation}), flush=True)
+
+    def judge(target: str, offset: int, bit: int) -> tuple[str, str]:
+        with _boot_id(boot), Authority.open(target) as authority:
+            mode = authority.open_report.mode
+            problems = check_authority(authority, oracle, full_verify=False)
+            report = authority.verify()
+            if mode == "rebuild":
+                if problems or not report.ok:
+                    return "rebuilt_at_open", f"rebuilt index is wrong: {(problems + report.problems)[:2]}"
+                return "rebuilt_at_open", ""
+            if not problems:
+                # no_effect: the flip hit a byte no answer depends on
+                return ("no_effect" if report.ok else "found_by_verify"), ""
+            if not report.ok:
+                # Reads answered wrongly without an error; only verify() noticed. Counted.
+                violation = f"reads served wrong data after an LMDB flip at {offset} until verify(): {problems[:2]}"
+                authority.rebuild()
+                if check_authority(authority, oracle, full_verify=True):
+                    violation += "; and rebuild() did not restore it"
+                return "wrong_reads_until_verify", violation
+            return "wrong", f"silently wrong data after an LMDB flip at {offset}: {problems[:2]}"
+
+    _flip_cases(cases, fixture_store, work, os.path.join("index", "data.mdb"), ("LOCK", "lock.mdb"), judge)
 
 
 def corruption_agent_lmdb_child(argv: list[str]) -> None:
@@ -1185,24 +1194,14 @@ def corruption_agent_lmdb_child(argv: list[str]) -> None:
         cases = json.load(handle)
     with open(expected_path) as handle:
         expected = handle.read()
-    for number, (offset, bit) in enumerate(cases):
-        print(json.dumps({"start": number}), flush=True)
-        target = os.path.join(work, f"agent-{number}")
-        shutil.rmtree(target, ignore_errors=True)  # left by a child that died on a case
-        shutil.copytree(fixture_agent, target, ignore=shutil.ignore_patterns("lock.mdb", "agent.lock"))
-        _mutate_file(os.path.join(target, "lmdb", "data.mdb"), offset, lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
-        outcome, violation = "", ""
-        try:
-            with AgentStore.open(target, projections=[CountingProjection()]) as agent:
-                outcome = "no_effect" if agent_answers(agent) == expected else "wrong"
-            if outcome == "wrong":
-                violation = f"an AgentStore with a flipped bit at {offset} (bit {bit}) answered differently without an error"
-        except MwpError as exc:
-            outcome = f"typed_error:{exc.code}"
-        except Exception as exc:
-            outcome, violation = "foreign", f"AgentStore flip at {offset} bit {bit}: {_describe(exc)}"
-        shutil.rmtree(target, ignore_errors=True)
-        print(json.dumps({"done": number, "offset": offset, "outcome": outcome, "violation": violation}), flush=True)
+
+    def judge(target: str, offset: int, bit: int) -> tuple[str, str]:
+        with AgentStore.open(target, projections=[CountingProjection()]) as agent:
+            if agent_answers(agent) == expected:
+                return "no_effect", ""
+        return "wrong", f"an AgentStore with a flipped bit at {offset} (bit {bit}) answered differently without an error"
+
+    _flip_cases(cases, fixture_agent, work, os.path.join("lmdb", "data.mdb"), ("lock.mdb", "agent.lock"), judge)
 
 
 def _lmdb_used_bytes(directory: str) -> int:

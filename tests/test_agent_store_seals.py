@@ -153,3 +153,22 @@ def test_deletes_and_resets_leave_no_false_alarm(tmp_path, events):
             for event in events:
                 tx.apply(event)
         assert agent.head(GROUP).applied_seq == len(events)
+
+
+def test_a_projection_value_longer_than_any_sealed_read_accepts_is_refused_before_disk(tmp_path, events):
+    """Reads refuse a value longer than ``limits.LMDB_VALUE_BYTES_MAX`` as damage, so a write of
+    one is refused first (``LIMIT_EXCEEDED``) and nothing of its transaction is committed."""
+    from mwpstore import limits
+    from mwpstore.errors import LimitExceeded
+
+    class Big:
+        name = "big"
+
+        def apply(self, view, event):
+            view.put("v", b"x" * (limits.LMDB_VALUE_BYTES_MAX + 1))
+
+    with AgentStore.open(tmp_path / "agent", projections=[Big()]) as agent:
+        with pytest.raises(LimitExceeded):
+            with agent.begin() as tx:
+                tx.apply(events[0])
+        assert agent.head(GROUP).applied_seq == 0 and agent.projection_get(GROUP, "big", "v") is None

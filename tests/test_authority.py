@@ -577,10 +577,10 @@ def test_damaged_index_values_surface_as_corruption_not_foreign_errors(tmp_path)
     with open_with_group(path) as authority:
         authority.accept(command)
         with authority.index.env.begin(write=True) as txn:
-            txn.put(b"g-1\x00mission:m-1", b"\x00" * 8 + b"\xc1\xc1", db=authority.index.states)
-            good = txn.get(b"owner\x00act-1", db=authority.index.receipts)
-            txn.put(b"owner\x00act-1", b"\x00" * 32 + good[32:], db=authority.index.receipts)
-            txn.put(b"g-1", b"short", db=authority.index.heads)
+            txn.put(b"g-1\x00mission:m-1", b"\x00" * 8 + b"\xc1\xc1", db=authority.index.dbs[b"states"])
+            good = txn.get(b"owner\x00act-1", db=authority.index.dbs[b"receipts"])
+            txn.put(b"owner\x00act-1", b"\x00" * 32 + good[32:], db=authority.index.dbs[b"receipts"])
+            txn.put(b"g-1", b"short", db=authority.index.dbs[b"heads"])
         for call in (
             lambda: authority.state(GROUP, "mission:m-1"),
             lambda: authority.head(GROUP),
@@ -600,7 +600,7 @@ def test_an_index_entry_pointing_at_the_wrong_record_is_corruption(tmp_path):
 
     with open_with_group(str(tmp_path / "store")) as authority:
         authority.accept_many([mission_create(f"m-{i}") for i in range(3)])
-        with authority.index.env.begin(write=True, db=authority.index.events) as txn:
+        with authority.index.env.begin(write=True, db=authority.index.dbs[b"events"]) as txn:
             other = txn.get(event_key(GROUP, 2))
             txn.put(event_key(GROUP, 3), other)  # seq 3 now points at seq 2's record
             assert read_u64(other) >= 0

@@ -122,7 +122,7 @@ def test_an_index_of_another_format_is_rebuilt_at_open(tmp_path):
         head = authority.head(GROUP)
     authority = Authority.open(path)
     with authority.index.env.begin(write=True) as txn:  # an index written by format 1 (unsealed)
-        txn.put(b"format", b"1", db=authority.index.meta)
+        txn.put(b"format", b"1", db=authority.index.dbs[b"meta"])
     authority.close()
     with Authority.open(path) as reopened:
         assert reopened.open_report.mode == "rebuild" and reopened.head(GROUP) == head
