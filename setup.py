@@ -10,7 +10,7 @@
 from setuptools import Extension, setup
 
 setup(
-    cffi_modules=["csrc/build_segment_log.py:ffibuilder"],
+    cffi_modules=["csrc/build_segment_log.py:ffibuilder", "csrc/build_lmdb_check.py:ffibuilder"],
     ext_modules=[
         Extension(
             "mwpstore._canonical_c",

@@ -33,6 +33,7 @@ import lmdb
 import msgspec
 
 from . import canonical, failpoints, limits
+from ._lmdb_check import check_before_open
 from ._sealed import SealedTables, open_databases, typed_damage
 from .errors import ReconcileRequired, ProjectionFailed  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import (
@@ -357,6 +358,7 @@ class AgentStore:
         map_size: int = limits.AGENT_LMDB_MAP_BYTES_DEFAULT,
         clock: Callable[[], int] = _wall_clock_ms,
         verify: str = "full",
+        check_lmdb: bool | None = None,
     ) -> AgentStore:
         """Open (creating on first use) the store in directory ``path``.
 
@@ -365,7 +367,10 @@ class AgentStore:
         for Events read from an in-process ``Authority`` (validated when accepted, read back from
         its checksummed log): it checks types, IDs, sequence and the chain link by comparing
         ``prev_hash`` with the applied head, but does not recompute hashes or re-walk content.
-        Raises ``StoreLocked`` when another handle (any process) has it open.
+        Before LMDB maps the store's file, its page structure is checked (``check_lmdb``: True
+        always, False never, None when the file is at most ``limits.LMDB_CHECK_AT_OPEN_BYTES_MAX``
+        bytes): a damaged file gives ``Corruption`` (reason ``lmdb_structure``) instead of a
+        crash inside LMDB. Raises ``StoreLocked`` when another handle (any process) has it open.
         """
         if verify not in VERIFY_MODES:
             raise InvalidCommand(f"verify must be one of {sorted(VERIFY_MODES)}", field="verify")
@@ -387,6 +392,7 @@ class AgentStore:
             os.close(lock_fd)
             raise StoreLocked(f"the agent store at {path} is open in another handle or process; close it first") from None
         try:
+            check_before_open(os.path.join(path, "lmdb"), check_lmdb, label="agent store", remedy=_Tables.remedy)
             env = lmdb.open(
                 os.path.join(path, "lmdb"),
                 map_size=map_size,

@@ -41,6 +41,7 @@ from .errors import (
     StoreLocked,
     translate,
 )
+from ._lmdb_check import check_before_open, check_lmdb_file
 from ._sealed import KEY_SHOWN_BYTES, typed_damage
 from .index import (
     INDEX_FORMAT,
@@ -270,6 +271,7 @@ class Authority:
     _clock: Callable[[], int]
     _sync: bool
     _map_size: int
+    _check_lmdb: bool | None
     _segment_bytes: int
     _closed: bool
     _failure: MwpError | None
@@ -307,17 +309,24 @@ class Authority:
         segment_bytes: int = limits.SEGMENT_BYTES_DEFAULT,
         map_size: int = limits.LMDB_MAP_BYTES_DEFAULT,
         progress: Callable[[int, int], None] | None = None,
+        check_lmdb: bool | None = None,
     ) -> Authority:
         """Open (creating on first use) the authority stored under ``path``.
 
         ``sync=False`` is a bulk-load mode: commits are not durable until :meth:`sync` or close.
         ``progress(done, total)`` is called while redoing or rebuilding the index.
+        ``check_lmdb``: check the index's LMDB file structure before LMDB maps it (True always,
+        False never, None when the file is at most ``limits.LMDB_CHECK_AT_OPEN_BYTES_MAX``
+        bytes); a damaged index is rebuilt from the log (``open_report.reason`` says so).
         """
+        if check_lmdb not in (None, True, False):
+            raise InvalidCommand("check_lmdb must be True, False or None (check files up to the size limit)", field="check_lmdb")
         self = object.__new__(cls)
         self.path = os.fspath(path)
         self._clock = clock or default_clock
         self._sync = sync
         self._map_size = map_size
+        self._check_lmdb = check_lmdb
         self._closed = False
         self._failure = None
         self._queue = deque()
@@ -397,6 +406,11 @@ class Authority:
     def _judge_index(self, boot_id: str) -> tuple[str, str, Index | None]:
         """Decide whether the LMDB index can be trusted (then redo: the open index is returned)
         or must be rebuilt (None)."""
+        try:
+            check_before_open(self._index_dir(), self._check_lmdb, label="index", remedy=Index.remedy)
+        except MwpError as exc:
+            page = f" on page {exc.detail['page']}" if "page" in exc.detail else ""
+            return "rebuild", f"index damaged ({exc.code}: {exc.detail.get('check', exc.message)}{page})", None
         try:
             index = Index(self._index_dir(), map_size=self._map_size)
         except MwpError as exc:
@@ -1400,6 +1414,10 @@ class Authority:
             self._redo(fresh, None, log=log)
             with self._exclusive():  # hold commits off while comparing
                 self._redo(fresh, None, log=log)  # what was committed meanwhile (if the pair is live)
+                try:  # before reading the live index: LMDB itself must not walk a damaged page
+                    check_lmdb_file(os.path.join(index.directory, "data.mdb"), label="index", remedy=Index.remedy)
+                except MwpError as exc:
+                    return [f"index: {exc.code}: {exc.message}"]
                 for name in (b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots", b"archives", b"presence"):
                     try:
                         for live, rebuilt in itertools.zip_longest(index.iterate(name), fresh.iterate(name)):

@@ -1,0 +1,366 @@
+/*
+ * lmdb_check.c -- the structural check of an LMDB data file (see lmdb_check.h).
+ *
+ * Layout facts (64-bit LMDB 0.9, host byte order), in bytes:
+ *   page header (16): page number u64 @0, flags u16 @10, lower u16 @12, upper u16 @14; an
+ *     overflow page keeps its page count as u32 @12 instead. Node offsets, u16 each, follow
+ *     the header up to `lower`; nodes live between `upper` and the page's end.
+ *   node header (8): lo u16 @0, hi u16 @2, flags u16 @4, key size u16 @6, then the key, then
+ *     the data. A branch node's child page is lo | hi << 16 | flags << 32; a leaf node's data
+ *     size is lo | hi << 16, and with F_BIGDATA its data is the u64 number of an overflow page.
+ *   meta page: the page header, then magic u32 @16, version u32 @20, the free database's
+ *     record @40 (its first u32 is the page size), the main database's record @88, the last
+ *     page number u64 @136, the transaction id u64 @144. LMDB uses the meta with the higher
+ *     transaction id (meta 0 on a tie).
+ *   database record (48): flags u16 @4, root page u64 @40 (all ones when empty).
+ *   free-list record: key = transaction id (u64), data = count u64, then count page numbers.
+ */
+#define _GNU_SOURCE
+#include "lmdb_check.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#define PAGE_HEADER_BYTES 16u
+#define NODE_HEADER_BYTES 8u
+#define DATABASE_RECORD_BYTES 48u
+#define META_COUNT 2u
+#define META_MAGIC 0xBEEFC0DEu
+#define META_VERSION 1u
+#define PAGE_BYTES_MIN 512u
+#define PAGE_BYTES_MAX 0x8000u
+#define CURSOR_STACK_DEPTH 32
+#define NO_PAGE UINT64_MAX
+/* How far the meta's page count may run past the file's end (pages LMDB allocated and freed
+ * in one transaction are never written); beyond it the number is damage, and it bounds the
+ * bitmaps this check allocates. */
+#define SHORT_TAIL_PAGES_MAX (1u << 20)
+
+#define P_BRANCH 0x01u
+#define P_LEAF 0x02u
+#define P_OVERFLOW 0x04u
+#define P_META 0x08u
+
+#define F_BIGDATA 0x01u
+#define F_SUBDATA 0x02u
+#define F_DUPDATA 0x04u
+
+/* Database flags that make a database hold duplicate keys (sub-trees and sub-pages): not
+ * created by mwpstore, so not walked here. */
+#define DB_DUPLICATE_FLAGS (0x04u | 0x10u | 0x20u | 0x40u)
+#define DB_KNOWN_FLAGS (0x02u | 0x08u | DB_DUPLICATE_FLAGS)
+
+enum tree_role { ROLE_FREE, ROLE_MAIN, ROLE_NAMED };
+
+struct walk {
+    const uint8_t *map;
+    uint64_t file_bytes;
+    uint64_t page_bytes;
+    uint64_t next_page;
+    uint8_t *in_use;  /* bitmap over [0, next_page) */
+    uint8_t *is_free; /* bitmap over [0, next_page) */
+    struct lc_result *out;
+};
+
+static uint16_t u16_at(const uint8_t *p) {
+    uint16_t v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static uint32_t u32_at(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static uint64_t u64_at(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static int bit_get(const uint8_t *bits, uint64_t n) {
+    return (bits[n >> 3] >> (n & 7)) & 1;
+}
+
+static void bit_set(uint8_t *bits, uint64_t n) {
+    bits[n >> 3] |= (uint8_t)(1u << (n & 7));
+}
+
+static int damaged(struct walk *w, int32_t reason, uint64_t page, uint64_t value) {
+    w->out->reason = reason;
+    w->out->page = page;
+    w->out->value = value;
+    return LC_E_DAMAGED;
+}
+
+/* Claim `count` pages from `first` as in use: in range, inside the file, seen once. */
+static int claim_pages(struct walk *w, uint64_t from_page, uint64_t first, uint64_t count) {
+    if (first < META_COUNT || first >= w->next_page || count > w->next_page - first) {
+        return damaged(w, LC_REASON_PAGE_RANGE, from_page, first);
+    }
+    if ((first + count) > w->file_bytes / w->page_bytes) {
+        return damaged(w, LC_REASON_FILE_SHORT, from_page, first);
+    }
+    for (uint64_t n = first; n < first + count; n++) {
+        if (bit_get(w->in_use, n)) {
+            return damaged(w, LC_REASON_PAGE_TWICE, from_page, n);
+        }
+        bit_set(w->in_use, n);
+    }
+    w->out->pages_in_use += count;
+    return LC_OK;
+}
+
+static const uint8_t *page_at(const struct walk *w, uint64_t page) {
+    return w->map + page * w->page_bytes;
+}
+
+static int check_free_record(struct walk *w, uint64_t page, const uint8_t *data, uint64_t size) {
+    if (size < 8 || size % 8 != 0) {
+        return damaged(w, LC_REASON_FREE_LIST, page, size);
+    }
+    uint64_t count = u64_at(data);
+    if (count > size / 8 - 1) {
+        return damaged(w, LC_REASON_FREE_LIST, page, count);
+    }
+    for (uint64_t i = 1; i <= count; i++) {
+        uint64_t free_page = u64_at(data + 8 * i);
+        if (free_page < META_COUNT || free_page >= w->next_page || bit_get(w->is_free, free_page)) {
+            return damaged(w, LC_REASON_FREE_LIST, page, free_page);
+        }
+        bit_set(w->is_free, free_page);
+        w->out->pages_free++;
+    }
+    return LC_OK;
+}
+
+static int walk_tree(struct walk *w, uint64_t from_page, uint64_t root, enum tree_role role);
+
+/* A leaf node's data: inline, or on an overflow extent; a named database's record in the main
+ * database; a free-list record in the free database. */
+static int check_leaf_data(struct walk *w, uint64_t page, const uint8_t *node, uint64_t room,
+                           uint32_t key_bytes, enum tree_role role) {
+    uint16_t flags = u16_at(node + 4);
+    uint64_t size = (uint64_t)u16_at(node) | ((uint64_t)u16_at(node + 2) << 16);
+    const uint8_t *data = node + NODE_HEADER_BYTES + key_bytes;
+    uint64_t data_room = room - NODE_HEADER_BYTES - key_bytes;
+    if ((flags & ~(uint16_t)(F_BIGDATA | F_SUBDATA | F_DUPDATA)) != 0 || (flags & F_DUPDATA) != 0 ||
+        ((flags & F_SUBDATA) != 0 && ((flags & F_BIGDATA) != 0 || role != ROLE_MAIN))) {
+        return damaged(w, LC_REASON_NODE_FLAGS, page, flags);
+    }
+    if (flags & F_BIGDATA) {
+        if (data_room < 8) {
+            return damaged(w, LC_REASON_NODE_BOUNDS, page, (uint64_t)(node - page_at(w, page)));
+        }
+        uint64_t first = u64_at(data);
+        if (first < META_COUNT || first >= w->next_page ||
+            (first + 1) > w->file_bytes / w->page_bytes) {
+            return damaged(w, LC_REASON_OVERFLOW, page, first);
+        }
+        const uint8_t *head = page_at(w, first);
+        uint64_t pages = u32_at(head + 12);
+        if (u64_at(head) != first || u16_at(head + 10) != P_OVERFLOW || pages == 0 ||
+            size > pages * w->page_bytes - PAGE_HEADER_BYTES) {
+            return damaged(w, LC_REASON_OVERFLOW, first, size);
+        }
+        int rc = claim_pages(w, page, first, pages);
+        if (rc != LC_OK) {
+            return rc;
+        }
+        return role == ROLE_FREE ? check_free_record(w, first, head + PAGE_HEADER_BYTES, size) : LC_OK;
+    }
+    if (size > data_room) {
+        return damaged(w, LC_REASON_NODE_BOUNDS, page, size);
+    }
+    if (role == ROLE_FREE) {
+        return check_free_record(w, page, data, size);
+    }
+    if (flags & F_SUBDATA) {
+        if (size != DATABASE_RECORD_BYTES) {
+            return damaged(w, LC_REASON_DATABASE, page, size);
+        }
+        uint16_t db_flags = u16_at(data + 4);
+        if ((db_flags & ~(uint16_t)DB_KNOWN_FLAGS) != 0 || (db_flags & DB_DUPLICATE_FLAGS) != 0) {
+            return damaged(w, LC_REASON_DATABASE, page, db_flags);
+        }
+        uint64_t root = u64_at(data + 40);
+        return root == NO_PAGE ? LC_OK : walk_tree(w, page, root, ROLE_NAMED);
+    }
+    return LC_OK;
+}
+
+static int walk_page(struct walk *w, uint64_t from_page, uint64_t page, enum tree_role role, int depth) {
+    if (depth > CURSOR_STACK_DEPTH) {
+        return damaged(w, LC_REASON_DEPTH, from_page, page);
+    }
+    int rc = claim_pages(w, from_page, page, 1);
+    if (rc != LC_OK) {
+        return rc;
+    }
+    const uint8_t *p = page_at(w, page);
+    if (u64_at(p) != page) {
+        return damaged(w, LC_REASON_PAGE_NUMBER, page, u64_at(p));
+    }
+    uint16_t flags = u16_at(p + 10);
+    if (flags != P_BRANCH && flags != P_LEAF) {
+        return damaged(w, LC_REASON_PAGE_FLAGS, page, flags);
+    }
+    uint64_t lower = u16_at(p + 12);
+    uint64_t upper = u16_at(p + 14);
+    if (lower < PAGE_HEADER_BYTES || lower > upper || upper > w->page_bytes ||
+        (lower - PAGE_HEADER_BYTES) % 2 != 0) {
+        return damaged(w, LC_REASON_PAGE_BOUNDS, page, lower << 16 | upper);
+    }
+    uint64_t count = (lower - PAGE_HEADER_BYTES) / 2;
+    if (flags == P_BRANCH && count == 0) {
+        return damaged(w, LC_REASON_BRANCH_EMPTY, page, 0);
+    }
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t offset = u16_at(p + PAGE_HEADER_BYTES + 2 * i);
+        if (offset < upper || offset + NODE_HEADER_BYTES > w->page_bytes) {
+            return damaged(w, LC_REASON_NODE_BOUNDS, page, offset);
+        }
+        const uint8_t *node = p + offset;
+        uint32_t key_bytes = u16_at(node + 6);
+        uint64_t room = w->page_bytes - offset;
+        if (NODE_HEADER_BYTES + (uint64_t)key_bytes > room) {
+            return damaged(w, LC_REASON_NODE_BOUNDS, page, offset);
+        }
+        if (flags == P_BRANCH) {
+            uint64_t child = (uint64_t)u16_at(node) | ((uint64_t)u16_at(node + 2) << 16) |
+                             ((uint64_t)u16_at(node + 4) << 32);
+            rc = walk_page(w, page, child, role, depth + 1);
+        } else {
+            rc = check_leaf_data(w, page, node, room, key_bytes, role);
+        }
+        if (rc != LC_OK) {
+            return rc;
+        }
+    }
+    return LC_OK;
+}
+
+static int walk_tree(struct walk *w, uint64_t from_page, uint64_t root, enum tree_role role) {
+    return walk_page(w, from_page, root, role, 1);
+}
+
+/* A meta page's own fields; the page size comes from meta 0 (as LMDB reads it). */
+static int check_meta(struct walk *w, uint64_t number, uint64_t *txnid_out) {
+    const uint8_t *p = w->map + number * w->page_bytes;
+    if (u64_at(p) != number || u16_at(p + 10) != P_META || u32_at(p + 16) != META_MAGIC ||
+        u32_at(p + 20) != META_VERSION) {
+        return damaged(w, LC_REASON_META, number, 0);
+    }
+    uint16_t main_flags = u16_at(p + 88 + 4);
+    uint16_t free_flags = u16_at(p + 40 + 4);
+    if ((main_flags & ~(uint16_t)DB_KNOWN_FLAGS) != 0 || (main_flags & DB_DUPLICATE_FLAGS) != 0 ||
+        free_flags != 0x08u /* the free database: integer keys */) {
+        return damaged(w, LC_REASON_DATABASE, number, (uint64_t)main_flags << 16 | free_flags);
+    }
+    *txnid_out = u64_at(p + 144);
+    return LC_OK;
+}
+
+static int check_mapped(struct walk *w) {
+    struct lc_result *out = w->out;
+    if (w->file_bytes < PAGE_BYTES_MIN) {
+        return damaged(w, LC_REASON_FILE_SHORT, 0, w->file_bytes);
+    }
+    uint32_t page_bytes = u32_at(w->map + 40);
+    if (page_bytes < PAGE_BYTES_MIN || page_bytes > PAGE_BYTES_MAX || (page_bytes & (page_bytes - 1)) != 0) {
+        return damaged(w, LC_REASON_PAGE_SIZE, 0, page_bytes);
+    }
+    w->page_bytes = page_bytes;
+    out->page_bytes = page_bytes;
+    if (w->file_bytes < (uint64_t)META_COUNT * page_bytes) {
+        return damaged(w, LC_REASON_FILE_SHORT, 0, w->file_bytes);
+    }
+    uint64_t txnid[META_COUNT];
+    for (uint64_t number = 0; number < META_COUNT; number++) {
+        int rc = check_meta(w, number, &txnid[number]);
+        if (rc != LC_OK) {
+            return rc;
+        }
+    }
+    uint64_t picked = txnid[0] < txnid[1] ? 1 : 0;
+    const uint8_t *meta = w->map + picked * page_bytes;
+    if (u32_at(meta + 40) != page_bytes) {
+        return damaged(w, LC_REASON_PAGE_SIZE, picked, u32_at(meta + 40));
+    }
+    uint64_t last_page = u64_at(meta + 136);
+    uint64_t pages_in_file = w->file_bytes / page_bytes;
+    if (last_page < META_COUNT - 1 || last_page >= pages_in_file + SHORT_TAIL_PAGES_MAX) {
+        return damaged(w, LC_REASON_FILE_SHORT, picked, last_page);
+    }
+    w->next_page = last_page + 1;
+    out->next_page = w->next_page;
+    size_t bitmap_bytes = (size_t)((w->next_page + 7) / 8);
+    w->in_use = calloc(bitmap_bytes, 1);
+    w->is_free = calloc(bitmap_bytes, 1);
+    if (w->in_use == NULL || w->is_free == NULL) {
+        return LC_E_NO_MEMORY;
+    }
+    uint64_t free_root = u64_at(meta + 40 + 40);
+    uint64_t main_root = u64_at(meta + 88 + 40);
+    int rc = free_root == NO_PAGE ? LC_OK : walk_tree(w, picked, free_root, ROLE_FREE);
+    if (rc == LC_OK && main_root != NO_PAGE) {
+        rc = walk_tree(w, picked, main_root, ROLE_MAIN);
+    }
+    if (rc != LC_OK) {
+        return rc;
+    }
+    /* A page both free and in use would be handed out again while still referenced. */
+    for (uint64_t n = 0; n < bitmap_bytes; n++) {
+        uint8_t both = w->in_use[n] & w->is_free[n];
+        if (both != 0) {
+            uint64_t page = n * 8;
+            while (((both >> (page & 7)) & 1) == 0) {
+                page++;
+            }
+            return damaged(w, LC_REASON_FREE_LIST, picked, page);
+        }
+    }
+    return LC_OK;
+}
+
+int lc_check_file(const char *path, struct lc_result *out) {
+    memset(out, 0, sizeof(*out));
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        out->sys_errno = errno;
+        return LC_E_IO;
+    }
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        out->sys_errno = errno;
+        close(fd);
+        return LC_E_IO;
+    }
+    struct walk w = {.file_bytes = (uint64_t)st.st_size, .out = out};
+    out->file_bytes = w.file_bytes;
+    if (w.file_bytes < PAGE_BYTES_MIN) {
+        close(fd);
+        return damaged(&w, LC_REASON_FILE_SHORT, 0, w.file_bytes);
+    }
+    void *map = mmap(NULL, (size_t)w.file_bytes, PROT_READ, MAP_SHARED, fd, 0);
+    int saved = errno;
+    close(fd);
+    if (map == MAP_FAILED) {
+        out->sys_errno = saved;
+        return LC_E_IO;
+    }
+    (void)madvise(map, (size_t)w.file_bytes, MADV_WILLNEED);
+    w.map = map;
+    int rc = check_mapped(&w);
+    free(w.in_use);
+    free(w.is_free);
+    munmap(map, (size_t)w.file_bytes);
+    return rc;
+}

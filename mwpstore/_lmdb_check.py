@@ -1,0 +1,88 @@
+"""The structural check of an LMDB data file, run before LMDB maps it (``csrc/lmdb_check.c``).
+
+LMDB trusts the pages of its file. A single flipped bit in a page offset, a node's size or a
+page number can make LMDB, or the binding (which touches every page of a value it returns),
+read past the end of the file: the process dies with SIGBUS instead of getting an error. The
+stores' seals cannot help there, because the crash happens inside LMDB before a value reaches
+them. This check walks every page reachable from the meta page LMDB would use and verifies
+what LMDB relies on when it reads; a file that passes is safe to hand to LMDB, and the seals
+then check the content. See docs/format/index.md, "Structural check".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+
+from mwpstore._lmdb_check_c import ffi, lib
+from mwpstore import limits
+from mwpstore.errors import Corruption, InvalidCommand, StorageFailed
+
+__all__ = ["LmdbCheck", "check_before_open", "check_lmdb_file"]
+
+_REASONS = {
+    lib.LC_REASON_FILE_SHORT: "file_short",
+    lib.LC_REASON_META: "meta",
+    lib.LC_REASON_PAGE_SIZE: "page_size",
+    lib.LC_REASON_PAGE_RANGE: "page_range",
+    lib.LC_REASON_PAGE_NUMBER: "page_number",
+    lib.LC_REASON_PAGE_FLAGS: "page_flags",
+    lib.LC_REASON_PAGE_BOUNDS: "page_bounds",
+    lib.LC_REASON_NODE_BOUNDS: "node_bounds",
+    lib.LC_REASON_NODE_FLAGS: "node_flags",
+    lib.LC_REASON_OVERFLOW: "overflow",
+    lib.LC_REASON_DATABASE: "database",
+    lib.LC_REASON_DEPTH: "depth",
+    lib.LC_REASON_PAGE_TWICE: "page_twice",
+    lib.LC_REASON_FREE_LIST: "free_list",
+    lib.LC_REASON_BRANCH_EMPTY: "branch_empty",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LmdbCheck:
+    """What a passed check saw."""
+
+    file_bytes: int
+    page_bytes: int
+    pages_in_use: int
+    pages_free: int
+
+
+def check_lmdb_file(path: str, *, label: str, remedy: str) -> LmdbCheck:
+    """Check the LMDB data file at ``path`` (a ``data.mdb``). ``Corruption`` (reason
+    ``lmdb_structure``, with the check that failed, the page and the offending value) when it
+    would not be safe to hand to LMDB; ``StorageFailed`` when it cannot be read."""
+    result = ffi.new("struct lc_result *")
+    rc = lib.lc_check_file(os.fsencode(path), result)
+    if rc == lib.LC_OK:
+        return LmdbCheck(int(result.file_bytes), int(result.page_bytes), int(result.pages_in_use), int(result.pages_free))
+    if rc == lib.LC_E_DAMAGED:
+        check = _REASONS.get(result.reason, str(result.reason))
+        raise Corruption(
+            f"the {label}'s LMDB file is damaged: check {check} failed on page {result.page} "
+            f"(value {result.value}); {remedy}",
+            reason="lmdb_structure", check=check, path=path, page=int(result.page), value=int(result.value),
+        )
+    if rc == lib.LC_E_NO_MEMORY:
+        raise MemoryError(f"checking the {label}'s LMDB file {path}")
+    error = int(result.sys_errno)
+    raise StorageFailed(f"cannot read the {label}'s LMDB file {path}: {os.strerror(error)}", errno=error, path=path)
+
+
+def check_before_open(directory: str, check: bool | None, *, label: str, remedy: str) -> LmdbCheck | None:
+    """The check an open makes before LMDB maps ``directory``'s data file: always with ``check``
+    true, never with false, and with None (the default) when the file is at most
+    ``limits.LMDB_CHECK_AT_OPEN_BYTES_MAX`` bytes. None when not checked (or no file yet)."""
+    if check not in (None, True, False):
+        raise InvalidCommand("check_lmdb must be True, False or None (check files up to the size limit)", field="check_lmdb")
+    path = os.path.join(directory, "data.mdb")
+    try:
+        size = os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise StorageFailed(f"cannot read the {label}'s LMDB file {path}: {exc.strerror}", errno=exc.errno, path=path) from None
+    if check is False or (check is None and size > limits.LMDB_CHECK_AT_OPEN_BYTES_MAX):
+        return None
+    return check_lmdb_file(path, label=label, remedy=remedy)

@@ -1,0 +1,383 @@
+"""The structural check of LMDB files (csrc/lmdb_check.c): healthy files pass, each kind of
+damage LMDB would trip over is named, and the stores run it before LMDB maps their files.
+
+LMDB trusts its pages: one damaged node size makes it (and the binding, which touches every page
+of a value it returns) read past the end of the file, and the process dies with SIGBUS. The last
+tests show that crash with the check turned off and the typed error with it on.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+import subprocess
+import sys
+import textwrap
+
+import lmdb
+import pytest
+
+from agent_store_support import CountingProjection, workload
+from authority_helpers import GROUP, mission_create, open_with_group
+from mwpstore import Authority, Corruption, limits
+from mwpstore._lmdb_check import check_before_open, check_lmdb_file
+from mwpstore.agent_store import AgentStore
+from mwpstore.errors import InvalidCommand
+
+PAGE = 4096
+P_BRANCH, P_LEAF, P_OVERFLOW = 0x01, 0x02, 0x04
+F_BIGDATA, F_SUBDATA = 0x01, 0x02
+
+
+# -- a small reader of the layout, to aim damage at reachable pages -----------------------------
+
+
+def _meta(data: bytes) -> tuple[int, int, int]:
+    """(free root, main root, last page) of the meta LMDB would use."""
+    picked = max((0, 1), key=lambda n: (struct.unpack_from("<Q", data, n * PAGE + 144)[0], -n))
+    base = picked * PAGE
+    free_root, main_root = (struct.unpack_from("<Q", data, base + off + 40)[0] for off in (40, 88))
+    return free_root, main_root, struct.unpack_from("<Q", data, base + 136)[0]
+
+
+def _nodes(data: bytes, page: int):
+    base = page * PAGE
+    lower = struct.unpack_from("<H", data, base + 12)[0]
+    for i in range((lower - 16) // 2):
+        offset = struct.unpack_from("<H", data, base + 16 + 2 * i)[0]
+        lo, hi, flags, key_bytes = struct.unpack_from("<HHHH", data, base + offset)
+        yield base + offset, lo, hi, flags, key_bytes
+
+
+def _reachable(data: bytes, *, named_only: bool = False) -> dict[int, int]:
+    """Page number -> page flags, for every page reachable from the used meta (overflow pages
+    by their first page); with ``named_only``, the pages of named databases only."""
+    found: dict[int, int] = {}
+    free_root, main_root, _ = _meta(data)
+    pending = [(root, False) for root in (free_root, main_root) if root != 2**64 - 1]
+    while pending:
+        page, named = pending.pop()
+        flags = struct.unpack_from("<H", data, page * PAGE + 10)[0]
+        if named or not named_only:
+            found[page] = flags
+        for at, lo, hi, node_flags, key_bytes in _nodes(data, page):
+            if flags == P_BRANCH:
+                pending.append((lo | hi << 16 | node_flags << 32, named))
+            elif node_flags & F_BIGDATA:
+                if named or not named_only:
+                    found[struct.unpack_from("<Q", data, at + 8 + key_bytes)[0]] = P_OVERFLOW
+            elif node_flags & F_SUBDATA:
+                root = struct.unpack_from("<Q", data, at + 8 + key_bytes + 40)[0]
+                if root != 2**64 - 1:
+                    pending.append((root, True))
+    return found
+
+
+def _sample_env(path: str) -> str:
+    """An LMDB environment like the stores' (named databases, values on overflow pages, pages
+    freed by deletes); returns its data file."""
+    env = lmdb.open(path, max_dbs=4, map_size=1 << 26)
+    small, large = env.open_db(b"small"), env.open_db(b"large")
+    with env.begin(write=True) as txn:
+        for i in range(2000):
+            txn.put(b"k%06d" % i, b"v" * (i % 90), db=small)
+        for i in range(20):
+            txn.put(b"big%02d" % i, bytes([i]) * (5000 + 700 * i), db=large)
+    with env.begin(write=True) as txn:
+        for i in range(0, 2000, 3):
+            txn.delete(b"k%06d" % i, db=small)
+        txn.delete(b"big03", db=large)
+    env.close()
+    return os.path.join(path, "data.mdb")
+
+
+def _damaged_copy(tmp_path, source: str, change) -> str:
+    data = bytearray(open(source, "rb").read())
+    change(data)
+    target = tmp_path / "damaged"
+    target.mkdir(exist_ok=True)
+    path = str(target / "data.mdb")
+    with open(path, "wb") as handle:
+        handle.write(data)
+    return path
+
+
+def _check_fails(path: str, check: str) -> Corruption:
+    with pytest.raises(Corruption) as caught:
+        check_lmdb_file(path, label="test", remedy="rebuild it")
+    assert caught.value.detail["reason"] == "lmdb_structure"
+    assert caught.value.detail["check"] == check, caught.value.message
+    return caught.value
+
+
+# -- healthy files ------------------------------------------------------------------------------
+
+
+def test_healthy_files_pass_with_every_page_accounted(tmp_path):
+    path = _sample_env(str(tmp_path / "env"))
+    result = check_lmdb_file(path, label="test", remedy="-")
+    data = open(path, "rb").read()
+    _, _, last_page = _meta(data)
+    reachable = _reachable(data)
+    overflow = sum(1 for flags in reachable.values() if flags == P_OVERFLOW)
+    assert overflow >= 19 and result.pages_free > 0
+    # in use + free + the two metas: every page LMDB has handed out, none twice
+    assert result.pages_in_use + result.pages_free + 2 == last_page + 1
+    assert result.page_bytes == PAGE and result.file_bytes == len(data)
+
+
+def test_an_empty_environment_passes(tmp_path):
+    lmdb.open(str(tmp_path / "env"), map_size=1 << 20).close()
+    result = check_lmdb_file(str(tmp_path / "env" / "data.mdb"), label="test", remedy="-")
+    assert result.pages_in_use == 0
+
+
+def test_the_stores_files_pass(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept_many([mission_create(f"m-{i}") for i in range(300)])
+    assert check_lmdb_file(str(tmp_path / "store" / "index" / "data.mdb"), label="index", remedy="-").pages_in_use > 10
+    with AgentStore.open(tmp_path / "agent", projections=[CountingProjection()]) as agent:
+        with agent.begin() as tx:
+            for event in workload(GROUP, 200, seed=3):
+                tx.apply(event)
+            tx.advance_cursor(GROUP)
+    assert check_lmdb_file(str(tmp_path / "agent" / "lmdb" / "data.mdb"), label="agent", remedy="-").pages_in_use > 5
+
+
+# -- each kind of damage ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def sample(tmp_path):
+    return _sample_env(str(tmp_path / "env"))
+
+
+def _first(data, kind: int) -> int:
+    """The lowest-numbered page of that kind in a named database."""
+    return min(page for page, flags in _reachable(bytes(data), named_only=True).items() if flags == kind)
+
+
+def test_a_meta_page_without_its_magic(tmp_path, sample):
+    _check_fails(_damaged_copy(tmp_path, sample, lambda d: d.__setitem__(16, d[16] ^ 0x01)), "meta")
+
+
+def test_an_impossible_page_size(tmp_path, sample):
+    _check_fails(_damaged_copy(tmp_path, sample, lambda d: struct.pack_into("<I", d, 40, 4096 + 512)), "page_size")
+
+
+def test_a_meta_naming_pages_far_past_the_end_of_the_file(tmp_path, sample):
+    def change(d):
+        for meta in (0, 1):
+            struct.pack_into("<Q", d, meta * PAGE + 136, 1 << 40)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "file_short")
+
+
+def test_a_leaf_node_whose_data_runs_off_its_page(tmp_path, sample):
+    """The damage behind the SIGBUS the torture suite found: a node's data size made huge."""
+    def change(d):
+        page = _first(d, P_LEAF)
+        at, lo, hi, flags, key_bytes = next(node for node in _nodes(bytes(d), page) if not node[3] & (F_BIGDATA | F_SUBDATA))
+        struct.pack_into("<H", d, at + 2, hi | 0x2000)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "node_bounds")
+
+
+def test_a_node_offset_outside_its_page_area(tmp_path, sample):
+    def change(d):
+        page = _first(d, P_LEAF)
+        struct.pack_into("<H", d, page * PAGE + 16, 12)  # points into the header
+    _check_fails(_damaged_copy(tmp_path, sample, change), "node_bounds")
+
+
+def test_an_overflow_value_longer_than_its_extent(tmp_path, sample):
+    def change(d):
+        for page, flags in _reachable(bytes(d)).items():
+            if flags != P_LEAF:
+                continue
+            for at, lo, hi, node_flags, key_bytes in _nodes(bytes(d), page):
+                if node_flags & F_BIGDATA:
+                    struct.pack_into("<H", d, at + 2, hi + 4)  # 256 KiB more than it has
+                    return
+        raise AssertionError("no overflow value")
+    _check_fails(_damaged_copy(tmp_path, sample, change), "overflow")
+
+
+def test_a_page_marked_dirty(tmp_path, sample):
+    """LMDB would write into a page it believes dirty, through a read-only map."""
+    def change(d):
+        page = _first(d, P_LEAF)
+        struct.pack_into("<H", d, page * PAGE + 10, P_LEAF | 0x10)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "page_flags")
+
+
+def test_a_page_that_does_not_carry_its_number(tmp_path, sample):
+    def change(d):
+        page = _first(d, P_LEAF)
+        struct.pack_into("<Q", d, page * PAGE, page + 1)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "page_number")
+
+
+def test_a_branch_pointing_back_up_the_tree(tmp_path, sample):
+    def change(d):
+        page = _first(d, P_BRANCH)
+        at, *_ = next(_nodes(bytes(d), page))
+        struct.pack_into("<HHH", d, at, page & 0xFFFF, page >> 16 & 0xFFFF, 0)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "page_twice")
+
+
+def test_a_free_list_naming_a_page_in_use(tmp_path, sample):
+    def change(d):
+        free_root, _, _ = _meta(bytes(d))
+        in_use = _first(d, P_LEAF)
+        at, lo, hi, flags, key_bytes = next(_nodes(bytes(d), free_root))
+        count_at = at + 8 + key_bytes
+        assert not flags & F_BIGDATA and struct.unpack_from("<Q", d, count_at)[0] >= 1
+        struct.pack_into("<Q", d, count_at + 8, in_use)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "free_list")
+
+
+def test_a_file_cut_short(tmp_path, sample):
+    data = open(sample, "rb").read()
+    last_used = max(_reachable(data))
+    path = _damaged_copy(tmp_path, sample, lambda d: d.__delitem__(slice(last_used * PAGE, None)))
+    error = _check_fails(path, "file_short")
+    assert error.detail["value"] >= 2
+
+
+def test_a_missing_file_is_storage_failed_not_a_crash(tmp_path):
+    from mwpstore.errors import StorageFailed
+
+    with pytest.raises(StorageFailed):
+        check_lmdb_file(str(tmp_path / "nothing" / "data.mdb"), label="test", remedy="-")
+
+
+def test_random_bit_flips_never_crash_the_checker(tmp_path, sample):
+    """Every flip either passes (it hit bytes LMDB does not rely on) or is named; none crashes
+    the checker. Pages reachable are flipped more often: they are what the check reads."""
+    data = open(sample, "rb").read()
+    pages = sorted(_reachable(data)) + [0, 1]
+    rng = random.Random(7)
+    named = passed = 0
+    for _ in range(400):
+        page = rng.choice(pages)
+        offset = page * PAGE + rng.randrange(PAGE)
+        bit = rng.randrange(8)
+        path = _damaged_copy(tmp_path, sample, lambda d: d.__setitem__(offset, d[offset] ^ (1 << bit)))
+        try:
+            check_lmdb_file(path, label="test", remedy="-")
+            passed += 1
+        except Corruption as exc:
+            assert exc.detail["reason"] == "lmdb_structure" and isinstance(exc.detail["page"], int)
+            named += 1
+    assert named >= 5 and passed >= 100  # both outcomes occur: the check is neither blind nor paranoid
+
+
+# -- the stores run it --------------------------------------------------------------------------
+
+_READ_ALL = textwrap.dedent(
+    """
+    import sys
+    from mwpstore.agent_store import AgentStore
+    from mwpstore.errors import MwpError
+    check = {"on": None, "off": False}[sys.argv[2]]
+    try:
+        with AgentStore.open(sys.argv[1], check_lmdb=check) as agent:
+            agent.projection_dump()
+    except MwpError as exc:
+        print("typed", exc.code, exc.detail.get("reason"))
+    else:
+        print("read")
+    """
+)
+
+
+class _BlobProjection:
+    """Keeps one value larger than a page, so LMDB stores it on overflow pages."""
+
+    name = "blob"
+
+    def apply(self, view, event):
+        view.put("blob", bytes([event.seq % 251]) * 9000)
+
+
+def _agent_with_damaged_overflow_value(tmp_path) -> str:
+    """An AgentStore whose overflow value claims about 2 GiB: the damage a flipped node offset
+    produced in the torture suite (a node read from the wrong place, sizing a value far past the
+    end of the file, which the binding then touched page by page)."""
+    path = tmp_path / "agent"
+    with AgentStore.open(path, projections=[_BlobProjection()]) as agent:
+        with agent.begin() as tx:
+            for event in workload(GROUP, 20, seed=4):
+                tx.apply(event)
+            tx.advance_cursor(GROUP)
+    data_path = path / "lmdb" / "data.mdb"
+    data = bytearray(data_path.read_bytes())
+    for page, flags in _reachable(bytes(data), named_only=True).items():
+        if flags != P_LEAF:
+            continue
+        for at, lo, hi, node_flags, key_bytes in _nodes(bytes(data), page):
+            if node_flags & F_BIGDATA:
+                struct.pack_into("<H", data, at + 2, 0x7FFF)
+                data_path.write_bytes(bytes(data))
+                return str(path)
+    raise AssertionError("no overflow value")
+
+
+def _run_child(path: str, mode: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", _READ_ALL, path, mode], capture_output=True, text=True, timeout=120)
+
+
+def test_without_the_check_lmdb_kills_the_process_with_it_the_error_is_typed(tmp_path):
+    path = _agent_with_damaged_overflow_value(tmp_path)
+    unchecked = _run_child(path, "off")
+    assert unchecked.returncode < 0, (unchecked.returncode, unchecked.stdout, unchecked.stderr[-400:])  # killed by a signal
+    checked = _run_child(path, "on")
+    assert checked.returncode == 0, checked.stderr[-800:]
+    assert checked.stdout.split() == ["typed", "CORRUPTION", "lmdb_structure"]
+
+
+def test_a_structurally_damaged_index_is_rebuilt_from_the_log_at_open(tmp_path):
+    store = str(tmp_path / "store")
+    with open_with_group(store) as authority:
+        commands = [mission_create(f"m-{i}") for i in range(200)]
+        receipts = authority.accept_many(commands)
+        expected = authority.state(GROUP, "mission:m-7")
+    data_path = os.path.join(store, "index", "data.mdb")
+    data = bytearray(open(data_path, "rb").read())
+    page = _first(data, P_LEAF)
+    struct.pack_into("<H", data, page * PAGE + 16, 12)
+    open(data_path, "wb").write(bytes(data))
+    with Authority.open(store) as authority:
+        assert authority.open_report.mode == "rebuild"
+        assert "node_bounds" in authority.open_report.reason
+        assert authority.state(GROUP, "mission:m-7") == expected
+        assert authority.accept(commands[7]) == receipts[7].unwrap()  # receipts survived
+        assert authority.verify().ok
+
+
+def test_verify_checks_the_structure_before_it_reads_the_live_index(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept_many([mission_create(f"m-{i}") for i in range(200)])
+        data_path = os.path.join(authority.index.directory, "data.mdb")
+        data = bytearray(open(data_path, "rb").read())
+        page = _first(data, P_LEAF)
+        with open(data_path, "r+b") as handle:  # the file changes under the open map, as damage would
+            handle.seek(page * PAGE + 16)
+            handle.write(struct.pack("<H", 12))
+        report = authority.verify()
+        assert not report.ok and any("lmdb_structure" in problem or "node_bounds" in problem for problem in report.problems)
+
+
+def test_the_open_policy(tmp_path, monkeypatch):
+    path = _sample_env(str(tmp_path / "env"))
+    directory = os.path.dirname(path)
+    assert check_before_open(directory, None, label="t", remedy="-") is not None
+    assert check_before_open(directory, False, label="t", remedy="-") is None
+    monkeypatch.setattr(limits, "LMDB_CHECK_AT_OPEN_BYTES_MAX", os.path.getsize(path) - 1)
+    assert check_before_open(directory, None, label="t", remedy="-") is None  # above the limit: not by default
+    assert check_before_open(directory, True, label="t", remedy="-") is not None  # unless asked
+    assert check_before_open(str(tmp_path / "new"), True, label="t", remedy="-") is None  # no file yet
+    with pytest.raises(InvalidCommand):
+        check_before_open(directory, "yes", label="t", remedy="-")  # type: ignore[arg-type]
+    with pytest.raises(InvalidCommand):
+        AgentStore.open(tmp_path / "agent", check_lmdb="always")  # type: ignore[arg-type]
