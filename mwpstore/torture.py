@@ -1572,7 +1572,7 @@ def _forgive_short(line: str) -> str:
 
 # -- fuzz: every decoder and entry point that takes outside bytes ----------------------------------
 
-FUZZ_TARGETS = ("segment_file", "event_bytes", "command", "agent_delivery", "snapshot", "audit_log")
+FUZZ_TARGETS = ("segment_file", "event_bytes", "command", "agent_delivery", "snapshot", "audit_log", "agent_lmdb_file")
 FUZZ_INPUT_SECONDS_MAX = 5.0
 """An input that takes longer than this is a hang (a violation)."""
 FUZZ_INPUT_BYTES_MAX = 1 << 16
@@ -1622,6 +1622,14 @@ class FuzzContext:
         with open(os.path.join(log_dir, "00000000000000000000.seg"), "rb") as handle:
             segment = handle.read()
         self.agent = AgentStore.open(os.path.join(root, "agent"), projections=[CountingProjection()], trusted_keys=[self.keyring])
+        sample_agent = os.path.join(root, "agent-sample")
+        with AgentStore.open(sample_agent, projections=[CountingProjection()], trusted_keys=[self.keyring]) as agent:
+            with agent.begin() as tx:
+                for event in self.events[:12]:
+                    tx.apply(event)
+                tx.advance_cursor(GROUPS[0])
+        with open(os.path.join(sample_agent, "lmdb", "data.mdb"), "rb") as handle:
+            agent_file = handle.read()
         commands = [msgspec_command(command) for command in workload_commands(self.authority, rng, "seed-a")]
         self.samples: dict[str, list[bytes]] = {
             "segment_file": [segment[:used], segment[: used + 512], segment],
@@ -1630,6 +1638,7 @@ class FuzzContext:
             "agent_delivery": self.events[:8],
             "snapshot": [snapshot],
             "audit_log": [audit_bytes],
+            "agent_lmdb_file": [agent_file],
         }
 
     def scratch_path(self, name: str) -> str:
@@ -1730,6 +1739,21 @@ def fuzz_one(target: str, data: bytes, context: FuzzContext) -> None:
             os.remove(path)
         if data not in context.samples["audit_log"]:
             raise AcceptedForgery(f"modified audit log bytes read without error ({len(records)} records)")
+    elif target == "agent_lmdb_file":
+        from .agent_store import AgentStore
+
+        # Laid over the sample, so the file keeps its length and most pages stay where LMDB
+        # expects them: the damage then reaches the page walk instead of ending at the first page.
+        sample = context.samples["agent_lmdb_file"][0]
+        directory = context.scratch_path("agent")
+        os.makedirs(os.path.join(directory, "lmdb"))
+        with open(os.path.join(directory, "lmdb", "data.mdb"), "wb") as handle:
+            handle.write(bytes(data[: len(sample)]) + sample[len(data) :])
+        try:
+            with AgentStore.open(directory, projections=[CountingProjection()], trusted_keys=[context.keyring], check_lmdb=True) as agent:
+                agent_answers(agent)
+        finally:
+            shutil.rmtree(directory, ignore_errors=True)
     else:
         raise AssertionError(target)
 
@@ -1855,7 +1879,7 @@ import sys
 sys.path.insert(0, {root!r})
 import atheris
 with atheris.instrument_imports():
-    import mwpstore.messages, mwpstore.segment_log, mwpstore.snapshot, mwpstore.audit_log, mwpstore.agent_store, mwpstore.canonical
+    import mwpstore.messages, mwpstore.segment_log, mwpstore.snapshot, mwpstore.audit_log, mwpstore.agent_store, mwpstore.canonical, mwpstore._lmdb_check
 from mwpstore.errors import MwpError
 from mwpstore.torture import FUZZ_TARGETS, FuzzContext, fuzz_one
 context = FuzzContext({work!r})
