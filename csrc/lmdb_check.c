@@ -50,10 +50,12 @@
 #define F_SUBDATA 0x02u
 #define F_DUPDATA 0x04u
 
-/* Database flags that make a database hold duplicate keys (sub-trees and sub-pages): not
- * created by mwpstore, so not walked here. */
-#define DB_DUPLICATE_FLAGS (0x04u | 0x10u | 0x20u | 0x40u)
-#define DB_KNOWN_FLAGS (0x02u | 0x08u | DB_DUPLICATE_FLAGS)
+/* The free database's keys are 8-byte transaction ids compared as integers (MDB_INTEGERKEY,
+ * LMDB reads 8 bytes of each). mwpstore's own databases are created without flags: a flag that
+ * appears on one (integer keys, reversed keys, duplicates) changes how LMDB reads its keys and
+ * values, so it is damage. */
+#define DB_FLAG_INTEGER_KEYS 0x08u
+#define FREE_KEY_BYTES 8u
 
 enum tree_role { ROLE_FREE, ROLE_MAIN, ROLE_NAMED };
 
@@ -187,7 +189,7 @@ static int check_leaf_data(struct walk *w, uint64_t page, const uint8_t *node, u
             return damaged(w, LC_REASON_DATABASE, page, size);
         }
         uint16_t db_flags = u16_at(data + 4);
-        if ((db_flags & ~(uint16_t)DB_KNOWN_FLAGS) != 0 || (db_flags & DB_DUPLICATE_FLAGS) != 0) {
+        if (db_flags != 0) {
             return damaged(w, LC_REASON_DATABASE, page, db_flags);
         }
         uint64_t root = u64_at(data + 40);
@@ -233,6 +235,10 @@ static int walk_page(struct walk *w, uint64_t from_page, uint64_t page, enum tre
         if (NODE_HEADER_BYTES + (uint64_t)key_bytes > room) {
             return damaged(w, LC_REASON_NODE_BOUNDS, page, offset);
         }
+        /* Integer keys are read as 8 bytes; a branch's first key is never compared. */
+        if (role == ROLE_FREE && key_bytes != FREE_KEY_BYTES && !(flags == P_BRANCH && i == 0)) {
+            return damaged(w, LC_REASON_NODE_BOUNDS, page, key_bytes);
+        }
         if (flags == P_BRANCH) {
             uint64_t child = (uint64_t)u16_at(node) | ((uint64_t)u16_at(node + 2) << 16) |
                              ((uint64_t)u16_at(node + 4) << 32);
@@ -260,8 +266,7 @@ static int check_meta(struct walk *w, uint64_t number, uint64_t *txnid_out) {
     }
     uint16_t main_flags = u16_at(p + 88 + 4);
     uint16_t free_flags = u16_at(p + 40 + 4);
-    if ((main_flags & ~(uint16_t)DB_KNOWN_FLAGS) != 0 || (main_flags & DB_DUPLICATE_FLAGS) != 0 ||
-        free_flags != 0x08u /* the free database: integer keys */) {
+    if (main_flags != 0 || free_flags != DB_FLAG_INTEGER_KEYS) {
         return damaged(w, LC_REASON_DATABASE, number, (uint64_t)main_flags << 16 | free_flags);
     }
     *txnid_out = u64_at(p + 144);

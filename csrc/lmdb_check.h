@@ -9,8 +9,8 @@
  * handed to LMDB without that risk. It does not check what the stores' own seals already check
  * (values, key order, presence): see docs/format/index.md, "Structural check".
  *
- * Covers the 64-bit LMDB 0.9 layout (the one the lmdb binding bundles). Databases with
- * duplicate keys (MDB_DUPSORT and its relatives) are refused: mwpstore does not create them.
+ * Covers the 64-bit LMDB 0.9 layout (the one the lmdb binding bundles). Databases with flags
+ * (duplicate keys, integer or reversed keys) are refused: mwpstore creates none.
  * Conventions as in segment_log.h: an int result, LC_OK or a negative LC_E_* code, and the
  * struct lc_result says why and where.
  */

@@ -236,6 +236,23 @@ def test_a_free_list_naming_a_page_in_use(tmp_path, sample):
     _check_fails(_damaged_copy(tmp_path, sample, change), "free_list")
 
 
+def test_a_named_database_with_a_flag(tmp_path, sample):
+    """Integer keys would make LMDB read 8 bytes of every key, whatever its size."""
+    def change(d):
+        _, main_root, _ = _meta(bytes(d))
+        at, lo, hi, flags, key_bytes = next(node for node in _nodes(bytes(d), main_root) if node[3] & F_SUBDATA)
+        struct.pack_into("<H", d, at + 8 + key_bytes + 4, 0x08)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "database")
+
+
+def test_a_free_list_key_of_the_wrong_size(tmp_path, sample):
+    def change(d):
+        free_root, _, _ = _meta(bytes(d))
+        at, *_ = next(_nodes(bytes(d), free_root))
+        struct.pack_into("<H", d, at + 6, 4)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "node_bounds")
+
+
 def test_a_file_cut_short(tmp_path, sample):
     data = open(sample, "rb").read()
     last_used = max(_reachable(data))
