@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import lmdb
 import msgspec
 
-from . import limits
+from . import failpoints, limits
 from .errors import Corruption, MwpError
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -174,7 +174,8 @@ def open_databases(env: lmdb.Environment, names: Iterable[bytes], *, label: str,
 
     A damaged record in LMDB's main database can change a database's name; opening it by name
     would then silently create a new, empty one. So in an environment that already holds some of
-    ``names``, a missing one is ``CORRUPTION``.
+    ``names``, a missing one is ``CORRUPTION``. A new environment gets all of them in one write
+    transaction: a crash while creating them leaves none, never some.
     """
     names = list(names)
     with env.begin() as txn:
@@ -185,7 +186,12 @@ def open_databases(env: lmdb.Environment, names: Iterable[bytes], *, label: str,
             f"the {label} lacks its database(s) {b', '.join(missing).decode('utf-8', 'replace')}; {remedy}",
             reason="missing_database",
         )
-    return {name: env.open_db(name) for name in names}
+    if not missing:
+        return {name: env.open_db(name, create=False) for name in names}
+    with env.begin(write=True) as txn:
+        dbs = {name: env.open_db(name, txn=txn) for name in names}
+        failpoints.hit("lmdb.databases_created")
+    return dbs
 
 
 _DAMAGE_ERRORS = (lmdb.Error, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, struct.error)

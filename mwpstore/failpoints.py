@@ -11,7 +11,9 @@ Names used by the engine:
 - ``authority.after_index_commit`` — both committed, callers not yet woken;
 - ``authority.mid_redo`` — while redoing records at open (recovery itself crashes);
 - ``authority.mid_rebuild`` — while rebuilding the index;
-- ``agent.*`` — the AgentStore's apply cycle (see ``docs/agent-store.md``).
+- ``agent.*`` — the AgentStore's apply cycle (see ``docs/agent-store.md``);
+- ``lmdb.databases_created`` — a new index or AgentStore environment: its named databases made
+  in one write transaction, not yet committed.
 """
 
 from __future__ import annotations

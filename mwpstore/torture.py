@@ -380,6 +380,7 @@ AUTHORITY_FAILPOINTS = (
     "compaction.half_switched",
     "compaction.switched",
     "compaction.indexed",
+    "lmdb.databases_created",  # a new index or AgentStore: its databases made, not yet committed
 )
 AGENT_FAILPOINTS = (
     "agent.begin",

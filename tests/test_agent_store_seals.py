@@ -119,6 +119,28 @@ def test_a_renamed_database_is_corruption_at_open_not_a_new_empty_one(tmp_path, 
     AgentStore.open(tmp_path / "fresh").close()  # a new store still creates its databases
 
 
+def test_a_kill_while_a_new_store_creates_its_databases_leaves_none_of_them(tmp_path, events):
+    """Found by the crash suite (seed 7): the databases were created one transaction each, so a
+    kill in between left some, and every later open refused the store as damaged."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "agent"
+    child = subprocess.run(
+        [sys.executable, "-c", "import sys; from mwpstore.agent_store import AgentStore; AgentStore.open(sys.argv[1])", str(path)],
+        env=dict(os.environ, MWPSTORE_FAILPOINT="lmdb.databases_created"), capture_output=True, text=True, timeout=60,
+    )
+    assert child.returncode == -9, child.stderr[-500:]  # killed at the fail point
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:  # a new store again
+        assert agent.groups() == []
+        with agent.begin() as tx:
+            for event in events:
+                tx.apply(event)
+            tx.advance_cursor(GROUP)
+        assert agent.head(GROUP).applied_seq == len(events)
+
+
 def test_a_store_of_the_unsealed_format_is_refused_with_a_typed_error(tmp_path, events):
     path = tmp_path / "agent"
     agent = _filled(path, events)
