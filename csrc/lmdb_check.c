@@ -295,6 +295,14 @@ static int check_mapped(struct walk *w) {
         }
     }
     uint64_t picked = txnid[0] < txnid[1] ? 1 : 0;
+    /* Transaction T writes meta page T mod 2, so at rest the two ids are consecutive (or both 0
+     * before the first commit) and the newer one sits on its parity's page. A flipped id would
+     * otherwise make LMDB open the older snapshot: consistent, sealed, and one commit behind. */
+    uint64_t newest = txnid[picked];
+    uint64_t older = txnid[1 - picked];
+    if (!(newest == 0 && older == 0) && (newest - older != 1 || newest % 2 != picked)) {
+        return damaged(w, LC_REASON_META, picked, newest);
+    }
     const uint8_t *meta = w->map + picked * page_bytes;
     if (u32_at(meta + 40) != page_bytes) {
         return damaged(w, LC_REASON_PAGE_SIZE, picked, u32_at(meta + 40));
@@ -321,15 +329,17 @@ static int check_mapped(struct walk *w) {
     if (rc != LC_OK) {
         return rc;
     }
-    /* A page both free and in use would be handed out again while still referenced. */
-    for (uint64_t n = 0; n < bitmap_bytes; n++) {
-        uint8_t both = w->in_use[n] & w->is_free[n];
-        if (both != 0) {
-            uint64_t page = n * 8;
-            while (((both >> (page & 7)) & 1) == 0) {
-                page++;
-            }
+    /* A page both free and in use would be handed out again while still referenced; a page
+     * neither is a subtree cut off from its tree (a damaged root or child number that still
+     * lands on a sound page of the same tree), whose entries a range would silently miss. */
+    for (uint64_t page = META_COUNT; page < w->next_page; page++) {
+        if (bit_get(w->in_use, page) && bit_get(w->is_free, page)) {
             return damaged(w, LC_REASON_FREE_LIST, picked, page);
+        }
+    }
+    for (uint64_t page = META_COUNT; page < w->next_page; page++) {
+        if (!bit_get(w->in_use, page) && !bit_get(w->is_free, page)) {
+            return damaged(w, LC_REASON_PAGE_LOST, picked, page);
         }
     }
     return LC_OK;

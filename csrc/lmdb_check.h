@@ -26,7 +26,8 @@
 
 #define LC_REASON_NONE 0
 #define LC_REASON_FILE_SHORT 1     /* shorter than two meta pages, or than the pages the meta names */
-#define LC_REASON_META 2           /* a meta page: magic, version, flags or page number */
+#define LC_REASON_META 2           /* a meta page: magic, version, flags, page number, or the two
+                                    * transaction ids not consecutive (LMDB would pick the wrong one) */
 #define LC_REASON_PAGE_SIZE 3      /* the page size in the meta is not one LMDB can write */
 #define LC_REASON_PAGE_RANGE 4     /* a page number outside [2, next page) */
 #define LC_REASON_PAGE_NUMBER 5    /* a page does not carry its own number */
@@ -40,6 +41,7 @@
 #define LC_REASON_PAGE_TWICE 13    /* a page reachable twice (a cycle or a shared page) */
 #define LC_REASON_FREE_LIST 14     /* a free-list record, or a free page that is also in use */
 #define LC_REASON_BRANCH_EMPTY 15  /* a branch page without entries */
+#define LC_REASON_PAGE_LOST 16     /* a page neither in use nor free: a tree cut short */
 
 struct lc_result {
     int32_t reason;

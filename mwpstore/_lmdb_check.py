@@ -36,6 +36,7 @@ _REASONS = {
     lib.LC_REASON_PAGE_TWICE: "page_twice",
     lib.LC_REASON_FREE_LIST: "free_list",
     lib.LC_REASON_BRANCH_EMPTY: "branch_empty",
+    lib.LC_REASON_PAGE_LOST: "page_lost",
 }
 
 

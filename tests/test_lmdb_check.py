@@ -253,6 +253,30 @@ def test_a_free_list_key_of_the_wrong_size(tmp_path, sample):
     _check_fails(_damaged_copy(tmp_path, sample, change), "node_bounds")
 
 
+def test_a_transaction_id_that_would_pick_the_older_meta(tmp_path, sample):
+    """LMDB opens the meta with the higher id: the older snapshot, consistent and sealed."""
+    def change(d):
+        ids = [struct.unpack_from("<Q", d, meta * PAGE + 144)[0] for meta in (0, 1)]
+        older = ids.index(min(ids))
+        struct.pack_into("<Q", d, older * PAGE + 144, max(ids) + 8)  # bit 3 (or higher): parity kept
+    _check_fails(_damaged_copy(tmp_path, sample, change), "meta")
+
+
+def test_a_root_that_lands_on_its_own_child_cuts_the_tree_short(tmp_path, sample):
+    """The rest of the tree is neither in use nor free: a range would silently miss it."""
+    def change(d):
+        _, main_root, _ = _meta(bytes(d))
+        for at, lo, hi, flags, key_bytes in _nodes(bytes(d), main_root):
+            record = at + 8 + key_bytes
+            root = struct.unpack_from("<Q", d, record + 40)[0]
+            if flags & F_SUBDATA and root != 2**64 - 1 and struct.unpack_from("<H", d, root * PAGE + 10)[0] == P_BRANCH:
+                child_at, child_lo, child_hi, child_flags, _ = next(_nodes(bytes(d), root))
+                struct.pack_into("<Q", d, record + 40, child_lo | child_hi << 16 | child_flags << 32)
+                return
+        raise AssertionError("no database with a branch root")
+    _check_fails(_damaged_copy(tmp_path, sample, change), "page_lost")
+
+
 def test_a_file_cut_short(tmp_path, sample):
     data = open(sample, "rb").read()
     last_used = max(_reachable(data))
