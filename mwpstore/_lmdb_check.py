@@ -84,6 +84,10 @@ def check_before_open(directory: str, check: bool | None, *, label: str, remedy:
         return None
     except OSError as exc:
         raise StorageFailed(f"cannot read the {label}'s LMDB file {path}: {exc.strerror}", errno=exc.errno, path=path) from None
+    if size == 0:
+        # LMDB creates the file, then writes both meta pages in one write: a crash in between
+        # leaves it empty, and LMDB sets an empty file up as a new environment.
+        return None
     if check is False or (check is None and size > limits.LMDB_CHECK_AT_OPEN_BYTES_MAX):
         return None
     return check_lmdb_file(path, label=label, remedy=remedy)

@@ -409,6 +409,25 @@ def test_verify_checks_the_structure_before_it_reads_the_live_index(tmp_path):
         assert not report.ok and any("lmdb_structure" in problem or "node_bounds" in problem for problem in report.problems)
 
 
+def test_an_empty_file_left_by_a_crash_while_creating_is_a_new_store(tmp_path):
+    """Found by the crash suite (seed 8): killed between creating data.mdb and writing its meta
+    pages, a new AgentStore left an empty file, and the check refused it at every reopen."""
+    (tmp_path / "agent" / "lmdb").mkdir(parents=True)
+    (tmp_path / "agent" / "lmdb" / "data.mdb").write_bytes(b"")
+    with AgentStore.open(tmp_path / "agent", projections=[CountingProjection()], check_lmdb=True) as agent:
+        assert agent.groups() == []
+        with agent.begin() as tx:
+            for event in workload(GROUP, 10, seed=2):
+                tx.apply(event)
+            tx.advance_cursor(GROUP)
+    store = tmp_path / "store"
+    with open_with_group(str(store)):
+        pass
+    (store / "index" / "data.mdb").write_bytes(b"")
+    with Authority.open(str(store), check_lmdb=True) as authority:
+        assert authority.open_report.mode == "rebuild" and authority.verify().ok
+
+
 def test_the_open_policy(tmp_path, monkeypatch):
     path = _sample_env(str(tmp_path / "env"))
     directory = os.path.dirname(path)
