@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import os
-import platform
+import runpy
 
 from cffi import FFI
 
@@ -44,9 +44,8 @@ struct lc_result { int32_t reason; int32_t sys_errno; uint64_t page; uint64_t va
 int lc_check_file(const char *path, struct lc_result *out);
 """
 
-COMPILE_ARGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"]
-if platform.system() == "Darwin":  # pragma: no cover - the project targets Linux
-    COMPILE_ARGS.append("-Wno-unused-command-line-argument")
+# The same compiler flags as the segment log (one list, in build_segment_log.py).
+COMPILE_ARGS = runpy.run_path(os.path.join(HERE, "build_segment_log.py"))["COMPILE_ARGS"]
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)

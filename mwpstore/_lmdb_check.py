@@ -18,7 +18,7 @@ from mwpstore._lmdb_check_c import ffi, lib
 from mwpstore import limits
 from mwpstore.errors import Corruption, InvalidCommand, StorageFailed
 
-__all__ = ["LmdbCheck", "check_before_open", "check_lmdb_file"]
+__all__ = ["LmdbCheck", "check_before_open", "check_lmdb_file", "check_option"]
 
 _REASONS = {
     lib.LC_REASON_FILE_SHORT: "file_short",
@@ -71,12 +71,17 @@ def check_lmdb_file(path: str, *, label: str, remedy: str) -> LmdbCheck:
     raise StorageFailed(f"cannot read the {label}'s LMDB file {path}: {os.strerror(error)}", errno=error, path=path)
 
 
+def check_option(check: object) -> None:
+    """``InvalidCommand`` unless ``check`` is a valid ``check_lmdb`` option of an open."""
+    if check not in (None, True, False):
+        raise InvalidCommand("check_lmdb must be True, False or None (check files up to the size limit)", field="check_lmdb")
+
+
 def check_before_open(directory: str, check: bool | None, *, label: str, remedy: str) -> LmdbCheck | None:
     """The check an open makes before LMDB maps ``directory``'s data file: always with ``check``
     true, never with false, and with None (the default) when the file is at most
     ``limits.LMDB_CHECK_AT_OPEN_BYTES_MAX`` bytes. None when not checked (or no file yet)."""
-    if check not in (None, True, False):
-        raise InvalidCommand("check_lmdb must be True, False or None (check files up to the size limit)", field="check_lmdb")
+    check_option(check)
     path = os.path.join(directory, "data.mdb")
     try:
         size = os.stat(path).st_size

@@ -41,7 +41,7 @@ from .errors import (
     StoreLocked,
     translate,
 )
-from ._lmdb_check import check_before_open, check_lmdb_file
+from ._lmdb_check import check_before_open, check_lmdb_file, check_option
 from ._sealed import KEY_SHOWN_BYTES, typed_damage
 from .index import (
     INDEX_FORMAT,
@@ -319,8 +319,7 @@ class Authority:
         False never, None when the file is at most ``limits.LMDB_CHECK_AT_OPEN_BYTES_MAX``
         bytes); a damaged index is rebuilt from the log (``open_report.reason`` says so).
         """
-        if check_lmdb not in (None, True, False):
-            raise InvalidCommand("check_lmdb must be True, False or None (check files up to the size limit)", field="check_lmdb")
+        check_option(check_lmdb)  # here: a bad option must not pass for a damaged index below
         self = object.__new__(cls)
         self.path = os.fspath(path)
         self._clock = clock or default_clock

@@ -441,3 +441,5 @@ def test_the_open_policy(tmp_path, monkeypatch):
         check_before_open(directory, "yes", label="t", remedy="-")  # type: ignore[arg-type]
     with pytest.raises(InvalidCommand):
         AgentStore.open(tmp_path / "agent", check_lmdb="always")  # type: ignore[arg-type]
+    with pytest.raises(InvalidCommand):  # refused, not taken for a damaged index and rebuilt
+        Authority.open(str(tmp_path / "store"), check_lmdb="always")  # type: ignore[arg-type]
