@@ -5,6 +5,10 @@
 - ``mwpstore._canonical_c``: fast yes/no checks of canonical content and IDs
   (``csrc/canonical_check.c``), a small CPython extension (limited API) because it walks Python
   objects; ``mwpstore/canonical.py`` calls it and keeps the precise, typed errors in Python.
+- ``mwpstore._lmdb_check_c``: the structural check of LMDB files (``csrc/lmdb_check.c``), cffi.
+- ``mwpstore._index_c``: index entries of Event records for redo and rebuild
+  (``csrc/index_records.c``), a CPython extension (limited API) because it builds the bytes,
+  tuples and dict entries the LMDB writes take; ``authority._index_record`` is its reference.
 """
 
 from setuptools import Extension, setup
@@ -18,6 +22,13 @@ setup(
             extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"],
             define_macros=[("Py_LIMITED_API", "0x030B0000")],
             py_limited_api=True,
-        )
+        ),
+        Extension(
+            "mwpstore._index_c",
+            sources=["csrc/index_records.c"],
+            extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"],
+            define_macros=[("Py_LIMITED_API", "0x030B0000")],
+            py_limited_api=True,
+        ),
     ],
 )

@@ -116,7 +116,15 @@ class SealedTables:
         """Write ``items``; record presence for the keys in ``new`` (default: every key). A caller
         that knows a key was written before (a later revision, a Group's next head) leaves it out."""
         seed = self._seeds[name]
-        txn.cursor(db=self.dbs[name]).putmulti([(key, value + _pack_check(_crc32(value, _crc32(key, seed)))) for key, value in items])
+        self.put_many_sealed(txn, name, [(key, value + _pack_check(_crc32(value, _crc32(key, seed)))) for key, value in items], new)
+
+    def seed(self, name: bytes) -> int:
+        """The CRC-32 of a database's name: where the seal of its entries starts."""
+        return self._seeds[name]
+
+    def put_many_sealed(self, txn: lmdb.Transaction, name: bytes, items: list[tuple[bytes, bytes]], new: list[bytes] | None = None) -> None:
+        """``put_many`` of values already sealed for ``name`` (by :func:`seal`)."""
+        txn.cursor(db=self.dbs[name]).putmulti(items)
         tag = self.tags.get(name)
         if tag is not None:
             keys = [key for key, _ in items] if new is None else new

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import lmdb
 import msgspec
 
-from . import _gc, canonical, failpoints, limits
+from . import _gc, _index_c, canonical, failpoints, limits
 from .errors import (
     ActionIdCollision,
     Corruption,
@@ -483,8 +483,7 @@ class Authority:
         last_ms = [0]
         try:
             for batch in _gc_paused_iter(log.scan(start, end=end)):
-                for position, record in zip(batch.positions, batch.records):
-                    _index_record(index, txn, writes, heads, position, record, last_ms)
+                _index_records(index, txn, writes, heads, batch.positions, batch.records, last_ms)
                 writes.flush(index, txn)
                 done += len(batch.positions)
                 pending += len(batch.positions)
@@ -642,6 +641,10 @@ class Authority:
         A leader commits batches from the front of the queue until its own unit is done, then
         wakes the callers it answered and hands leadership to the first unit still queued (or
         gives it up when none is, or when ``_exclusive`` is waiting for it).
+
+        A caller interrupted while it sleeps (KeyboardInterrupt in the main thread) withdraws its
+        unit if no commit has taken it yet; if leadership was handed to it meanwhile, it leads
+        first and raises afterwards, so the role is never lost with the interrupted thread.
         """
         with self._lock:
             if self._closed:
@@ -650,10 +653,28 @@ class Authority:
             lead = not self._leader and not self._exclusive_waiting
             if lead:
                 self._leader = True
+        interrupted: BaseException | None = None
         if not lead:
-            unit.gate.acquire()
+            try:
+                unit.gate.acquire()
+            except BaseException as exc:
+                with self._lock:  # gates are opened under this lock: the answer is final here
+                    woken = unit.gate.acquire(blocking=False)
+                    if not woken and unit in self._queue:
+                        self._queue.remove(unit)  # nothing of it was written, nothing will be
+                if not woken:
+                    raise  # withdrawn, or already in a running commit (its outcome is unknown)
+                interrupted = exc
             if unit.done:
+                if interrupted is not None:
+                    raise interrupted
                 return
+        self._lead(unit)
+        if interrupted is not None:
+            raise interrupted
+
+    def _lead(self, unit: _Unit) -> None:
+        """Commit batches until ``unit`` is done; then wake the answered callers and pass the role on."""
         answered: list[_Unit] = []
         try:
             while not unit.done:
@@ -668,15 +689,19 @@ class Authority:
                     answered.extend(units)
         finally:
             with self._lock:
-                following = self._queue[0] if self._queue and not self._exclusive_waiting else None
-                if following is None:
-                    self._leader = False
-                    self._wake.notify_all()  # close() and _exclusive() wait for this
-            for taken in answered:
-                if taken is not unit:
-                    taken.gate.release()
-            if following is not None:
-                following.gate.release()  # its caller leads now (the role never lapses)
+                for taken in answered:
+                    if taken is not unit:
+                        taken.gate.release()
+                self._pass_leadership()
+
+    def _pass_leadership(self) -> None:
+        """Hand the leader role to the first queued unit, or give it up (``self._lock`` held)."""
+        following = self._queue[0] if self._queue and not self._exclusive_waiting else None
+        if following is None:
+            self._leader = False
+            self._wake.notify_all()  # close() and _exclusive() wait for this
+        else:
+            following.gate.release()  # its caller leads now (the role never lapses)
 
     def _take_units(self) -> list[_Unit]:
         units = [self._queue.popleft()]
@@ -1033,6 +1058,17 @@ class Authority:
         positions: list[int] = []
         prefix = group.encode() + b"\x00"
         with index.begin() as txn:
+            wanted = min(decode_head(index.get(txn, b"heads", group.encode()))[0] - after, limit)
+            if wanted >= _RUN_READ_MIN:
+                # The common case, a Group's Events written one after another: the log between the
+                # first and the last wanted Event holds exactly them. Two lookups instead of one
+                # per Event; the caller checks each record's Group and sequence when it decodes.
+                first = index.get(txn, b"events", event_key(group, after + 1))
+                last = index.get(txn, b"events", event_key(group, after + wanted))
+                if first is not None and last is not None:
+                    run = _run_of_records(log, read_u64(first), read_u64(last), wanted)
+                    if run is not None:
+                        return run
             for _, value in index.range(txn, b"events", prefix, event_key(group, after + 1)):
                 positions.append(read_u64(value))
                 if len(positions) >= limit:
@@ -1459,12 +1495,7 @@ class Authority:
             yield
         finally:
             with self._lock:
-                following = self._queue[0] if self._queue and not self._exclusive_waiting else None
-                if following is None:
-                    self._leader = False
-                    self._wake.notify_all()
-            if following is not None:
-                following.gate.release()
+                self._pass_leadership()
 
     def _install_index(self, log: SegmentLog | None = None) -> None:
         """Open the freshly built index and switch to it (with ``log`` when the log changes too);
@@ -1574,6 +1605,31 @@ def _collision(command: Command) -> ActionIdCollision:
     )
 
 
+def _index_records(
+    index: Index,
+    txn: lmdb.Transaction,
+    writes: PendingWrites,
+    heads: dict[str, tuple[int, bytes]],
+    positions: list[int],
+    records: list[bytes],
+    last_ms: list[int],
+) -> None:
+    """``_index_record`` for every record of a scan batch: the C module indexes the plain Events
+    and hands back each record it leaves (another tag, a Group's first head to load, damage) to
+    be applied here, one at a time, in order."""
+    seeds = (index.seed(b"events"), index.seed(b"states"), index.seed(b"receipts"))
+    sinks = (writes.items, writes.new)
+    count = len(records)
+    at = 0
+    while at < count:
+        at, latest_ms = _index_c.index_events(records, positions, at, heads, sinks, seeds)
+        if latest_ms > last_ms[0]:
+            last_ms[0] = latest_ms
+        if at < count:
+            _index_record(index, txn, writes, heads, positions[at], records[at], last_ms)
+            at += 1
+
+
 def _index_record(
     index: Index,
     txn: lmdb.Transaction,
@@ -1642,6 +1698,23 @@ def _index_record(
         writes.put(b"acks", ack_key(consumer, group), u64(cursor))
     else:
         raise Corruption(f"log record at {position} has unknown tag {tag!r}", offset=position, reason="tag")
+
+
+_RUN_READ_MIN = 8
+"""Reads of fewer Events look each one up (a run's scan does not pay for itself below this)."""
+
+
+def _run_of_records(log: SegmentLog, first: int, last: int, count: int) -> list[bytes] | None:
+    """The records from ``first`` to ``last`` inclusive if there are exactly ``count`` of them,
+    else None (other records lie in between: the caller looks the wanted ones up)."""
+    if last < first:
+        return None
+    found: list[bytes] = []
+    for batch in log.scan(first, end=last + 1, batch_records=min(count + 1, 4096)):
+        found.extend(batch.records)
+        if len(found) > count:
+            return None
+    return found if len(found) == count else None
 
 
 def _records_at(log: SegmentLog, positions: list[int]) -> list[bytes]:

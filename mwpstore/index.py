@@ -171,7 +171,10 @@ class Index(SealedTables):
 
 class PendingWrites:
     """Index writes gathered over many log records and written with one ``putmulti`` per
-    database (redo and rebuild); later writes to a key win, as they would one by one."""
+    database (redo and rebuild); later writes to a key win, as they would one by one.
+
+    ``items`` holds (key, sealed value) per database and ``new`` the keys that need a presence
+    entry: the layout ``mwpstore._index_c.index_events`` appends to as well."""
 
     __slots__ = ("items", "new")
 
@@ -180,14 +183,14 @@ class PendingWrites:
         self.new: dict[bytes, list[bytes]] = {name: [] for name in PRESENCE_TAGS}
 
     def put(self, name: bytes, key: bytes, value: bytes, new: bool = True) -> None:
-        self.items[name].append((key, value))
+        self.items[name].append((key, seal(name, key, value)))
         if new and name in PRESENCE_TAGS:
             self.new[name].append(key)
 
     def flush(self, index: Index, txn: lmdb.Transaction) -> None:
         for name, items in self.items.items():
             if items:
-                index.put_many(txn, name, items, self.new.get(name, []))
+                index.put_many_sealed(txn, name, items, self.new.get(name, []))
                 items.clear()
         for keys in self.new.values():
             keys.clear()

@@ -86,3 +86,113 @@ def test_skip_from_the_environment(monkeypatch):
     assert {"compactor", "verifier"} <= set(result["details"]["skipped"])
     assert "compact" not in result["details"]["operations"]
     assert os.environ["MWPSTORE_CONCURRENCY_SKIP"]
+
+
+# -- a caller interrupted while it waits for a commit -----------------------------------------
+
+
+def _leader_held_at_append(monkeypatch, authority):
+    """Make the next commit's leader stop just before its log append until ``go`` is set."""
+    from mwpstore import failpoints
+
+    entered, go = threading.Event(), threading.Event()
+    original = failpoints.hit
+
+    def hit(name: str) -> None:
+        if name == "authority.before_log_append" and not go.is_set():
+            entered.set()
+            go.wait(30)
+        original(name)
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+    leader = threading.Thread(
+        target=authority.accept, args=(torture._mission_create(torture.GROUPS[0], "m-lead", "a-lead"),), daemon=True
+    )
+    leader.start()
+    assert entered.wait(10)
+    return leader, go
+
+
+def _wait_for_queue(authority, length: int) -> None:
+    for _ in range(1000):
+        if len(authority._queue) == length:
+            return
+        threading.Event().wait(0.01)
+    raise AssertionError(f"the commit queue never reached {length}")
+
+
+def test_an_interrupted_waiting_caller_withdraws_and_the_next_one_still_commits(tmp_path, monkeypatch):
+    """KeyboardInterrupt while the main thread waits behind a running commit: its Command is
+    withdrawn (not written), the leader role passes to the next waiting caller, close() returns."""
+    import signal
+
+    group = torture.GROUPS[0]
+    authority = Authority.open(str(tmp_path / "store"))  # closed at the end only: a lost leader role would hang close()
+    torture.ensure_groups(authority)
+    head_before = authority.head(group)[0]
+    leader, go = _leader_held_at_append(monkeypatch, authority)
+    results: dict[str, object] = {}
+
+    def third() -> None:
+        _wait_for_queue(authority, 1)  # the main thread's unit is queued first
+        waiter = threading.Thread(
+            target=lambda: results.setdefault("third", authority.accept(torture._mission_create(group, "m-third", "a-third"))),
+            daemon=True,
+        )
+        waiter.start()
+        results["waiter"] = waiter
+        _wait_for_queue(authority, 2)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+
+    helper = threading.Thread(target=third)
+    helper.start()
+    with pytest.raises(KeyboardInterrupt):
+        authority.accept(torture._mission_create(group, "m-main", "a-main"))
+    helper.join(10)
+    go.set()
+    leader.join(10)
+    waiter = results["waiter"]
+    waiter.join(10)
+    assert not waiter.is_alive(), "the caller behind the interrupted one was never led"
+    assert results["third"].seq == head_before + 2  # the leader's, then the third's: main's is gone
+    assert authority.state(group, "mission:m-main") == (0, None)
+    again = authority.accept(torture._mission_create(group, "m-main", "a-main"))
+    assert again.seq == head_before + 3  # a new Event: nothing of the withdrawn one was kept
+    authority.close()
+
+
+def test_a_caller_interrupted_as_leadership_reaches_it_leads_then_raises(tmp_path, monkeypatch):
+    """The interrupt lands just as the leader role is handed over: the caller commits its unit
+    first (the role is not lost with it), then raises."""
+    from mwpstore.authority import _Unit
+
+    group = torture.GROUPS[0]
+
+    class InterruptedGate:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.lock.acquire()
+
+        def acquire(self, blocking: bool = True) -> bool:
+            if not blocking:
+                return self.lock.acquire(False)
+            self.lock.acquire()  # opened by the leader ...
+            self.lock.release()
+            raise KeyboardInterrupt  # ... and interrupted right then
+
+        def release(self) -> None:
+            self.lock.release()
+
+    with Authority.open(str(tmp_path / "store")) as authority:
+        torture.ensure_groups(authority)
+        leader, go = _leader_held_at_append(monkeypatch, authority)
+        request = authority._prepare(torture._mission_create(group, "m-main", "a-main"))
+        unit = _Unit([request])
+        unit.gate = InterruptedGate()
+        threading.Timer(0.2, go.set).start()
+        with pytest.raises(KeyboardInterrupt):
+            authority._submit(unit)
+        leader.join(10)
+        assert unit.done and request.error is None and request.receipt is not None
+        assert authority.state(group, "mission:m-main")[0] == 1
+        assert not authority._leader

@@ -1,0 +1,615 @@
+/*
+ * Index entries of Event records, for redo and rebuild: the module mwpstore._index_c.
+ *
+ * Redo and rebuild turn every Event record of the log into index entries (docs/format/index.md):
+ *
+ *   events   group \0 seq (u64 BE)   -> log position (u64 BE)
+ *   states   group \0 aggregate      -> revision (u64 BE) + msgpack state (nothing when deleted)
+ *   receipts actor \0 action id      -> content hash (32) + msgpack Receipt
+ *
+ * each value sealed (followed by the little-endian CRC-32 of the database name, the key and the
+ * value), and check the Group's hash chain on the way. mwpstore/authority.py (_index_record) does
+ * this in Python and stays the reference; this file does the same for the common case, many
+ * records per call, and hands every record it does not fully understand back to Python:
+ *
+ *   index_events(records, positions, start, heads, writes, seeds) -> (stop, last_ms)
+ *
+ * handles records[start:] until the first one that is not a plainly well-formed Event extending
+ * its Group's chain (another tag, an unexpected msgpack shape, invalid UTF-8, a Group whose head
+ * is not in ``heads``, a chain that does not link), and returns that record's index ``stop``
+ * (len(records) when all were handled) with the largest acceptance time it saw. Python applies
+ * records[stop] with _index_record (which loads a missing head, indexes other tags, and raises the
+ * typed CORRUPTION for a bad record) and calls again from stop + 1. So a record is either indexed
+ * here completely or not touched here at all.
+ *
+ * What is copied instead of re-encoded: the state of an effect and the fields of the Receipt are
+ * the record's own msgpack bytes. For records the engine wrote (msgspec, the same encoder as the
+ * accept path) they are byte for byte what Python's decode and re-encode gives; the state is
+ * validated first (msgpack types msgspec decodes into dict[str, Any]: maps with str keys, valid
+ * UTF-8, no extension types), so any record accepted here decodes later to the same values.
+ * tests/test_index_records.py compares this module's entries with the Python reference's.
+ *
+ * ``writes`` is a PendingWrites' (items, new) pair of dicts of lists: sealed (key, value) tuples
+ * are appended to items[b"events"], items[b"states"], items[b"receipts"], and keys that need a
+ * presence entry (a state at revision 1, every receipt) to new[b"states"], new[b"receipts"].
+ * ``heads`` maps a Group (str) to (seq, hash) and is updated here. ``seeds`` is the CRC-32 of the
+ * three database names (events, states, receipts). Limited API (abi3, Python >= 3.11).
+ */
+
+#define Py_LIMITED_API 0x030B0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#define IR_HASH_BYTES 32
+#define IR_EVENT_TAG 'E'
+#define IR_EVENT_FIELDS 16
+#define IR_RECEIPT_FIELDS 12
+#define IR_DEPTH_MAX 64 /* deeper content goes to Python (the engine writes at most 32 levels) */
+
+/* ---- CRC-32 (the zlib polynomial, reflected; zlib.crc32's value and continuation) ---------- */
+
+static uint32_t crc_table[256];
+
+static void crc_init(void) {
+    for (uint32_t n = 0; n < 256; n++) {
+        uint32_t c = n;
+        for (int k = 0; k < 8; k++) {
+            c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        }
+        crc_table[n] = c;
+    }
+}
+
+static uint32_t crc_update(uint32_t crc, const unsigned char *data, size_t size) {
+    crc = ~crc;
+    for (size_t i = 0; i < size; i++) {
+        crc = crc_table[(crc ^ data[i]) & 0xFF] ^ (crc >> 8);
+    }
+    return ~crc;
+}
+
+/* ---- msgpack reading: every reader returns 0 on success, -1 for "not handled here" ---------- */
+
+typedef struct {
+    const unsigned char *at;
+    const unsigned char *end;
+} reader_t;
+
+typedef struct {
+    const unsigned char *start; /* the value's whole encoding */
+    const unsigned char *end;
+} span_t;
+
+static int take(reader_t *r, size_t size, const unsigned char **out) {
+    if ((size_t)(r->end - r->at) < size) {
+        return -1;
+    }
+    *out = r->at;
+    r->at += size;
+    return 0;
+}
+
+static uint64_t be(const unsigned char *p, int size) {
+    uint64_t value = 0;
+    for (int i = 0; i < size; i++) {
+        value = (value << 8) | p[i];
+    }
+    return value;
+}
+
+/* Strict UTF-8 as Python's decoder takes it: no overlong forms, no surrogates, <= U+10FFFF. */
+static int utf8_ok(const unsigned char *s, size_t size) {
+    size_t i = 0;
+    while (i < size) {
+        unsigned char c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t need;
+        unsigned char low = 0x80, high = 0xBF;
+        if (c >= 0xC2 && c <= 0xDF) {
+            need = 1;
+        } else if (c >= 0xE0 && c <= 0xEF) {
+            need = 2;
+            if (c == 0xE0) low = 0xA0;
+            if (c == 0xED) high = 0x9F;
+        } else if (c >= 0xF0 && c <= 0xF4) {
+            need = 3;
+            if (c == 0xF0) low = 0x90;
+            if (c == 0xF4) high = 0x8F;
+        } else {
+            return 0;
+        }
+        if (size - i - 1 < need || s[i + 1] < low || s[i + 1] > high) {
+            return 0;
+        }
+        for (size_t k = 2; k <= need; k++) {
+            if ((s[i + k] & 0xC0) != 0x80) {
+                return 0;
+            }
+        }
+        i += need + 1;
+    }
+    return 1;
+}
+
+static int read_str(reader_t *r, const unsigned char **data, size_t *size) {
+    const unsigned char *p;
+    if (take(r, 1, &p) < 0) return -1;
+    unsigned char c = *p;
+    size_t n;
+    if ((c & 0xE0) == 0xA0) {
+        n = c & 0x1F;
+    } else if (c == 0xD9 || c == 0xDA || c == 0xDB) {
+        int width = c == 0xD9 ? 1 : c == 0xDA ? 2 : 4;
+        if (take(r, (size_t)width, &p) < 0) return -1;
+        n = (size_t)be(p, width);
+    } else {
+        return -1;
+    }
+    if (take(r, n, data) < 0 || !utf8_ok(*data, n)) return -1;
+    *size = n;
+    return 0;
+}
+
+static int read_bin(reader_t *r, const unsigned char **data, size_t *size) {
+    const unsigned char *p;
+    if (take(r, 1, &p) < 0) return -1;
+    unsigned char c = *p;
+    if (c != 0xC4 && c != 0xC5 && c != 0xC6) return -1;
+    int width = c == 0xC4 ? 1 : c == 0xC5 ? 2 : 4;
+    if (take(r, (size_t)width, &p) < 0) return -1;
+    size_t n = (size_t)be(p, width);
+    if (take(r, n, data) < 0) return -1;
+    *size = n;
+    return 0;
+}
+
+/* A non-negative integer below 2**63 (sequences, revisions, times). */
+static int read_uint(reader_t *r, uint64_t *value) {
+    const unsigned char *p;
+    if (take(r, 1, &p) < 0) return -1;
+    unsigned char c = *p;
+    if (c <= 0x7F) {
+        *value = c;
+        return 0;
+    }
+    int width;
+    switch (c) {
+        case 0xCC: width = 1; break;
+        case 0xCD: width = 2; break;
+        case 0xCE: width = 4; break;
+        case 0xCF: width = 8; break;
+        case 0xD0: width = 1; break;
+        case 0xD1: width = 2; break;
+        case 0xD2: width = 4; break;
+        case 0xD3: width = 8; break;
+        default: return -1;
+    }
+    if (take(r, (size_t)width, &p) < 0) return -1;
+    uint64_t raw = be(p, width);
+    if (c >= 0xD0) { /* signed: accept only a non-negative value */
+        if (raw >> (8 * width - 1)) return -1;
+    }
+    if (raw > (uint64_t)INT64_MAX) return -1;
+    *value = raw;
+    return 0;
+}
+
+static int read_array(reader_t *r, size_t *count) {
+    const unsigned char *p;
+    if (take(r, 1, &p) < 0) return -1;
+    unsigned char c = *p;
+    if ((c & 0xF0) == 0x90) {
+        *count = c & 0x0F;
+        return 0;
+    }
+    if (c != 0xDC && c != 0xDD) return -1;
+    int width = c == 0xDC ? 2 : 4;
+    if (take(r, (size_t)width, &p) < 0) return -1;
+    *count = (size_t)be(p, width);
+    return 0;
+}
+
+static int read_bool(reader_t *r, int *value) {
+    const unsigned char *p;
+    if (take(r, 1, &p) < 0) return -1;
+    if (*p != 0xC2 && *p != 0xC3) return -1;
+    *value = *p == 0xC3;
+    return 0;
+}
+
+static int is_nil(reader_t *r) {
+    return r->at < r->end && *r->at == 0xC0;
+}
+
+/* Skip one value that msgspec decodes as Any (maps need str keys); -1 for anything else. */
+static int skip_value(reader_t *r, int depth) {
+    if (depth > IR_DEPTH_MAX) return -1;
+    const unsigned char *p;
+    if (r->at >= r->end) return -1;
+    unsigned char c = *r->at;
+    const unsigned char *data;
+    size_t n;
+    if (c <= 0x7F || c >= 0xE0 || c == 0xC0 || c == 0xC2 || c == 0xC3) {
+        r->at++;
+        return 0;
+    }
+    if ((c & 0xE0) == 0xA0 || c == 0xD9 || c == 0xDA || c == 0xDB) {
+        return read_str(r, &data, &n);
+    }
+    if (c == 0xC4 || c == 0xC5 || c == 0xC6) {
+        return read_bin(r, &data, &n);
+    }
+    size_t count;
+    int is_map;
+    if ((c & 0xF0) == 0x90 || c == 0xDC || c == 0xDD) {
+        if (read_array(r, &count) < 0) return -1;
+        is_map = 0;
+    } else if ((c & 0xF0) == 0x80 || c == 0xDE || c == 0xDF) {
+        r->at++;
+        if ((c & 0xF0) == 0x80) {
+            count = c & 0x0F;
+        } else {
+            int width = c == 0xDE ? 2 : 4;
+            if (take(r, (size_t)width, &p) < 0) return -1;
+            count = (size_t)be(p, width);
+        }
+        is_map = 1;
+    } else {
+        int width;
+        switch (c) {
+            case 0xCA: width = 4; break;
+            case 0xCB: width = 8; break;
+            case 0xCC: case 0xD0: width = 1; break;
+            case 0xCD: case 0xD1: width = 2; break;
+            case 0xCE: case 0xD2: width = 4; break;
+            case 0xCF: case 0xD3: width = 8; break;
+            default: return -1; /* extension types and the unused byte */
+        }
+        r->at++;
+        return take(r, (size_t)width, &p);
+    }
+    if (count > (size_t)(r->end - r->at)) return -1; /* every item takes at least one byte */
+    for (size_t i = 0; i < count; i++) {
+        if (is_map && read_str(r, &data, &n) < 0) return -1;
+        if (skip_value(r, depth + 1) < 0) return -1;
+    }
+    return 0;
+}
+
+static int read_map_or_nil(reader_t *r, span_t *span, int *nil) {
+    span->start = r->at;
+    if (is_nil(r)) {
+        r->at++;
+        *nil = 1;
+    } else {
+        unsigned char c = r->at < r->end ? *r->at : 0;
+        if (!((c & 0xF0) == 0x80 || c == 0xDE || c == 0xDF)) return -1;
+        if (skip_value(r, 0) < 0) return -1;
+        *nil = 0;
+    }
+    span->end = r->at;
+    return 0;
+}
+
+/* ---- building entries ---------------------------------------------------------------------- */
+
+#define IR_EFFECTS_MAX 256 /* more effects in one Event go to Python */
+
+typedef struct {
+    const unsigned char *aggregate;
+    size_t aggregate_size;
+    uint64_t revision;
+    span_t state;
+    int deleted;
+} effect_t;
+
+typedef struct {
+    span_t field[IR_EVENT_FIELDS];
+    const unsigned char *group, *actor, *action_id, *content_hash, *prev_hash, *hash;
+    size_t group_size, actor_size, action_id_size;
+    uint64_t seq, accepted_at_ms;
+    size_t effect_count;
+    effect_t effects[IR_EFFECTS_MAX];
+} event_t;
+
+static void put_u64(unsigned char *out, uint64_t value) {
+    for (int i = 7; i >= 0; i--) {
+        out[i] = (unsigned char)(value & 0xFF);
+        value >>= 8;
+    }
+}
+
+/* Parse an Event record (tag + msgpack array of 16) into ``e``; -1 if it is not plainly one. */
+static int parse_event(const unsigned char *data, size_t size, event_t *e) {
+    if (size < 1 || data[0] != IR_EVENT_TAG) return -1;
+    reader_t r = {data + 1, data + size};
+    size_t count, n;
+    const unsigned char *s;
+    uint64_t number;
+    int flag;
+    if (read_array(&r, &count) < 0 || count != IR_EVENT_FIELDS) return -1;
+#define FIELD(i, read) \
+    e->field[i].start = r.at; \
+    if ((read) < 0) return -1; \
+    e->field[i].end = r.at;
+    FIELD(0, read_str(&r, &e->group, &e->group_size))
+    FIELD(1, read_uint(&r, &e->seq))
+    FIELD(2, read_str(&r, &s, &n))
+    FIELD(3, read_str(&r, &s, &n))
+    FIELD(4, read_str(&r, &s, &n))
+    FIELD(5, read_uint(&r, &number))
+    FIELD(6, read_str(&r, &e->actor, &e->actor_size))
+    FIELD(7, read_str(&r, &e->action_id, &e->action_id_size))
+    FIELD(8, read_bin(&r, &e->content_hash, &n))
+    if (n != IR_HASH_BYTES) return -1;
+    FIELD(9, read_uint(&r, &e->accepted_at_ms))
+    FIELD(10, read_bool(&r, &flag))
+    span_t body;
+    FIELD(11, read_map_or_nil(&r, &body, &flag))
+    e->field[12].start = r.at;
+    if (read_array(&r, &e->effect_count) < 0 || e->effect_count > IR_EFFECTS_MAX) return -1;
+    for (size_t i = 0; i < e->effect_count; i++) {
+        effect_t *effect = &e->effects[i];
+        if (read_array(&r, &count) < 0 || count != 3) return -1;
+        if (read_str(&r, &effect->aggregate, &effect->aggregate_size) < 0) return -1;
+        if (read_uint(&r, &effect->revision) < 0 || effect->revision < 1) return -1;
+        if (read_map_or_nil(&r, &effect->state, &effect->deleted) < 0) return -1;
+    }
+    e->field[12].end = r.at;
+    FIELD(13, read_bin(&r, &s, &n))
+    FIELD(14, read_bin(&r, &e->prev_hash, &n))
+    if (n != IR_HASH_BYTES) return -1;
+    FIELD(15, read_bin(&r, &e->hash, &n))
+    if (n != IR_HASH_BYTES) return -1;
+#undef FIELD
+    return r.at == r.end ? 0 : -1;
+}
+
+/* A key of two parts joined by \0 (plus an optional u64 BE suffix instead of the second part). */
+static PyObject *make_key(const unsigned char *a, size_t a_size, const unsigned char *b, size_t b_size) {
+    PyObject *key = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(a_size + 1 + b_size));
+    if (key == NULL) return NULL;
+    unsigned char *out = (unsigned char *)PyBytes_AsString(key);
+    memcpy(out, a, a_size);
+    out[a_size] = 0;
+    memcpy(out + a_size + 1, b, b_size);
+    return key;
+}
+
+/* (key, value + seal) with the value built from up to three pieces. */
+static PyObject *sealed_item(PyObject *key, uint32_t seed, const unsigned char *p1, size_t n1,
+                             const unsigned char *p2, size_t n2, const unsigned char *p3, size_t n3) {
+    size_t size = n1 + n2 + n3;
+    PyObject *value = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(size + 4));
+    if (value == NULL) return NULL;
+    unsigned char *out = (unsigned char *)PyBytes_AsString(value);
+    memcpy(out, p1, n1);
+    if (n2) memcpy(out + n1, p2, n2);
+    if (n3) memcpy(out + n1 + n2, p3, n3);
+    char *key_data;
+    Py_ssize_t key_size;
+    if (PyBytes_AsStringAndSize(key, &key_data, &key_size) < 0) {
+        Py_DECREF(value);
+        return NULL;
+    }
+    uint32_t crc = crc_update(crc_update(seed, (const unsigned char *)key_data, (size_t)key_size), out, size);
+    out[size] = (unsigned char)(crc & 0xFF);
+    out[size + 1] = (unsigned char)((crc >> 8) & 0xFF);
+    out[size + 2] = (unsigned char)((crc >> 16) & 0xFF);
+    out[size + 3] = (unsigned char)((crc >> 24) & 0xFF);
+    PyObject *item = PyTuple_Pack(2, key, value);
+    Py_DECREF(value);
+    return item;
+}
+
+static int append_new(PyObject *list, PyObject *item) {
+    if (item == NULL) return -1;
+    int rc = PyList_Append(list, item);
+    Py_DECREF(item);
+    return rc;
+}
+
+typedef struct {
+    PyObject *events, *states, *receipts, *states_new, *receipts_new;
+    uint32_t events_seed, states_seed, receipts_seed;
+} outputs_t;
+
+/* Append the entries of one parsed Event; -1 with a Python error set on failure. */
+static int emit(const event_t *e, uint64_t position, const outputs_t *out) {
+    unsigned char seq_be[8], number_be[8];
+    put_u64(seq_be, e->seq);
+    put_u64(number_be, position);
+    PyObject *key = make_key(e->group, e->group_size, seq_be, 8);
+    if (key == NULL) return -1;
+    int rc = append_new(out->events, sealed_item(key, out->events_seed, number_be, 8, NULL, 0, NULL, 0));
+    Py_DECREF(key);
+    if (rc < 0) return -1;
+
+    for (size_t i = 0; i < e->effect_count; i++) {
+        const effect_t *effect = &e->effects[i];
+        key = make_key(e->group, e->group_size, effect->aggregate, effect->aggregate_size);
+        if (key == NULL) return -1;
+        put_u64(number_be, effect->revision);
+        size_t state_size = effect->deleted ? 0 : (size_t)(effect->state.end - effect->state.start);
+        rc = append_new(out->states, sealed_item(key, out->states_seed, number_be, 8, effect->state.start, state_size, NULL, 0));
+        if (rc == 0 && effect->revision == 1) rc = PyList_Append(out->states_new, key);
+        Py_DECREF(key);
+        if (rc < 0) return -1;
+    }
+
+    /* The Receipt: an array of its 12 fields, each the Event's own encoding of that field. */
+    static const int receipt_fields[IR_RECEIPT_FIELDS] = {2, 0, 1, 3, 4, 5, 6, 7, 8, 9, 10, 15};
+    size_t receipt_size = 1;
+    for (int i = 0; i < IR_RECEIPT_FIELDS; i++) {
+        receipt_size += (size_t)(e->field[receipt_fields[i]].end - e->field[receipt_fields[i]].start);
+    }
+    unsigned char stack[1024];
+    unsigned char *receipt = receipt_size <= sizeof stack ? stack : PyMem_Malloc(receipt_size);
+    if (receipt == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    receipt[0] = 0x90 | IR_RECEIPT_FIELDS;
+    size_t at = 1;
+    for (int i = 0; i < IR_RECEIPT_FIELDS; i++) {
+        const span_t *span = &e->field[receipt_fields[i]];
+        memcpy(receipt + at, span->start, (size_t)(span->end - span->start));
+        at += (size_t)(span->end - span->start);
+    }
+    key = make_key(e->actor, e->actor_size, e->action_id, e->action_id_size);
+    rc = -1;
+    if (key != NULL) {
+        rc = append_new(out->receipts, sealed_item(key, out->receipts_seed, e->content_hash, IR_HASH_BYTES, receipt, receipt_size, NULL, 0));
+        if (rc == 0) rc = PyList_Append(out->receipts_new, key);
+        Py_DECREF(key);
+    }
+    if (receipt != stack) PyMem_Free(receipt);
+    return rc;
+}
+
+/* 1: the Group's head in ``heads`` is (seq - 1, prev_hash), and is now (seq, hash); 0: not
+ * handled here (no head known, or the chain does not link); -1: a Python error. */
+static int advance_head(PyObject *heads, const event_t *e) {
+    PyObject *group = PyUnicode_DecodeUTF8((const char *)e->group, (Py_ssize_t)e->group_size, "strict");
+    if (group == NULL) return -1;
+    PyObject *head = PyDict_GetItemWithError(heads, group); /* borrowed */
+    int result = 0;
+    if (head == NULL) {
+        result = PyErr_Occurred() ? -1 : 0;
+    } else if (PyTuple_Check(head) && PyTuple_Size(head) == 2) {
+        PyObject *head_seq = PyTuple_GetItem(head, 0);
+        PyObject *head_hash = PyTuple_GetItem(head, 1);
+        char *hash_data;
+        Py_ssize_t hash_size;
+        unsigned long long seq = PyLong_AsUnsignedLongLong(head_seq);
+        if (seq == (unsigned long long)-1 && PyErr_Occurred()) {
+            result = -1;
+        } else if (PyBytes_AsStringAndSize(head_hash, &hash_data, &hash_size) < 0) {
+            result = -1;
+        } else if (e->seq == seq + 1 && hash_size == IR_HASH_BYTES && memcmp(hash_data, e->prev_hash, IR_HASH_BYTES) == 0) {
+            PyObject *new_seq = PyLong_FromUnsignedLongLong(e->seq);
+            PyObject *new_hash = PyBytes_FromStringAndSize((const char *)e->hash, IR_HASH_BYTES);
+            PyObject *new_head = (new_seq && new_hash) ? PyTuple_Pack(2, new_seq, new_hash) : NULL;
+            Py_XDECREF(new_seq);
+            Py_XDECREF(new_hash);
+            result = (new_head != NULL && PyDict_SetItem(heads, group, new_head) == 0) ? 1 : -1;
+            Py_XDECREF(new_head);
+        }
+    }
+    Py_DECREF(group);
+    return result;
+}
+
+static PyObject *list_of(PyObject *dict, const char *name) {
+    PyObject *key = PyBytes_FromString(name);
+    if (key == NULL) return NULL;
+    PyObject *list = PyDict_GetItemWithError(dict, key); /* borrowed */
+    Py_DECREF(key);
+    if (list == NULL) {
+        if (!PyErr_Occurred()) PyErr_Format(PyExc_KeyError, "writes has no list %s", name);
+        return NULL;
+    }
+    if (!PyList_Check(list)) {
+        PyErr_Format(PyExc_TypeError, "writes[%s] must be a list", name);
+        return NULL;
+    }
+    return list;
+}
+
+static PyObject *ir_index_events(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *records, *positions, *heads, *items, *new_keys;
+    Py_ssize_t start;
+    unsigned int events_seed, states_seed, receipts_seed;
+    if (!PyArg_ParseTuple(args, "O!O!nO!(O!O!)(III)", &PyList_Type, &records, &PyList_Type, &positions, &start,
+                          &PyDict_Type, &heads, &PyDict_Type, &items, &PyDict_Type, &new_keys, &events_seed,
+                          &states_seed, &receipts_seed)) {
+        return NULL;
+    }
+    Py_ssize_t count = PyList_Size(records);
+    if (PyList_Size(positions) != count || start < 0 || start > count) {
+        PyErr_SetString(PyExc_ValueError, "records and positions must have the same length, start within it");
+        return NULL;
+    }
+    outputs_t out = {list_of(items, "events"), list_of(items, "states"), list_of(items, "receipts"),
+                     list_of(new_keys, "states"), list_of(new_keys, "receipts"),
+                     events_seed, states_seed, receipts_seed};
+    if (!out.events || !out.states || !out.receipts || !out.states_new || !out.receipts_new) return NULL;
+    event_t *e = PyMem_Malloc(sizeof *e);
+    if (e == NULL) return PyErr_NoMemory();
+    uint64_t last_ms = 0;
+    Py_ssize_t i = start;
+    for (; i < count; i++) {
+        PyObject *record = PyList_GetItem(records, i);
+        char *data;
+        Py_ssize_t size;
+        if (!PyBytes_Check(record)) {
+            PyErr_SetString(PyExc_TypeError, "records must be bytes");
+            goto fail;
+        }
+        if (PyBytes_AsStringAndSize(record, &data, &size) < 0) goto fail;
+        unsigned long long position = PyLong_AsUnsignedLongLong(PyList_GetItem(positions, i));
+        if (position == (unsigned long long)-1 && PyErr_Occurred()) goto fail;
+        if (parse_event((const unsigned char *)data, (size_t)size, e) < 0) break;
+        int linked = advance_head(heads, e);
+        if (linked < 0) goto fail;
+        if (linked == 0) break;
+        if (emit(e, position, &out) < 0) goto fail; /* the head moved: a Python error ends the redo */
+        if (e->accepted_at_ms > last_ms) last_ms = e->accepted_at_ms;
+    }
+    PyMem_Free(e);
+    return Py_BuildValue("(nK)", i, (unsigned long long)last_ms);
+fail:
+    PyMem_Free(e);
+    return NULL;
+}
+
+static PyObject *ir_crc32(PyObject *module, PyObject *args) {
+    (void)module;
+    Py_buffer data;
+    unsigned int seed = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &data, &seed)) return NULL;
+    uint32_t crc = crc_update(seed, data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyMethodDef ir_methods[] = {
+    {"index_events", ir_index_events, METH_VARARGS,
+     "index_events(records, positions, start, heads, (items, new), (seeds)) -> (stop, last_ms); see csrc/index_records.c."},
+    {"crc32", ir_crc32, METH_VARARGS, "crc32(data, value=0): this module's CRC-32 (equal to zlib.crc32; for tests)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int ir_exec(PyObject *module) {
+    (void)module;
+    crc_init();
+    return 0;
+}
+
+static PyModuleDef_Slot ir_slots[] = {
+    {Py_mod_exec, (void *)ir_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef ir_module = {
+    PyModuleDef_HEAD_INIT,
+    "mwpstore._index_c",
+    "Index entries of Event records for redo and rebuild (see csrc/index_records.c).",
+    0,
+    ir_methods,
+    ir_slots,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__index_c(void) {
+    return PyModuleDef_Init(&ir_module);
+}

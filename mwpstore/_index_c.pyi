@@ -1,0 +1,12 @@
+# Types of the C extension built from csrc/index_records.c (used by mwpstore/authority.py).
+
+def index_events(
+    records: list[bytes],
+    positions: list[int],
+    start: int,
+    heads: dict[str, tuple[int, bytes]],
+    writes: tuple[dict[bytes, list[tuple[bytes, bytes]]], dict[bytes, list[bytes]]],
+    seeds: tuple[int, int, int],
+    /,
+) -> tuple[int, int]: ...
+def crc32(data: bytes, value: int = 0, /) -> int: ...

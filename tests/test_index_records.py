@@ -1,0 +1,241 @@
+"""The C indexing of Event records (mwpstore._index_c, used by redo and rebuild) against the
+Python reference (authority._index_record): the same index entries, heads and errors.
+
+``_index_records`` is what redo runs: C for the plain Events, Python for every record C hands
+back. ``_python_only`` applies the reference to every record. Each test feeds both the same
+records and compares what they wrote.
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from typing import Any
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from mwpstore import Command, Corruption, _index_c
+from mwpstore.authority import ACK_TAG, EVENT_TAG, _index_record, _index_records
+from mwpstore.index import Index, PendingWrites, decode_state, unseal
+from mwpstore.messages import ZERO_HASH, Effect, Event, decode_receipt, encode_event
+from mwpstore.registry import MemoryGroup
+
+MAP_BYTES = 64 * 1024 * 1024
+CONTRACT = {
+    "max_attempts": 3,
+    "backoff_initial_ms": 100,
+    "backoff_multiplier": 2,
+    "backoff_max_ms": 1_000,
+    "cost_limit": 1_000,
+    "deadline_ms": None,
+    "lease_ms": 60_000,
+    "start_ms": 60_000,
+}
+
+
+def _history(group_name: str, workitems: int) -> list[Event]:
+    """A Group's Events made by the real rules: Memberships, a Mission, WorkItems worked on."""
+    group = MemoryGroup(group_name)
+    clock = [1_700_000_000_000]
+    actions = [0]
+
+    def accept(actor: str, kind: str, target: str, body: dict[str, Any], revision: int | None = None) -> None:
+        actions[0] += 1
+        clock[0] += 7
+        command = Command(actor=actor, action_id=f"a{actions[0]}", group=group_name, kind=kind, target=target,
+                          body=body, expected_revision=revision)
+        group.accept(command, now_ms=clock[0])
+
+    accept("owner", "group.create", group_name, {"org": "acme"})
+    accept("owner", "membership.add", "worker", {"role": "worker"}, 0)
+    accept("owner", "mission.create", "m1", {"title": "t" * 40, "cost_limit": 10**9, "approval_required": []})
+    for index in range(workitems):
+        workitem = f"wi-{index}"
+        accept("owner", "workitem.create", workitem, {"mission": "m1", "priority": index % 5, "contract": CONTRACT})
+        session = group.get("member:worker")["session_epoch"]
+        accept("worker", "workitem.claim", workitem, {"session_epoch": session}, group.revision(f"workitem:{workitem}"))
+        lease = group.get(f"workitem:{workitem}")["lease"]
+        fence = {"lease_id": lease["lease_id"], "ownership_epoch": lease["ownership_epoch"]}
+        accept("worker", "workitem.start", workitem, fence)
+        accept("worker", "workitem.checkpoint", workitem, {**fence, "checkpoint": {"step": index, "note": "n" * index}})
+    return group.events
+
+
+def _extend(events: list[Event], *, effects: list[Effect], body: dict[str, Any] | None = None, authoritative: bool = True) -> Event:
+    """An Event appended to ``events``' chain with the given effects (no rules: redo checks links)."""
+    last = events[-1]
+    seq = last.seq + 1
+    event = msgspec.structs.replace(
+        last, seq=seq, event_id=f"{last.group}:{seq}", action_id=f"x{seq}", body=body, effects=effects,
+        authoritative=authoritative, prev_hash=last.hash, hash=bytes([seq % 256]) * 32, accepted_at_ms=last.accepted_at_ms + 1,
+    )
+    events.append(event)
+    return event
+
+
+def _records(events: list[Event]) -> list[bytes]:
+    return [EVENT_TAG + encode_event(event) for event in events]
+
+
+@pytest.fixture
+def index(tmp_path):
+    index = Index(str(tmp_path / "index"), map_size=MAP_BYTES)
+    yield index
+    index.close()
+
+
+def _python_only(index: Index, records: list[bytes], heads: dict[str, tuple[int, bytes]]):
+    writes, last_ms = PendingWrites(), [0]
+    with index.begin(write=True) as txn:
+        for position, record in enumerate(records):
+            _index_record(index, txn, writes, heads, position * 8, record, last_ms)
+    return writes, heads, last_ms[0]
+
+
+def _with_c(index: Index, records: list[bytes], heads: dict[str, tuple[int, bytes]]):
+    writes, last_ms = PendingWrites(), [0]
+    with index.begin(write=True) as txn:
+        _index_records(index, txn, writes, heads, [position * 8 for position in range(len(records))], records, last_ms)
+    return writes, heads, last_ms[0]
+
+
+def _both(index: Index, records: list[bytes], heads: dict[str, tuple[int, bytes]] | None = None):
+    """(Python's result or error, the C path's result or error)."""
+    outcomes = []
+    for run in (_python_only, _with_c):
+        try:
+            outcomes.append(run(index, records, dict(heads or {})))
+        except Corruption as exc:
+            outcomes.append(("Corruption", exc.detail.get("reason"), exc.detail.get("offset")))
+    return outcomes
+
+
+def _bytes_of(result) -> Any:
+    if isinstance(result[0], str):
+        return result
+    writes, heads, last_ms = result
+    return writes.items, writes.new, heads, last_ms
+
+
+def _meaning(result) -> Any:
+    """What the entries say (values unsealed and decoded), for records whose bytes C copies as
+    they are where Python re-encodes (a forged, non-minimal encoding)."""
+    if isinstance(result[0], str):
+        return result
+    writes, heads, last_ms = result
+    decoded = {}
+    for name, items in writes.items.items():
+        values = []
+        for key, stored in items:
+            value = unseal(name, key, stored)
+            if name == b"states":
+                value = decode_state(value)
+            elif name == b"receipts":
+                value = (value[:32], decode_receipt(value[32:]))
+            values.append((key, value))
+        decoded[name] = values
+    return decoded, writes.new, heads, last_ms
+
+
+def test_crc32_is_zlibs():
+    for size in (0, 1, 7, 64, 1000):
+        data = os.urandom(size)
+        assert _index_c.crc32(data) == zlib.crc32(data)
+        assert _index_c.crc32(data, 12345) == zlib.crc32(data, 12345)
+
+
+def test_rule_histories_index_byte_for_byte_like_python(index):
+    """Two Groups' interleaved work-model histories: the same entries, in the same order."""
+    first, second = _history("g-a", 12), _history("g-b", 9)
+    events = [event for pair in zip(first, second) for event in pair] + first[len(second):] + second[len(first):]
+    records = _records(events)
+    python, c = _both(index, records)
+    assert not isinstance(python[0], str)
+    assert _bytes_of(c) == _bytes_of(python)
+    assert python[0].items[b"states"] and python[0].new[b"receipts"]  # the history really made entries
+    assert c[1]["g-a"] == (first[-1].seq, first[-1].hash)
+
+
+def test_shapes_the_rules_rarely_make(index):
+    """Deleted aggregates, Evidence (no effects), a redacted body, every string and int width."""
+    events = _history("g-1", 1)
+    _extend(events, effects=[Effect("workitem:gone", 3, None)])
+    _extend(events, effects=[], body={"late": True}, authoritative=False)
+    _extend(events, effects=[Effect("a:1", 1, {"s": "x" * 31, "m": "y" * 32, "l": "z" * 300, "xl": "w" * 70_000})])
+    _extend(events, effects=[Effect("a:2", 1, {"i": [0, 127, 128, 255, 256, 65535, 65536, 2**32, 2**63 - 1, -1, -32, -33, -129, -(2**63)]})])
+    _extend(events, effects=[Effect("a:3", 2, {"f": [0.5, -1e300, float("inf")], "n": None, "b": [True, False], "d": {"e": {"f": []}}})])
+    _extend(events, effects=[Effect(f"k:{index}", 1, {"v": index}) for index in range(300)])  # more than C takes at once
+    _extend(events, effects=[Effect("u:ü", 1, {"ключ": "値", "emoji": "\U0001f600"})], body=None)
+    python, c = _both(index, _records(events))
+    assert _bytes_of(c) == _bytes_of(python)
+
+
+def test_c_hands_back_what_it_does_not_handle(index):
+    """Other tags, a Group without a known head, an extension type, depth past C's limit: C stops
+    at that record (leaving it untouched) and the combined result is Python's."""
+    events = _history("g-1", 2)
+    ext = _extend(events, effects=[Effect("a:x", 1, {"ext": msgspec.msgpack.Ext(5, b"raw")})])
+    deep: Any = []
+    for _ in range(70):
+        deep = [deep]
+    deep_event = _extend(events, effects=[Effect("a:deep", 1, {"d": deep})])
+    records = _records(events)
+    ack = ACK_TAG + msgspec.msgpack.encode(("consumer", "g-1", 1))
+    records.insert(3, ack)
+    stops = []
+    heads: dict[str, tuple[int, bytes]] = {}
+    writes = PendingWrites()
+    at = 0
+    while at < len(records):
+        at, _ = _index_c.index_events(records, list(range(len(records))), at, heads, (writes.items, writes.new), (1, 2, 3))
+        stops.append(at)
+        if at < len(records):
+            # what redo would do: Python applies this record; here only the head is carried on
+            if records[at][:1] == EVENT_TAG:
+                event = msgspec.msgpack.decode(records[at][1:], type=Event)
+                heads[event.group] = (event.seq, event.hash)
+            at += 1
+    ext_at = events.index(ext) + 1  # the ACK sits before it
+    deep_at = events.index(deep_event) + 1
+    assert deep_at == len(records) - 1
+    assert stops == [0, 3, ext_at, deep_at]  # no head yet, the ACK, the Ext, the depth
+    python, c = _both(index, records)
+    assert _bytes_of(c) == _bytes_of(python)
+
+
+def test_damage_is_the_same_corruption_either_way(index):
+    events = _history("g-1", 2)
+    records = _records(events)
+    gap = records[:4] + records[5:]
+    assert _both(index, gap)[0] == _both(index, gap)[1] == ("Corruption", "chain", 32)
+    torn = records[:5] + [records[5][:-3]] + records[6:]
+    python, c = _both(index, torn)
+    assert python == c and python[:2] == ("Corruption", "decode")
+    marker = _extend(events, effects=[Effect("a:1", 1, {"s": "MARKER"})])
+    bad_utf8 = _records(events)
+    bad_utf8[-1] = bad_utf8[-1].replace(b"MARKER", b"MA\xed\xa0\x80R")  # a surrogate: not UTF-8
+    python, c = _both(index, bad_utf8)
+    assert python == c and python[:2] == ("Corruption", "decode"), marker
+
+
+# The index stays empty (nothing is written to it): sharing it between examples is sound.
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.data())
+def test_damaged_records_mean_the_same_either_way(index, data):
+    """Bytes changed anywhere in a history: both paths raise the same CORRUPTION, or both index
+    and the entries mean the same (C copies a forged non-minimal encoding where Python
+    re-encodes it, so bytes may differ only there)."""
+    events = _history("g-1", 2)
+    _extend(events, effects=[Effect("a:1", 1, {"s": "text", "i": [1, 300, -5], "f": 1.5, "m": {"k": None}})])
+    records = _records(events)
+    for _ in range(data.draw(st.integers(1, 3))):
+        which = data.draw(st.integers(0, len(records) - 1))
+        record = bytearray(records[which])
+        spot = data.draw(st.integers(1, len(record) - 1))
+        record[spot] = data.draw(st.integers(0, 255))
+        records[which] = bytes(record)
+    python, c = _both(index, records)
+    assert _meaning(c) == _meaning(python)
