@@ -196,3 +196,65 @@ def test_a_caller_interrupted_as_leadership_reaches_it_leads_then_raises(tmp_pat
         assert unit.done and request.error is None and request.receipt is not None
         assert authority.state(group, "mission:m-main")[0] == 1
         assert not authority._leader
+
+
+def test_a_caller_interrupted_inside_a_running_commit_still_wakes_the_next(tmp_path, monkeypatch):
+    """The interrupt lands after a commit took the caller's unit, before its wake-up arrived: the
+    caller waits for that commit and wakes the next answered caller (the wake-ups form a chain),
+    then raises. Raising at once left the callers after it asleep."""
+    from mwpstore.authority import _Unit
+
+    group = torture.GROUPS[0]
+    authority = Authority.open(str(tmp_path / "store"))  # closed at the end only: a lost wake-up would hang close()
+    torture.ensure_groups(authority)
+    leader, go = _leader_held_at_append(monkeypatch, authority)
+    request = authority._prepare(torture._mission_create(group, "m-main", "a-main"))
+    unit = _Unit([request])
+
+    class InterruptedGate:
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+            self.lock.acquire()
+            self.blocking_calls = 0
+
+        def acquire(self, blocking: bool = True) -> bool:
+            if not blocking:
+                return False  # as if the wake-up had not come yet
+            self.blocking_calls += 1
+            if self.blocking_calls == 1:
+                while not unit.done:  # a commit took the unit and answered it ...
+                    threading.Event().wait(0.001)
+                raise KeyboardInterrupt  # ... and the interrupt came first
+            return self.lock.acquire()
+
+        def release(self) -> None:
+            self.lock.release()
+
+    unit.gate = InterruptedGate()
+    results: dict[str, object] = {}
+
+    def caller(name: str) -> threading.Thread:
+        thread = threading.Thread(
+            target=lambda: results.setdefault(name, authority.accept(torture._mission_create(group, f"m-{name}", f"a-{name}"))),
+            daemon=True,
+        )
+        thread.start()
+        return thread
+
+    def arrange() -> None:
+        _wait_for_queue(authority, 2)  # the second caller, then the main thread, then the third
+        results["third_thread"] = caller("third")
+        _wait_for_queue(authority, 3)
+        go.set()
+
+    before = caller("second")
+    _wait_for_queue(authority, 1)
+    threading.Thread(target=arrange, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        authority._submit(unit)
+    for thread in (leader, before, results["third_thread"]):
+        thread.join(10)
+        assert not thread.is_alive(), "a caller after the interrupted one was never woken"
+    assert unit.gate.blocking_calls == 2  # it waited for its wake-up before passing it on
+    assert request.receipt is not None and results["third"].seq == request.receipt.seq + 1
+    authority.close()
