@@ -1577,7 +1577,8 @@ def _forgive_short(line: str) -> str:
 
 # -- fuzz: every decoder and entry point that takes outside bytes ----------------------------------
 
-FUZZ_TARGETS = ("segment_file", "event_bytes", "command", "agent_delivery", "snapshot", "audit_log", "agent_lmdb_file")
+FUZZ_TARGETS = ("segment_file", "event_bytes", "command", "agent_delivery", "snapshot", "audit_log", "agent_lmdb_file",
+                "index_record")
 FUZZ_INPUT_SECONDS_MAX = 5.0
 """An input that takes longer than this is a hang (a violation)."""
 FUZZ_INPUT_BYTES_MAX = 1 << 16
@@ -1585,6 +1586,10 @@ FUZZ_INPUT_BYTES_MAX = 1 << 16
 
 class AcceptedForgery(Exception):
     """Modified signed or authenticated bytes passed verification (a violation, never expected)."""
+
+
+class IndexPathsDisagree(Exception):
+    """The C indexing of a log record and the Python reference disagreed (a violation)."""
 
 
 class FuzzHang(Exception):
@@ -1627,6 +1632,9 @@ class FuzzContext:
         with open(os.path.join(log_dir, "00000000000000000000.seg"), "rb") as handle:
             segment = handle.read()
         self.agent = AgentStore.open(os.path.join(root, "agent"), projections=[CountingProjection()], trusted_keys=[self.keyring])
+        from .index import Index
+
+        self.index = Index(os.path.join(root, "index-scratch"), map_size=1 << 26)  # never written: heads load as empty
         sample_agent = os.path.join(root, "agent-sample")
         with AgentStore.open(sample_agent, projections=[CountingProjection()], trusted_keys=[self.keyring]) as agent:
             with agent.begin() as tx:
@@ -1644,6 +1652,7 @@ class FuzzContext:
             "snapshot": [snapshot],
             "audit_log": [audit_bytes],
             "agent_lmdb_file": [agent_file],
+            "index_record": [self.events[-1]],  # the record after the others: the chain links
         }
 
     def scratch_path(self, name: str) -> str:
@@ -1652,6 +1661,7 @@ class FuzzContext:
 
     def close(self) -> None:
         self.agent.close()
+        self.index.close()
         self.authority.close()
 
 
@@ -1759,8 +1769,82 @@ def fuzz_one(target: str, data: bytes, context: FuzzContext) -> None:
                 agent_answers(agent)
         finally:
             shutil.rmtree(directory, ignore_errors=True)
+    elif target == "index_record":
+        from .authority import EVENT_TAG
+
+        records = [EVENT_TAG + event for event in context.events[:-1]] + [EVENT_TAG + bytes(data)]
+        python, with_c = index_paths(context.index, records)
+        try:
+            same = index_meaning(python) == index_meaning(with_c)
+        except MwpError as exc:  # an entry either path wrote does not read back
+            raise IndexPathsDisagree(f"an indexed entry does not decode: {exc.message}") from None
+        if not same:
+            raise IndexPathsDisagree(f"C and Python index a {len(data)}-byte record differently")
     else:
         raise AssertionError(target)
+
+
+IndexOutcome = Any
+"""What indexing records gave: (PendingWrites, heads, last acceptance time), or the error as
+("Corruption", reason, offset)."""
+
+
+def index_paths(index: Any, records: list[bytes], heads: dict[str, tuple[int, bytes]] | None = None) -> tuple[IndexOutcome, IndexOutcome]:
+    """Index ``records`` (at positions 0, 8, 16, ...) twice, nothing committed: with
+    ``authority._index_record`` alone (the reference), and as redo does (``mwpstore._index_c``,
+    then the reference for what C hands back). ``index`` only answers heads not in ``heads``."""
+    from .authority import _index_record, _index_records
+    from .errors import Corruption
+    from .index import PendingWrites
+
+    outcomes = []
+    for use_c in (False, True):
+        writes, known, last_ms = PendingWrites(), dict(heads or {}), [0]
+        positions = [number * 8 for number in range(len(records))]
+        txn = index.begin(write=True)
+        try:
+            if use_c:
+                _index_records(index, txn, writes, known, positions, records, last_ms)
+            else:
+                for position, record in zip(positions, records):
+                    _index_record(index, txn, writes, known, position, record, last_ms)
+            outcomes.append((writes, known, last_ms[0]))
+        except Corruption as exc:
+            outcomes.append(("Corruption", exc.detail.get("reason"), exc.detail.get("offset")))
+        finally:
+            txn.abort()
+    return outcomes[0], outcomes[1]
+
+
+def index_bytes(outcome: IndexOutcome) -> Any:
+    """An outcome's entries exactly as they would be written."""
+    if isinstance(outcome[0], str):
+        return outcome
+    writes, heads, last_ms = outcome
+    return writes.items, writes.new, heads, last_ms
+
+
+def index_meaning(outcome: IndexOutcome) -> Any:
+    """What an outcome's entries say (unsealed and decoded): C copies a record's msgpack where
+    Python re-encodes it, so a forged non-minimal encoding may differ in bytes, never in meaning."""
+    from .index import decode_state, unseal
+    from .messages import decode_receipt
+
+    if isinstance(outcome[0], str):
+        return outcome
+    writes, heads, last_ms = outcome
+    decoded = {}
+    for name, items in writes.items.items():
+        values = []
+        for key, stored in items:
+            value: Any = unseal(name, key, stored)
+            if name == b"states":
+                value = decode_state(value)
+            elif name == b"receipts":
+                value = (value[:32], decode_receipt(value[32:]))
+            values.append((key, value))
+        decoded[name] = values
+    return decoded, writes.new, heads, last_ms
 
 
 def mutate(data: bytes, rng: random.Random, others: list[bytes]) -> bytes:
@@ -1884,7 +1968,7 @@ import sys
 sys.path.insert(0, {root!r})
 import atheris
 with atheris.instrument_imports():
-    import mwpstore.messages, mwpstore.segment_log, mwpstore.snapshot, mwpstore.audit_log, mwpstore.agent_store, mwpstore.canonical, mwpstore._lmdb_check
+    import mwpstore.messages, mwpstore.segment_log, mwpstore.snapshot, mwpstore.audit_log, mwpstore.agent_store, mwpstore.canonical, mwpstore._lmdb_check, mwpstore.authority
 from mwpstore.errors import MwpError
 from mwpstore.torture import FUZZ_TARGETS, FuzzContext, fuzz_one
 context = FuzzContext({work!r})

@@ -1,9 +1,9 @@
 """The C indexing of Event records (mwpstore._index_c, used by redo and rebuild) against the
 Python reference (authority._index_record): the same index entries, heads and errors.
 
-``_index_records`` is what redo runs: C for the plain Events, Python for every record C hands
-back. ``_python_only`` applies the reference to every record. Each test feeds both the same
-records and compares what they wrote.
+``torture.index_paths`` runs both on the same records: the reference alone, and what redo runs
+(C for the plain Events, the reference for every record C hands back). The fuzz suite's
+``index_record`` target does the same on mutated records.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mwpstore import Command, Corruption, _index_c
-from mwpstore.authority import ACK_TAG, EVENT_TAG, _index_record, _index_records
-from mwpstore.index import Index, PendingWrites, decode_state, unseal
-from mwpstore.messages import ZERO_HASH, Effect, Event, decode_receipt, encode_event
+from mwpstore import Command, _index_c
+from mwpstore.authority import ACK_TAG, EVENT_TAG
+from mwpstore.index import Index, PendingWrites
+from mwpstore.messages import Effect, Event, encode_event
 from mwpstore.registry import MemoryGroup
+from mwpstore.torture import index_bytes, index_meaning, index_paths
 
 MAP_BYTES = 64 * 1024 * 1024
 CONTRACT = {
@@ -87,57 +88,9 @@ def index(tmp_path):
     index.close()
 
 
-def _python_only(index: Index, records: list[bytes], heads: dict[str, tuple[int, bytes]]):
-    writes, last_ms = PendingWrites(), [0]
-    with index.begin(write=True) as txn:
-        for position, record in enumerate(records):
-            _index_record(index, txn, writes, heads, position * 8, record, last_ms)
-    return writes, heads, last_ms[0]
-
-
-def _with_c(index: Index, records: list[bytes], heads: dict[str, tuple[int, bytes]]):
-    writes, last_ms = PendingWrites(), [0]
-    with index.begin(write=True) as txn:
-        _index_records(index, txn, writes, heads, [position * 8 for position in range(len(records))], records, last_ms)
-    return writes, heads, last_ms[0]
-
-
 def _both(index: Index, records: list[bytes], heads: dict[str, tuple[int, bytes]] | None = None):
     """(Python's result or error, the C path's result or error)."""
-    outcomes = []
-    for run in (_python_only, _with_c):
-        try:
-            outcomes.append(run(index, records, dict(heads or {})))
-        except Corruption as exc:
-            outcomes.append(("Corruption", exc.detail.get("reason"), exc.detail.get("offset")))
-    return outcomes
-
-
-def _bytes_of(result) -> Any:
-    if isinstance(result[0], str):
-        return result
-    writes, heads, last_ms = result
-    return writes.items, writes.new, heads, last_ms
-
-
-def _meaning(result) -> Any:
-    """What the entries say (values unsealed and decoded), for records whose bytes C copies as
-    they are where Python re-encodes (a forged, non-minimal encoding)."""
-    if isinstance(result[0], str):
-        return result
-    writes, heads, last_ms = result
-    decoded = {}
-    for name, items in writes.items.items():
-        values = []
-        for key, stored in items:
-            value = unseal(name, key, stored)
-            if name == b"states":
-                value = decode_state(value)
-            elif name == b"receipts":
-                value = (value[:32], decode_receipt(value[32:]))
-            values.append((key, value))
-        decoded[name] = values
-    return decoded, writes.new, heads, last_ms
+    return index_paths(index, records, heads)
 
 
 def test_crc32_is_zlibs():
@@ -154,7 +107,7 @@ def test_rule_histories_index_byte_for_byte_like_python(index):
     records = _records(events)
     python, c = _both(index, records)
     assert not isinstance(python[0], str)
-    assert _bytes_of(c) == _bytes_of(python)
+    assert index_bytes(c) == index_bytes(python)
     assert python[0].items[b"states"] and python[0].new[b"receipts"]  # the history really made entries
     assert c[1]["g-a"] == (first[-1].seq, first[-1].hash)
 
@@ -170,7 +123,7 @@ def test_shapes_the_rules_rarely_make(index):
     _extend(events, effects=[Effect(f"k:{index}", 1, {"v": index}) for index in range(300)])  # more than C takes at once
     _extend(events, effects=[Effect("u:ü", 1, {"ключ": "値", "emoji": "\U0001f600"})], body=None)
     python, c = _both(index, _records(events))
-    assert _bytes_of(c) == _bytes_of(python)
+    assert index_bytes(c) == index_bytes(python)
 
 
 def test_c_hands_back_what_it_does_not_handle(index):
@@ -203,7 +156,7 @@ def test_c_hands_back_what_it_does_not_handle(index):
     assert deep_at == len(records) - 1
     assert stops == [0, 3, ext_at, deep_at]  # no head yet, the ACK, the Ext, the depth
     python, c = _both(index, records)
-    assert _bytes_of(c) == _bytes_of(python)
+    assert index_bytes(c) == index_bytes(python)
 
 
 def test_damage_is_the_same_corruption_either_way(index):
@@ -238,4 +191,4 @@ def test_damaged_records_mean_the_same_either_way(index, data):
         record[spot] = data.draw(st.integers(0, 255))
         records[which] = bytes(record)
     python, c = _both(index, records)
-    assert _meaning(c) == _meaning(python)
+    assert index_meaning(c) == index_meaning(python)
