@@ -174,6 +174,25 @@ def test_damage_is_the_same_corruption_either_way(index):
     assert python == c and python[:2] == ("Corruption", "decode"), marker
 
 
+@pytest.mark.parametrize(
+    "forgery",
+    [
+        {"effects": [Effect("a:1", -3, {"v": 1})]},
+        {"effects": [Effect("a:1", 0, None)]},
+        {"accepted_at_ms": -1},
+        {"hash": b"\x01" * 31},
+    ],
+    ids=["negative revision", "revision 0", "negative time", "short hash"],
+)
+def test_impossible_values_are_corruption_either_way(index, forgery):
+    """Values a well-framed record cannot hold (the fuzz suite found the first one raising
+    struct.error out of redo): CORRUPTION, reason decode, from both paths."""
+    events = _history("g-1", 1)
+    events[-1] = msgspec.structs.replace(events[-1], **forgery)
+    python, c = _both(index, _records(events))
+    assert python == c == ("Corruption", "decode", (len(events) - 1) * 8)
+
+
 # The index stays empty (nothing is written to it): sharing it between examples is sound.
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
