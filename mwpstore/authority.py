@@ -1681,7 +1681,7 @@ def _index_record(
                 offset=position,
                 reason="chain",
             )
-        _check_record_values(position, event.hash, [event.accepted_at_ms], event.effects)
+        _check_record_values(position, [event.hash, event.content_hash], [event.accepted_at_ms], event.effects)
         group = event.group
         writes.put(b"events", event_key(group, event.seq), u64(position))
         for effect in event.effects:  # presence once per key: at its revision 1
@@ -1696,7 +1696,7 @@ def _index_record(
         try:
             if tag == SNAPSHOT_TAG:
                 ref = msgspec.msgpack.decode(value, type=SnapshotRef)
-                _check_record_values(position, None, [ref.seq], [])
+                _check_record_values(position, [], [ref.seq], [])
                 key = event_key(ref.group, ref.seq)
             else:
                 key = msgspec.msgpack.decode(value, type=ArchiveRecord).group.encode()
@@ -1708,13 +1708,14 @@ def _index_record(
             actor, action_id, content_hash, encoded = _RECEIPT_DECODER.decode(memoryview(record)[1:])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not a receipt: {exc}", offset=position, reason="decode") from None
+        _check_record_values(position, [content_hash], [], [])
         writes.put(b"receipts", receipt_key(actor, action_id), content_hash + encoded)
     elif tag == GROUP_TAG:
         try:
             group, seq, digest, kept = _GROUP_DECODER.decode(memoryview(record)[1:])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not a Group remainder: {exc}", offset=position, reason="decode") from None
-        _check_record_values(position, digest, [seq], kept)
+        _check_record_values(position, [digest], [seq], kept)
         heads[group] = (seq, digest)
         for effect in kept:  # the first record of these keys in a compacted log
             writes.put(b"states", state_key(group, effect.aggregate), encode_state(effect.revision, effect.state))
@@ -1723,17 +1724,19 @@ def _index_record(
             consumer, group, cursor = _ACK_DECODER.decode(memoryview(record)[1:])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not an ACK: {exc}", offset=position, reason="decode") from None
-        _check_record_values(position, None, [cursor], [])
+        _check_record_values(position, [], [cursor], [])
         writes.put(b"acks", ack_key(consumer, group), u64(cursor))
     else:
         raise Corruption(f"log record at {position} has unknown tag {tag!r}", offset=position, reason="tag")
 
 
-def _check_record_values(position: int, digest: bytes | None, numbers: list[int], effects: list[Effect]) -> None:
-    """``CORRUPTION`` (``decode``) for values a well-framed record cannot hold: a hash that is not
-    32 bytes, a number outside the index's unsigned 64 bits, an effect revision below 1."""
-    if digest is not None and len(digest) != HASH_BYTES:
-        raise Corruption(f"log record at {position} holds a {len(digest)}-byte chain hash", offset=position, reason="decode")
+def _check_record_values(position: int, digests: list[bytes], numbers: list[int], effects: list[Effect]) -> None:
+    """``CORRUPTION`` (``decode``) for values a well-framed record cannot hold: a hash (chain or
+    content) that is not 32 bytes, a number outside the index's unsigned 64 bits, an effect
+    revision below 1."""
+    for digest in digests:
+        if len(digest) != HASH_BYTES:
+            raise Corruption(f"log record at {position} holds a {len(digest)}-byte hash", offset=position, reason="decode")
     for number in numbers:
         if not 0 <= number < _U64_END:
             raise Corruption(f"log record at {position} holds {number}, outside 0..2**64-1", offset=position, reason="decode")

@@ -1827,8 +1827,8 @@ def index_bytes(outcome: IndexOutcome) -> Any:
 def index_meaning(outcome: IndexOutcome) -> Any:
     """What an outcome's entries say (unsealed and decoded): C copies a record's msgpack where
     Python re-encodes it, so a forged non-minimal encoding may differ in bytes, never in meaning."""
+    from .authority import _stored_receipt
     from .index import decode_state, unseal
-    from .messages import decode_receipt
 
     if isinstance(outcome[0], str):
         return outcome
@@ -1841,7 +1841,7 @@ def index_meaning(outcome: IndexOutcome) -> Any:
             if name == b"states":
                 value = decode_state(value)
             elif name == b"receipts":
-                value = (value[:32], decode_receipt(value[32:]))
+                value = _stored_receipt(value)  # as the engine reads it back
             values.append((key, value))
         decoded[name] = values
     return decoded, writes.new, heads, last_ms

@@ -181,8 +181,9 @@ def test_damage_is_the_same_corruption_either_way(index):
         {"effects": [Effect("a:1", 0, None)]},
         {"accepted_at_ms": -1},
         {"hash": b"\x01" * 31},
+        {"content_hash": b"\x02" * 49},
     ],
-    ids=["negative revision", "revision 0", "negative time", "short hash"],
+    ids=["negative revision", "revision 0", "negative time", "short hash", "long content hash"],
 )
 def test_impossible_values_are_corruption_either_way(index, forgery):
     """Values a well-framed record cannot hold (the fuzz suite found the first one raising
