@@ -15,8 +15,8 @@
  *   index_events(records, positions, start, heads, writes, seeds) -> (stop, last_ms)
  *
  * handles records[start:] until the first one that is not a plainly well-formed Event extending
- * its Group's chain (another tag, an unexpected msgpack shape, invalid UTF-8, a Group whose head
- * is not in ``heads``, a chain that does not link), and returns that record's index ``stop``
+ * its Group's chain (another tag, an unexpected msgpack shape, invalid UTF-8, an invalid ID, a
+ * Group whose head is not in ``heads``, a chain that does not link), and returns that record's index ``stop``
  * (len(records) when all were handled) with the largest acceptance time it saw. Python applies
  * records[stop] with _index_record (which loads a missing head, indexes other tags, and raises the
  * typed CORRUPTION for a bad record) and calls again from stop + 1. So a record is either indexed
@@ -48,6 +48,7 @@
 #define IR_EVENT_FIELDS 16
 #define IR_RECEIPT_FIELDS 12
 #define IR_DEPTH_MAX 64 /* deeper content goes to Python (the engine writes at most 32 levels) */
+#define IR_ID_CHARS_MAX 128 /* limits.ID_CHARS_MAX (tests/test_index_records.py compares them) */
 
 /* ---- CRC-32 (the zlib polynomial, reflected; zlib.crc32's value and continuation) ---------- */
 
@@ -154,6 +155,17 @@ static int read_str(reader_t *r, const unsigned char **data, size_t *size) {
     if (take(r, n, data) < 0 || !utf8_ok(*data, n)) return -1;
     *size = n;
     return 0;
+}
+
+/* canonical.check_id: 1..128 of [A-Za-z0-9_.@+=-], not starting with '.', '@', '+', '=' or '-'. */
+static int id_ok(const unsigned char *s, size_t size) {
+    if (size < 1 || size > IR_ID_CHARS_MAX) return 0;
+    for (size_t i = 0; i < size; i++) {
+        unsigned char c = s[i];
+        int word = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_';
+        if (!word && (i == 0 || !(c == '.' || c == '@' || c == '+' || c == '=' || c == '-'))) return 0;
+    }
+    return 1;
 }
 
 static int read_bin(reader_t *r, const unsigned char **data, size_t *size) {
@@ -368,6 +380,9 @@ static int parse_event(const unsigned char *data, size_t size, event_t *e) {
     FIELD(15, read_bin(&r, &e->hash, &n))
     if (n != IR_HASH_BYTES) return -1;
 #undef FIELD
+    if (!id_ok(e->group, e->group_size) || !id_ok(e->actor, e->actor_size) || !id_ok(e->action_id, e->action_id_size)) {
+        return -1; /* the keys are built from these: Python refuses them */
+    }
     return r.at == r.end ? 0 : -1;
 }
 
@@ -588,9 +603,8 @@ static PyMethodDef ir_methods[] = {
 };
 
 static int ir_exec(PyObject *module) {
-    (void)module;
     crc_init();
-    return 0;
+    return PyModule_AddIntConstant(module, "ID_CHARS_MAX", IR_ID_CHARS_MAX);
 }
 
 static PyModuleDef_Slot ir_slots[] = {

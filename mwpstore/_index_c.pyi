@@ -1,5 +1,7 @@
 # Types of the C extension built from csrc/index_records.c (used by mwpstore/authority.py).
 
+ID_CHARS_MAX: int
+
 def index_events(
     records: list[bytes],
     positions: list[int],

@@ -1681,7 +1681,8 @@ def _index_record(
                 offset=position,
                 reason="chain",
             )
-        _check_record_values(position, [event.hash, event.content_hash], [event.accepted_at_ms], event.effects)
+        _check_record_values(position, [event.hash, event.content_hash], [event.accepted_at_ms], event.effects,
+                             [event.group, event.actor, event.action_id])
         group = event.group
         writes.put(b"events", event_key(group, event.seq), u64(position))
         for effect in event.effects:  # presence once per key: at its revision 1
@@ -1696,10 +1697,12 @@ def _index_record(
         try:
             if tag == SNAPSHOT_TAG:
                 ref = msgspec.msgpack.decode(value, type=SnapshotRef)
-                _check_record_values(position, [], [ref.seq], [])
+                _check_record_values(position, [], [ref.seq], [], [ref.group])
                 key = event_key(ref.group, ref.seq)
             else:
-                key = msgspec.msgpack.decode(value, type=ArchiveRecord).group.encode()
+                archived = msgspec.msgpack.decode(value, type=ArchiveRecord).group
+                _check_record_values(position, [], [], [], [archived])
+                key = archived.encode()
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not a valid reference: {exc}", offset=position, reason="decode") from None
         writes.put(_note_database(tag), key, value)
@@ -1708,14 +1711,14 @@ def _index_record(
             actor, action_id, content_hash, encoded = _RECEIPT_DECODER.decode(memoryview(record)[1:])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not a receipt: {exc}", offset=position, reason="decode") from None
-        _check_record_values(position, [content_hash], [], [])
+        _check_record_values(position, [content_hash], [], [], [actor, action_id])
         writes.put(b"receipts", receipt_key(actor, action_id), content_hash + encoded)
     elif tag == GROUP_TAG:
         try:
             group, seq, digest, kept = _GROUP_DECODER.decode(memoryview(record)[1:])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not a Group remainder: {exc}", offset=position, reason="decode") from None
-        _check_record_values(position, [digest], [seq], kept)
+        _check_record_values(position, [digest], [seq], kept, [group])
         heads[group] = (seq, digest)
         for effect in kept:  # the first record of these keys in a compacted log
             writes.put(b"states", state_key(group, effect.aggregate), encode_state(effect.revision, effect.state))
@@ -1724,16 +1727,21 @@ def _index_record(
             consumer, group, cursor = _ACK_DECODER.decode(memoryview(record)[1:])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise Corruption(f"log record at {position} is not an ACK: {exc}", offset=position, reason="decode") from None
-        _check_record_values(position, [], [cursor], [])
+        _check_record_values(position, [], [cursor], [], [consumer, group])
         writes.put(b"acks", ack_key(consumer, group), u64(cursor))
     else:
         raise Corruption(f"log record at {position} has unknown tag {tag!r}", offset=position, reason="tag")
 
 
-def _check_record_values(position: int, digests: list[bytes], numbers: list[int], effects: list[Effect]) -> None:
+def _check_record_values(
+    position: int, digests: list[bytes], numbers: list[int], effects: list[Effect], ids: list[str]
+) -> None:
     """``CORRUPTION`` (``decode``) for values a well-framed record cannot hold: a hash (chain or
     content) that is not 32 bytes, a number outside the index's unsigned 64 bits, an effect
-    revision below 1."""
+    revision below 1, an ID that is not one (index keys join IDs with ``\\x00``)."""
+    for value in ids:
+        if not canonical.id_ok(value):
+            raise Corruption(f"log record at {position} holds an invalid ID {value[:80]!r}", offset=position, reason="decode")
     for digest in digests:
         if len(digest) != HASH_BYTES:
             raise Corruption(f"log record at {position} holds a {len(digest)}-byte hash", offset=position, reason="decode")

@@ -1780,6 +1780,10 @@ def fuzz_one(target: str, data: bytes, context: FuzzContext) -> None:
             raise IndexPathsDisagree(f"an indexed entry does not decode: {exc.message}") from None
         if not same:
             raise IndexPathsDisagree(f"C and Python index a {len(data)}-byte record differently")
+        if isinstance(python[0], str):  # both refused it: counted as the typed error it is
+            from .errors import Corruption
+
+            raise Corruption(f"index_record refused ({python[1]})", reason=python[1])
     else:
         raise AssertionError(target)
 

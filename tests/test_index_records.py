@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mwpstore import Command, _index_c
+from mwpstore import Command, _index_c, limits
 from mwpstore.authority import ACK_TAG, EVENT_TAG
 from mwpstore.index import Index, PendingWrites
 from mwpstore.messages import Effect, Event, encode_event
@@ -91,6 +91,10 @@ def index(tmp_path):
 def _both(index: Index, records: list[bytes], heads: dict[str, tuple[int, bytes]] | None = None):
     """(Python's result or error, the C path's result or error)."""
     return index_paths(index, records, heads)
+
+
+def test_c_bounds_are_the_limits():
+    assert _index_c.ID_CHARS_MAX == limits.ID_CHARS_MAX
 
 
 def test_crc32_is_zlibs():
@@ -182,8 +186,12 @@ def test_damage_is_the_same_corruption_either_way(index):
         {"accepted_at_ms": -1},
         {"hash": b"\x01" * 31},
         {"content_hash": b"\x02" * 49},
+        {"actor": "own\x00er"},
+        {"action_id": "-a"},
+        {"actor": "o" * 129},
     ],
-    ids=["negative revision", "revision 0", "negative time", "short hash", "long content hash"],
+    ids=["negative revision", "revision 0", "negative time", "short hash", "long content hash", "NUL in actor",
+         "action id starting with -", "actor too long"],
 )
 def test_impossible_values_are_corruption_either_way(index, forgery):
     """Values a well-framed record cannot hold (the fuzz suite found the first one raising
