@@ -502,9 +502,15 @@ static int advance_head(PyObject *heads, const event_t *e) {
         PyObject *head_hash = PyTuple_GetItem(head, 1);
         char *hash_data;
         Py_ssize_t hash_size;
-        unsigned long long seq = PyLong_AsUnsignedLongLong(head_seq);
-        if (seq == (unsigned long long)-1 && PyErr_Occurred()) {
-            result = -1;
+        unsigned long long seq = 0;
+        int readable = PyLong_Check(head_seq) && PyBytes_Check(head_hash);
+        if (readable) {
+            seq = PyLong_AsUnsignedLongLong(head_seq);
+            readable = !PyErr_Occurred() && seq < (unsigned long long)INT64_MAX;
+            PyErr_Clear(); /* a head this file cannot read: Python's path decides */
+        }
+        if (!readable) {
+            result = 0;
         } else if (PyBytes_AsStringAndSize(head_hash, &hash_data, &hash_size) < 0) {
             result = -1;
         } else if (e->seq == seq + 1 && hash_size == IR_HASH_BYTES && memcmp(hash_data, e->prev_hash, IR_HASH_BYTES) == 0) {

@@ -163,6 +163,15 @@ def test_c_hands_back_what_it_does_not_handle(index):
     assert index_bytes(c) == index_bytes(python)
 
 
+def test_a_head_c_cannot_read_is_left_to_python():
+    records = _records(_history("g-1", 1))
+    writes = PendingWrites()
+    for head in [(-5, b"\x00" * 32), ("1", b"\x00" * 32), (1, "not bytes"), (2**64, b"\x00" * 32)]:
+        stop, _ = _index_c.index_events(records, [0] * len(records), 1, {"g-1": head}, (writes.items, writes.new), (1, 2, 3))
+        assert stop == 1
+    assert not any(writes.items.values())
+
+
 def test_damage_is_the_same_corruption_either_way(index):
     events = _history("g-1", 2)
     records = _records(events)
