@@ -13,22 +13,22 @@
 
 from setuptools import Extension, setup
 
+
+def limited_api_extension(name: str, source: str) -> Extension:
+    """A CPython extension built against the limited API (one abi3 binary for Python >= 3.11)."""
+    return Extension(
+        name,
+        sources=[source],
+        extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"],
+        define_macros=[("Py_LIMITED_API", "0x030B0000")],
+        py_limited_api=True,
+    )
+
+
 setup(
     cffi_modules=["csrc/build_segment_log.py:ffibuilder", "csrc/build_lmdb_check.py:ffibuilder"],
     ext_modules=[
-        Extension(
-            "mwpstore._canonical_c",
-            sources=["csrc/canonical_check.c"],
-            extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"],
-            define_macros=[("Py_LIMITED_API", "0x030B0000")],
-            py_limited_api=True,
-        ),
-        Extension(
-            "mwpstore._index_c",
-            sources=["csrc/index_records.c"],
-            extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"],
-            define_macros=[("Py_LIMITED_API", "0x030B0000")],
-            py_limited_api=True,
-        ),
+        limited_api_extension("mwpstore._canonical_c", "csrc/canonical_check.c"),
+        limited_api_extension("mwpstore._index_c", "csrc/index_records.c"),
     ],
 )
