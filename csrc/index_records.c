@@ -591,20 +591,9 @@ fail:
     return NULL;
 }
 
-static PyObject *ir_crc32(PyObject *module, PyObject *args) {
-    (void)module;
-    Py_buffer data;
-    unsigned int seed = 0;
-    if (!PyArg_ParseTuple(args, "y*|I", &data, &seed)) return NULL;
-    uint32_t crc = crc_update(seed, data.buf, (size_t)data.len);
-    PyBuffer_Release(&data);
-    return PyLong_FromUnsignedLong(crc);
-}
-
 static PyMethodDef ir_methods[] = {
     {"index_events", ir_index_events, METH_VARARGS,
      "index_events(records, positions, start, heads, (items, new), (seeds)) -> (stop, last_ms); see csrc/index_records.c."},
-    {"crc32", ir_crc32, METH_VARARGS, "crc32(data, value=0): this module's CRC-32 (equal to zlib.crc32; for tests)."},
     {NULL, NULL, 0, NULL},
 };
 

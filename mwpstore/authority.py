@@ -1073,23 +1073,23 @@ class Authority:
         positions: list[int] = []
         prefix = group.encode() + b"\x00"
         with index.begin() as txn:
-            wanted = min(decode_head(index.get(txn, b"heads", group.encode()))[0] - after, limit)
-            if wanted >= _RUN_READ_MIN:
+            head = decode_head(index.get(txn, b"heads", group.encode()))[0]
+            wanted = min(head - after, limit)
+            if wanted >= _SCAN_READ_MIN:
                 # The common case, a Group's Events written one after another: the log between the
                 # first and the last wanted Event holds exactly them. Two lookups instead of one
                 # per Event; the caller checks each record's Group and sequence when it decodes.
                 first = index.get(txn, b"events", event_key(group, after + 1))
                 last = index.get(txn, b"events", event_key(group, after + wanted))
                 if first is not None and last is not None:
-                    run = _run_of_records(log, read_u64(first), read_u64(last), wanted)
-                    if run is not None:
-                        return run
+                    between = _records_between(log, read_u64(first), read_u64(last), wanted)
+                    if between is not None and len(between[1]) == wanted:
+                        return between[1]
             for _, value in index.range(txn, b"events", prefix, event_key(group, after + 1)):
                 positions.append(read_u64(value))
                 if len(positions) >= limit:
                     break
             if len(positions) < limit:  # the range ended: it must have reached the Group's head
-                head = decode_head(index.get(txn, b"heads", group.encode()))[0]
                 if after + len(positions) < head:
                     raise Corruption(
                         f"the index lost Events of group {group} after {after + len(positions)} (head {head}); run `mwpstore rebuild`",
@@ -1756,39 +1756,36 @@ def _check_record_values(
 
 
 _U64_END = 1 << 64
-_RUN_READ_MIN = 8
-"""Reads of fewer Events look each one up (a run's scan does not pay for itself below this)."""
+_SCAN_READ_MIN = 8
+"""Fewer records than this are read one by one (a scan between them does not pay for itself)."""
 
 
-def _run_of_records(log: SegmentLog, first: int, last: int, count: int) -> list[bytes] | None:
-    """The records from ``first`` to ``last`` inclusive if there are exactly ``count`` of them,
-    else None (other records lie in between: the caller looks the wanted ones up)."""
+def _records_between(log: SegmentLog, first: int, last: int, most: int) -> tuple[list[int], list[bytes]] | None:
+    """Positions and records from ``first`` to ``last`` inclusive, in one framed, checksummed
+    scan; None as soon as there are more than ``most`` of them."""
+    positions: list[int] = []
+    records: list[bytes] = []
     if last < first:
-        return None
-    found: list[bytes] = []
-    for batch in log.scan(first, end=last + 1, batch_records=min(count + 1, 4096)):
-        found.extend(batch.records)
-        if len(found) > count:
+        return positions, records
+    for batch in log.scan(first, end=last + 1, batch_records=min(most + 1, 4096)):
+        positions.extend(batch.positions)
+        records.extend(batch.records)
+        if len(records) > most:
             return None
-    return found if len(found) == count else None
+    return positions, records
 
 
 def _records_at(log: SegmentLog, positions: list[int]) -> list[bytes]:
-    """The records at ``positions`` (ascending). One framed, checksummed scan over the range when
-    the Group's records lie close together in the log (the common case); reads one by one when
-    other Groups' records dominate the range."""
-    if len(positions) < 8:
+    """The records at ``positions`` (ascending). One scan over the range when the Group's records
+    lie close together in the log (the common case); reads one by one when other Groups' records
+    dominate the range."""
+    if len(positions) < _SCAN_READ_MIN:
+        return [log.read(position) for position in positions]
+    between = _records_between(log, positions[0], positions[-1], 4 * len(positions))
+    if between is None:
         return [log.read(position) for position in positions]
     wanted = set(positions)
-    found: list[bytes] = []
-    budget = 4 * len(positions)
-    for batch in log.scan(positions[0], end=positions[-1] + 1, batch_records=min(len(positions), 4096)):
-        for position, record in zip(batch.positions, batch.records):
-            if position in wanted:
-                found.append(record)
-        budget -= len(batch.positions)
-        if budget < 0 and len(found) < len(positions):
-            return [log.read(position) for position in positions]
+    found = [record for position, record in zip(*between) if position in wanted]
     if len(found) != len(positions):
         raise Corruption(f"the index names {len(positions)} records but the log holds {len(found)} of them", reason="index")
     return found

@@ -255,6 +255,27 @@ def test_read_in_sequence_order_with_after_and_limit(store):
     assert store.read("unknown-group") == []
 
 
+def test_read_pages_are_the_same_whether_the_log_holds_one_group_or_interleaves_others(store):
+    """A page whose Events lie one after another in the log is read as one run of records; a page
+    with other Groups' Events or ACKs in between is looked up Event by Event. Every page size, from
+    every cursor, gives the same Events as reading them one at a time."""
+    other = "g-other"
+    store.accept(group_create(other, action_id="other.create"))
+    store.accept_many([mission_create(f"a-{i}") for i in range(20)])  # a run of this Group alone
+    for i in range(12):  # then interleaved with another Group's Events and ACKs
+        store.accept(mission_create(f"b-{i}"))
+        store.accept(mission_create(f"o-{i}", group=other))
+        if i % 4 == 0:
+            store.ack("consumer", GROUP, store.head(GROUP)[0])
+    store.accept_many([mission_create(f"c-{i}") for i in range(20)])
+    head = store.head(GROUP)[0]
+    one_by_one = [store.read(GROUP, after=seq - 1, limit=1)[0] for seq in range(1, head + 1)]
+    assert [event.seq for event in one_by_one] == list(range(1, head + 1))
+    for limit in (7, 8, 9, 15, 30, 1000):
+        for after in range(0, head + 1, 5):
+            assert store.read(GROUP, after=after, limit=limit) == one_by_one[after : after + limit]
+
+
 @pytest.mark.parametrize(
     "kwargs, field",
     [({"after": -1}, "after"), ({"after": "1"}, "after"), ({"limit": 0}, "limit"), ({"limit": 10**9}, "limit")],

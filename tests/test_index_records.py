@@ -8,8 +8,6 @@ Python reference (authority._index_record): the same index entries, heads and er
 
 from __future__ import annotations
 
-import os
-import zlib
 from typing import Any
 
 import msgspec
@@ -18,7 +16,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mwpstore import Command, _index_c, limits
-from mwpstore.authority import ACK_TAG, EVENT_TAG
+from mwpstore.authority import ACK_TAG, EVENT_TAG, GROUP_TAG, RECEIPT_TAG
 from mwpstore.index import Index, PendingWrites
 from mwpstore.messages import Effect, Event, encode_event
 from mwpstore.registry import MemoryGroup
@@ -97,15 +95,9 @@ def test_c_bounds_are_the_limits():
     assert _index_c.ID_CHARS_MAX == limits.ID_CHARS_MAX
 
 
-def test_crc32_is_zlibs():
-    for size in (0, 1, 7, 64, 1000):
-        data = os.urandom(size)
-        assert _index_c.crc32(data) == zlib.crc32(data)
-        assert _index_c.crc32(data, 12345) == zlib.crc32(data, 12345)
-
-
 def test_rule_histories_index_byte_for_byte_like_python(index):
-    """Two Groups' interleaved work-model histories: the same entries, in the same order."""
+    """Two Groups' interleaved work-model histories: the same entries, in the same order (so
+    C's seals are zlib's CRC-32, as the reader checks them)."""
     first, second = _history("g-a", 12), _history("g-b", 9)
     events = [event for pair in zip(first, second) for event in pair] + first[len(second):] + second[len(first):]
     records = _records(events)
@@ -209,6 +201,25 @@ def test_impossible_values_are_corruption_either_way(index, forgery):
     events[-1] = msgspec.structs.replace(events[-1], **forgery)
     python, c = _both(index, _records(events))
     assert python == c == ("Corruption", "decode", (len(events) - 1) * 8)
+
+
+@pytest.mark.parametrize(
+    "record",
+    [
+        ACK_TAG + msgspec.msgpack.encode(("con\x00sumer", "g-1", 1)),
+        ACK_TAG + msgspec.msgpack.encode(("consumer", "g-1", -1)),
+        RECEIPT_TAG + msgspec.msgpack.encode(("owner", "a-1", b"\x01" * 49, b"")),
+        RECEIPT_TAG + msgspec.msgpack.encode(("-owner", "a-1", b"\x01" * 32, b"")),
+        GROUP_TAG + msgspec.msgpack.encode(("g-1", -1, b"\x01" * 32, [])),
+        GROUP_TAG + msgspec.msgpack.encode(("g-1", 5, b"\x01" * 31, [])),
+        GROUP_TAG + msgspec.msgpack.encode(("g-1", 5, b"\x01" * 32, [Effect("group:g-1", 0, None)])),
+    ],
+    ids=["ACK consumer", "ACK cursor", "receipt hash", "receipt actor", "Group seq", "Group hash", "Group revision"],
+)
+def test_impossible_values_in_other_records_are_corruption(index, record):
+    """The records compaction and ACKs write are held to the same rules as Events."""
+    python, c = _both(index, [record])
+    assert python == c == ("Corruption", "decode", 0)
 
 
 # The index stays empty (nothing is written to it): sharing it between examples is sound.
