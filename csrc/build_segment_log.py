@@ -123,10 +123,13 @@ uint64_t sl_frame_bytes(uint64_t payload_bytes);
 
 int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                struct sl_recovery *out, struct sl_fault *fault);
-int sl_check_seal(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
-                  uint64_t end_position, struct sl_fault *fault);
 int sl_verify_sealed(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                      uint64_t *end_position_out, struct sl_fault *fault);
+#define SL_NO_SEAL_CHECK ...
+int sl_segments_inspect(const char *directory, const uint64_t *numbers, uint32_t count,
+                        struct sl_header *headers_out, uint64_t *file_bytes_out,
+                        int *seal_status_out, struct sl_fault *seal_faults_out,
+                        uint32_t *stopped_at_out, struct sl_fault *fault);
 int sl_read_record(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                    uint64_t position, uint64_t *offset_out, uint32_t *length_out,
                    struct sl_fault *fault);

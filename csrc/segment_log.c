@@ -405,9 +405,11 @@ int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header 
     }
 }
 
-int sl_check_seal(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
-                  uint64_t end_position, struct sl_fault *fault) {
-    SL_ASSERT(data != NULL && header != NULL);
+/* Is there an intact seal at `end_position`? `data` holds the segment's bytes from file offset
+ * `data_offset` on (the bytes read where the seal must be). */
+static int check_seal_in(const uint8_t *data, uint64_t data_bytes, uint64_t data_offset,
+                         const struct sl_header *header, uint64_t end_position,
+                         struct sl_fault *fault) {
     fault_clear(fault);
     if (end_position <= header->first_position ||
         end_position - header->first_position >
@@ -418,11 +420,107 @@ int sl_check_seal(const uint8_t *data, uint64_t data_bytes, const struct sl_head
     uint64_t position = end_position;
     uint64_t offset = offset_of(header, position);
     struct frame f;
-    int status = frame_parse(data, data_bytes, header, offset, position, &f);
+    int status = offset < data_offset
+                     ? FRAME_END
+                     : frame_parse(data, data_bytes, header, offset - data_offset, position, &f);
     if (status != FRAME_OK || f.kind != SL_KIND_SEAL || !seal_matches(&f, header, position)) {
         return fault_set(fault, SL_E_CORRUPT, SL_REASON_SEAL_MISSING, offset, position);
     }
     return SL_OK;
+}
+
+/* pread until `want` bytes or the end of the file; the count read, or a negative errno. */
+static int64_t read_at(int fd, uint8_t *out, size_t want, uint64_t offset) {
+    size_t got = 0;
+    while (got < want) {
+        ssize_t n = pread(fd, out + got, want - got, (off_t)(offset + got));
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0) {
+            return -errno;
+        }
+        if (n == 0) {
+            break;
+        }
+        got += (size_t)n;
+    }
+    return (int64_t)got;
+}
+
+/* The header and the seal frame of the open segment file `fd`: see sl_segments_inspect. */
+static int inspect_segment(int fd, uint64_t seal_position, struct sl_header *header_out,
+                           uint64_t *file_bytes_out, int *seal_status_out,
+                           struct sl_fault *seal_fault, struct sl_fault *fault) {
+    fault_clear(seal_fault);
+    memset(header_out, 0, sizeof(*header_out));
+    *file_bytes_out = 0;
+    *seal_status_out = SL_OK;
+    uint8_t header[SL_SEGMENT_HEADER_BYTES];
+    uint8_t seal[SL_SEAL_FRAME_BYTES];
+    struct stat st;
+    if (fstat(fd, &st) != 0) {
+        return fault_io(fault, -errno);
+    }
+    *file_bytes_out = (uint64_t)st.st_size;
+    int64_t got = read_at(fd, header, sizeof(header), 0);
+    if (got < 0) {
+        return fault_io(fault, (int)got);
+    }
+    int rc = sl_header_decode(header, (size_t)got, header_out, fault);
+    if (rc != SL_OK || seal_position == SL_NO_SEAL_CHECK) {
+        return rc;
+    }
+    uint64_t offset =
+        seal_position >= header_out->first_position ? offset_of(header_out, seal_position) : 0;
+    got = read_at(fd, seal, sizeof(seal), offset);
+    if (got < 0) {
+        return fault_io(fault, (int)got);
+    }
+    *seal_status_out =
+        check_seal_in(seal, (uint64_t)got, offset, header_out, seal_position, seal_fault);
+    return SL_OK;
+}
+
+static int segment_path(char *out, size_t out_bytes, const char *directory, uint64_t first_position,
+                        const char *suffix);
+
+int sl_segments_inspect(const char *directory, const uint64_t *numbers, uint32_t count,
+                        struct sl_header *headers_out, uint64_t *file_bytes_out,
+                        int *seal_status_out, struct sl_fault *seal_faults_out,
+                        uint32_t *stopped_at_out, struct sl_fault *fault) {
+    SL_ASSERT(directory != NULL && stopped_at_out != NULL);
+    fault_clear(fault);
+    *stopped_at_out = 0;
+    if (count == 0) {
+        return SL_OK;
+    }
+    /* One directory handle: each segment is then opened by its name alone. */
+    int directory_fd = open(directory, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (directory_fd < 0) {
+        return fault_io(fault, -errno);
+    }
+    int rc = SL_OK;
+    uint32_t i = 0;
+    for (; i < count && rc == SL_OK; i++) {
+        char name[64];
+        int named = segment_path(name, sizeof(name), ".", numbers[i], "");
+        SL_ASSERT(named == SL_OK);
+        int fd = openat(directory_fd, name, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            rc = fault_io(fault, -errno);
+            break;
+        }
+        rc = inspect_segment(fd, i + 1 < count ? numbers[i + 1] : SL_NO_SEAL_CHECK, &headers_out[i],
+                             &file_bytes_out[i], &seal_status_out[i], &seal_faults_out[i], fault);
+        close(fd);
+        if (rc != SL_OK) {
+            break;
+        }
+    }
+    close(directory_fd);
+    *stopped_at_out = i;
+    return rc;
 }
 
 /* ---- reading ------------------------------------------------------------------------------ */

@@ -126,10 +126,21 @@ uint64_t sl_frame_bytes(uint64_t payload_bytes);
 /* -- reading a mapped segment (data = file bytes from offset 0, data_bytes readable) -- */
 int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                struct sl_recovery *out, struct sl_fault *fault);
-int sl_check_seal(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
-                  uint64_t end_position, struct sl_fault *fault);
 int sl_verify_sealed(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                      uint64_t *end_position_out, struct sl_fault *fault);
+
+/* -- inspecting a segment file at open, without mapping it -- */
+#define SL_NO_SEAL_CHECK UINT64_MAX
+/* For the segments named numbers[0..count) in `directory` (ascending), without mapping them: read
+ * and decode each header into headers_out[i] and its file size into file_bytes_out[i]; for each
+ * but the last, read the frame where its seal must be (where the next segment begins) and check
+ * it, into seal_status_out[i] / seal_faults_out[i]. Per segment: open, fstat, two preads, close.
+ * Stops at the first segment whose file cannot be read or whose header is damaged (its error in
+ * `fault`, its index in stopped_at_out); stopped_at_out = count when all were read. */
+int sl_segments_inspect(const char *directory, const uint64_t *numbers, uint32_t count,
+                        struct sl_header *headers_out, uint64_t *file_bytes_out,
+                        int *seal_status_out, struct sl_fault *seal_faults_out,
+                        uint32_t *stopped_at_out, struct sl_fault *fault);
 int sl_read_record(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                    uint64_t position, uint64_t *offset_out, uint32_t *length_out,
                    struct sl_fault *fault);

@@ -346,7 +346,7 @@ class SegmentLog:
                     path = os.path.join(directory, name)
                     self._call(lib.sl_remove_file, self._io, os.fsencode(directory), os.fsencode(path))
         numbered = sorted((int(m.group(1)), name) for name in names if (m := _SEGMENT_NAME.match(name)))
-        segments = [self._load_header(os.path.join(directory, name), number) for number, name in numbered]
+        segments, seals = self._inspect_all(directory, numbered)
         if not segments:
             if not self._readonly:
                 log_id = int.from_bytes(os.urandom(8), "little") >> 1
@@ -358,14 +358,14 @@ class SegmentLog:
                 "earlier segments are missing.",
                 segment=segments[0].path, offset=0, position=0, reason="segment_missing",
             )
-        for earlier, later in zip(segments, segments[1:]):
+        for earlier, later, seal in zip(segments, segments[1:], seals):
             if later.header.log_id != earlier.header.log_id:
                 raise Corruption(
                     f"segment {later.path} belongs to another log (log id differs).",
                     segment=later.path, offset=lib.SL_HEADER_OFFSET_LOG_ID, position=later.first_position,
                     reason="log_id_mismatch",
                 )
-            self._check_sealed(earlier, later.first_position)
+            self._check_sealed(earlier, later.first_position, seal)
         self._segments = tuple(segments)
         if segments:
             self._recover_last()
@@ -379,29 +379,58 @@ class SegmentLog:
             self._handle = handle[0]
 
     def _load_header(self, path: str, number: int) -> _Segment:
-        try:
-            with open(path, "rb") as file:
-                raw = file.read(_HEADER_BYTES)
-        except OSError as exc:
-            raise StorageFailed(f"cannot read segment {path}: {exc}", errno=exc.errno) from exc
-        header = ffi.new("struct sl_header *")
-        fault = self._fault()
-        rc = lib.sl_header_decode(raw, len(raw), header, fault)
-        if rc != lib.SL_OK:
-            raise self._error(rc, fault, path=path, position=number)
-        if header.first_position != number:
-            raise Corruption(
-                f"segment {path} says it starts at position {header.first_position}, "
-                "but its name says otherwise: it was renamed or misplaced.",
-                segment=path, offset=lib.SL_HEADER_OFFSET_FIRST_POSITION, position=number, reason="segment_name",
-            )
-        return _Segment(path, header)
+        directory, name = os.path.split(path)
+        return self._inspect_all(directory, [(number, name)])[0][0]
 
-    def _check_sealed(self, segment: _Segment, next_first_position: int) -> None:
-        data, mapped = segment.mapping()
+    def _inspect_all(self, directory: str, numbered: list[tuple[int, str]]) -> tuple[list[_Segment], list[tuple[int, Any, int]]]:
+        """The segments ``numbered`` (ascending (first position, file name)) with their headers
+        checked, and for each but the last, (seal status, seal fault, file size) of the seal
+        expected where the next begins. One C call reads every header and seal (no mapping);
+        errors are raised segment by segment, in order."""
+        count = len(numbered)
+        headers = ffi.new("struct sl_header[]", count)
+        file_bytes = ffi.new("uint64_t[]", count)
+        seal_status = ffi.new("int[]", count)
+        seal_faults = ffi.new("struct sl_fault[]", count)
+        stopped_at = ffi.new("uint32_t *")
         fault = self._fault()
-        rc = lib.sl_check_seal(data, len(mapped), segment.header, next_first_position, fault)
+        numbers = [number for number, _ in numbered]
+        rc = lib.sl_segments_inspect(
+            os.fsencode(directory), numbers, count, headers, file_bytes, seal_status, seal_faults, stopped_at, fault
+        )
+        segments: list[_Segment] = []
+        seals: list[tuple[int, Any, int]] = []
+        prefix = os.path.join(directory, "")
+        for index in range(count if rc == lib.SL_OK else int(stopped_at[0])):
+            number, name = numbered[index]
+            path = prefix + name
+            if headers[index].first_position != number:
+                raise Corruption(
+                    f"segment {path} says it starts at position {headers[index].first_position}, "
+                    "but its name says otherwise: it was renamed or misplaced.",
+                    segment=path, offset=lib.SL_HEADER_OFFSET_FIRST_POSITION, position=number, reason="segment_name",
+                )
+            header = ffi.new("struct sl_header *")
+            header[0] = headers[index]
+            segments.append(_Segment(path, header))
+            status = int(seal_status[index])
+            seal_fault = None
+            if status != lib.SL_OK:
+                seal_fault = self._fault()
+                seal_fault[0] = seal_faults[index]
+            seals.append((status, seal_fault, int(file_bytes[index])))
         if rc != lib.SL_OK:
+            number, name = numbered[int(stopped_at[0])]
+            path = prefix + name
+            if rc == lib.SL_E_IO:
+                code = int(fault.sys_errno)
+                raise StorageFailed(f"cannot read segment {path}: {os.strerror(code)}", errno=code, path=path)
+            raise self._error(rc, fault, path=path, position=number)
+        return segments, seals
+
+    def _check_sealed(self, segment: _Segment, next_first_position: int, seal: tuple[int, Any, int]) -> None:
+        status, fault, file_bytes = seal
+        if status != lib.SL_OK:
             raise Corruption(
                 f"segment {segment.path} does not end with a seal at the position where the next segment "
                 f"begins ({next_first_position}): a segment is missing or this one is damaged.",
@@ -409,7 +438,7 @@ class SegmentLog:
             )
         segment.sealed = True
         segment.sealed_used_bytes = _HEADER_BYTES + next_first_position - segment.first_position + _SEAL_BYTES
-        if len(mapped) > segment.sealed_used_bytes and not self._readonly:
+        if file_bytes > segment.sealed_used_bytes and not self._readonly:
             # Sealed, but the crash came before its trim was durable: trim it now.
             segment.unmap()
             self._call(

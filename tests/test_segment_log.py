@@ -3,6 +3,7 @@ locking, closing, and hostile inputs (typed errors, never a crash)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import subprocess
@@ -17,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from mwpstore.errors import Corruption, InvalidCommand, LimitExceeded, StorageFailed, StoreClosed, StoreLocked
 from mwpstore.io_seam import RecordingIO, crash_state, write_crash_state
 from mwpstore.limits import GROUP_RECORDS_MAX, RECORD_BYTES_MAX, SCAN_BATCH_RECORDS_MAX, SEGMENT_BYTES_MIN
+from mwpstore._segment_log_c import lib
 from mwpstore.segment_log import RecordBatch, SegmentInfo, SegmentLog, segment_file_name
 
 SMALL = SEGMENT_BYTES_MIN  # 64 KiB segments roll over quickly
@@ -408,6 +410,68 @@ def test_segment_from_another_log_is_corruption(tmp_path):
     os.replace(infos[1].path, str(tmp_path / "a" / os.path.basename(infos[1].path)))
     with pytest.raises(Corruption):
         SegmentLog.open(tmp_path / "a", readonly=True)
+
+
+def _three_segments(tmp_path) -> tuple[list[SegmentInfo], list[tuple[int, bytes]]]:
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        for index in range(150):
+            log.append([bytes([index % 251]) * 1000])
+        infos = log.segments()
+        written = scan_all(log)
+    assert len(infos) >= 3 and all(info.sealed for info in infos[:-1])
+    return infos, written
+
+
+def test_damaged_seal_of_a_sealed_segment_is_corruption_at_open(tmp_path):
+    # Open reads each sealed segment's header and seal without mapping it: a flipped bit in the
+    # seal is found there, named by segment and file offset.
+    infos, _ = _three_segments(tmp_path)
+    seal_offset = infos[0].used_bytes - lib.SL_SEAL_FRAME_BYTES
+    with open(infos[0].path, "r+b") as file:
+        file.seek(seal_offset + 20)
+        byte = file.read(1)[0]
+        file.seek(seal_offset + 20)
+        file.write(bytes([byte ^ 0x10]))
+    for readonly in (True, False):
+        with pytest.raises(Corruption) as caught:
+            SegmentLog.open(tmp_path, readonly=readonly)
+        assert caught.value.detail["reason"] == "segment_missing"
+        assert caught.value.detail["segment"] == infos[0].path
+        assert caught.value.detail["offset"] == seal_offset
+
+
+def test_damaged_headers_are_reported_for_the_first_damaged_segment(tmp_path):
+    infos, _ = _three_segments(tmp_path)
+    for info in infos[1:3]:
+        with open(info.path, "r+b") as file:
+            file.write(b"XXXX")  # the magic
+    with pytest.raises(Corruption) as caught:
+        SegmentLog.open(tmp_path, readonly=True)
+    assert caught.value.detail["segment"] == infos[1].path
+    assert caught.value.detail["reason"] == "header_magic"
+
+
+def test_unreadable_segment_is_storage_failed(tmp_path):
+    infos, _ = _three_segments(tmp_path)
+    os.unlink(infos[1].path)
+    os.mkdir(infos[1].path)  # opens, but every read fails (EISDIR)
+    with pytest.raises(StorageFailed) as caught:
+        SegmentLog.open(tmp_path, readonly=True)
+    assert caught.value.detail["path"] == infos[1].path
+    assert caught.value.detail["errno"] == errno.EISDIR
+
+
+def test_sealed_segment_left_untrimmed_is_trimmed_by_the_writer(tmp_path):
+    # The state a crash leaves after a seal whose trim was not yet durable: zeros past the seal.
+    infos, written = _three_segments(tmp_path)
+    with open(infos[0].path, "r+b") as file:
+        file.truncate(SMALL)
+    with SegmentLog.open(tmp_path, readonly=True) as log:
+        assert scan_all(log) == written
+    assert os.path.getsize(infos[0].path) == SMALL  # a reader changes nothing
+    with SegmentLog.open(tmp_path) as log:
+        assert scan_all(log) == written
+    assert os.path.getsize(infos[0].path) == infos[0].used_bytes
 
 
 def test_reopen_after_seal_without_next_segment(tmp_path):
