@@ -10,13 +10,14 @@ Rows (issue 2 targets):
   its fdatasync has no size metadata to flush).
 - ``group_100``: 100 msgpack-encoded records per commit, against a plain Python framed log
   (length + CRC-32C + msgpack via msgspec, one write and one fdatasync per 100 records;
-  target ≥ 2×).
+  target ≥ 2×). A third subject, ``io_floor``, writes the same encoded bytes unframed into a file
+  zero-filled and synced before timing: what the disk allows for these bytes at best.
 - ``scan_views``: records per second scanned as raw record views (target ≥ 5M/s).
 - ``scan_memory``: growth of the resident set while scanning 10M records (1M with --quick),
   measured in a child process (target: bounded, ≤ 64 MiB over the baseline).
 
 The two commit rows alternate the subjects commit by commit and time each commit (see
-``paired``), so bursts of disk latency from neighbours on a shared machine hit both alike; the
+``paired``), so bursts of disk latency from neighbours on a shared machine hit all alike; the
 scan rows run on a fixture built once (not timed). The committed ``bench/results/segment_log.json``
 comes from the first command above.
 """
@@ -123,37 +124,61 @@ def group_plain(directory: Path, count: int):
     return step, lambda: os.close(fd)
 
 
+def group_floor(directory: Path, count: int):
+    """The disk's floor for the same bytes: the 100 encoded records joined, one ``os.pwrite`` at
+    the next offset and one ``os.fdatasync``, into a file whose blocks were all written (zeros)
+    and synced before timing. No framing, no checksums, and the zero-filling is free here (a log
+    must pay it somewhere): no log can commit these bytes faster on this file system."""
+    events = _events(count * 100)
+    encode = msgspec.msgpack.Encoder().encode
+    fd = os.open(directory / "floor.log", os.O_WRONLY | os.O_CREAT, 0o644)
+    zeros = bytes(1 << 20)
+    size = (count * 100 * (RECORD_BYTES + 64) // len(zeros) + 1) * len(zeros)
+    for offset in range(0, size, len(zeros)):
+        os.pwrite(fd, zeros, offset)
+    os.fsync(fd)
+    at = [0]
+
+    def step(i: int) -> None:
+        data = b"".join([encode(event) for event in events[i * 100 : i * 100 + 100]])
+        os.pwrite(fd, data, at[0])
+        os.fdatasync(fd)
+        at[0] += len(data)
+
+    return step, lambda: os.close(fd)
+
+
 def paired(bench: Bench, row, subjects: dict, steps: int, per_step: int) -> None:
-    """Run both subjects' steps alternately, timing each; record ops/s per round for each."""
-    (name_a, make_a), (name_b, make_b) = subjects.items()
-    rates: dict[str, list[float]] = {name_a: [], name_b: []}
+    """Run the subjects' steps alternately (the order rotated every step), timing each; record
+    ops/s per round for each."""
+    names = list(subjects)
+    rates: dict[str, list[float]] = {name: [] for name in names}
     clock = time.perf_counter
     for round_index in range(bench.rounds):
         with bench.fresh_dir(f"{row.key}-r{round_index}") as directory:
-            (directory / "a").mkdir()
-            (directory / "b").mkdir()
-            step_a, close_a = make_a(directory / "a", steps)
-            step_b, close_b = make_b(directory / "b", steps)
-            spent_a = spent_b = 0.0
+            made = {}
+            for name in names:
+                (directory / name).mkdir()
+                made[name] = subjects[name](directory / name, steps)
+            spent = dict.fromkeys(names, 0.0)
             for i in range(steps):
-                if i % 2 == 0:
-                    t0 = clock(); step_a(i); t1 = clock(); step_b(i); t2 = clock()
-                    spent_a += t1 - t0
-                    spent_b += t2 - t1
-                else:
-                    t0 = clock(); step_b(i); t1 = clock(); step_a(i); t2 = clock()
-                    spent_b += t1 - t0
-                    spent_a += t2 - t1
-            close_a()
-            close_b()
-        rates[name_a].append(steps * per_step / spent_a)
-        rates[name_b].append(steps * per_step / spent_b)
+                shift = i % len(names)
+                for name in names[shift:] + names[:shift]:
+                    step = made[name][0]
+                    t0 = clock()
+                    step(i)
+                    spent[name] += clock() - t0
+            for _, close in made.values():
+                close()
+        for name in names:
+            rates[name].append(steps * per_step / spent[name])
         progress(
-            f"  {row.key} round {round_index + 1}/{bench.rounds}: {name_a} {harness.format_number(rates[name_a][-1])}, "
-            f"{name_b} {harness.format_number(rates[name_b][-1])} {row.unit}"
+            f"  {row.key} round {round_index + 1}/{bench.rounds}: "
+            + ", ".join(f"{name} {harness.format_number(rates[name][-1])}" for name in names)
+            + f" {row.unit}"
         )
     for name, values in rates.items():
-        row.record(name, values, note="commits alternated with the peer's, each timed")
+        row.record(name, values, note="commits alternated with the other subjects', each timed")
 
 
 # -- scans --------------------------------------------------------------------------------------
@@ -244,7 +269,10 @@ def main() -> None:
             target=Target("≥ 2× plain Python framed log", ratio_min={"plain_framed": 2.0}),
             size={"records": group_count},
         )
-        paired(bench, row, {"mwpstore": group_mwpstore, "plain_framed": group_plain}, group_count // 100, 100)
+        paired(
+            bench, row, {"mwpstore": group_mwpstore, "plain_framed": group_plain, "io_floor": group_floor},
+            group_count // 100, 100,
+        )
     if selected(args, "scan"):
         fixture = bench.fixture_dir("scan")
         progress(f"building the scan fixture: {scan_count:,} records of {SCAN_RECORD_BYTES} B")
