@@ -215,7 +215,8 @@ def render_report(summary: dict[str, Any]) -> str:
         "`eventsourcing` library on SQLite) ran in the same process run, rounds interleaved. The "
         "machine is shared with other work, so compare ratios within a run rather than absolute "
         "figures across runs. What each subject does is described in the docstrings of "
-        "`bench/bench_authority.py`, `bench/peer_sqlite.py` and `bench/peer_eventsourcing.py`.",
+        "`bench/bench_authority.py`, `bench/peer_sqlite.py` and `bench/peer_eventsourcing.py`. "
+        "Where the time goes in the rows that miss their targets: [performance.md](performance.md).",
         "",
         "## Machine",
         "",
