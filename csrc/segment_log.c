@@ -502,7 +502,7 @@ int sl_segments_inspect(const char *directory, const uint64_t *numbers, uint32_t
     }
     int rc = SL_OK;
     uint32_t i = 0;
-    for (; i < count && rc == SL_OK; i++) {
+    for (; i < count; i++) {
         char name[64];
         int named = segment_path(name, sizeof(name), ".", numbers[i], "");
         SL_ASSERT(named == SL_OK);
