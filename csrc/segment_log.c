@@ -462,6 +462,9 @@ static int inspect_segment(int fd, uint64_t seal_position, struct sl_header *hea
     if (fstat(fd, &st) != 0) {
         return fault_io(fault, -errno);
     }
+    if (!S_ISREG(st.st_mode)) { /* a directory, a FIFO, a device: nothing a segment can be */
+        return fault_io(fault, S_ISDIR(st.st_mode) ? -EISDIR : -EINVAL);
+    }
     *file_bytes_out = (uint64_t)st.st_size;
     int64_t got = read_at(fd, header, sizeof(header), 0);
     if (got < 0) {
@@ -506,7 +509,8 @@ int sl_segments_inspect(const char *directory, const uint64_t *numbers, uint32_t
         char name[64];
         int named = segment_path(name, sizeof(name), ".", numbers[i], "");
         SL_ASSERT(named == SL_OK);
-        int fd = openat(directory_fd, name, O_RDONLY | O_CLOEXEC);
+        /* O_NONBLOCK: opening a FIFO placed under a segment's name must not wait for a writer. */
+        int fd = openat(directory_fd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
         if (fd < 0) {
             rc = fault_io(fault, -errno);
             break;

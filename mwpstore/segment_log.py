@@ -27,6 +27,7 @@ import fcntl
 import mmap
 import os
 import re
+import stat
 import struct
 import threading
 import zlib
@@ -63,6 +64,7 @@ _CLEAN = struct.Struct("<8sQQQ")  # magic, log id, active segment's first positi
 _CLEAN_MAGIC = b"MWPCLEAN"
 _CLEAN_ZERO_CHECK_BYTES = 64 * 1024  # after a clean close the bytes after the end are zero: checked
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
+_POSITION_MAX = 2**64 - 1  # positions are u64: a 20-digit name can say more
 _TEMPORARY_NAME = re.compile(r"^(\d{20})\.seg\.tmp$")
 _HEADER_BYTES = lib.SL_SEGMENT_HEADER_BYTES
 _ALIGN_BYTES = lib.SL_FRAME_ALIGN_BYTES
@@ -387,16 +389,17 @@ class SegmentLog:
         checked, and for each but the last, (seal status, seal fault, file size) of the seal
         expected where the next begins. One C call reads every header and seal (no mapping);
         errors are raised segment by segment, in order."""
-        count = len(numbered)
+        numbers = [number for number, _ in numbered]
+        # A 20-digit name can exceed any position: inspect the segments before it, then refuse it.
+        count = next((index for index, number in enumerate(numbers) if number > _POSITION_MAX), len(numbers))
         headers = ffi.new("struct sl_header[]", count)
         file_bytes = ffi.new("uint64_t[]", count)
         seal_status = ffi.new("int[]", count)
         seal_faults = ffi.new("struct sl_fault[]", count)
         stopped_at = ffi.new("uint32_t *")
         fault = self._fault()
-        numbers = [number for number, _ in numbered]
         rc = lib.sl_segments_inspect(
-            os.fsencode(directory), numbers, count, headers, file_bytes, seal_status, seal_faults, stopped_at, fault
+            os.fsencode(directory), numbers[:count], count, headers, file_bytes, seal_status, seal_faults, stopped_at, fault
         )
         segments: list[_Segment] = []
         seals: list[tuple[int, Any, int]] = []
@@ -426,6 +429,12 @@ class SegmentLog:
                 code = int(fault.sys_errno)
                 raise StorageFailed(f"cannot read segment {path}: {os.strerror(code)}", errno=code, path=path)
             raise self._error(rc, fault, path=path, position=number)
+        if count < len(numbered):
+            path = prefix + numbered[count][1]
+            raise Corruption(
+                f"segment {path} is named after a position no log reaches: it was renamed or misplaced.",
+                segment=path, offset=0, position=numbered[count][0], reason="segment_name",
+            )
         return segments, seals
 
     def _check_sealed(self, segment: _Segment, next_first_position: int, seal: tuple[int, Any, int]) -> None:
@@ -502,12 +511,20 @@ class SegmentLog:
         """The end recorded by a clean close, if the marker is intact and fits the active segment."""
         path = os.path.join(self._directory, CLEAN_FILE_NAME)
         try:
-            with open(path, "rb") as file:
-                raw = file.read(_CLEAN.size + 8)
+            # O_NONBLOCK: a FIFO under this name must not make open wait for a writer.
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
         except OSError as exc:
             raise StorageFailed(f"cannot read {path}: {exc}", errno=exc.errno) from exc
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None  # not a file this log wrote: recover by scanning
+            raw = os.pread(fd, _CLEAN.size + 8, 0)
+        except OSError as exc:
+            raise StorageFailed(f"cannot read {path}: {exc}", errno=exc.errno) from exc
+        finally:
+            os.close(fd)
         if len(raw) != _CLEAN.size + 4 or zlib.crc32(raw[: _CLEAN.size]) != int.from_bytes(raw[_CLEAN.size :], "little"):
             return None  # damaged or foreign: recover by scanning, as after a crash
         magic, log_id, first_position, end = _CLEAN.unpack_from(raw)

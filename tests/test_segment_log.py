@@ -19,7 +19,7 @@ from mwpstore.errors import Corruption, InvalidCommand, LimitExceeded, StorageFa
 from mwpstore.io_seam import RecordingIO, crash_state, write_crash_state
 from mwpstore.limits import GROUP_RECORDS_MAX, RECORD_BYTES_MAX, SCAN_BATCH_RECORDS_MAX, SEGMENT_BYTES_MIN
 from mwpstore._segment_log_c import lib
-from mwpstore.segment_log import RecordBatch, SegmentInfo, SegmentLog, segment_file_name
+from mwpstore.segment_log import CLEAN_FILE_NAME, RecordBatch, SegmentInfo, SegmentLog, segment_file_name
 
 SMALL = SEGMENT_BYTES_MIN  # 64 KiB segments roll over quickly
 
@@ -461,6 +461,49 @@ def test_unreadable_segment_is_storage_failed(tmp_path):
     assert caught.value.detail["errno"] == errno.EISDIR
 
 
+def test_fifo_under_a_segment_name_is_storage_failed_without_blocking(tmp_path):
+    infos, _ = _three_segments(tmp_path)
+    os.unlink(infos[1].path)
+    os.mkfifo(infos[1].path)  # opening it for reading would wait for a writer for ever
+    outcome: list[BaseException] = []
+
+    def open_log() -> None:
+        try:
+            SegmentLog.open(tmp_path, readonly=True)
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=open_log, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "opening the log blocked on the FIFO"
+    assert isinstance(outcome[0], StorageFailed)
+    assert outcome[0].detail["path"] == infos[1].path
+    assert outcome[0].detail["errno"] == errno.EINVAL
+
+
+def test_fifo_as_the_clean_marker_is_ignored_without_blocking(tmp_path):
+    infos, written = _three_segments(tmp_path)
+    marker = tmp_path / CLEAN_FILE_NAME
+    assert marker.exists()
+    marker.unlink()
+    os.mkfifo(marker)
+    outcome: list[object] = []
+
+    def open_log() -> None:
+        try:
+            with SegmentLog.open(tmp_path) as log:  # recovers by scanning, as after a crash
+                outcome.append(scan_all(log))
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=open_log, daemon=True)
+    thread.start()
+    thread.join(10)
+    assert not thread.is_alive(), "opening the log blocked on the FIFO"
+    assert outcome == [written]
+
+
 def test_sealed_segment_left_untrimmed_is_trimmed_by_the_writer(tmp_path):
     # The state a crash leaves after a seal whose trim was not yet durable: zeros past the seal.
     infos, written = _three_segments(tmp_path)
@@ -472,6 +515,18 @@ def test_sealed_segment_left_untrimmed_is_trimmed_by_the_writer(tmp_path):
     with SegmentLog.open(tmp_path) as log:
         assert scan_all(log) == written
     assert os.path.getsize(infos[0].path) == infos[0].used_bytes
+
+
+def test_segment_named_past_every_position_is_corruption(tmp_path):
+    # 20 digits can name more than a u64 position: refused as misnamed, not an overflow.
+    infos, _ = _three_segments(tmp_path)
+    stray = tmp_path / "99999999999999999999.seg"
+    stray.write_bytes(open(infos[0].path, "rb").read())
+    for readonly in (True, False):
+        with pytest.raises(Corruption) as caught:
+            SegmentLog.open(tmp_path, readonly=readonly)
+        assert caught.value.detail["reason"] == "segment_name"
+        assert caught.value.detail["segment"] == str(stray)
 
 
 def test_reopen_after_seal_without_next_segment(tmp_path):
