@@ -461,47 +461,45 @@ def test_unreadable_segment_is_storage_failed(tmp_path):
     assert caught.value.detail["errno"] == errno.EISDIR
 
 
+def _outcome_within(seconds: float, action) -> object:
+    """``action()``'s result or exception, run in a thread; fails the test if it is still running
+    after ``seconds`` (it blocked)."""
+    outcome: list[object] = []
+
+    def run() -> None:
+        try:
+            outcome.append(action())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            outcome.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert not thread.is_alive(), "it blocked"
+    return outcome[0]
+
+
 def test_fifo_under_a_segment_name_is_storage_failed_without_blocking(tmp_path):
     infos, _ = _three_segments(tmp_path)
     os.unlink(infos[1].path)
     os.mkfifo(infos[1].path)  # opening it for reading would wait for a writer for ever
-    outcome: list[BaseException] = []
-
-    def open_log() -> None:
-        try:
-            SegmentLog.open(tmp_path, readonly=True)
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            outcome.append(exc)
-
-    thread = threading.Thread(target=open_log, daemon=True)
-    thread.start()
-    thread.join(10)
-    assert not thread.is_alive(), "opening the log blocked on the FIFO"
-    assert isinstance(outcome[0], StorageFailed)
-    assert outcome[0].detail["path"] == infos[1].path
-    assert outcome[0].detail["errno"] == errno.EINVAL
+    error = _outcome_within(10, lambda: SegmentLog.open(tmp_path, readonly=True))
+    assert isinstance(error, StorageFailed)
+    assert error.detail["path"] == infos[1].path
+    assert error.detail["errno"] == errno.EINVAL
 
 
 def test_fifo_as_the_clean_marker_is_ignored_without_blocking(tmp_path):
-    infos, written = _three_segments(tmp_path)
+    _, written = _three_segments(tmp_path)
     marker = tmp_path / CLEAN_FILE_NAME
-    assert marker.exists()
     marker.unlink()
     os.mkfifo(marker)
-    outcome: list[object] = []
 
-    def open_log() -> None:
-        try:
-            with SegmentLog.open(tmp_path) as log:  # recovers by scanning, as after a crash
-                outcome.append(scan_all(log))
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            outcome.append(exc)
+    def reopen_and_scan() -> list[tuple[int, bytes]]:
+        with SegmentLog.open(tmp_path) as log:  # recovers by scanning, as after a crash
+            return scan_all(log)
 
-    thread = threading.Thread(target=open_log, daemon=True)
-    thread.start()
-    thread.join(10)
-    assert not thread.is_alive(), "opening the log blocked on the FIFO"
-    assert outcome == [written]
+    assert _outcome_within(10, reopen_and_scan) == written
 
 
 def test_sealed_segment_left_untrimmed_is_trimmed_by_the_writer(tmp_path):
