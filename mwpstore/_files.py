@@ -12,6 +12,7 @@ no group or other permission bits and the exact expected size.
 from __future__ import annotations
 
 import errno
+import io
 import os
 import secrets
 import stat
@@ -129,6 +130,23 @@ def create_secret_file(path: str, data: bytes) -> bool:
         raise translate(exc, context=f"creating {path}") from None
 
 
+def open_regular(path: str) -> io.BufferedReader:
+    """Open ``path`` for reading if it is a regular file; ``OSError`` (``EINVAL``) if it is a FIFO,
+    device or socket, ``IsADirectoryError`` for a directory. The open does not block: a FIFO left
+    under a file's name must not make a reader wait for a writer."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, "is a directory", path)
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, "not a regular file", path)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def read_secret_file(path: str, size: int) -> bytes | None:
     """Read a secret file of exactly ``size`` bytes; None if it does not exist.
 
@@ -136,7 +154,7 @@ def read_secret_file(path: str, size: int) -> bytes | None:
     permission to group or others, or has the wrong size.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO must not block
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -182,7 +200,7 @@ def read_file_capped(path: str, bytes_max: int, *, missing_ok: bool = False) -> 
     With ``missing_ok``, a missing file also reads as None; otherwise it raises ``StorageFailed``.
     """
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             size = os.fstat(handle.fileno()).st_size
             if size > bytes_max:
                 return None

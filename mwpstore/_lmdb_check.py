@@ -12,7 +12,9 @@ then check the content. See docs/format/index.md, "Structural check".
 from __future__ import annotations
 
 import dataclasses
+import errno
 import os
+import stat
 
 from mwpstore._lmdb_check_c import ffi, lib
 from mwpstore import limits
@@ -84,11 +86,15 @@ def check_before_open(directory: str, check: bool | None, *, label: str, remedy:
     check_option(check)
     path = os.path.join(directory, "data.mdb")
     try:
-        size = os.stat(path).st_size
+        info = os.stat(path)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise StorageFailed(f"cannot read the {label}'s LMDB file {path}: {exc.strerror}", errno=exc.errno, path=path) from None
+    if not stat.S_ISREG(info.st_mode):
+        # LMDB would open a FIFO and wait on it for ever, holding the interpreter lock.
+        raise StorageFailed(f"the {label}'s LMDB file {path} is not a regular file", errno=errno.EINVAL, path=path)
+    size = info.st_size
     if size == 0:
         # LMDB creates the file, then writes both meta pages in one write: a crash in between
         # leaves it empty, and LMDB sets an empty file up as a new environment.

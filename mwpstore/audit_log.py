@@ -42,6 +42,7 @@ from ._files import (
     ensure_private_directory,
     fsync_directory,
     makedirs_durable,
+    open_regular,
     read_file_capped,
     read_secret_file,
     write_file_atomic,
@@ -431,7 +432,7 @@ def read_audit_log(path: str, *, key_provider: KeyProvider, org: str, group: str
     log or nothing collects it first (``verify_audit_log_against_snapshot`` does).
     """
     try:
-        handle = open(path, "rb")
+        handle = open_regular(path)
     except OSError as exc:
         raise translate(exc, context=f"opening audit log {path}") from None
     try:
@@ -501,7 +502,7 @@ def _split_records(buffer: bytearray, index: int) -> tuple[list[bytes], int]:
 
 def read_audit_log_header(path: str) -> dict[str, Any]:
     """The unauthenticated header fields (org, group, key id, chunk size), for tools and errors."""
-    with open(path, "rb") as handle:
+    with open_regular(path) as handle:
         header = _read_header(handle)
     return {"org": header.org, "group": header.group, "key_id": header.key_id, "chunk_bytes": header.chunk_bytes}
 
@@ -563,7 +564,7 @@ def verify_audit_log_against_snapshot(
 def read_audit_log_header_checked(path: str) -> dict[str, Any]:
     """Header fields plus the chunk count and file size, after the structural walk."""
     try:
-        with open(path, "rb") as handle:
+        with open_regular(path) as handle:
             size = os.fstat(handle.fileno()).st_size
             header = _read_header(handle)
             chunks = _walk_frames(handle, header, size)

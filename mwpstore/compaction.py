@@ -38,6 +38,7 @@ import blake3
 import msgspec
 
 from . import failpoints
+from ._files import open_regular
 from .messages import Effect, decode_event, encode_event, encode_receipt, receipt_for
 from .segment_log import SegmentLog
 
@@ -224,7 +225,7 @@ def _durable_archives(authority: Authority) -> set[str]:
             continue
         audit = os.path.join(authority.path, record.audit_location)
         try:
-            with open(audit, "rb") as handle:
+            with open_regular(audit) as handle:
                 digest = blake3.blake3(handle.read()).hexdigest()
         except OSError:
             continue  # no durable audit log: the Group's history stays

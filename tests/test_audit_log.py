@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
@@ -14,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from blocking import outcome_within
 from mwpstore._files import KeyFileInvalid, makedirs_durable
 from mwpstore.audit_log import (
     FRAME_BYTES,
@@ -23,10 +25,11 @@ from mwpstore.audit_log import (
     FileKeyProvider,
     read_audit_log,
     read_audit_log_header,
+    read_audit_log_header_checked,
     verify_audit_log_against_snapshot,
     write_audit_log,
 )
-from mwpstore.errors import ArchiveInvalid, InvalidCommand
+from mwpstore.errors import ArchiveInvalid, InvalidCommand, StorageFailed
 from mwpstore.messages import ZERO_HASH, Command, encode_event
 from mwpstore.registry import MemoryGroup
 from mwpstore.snapshot import Keyring, SigningKey, aggregates_from, create_snapshot, verify_snapshot
@@ -557,3 +560,15 @@ def test_property_round_trip_any_chunk_size(tmp_path_factory, titles, chunk_byte
     write_audit_log(path, org="acme", group="g1", events=encoded(memory), key_provider=provider, chunk_bytes=chunk_bytes)
     assert read_all(path, provider) == encoded(memory)
     assert verify_audit_log_against_snapshot(path, final_snapshot(memory), provider).events == len(memory.events)
+
+
+def test_fifo_in_place_of_an_audit_log_is_refused_without_blocking(tmp_path, provider):
+    path = tmp_path / "g-1.audit"
+    os.mkfifo(path)  # opening it for reading would wait for a writer for ever
+    for read in (
+        lambda: list(read_audit_log(str(path), key_provider=provider, org="acme", group="g-1")),
+        lambda: read_audit_log_header_checked(str(path)),
+    ):
+        error = outcome_within(10, read)
+        assert isinstance(error, StorageFailed), error
+        assert error.detail.get("errno") == errno.EINVAL

@@ -8,6 +8,7 @@ tests show that crash with the check turned off and the typed error with it on.
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import struct
@@ -443,3 +444,32 @@ def test_the_open_policy(tmp_path, monkeypatch):
         AgentStore.open(tmp_path / "agent", check_lmdb="always")  # type: ignore[arg-type]
     with pytest.raises(InvalidCommand):  # refused, not taken for a damaged index and rebuilt
         Authority.open(str(tmp_path / "store"), check_lmdb="always")  # type: ignore[arg-type]
+
+
+def test_a_fifo_in_place_of_data_mdb_is_refused_before_lmdb_waits_on_it(tmp_path):
+    # LMDB would wait on the FIFO for ever with the interpreter lock held, so the check runs in
+    # a child process that must finish: the authority rebuilds its index, the AgentStore refuses.
+    script = textwrap.dedent(
+        f"""
+        import os
+        from mwpstore import Authority
+        from mwpstore.agent_store import AgentStore
+        from mwpstore.errors import StorageFailed
+        root = {str(tmp_path)!r}
+        Authority.open(os.path.join(root, "s")).close()
+        AgentStore.open(os.path.join(root, "a")).close()
+        for data in (os.path.join(root, "s", "index", "data.mdb"), os.path.join(root, "a", "lmdb", "data.mdb")):
+            os.unlink(data)
+            os.mkfifo(data)
+        authority = Authority.open(os.path.join(root, "s"))
+        print(authority.open_report.mode)
+        authority.close()
+        try:
+            AgentStore.open(os.path.join(root, "a"))
+        except StorageFailed as exc:
+            print(exc.detail["errno"], exc.detail["path"].endswith("data.mdb"))
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["rebuild", str(errno.EINVAL), "True"]

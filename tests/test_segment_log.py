@@ -18,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from mwpstore.errors import Corruption, InvalidCommand, LimitExceeded, StorageFailed, StoreClosed, StoreLocked
 from mwpstore.io_seam import RecordingIO, crash_state, write_crash_state
 from mwpstore.limits import GROUP_RECORDS_MAX, RECORD_BYTES_MAX, SCAN_BATCH_RECORDS_MAX, SEGMENT_BYTES_MIN
+from blocking import outcome_within
 from mwpstore._segment_log_c import lib
 from mwpstore.segment_log import CLEAN_FILE_NAME, RecordBatch, SegmentInfo, SegmentLog, segment_file_name
 
@@ -461,29 +462,11 @@ def test_unreadable_segment_is_storage_failed(tmp_path):
     assert caught.value.detail["errno"] == errno.EISDIR
 
 
-def _outcome_within(seconds: float, action) -> object:
-    """``action()``'s result or exception, run in a thread; fails the test if it is still running
-    after ``seconds`` (it blocked)."""
-    outcome: list[object] = []
-
-    def run() -> None:
-        try:
-            outcome.append(action())
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            outcome.append(exc)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(seconds)
-    assert not thread.is_alive(), "it blocked"
-    return outcome[0]
-
-
 def test_fifo_under_a_segment_name_is_storage_failed_without_blocking(tmp_path):
     infos, _ = _three_segments(tmp_path)
     os.unlink(infos[1].path)
     os.mkfifo(infos[1].path)  # opening it for reading would wait for a writer for ever
-    error = _outcome_within(10, lambda: SegmentLog.open(tmp_path, readonly=True))
+    error = outcome_within(10, lambda: SegmentLog.open(tmp_path, readonly=True))
     assert isinstance(error, StorageFailed)
     assert error.detail["path"] == infos[1].path
     assert error.detail["errno"] == errno.EINVAL
@@ -499,7 +482,7 @@ def test_fifo_as_the_clean_marker_is_ignored_without_blocking(tmp_path):
         with SegmentLog.open(tmp_path) as log:  # recovers by scanning, as after a crash
             return scan_all(log)
 
-    assert _outcome_within(10, reopen_and_scan) == written
+    assert outcome_within(10, reopen_and_scan) == written
 
 
 def test_sealed_segment_left_untrimmed_is_trimmed_by_the_writer(tmp_path):

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from blocking import outcome_within
 from mwpstore import limits
 from mwpstore._files import KeyFileInvalid, create_secret_file
 from mwpstore.errors import InvalidCommand, SnapshotInvalid, StorageFailed
@@ -620,3 +621,14 @@ def test_property_any_mutation_is_rejected(good, data):
 def test_property_random_bytes_never_crash(blob):
     with pytest.raises(SnapshotInvalid):
         verify_snapshot(MAGIC + blob, keyring=Keyring([SIGNER.public_key]))
+
+
+def test_fifos_in_place_of_snapshot_and_key_files_are_refused_without_blocking(tmp_path):
+    snapshot = tmp_path / "g-1.snapshot"
+    os.mkfifo(snapshot)  # opening it for reading would wait for a writer for ever
+    error = outcome_within(10, lambda: read_snapshot_file(str(snapshot)))
+    assert isinstance(error, StorageFailed) and not isinstance(error, SnapshotInvalid)
+    os.mkfifo(tmp_path / "snapshot-signing.key")
+    error = outcome_within(10, lambda: SigningKey.load_or_create(str(tmp_path)))
+    assert isinstance(error, KeyFileInvalid)
+    assert error.detail["reason"] == "type"
