@@ -2026,7 +2026,19 @@ def _run_atheris(context: FuzzContext, runs: int, seconds: int, seed: int, findi
             except (ValueError, IndexError):
                 pass
     if child.returncode != 0:
-        findings.add(f"atheris found a failure (exit {child.returncode}): {child.stderr[-2000:]}")
+        # atheris prints a target's uncaught Python exception on stdout, libFuzzer its verdict on
+        # stderr; the input that failed is the artifact libFuzzer wrote into ``work``.
+        failing = ""
+        for name in sorted(os.listdir(work)):
+            if name.startswith(("crash-", "timeout-", "oom-", "leak-")):
+                with open(os.path.join(work, name), "rb") as handle:
+                    data = handle.read()
+                target = FUZZ_TARGETS[data[0] % len(FUZZ_TARGETS)] if data else "none"
+                failing = f"\ninput ({name}, target {target}, {len(data)} bytes, hex): {data[:4096].hex()}"
+                break
+        findings.add(
+            f"atheris found a failure (exit {child.returncode}):\n{child.stdout[-3000:]}\n{child.stderr[-1500:]}{failing}"
+        )
     shutil.rmtree(work, ignore_errors=True)
     return done
 

@@ -7,6 +7,8 @@ coverage-guided run; without atheris that part is skipped and the result says so
 
 from __future__ import annotations
 
+import subprocess
+
 import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -128,3 +130,28 @@ def test_fuzz_without_atheris_says_so(monkeypatch, capsys):
     assert result["violations"] == 0
     assert not result["details"]["atheris"]
     assert "atheris is not installed" in capsys.readouterr().err
+
+
+def test_an_atheris_failure_is_reported_with_its_exception_and_input(monkeypatch, tmp_path):
+    # atheris prints the target's Python exception on stdout and libFuzzer writes the failing
+    # input into the working directory: the finding must carry both (a finding that shows only
+    # libFuzzer's "fuzz target exited" cannot be reproduced).
+    samples = {target: [b"sample"] for target in torture.FUZZ_TARGETS}
+    context = type("Context", (), {"root": str(tmp_path), "samples": samples})()
+
+    def fake_run(args, **kwargs):
+        with open(f"{kwargs['cwd']}/crash-0123abcd", "wb") as handle:
+            handle.write(bytes([torture.FUZZ_TARGETS.index("snapshot")]) + b"\xffbad")
+        return subprocess.CompletedProcess(
+            args, 77, stdout=" === Uncaught Python exception: ===\nValueError: an untyped error\n",
+            stderr="==1== ERROR: libFuzzer: fuzz target exited\n",
+        )
+
+    monkeypatch.setattr(torture.subprocess, "run", fake_run)
+    findings = torture.Findings()
+    torture._run_atheris(context, runs=10, seconds=1, seed=1, findings=findings)
+    assert findings.count == 1
+    message = findings.messages[0]
+    assert "ValueError: an untyped error" in message
+    assert "fuzz target exited" in message
+    assert f"(crash-0123abcd, target snapshot, 5 bytes, hex): {torture.FUZZ_TARGETS.index('snapshot'):02x}ff626164" in message
