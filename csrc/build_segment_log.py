@@ -126,6 +126,7 @@ int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header 
 int sl_verify_sealed(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                      uint64_t *end_position_out, struct sl_fault *fault);
 #define SL_NO_SEAL_CHECK ...
+#define SL_FIRST_POSITION_MAX ...
 int sl_segments_inspect(const char *directory, const uint64_t *numbers, uint32_t count,
                         struct sl_header *headers_out, uint64_t *file_bytes_out,
                         int *seal_status_out, struct sl_fault *seal_faults_out,

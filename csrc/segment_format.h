@@ -66,6 +66,7 @@
 #define SL_SCAN_BATCH_RECORDS_MAX 65536u
 /* Segment files are named by their first position: 20 decimal digits, then ".seg". */
 #define SL_SEGMENT_NAME_DIGITS 20
+#define SL_FIRST_POSITION_MAX (UINT64_MAX / 2) /* a header naming a later first position is damaged */
 #define SL_PATH_BYTES_MAX 4096
 
 _Static_assert(SL_SEGMENT_HEADER_BYTES == 64, "segment header is 64 bytes");

@@ -151,7 +151,7 @@ int sl_header_decode(const uint8_t *data, size_t length, struct sl_header *out,
     if (load_u32(data + SL_HEADER_OFFSET_HEADER_BYTES) != SL_SEGMENT_HEADER_BYTES ||
         !segment_bytes_valid(out->segment_bytes) ||
         out->first_position % SL_FRAME_ALIGN_BYTES != 0 ||
-        out->first_position > UINT64_MAX / 2 || !reserved_zero) {
+        out->first_position > SL_FIRST_POSITION_MAX || !reserved_zero) {
         return fault_set(fault, SL_E_CORRUPT, SL_REASON_HEADER_FIELD, 0, 0);
     }
     return SL_OK;
@@ -405,26 +405,27 @@ int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header 
     }
 }
 
-/* Is there an intact seal at `end_position`? `data` holds the segment's bytes from file offset
- * `data_offset` on (the bytes read where the seal must be). */
-static int check_seal_in(const uint8_t *data, uint64_t data_bytes, uint64_t data_offset,
-                         const struct sl_header *header, uint64_t end_position,
-                         struct sl_fault *fault) {
+/* Can a segment with this header end with a seal at `end_position`? */
+static int seal_position_ok(const struct sl_header *header, uint64_t end_position) {
+    return end_position > header->first_position &&
+           end_position - header->first_position <=
+               header->segment_bytes - SL_SEGMENT_HEADER_BYTES - SL_SEAL_FRAME_BYTES &&
+           end_position % SL_FRAME_ALIGN_BYTES == 0;
+}
+
+/* Is `frame` (`frame_bytes` read at file offset `offset`, where the seal must be) an intact seal
+ * at `end_position`? */
+static int check_seal_frame(const uint8_t *frame, uint64_t frame_bytes, uint64_t offset,
+                            const struct sl_header *header, uint64_t end_position,
+                            struct sl_fault *fault) {
     fault_clear(fault);
-    if (end_position <= header->first_position ||
-        end_position - header->first_position >
-            header->segment_bytes - SL_SEGMENT_HEADER_BYTES - SL_SEAL_FRAME_BYTES ||
-        end_position % SL_FRAME_ALIGN_BYTES != 0) {
+    if (!seal_position_ok(header, end_position)) {
         return fault_set(fault, SL_E_CORRUPT, SL_REASON_SEAL_MISSING, 0, end_position);
     }
-    uint64_t position = end_position;
-    uint64_t offset = offset_of(header, position);
     struct frame f;
-    int status = offset < data_offset
-                     ? FRAME_END
-                     : frame_parse(data, data_bytes, header, offset - data_offset, position, &f);
-    if (status != FRAME_OK || f.kind != SL_KIND_SEAL || !seal_matches(&f, header, position)) {
-        return fault_set(fault, SL_E_CORRUPT, SL_REASON_SEAL_MISSING, offset, position);
+    int status = frame_parse(frame, frame_bytes, header, 0, end_position, &f);
+    if (status != FRAME_OK || f.kind != SL_KIND_SEAL || !seal_matches(&f, header, end_position)) {
+        return fault_set(fault, SL_E_CORRUPT, SL_REASON_SEAL_MISSING, offset, end_position);
     }
     return SL_OK;
 }
@@ -474,14 +475,17 @@ static int inspect_segment(int fd, uint64_t seal_position, struct sl_header *hea
     if (rc != SL_OK || seal_position == SL_NO_SEAL_CHECK) {
         return rc;
     }
-    uint64_t offset =
-        seal_position >= header_out->first_position ? offset_of(header_out, seal_position) : 0;
-    got = read_at(fd, seal, sizeof(seal), offset);
-    if (got < 0) {
-        return fault_io(fault, (int)got);
+    uint64_t offset = 0;
+    got = 0;
+    if (seal_position_ok(header_out, seal_position)) {
+        offset = offset_of(header_out, seal_position);
+        got = read_at(fd, seal, sizeof(seal), offset);
+        if (got < 0) {
+            return fault_io(fault, (int)got);
+        }
     }
     *seal_status_out =
-        check_seal_in(seal, (uint64_t)got, offset, header_out, seal_position, seal_fault);
+        check_seal_frame(seal, (uint64_t)got, offset, header_out, seal_position, seal_fault);
     return SL_OK;
 }
 

@@ -27,13 +27,13 @@ import fcntl
 import mmap
 import os
 import re
-import stat
 import struct
 import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from mwpstore._files import open_regular
 from mwpstore._segment_log_c import ffi, lib
 from mwpstore.errors import (
     Corruption,
@@ -64,7 +64,6 @@ _CLEAN = struct.Struct("<8sQQQ")  # magic, log id, active segment's first positi
 _CLEAN_MAGIC = b"MWPCLEAN"
 _CLEAN_ZERO_CHECK_BYTES = 64 * 1024  # after a clean close the bytes after the end are zero: checked
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
-_POSITION_MAX = 2**64 - 1  # positions are u64: a 20-digit name can say more
 _TEMPORARY_NAME = re.compile(r"^(\d{20})\.seg\.tmp$")
 _HEADER_BYTES = lib.SL_SEGMENT_HEADER_BYTES
 _ALIGN_BYTES = lib.SL_FRAME_ALIGN_BYTES
@@ -390,8 +389,9 @@ class SegmentLog:
         expected where the next begins. One C call reads every header and seal (no mapping);
         errors are raised segment by segment, in order."""
         numbers = [number for number, _ in numbered]
-        # A 20-digit name can exceed any position: inspect the segments before it, then refuse it.
-        count = next((index for index, number in enumerate(numbers) if number > _POSITION_MAX), len(numbers))
+        # 20 digits can name a position no header may hold (even past u64): inspect the segments
+        # before the first such name, then refuse it.
+        count = next((index for index, number in enumerate(numbers) if number > lib.SL_FIRST_POSITION_MAX), len(numbers))
         headers = ffi.new("struct sl_header[]", count)
         file_bytes = ffi.new("uint64_t[]", count)
         seal_status = ffi.new("int[]", count)
@@ -511,20 +511,14 @@ class SegmentLog:
         """The end recorded by a clean close, if the marker is intact and fits the active segment."""
         path = os.path.join(self._directory, CLEAN_FILE_NAME)
         try:
-            # O_NONBLOCK: a FIFO under this name must not make open wait for a writer.
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+            with open_regular(path) as file:
+                raw = file.read(_CLEAN.size + 8)
         except FileNotFoundError:
             return None
         except OSError as exc:
+            if exc.errno == errno.EINVAL:
+                return None  # a FIFO, device or socket: not a marker this log wrote; scan instead
             raise StorageFailed(f"cannot read {path}: {exc}", errno=exc.errno) from exc
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None  # not a file this log wrote: recover by scanning
-            raw = os.pread(fd, _CLEAN.size + 8, 0)
-        except OSError as exc:
-            raise StorageFailed(f"cannot read {path}: {exc}", errno=exc.errno) from exc
-        finally:
-            os.close(fd)
         if len(raw) != _CLEAN.size + 4 or zlib.crc32(raw[: _CLEAN.size]) != int.from_bytes(raw[_CLEAN.size :], "little"):
             return None  # damaged or foreign: recover by scanning, as after a crash
         magic, log_id, first_position, end = _CLEAN.unpack_from(raw)

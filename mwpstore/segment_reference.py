@@ -33,6 +33,7 @@ RECORD_BYTES_MAX = 16 * 1024 * 1024
 GROUP_RECORDS_MAX = 65536
 SEGMENT_BYTES_MIN = 64 * 1024
 SEGMENT_BYTES_MAX = 1024 * 1024 * 1024
+FIRST_POSITION_MAX = 2**63 - 1
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
 
 
@@ -92,7 +93,7 @@ def decode_header(data: bytes) -> _Header:
         or not SEGMENT_BYTES_MIN <= segment_bytes <= SEGMENT_BYTES_MAX
         or segment_bytes % 4096
         or first % FRAME_ALIGN_BYTES
-        or first > 2**63 - 1
+        or first > FIRST_POSITION_MAX
         or any(data[40:60])
     ):
         raise _Damage("header_field", 0, 0)

@@ -51,6 +51,7 @@ def test_reference_reader_uses_the_c_layout():
         "GROUP_RECORDS_MAX": "SL_GROUP_RECORDS_MAX",
         "SEGMENT_BYTES_MIN": "SL_SEGMENT_BYTES_MIN",
         "SEGMENT_BYTES_MAX": "SL_SEGMENT_BYTES_MAX",
+        "FIRST_POSITION_MAX": "SL_FIRST_POSITION_MAX",
     }
     for python_name, c_name in pairs.items():
         assert getattr(reference, python_name) == getattr(lib, c_name), python_name

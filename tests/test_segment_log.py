@@ -498,16 +498,30 @@ def test_sealed_segment_left_untrimmed_is_trimmed_by_the_writer(tmp_path):
     assert os.path.getsize(infos[0].path) == infos[0].used_bytes
 
 
-def test_segment_named_past_every_position_is_corruption(tmp_path):
-    # 20 digits can name more than a u64 position: refused as misnamed, not an overflow.
+@pytest.mark.parametrize("name", ["99999999999999999999", f"{2**64 - 1:020d}", f"{lib.SL_FIRST_POSITION_MAX + 1:020d}"])
+def test_segment_named_past_every_position_is_corruption(tmp_path, name):
+    # 20 digits can name a position no header may hold (even past u64): refused as misnamed, not
+    # an overflow, and never passed to C (2**64-1 would read as "no seal to check").
     infos, _ = _three_segments(tmp_path)
-    stray = tmp_path / "99999999999999999999.seg"
+    stray = tmp_path / f"{name}.seg"
     stray.write_bytes(open(infos[0].path, "rb").read())
     for readonly in (True, False):
         with pytest.raises(Corruption) as caught:
             SegmentLog.open(tmp_path, readonly=readonly)
         assert caught.value.detail["reason"] == "segment_name"
         assert caught.value.detail["segment"] == str(stray)
+
+
+def test_a_directory_as_the_clean_marker_is_storage_failed(tmp_path):
+    # Only a FIFO, device or socket is passed over as "not a marker"; a directory there is an
+    # error, as it was before the non-blocking open.
+    _three_segments(tmp_path)
+    marker = tmp_path / CLEAN_FILE_NAME
+    marker.unlink()
+    marker.mkdir()
+    with pytest.raises(StorageFailed) as caught:
+        SegmentLog.open(tmp_path, readonly=True)
+    assert caught.value.detail["errno"] == errno.EISDIR
 
 
 def test_reopen_after_seal_without_next_segment(tmp_path):
