@@ -1,5 +1,6 @@
 /*
- * Index entries of Event records, for redo and rebuild: the module mwpstore._index_c.
+ * Index entries of Event records, for redo and rebuild, and the seal check of sealed reads: the
+ * module mwpstore._index_c.
  *
  * Redo and rebuild turn every Event record of the log into index entries (docs/format/index.md):
  *
@@ -34,6 +35,10 @@
  * presence entry (a state at revision 1, every receipt) to new[b"states"], new[b"receipts"].
  * ``heads`` maps a Group (str) to (seq, hash) and is updated here. ``seeds`` is the CRC-32 of the
  * three database names (events, states, receipts). Limited API (abi3, Python >= 3.11).
+ *
+ * The module also checks seals on the way out: unseal(stored, key, seed, size_max) is the check
+ * behind every sealed read of both LMDB stores (mwpstore/_sealed.py), done here because in Python
+ * it cost about 0.65 us per read against 0.2 us (2026-12-03).
  */
 
 #define Py_LIMITED_API 0x030B0000
@@ -52,7 +57,9 @@
 
 /* ---- CRC-32 (the zlib polynomial, reflected; zlib.crc32's value and continuation) ---------- */
 
-static uint32_t crc_table[256];
+/* Slicing by eight: crc_table[k][b] is the CRC of byte b followed by k zero bytes, so eight
+ * input bytes are folded with eight table lookups and no dependency between them. */
+static uint32_t crc_table[8][256];
 
 static void crc_init(void) {
     for (uint32_t n = 0; n < 256; n++) {
@@ -60,14 +67,28 @@ static void crc_init(void) {
         for (int k = 0; k < 8; k++) {
             c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
         }
-        crc_table[n] = c;
+        crc_table[0][n] = c;
+    }
+    for (uint32_t n = 0; n < 256; n++) {
+        for (int k = 1; k < 8; k++) {
+            uint32_t c = crc_table[k - 1][n];
+            crc_table[k][n] = crc_table[0][c & 0xFF] ^ (c >> 8);
+        }
     }
 }
 
 static uint32_t crc_update(uint32_t crc, const unsigned char *data, size_t size) {
     crc = ~crc;
-    for (size_t i = 0; i < size; i++) {
-        crc = crc_table[(crc ^ data[i]) & 0xFF] ^ (crc >> 8);
+    while (size >= 8) {
+        uint32_t low = crc ^ ((uint32_t)data[0] | (uint32_t)data[1] << 8 | (uint32_t)data[2] << 16 | (uint32_t)data[3] << 24);
+        crc = crc_table[7][low & 0xFF] ^ crc_table[6][(low >> 8) & 0xFF] ^ crc_table[5][(low >> 16) & 0xFF] ^
+              crc_table[4][low >> 24] ^ crc_table[3][data[4]] ^ crc_table[2][data[5]] ^ crc_table[1][data[6]] ^
+              crc_table[0][data[7]];
+        data += 8;
+        size -= 8;
+    }
+    while (size--) {
+        crc = crc_table[0][(crc ^ *data++) & 0xFF] ^ (crc >> 8);
     }
     return ~crc;
 }
@@ -591,9 +612,50 @@ fail:
     return NULL;
 }
 
+/* unseal(stored, key, seed, size_max) -> bytes | None: the value inside a sealed entry, or None
+ * when its length is impossible (shorter than the seal, or a value above size_max) or its seal
+ * fails. The same check as SealedTables.unseal's reference form in mwpstore/_sealed.py; ``stored``
+ * and ``key`` are any contiguous buffers (LMDB's memoryviews included), copied from at once. */
+static PyObject *ir_unseal(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "unseal takes (stored, key, seed, size_max)");
+        return NULL;
+    }
+    unsigned long seed = PyLong_AsUnsignedLong(args[2]);
+    if (seed == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t size_max = PyLong_AsSsize_t(args[3]);
+    if (size_max == -1 && PyErr_Occurred()) return NULL;
+    if (seed > 0xFFFFFFFFul || size_max < 0) {
+        PyErr_SetString(PyExc_ValueError, "seed must be a CRC-32, size_max non-negative");
+        return NULL;
+    }
+    Py_buffer stored, key;
+    if (PyObject_GetBuffer(args[0], &stored, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &key, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&stored);
+        return NULL;
+    }
+    PyObject *result = NULL;
+    Py_ssize_t size = stored.len - 4;
+    if (size >= 0 && size <= size_max) {
+        const unsigned char *data = (const unsigned char *)stored.buf;
+        uint32_t want = (uint32_t)data[size] | (uint32_t)data[size + 1] << 8 | (uint32_t)data[size + 2] << 16 |
+                        (uint32_t)data[size + 3] << 24;
+        uint32_t crc = crc_update(crc_update((uint32_t)seed, (const unsigned char *)key.buf, (size_t)key.len), data, (size_t)size);
+        if (crc == want) result = PyBytes_FromStringAndSize((const char *)data, size);
+    }
+    PyBuffer_Release(&key);
+    PyBuffer_Release(&stored);
+    if (result == NULL && !PyErr_Occurred()) result = Py_NewRef(Py_None);
+    return result;
+}
+
 static PyMethodDef ir_methods[] = {
     {"index_events", ir_index_events, METH_VARARGS,
      "index_events(records, positions, start, heads, (items, new), (seeds)) -> (stop, last_ms); see csrc/index_records.c."},
+    {"unseal", (PyCFunction)(void (*)(void))ir_unseal, METH_FASTCALL,
+     "unseal(stored, key, seed, size_max) -> bytes | None; see csrc/index_records.c."},
     {NULL, NULL, 0, NULL},
 };
 

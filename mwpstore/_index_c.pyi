@@ -1,4 +1,4 @@
-# Types of the C extension built from csrc/index_records.c (used by mwpstore/authority.py).
+# Types of the C extension built from csrc/index_records.c (used by mwpstore/authority.py and mwpstore/_sealed.py).
 
 ID_CHARS_MAX: int
 
@@ -11,3 +11,5 @@ def index_events(
     seeds: tuple[int, int, int],
     /,
 ) -> tuple[int, int]: ...
+
+def unseal(stored: bytes | memoryview, key: bytes | memoryview, seed: int, size_max: int, /) -> bytes | None: ...

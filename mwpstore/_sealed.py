@@ -28,6 +28,7 @@ import lmdb
 import msgspec
 
 from . import failpoints, limits
+from ._index_c import unseal as _unseal
 from .errors import Corruption, MwpError
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -36,7 +37,6 @@ SEAL_BYTES = 4
 KEY_SHOWN_BYTES = 200
 """At most this much of a key goes into an error message."""
 _CHECK = struct.Struct("<I")
-_unpack_check = _CHECK.unpack_from
 _pack_check = _CHECK.pack
 _crc32 = zlib.crc32
 
@@ -85,13 +85,11 @@ class SealedTables:
 
     def unseal(self, name: bytes, key: bytes | memoryview, stored: bytes | memoryview) -> bytes:
         """The value inside a sealed entry, as bytes; ``Corruption`` naming the database and key
-        if its length is impossible or its seal fails."""
-        size = len(stored) - SEAL_BYTES
-        if 0 <= size <= limits.LMDB_VALUE_BYTES_MAX:
-            body = stored[:size]
-            if _unpack_check(stored, size)[0] == _crc32(body, _crc32(key, self._seeds[name])):
-                return bytes(body)
-        raise self._damage("checksum", name, key, "has a damaged entry")
+        if its length is impossible or its seal fails (checked in C: ``_index_c.unseal``)."""
+        body = _unseal(stored, key, self._seeds[name], limits.LMDB_VALUE_BYTES_MAX)
+        if body is None:
+            raise self._damage("checksum", name, key, "has a damaged entry")
+        return body
 
     # -- access ----------------------------------------------------------------------------------
 
@@ -103,7 +101,10 @@ class SealedTables:
             if tag is not None and txn.get(tag + key, db=self.presence) is not None:
                 raise self._damage("missing", name, key, "lost the entry")
             return None
-        return self.unseal(name, key, stored)
+        body = _unseal(stored, key, self._seeds[name], limits.LMDB_VALUE_BYTES_MAX)
+        if body is None:
+            raise self._damage("checksum", name, key, "has a damaged entry")
+        return body
 
     def put(self, txn: lmdb.Transaction, name: bytes, key: bytes, value: bytes, new: bool = True) -> None:
         """Write one entry; ``new=False`` when the key is known to exist already (presence kept)."""

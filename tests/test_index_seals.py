@@ -7,10 +7,14 @@ is ``CORRUPTION`` — never a wrong state, a second Event for a replayed Command
 
 from __future__ import annotations
 
+import zlib
+
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from authority_helpers import GROUP, mission_create, open_with_group
-from mwpstore import Authority, Corruption
+from mwpstore import Authority, Corruption, _index_c, limits
 from mwpstore.index import INDEX_FORMAT, event_key, receipt_key, seal, state_key, unseal
 
 
@@ -138,6 +142,38 @@ def test_seal_round_trip_and_bounds():
             unseal(b"states", b"k", bad)
     with pytest.raises(Corruption):
         unseal(b"receipts", b"k", sealed)  # the database name is sealed in too
+
+
+@given(name=st.sampled_from([b"states", b"receipts", b"heads"]), key=st.binary(max_size=300),
+       value=st.binary(max_size=3000), flip=st.integers(min_value=0))
+def test_the_c_seal_check_agrees_with_zlib(name, key, value, flip):
+    """``_index_c.unseal`` (every sealed read) computes zlib's CRC-32 (slicing by eight, so every
+    length modulo 8 and every byte position matters): a sound entry gives its value back, in bytes
+    or in a memoryview like LMDB's; one flipped bit, a value over the bound, a stored length below
+    the seal's, or another database's seed gives None."""
+    seed = zlib.crc32(name)
+    stored = value + zlib.crc32(value, zlib.crc32(key, seed)).to_bytes(4, "little")
+    assert stored == seal(name, key, value)
+    assert _index_c.unseal(stored, key, seed, limits.LMDB_VALUE_BYTES_MAX) == value
+    assert _index_c.unseal(memoryview(stored), memoryview(key), seed, len(value)) == value
+    damaged = bytearray(stored)
+    damaged[flip % len(damaged)] ^= 1 << (flip % 8)
+    assert _index_c.unseal(bytes(damaged), key, seed, limits.LMDB_VALUE_BYTES_MAX) is None
+    if key:
+        moved = bytearray(key)
+        moved[flip % len(moved)] ^= 1 << (flip % 8)
+        assert _index_c.unseal(stored, bytes(moved), seed, limits.LMDB_VALUE_BYTES_MAX) is None
+    assert _index_c.unseal(stored, key, zlib.crc32(b"other"), limits.LMDB_VALUE_BYTES_MAX) is None
+    if value:
+        assert _index_c.unseal(stored, key, seed, len(value) - 1) is None
+    assert _index_c.unseal(stored[:3], key, seed, limits.LMDB_VALUE_BYTES_MAX) is None
+
+
+def test_the_c_seal_check_refuses_wrong_arguments():
+    for args in ((b"x" * 8, b"k", -1, 10), (b"x" * 8, b"k", 2**32, 10), (b"x" * 8, b"k", 0, -1), ("text", b"k", 0, 10),
+                 (b"x" * 8, b"k", 0)):
+        with pytest.raises((TypeError, ValueError, OverflowError)):
+            _index_c.unseal(*args)
 
 
 def test_presence_survives_rebuild_for_keys_written_many_times(tmp_path):
