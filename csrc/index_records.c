@@ -418,6 +418,21 @@ static PyObject *make_key(const unsigned char *a, size_t a_size, const unsigned 
     return key;
 }
 
+/* value + seal, for a value of one piece. */
+static PyObject *sealed_item_value(uint32_t seed, const unsigned char *key, size_t key_size, const unsigned char *data,
+                                   size_t size) {
+    PyObject *value = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(size + 4));
+    if (value == NULL) return NULL;
+    unsigned char *out = (unsigned char *)PyBytes_AsString(value);
+    if (size) memcpy(out, data, size);
+    uint32_t crc = crc_update(crc_update(seed, key, key_size), out, size);
+    out[size] = (unsigned char)(crc & 0xFF);
+    out[size + 1] = (unsigned char)((crc >> 8) & 0xFF);
+    out[size + 2] = (unsigned char)((crc >> 16) & 0xFF);
+    out[size + 3] = (unsigned char)((crc >> 24) & 0xFF);
+    return value;
+}
+
 /* (key, value + seal) with the value built from up to three pieces. */
 static PyObject *sealed_item(PyObject *key, uint32_t seed, const unsigned char *p1, size_t n1,
                              const unsigned char *p2, size_t n2, const unsigned char *p3, size_t n3) {
@@ -651,9 +666,84 @@ static PyObject *ir_unseal(PyObject *module, PyObject *const *args, Py_ssize_t n
     return result;
 }
 
+/* The sealed form of one value: value + CRC-32 (little-endian) of seed, key and value; NULL with
+ * a Python error set if key or value is not a bytes-like object. */
+static PyObject *sealed_value(PyObject *key, PyObject *value, uint32_t seed) {
+    Py_buffer key_view, value_view;
+    if (PyObject_GetBuffer(key, &key_view, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(value, &value_view, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&key_view);
+        return NULL;
+    }
+    PyObject *sealed = sealed_item_value(seed, (const unsigned char *)key_view.buf, (size_t)key_view.len,
+                                         (const unsigned char *)value_view.buf, (size_t)value_view.len);
+    PyBuffer_Release(&value_view);
+    PyBuffer_Release(&key_view);
+    return sealed;
+}
+
+static int seed_arg(PyObject *arg, uint32_t *seed) {
+    unsigned long value = PyLong_AsUnsignedLong(arg);
+    if (value == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    if (value > 0xFFFFFFFFul) {
+        PyErr_SetString(PyExc_ValueError, "seed must be a CRC-32");
+        return -1;
+    }
+    *seed = (uint32_t)value;
+    return 0;
+}
+
+/* seal(key, value, seed) -> bytes: value followed by its seal (mwpstore/_sealed.py's format). */
+static PyObject *ir_seal(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    uint32_t seed;
+    if (nargs != 3) {
+        PyErr_SetString(PyExc_TypeError, "seal takes (key, value, seed)");
+        return NULL;
+    }
+    if (seed_arg(args[2], &seed) < 0) return NULL;
+    return sealed_value(args[0], args[1], seed);
+}
+
+/* seal_items(items, seed) -> list: [(key, sealed value)] for a list of (key, value) bytes pairs. */
+static PyObject *ir_seal_items(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    uint32_t seed;
+    if (nargs != 2 || !PyList_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "seal_items takes (list of (key, value), seed)");
+        return NULL;
+    }
+    if (seed_arg(args[1], &seed) < 0) return NULL;
+    PyObject *items = args[0];
+    Py_ssize_t count = PyList_Size(items);
+    PyObject *out = PyList_New(count);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *item = PyList_GetItem(items, i); /* borrowed */
+        if (!PyTuple_Check(item) || PyTuple_Size(item) != 2) {
+            PyErr_SetString(PyExc_TypeError, "seal_items takes (key, value) pairs");
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyObject *key = PyTuple_GetItem(item, 0), *value = PyTuple_GetItem(item, 1); /* borrowed */
+        PyObject *sealed = sealed_value(key, value, seed);
+        PyObject *pair = sealed == NULL ? NULL : PyTuple_Pack(2, key, sealed);
+        Py_XDECREF(sealed);
+        if (pair == NULL || PyList_SetItem(out, i, pair) < 0) { /* SetItem steals pair */
+            Py_DECREF(out);
+            return NULL;
+        }
+    }
+    return out;
+}
+
 static PyMethodDef ir_methods[] = {
     {"index_events", ir_index_events, METH_VARARGS,
      "index_events(records, positions, start, heads, (items, new), (seeds)) -> (stop, last_ms); see csrc/index_records.c."},
+    {"seal", (PyCFunction)(void (*)(void))ir_seal, METH_FASTCALL,
+     "seal(key, value, seed) -> bytes; see csrc/index_records.c."},
+    {"seal_items", (PyCFunction)(void (*)(void))ir_seal_items, METH_FASTCALL,
+     "seal_items([(key, value)], seed) -> [(key, sealed value)]; see csrc/index_records.c."},
     {"unseal", (PyCFunction)(void (*)(void))ir_unseal, METH_FASTCALL,
      "unseal(stored, key, seed, size_max) -> bytes | None; see csrc/index_records.c."},
     {NULL, NULL, 0, NULL},

@@ -28,6 +28,8 @@ import lmdb
 import msgspec
 
 from . import failpoints, limits
+from ._index_c import seal as _seal
+from ._index_c import seal_items as _seal_items
 from ._index_c import unseal as _unseal
 from .errors import Corruption, MwpError
 
@@ -36,14 +38,13 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 SEAL_BYTES = 4
 KEY_SHOWN_BYTES = 200
 """At most this much of a key goes into an error message."""
-_CHECK = struct.Struct("<I")
-_pack_check = _CHECK.pack
 _crc32 = zlib.crc32
 
 
 def seal(name: bytes, key: bytes, value: bytes) -> bytes:
-    """``value`` followed by its CRC-32 over the database name, ``key`` and ``value``."""
-    return value + _pack_check(_crc32(value, _crc32(key, _crc32(name))))
+    """``value`` followed by its CRC-32 over the database name, ``key`` and ``value`` (computed in
+    C, ``_index_c.seal``; tests/test_index_seals.py checks it against zlib)."""
+    return _seal(key, value, _crc32(name))
 
 
 class SealedTables:
@@ -108,7 +109,7 @@ class SealedTables:
 
     def put(self, txn: lmdb.Transaction, name: bytes, key: bytes, value: bytes, new: bool = True) -> None:
         """Write one entry; ``new=False`` when the key is known to exist already (presence kept)."""
-        txn.put(key, value + _pack_check(_crc32(value, _crc32(key, self._seeds[name]))), db=self.dbs[name])
+        txn.put(key, _seal(key, value, self._seeds[name]), db=self.dbs[name])
         tag = self.tags.get(name)
         if tag is not None and new:
             txn.put(tag + key, b"", db=self.presence)
@@ -116,8 +117,7 @@ class SealedTables:
     def put_many(self, txn: lmdb.Transaction, name: bytes, items: list[tuple[bytes, bytes]], new: list[bytes] | None = None) -> None:
         """Write ``items``; record presence for the keys in ``new`` (default: every key). A caller
         that knows a key was written before (a later revision, a Group's next head) leaves it out."""
-        seed = self._seeds[name]
-        self.put_many_sealed(txn, name, [(key, value + _pack_check(_crc32(value, _crc32(key, seed)))) for key, value in items], new)
+        self.put_many_sealed(txn, name, _seal_items(items, self._seeds[name]), new)
 
     def seed(self, name: bytes) -> int:
         """The CRC-32 of a database's name: where the seal of its entries starts."""

@@ -147,13 +147,15 @@ def test_seal_round_trip_and_bounds():
 @given(name=st.sampled_from([b"states", b"receipts", b"heads"]), key=st.binary(max_size=300),
        value=st.binary(max_size=3000), flip=st.integers(min_value=0))
 def test_the_c_seal_check_agrees_with_zlib(name, key, value, flip):
-    """``_index_c.unseal`` (every sealed read) computes zlib's CRC-32 (slicing by eight, so every
-    length modulo 8 and every byte position matters): a sound entry gives its value back, in bytes
+    """``_index_c.seal`` / ``seal_items`` (every sealed write) and ``unseal`` (every sealed read)
+    compute zlib's CRC-32 (slicing by eight, so every length modulo 8 and every byte position
+    matters): a sound entry gives its value back, in bytes
     or in a memoryview like LMDB's; one flipped bit, a value over the bound, a stored length below
     the seal's, or another database's seed gives None."""
     seed = zlib.crc32(name)
     stored = value + zlib.crc32(value, zlib.crc32(key, seed)).to_bytes(4, "little")
-    assert stored == seal(name, key, value)
+    assert stored == seal(name, key, value) == _index_c.seal(memoryview(key), bytearray(value), seed)
+    assert _index_c.seal_items([(key, value), (b"k", b"")], seed) == [(key, stored), (b"k", seal(name, b"k", b""))]
     assert _index_c.unseal(stored, key, seed, limits.LMDB_VALUE_BYTES_MAX) == value
     assert _index_c.unseal(memoryview(stored), memoryview(key), seed, len(value)) == value
     damaged = bytearray(stored)
@@ -169,11 +171,17 @@ def test_the_c_seal_check_agrees_with_zlib(name, key, value, flip):
     assert _index_c.unseal(stored[:3], key, seed, limits.LMDB_VALUE_BYTES_MAX) is None
 
 
-def test_the_c_seal_check_refuses_wrong_arguments():
+def test_the_c_seal_functions_refuse_wrong_arguments():
     for args in ((b"x" * 8, b"k", -1, 10), (b"x" * 8, b"k", 2**32, 10), (b"x" * 8, b"k", 0, -1), ("text", b"k", 0, 10),
                  (b"x" * 8, b"k", 0)):
         with pytest.raises((TypeError, ValueError, OverflowError)):
             _index_c.unseal(*args)
+    for args in ((b"k", "text", 0), (b"k", b"v", 2**32), (b"k", b"v")):
+        with pytest.raises((TypeError, ValueError, OverflowError)):
+            _index_c.seal(*args)
+    for args in (([(b"k", b"v", b"x")], 0), ([b"kv"], 0), ((b"k", b"v"), 0), ([(b"k", None)], 0), ([(b"k", b"v")], -1)):
+        with pytest.raises((TypeError, ValueError, OverflowError)):
+            _index_c.seal_items(*args)
 
 
 def test_presence_survives_rebuild_for_keys_written_many_times(tmp_path):
