@@ -37,6 +37,7 @@ import random
 import re
 import shutil
 import signal
+import struct
 import subprocess
 import sys
 import tempfile
@@ -1828,9 +1829,24 @@ def index_bytes(outcome: IndexOutcome) -> Any:
     return writes.items, writes.new, heads, last_ms
 
 
+def _comparable(value: Any) -> Any:
+    """``value`` with every float replaced by its type and bits, so that equality is meaning: a
+    NaN (which a forged record may hold) equals itself, and 1.0 never equals 1."""
+    if type(value) is float:
+        return ("float", struct.pack("<d", value))
+    if type(value) is dict:
+        return {key: _comparable(item) for key, item in value.items()}
+    if type(value) in (list, tuple):
+        return type(value)(_comparable(item) for item in value)
+    if type(value) in (int, bool):
+        return (type(value).__name__, value)
+    return value
+
+
 def index_meaning(outcome: IndexOutcome) -> Any:
-    """What an outcome's entries say (unsealed and decoded): C copies a record's msgpack where
-    Python re-encodes it, so a forged non-minimal encoding may differ in bytes, never in meaning."""
+    """What an outcome's entries say (unsealed and decoded, floats by their bits): C copies a
+    record's msgpack where Python re-encodes it, so a forged non-minimal encoding may differ in
+    bytes, never in meaning."""
     from .authority import _stored_receipt
     from .index import decode_state, unseal
 
@@ -1843,7 +1859,7 @@ def index_meaning(outcome: IndexOutcome) -> Any:
         for key, stored in items:
             value: Any = unseal(name, key, stored)
             if name == b"states":
-                value = decode_state(value)
+                value = _comparable(decode_state(value))
             elif name == b"receipts":
                 value = _stored_receipt(value)  # as the engine reads it back
             values.append((key, value))

@@ -15,8 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mwpstore import torture
+from mwpstore.authority import EVENT_TAG
 from mwpstore.errors import MwpError
-from mwpstore.messages import Command, check_command
+from mwpstore.messages import Command, Effect, check_command, decode_event, encode_event
 
 FUZZ_SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck), database=None)
 
@@ -101,6 +102,24 @@ def test_a_modified_snapshot_that_verified_would_be_a_violation(context):
     finally:
         snapshot_module.verify_snapshot = real
     assert findings.count == 1 and "modified snapshot bytes verified" in findings.messages[0]
+
+
+def test_a_nan_both_index_paths_keep_is_no_disagreement(context):
+    """Reliability finding 16: a coverage-guided run reported IndexPathsDisagree for a forged
+    record whose state held a NaN. C and Python indexed it alike; the comparison used ==, and a
+    NaN never equals itself. Meaning is now compared with floats by their bits."""
+    last = decode_event(context.events[-1])
+    effect = last.effects[0]
+    for value in (float("nan"), 1.0):
+        forged = msgspec.structs.replace(
+            last, effects=[Effect(effect.aggregate, effect.revision, {**effect.state, "cost_spent": value})]
+        )
+        _only_typed_errors("index_record", encode_event(forged), context)
+    python, with_c = torture.index_paths(context.index, [EVENT_TAG + event for event in context.events])
+    meaning = torture.index_meaning(python)
+    assert meaning == torture.index_meaning(with_c)
+    assert torture._comparable({"a": 1}) != torture._comparable({"a": 1.0}) != torture._comparable({"a": True})
+    assert torture._comparable([float("nan")]) == torture._comparable([float("nan")])
 
 
 def test_a_hang_is_a_violation(context, monkeypatch):
