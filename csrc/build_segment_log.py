@@ -131,6 +131,9 @@ int sl_segments_inspect(const char *directory, const uint64_t *numbers, uint32_t
                         struct sl_header *headers_out, uint64_t *file_bytes_out,
                         int *seal_status_out, struct sl_fault *seal_faults_out,
                         uint32_t *stopped_at_out, struct sl_fault *fault);
+int sl_segment_check_mapped(const uint8_t *data, uint64_t data_bytes, uint64_t seal_position,
+                            struct sl_header *header_out, int *seal_status_out,
+                            struct sl_fault *seal_fault, struct sl_fault *fault);
 int sl_read_record(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                    uint64_t position, uint64_t *offset_out, uint32_t *length_out,
                    struct sl_fault *fault);

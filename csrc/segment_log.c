@@ -531,6 +531,31 @@ int sl_segments_inspect(const char *directory, const uint64_t *numbers, uint32_t
     return rc;
 }
 
+int sl_segment_check_mapped(const uint8_t *data, uint64_t data_bytes, uint64_t seal_position,
+                            struct sl_header *header_out, int *seal_status_out,
+                            struct sl_fault *seal_fault, struct sl_fault *fault) {
+    SL_ASSERT(data != NULL && header_out != NULL && seal_status_out != NULL);
+    fault_clear(fault);
+    fault_clear(seal_fault);
+    memset(header_out, 0, sizeof(*header_out));
+    *seal_status_out = SL_OK;
+    size_t header_bytes = data_bytes < SL_SEGMENT_HEADER_BYTES ? (size_t)data_bytes : SL_SEGMENT_HEADER_BYTES;
+    int rc = sl_header_decode(data, header_bytes, header_out, fault);
+    if (rc != SL_OK) {
+        return rc;
+    }
+    uint64_t offset = 0;
+    uint64_t got = 0;
+    if (seal_position_ok(header_out, seal_position)) {
+        offset = offset_of(header_out, seal_position);
+        if (offset < data_bytes) {
+            got = data_bytes - offset < SL_SEAL_FRAME_BYTES ? data_bytes - offset : SL_SEAL_FRAME_BYTES;
+        }
+    }
+    *seal_status_out = check_seal_frame(got ? data + offset : data, got, offset, header_out, seal_position, seal_fault);
+    return SL_OK;
+}
+
 /* ---- reading ------------------------------------------------------------------------------ */
 
 int sl_read_record(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,

@@ -130,10 +130,10 @@ def create_secret_file(path: str, data: bytes) -> bool:
         raise translate(exc, context=f"creating {path}") from None
 
 
-def open_regular(path: str) -> io.BufferedReader:
-    """Open ``path`` for reading if it is a regular file; ``OSError`` (``EINVAL``) if it is a FIFO,
-    device or socket, ``IsADirectoryError`` for a directory. The open does not block: a FIFO left
-    under a file's name must not make a reader wait for a writer."""
+def open_regular_fd(path: str) -> int:
+    """A read-only descriptor of ``path`` if it is a regular file; ``OSError`` (``EINVAL``) if it is
+    a FIFO, device or socket, ``IsADirectoryError`` for a directory. The open does not block: a
+    FIFO left under a file's name must not make a reader wait for a writer."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         mode = os.fstat(fd).st_mode
@@ -141,6 +141,16 @@ def open_regular(path: str) -> io.BufferedReader:
             raise IsADirectoryError(errno.EISDIR, "is a directory", path)
         if not stat.S_ISREG(mode):
             raise OSError(errno.EINVAL, "not a regular file", path)
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def open_regular(path: str) -> io.BufferedReader:
+    """:func:`open_regular_fd` as a binary file object."""
+    fd = open_regular_fd(path)
+    try:
         return os.fdopen(fd, "rb")
     except BaseException:
         os.close(fd)

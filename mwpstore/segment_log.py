@@ -33,7 +33,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from mwpstore._files import open_regular
+from mwpstore._files import open_regular, open_regular_fd
 from mwpstore._segment_log_c import ffi, lib
 from mwpstore.errors import (
     Corruption,
@@ -62,6 +62,10 @@ CLEAN_FILE_NAME = "CLEAN"
 Removed (durably) before the first append after an open; see docs/format/segment.md."""
 _CLEAN = struct.Struct("<8sQQQ")  # magic, log id, active segment's first position, end
 _CLEAN_MAGIC = b"MWPCLEAN"
+# The marker since 2026-12-03 adds what the close saw of the segment files: their count and a
+# CRC-32 of their first positions; it lets open take the sealed segments on its word.
+_CLEAN_LIST = struct.Struct("<8sQQQQI")  # magic, log id, active first position, end, count, names CRC
+_CLEAN_LIST_MAGIC = b"MWPCLEN2"
 _CLEAN_ZERO_CHECK_BYTES = 64 * 1024  # after a clean close the bytes after the end are zero: checked
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
 _TEMPORARY_NAME = re.compile(r"^(\d{20})\.seg\.tmp$")
@@ -168,14 +172,17 @@ class RecordBatch:
 
 
 class _Segment:
-    """A segment file: its decoded header, how much of it is committed, and a lazy read map."""
+    """A segment file: its decoded header, how much of it is committed, and a lazy read map.
+
+    ``header`` is None for a sealed segment that open took on the word of a clean close (see
+    ``SegmentLog._vouched_segments``): its header and seal are checked when it is first mapped."""
 
     __slots__ = ("first_position", "path", "header", "sealed", "sealed_used_bytes", "_map", "_data", "_lock")
 
-    def __init__(self, path: str, header: Any) -> None:
-        self.first_position: int = header.first_position
+    def __init__(self, path: str, header: Any, first_position: int | None = None) -> None:
+        self.first_position: int = header.first_position if header is not None else first_position
         self.path = path
-        self.header = header  # struct sl_header *
+        self.header = header  # struct sl_header *, or None until checked
         self.sealed = False
         self.sealed_used_bytes = 0
         self._map: mmap.mmap | None = None
@@ -183,11 +190,18 @@ class _Segment:
         self._lock = threading.Lock()
 
     def mapping(self) -> tuple[Any, mmap.mmap]:
-        """(C pointer, mmap) of the whole file, read-only, mapped on first use."""
+        """(C pointer, mmap) of the whole file, read-only, mapped on first use; ``StorageFailed``
+        if the file cannot be opened or is not a regular file (a FIFO there must not block)."""
         if self._map is None:
             with self._lock:
                 if self._map is None:
-                    fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+                    try:
+                        fd = open_regular_fd(self.path)
+                    except OSError as exc:
+                        code = exc.errno or errno.EIO
+                        raise StorageFailed(
+                            f"cannot read segment {self.path}: {os.strerror(code)}", errno=code, path=self.path
+                        ) from None
                     try:
                         for attempt in range(8):
                             size = os.fstat(fd).st_size
@@ -238,6 +252,65 @@ def _release_pages(mapped: mmap.mmap, start: int, stop: int) -> int:
     return max(start, stop - stop % _PAGE_BYTES)
 
 
+@dataclasses.dataclass(frozen=True)
+class _CleanMarker:
+    """What a clean close recorded (docs/format/segment.md, "The clean-close marker")."""
+
+    log_id: int
+    first_position: int  # the active segment's
+    end: int
+    listed: tuple[int, int] | None  # (segment count, CRC-32 of their first positions); None in the first form
+
+
+def _first_positions_crc(numbered: Sequence[tuple[int, str]]) -> int:
+    """CRC-32 of the segments' first positions (u64 little-endian each, in order)."""
+    return zlib.crc32(struct.pack(f"<{len(numbered)}Q", *(number for number, _ in numbered)))
+
+
+def _clean_end(marker: _CleanMarker, segment: _Segment) -> int | None:
+    """The end a clean close recorded, if the marker fits the active segment: its log id and
+    first position, its full size, zeros after the end (nothing written since), and an intact
+    commit frame ending exactly there. None otherwise: the open then scans, as after a crash."""
+    header = segment.header
+    first_position, end = marker.first_position, marker.end
+    if marker.log_id != header.log_id or first_position != segment.first_position:
+        return None
+    _, mapped = segment.mapping()
+    size = len(mapped)
+    if size != header.segment_bytes or end < first_position or _HEADER_BYTES + end - first_position > size:
+        return None
+    tail = _HEADER_BYTES + end - first_position
+    window = mapped[tail : tail + _CLEAN_ZERO_CHECK_BYTES]
+    if window.count(0) != len(window):
+        return None  # written to after the clean close
+    if end > first_position and not _commit_frame_ends_at(mapped, tail, end, int(header.log_id)):
+        return None  # the last group's commit record is not intact: recovery will say why
+    return end
+
+
+def _misnamed_segment(path: str, header_first_position: int, number: int) -> Corruption:
+    return Corruption(
+        f"segment {path} says it starts at position {header_first_position}, "
+        "but its name says otherwise: it was renamed or misplaced.",
+        segment=path, offset=lib.SL_HEADER_OFFSET_FIRST_POSITION, position=number, reason="segment_name",
+    )
+
+
+def _foreign_segment(path: str, first_position: int) -> Corruption:
+    return Corruption(
+        f"segment {path} belongs to another log (log id differs).",
+        segment=path, offset=lib.SL_HEADER_OFFSET_LOG_ID, position=first_position, reason="log_id_mismatch",
+    )
+
+
+def _unsealed_segment(path: str, next_first_position: int, fault: Any) -> Corruption:
+    return Corruption(
+        f"segment {path} does not end with a seal at the position where the next segment "
+        f"begins ({next_first_position}): a segment is missing or this one is damaged.",
+        segment=path, offset=int(fault.offset), position=next_first_position, reason="segment_missing",
+    )
+
+
 def _check_position(value: Any, field: str) -> int:
     if type(value) is not int:
         raise InvalidCommand(f"{field} must be an int, not {type(value).__name__}.", field=field)
@@ -260,6 +333,9 @@ class SegmentLog:
         self._write_lock = threading.Lock()
         self._failed = False
         self._clean_marker = False
+        self._log_id = 0
+        self._seed = 0  # where every frame checksum of this log starts (from the log id)
+        self._marker_lists_segments = False  # the CLEAN on disk has the segment list (not the first form)
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -347,6 +423,38 @@ class SegmentLog:
                     path = os.path.join(directory, name)
                     self._call(lib.sl_remove_file, self._io, os.fsencode(directory), os.fsencode(path))
         numbered = sorted((int(m.group(1)), name) for name in names if (m := _SEGMENT_NAME.match(name)))
+        marker = self._read_clean_marker()
+        segments, clean_end = None, None
+        if marker is not None:
+            segments = self._vouched_segments(directory, numbered, marker)
+            clean_end = _clean_end(marker, segments[-1]) if segments is not None else None
+            if clean_end is None:  # the active segment is not as the close left it: read everything
+                segments = None
+        if segments is None:
+            segments = self._inspected_segments(directory, numbered)
+            clean_end = _clean_end(marker, segments[-1]) if marker is not None and segments else None
+        self._segments = tuple(segments)
+        if segments:
+            self._log_id = int(segments[-1].header.log_id)
+            self._seed = int(segments[-1].header.seed)
+            if clean_end is not None:  # closed cleanly and untouched since: the end is known, nothing to scan
+                self._end = clean_end
+                self._clean_marker = True
+                self._marker_lists_segments = marker is not None and marker.listed is not None
+            else:
+                self._recover_last()
+        if not self._readonly:
+            active = self._segments[-1]
+            handle = ffi.new("struct sl_log **")
+            self._call(
+                lib.sl_log_open, self._io, os.fsencode(directory), active.header, self._end, self._segment_bytes,
+                1 if self._sync else 0, handle, segment=active,
+            )
+            self._handle = handle[0]
+
+    def _inspected_segments(self, directory: str, numbered: list[tuple[int, str]]) -> list[_Segment]:
+        """Every segment's header and seal read and checked (after a crash, or without a marker
+        that vouches for the sealed segments); a new log gets its first segment."""
         segments, seals = self._inspect_all(directory, numbered)
         if not segments:
             if not self._readonly:
@@ -361,23 +469,60 @@ class SegmentLog:
             )
         for earlier, later, seal in zip(segments, segments[1:], seals):
             if later.header.log_id != earlier.header.log_id:
-                raise Corruption(
-                    f"segment {later.path} belongs to another log (log id differs).",
-                    segment=later.path, offset=lib.SL_HEADER_OFFSET_LOG_ID, position=later.first_position,
-                    reason="log_id_mismatch",
-                )
+                raise _foreign_segment(later.path, later.first_position)
             self._check_sealed(earlier, later.first_position, seal)
-        self._segments = tuple(segments)
-        if segments:
-            self._recover_last()
-        if not self._readonly:
-            active = self._segments[-1]
-            handle = ffi.new("struct sl_log **")
-            self._call(
-                lib.sl_log_open, self._io, os.fsencode(directory), active.header, self._end, self._segment_bytes,
-                1 if self._sync else 0, handle, segment=active,
-            )
-            self._handle = handle[0]
+        return segments
+
+    def _vouched_segments(self, directory: str, numbered: list[tuple[int, str]], marker: _CleanMarker) -> list[_Segment] | None:
+        """The segments as a clean close left them, reading only the active one's header; None
+        unless the marker lists exactly the segment files present (count and first positions).
+
+        The sealed segments are then taken on the marker's word, with their header unread
+        (``header`` None): ``_mapped`` checks header and seal, as the inspecting open does,
+        before any of their bytes is used. So a clean open costs the same whatever the number
+        of segments; damage to a sealed segment after a clean close is found by the first read,
+        scan or ``verify()`` that reaches it, like damage inside its records always was."""
+        if (
+            marker.listed is None
+            or len(numbered) < 2
+            or numbered[0][0] != 0
+            or numbered[-1][0] != marker.first_position  # the largest: no name past the positions a log has
+            or marker.listed != (len(numbered), _first_positions_crc(numbered))
+        ):
+            return None
+        active = self._inspect_all(directory, numbered[-1:])[0][0]
+        if active.header.log_id != marker.log_id:
+            return None
+        prefix = os.path.join(directory, "")
+        segments = []
+        for (number, name), (following, _) in zip(numbered, numbered[1:]):
+            segment = _Segment(prefix + name, None, number)
+            segment.sealed = True
+            segment.sealed_used_bytes = _HEADER_BYTES + following - number + _SEAL_BYTES
+            segments.append(segment)
+        segments.append(active)
+        return segments
+
+    def _mapped(self, segment: _Segment) -> tuple[Any, mmap.mmap]:
+        """``segment.mapping()``; the first time for a segment taken on a clean close's word, its
+        header and seal are checked on the mapped bytes (the inspecting open's checks and errors)."""
+        data, mapped = segment.mapping()
+        if segment.header is None:
+            header = ffi.new("struct sl_header *")
+            status = ffi.new("int *")
+            seal_fault, fault = self._fault(), self._fault()
+            next_first_position = segment.first_position + segment.sealed_used_bytes - _HEADER_BYTES - _SEAL_BYTES
+            rc = lib.sl_segment_check_mapped(data, len(mapped), next_first_position, header, status, seal_fault, fault)
+            if rc != lib.SL_OK:
+                raise self._error(rc, fault, path=segment.path, position=segment.first_position)
+            if header.first_position != segment.first_position:
+                raise _misnamed_segment(segment.path, int(header.first_position), segment.first_position)
+            if header.log_id != self._log_id:
+                raise _foreign_segment(segment.path, segment.first_position)
+            if status[0] != lib.SL_OK:
+                raise _unsealed_segment(segment.path, next_first_position, seal_fault)
+            segment.header = header
+        return data, mapped
 
     def _load_header(self, path: str, number: int) -> _Segment:
         directory, name = os.path.split(path)
@@ -408,11 +553,7 @@ class SegmentLog:
             number, name = numbered[index]
             path = prefix + name
             if headers[index].first_position != number:
-                raise Corruption(
-                    f"segment {path} says it starts at position {headers[index].first_position}, "
-                    "but its name says otherwise: it was renamed or misplaced.",
-                    segment=path, offset=lib.SL_HEADER_OFFSET_FIRST_POSITION, position=number, reason="segment_name",
-                )
+                raise _misnamed_segment(path, int(headers[index].first_position), number)
             header = ffi.new("struct sl_header *")
             header[0] = headers[index]
             segments.append(_Segment(path, header))
@@ -440,11 +581,7 @@ class SegmentLog:
     def _check_sealed(self, segment: _Segment, next_first_position: int, seal: tuple[int, Any, int]) -> None:
         status, fault, file_bytes = seal
         if status != lib.SL_OK:
-            raise Corruption(
-                f"segment {segment.path} does not end with a seal at the position where the next segment "
-                f"begins ({next_first_position}): a segment is missing or this one is damaged.",
-                segment=segment.path, offset=int(fault.offset), position=next_first_position, reason="segment_missing",
-            )
+            raise _unsealed_segment(segment.path, next_first_position, fault)
         segment.sealed = True
         segment.sealed_used_bytes = _HEADER_BYTES + next_first_position - segment.first_position + _SEAL_BYTES
         if file_bytes > segment.sealed_used_bytes and not self._readonly:
@@ -455,21 +592,11 @@ class SegmentLog:
             )
 
     def _recover_last(self) -> None:
+        """Find the end of the active segment by scanning it (after a crash, or without a marker
+        that fits); cut off a torn tail that was never acknowledged (not when read-only)."""
         segment = self._segments[-1]
         data, mapped = segment.mapping()
         size = len(mapped)
-        end = self._read_clean_marker(segment, size)
-        if end is not None:
-            tail = _HEADER_BYTES + end - segment.first_position
-            window = mapped[tail : tail + _CLEAN_ZERO_CHECK_BYTES]
-            if window.count(0) != len(window):
-                end = None  # written to after the clean close: recover by scanning
-            elif end > segment.first_position and not _commit_frame_ends_at(mapped, tail, end, int(segment.header.log_id)):
-                end = None  # the last group's commit record is not intact: recovery will say why
-        if end is not None:  # closed cleanly and untouched since: the end is known, nothing to scan
-            self._end = end
-            self._clean_marker = True
-            return
         recovery = ffi.new("struct sl_recovery *")
         fault = self._fault()
         rc = lib.sl_recover(data, size, segment.header, recovery, fault)
@@ -507,34 +634,37 @@ class SegmentLog:
             segment.unmap()
             self._call(lib.sl_segment_truncate, self._io, os.fsencode(segment.path), used, segment_bytes, segment=segment)
 
-    def _read_clean_marker(self, segment: _Segment, size: int) -> int | None:
-        """The end recorded by a clean close, if the marker is intact and fits the active segment."""
+    def _read_clean_marker(self) -> _CleanMarker | None:
+        """The clean close's marker, if present, intact and of a known form; None otherwise (the
+        open then reads every segment and scans the active one, as after a crash)."""
         path = os.path.join(self._directory, CLEAN_FILE_NAME)
         try:
             with open_regular(path) as file:
-                raw = file.read(_CLEAN.size + 8)
+                raw = file.read(_CLEAN_LIST.size + 8)
         except FileNotFoundError:
             return None
         except OSError as exc:
             if exc.errno == errno.EINVAL:
                 return None  # a FIFO, device or socket: not a marker this log wrote; scan instead
             raise StorageFailed(f"cannot read {path}: {exc}", errno=exc.errno) from exc
-        if len(raw) != _CLEAN.size + 4 or zlib.crc32(raw[: _CLEAN.size]) != int.from_bytes(raw[_CLEAN.size :], "little"):
+        body, check = raw[:-4], raw[-4:]
+        if len(body) not in (_CLEAN.size, _CLEAN_LIST.size) or zlib.crc32(body) != int.from_bytes(check, "little"):
             return None  # damaged or foreign: recover by scanning, as after a crash
-        magic, log_id, first_position, end = _CLEAN.unpack_from(raw)
-        header = segment.header
-        if magic != _CLEAN_MAGIC or log_id != header.log_id or first_position != segment.first_position:
-            return None
-        if size != header.segment_bytes or end < first_position or _HEADER_BYTES + end - first_position > size:
-            return None
-        return int(end)
+        if len(body) == _CLEAN.size:  # the first form: the end only
+            magic, log_id, first_position, end = _CLEAN.unpack(body)
+            return _CleanMarker(log_id, first_position, end, None) if magic == _CLEAN_MAGIC else None
+        magic, log_id, first_position, end, count, names_crc = _CLEAN_LIST.unpack(body)
+        return _CleanMarker(log_id, first_position, end, (count, names_crc)) if magic == _CLEAN_LIST_MAGIC else None
 
     def _write_clean_marker(self) -> None:
         """Record the durable end after a clean close (temp file, fsync, rename, directory fsync)."""
         segment = self._segments[-1]
         if segment.sealed:
             return
-        body = _CLEAN.pack(_CLEAN_MAGIC, int(segment.header.log_id), segment.first_position, self._end)
+        numbered = [(each.first_position, "") for each in self._segments]
+        body = _CLEAN_LIST.pack(
+            _CLEAN_LIST_MAGIC, self._log_id, segment.first_position, self._end, len(numbered), _first_positions_crc(numbered)
+        )
         path = os.path.join(self._directory, CLEAN_FILE_NAME)
         temporary = path + ".tmp"
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
@@ -633,7 +763,7 @@ class SegmentLog:
     def log_id(self) -> int:
         """A random number fixed when the log was created, stored in every segment header."""
         self._check_open()
-        return int(self._segments[0].header.log_id) if self._segments else 0
+        return self._log_id
 
     # -- writing ------------------------------------------------------------------------------
 
@@ -736,7 +866,7 @@ class SegmentLog:
                 field="position", position=position,
             )
         segment = segments[self._segment_index(segments, position)]
-        data, mapped = segment.mapping()
+        data, mapped = self._mapped(segment)
         offset = ffi.new("uint64_t *")
         length = ffi.new("uint32_t *")
         fault = ffi.new("struct sl_fault *")
@@ -811,14 +941,14 @@ class SegmentLog:
         state.position = start
         state.group_known = 1 if start == segment.first_position else 0
         state.group_start = start
-        state.group_checksum = segment.header.seed
+        state.group_checksum = self._seed
         unpack = ffi.unpack
         released = 0  # pages of the current segment's map before this offset were handed back
         mapped = None
         try:
             while True:
                 self._check_open()
-                data, mapped = segment.mapping()
+                data, mapped = self._mapped(segment)
                 readable = min(self._readable_bytes(segment, log_end), len(mapped))
                 rc = lib.sl_scan(data, readable, segment.header, stop, batch_records, state,
                                  positions_c, starts_c, stops_c, count_c, fault)
@@ -856,7 +986,7 @@ class SegmentLog:
                     state.group_known = 1
                     state.group_start = state.position
                     state.group_records = 0
-                    state.group_checksum = segment.header.seed
+                    state.group_checksum = self._seed
                 elif count == 0:
                     raise Corruption(
                         f"segment {segment.path} ends at position {int(state.position)} before the committed end.",
@@ -891,7 +1021,7 @@ class SegmentLog:
         fault = ffi.new("struct sl_fault *")
         for segment in segments:
             if segment.sealed:
-                data, mapped = segment.mapping()
+                data, mapped = self._mapped(segment)
                 end_c = ffi.new("uint64_t *")
                 rc = lib.sl_verify_sealed(data, min(len(mapped), segment.sealed_used_bytes), segment.header, end_c, fault)
                 if rc != lib.SL_OK:
@@ -915,7 +1045,8 @@ class SegmentLog:
                 rc = lib.sl_log_sync(self._handle, fault)
                 if rc != lib.SL_OK:
                     error = self._error(rc, fault)
-            if self._handle is not None and not self._failed and error is None and not self._clean_marker:
+            current = self._clean_marker and self._marker_lists_segments
+            if self._handle is not None and not self._failed and error is None and not current:
                 try:
                     self._write_clean_marker()
                 except (OSError, MwpError):

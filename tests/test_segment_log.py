@@ -423,9 +423,31 @@ def _three_segments(tmp_path) -> tuple[list[SegmentInfo], list[tuple[int, bytes]
     return infos, written
 
 
-def test_damaged_seal_of_a_sealed_segment_is_corruption_at_open(tmp_path):
-    # Open reads each sealed segment's header and seal without mapping it: a flipped bit in the
-    # seal is found there, named by segment and file offset.
+def _damage_found(directory, readonly: bool, clean: bool) -> Exception | None:
+    """The error a damaged sealed segment raises, and when: ``clean`` (the CLEAN marker of the last
+    close kept) must open and raise at the first scan, which maps every segment; otherwise (as
+    after a crash) open itself reads every header and seal and raises. None if neither raised."""
+    if not clean and os.path.exists(os.path.join(directory, CLEAN_FILE_NAME)):
+        os.remove(os.path.join(directory, CLEAN_FILE_NAME))
+    try:
+        log = SegmentLog.open(directory, readonly=readonly)
+    except (Corruption, StorageFailed) as exc:
+        assert not clean, f"a clean open read a sealed segment: {exc}"
+        return exc
+    with log:
+        assert clean, "open after a crash must read every sealed header and seal"
+        try:
+            scan_all(log)
+        except (Corruption, StorageFailed) as exc:
+            return exc
+    return None
+
+
+@pytest.mark.parametrize("clean", [True, False], ids=["clean_close", "crash"])
+def test_damaged_seal_of_a_sealed_segment_is_corruption(tmp_path, clean):
+    # Open after a crash reads each sealed segment's header and seal without mapping it; after a
+    # clean close the first mapping checks them. Either way a flipped bit in the seal is found,
+    # named by segment and file offset, before any record of the segment is returned.
     infos, _ = _three_segments(tmp_path)
     seal_offset = infos[0].used_bytes - lib.SL_SEAL_FRAME_BYTES
     with open(infos[0].path, "r+b") as file:
@@ -434,42 +456,89 @@ def test_damaged_seal_of_a_sealed_segment_is_corruption_at_open(tmp_path):
         file.seek(seal_offset + 20)
         file.write(bytes([byte ^ 0x10]))
     for readonly in (True, False):
-        with pytest.raises(Corruption) as caught:
-            SegmentLog.open(tmp_path, readonly=readonly)
-        assert caught.value.detail["reason"] == "segment_missing"
-        assert caught.value.detail["segment"] == infos[0].path
-        assert caught.value.detail["offset"] == seal_offset
+        error = _damage_found(tmp_path, readonly, clean)
+        assert isinstance(error, Corruption)
+        assert error.detail["reason"] == "segment_missing"
+        assert error.detail["segment"] == infos[0].path
+        assert error.detail["offset"] == seal_offset
 
 
-def test_damaged_headers_are_reported_for_the_first_damaged_segment(tmp_path):
+@pytest.mark.parametrize("clean", [True, False], ids=["clean_close", "crash"])
+def test_damaged_headers_are_reported_for_the_first_damaged_segment(tmp_path, clean):
     infos, _ = _three_segments(tmp_path)
     for info in infos[1:3]:
         with open(info.path, "r+b") as file:
             file.write(b"XXXX")  # the magic
-    with pytest.raises(Corruption) as caught:
-        SegmentLog.open(tmp_path, readonly=True)
-    assert caught.value.detail["segment"] == infos[1].path
-    assert caught.value.detail["reason"] == "header_magic"
+    if clean:  # the active segment's header is read at every open: damage only the sealed one
+        infos, _ = _three_segments(tmp_path / "again")
+        with open(infos[1].path, "r+b") as file:
+            file.write(b"XXXX")
+    error = _damage_found(tmp_path / "again" if clean else tmp_path, True, clean)
+    assert isinstance(error, Corruption)
+    assert error.detail["segment"] == infos[1].path
+    assert error.detail["reason"] == "header_magic"
 
 
-def test_unreadable_segment_is_storage_failed(tmp_path):
+@pytest.mark.parametrize("clean", [True, False], ids=["clean_close", "crash"])
+def test_unreadable_segment_is_storage_failed(tmp_path, clean):
     infos, _ = _three_segments(tmp_path)
     os.unlink(infos[1].path)
     os.mkdir(infos[1].path)  # opens, but every read fails (EISDIR)
-    with pytest.raises(StorageFailed) as caught:
-        SegmentLog.open(tmp_path, readonly=True)
-    assert caught.value.detail["path"] == infos[1].path
-    assert caught.value.detail["errno"] == errno.EISDIR
+    error = _damage_found(tmp_path, True, clean)
+    assert isinstance(error, StorageFailed)
+    assert error.detail["path"] == infos[1].path
+    assert error.detail["errno"] == errno.EISDIR
 
 
-def test_fifo_under_a_segment_name_is_storage_failed_without_blocking(tmp_path):
+@pytest.mark.parametrize("clean", [True, False], ids=["clean_close", "crash"])
+def test_fifo_under_a_segment_name_is_storage_failed_without_blocking(tmp_path, clean):
     infos, _ = _three_segments(tmp_path)
     os.unlink(infos[1].path)
     os.mkfifo(infos[1].path)  # opening it for reading would wait for a writer for ever
-    error = outcome_within(10, lambda: SegmentLog.open(tmp_path, readonly=True))
+    error = outcome_within(10, lambda: _damage_found(tmp_path, True, clean))
     assert isinstance(error, StorageFailed)
     assert error.detail["path"] == infos[1].path
     assert error.detail["errno"] == errno.EINVAL
+
+
+def test_a_clean_open_reads_no_sealed_segment(tmp_path):
+    """After a clean close, open reads the active segment only: a sealed segment whose header
+    and seal are damaged beyond use still opens, and is refused by its first read (by position,
+    by a scan from it, or by verify), never served."""
+    infos, written = _three_segments(tmp_path)
+    with open(infos[0].path, "r+b") as file:
+        file.write(b"\0" * lib.SL_SEGMENT_HEADER_BYTES)
+    later = [(position, record) for position, record in written if position >= infos[1].first_position]
+    with SegmentLog.open(tmp_path, readonly=True) as log:
+        assert log.end > written[-1][0]
+        assert scan_all(log, infos[1].first_position) == later  # other segments are unaffected
+        for read in (lambda: log.read(0), lambda: scan_all(log), log.verify):
+            with pytest.raises(Corruption) as caught:
+                read()
+            assert caught.value.detail["segment"] == infos[0].path
+            assert caught.value.detail["reason"] == "header_magic"
+
+
+@pytest.mark.parametrize("change", ["missing", "extra", "renamed"])
+def test_a_clean_open_notices_segment_files_the_close_did_not_leave(tmp_path, change):
+    """The marker lists the segment files (count and first positions): a sealed segment missing,
+    added or renamed since the close makes the open read every header and seal, as after a crash,
+    and raise what that finds."""
+    infos, _ = _three_segments(tmp_path)
+    if change == "missing":
+        os.unlink(infos[1].path)
+        expected = "segment_missing"
+    elif change == "extra":
+        extra = os.path.join(tmp_path, segment_file_name(infos[1].first_position + 4096))
+        with open(infos[1].path, "rb") as source, open(extra, "wb") as target:
+            target.write(source.read())
+        expected = "segment_name"
+    else:
+        os.rename(infos[1].path, os.path.join(tmp_path, segment_file_name(infos[1].first_position + 4096)))
+        expected = "segment_name"
+    with pytest.raises(Corruption) as caught:
+        SegmentLog.open(tmp_path, readonly=True)
+    assert caught.value.detail["reason"] == expected
 
 
 def test_fifo_as_the_clean_marker_is_ignored_without_blocking(tmp_path):
@@ -486,8 +555,10 @@ def test_fifo_as_the_clean_marker_is_ignored_without_blocking(tmp_path):
 
 
 def test_sealed_segment_left_untrimmed_is_trimmed_by_the_writer(tmp_path):
-    # The state a crash leaves after a seal whose trim was not yet durable: zeros past the seal.
+    # The state a crash leaves after a seal whose trim was not yet durable: zeros past the seal,
+    # and no CLEAN marker (the first append after an open removes it).
     infos, written = _three_segments(tmp_path)
+    os.remove(tmp_path / CLEAN_FILE_NAME)
     with open(infos[0].path, "r+b") as file:
         file.truncate(SMALL)
     with SegmentLog.open(tmp_path, readonly=True) as log:
