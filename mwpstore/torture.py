@@ -1073,8 +1073,16 @@ def _corruption_case(family: str, fixture: _Fixture, rng: random.Random, work: s
             offset = rng.randrange(lib.SL_SEGMENT_HEADER_BYTES)
         bit = rng.randrange(8)
         _mutate_file(os.path.join(log, name), offset, lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
+        # Half the copies as after a crash: without the clean close's marker, open reads every
+        # sealed header and seal itself; with it, the first mapping of the segment does.
+        crashed = rng.random() < 0.5
+        if crashed:
+            from .segment_log import CLEAN_FILE_NAME
+
+            os.remove(os.path.join(log, CLEAN_FILE_NAME))
         outcome, violation = _judge_log(log, fixture.records, must_keep_all=True)
-        return outcome, f"{name} offset {offset} bit {bit}: {violation}" if violation else ""
+        where = f"{name} offset {offset} bit {bit}{' (no CLEAN marker)' if crashed else ''}"
+        return outcome, f"{where}: {violation}" if violation else ""
     if family == "segment_files":
         log = _copy_log(fixture, work)
         names = [segment[0] for segment in fixture.segments]
