@@ -519,6 +519,20 @@ def test_a_clean_open_reads_no_sealed_segment(tmp_path):
             assert caught.value.detail["reason"] == "header_magic"
 
 
+@pytest.mark.parametrize("size, reason", [(0, "header_short"), (40, "header_short"), (None, "segment_missing")])
+@pytest.mark.parametrize("clean", [True, False], ids=["clean_close", "crash"])
+def test_a_sealed_segment_cut_short_is_corruption(tmp_path, size, reason, clean):
+    """A sealed segment shortened after the close (empty, inside its header, or before its seal)
+    is refused whichever open ran: at open after a crash, at the first mapping after a clean
+    close (the seal frame is looked for where the next segment begins, past the file's end)."""
+    infos, _ = _three_segments(tmp_path)
+    os.truncate(infos[1].path, infos[1].used_bytes // 2 if size is None else size)
+    error = _damage_found(tmp_path, True, clean)
+    assert isinstance(error, Corruption)
+    assert error.detail["segment"] == infos[1].path
+    assert error.detail["reason"] == reason
+
+
 @pytest.mark.parametrize("change", ["missing", "extra", "renamed"])
 def test_a_clean_open_notices_segment_files_the_close_did_not_leave(tmp_path, change):
     """The marker lists the segment files (count and first positions): a sealed segment missing,
