@@ -418,19 +418,14 @@ static PyObject *make_key(const unsigned char *a, size_t a_size, const unsigned 
     return key;
 }
 
-/* value + seal, for a value of one piece. */
-static PyObject *sealed_item_value(uint32_t seed, const unsigned char *key, size_t key_size, const unsigned char *data,
-                                   size_t size) {
-    PyObject *value = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)(size + 4));
-    if (value == NULL) return NULL;
-    unsigned char *out = (unsigned char *)PyBytes_AsString(value);
-    if (size) memcpy(out, data, size);
+/* Write the seal of the `size` value bytes at `out` into out[size..size+4): the little-endian
+ * CRC-32 of the database seed, the key and the value. */
+static void seal_tail(uint32_t seed, const unsigned char *key, size_t key_size, unsigned char *out, size_t size) {
     uint32_t crc = crc_update(crc_update(seed, key, key_size), out, size);
     out[size] = (unsigned char)(crc & 0xFF);
     out[size + 1] = (unsigned char)((crc >> 8) & 0xFF);
     out[size + 2] = (unsigned char)((crc >> 16) & 0xFF);
     out[size + 3] = (unsigned char)((crc >> 24) & 0xFF);
-    return value;
 }
 
 /* (key, value + seal) with the value built from up to three pieces. */
@@ -449,11 +444,7 @@ static PyObject *sealed_item(PyObject *key, uint32_t seed, const unsigned char *
         Py_DECREF(value);
         return NULL;
     }
-    uint32_t crc = crc_update(crc_update(seed, (const unsigned char *)key_data, (size_t)key_size), out, size);
-    out[size] = (unsigned char)(crc & 0xFF);
-    out[size + 1] = (unsigned char)((crc >> 8) & 0xFF);
-    out[size + 2] = (unsigned char)((crc >> 16) & 0xFF);
-    out[size + 3] = (unsigned char)((crc >> 24) & 0xFF);
+    seal_tail(seed, (const unsigned char *)key_data, (size_t)key_size, out, size);
     PyObject *item = PyTuple_Pack(2, key, value);
     Py_DECREF(value);
     return item;
@@ -627,6 +618,18 @@ fail:
     return NULL;
 }
 
+/* A database seed argument: a CRC-32; -1 with a Python error otherwise. */
+static int seed_arg(PyObject *arg, uint32_t *seed) {
+    unsigned long value = PyLong_AsUnsignedLong(arg);
+    if (value == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    if (value > 0xFFFFFFFFul) {
+        PyErr_SetString(PyExc_ValueError, "seed must be a CRC-32");
+        return -1;
+    }
+    *seed = (uint32_t)value;
+    return 0;
+}
+
 /* unseal(stored, key, seed, size_max) -> bytes | None: the value inside a sealed entry, or None
  * when its length is impossible (shorter than the seal, or a value above size_max) or its seal
  * fails. The same check as SealedTables.unseal's reference form in mwpstore/_sealed.py; ``stored``
@@ -637,12 +640,12 @@ static PyObject *ir_unseal(PyObject *module, PyObject *const *args, Py_ssize_t n
         PyErr_SetString(PyExc_TypeError, "unseal takes (stored, key, seed, size_max)");
         return NULL;
     }
-    unsigned long seed = PyLong_AsUnsignedLong(args[2]);
-    if (seed == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    uint32_t seed;
+    if (seed_arg(args[2], &seed) < 0) return NULL;
     Py_ssize_t size_max = PyLong_AsSsize_t(args[3]);
     if (size_max == -1 && PyErr_Occurred()) return NULL;
-    if (seed > 0xFFFFFFFFul || size_max < 0) {
-        PyErr_SetString(PyExc_ValueError, "seed must be a CRC-32, size_max non-negative");
+    if (size_max < 0) {
+        PyErr_SetString(PyExc_ValueError, "size_max must be non-negative");
         return NULL;
     }
     Py_buffer stored, key;
@@ -657,7 +660,7 @@ static PyObject *ir_unseal(PyObject *module, PyObject *const *args, Py_ssize_t n
         const unsigned char *data = (const unsigned char *)stored.buf;
         uint32_t want = (uint32_t)data[size] | (uint32_t)data[size + 1] << 8 | (uint32_t)data[size + 2] << 16 |
                         (uint32_t)data[size + 3] << 24;
-        uint32_t crc = crc_update(crc_update((uint32_t)seed, (const unsigned char *)key.buf, (size_t)key.len), data, (size_t)size);
+        uint32_t crc = crc_update(crc_update(seed, (const unsigned char *)key.buf, (size_t)key.len), data, (size_t)size);
         if (crc == want) result = PyBytes_FromStringAndSize((const char *)data, size);
     }
     PyBuffer_Release(&key);
@@ -675,22 +678,15 @@ static PyObject *sealed_value(PyObject *key, PyObject *value, uint32_t seed) {
         PyBuffer_Release(&key_view);
         return NULL;
     }
-    PyObject *sealed = sealed_item_value(seed, (const unsigned char *)key_view.buf, (size_t)key_view.len,
-                                         (const unsigned char *)value_view.buf, (size_t)value_view.len);
+    PyObject *sealed = PyBytes_FromStringAndSize(NULL, value_view.len + 4);
+    if (sealed != NULL) {
+        unsigned char *out = (unsigned char *)PyBytes_AsString(sealed);
+        if (value_view.len) memcpy(out, value_view.buf, (size_t)value_view.len);
+        seal_tail(seed, (const unsigned char *)key_view.buf, (size_t)key_view.len, out, (size_t)value_view.len);
+    }
     PyBuffer_Release(&value_view);
     PyBuffer_Release(&key_view);
     return sealed;
-}
-
-static int seed_arg(PyObject *arg, uint32_t *seed) {
-    unsigned long value = PyLong_AsUnsignedLong(arg);
-    if (value == (unsigned long)-1 && PyErr_Occurred()) return -1;
-    if (value > 0xFFFFFFFFul) {
-        PyErr_SetString(PyExc_ValueError, "seed must be a CRC-32");
-        return -1;
-    }
-    *seed = (uint32_t)value;
-    return 0;
 }
 
 /* seal(key, value, seed) -> bytes: value followed by its seal (mwpstore/_sealed.py's format). */

@@ -102,10 +102,7 @@ class SealedTables:
             if tag is not None and txn.get(tag + key, db=self.presence) is not None:
                 raise self._damage("missing", name, key, "lost the entry")
             return None
-        body = _unseal(stored, key, self._seeds[name], limits.LMDB_VALUE_BYTES_MAX)
-        if body is None:
-            raise self._damage("checksum", name, key, "has a damaged entry")
-        return body
+        return self.unseal(name, key, stored)
 
     def put(self, txn: lmdb.Transaction, name: bytes, key: bytes, value: bytes, new: bool = True) -> None:
         """Write one entry; ``new=False`` when the key is known to exist already (presence kept)."""

@@ -262,9 +262,9 @@ class _CleanMarker:
     listed: tuple[int, int] | None  # (segment count, CRC-32 of their first positions); None in the first form
 
 
-def _first_positions_crc(numbered: Sequence[tuple[int, str]]) -> int:
+def _first_positions_crc(first_positions: Sequence[int]) -> int:
     """CRC-32 of the segments' first positions (u64 little-endian each, in order)."""
-    return zlib.crc32(struct.pack(f"<{len(numbered)}Q", *(number for number, _ in numbered)))
+    return zlib.crc32(struct.pack(f"<{len(first_positions)}Q", *first_positions))
 
 
 def _clean_end(marker: _CleanMarker, segment: _Segment) -> int | None:
@@ -487,7 +487,7 @@ class SegmentLog:
             or len(numbered) < 2
             or numbered[0][0] != 0
             or numbered[-1][0] != marker.first_position  # the largest: no name past the positions a log has
-            or marker.listed != (len(numbered), _first_positions_crc(numbered))
+            or marker.listed != (len(numbered), _first_positions_crc([number for number, _ in numbered]))
         ):
             return None
         active = self._inspect_all(directory, numbered[-1:])[0][0]
@@ -661,9 +661,10 @@ class SegmentLog:
         segment = self._segments[-1]
         if segment.sealed:
             return
-        numbered = [(each.first_position, "") for each in self._segments]
+        first_positions = [each.first_position for each in self._segments]
         body = _CLEAN_LIST.pack(
-            _CLEAN_LIST_MAGIC, self._log_id, segment.first_position, self._end, len(numbered), _first_positions_crc(numbered)
+            _CLEAN_LIST_MAGIC, self._log_id, segment.first_position, self._end, len(first_positions),
+            _first_positions_crc(first_positions),
         )
         path = os.path.join(self._directory, CLEAN_FILE_NAME)
         temporary = path + ".tmp"

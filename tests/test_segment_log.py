@@ -519,6 +519,22 @@ def test_a_clean_open_reads_no_sealed_segment(tmp_path):
             assert caught.value.detail["reason"] == "header_magic"
 
 
+@pytest.mark.parametrize("clean", [True, False], ids=["clean_close", "crash"])
+def test_sealed_segments_swapped_under_each_other_s_names_are_corruption(tmp_path, clean):
+    """Two sealed segment files exchanged: the names, and so the marker's list, are unchanged,
+    so after a clean close open takes them on its word; the first mapping then finds a header
+    whose first position is not the name's (after a crash, open finds it)."""
+    infos, _ = _three_segments(tmp_path)
+    first, second = infos[0].path, infos[1].path
+    os.rename(first, first + ".swap")
+    os.rename(second, first)
+    os.rename(first + ".swap", second)
+    error = _damage_found(tmp_path, True, clean)
+    assert isinstance(error, Corruption)
+    assert error.detail["reason"] == "segment_name"
+    assert error.detail["segment"] == first
+
+
 @pytest.mark.parametrize("size, reason", [(0, "header_short"), (40, "header_short"), (None, "segment_missing")])
 @pytest.mark.parametrize("clean", [True, False], ids=["clean_close", "crash"])
 def test_a_sealed_segment_cut_short_is_corruption(tmp_path, size, reason, clean):
