@@ -85,6 +85,7 @@ from .snapshot import (
     SnapshotRef,
     create_snapshot,
     read_snapshot_file,
+    retired_public_keys,
     snapshot_ref,
     write_snapshot_file,
 )
@@ -1107,8 +1108,24 @@ class Authority:
         return self._signing_key
 
     def keyring(self) -> Keyring:
-        """A keyring trusting this store's snapshot key (add more keys for rotation)."""
-        return Keyring([self.signing_key.public_key])
+        """A keyring trusting this store's snapshot key and the keys it retired
+        (``rotate_signing_key``); add others as needed."""
+        return Keyring([self.signing_key.public_key, *retired_public_keys(os.path.join(self.path, "keys"))])
+
+    def rotate_signing_key(self, *, retire: bool = True) -> SigningKey:
+        """Sign snapshots with a new key from now on; return it.
+
+        With ``retire`` (the default) the old public key stays trusted by :meth:`keyring` (and so
+        by ``verify``), under ``keys/retired/``: what it signed keeps verifying, nothing is signed
+        with it again. ``retire=False`` is for a compromised key: it is dropped, and snapshots it
+        signed no longer verify here (take new ones). Give verifiers the new public key
+        (``keys/snapshot-signing.pub``) before the next snapshot reaches them.
+        """
+        self._check_open()
+        with self._snapshot_lock:  # no snapshot is signed while the key changes
+            self._signing_key = None  # whatever happens below, the next use reads the key file
+            self._signing_key = SigningKey.rotate(os.path.join(self.path, "keys"), retire=retire)
+            return self._signing_key
 
     @_index_errors_typed
     def snapshot(self, group: str) -> SnapshotRef:

@@ -200,6 +200,37 @@ def cmd_snapshot_verify(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_keys_list(args: argparse.Namespace) -> int:
+    with _open_authority(args, progress=False) as authority:
+        current = authority.signing_key
+        retired = [key for key in authority.keyring().key_ids if key != current.key_id]
+    document = {"current": current.key_id, "public_key": current.public_key.hex(), "retired": retired}
+
+    def human() -> None:
+        print(f"signing   {current.key_id}  {current.public_key.hex()}")
+        for key_id in retired:
+            print(f"retired   {key_id}  (still trusted for what it signed)")
+
+    emit(args, document, human)
+    return EXIT_OK
+
+
+def cmd_keys_rotate(args: argparse.Namespace) -> int:
+    with _open_authority(args, progress=False) as authority:
+        old = authority.signing_key.key_id
+        new = authority.rotate_signing_key(retire=not args.drop_old)
+        public_path = os.path.join(authority.path, "keys", "snapshot-signing.pub")
+    document = {"old": old, "new": new.key_id, "public_key": new.public_key.hex(), "old_retired": not args.drop_old}
+
+    def human() -> None:
+        fate = "dropped: snapshots it signed no longer verify here" if args.drop_old else "retired: still trusted for what it signed"
+        print(f"new signing key {new.key_id}; give verifiers {public_path}")
+        print(f"old key {old} {fate}")
+
+    emit(args, document, human)
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -278,6 +309,14 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--org", default=None)
     check.add_argument("--high-water", type=int, default=0, help="refuse snapshots older than this sequence")
     check.set_defaults(handler=cmd_snapshot_verify)
+
+    keys = commands.add_parser("keys", help="list or rotate the snapshot signing key")
+    key_commands = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
+    key_list = key_commands.add_parser("list", parents=[common, store], help="the current signing key and the retired ones still trusted")
+    key_list.set_defaults(handler=cmd_keys_list)
+    rotate = key_commands.add_parser("rotate", parents=[common, store], help="sign with a new key from now on; retire the old one")
+    rotate.add_argument("--drop-old", action="store_true", help="do not keep trusting the old key (it was compromised)")
+    rotate.set_defaults(handler=cmd_keys_rotate)
 
     bench = commands.add_parser("bench", help="run the benchmark suite against SQLite and eventsourcing (bench/run_all.py)")
     bench.add_argument("--quick", action="store_true", help="small sizes, a few minutes")

@@ -11,6 +11,8 @@ Names used by the engine:
 - ``authority.after_index_commit`` — both committed, callers not yet woken;
 - ``authority.mid_redo`` — while redoing records at open (recovery itself crashes);
 - ``authority.mid_rebuild`` — while rebuilding the index;
+- ``keys.after_retire`` — a signing key rotation: the old public key retired, the new key not
+  yet written;
 - ``agent.*`` — the AgentStore's apply cycle (see ``docs/agent-store.md``);
 - ``lmdb.databases_created`` — a new index or AgentStore environment: its named databases made
   in one write transaction, not yet committed.

@@ -29,6 +29,7 @@ import gc
 import itertools
 import operator
 import os
+import re
 import struct
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -39,16 +40,18 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
 from . import canonical, limits
+from . import failpoints
 from ._files import (
     KeyFileInvalid,
     create_secret_file,
     ensure_private_directory,
+    fsync_directory,
     makedirs_durable,
     read_file_capped,
     read_secret_file,
     write_file_atomic,
 )
-from .errors import InvalidCommand, LimitExceeded, SnapshotInvalid
+from .errors import InvalidCommand, LimitExceeded, SnapshotInvalid, translate
 from .messages import HASH_BYTES, Effect
 
 # -- Format constants (docs/format/snapshot.md, "Layout") ------------------------------------------
@@ -247,8 +250,79 @@ class SigningKey:
             write_file_atomic(public_path, expected, mode=0o644)
         return key
 
+    @classmethod
+    def rotate(cls, directory: str, *, retire: bool = True, name: str = "snapshot-signing") -> SigningKey:
+        """Replace ``directory/<name>.key`` with a new key; return the new key.
+
+        With ``retire`` (the default) the old public key is first written, durably, to
+        ``directory/retired/<key id>.pub``: ``retired_public_keys`` reads it back, so a store goes
+        on verifying what the old key signed, and nothing signs with it again. ``retire=False``
+        drops the old key altogether (it was compromised). The old seed is gone either way.
+
+        Each step is atomic: a crash leaves the old key current (retired or not yet), or the new
+        one current with the old one retired; ``rotate`` can simply be run again.
+        """
+        current = cls.load_or_create(directory, name=name)
+        if retire:
+            retired = os.path.join(directory, RETIRED_DIRECTORY)
+            ensure_private_directory(retired)
+            fsync_directory(directory)
+            write_file_atomic(os.path.join(retired, f"{current.key_id}.pub"), _public_line(current.public_key), mode=0o600)
+        failpoints.hit("keys.after_retire")
+        fresh = Ed25519PrivateKey.generate().private_bytes_raw()
+        write_file_atomic(os.path.join(directory, f"{name}.key"), fresh, mode=0o600)
+        return cls.load_or_create(directory, name=name)  # also rewrites <name>.pub
+
     def sign(self, data: bytes) -> bytes:
         return self._private_key.sign(data)
+
+
+RETIRED_DIRECTORY = "retired"
+"""Under a key directory: the public keys a store retired, one ``<key id>.pub`` file each."""
+
+_RETIRED_NAME = re.compile(r"[0-9a-f]{%d}\.pub" % KEY_ID_CHARS)
+
+
+def _public_line(public_key: bytes) -> bytes:
+    return public_key.hex().encode("ascii") + b"\n"
+
+
+def retired_public_keys(directory: str) -> list[bytes]:
+    """The public keys retired under ``directory/retired`` (by ``SigningKey.rotate``), by key id.
+
+    The files are trusted like the key itself: each must be a regular file owned by this user with
+    mode 0600, named by the key id of the public key it holds. Anything else there (except an
+    interrupted write's temporary file) raises ``KeyFileInvalid``: a trust store is never read past
+    a file it cannot account for.
+    """
+    retired = os.path.join(directory, RETIRED_DIRECTORY)
+    try:
+        if os.path.islink(retired):
+            raise KeyFileInvalid(f"{retired} is a symbolic link; refusing it", path=retired, reason="type")
+        names = sorted(os.listdir(retired))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise translate(exc, context=f"listing {retired}") from None
+    keys = []
+    for entry in names:
+        if entry.startswith(".") and entry.endswith(".tmp"):
+            continue  # a write that was interrupted before its rename: not a key
+        path = os.path.join(retired, entry)
+        if _RETIRED_NAME.fullmatch(entry) is None:
+            raise KeyFileInvalid(f"{path} is not a retired public key (<key id>.pub); move it away", path=path, reason="name")
+        data = read_secret_file(path, len(_public_line(bytes(limits.PUBLIC_KEY_BYTES))))
+        if data is None:
+            continue  # removed meanwhile
+        try:
+            public_key = bytes.fromhex(data.decode("ascii"))
+            Ed25519PublicKey.from_public_bytes(public_key)
+        except ValueError:  # UnicodeDecodeError is a ValueError
+            public_key = b""
+        if key_id_of(public_key) != entry[:KEY_ID_CHARS] or data != _public_line(public_key):
+            raise KeyFileInvalid(f"{path} does not hold the public key its name says", path=path, reason="content")
+        keys.append(public_key)
+    return keys
 
 
 # -- Encoding -----------------------------------------------------------------------------------------

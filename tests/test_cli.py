@@ -67,6 +67,25 @@ def test_inspect_verify_rebuild_snapshot_json(store, capsys):
     assert code == EXIT_OK and report["ok"]
 
 
+def test_keys_rotate_and_list(store, capsys):
+    code, ref = run_json(capsys, ["snapshot", "create", GROUP, "--store", store, "--json"])
+    assert code == EXIT_OK
+    code, before = run_json(capsys, ["keys", "list", "--store", store, "--json"])
+    assert code == EXIT_OK and before["current"] == ref["key_id"] and before["retired"] == []
+    code, rotated = run_json(capsys, ["keys", "rotate", "--store", store, "--json"])
+    assert code == EXIT_OK and rotated["old"] == ref["key_id"] != rotated["new"] and rotated["old_retired"]
+    code, after = run_json(capsys, ["keys", "list", "--store", store, "--json"])
+    assert after["current"] == rotated["new"] and after["retired"] == [ref["key_id"]]
+    with open(os.path.join(store, "keys", "snapshot-signing.pub")) as handle:
+        assert handle.read().strip() == after["public_key"] == rotated["public_key"]
+    code, report = run_json(capsys, ["verify", "--store", store, "--json"])
+    assert code == EXIT_OK and report["ok"]  # the snapshot signed before the rotation still verifies
+    code, dropped = run_json(capsys, ["keys", "rotate", "--drop-old", "--store", store, "--json"])
+    assert code == EXIT_OK and not dropped["old_retired"]
+    code, listed = run_json(capsys, ["keys", "list", "--store", store, "--json"])
+    assert listed["retired"] == [ref["key_id"]]  # the second key was dropped, the first stays retired
+
+
 def test_verify_exit_code_when_a_snapshot_is_damaged(store, capsys):
     code, ref = run_json(capsys, ["snapshot", "create", GROUP, "--store", store, "--json"])
     path = os.path.join(store, ref["location"])
@@ -105,6 +124,6 @@ def test_locked_store_is_a_store_error(store, capsys):
 def test_console_script_and_module_entry_points(tmp_path):
     result = subprocess.run([sys.executable, "-m", "mwpstore", "--help"], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0 and "demo" in result.stdout and "torture" in result.stdout
-    for command in ("demo", "inspect", "tail", "verify", "rebuild", "compact", "snapshot", "bench", "torture"):
+    for command in ("demo", "inspect", "tail", "verify", "rebuild", "compact", "snapshot", "keys", "bench", "torture"):
         sub = subprocess.run([sys.executable, "-m", "mwpstore", command, "--help"], capture_output=True, text=True, cwd=REPO)
         assert sub.returncode == 0, (command, sub.stderr)

@@ -1,0 +1,180 @@
+"""Rotating the snapshot signing key: what the old key signed keeps verifying, nothing is signed
+with it again, a crash mid-rotation leaves a usable key, and the retired keys are checked like the
+key itself."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from authority_helpers import GROUP, OWNER, mission_create, open_with_group
+from mwpstore import Authority, Command
+from mwpstore._files import KeyFileInvalid
+from mwpstore.snapshot import RETIRED_DIRECTORY, SigningKey, key_id_of, retired_public_keys, verify_snapshot
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _keys(authority: Authority) -> str:
+    return os.path.join(authority.path, "keys")
+
+
+def _pub_file(directory: str) -> bytes:
+    with open(os.path.join(directory, "snapshot-signing.pub"), "rb") as handle:
+        return handle.read()
+
+
+def test_rotation_keeps_old_snapshots_and_archives_verifying_and_signs_new_ones_with_the_new_key(tmp_path):
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(Command(actor=OWNER, action_id="g2", group="g-2", kind="group.create", target="g-2", body={"org": "acme"}))
+        authority.accept(mission_create("m-1"))
+        old_ref = authority.snapshot(GROUP)
+        record = authority.archive("g-2", actor=OWNER, action_id="archive")
+        old = authority.signing_key
+        assert old_ref.key_id == old.key_id == record.final_snapshot.key_id
+
+        new = authority.rotate_signing_key()
+
+        assert new.key_id != old.key_id and authority.signing_key is new
+        assert _pub_file(_keys(authority)) == new.public_key.hex().encode() + b"\n"
+        assert retired_public_keys(_keys(authority)) == [old.public_key]
+        assert set(authority.keyring().key_ids) == {old.key_id, new.key_id}
+        authority.accept(mission_create("m-2"))
+        new_ref = authority.snapshot(GROUP)
+        assert new_ref.key_id == new.key_id
+        for ref in (old_ref, new_ref):
+            assert verify_snapshot(authority.read_snapshot(ref), keyring=authority.keyring(), group=GROUP).seq == ref.seq
+        assert authority.verify().ok  # the old snapshot and the archive's final snapshot still verify
+    with Authority.open(path) as authority:  # both keys are on disk, nothing lives only in memory
+        assert authority.signing_key.key_id == new.key_id
+        assert set(authority.keyring().key_ids) == {old.key_id, new.key_id}
+        assert authority.verify().ok
+
+
+def test_rotation_without_retiring_drops_the_old_key_and_verify_names_what_it_signed(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept(Command(actor=OWNER, action_id="g2", group="g-2", kind="group.create", target="g-2", body={"org": "acme"}))
+        authority.accept(mission_create("m-1"))
+        old_ref = authority.snapshot(GROUP)
+        record = authority.archive("g-2", actor=OWNER, action_id="archive")
+        old = authority.signing_key
+        new = authority.rotate_signing_key(retire=False)
+        assert authority.keyring().key_ids == [new.key_id]
+        assert retired_public_keys(_keys(authority)) == []
+        problems = sorted(authority.verify().problems)
+        assert len(problems) == 3, problems  # the Group's snapshot, the archive's final snapshot, its audit log
+        assert problems[0].startswith(f"audit log {record.audit_location}: SNAPSHOT_INVALID (key)")
+        assert problems[1].startswith(f"snapshot {old_ref.location}: SNAPSHOT_INVALID (key)")
+        assert problems[2].startswith(f"snapshot {record.final_snapshot.location}: SNAPSHOT_INVALID (key)")
+        authority.accept(mission_create("m-2"))
+        assert authority.snapshot(GROUP).key_id == new.key_id != old.key_id
+
+
+def test_rotating_twice_trusts_every_retired_key(tmp_path):
+    directory = str(tmp_path / "keys")
+    first = SigningKey.load_or_create(directory)
+    second = SigningKey.rotate(directory)
+    third = SigningKey.rotate(directory)
+    assert len({first.key_id, second.key_id, third.key_id}) == 3
+    assert sorted(retired_public_keys(directory)) == sorted([first.public_key, second.public_key])
+    assert SigningKey.load_or_create(directory).key_id == third.key_id
+    assert oct(os.stat(os.path.join(directory, RETIRED_DIRECTORY)).st_mode & 0o777) == "0o700"
+
+
+CHILD_ROTATE = """
+import sys
+from mwpstore import Authority
+with Authority.open(sys.argv[1]) as authority:
+    print(authority.signing_key.key_id, flush=True)
+    authority.rotate_signing_key()
+"""
+
+
+def test_a_crash_after_retiring_leaves_the_old_key_current_and_rotation_can_run_again(tmp_path):
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        ref = authority.snapshot(GROUP)
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests") + os.pathsep + REPO, MWPSTORE_FAILPOINT="keys.after_retire")
+    result = subprocess.run([sys.executable, "-c", CHILD_ROTATE, path], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == -9, result.stderr
+    old_id = result.stdout.split()[0]
+    with Authority.open(path) as authority:
+        assert authority.signing_key.key_id == old_id == ref.key_id  # not replaced: still signs
+        assert authority.keyring().key_ids == [old_id]  # retired and current: the same key, trusted once
+        assert authority.verify().ok
+        new = authority.rotate_signing_key()
+        assert set(authority.keyring().key_ids) == {old_id, new.key_id}
+        assert authority.verify().ok
+
+
+def _retired_dir_with_one_key(tmp_path) -> tuple[str, str, SigningKey]:
+    directory = str(tmp_path / "keys")
+    old = SigningKey.load_or_create(directory)
+    SigningKey.rotate(directory)
+    retired = os.path.join(directory, RETIRED_DIRECTORY)
+    return directory, os.path.join(retired, f"{old.key_id}.pub"), old
+
+
+def test_a_retired_key_file_is_checked_like_the_key_itself(tmp_path):
+    directory, path, old = _retired_dir_with_one_key(tmp_path)
+    assert retired_public_keys(directory) == [old.public_key]
+
+    os.chmod(path, 0o644)  # anyone who can widen the mode could have changed the key
+    with pytest.raises(KeyFileInvalid) as caught:
+        retired_public_keys(directory)
+    assert caught.value.detail["reason"] == "mode"
+    os.chmod(path, 0o600)
+
+    other = SigningKey.generate()  # a key under another key's name
+    with open(path, "wb") as handle:
+        handle.write(other.public_key.hex().encode() + b"\n")
+    with pytest.raises(KeyFileInvalid) as caught:
+        retired_public_keys(directory)
+    assert caught.value.detail["reason"] == "content"
+
+    os.remove(path)
+    os.symlink(os.path.join(directory, "snapshot-signing.pub"), path)
+    with pytest.raises(KeyFileInvalid) as caught:
+        retired_public_keys(directory)
+    assert caught.value.detail["reason"] == "type"
+
+
+def test_stray_files_in_the_retired_directory_are_refused_but_interrupted_writes_are_skipped(tmp_path):
+    directory, path, old = _retired_dir_with_one_key(tmp_path)
+    retired = os.path.dirname(path)
+    with open(os.path.join(retired, f".{old.key_id}.pub.0123456789abcdef.tmp"), "wb") as handle:
+        handle.write(b"half")  # what a crash during write_file_atomic leaves
+    assert retired_public_keys(directory) == [old.public_key]
+    with open(os.path.join(retired, "notes.txt"), "wb") as handle:
+        handle.write(b"x")
+    with pytest.raises(KeyFileInvalid) as caught:
+        retired_public_keys(directory)
+    assert caught.value.detail["reason"] == "name"
+
+
+def test_a_retired_file_with_bytes_that_are_not_a_key_is_refused(tmp_path):
+    directory, path, old = _retired_dir_with_one_key(tmp_path)
+    with open(path, "wb") as handle:
+        handle.write(b"z" * 64 + b"\n")
+    with pytest.raises(KeyFileInvalid) as caught:
+        retired_public_keys(directory)
+    assert caught.value.detail["reason"] == "content"
+    with open(path, "wb") as handle:
+        handle.write(b"ab" * 40)  # the wrong size
+    with pytest.raises(KeyFileInvalid) as caught:
+        retired_public_keys(directory)
+    assert caught.value.detail["reason"] == "size"
+    assert key_id_of(old.public_key) == os.path.basename(path)[:16]
+
+
+def test_rotating_a_closed_authority_is_refused(tmp_path):
+    authority = open_with_group(str(tmp_path / "s"))
+    authority.close()
+    with pytest.raises(Exception) as caught:
+        authority.rotate_signing_key()
+    assert caught.value.code == "STORE_CLOSED"
