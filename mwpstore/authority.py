@@ -70,6 +70,7 @@ from .messages import (
     check_command,
     command_bytes,
     decode_event,
+    decode_events,
     decode_receipt,
     encode_event,
     encode_receipt,
@@ -1042,7 +1043,7 @@ class Authority:
     def _read_events(self, group: str, after: int, limit: int) -> list[Event]:
         """Decoded Events with tombstones applied: a redacted Event keeps everything but its body."""
         with _gc.paused():
-            events = [decode_event(memoryview(record)[1:]) for record in self._read_records(group, after, limit)]
+            events = decode_events(self._read_records(group, after, limit), 1)
         for offset, event in enumerate(events):  # the index pointed at these records: check it was right
             if event.group != group or event.seq != after + 1 + offset:
                 raise Corruption(
