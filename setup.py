@@ -30,5 +30,6 @@ setup(
     ext_modules=[
         limited_api_extension("mwpstore._canonical_c", "csrc/canonical_check.c"),
         limited_api_extension("mwpstore._index_c", "csrc/index_records.c"),
+        limited_api_extension("mwpstore._apply_c", "csrc/agent_apply.c"),
     ],
 )

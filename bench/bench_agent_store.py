@@ -102,8 +102,7 @@ def apply_durably(path: Path, events: list[Event], verify: str = "full") -> str:
     try:
         for start in range(0, len(events), BATCH_EVENTS):
             with agent.begin() as tx:
-                for event in events[start : start + BATCH_EVENTS]:
-                    tx.apply(event)
+                tx.apply_many(events[start : start + BATCH_EVENTS])
                 tx.advance_cursor(GROUP)
         assert agent.cursor(GROUP) == len(events)
         return agent.projection_digest()

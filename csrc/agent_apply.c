@@ -1,0 +1,349 @@
+/*
+ * The AgentStore's in-order apply run for verify="trusted": the module mwpstore._apply_c.
+ *
+ * AgentTransaction.apply_many (mwpstore/agent_store.py) applies the first Event of a Group with
+ * the general apply(), which checks it, loads the Group's head and validates the Group's ID; then
+ * it hands the Events that follow to
+ *
+ *   run(events, start, context, group, prefix, next_seq, prev_hash, inbox_writes, state_writes,
+ *       writes_max) -> stop
+ *
+ * with context = (event_type, effect_type, checked, checked_max, kind_ok, id_ok), which takes
+ * events[start:] for as long as each one is, exactly as apply() would see it in trusted mode,
+ * the plain next Event of ``group``: an ``event_type`` object whose fields have the types
+ * admit_trusted_event and _check_shape require, whose Group is ``group``, whose sequence is
+ * ``next_seq`` (then one more for each Event taken), whose Event ID is "<group>:<seq>", whose
+ * hashes are 32 bytes and whose prev_hash is the previous Event's hash (``prev_hash`` first), and
+ * whose effects are ``effect_type`` objects with a dict or None as state, naming valid aggregate
+ * keys: one already in the set ``checked`` (the keys agent_store has validated), or "<kind>:<id>"
+ * where mwpstore._canonical_c's kind_ok(kind) and id_ok(id) hold (a stricter rule than
+ * _check_aggregate's, which does not bound the two parts apart; a key only it accepts is left to
+ * apply()), which is then added to ``checked`` while it holds fewer than ``checked_max``. For
+ * each Event taken it does what _apply_next does for the built-in projection:
+ * inbox_writes[prefix + seq (u64 BE)] = hash, and state_writes[prefix + aggregate (UTF-8)] =
+ * (revision, state) for each effect. It returns the index of the first Event it did not take
+ * (len(events) when it took all), or the index after the Event that brought len(inbox_writes) +
+ * len(state_writes) to ``writes_max`` (the caller flushes then). An Event it does not take is not
+ * touched: apply() decides it, with its typed errors, duplicates, buffering and fail points.
+ * tests/test_agent_store.py compares the two paths over random delivery schedules. A Python
+ * error raised here (only MemoryError is possible) leaves Events before it written but the
+ * Group's head not moved: the caller fails its transaction.
+ *
+ * Why in C: the per-Event checks and bookkeeping cost about 2.6 us in Python, more than the
+ * local commit's share (docs/performance.md). Limited API (abi3, Python >= 3.11).
+ */
+
+#define Py_LIMITED_API 0x030B0000
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <string.h>
+
+#define AA_HASH_BYTES 32
+#define AA_KEY_BYTES_MAX 1024 /* group + NUL + aggregate; longer goes to apply() */
+
+static PyObject *s_group, *s_seq, *s_event_id, *s_kind, *s_aggregate, *s_revision, *s_accepted_at_ms,
+    *s_authoritative, *s_body, *s_effects, *s_prev_hash, *s_hash, *s_state;
+
+typedef struct {
+    PyObject *event_type, *effect_type, *group, *checked, *kind_ok, *id_ok;
+    Py_ssize_t checked_max;
+    const char *group_utf8;
+    Py_ssize_t group_size;
+    const char *prefix;
+    Py_ssize_t prefix_size;
+} run_t;
+
+/* The fields of one Event that the writes need (new references), filled by take_event. */
+typedef struct {
+    PyObject *hash, *effects;
+} taken_t;
+
+static int is_exact_int(PyObject *value) {
+    return PyLong_CheckExact(value);
+}
+
+/* 1 if ``attr`` of ``object`` satisfies ``check`` (the new reference stored in *out when out is
+ * not NULL), 0 if not, -1 on a Python error. */
+static int field(PyObject *object, PyObject *name, int (*check)(PyObject *), PyObject **out) {
+    PyObject *value = PyObject_GetAttr(object, name);
+    if (value == NULL) return -1;
+    int ok = check(value);
+    if (ok && out != NULL) {
+        *out = value;
+        return 1;
+    }
+    Py_DECREF(value);
+    return ok;
+}
+
+static int is_str(PyObject *value) { return PyUnicode_CheckExact(value); }
+static int is_bool(PyObject *value) { return PyBool_Check(value); }
+static int is_list(PyObject *value) { return PyList_CheckExact(value); }
+static int is_dict_or_none(PyObject *value) { return value == Py_None || PyDict_CheckExact(value); }
+static int is_hash(PyObject *value) { return PyBytes_CheckExact(value) && PyBytes_Size(value) == AA_HASH_BYTES; }
+
+/* 1 if predicate(value) returned True, 0 if False, -1 on a Python error. */
+static int holds(PyObject *predicate, PyObject *value) {
+    PyObject *result = value == NULL ? NULL : PyObject_CallFunctionObjArgs(predicate, value, NULL);
+    Py_XDECREF(value);
+    if (result == NULL) return -1;
+    int ok = result == Py_True;
+    Py_DECREF(result);
+    return ok;
+}
+
+/* A key not yet in ``checked``: 1 (and added to it, while it has room) if it is
+ * "<kind>:<id>" with kind_ok(kind) and id_ok(id); 0 if not; -1 on a Python error. */
+static int aggregate_ok(const run_t *run, PyObject *aggregate) {
+    Py_ssize_t length = PyUnicode_GetLength(aggregate);
+    if (length < 0) return -1;
+    Py_ssize_t colon = PyUnicode_FindChar(aggregate, ':', 0, length, 1);
+    if (colon == -2) return -1;
+    if (colon < 0) return 0;
+    int ok = holds(run->kind_ok, PyUnicode_Substring(aggregate, 0, colon));
+    if (ok == 1) ok = holds(run->id_ok, PyUnicode_Substring(aggregate, colon + 1, length));
+    if (ok == 1 && PySet_Size(run->checked) < run->checked_max && PySet_Add(run->checked, aggregate) < 0) return -1;
+    return ok;
+}
+
+/* 1 if the effect is an effect_type whose aggregate is a checked key and whose state is a dict
+ * or None; 0 if not; -1 on a Python error. */
+static int effect_ok(const run_t *run, PyObject *effect) {
+    if ((PyObject *)Py_TYPE(effect) != run->effect_type) return 0;
+    PyObject *aggregate = PyObject_GetAttr(effect, s_aggregate);
+    if (aggregate == NULL) return -1;
+    int ok = PyUnicode_CheckExact(aggregate) ? PySet_Contains(run->checked, aggregate) : 0;
+    if (ok == 0 && PyUnicode_CheckExact(aggregate)) ok = aggregate_ok(run, aggregate);
+    Py_DECREF(aggregate);
+    if (ok != 1) return ok;
+    return field(effect, s_state, is_dict_or_none, NULL);
+}
+
+/* The decimal digits of a positive ``value`` in ``out`` (no terminator); their count. */
+static int decimal(long long value, char *out) {
+    char reversed[24];
+    int count = 0;
+    do {
+        reversed[count++] = (char)('0' + value % 10);
+        value /= 10;
+    } while (value > 0);
+    for (int i = 0; i < count; i++) out[i] = reversed[count - 1 - i];
+    return count;
+}
+
+/* 1 if ``event`` is the plain next Event (see the top of the file), with its hash and effects in
+ * *taken; 0 if apply() must decide it; -1 on a Python error. */
+static int take_event(const run_t *run, PyObject *event, long long seq, const unsigned char *prev, taken_t *taken) {
+    if ((PyObject *)Py_TYPE(event) != run->event_type) return 0;
+    PyObject *value = NULL;
+    int ok = field(event, s_group, is_str, &value);
+    if (ok != 1) return ok;
+    ok = value == run->group || PyUnicode_Compare(value, run->group) == 0;
+    Py_DECREF(value);
+    if (!ok) return PyErr_Occurred() ? -1 : 0;
+
+    ok = field(event, s_seq, is_exact_int, &value);
+    if (ok != 1) return ok;
+    int overflow = 0;
+    long long got = PyLong_AsLongLongAndOverflow(value, &overflow);
+    Py_DECREF(value);
+    if (got == -1 && PyErr_Occurred()) return -1;
+    if (overflow || got != seq) return 0;
+
+    ok = field(event, s_event_id, is_str, &value);
+    if (ok != 1) return ok;
+    Py_ssize_t id_size = 0;
+    const char *id = PyUnicode_AsUTF8AndSize(value, &id_size);
+    if (id == NULL) {
+        Py_DECREF(value);
+        PyErr_Clear(); /* not encodable: apply() names the problem */
+        return 0;
+    }
+    char digits[24];
+    int digit_count = decimal(seq, digits);
+    ok = id_size == run->group_size + 1 + digit_count && memcmp(id, run->group_utf8, (size_t)run->group_size) == 0 &&
+         id[run->group_size] == ':' && memcmp(id + run->group_size + 1, digits, (size_t)digit_count) == 0;
+    Py_DECREF(value);
+    if (!ok) return 0;
+
+    ok = field(event, s_prev_hash, is_hash, &value);
+    if (ok != 1) return ok;
+    ok = memcmp(PyBytes_AsString(value), prev, AA_HASH_BYTES) == 0;
+    Py_DECREF(value);
+    if (!ok) return 0;
+
+    if ((ok = field(event, s_kind, is_str, NULL)) != 1) return ok;
+    if ((ok = field(event, s_aggregate, is_str, NULL)) != 1) return ok;
+    if ((ok = field(event, s_revision, is_exact_int, NULL)) != 1) return ok;
+    if ((ok = field(event, s_accepted_at_ms, is_exact_int, NULL)) != 1) return ok;
+    if ((ok = field(event, s_authoritative, is_bool, NULL)) != 1) return ok;
+    if ((ok = field(event, s_body, is_dict_or_none, NULL)) != 1) return ok;
+
+    PyObject *effects = NULL;
+    if ((ok = field(event, s_effects, is_list, &effects)) != 1) return ok;
+    Py_ssize_t count = PyList_Size(effects);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        ok = effect_ok(run, PyList_GetItem(effects, i)); /* borrowed */
+        if (ok != 1) {
+            Py_DECREF(effects);
+            return ok;
+        }
+    }
+    PyObject *hash = NULL;
+    if ((ok = field(event, s_hash, is_hash, &hash)) != 1) {
+        Py_DECREF(effects);
+        return ok;
+    }
+    taken->hash = hash;
+    taken->effects = effects;
+    return 1;
+}
+
+/* prefix + tail as a new bytes object; NULL with a Python error on failure. */
+static PyObject *prefixed(const run_t *run, const char *tail, Py_ssize_t tail_size) {
+    PyObject *key = PyBytes_FromStringAndSize(NULL, run->prefix_size + tail_size);
+    if (key == NULL) return NULL;
+    char *out = PyBytes_AsString(key);
+    memcpy(out, run->prefix, (size_t)run->prefix_size);
+    memcpy(out + run->prefix_size, tail, (size_t)tail_size);
+    return key;
+}
+
+/* The built-in projection's writes for one taken Event; -1 with a Python error on failure. */
+static int write_event(const run_t *run, long long seq, const taken_t *taken, PyObject *inbox, PyObject *states) {
+    unsigned char be[8];
+    for (int i = 0; i < 8; i++) be[i] = (unsigned char)((unsigned long long)seq >> (56 - 8 * i));
+    PyObject *key = prefixed(run, (const char *)be, 8);
+    if (key == NULL) return -1;
+    int failed = PyDict_SetItem(inbox, key, taken->hash);
+    Py_DECREF(key);
+    if (failed) return -1;
+    Py_ssize_t count = PyList_Size(taken->effects);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *effect = PyList_GetItem(taken->effects, i); /* borrowed */
+        PyObject *aggregate = PyObject_GetAttr(effect, s_aggregate);
+        PyObject *revision = aggregate == NULL ? NULL : PyObject_GetAttr(effect, s_revision);
+        PyObject *state = revision == NULL ? NULL : PyObject_GetAttr(effect, s_state);
+        Py_ssize_t size = 0;
+        const char *utf8 = state == NULL ? NULL : PyUnicode_AsUTF8AndSize(aggregate, &size);
+        PyObject *entry_key = utf8 == NULL ? NULL : prefixed(run, utf8, size);
+        PyObject *entry = entry_key == NULL ? NULL : PyTuple_Pack(2, revision, state);
+        failed = entry == NULL || PyDict_SetItem(states, entry_key, entry) < 0;
+        Py_XDECREF(entry);
+        Py_XDECREF(entry_key);
+        Py_XDECREF(state);
+        Py_XDECREF(revision);
+        Py_XDECREF(aggregate);
+        if (failed) return -1;
+    }
+    return 0;
+}
+
+static PyObject *aa_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 10) {
+        PyErr_SetString(PyExc_TypeError,
+                        "run takes (events, start, context, group, prefix, next_seq, prev_hash, inbox_writes, "
+                        "state_writes, writes_max)");
+        return NULL;
+    }
+    PyObject *events = args[0], *context = args[2], *inbox = args[7], *states = args[8];
+    if (!PyTuple_CheckExact(context) || PyTuple_Size(context) != 6) {
+        PyErr_SetString(PyExc_TypeError, "run: context is (event_type, effect_type, checked, checked_max, kind_ok, id_ok)");
+        return NULL;
+    }
+    run_t run = {
+        .event_type = PyTuple_GetItem(context, 0),
+        .effect_type = PyTuple_GetItem(context, 1),
+        .checked = PyTuple_GetItem(context, 2),
+        .kind_ok = PyTuple_GetItem(context, 4),
+        .id_ok = PyTuple_GetItem(context, 5),
+        .group = args[3],
+    };
+    if (!PyList_CheckExact(events) || !PyType_Check(run.event_type) || !PyType_Check(run.effect_type) ||
+        !PySet_CheckExact(run.checked) || !PyCallable_Check(run.kind_ok) || !PyCallable_Check(run.id_ok) ||
+        !PyUnicode_CheckExact(run.group) || !PyBytes_CheckExact(args[4]) || !PyBytes_CheckExact(args[6]) ||
+        PyBytes_Size(args[6]) != AA_HASH_BYTES || !PyDict_CheckExact(inbox) || !PyDict_CheckExact(states)) {
+        PyErr_SetString(PyExc_TypeError, "run: an argument has the wrong type");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    long long seq = PyLong_AsLongLong(args[5]);
+    Py_ssize_t writes_max = PyLong_AsSsize_t(args[9]);
+    run.checked_max = PyLong_AsSsize_t(PyTuple_GetItem(context, 3));
+    if (PyErr_Occurred()) return NULL;
+    if (seq < 1) {
+        PyErr_SetString(PyExc_ValueError, "run: next_seq must be positive");
+        return NULL;
+    }
+    run.group_utf8 = PyUnicode_AsUTF8AndSize(run.group, &run.group_size);
+    if (run.group_utf8 == NULL) return NULL;
+    run.prefix = PyBytes_AsString(args[4]);
+    run.prefix_size = PyBytes_Size(args[4]);
+    if (run.prefix_size > AA_KEY_BYTES_MAX) return PyLong_FromSsize_t(start);
+
+    unsigned char prev[AA_HASH_BYTES];
+    memcpy(prev, PyBytes_AsString(args[6]), AA_HASH_BYTES);
+    Py_ssize_t count = PyList_Size(events), i = start < 0 ? count : start;
+    for (; i < count; i++, seq++) {
+        taken_t taken = {NULL, NULL};
+        int ok = take_event(&run, PyList_GetItem(events, i), seq, prev, &taken);
+        if (ok < 0) return NULL;
+        if (ok == 0) break;
+        int failed = write_event(&run, seq, &taken, inbox, states);
+        if (!failed) memcpy(prev, PyBytes_AsString(taken.hash), AA_HASH_BYTES);
+        Py_DECREF(taken.hash);
+        Py_DECREF(taken.effects);
+        if (failed) return NULL;
+        if (PyDict_Size(inbox) + PyDict_Size(states) >= writes_max) {
+            i++;
+            break;
+        }
+    }
+    return PyLong_FromSsize_t(i);
+}
+
+static PyMethodDef aa_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))aa_run, METH_FASTCALL,
+     "run(events, start, context, group, prefix, next_seq, prev_hash, inbox_writes, state_writes, writes_max) -> "
+     "stop; see csrc/agent_apply.c."},
+    {NULL, NULL, 0, NULL},
+};
+
+static int intern(PyObject **slot, const char *name) {
+    if (*slot == NULL) *slot = PyUnicode_InternFromString(name);
+    return *slot == NULL ? -1 : 0;
+}
+
+static int aa_exec(PyObject *module) {
+    (void)module;
+    if (intern(&s_group, "group") < 0 || intern(&s_seq, "seq") < 0 || intern(&s_event_id, "event_id") < 0 ||
+        intern(&s_kind, "kind") < 0 || intern(&s_aggregate, "aggregate") < 0 || intern(&s_revision, "revision") < 0 ||
+        intern(&s_accepted_at_ms, "accepted_at_ms") < 0 || intern(&s_authoritative, "authoritative") < 0 ||
+        intern(&s_body, "body") < 0 || intern(&s_effects, "effects") < 0 || intern(&s_prev_hash, "prev_hash") < 0 ||
+        intern(&s_hash, "hash") < 0 || intern(&s_state, "state") < 0)
+        return -1;
+    return 0;
+}
+
+static PyModuleDef_Slot aa_slots[] = {
+    {Py_mod_exec, (void *)aa_exec},
+    {0, NULL},
+};
+
+static struct PyModuleDef aa_module = {
+    PyModuleDef_HEAD_INIT,
+    "mwpstore._apply_c",
+    "The AgentStore's in-order apply run for verify=\"trusted\" (see csrc/agent_apply.c).",
+    0,
+    aa_methods,
+    aa_slots,
+    NULL,
+    NULL,
+    NULL,
+};
+
+PyMODINIT_FUNC PyInit__apply_c(void) {
+    return PyModuleDef_Init(&aa_module);
+}

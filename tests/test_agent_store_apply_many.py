@@ -1,0 +1,242 @@
+"""``apply_many`` in trusted mode takes plain in-order runs in C (``mwpstore._apply_c``): it must
+give exactly what a loop of ``apply`` gives — statuses, errors at the same Events, projections,
+buffers and Cursors — whatever the delivery schedule."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from agent_store_support import ChainBuilder, workload
+from mwpstore import _apply_c, _canonical_c, agent_store
+from mwpstore.agent_store import AgentStore, ApplyStatus
+from mwpstore.errors import EventInvalid, MwpError, ProjectionFailed
+from mwpstore.messages import Effect, Event, recompute_event_hash
+
+GROUPS = ("g-1", "g-2")
+EVENTS = {group: workload(group, 40, seed=index + 5) for index, group in enumerate(GROUPS)}
+
+
+def _rehash(event: Event, **changes) -> Event:
+    changed = msgspec.structs.replace(event, **changes)
+    return msgspec.structs.replace(changed, hash=recompute_event_hash(changed))
+
+
+def _spoiled(event: Event, how: int) -> Event:
+    """A malformed copy of ``event`` that trusted mode refuses."""
+    if how == 0:
+        return msgspec.structs.replace(event, seq=str(event.seq))
+    if how == 1:
+        return msgspec.structs.replace(event, event_id=f"{event.group}:{event.seq + 1}")
+    if how == 2:
+        return msgspec.structs.replace(event, prev_hash=bytes(32))
+    if how == 3:
+        return msgspec.structs.replace(event, effects=[Effect("no-colon", 1, {})])
+    if how == 4:
+        return msgspec.structs.replace(event, authoritative=1)
+    if how == 5:
+        return msgspec.structs.replace(event, effects=[("workitem:x", 1, None)])
+    if how == 6:
+        return msgspec.structs.replace(event, body=[1])
+    return msgspec.structs.replace(event, event_id=f"{event.group};{event.seq}")
+
+
+@st.composite
+def schedules(draw):
+    """Delivery of both Groups' Events: interleaved, with duplicates, reorders, gaps and spoiled
+    copies, cut into local transactions."""
+    items = []
+    for group in GROUPS:
+        events = EVENTS[group]
+        count = draw(st.integers(1, len(events)))
+        items.extend(("ok", event) for event in events[:count])
+    items = draw(st.permutations(items)) if draw(st.booleans()) else sorted(items, key=lambda item: item[1].seq)
+    extra = draw(st.lists(st.tuples(st.integers(0, len(items)), st.sampled_from(GROUPS), st.integers(0, 39), st.integers(-1, 7)), max_size=8))
+    for position, group, seq_index, how in extra:
+        event = EVENTS[group][seq_index]
+        items.insert(position, ("ok", event) if how < 0 else ("spoiled", _spoiled(event, how)))
+    cuts = sorted(draw(st.lists(st.integers(0, len(items)), max_size=4)))
+    chunks, start = [], 0
+    for cut in cuts + [len(items)]:
+        chunks.append(items[start:cut])
+        start = cut
+    return chunks
+
+
+def _outcome(call, event_or_events):
+    try:
+        return call(event_or_events)
+    except MwpError as exc:
+        return type(exc).__name__
+
+
+def _run_one_by_one(path, chunks):
+    outcomes = []
+    agent = AgentStore.open(path, verify="trusted")
+    for chunk in chunks:
+        with agent.begin() as tx:
+            outcomes.extend(_outcome(tx.apply, event) for _, event in chunk)
+            for group in GROUPS:
+                tx.advance_cursor(group)
+    return agent, outcomes
+
+
+def _run_many(path, chunks):
+    """apply_many over the runs between the Events that may raise, each of which goes alone."""
+    outcomes = []
+    agent = AgentStore.open(path, verify="trusted")
+    for chunk in chunks:
+        with agent.begin() as tx:
+            run: list[Event] = []
+            for kind, event in chunk + [("end", None)]:
+                if kind == "ok":
+                    run.append(event)
+                    continue
+                if run:
+                    outcomes.extend(tx.apply_many(run))
+                    run = []
+                if event is not None:
+                    result = _outcome(tx.apply_many, [event])
+                    outcomes.extend(result if isinstance(result, list) else [result])
+            for group in GROUPS:
+                tx.advance_cursor(group)
+    return agent, outcomes
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chunks=schedules())
+def test_apply_many_equals_apply_one_by_one(tmp_path_factory, chunks):
+    base = tmp_path_factory.mktemp("many")
+    one, one_outcomes = _run_one_by_one(base / "one", chunks)
+    many, many_outcomes = _run_many(base / "many", chunks)
+    try:
+        assert many_outcomes == one_outcomes
+        assert many.projection_dump() == one.projection_dump()
+        for group in GROUPS:
+            assert many.head(group) == one.head(group)
+            assert many.buffered_seqs(group) == one.buffered_seqs(group)
+            assert many.inbox_seqs(group) == one.inbox_seqs(group)
+    finally:
+        one.close()
+        many.close()
+
+
+def test_apply_many_takes_in_order_runs_without_calling_apply(tmp_path, monkeypatch):
+    events = EVENTS["g-1"]
+    calls = []
+    original = agent_store.AgentTransaction.apply
+    monkeypatch.setattr(agent_store.AgentTransaction, "apply", lambda self, event: calls.append(event) or original(self, event))
+    agent = AgentStore.open(tmp_path / "a", verify="trusted")
+    with agent.begin() as tx:
+        assert tx.apply_many(events) == [ApplyStatus.APPLIED] * len(events)
+        tx.advance_cursor("g-1")
+    assert calls == [events[0]]  # the first one loads the head; the C run took the rest
+    reference = AgentStore.open(tmp_path / "r", verify="trusted")
+    with reference.begin() as tx:
+        for event in events:
+            original(tx, event)
+        tx.advance_cursor("g-1")
+    assert agent.projection_dump() == reference.projection_dump()
+    agent.close()
+    reference.close()
+
+
+def test_an_aggregate_key_only_apply_accepts_is_left_to_apply(tmp_path, monkeypatch):
+    chain = ChainBuilder("g-3")
+    chain.event("group.create", "group:g-3", {"group:g-3": {"org": "o"}})
+    chain.event("mission.create", "mission:m1", {"mission:m1": {"n": 1}})
+    long_kind = "k" * 100 + ":x"  # apply()'s rule bounds only the whole key; the C rule bounds the kind
+    chain.event("custom.kind", long_kind, {long_kind: {"n": 2}})
+    chain.event("mission.update", "mission:m1", {"mission:m1": {"n": 3}})
+    calls = []
+    original = agent_store.AgentTransaction.apply
+    monkeypatch.setattr(agent_store.AgentTransaction, "apply", lambda self, event: calls.append(event.seq) or original(self, event))
+    agent = AgentStore.open(tmp_path / "a", verify="trusted")
+    with agent.begin() as tx:
+        assert tx.apply_many(chain.events) == [ApplyStatus.APPLIED] * 4
+        tx.advance_cursor("g-3")
+    assert calls == [1, 3]
+    assert agent.state("g-3", long_kind) == {"n": 2} and agent.state("g-3", "mission:m1") == {"n": 3}
+    agent.close()
+
+
+def test_apply_many_flushes_when_the_write_cache_fills(tmp_path, monkeypatch):
+    monkeypatch.setattr(agent_store, "_WRITE_CACHE_ENTRIES_MAX", 7)
+    flushes = []
+    original = agent_store.AgentTransaction._flush
+    monkeypatch.setattr(agent_store.AgentTransaction, "_flush", lambda self: flushes.append(1) or original(self))
+    agent = AgentStore.open(tmp_path / "a", verify="trusted")
+    with agent.begin() as tx:
+        tx.apply_many(EVENTS["g-1"])
+        tx.advance_cursor("g-1")
+    assert len(flushes) > 5
+    reference = AgentStore.open(tmp_path / "r", verify="trusted")
+    with reference.begin() as tx:
+        for event in EVENTS["g-1"]:
+            tx.apply(event)
+        tx.advance_cursor("g-1")
+    assert agent.projection_dump() == reference.projection_dump()
+    agent.close()
+    reference.close()
+
+
+def test_an_error_inside_the_c_run_leaves_the_transaction_only_abortable(tmp_path, monkeypatch):
+    def failing(value):
+        raise MemoryError("simulated")
+
+    agent_store._CHECKED_AGGREGATES.clear()  # so the run must check a new aggregate key
+    monkeypatch.setattr(agent_store, "_RUN_CONTEXT", (Event, Effect, agent_store._CHECKED_AGGREGATES, 10, failing, _canonical_c.id_ok))
+    agent = AgentStore.open(tmp_path / "a", verify="trusted")
+    with pytest.raises(ProjectionFailed):
+        with agent.begin() as tx:
+            with pytest.raises(MemoryError):
+                tx.apply_many(EVENTS["g-1"])
+            with pytest.raises(ProjectionFailed):
+                tx.apply(EVENTS["g-1"][1])
+    assert agent.cursor("g-1") == 0 and agent.projection_dump() == []  # nothing was committed
+    agent.close()
+
+
+def test_the_c_run_refuses_malformed_arguments():
+    events = EVENTS["g-1"]
+    context = (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok)
+    good = [events, 1, context, "g-1", b"g-1\x00", 2, events[0].hash, {}, {}, 100]
+    assert _apply_c.run(*good) == len(events)
+    for position, bad in [(0, tuple(events)), (2, context[:5]), (3, b"g-1"), (6, b"short"), (7, []), (9, "100")]:
+        arguments = list(good)
+        arguments[position] = bad
+        with pytest.raises(TypeError):
+            _apply_c.run(*arguments)
+    with pytest.raises(ValueError):
+        _apply_c.run(events, 1, context, "g-1", b"g-1\x00", 0, events[0].hash, {}, {}, 100)
+    with pytest.raises(TypeError):
+        _apply_c.run(events)
+
+
+def test_the_c_run_stops_at_the_first_event_apply_must_decide():
+    events = EVENTS["g-1"]
+    context = (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok)
+    for how in range(8):
+        spoiled = events[:5] + [_spoiled(events[5], how)] + events[6:]
+        inbox: dict = {}
+        states: dict = {}
+        assert _apply_c.run(spoiled, 1, context, "g-1", b"g-1\x00", 2, events[0].hash, inbox, states, 10_000) == 5, how
+        assert sorted(inbox) == [b"g-1\x00" + seq.to_bytes(8, "big") for seq in range(2, 6)]
+    other_group = events[:3] + [msgspec.structs.replace(events[3], group="g-2")]
+    assert _apply_c.run(other_group, 1, context, "g-1", b"g-1\x00", 2, events[0].hash, {}, {}, 100) == 3
+    assert _apply_c.run(events, 1, context, "g-1", b"g-1\x00", 3, events[0].hash, {}, {}, 100) == 1  # not the next seq
+
+
+def test_apply_many_with_full_verification_or_projections_is_a_loop_of_apply(tmp_path):
+    events = EVENTS["g-1"]
+    spoiled = _rehash(events[3], body={"forged": True})  # a hash that only full verification recomputes
+    agent = AgentStore.open(tmp_path / "a")
+    with agent.begin() as tx:
+        assert tx.apply_many(events[:3]) == [ApplyStatus.APPLIED] * 3
+        with pytest.raises(EventInvalid):
+            tx.apply_many([msgspec.structs.replace(spoiled, hash=events[3].hash)])
+        tx.advance_cursor("g-1")
+    assert agent.cursor("g-1") == 3
+    agent.close()
