@@ -1216,25 +1216,35 @@ class AgentTransaction:
         items = sorted(self._state_writes.items())
         self._state_writes.clear()
         tables.put_many(txn, b"state", [(key, encode(value)) for key, value in items])
-        # The work queue follows the last state of each WorkItem written in this transaction.
+        # The work queue follows the last state of each WorkItem written in this transaction:
+        # old entries are deleted one by one, new ones written in two batches (a WorkItem's new
+        # queue key is never another's old one: the key ends with the WorkItem ID).
+        queue: list[tuple[bytes, bytes]] = []
+        queue_index: list[tuple[bytes, bytes]] = []
+        indexed: list[bytes] = []  # queue_index keys written for the first time (their presence)
+        get = tables.get
         for key, (_, state) in items:
             separator = key.index(b"\x00") + 1
             if not key.startswith(b"workitem:", separator):
                 continue
             index_key = key[:separator] + key[separator + 9 :]
             new = _queue_suffix_for(key[separator + 9 :].decode(), state)
-            old = tables.get(txn, b"queue_index", index_key)
-            if old is not None:
-                old = bytes(old)
+            old = get(txn, b"queue_index", index_key)
             if old == new:
                 continue
             if old is not None:
                 tables.delete(txn, b"queue", key[:separator] + old)
             if new is None:
                 tables.delete(txn, b"queue_index", index_key)
-            else:
-                tables.put(txn, b"queue", key[:separator] + new, b"")
-                tables.put(txn, b"queue_index", index_key, new)
+                continue
+            queue.append((key[:separator] + new, b""))
+            queue_index.append((index_key, new))
+            if old is None:
+                indexed.append(index_key)
+        if queue:
+            queue.sort()
+            tables.put_many(txn, b"queue", queue)
+            tables.put_many(txn, b"queue_index", queue_index, indexed)  # in key order, as ``items``
 
     def _drain(self, group: str) -> None:
         """Apply buffered Events that have become contiguous; drop one whose chain link fails."""
