@@ -182,9 +182,11 @@ static int take_event(const run_t *run, PyObject *event, long long seq, const un
 
     PyObject *effects = NULL;
     if ((ok = field(event, s_effects, is_list, &effects)) != 1) return ok;
-    Py_ssize_t count = PyList_Size(effects);
-    for (Py_ssize_t i = 0; i < count; i++) {
-        ok = effect_ok(run, PyList_GetItem(effects, i)); /* borrowed */
+    for (Py_ssize_t i = 0; i < PyList_Size(effects); i++) { /* kind_ok/id_ok may be Python code */
+        PyObject *effect = PyList_GetItem(effects, i);
+        Py_XINCREF(effect);
+        ok = effect == NULL ? -1 : effect_ok(run, effect);
+        Py_XDECREF(effect);
         if (ok != 1) {
             Py_DECREF(effects);
             return ok;
@@ -219,9 +221,10 @@ static int write_event(const run_t *run, long long seq, const taken_t *taken, Py
     int failed = PyDict_SetItem(inbox, key, taken->hash);
     Py_DECREF(key);
     if (failed) return -1;
-    Py_ssize_t count = PyList_Size(taken->effects);
+    Py_ssize_t count = PyList_Size(taken->effects); /* no Python code runs from here on */
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *effect = PyList_GetItem(taken->effects, i); /* borrowed */
+        if (effect == NULL) return -1;
         PyObject *aggregate = PyObject_GetAttr(effect, s_aggregate);
         PyObject *revision = aggregate == NULL ? NULL : PyObject_GetAttr(effect, s_revision);
         PyObject *state = revision == NULL ? NULL : PyObject_GetAttr(effect, s_state);
@@ -285,10 +288,14 @@ static PyObject *aa_run(PyObject *module, PyObject *const *args, Py_ssize_t narg
 
     unsigned char prev[AA_HASH_BYTES];
     memcpy(prev, PyBytes_AsString(args[6]), AA_HASH_BYTES);
-    Py_ssize_t count = PyList_Size(events), i = start < 0 ? count : start;
-    for (; i < count; i++, seq++) {
+    Py_ssize_t i = start < 0 ? PyList_Size(events) : start;
+    for (; i < PyList_Size(events); i++, seq++) {
         taken_t taken = {NULL, NULL};
-        int ok = take_event(&run, PyList_GetItem(events, i), seq, prev, &taken);
+        PyObject *event = PyList_GetItem(events, i);
+        if (event == NULL) return NULL;
+        Py_INCREF(event); /* held: kind_ok and id_ok may be Python code that changes the list */
+        int ok = take_event(&run, event, seq, prev, &taken);
+        Py_DECREF(event);
         if (ok < 0) return NULL;
         if (ok == 0) break;
         int failed = write_event(&run, seq, &taken, inbox, states);

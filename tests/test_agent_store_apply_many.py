@@ -215,6 +215,20 @@ def test_the_c_run_refuses_malformed_arguments():
         _apply_c.run(events)
 
 
+def test_the_c_run_survives_predicates_that_change_its_list():
+    events = list(EVENTS["g-1"])
+
+    def clearing(value):
+        events.clear()  # drops the list's references to the Events being checked
+        return True
+
+    context = (Event, Effect, set(), 10, clearing, _canonical_c.id_ok)
+    inbox: dict = {}
+    # The Event being checked is held by the run; the list ends early: it stops there.
+    assert _apply_c.run(events, 1, context, "g-1", b"g-1\x00", 2, EVENTS["g-1"][0].hash, inbox, {}, 100) == 2
+    assert list(inbox.values()) == [EVENTS["g-1"][1].hash]
+
+
 def test_the_c_run_stops_at_the_first_event_apply_must_decide():
     events = EVENTS["g-1"]
     context = (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok)
