@@ -268,6 +268,22 @@ def _check_shape(event: Event) -> None:
             raise EventInvalid("an Effect's state must be a dict or None", reason="effects")
 
 
+_ENCODE_ERRORS = (msgspec.EncodeError, TypeError, ValueError, OverflowError, RecursionError)
+"""What encoding content that was never checked can raise (e.g. a dict with int keys, a set)."""
+
+
+def _encoded(event: Event) -> bytes:
+    """The bytes of an Event object; ``EventInvalid`` if it cannot be encoded, ``LimitExceeded``
+    if they are more than ``EVENT_BYTES_MAX``."""
+    try:
+        data = encode_event(event)
+    except _ENCODE_ERRORS as exc:
+        raise EventInvalid(f"Event cannot be encoded: {exc}", reason="type") from None
+    if len(data) > limits.EVENT_BYTES_MAX:
+        raise LimitExceeded(f"a delivered Event is larger than {limits.EVENT_BYTES_MAX} bytes", field="event")
+    return data
+
+
 def admit_event(event: Event | bytes | bytearray | memoryview) -> tuple[Event, bytes]:
     """Check a delivered Event's type, shape and size (no hash checks); return it and its bytes.
 
@@ -279,12 +295,7 @@ def admit_event(event: Event | bytes | bytearray | memoryview) -> tuple[Event, b
         data = bytes(event)
         event = decode_event(data)
     elif type(event) is Event:
-        try:
-            data = encode_event(event)
-        except (msgspec.EncodeError, TypeError, ValueError, OverflowError) as exc:
-            raise EventInvalid(f"Event cannot be encoded: {exc}", reason="type") from None
-        if len(data) > limits.EVENT_BYTES_MAX:
-            raise LimitExceeded(f"a delivered Event is larger than {limits.EVENT_BYTES_MAX} bytes", field="event")
+        data = _encoded(event)
     else:
         raise EventInvalid("expected a mwpstore.Event or its encoded bytes", reason="type")
     _check_shape(event)
@@ -1010,7 +1021,7 @@ class AgentTransaction:
         if self._full:
             check_event(event)
         else:
-            data = encode_event(event)
+            data = _encoded(event)
         key = _seq_key(group, seq)
         buffered = self._tables.get(self._txn, b"buffer", key)
         if buffered is not None:
@@ -1215,7 +1226,16 @@ class AgentTransaction:
         encode = _STATE_ENCODER.encode
         items = sorted(self._state_writes.items())
         self._state_writes.clear()
-        tables.put_many(txn, b"state", [(key, encode(value)) for key, value in items])
+        try:
+            values = [(key, encode(value)) for key, value in items]
+        except _ENCODE_ERRORS as exc:  # only verify="trusted" lets unchecked content this far
+            self._failed = EventInvalid(
+                f"an Effect's state cannot be stored ({exc}); verify='trusted' does not check content, "
+                "so this local transaction can only abort",
+                reason="state",
+            )
+            raise self._failed from None
+        tables.put_many(txn, b"state", values)
         # The work queue follows the last state of each WorkItem written in this transaction:
         # old entries are deleted one by one, new ones written in two batches (a WorkItem's new
         # queue key is never another's old one: the key ends with the WorkItem ID).

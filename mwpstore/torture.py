@@ -1587,7 +1587,7 @@ def _forgive_short(line: str) -> str:
 # -- fuzz: every decoder and entry point that takes outside bytes ----------------------------------
 
 FUZZ_TARGETS = ("segment_file", "event_bytes", "command", "agent_delivery", "snapshot", "audit_log", "agent_lmdb_file",
-                "index_record")
+                "index_record", "agent_apply_many")
 FUZZ_INPUT_SECONDS_MAX = 5.0
 """An input that takes longer than this is a hang (a violation)."""
 FUZZ_INPUT_BYTES_MAX = 1 << 16
@@ -1599,6 +1599,10 @@ class AcceptedForgery(Exception):
 
 class IndexPathsDisagree(Exception):
     """The C indexing of a log record and the Python reference disagreed (a violation)."""
+
+
+class ApplyPathsDisagree(Exception):
+    """``apply_many`` (its C run) and a loop of ``apply`` disagreed on the same Events (a violation)."""
 
 
 class FuzzHang(Exception):
@@ -1644,6 +1648,8 @@ class FuzzContext:
         from .index import Index
 
         self.index = Index(os.path.join(root, "index-scratch"), map_size=1 << 26)  # never written: heads load as empty
+        # Two trusted stores without projections, never committed to: apply_many against apply.
+        self.trusted = tuple(AgentStore.open(os.path.join(root, f"trusted-{path}"), verify="trusted") for path in ("loop", "many"))
         sample_agent = os.path.join(root, "agent-sample")
         with AgentStore.open(sample_agent, projections=[CountingProjection()], trusted_keys=[self.keyring]) as agent:
             with agent.begin() as tx:
@@ -1662,6 +1668,7 @@ class FuzzContext:
             "audit_log": [audit_bytes],
             "agent_lmdb_file": [agent_file],
             "index_record": [self.events[-1]],  # the record after the others: the chain links
+            "agent_apply_many": [_events_sample(self.events[:10]), _events_sample(self.events[:3] + self.events[2:7])],
         }
 
     def scratch_path(self, name: str) -> str:
@@ -1669,6 +1676,8 @@ class FuzzContext:
         return os.path.join(self.root, "inputs", f"{self.counter}-{name}")
 
     def close(self) -> None:
+        for store in self.trusted:
+            store.close()
         self.agent.close()
         self.index.close()
         self.authority.close()
@@ -1793,8 +1802,82 @@ def fuzz_one(target: str, data: bytes, context: FuzzContext) -> None:
             from .errors import Corruption
 
             raise Corruption(f"index_record refused ({python[1]})", reason=python[1])
+    elif target == "agent_apply_many":
+        events = _events_from(data)
+        loop, many = (apply_outcome(store, events, use_many) for store, use_many in zip(context.trusted, (False, True)))
+        if loop != many:
+            raise ApplyPathsDisagree(f"apply_many and a loop of apply differ on {len(events)} Events: {many[:2]} vs {loop[:2]}")
+        if loop[1] is not None:  # both refused the same Event: counted as the typed error it is
+            from .errors import EventInvalid
+
+            raise EventInvalid(f"agent_apply_many refused ({loop[1]})", reason="fuzz")
     else:
         raise AssertionError(target)
+
+
+def _events_sample(encoded_events: list[bytes]) -> bytes:
+    """A msgpack array of Events (each an array of its 16 fields): the agent_apply_many seed form."""
+    import msgspec
+
+    from .messages import decode_event
+
+    return msgspec.msgpack.encode([decode_event(data) for data in encoded_events])
+
+
+def _events_from(data: bytes) -> list[Any]:
+    """Event objects built from a msgpack array of 16-field arrays with whatever values decode
+    (msgspec does not check a Struct's field types when it is built in code: the checks under test
+    must). Items of another shape stay as they are (apply refuses them)."""
+    import msgspec
+
+    from .errors import EventInvalid
+    from .messages import Effect, Event
+
+    try:
+        items = msgspec.msgpack.decode(data)
+    except msgspec.DecodeError as exc:
+        raise EventInvalid(f"not msgpack: {exc}", reason="fuzz") from None
+    if not isinstance(items, list):
+        raise EventInvalid("not an array of Events", reason="fuzz")
+    events: list[Any] = []
+    for item in items[:64]:
+        if isinstance(item, list) and len(item) == 16:
+            effects = item[12]
+            if isinstance(effects, list):
+                effects = [Effect(*effect) if isinstance(effect, list) and len(effect) == 3 else effect for effect in effects]
+            item = Event(*item[:12], effects, *item[13:])
+        events.append(item)
+    return events
+
+
+def apply_outcome(store: Any, events: list[Any], use_many: bool) -> tuple[Any, Any, Any]:
+    """(statuses, error, every entry the transaction holds) after applying ``events`` in one
+    local transaction that is then aborted: with ``apply_many``, or ``apply`` one by one up to the
+    first error."""
+    statuses: list[Any] | None = []
+    error = None
+    tx = store.begin()
+    try:
+        try:
+            if use_many:
+                statuses = tx.apply_many(events)
+            else:
+                for event in events:
+                    statuses.append(tx.apply(event))
+        except MwpError as exc:
+            statuses, error = None, (type(exc).__name__, exc.detail.get("reason"))
+        try:
+            tx._flush()  # what commit would write first (trusted mode meets unchecked content here)
+        except MwpError as exc:
+            statuses, error = None, ("flush", type(exc).__name__, exc.detail.get("reason"))
+        heads = sorted((group, head.applied_seq, head.applied_hash, head.cursor, head.buffered) for group, head in tx._heads.items())
+        entries = [
+            (name, [(bytes(key), bytes(value)) for key, value in tx._txn.cursor(db=db)])
+            for name, db in sorted(tx._tables.dbs.items())
+        ]
+        return statuses, error, (heads, entries, tx._failed is not None)
+    finally:
+        tx.abort()
 
 
 IndexOutcome = Any

@@ -254,3 +254,27 @@ def test_apply_many_with_full_verification_or_projections_is_a_loop_of_apply(tmp
         tx.advance_cursor("g-1")
     assert agent.cursor("g-1") == 3
     agent.close()
+
+
+def test_trusted_mode_refuses_unstorable_content_with_a_typed_error_and_commits_nothing(tmp_path):
+    """Trusted mode does not walk content; what cannot be stored is still a typed error, found
+    when the state is encoded (at the latest when the transaction commits), never half-written."""
+    events = EVENTS["g-1"]
+    state_with_int_key = msgspec.structs.replace(events[1], effects=[Effect(events[1].effects[0].aggregate, 1, {1: "x"})])
+    agent = AgentStore.open(tmp_path / "a", verify="trusted")
+    for apply in ("apply", "apply_many"):
+        with pytest.raises(EventInvalid) as caught:
+            with agent.begin() as tx:
+                getattr(tx, apply)(events[0]) if apply == "apply" else tx.apply_many([events[0]])
+                getattr(tx, apply)(state_with_int_key) if apply == "apply" else tx.apply_many([state_with_int_key])
+        assert caught.value.detail["reason"] == "state"
+        assert agent.cursor("g-1") == 0 and agent.projection_dump() == []
+    not_content = msgspec.structs.replace(events[5], body={"s": object()})  # beyond a gap: encoded to be buffered
+    with agent.begin() as tx:
+        with pytest.raises(EventInvalid) as caught:
+            tx.apply(not_content)
+        assert caught.value.detail["reason"] == "type"
+        assert tx.apply_many(events[:3]) == [ApplyStatus.APPLIED] * 3  # the transaction stays usable
+        tx.advance_cursor("g-1")
+    assert agent.cursor("g-1") == 3 and agent.buffered_seqs("g-1") == []
+    agent.close()
