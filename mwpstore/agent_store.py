@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import enum
 import fcntl
+import itertools
 import os
 import threading
 import time
@@ -1052,13 +1053,14 @@ class AgentTransaction:
         """``apply`` each Event in order: the same statuses, writes and errors (an error leaves
         the Events before it applied in this transaction, as a loop of ``apply`` would).
 
-        With ``verify="trusted"`` and no application projection, the Events that plainly follow
-        one that ``apply`` applied (the next sequence of the same Group, well-typed, linked) are
-        taken by one C call, ``mwpstore._apply_c.run``, which makes the same checks and writes;
-        every other Event goes through ``apply``."""
+        Without application projections, the Events that plainly follow one that ``apply``
+        applied (the next sequence of the same Group, well-typed, linked) are taken by one C call,
+        ``mwpstore._apply_c.run``, which makes the same checks and writes; with full validation
+        they are first checked as ``apply`` checks them (``admit_event``, ``check_event``). Every
+        other Event goes through ``apply``."""
         if type(events) is not list:
             events = list(events)
-        if self._full or self._store._projections or _FAILPOINT_ARMED:
+        if self._store._projections or _FAILPOINT_ARMED:
             return [self.apply(event) for event in events]
         statuses: list[ApplyStatus] = []
         index, count = 0, len(events)
@@ -1073,9 +1075,15 @@ class AgentTransaction:
             head = self._heads[group]
             if head.buffered:
                 continue  # apply() decides what a buffered Event's arrival means
+            run = events
+            if self._full:
+                end = _fully_valid_run(events, index, group, head.applied_seq + 1, head.applied_hash)
+                if end == index:
+                    continue
+                run = events[:end]
             try:
                 stop = _apply_run(
-                    events, index, _RUN_CONTEXT, group, self._prefixes[group], head.applied_seq + 1, head.applied_hash,
+                    run, index, _RUN_CONTEXT, group, self._prefixes[group], head.applied_seq + 1, head.applied_hash,
                     self._inbox_writes, self._state_writes, _WRITE_CACHE_ENTRIES_MAX,
                 )
             except BaseException as exc:  # Events may be written past the head: only abort is left
@@ -1356,6 +1364,25 @@ class AgentTransaction:
 
     def _offline_range(self, prefix: bytes) -> list[tuple[bytes, bytes]]:
         return [(key, bytes(value)) for key, value in self._tables.range(self._txn, b"offline", prefix)]
+
+
+def _fully_valid_run(events: list[Any], start: int, group: str, seq: int, prev_hash: bytes) -> int:
+    """The end of the run of ``events[start:]`` that pass full validation (``admit_event`` and
+    ``check_event`` with the chain link) as ``group``'s Events from ``seq`` on. The first one that
+    does not is left where it is: ``apply`` validates it again and raises what it raises."""
+    index = start
+    for event in itertools.islice(events, start, None):
+        if type(event) is not Event or event.group != group or event.seq != seq:
+            break
+        try:
+            admit_event(event)
+            check_event(event, expected_prev_hash=prev_hash)
+        except Exception:
+            break
+        prev_hash = event.hash
+        seq += 1
+        index += 1
+    return index
 
 
 def _queue_suffix_for(workitem: str, state: dict[str, Any] | None) -> bytes | None:

@@ -25,7 +25,7 @@ def _rehash(event: Event, **changes) -> Event:
 
 
 def _spoiled(event: Event, how: int) -> Event:
-    """A malformed copy of ``event`` that trusted mode refuses."""
+    """A malformed copy of ``event`` (trusted mode refuses all but the last kind)."""
     if how == 0:
         return msgspec.structs.replace(event, seq=str(event.seq))
     if how == 1:
@@ -40,7 +40,10 @@ def _spoiled(event: Event, how: int) -> Event:
         return msgspec.structs.replace(event, effects=[("workitem:x", 1, None)])
     if how == 6:
         return msgspec.structs.replace(event, body=[1])
-    return msgspec.structs.replace(event, event_id=f"{event.group};{event.seq}")
+    if how == 7:
+        return msgspec.structs.replace(event, event_id=f"{event.group};{event.seq}")
+    # the same hash over a changed body: only full validation (the payload hash) refuses it
+    return msgspec.structs.replace(event, body={"forged": True})
 
 
 @st.composite
@@ -53,7 +56,7 @@ def schedules(draw):
         count = draw(st.integers(1, len(events)))
         items.extend(("ok", event) for event in events[:count])
     items = draw(st.permutations(items)) if draw(st.booleans()) else sorted(items, key=lambda item: item[1].seq)
-    extra = draw(st.lists(st.tuples(st.integers(0, len(items)), st.sampled_from(GROUPS), st.integers(0, 39), st.integers(-1, 7)), max_size=8))
+    extra = draw(st.lists(st.tuples(st.integers(0, len(items)), st.sampled_from(GROUPS), st.integers(0, 39), st.integers(-1, 8)), max_size=8))
     for position, group, seq_index, how in extra:
         event = EVENTS[group][seq_index]
         items.insert(position, ("ok", event) if how < 0 else ("spoiled", _spoiled(event, how)))
@@ -72,9 +75,9 @@ def _outcome(call, event_or_events):
         return type(exc).__name__
 
 
-def _run_one_by_one(path, chunks):
+def _run_one_by_one(path, chunks, verify="trusted"):
     outcomes = []
-    agent = AgentStore.open(path, verify="trusted")
+    agent = AgentStore.open(path, verify=verify)
     for chunk in chunks:
         with agent.begin() as tx:
             outcomes.extend(_outcome(tx.apply, event) for _, event in chunk)
@@ -83,10 +86,10 @@ def _run_one_by_one(path, chunks):
     return agent, outcomes
 
 
-def _run_many(path, chunks):
+def _run_many(path, chunks, verify="trusted"):
     """apply_many over the runs between the Events that may raise, each of which goes alone."""
     outcomes = []
-    agent = AgentStore.open(path, verify="trusted")
+    agent = AgentStore.open(path, verify=verify)
     for chunk in chunks:
         with agent.begin() as tx:
             run: list[Event] = []
@@ -105,12 +108,12 @@ def _run_many(path, chunks):
     return agent, outcomes
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(chunks=schedules())
-def test_apply_many_equals_apply_one_by_one(tmp_path_factory, chunks):
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(chunks=schedules(), verify=st.sampled_from(["trusted", "full"]))
+def test_apply_many_equals_apply_one_by_one(tmp_path_factory, chunks, verify):
     base = tmp_path_factory.mktemp("many")
-    one, one_outcomes = _run_one_by_one(base / "one", chunks)
-    many, many_outcomes = _run_many(base / "many", chunks)
+    one, one_outcomes = _run_one_by_one(base / "one", chunks, verify)
+    many, many_outcomes = _run_many(base / "many", chunks, verify)
     try:
         assert many_outcomes == one_outcomes
         assert many.projection_dump() == one.projection_dump()
@@ -243,16 +246,38 @@ def test_the_c_run_stops_at_the_first_event_apply_must_decide():
     assert _apply_c.run(events, 1, context, "g-1", b"g-1\x00", 3, events[0].hash, {}, {}, 100) == 1  # not the next seq
 
 
-def test_apply_many_with_full_verification_or_projections_is_a_loop_of_apply(tmp_path):
+def test_full_verification_checks_each_event_of_a_run_before_the_c_run_takes_it(tmp_path):
     events = EVENTS["g-1"]
-    spoiled = _rehash(events[3], body={"forged": True})  # a hash that only full verification recomputes
+    forged = msgspec.structs.replace(events[3], body={"forged": True})  # only full verification sees it
     agent = AgentStore.open(tmp_path / "a")
     with agent.begin() as tx:
-        assert tx.apply_many(events[:3]) == [ApplyStatus.APPLIED] * 3
-        with pytest.raises(EventInvalid):
-            tx.apply_many([msgspec.structs.replace(spoiled, hash=events[3].hash)])
+        with pytest.raises(EventInvalid) as caught:
+            tx.apply_many(events[:3] + [forged] + events[4:])
+        assert caught.value.detail["reason"] == "payload_hash"
+        assert tx.applied_seq("g-1") == 3  # the Events before it stay applied, as in a loop
+        assert tx.apply_many(events[3:]) == [ApplyStatus.APPLIED] * (len(events) - 3)
         tx.advance_cursor("g-1")
-    assert agent.cursor("g-1") == 3
+    reference = AgentStore.open(tmp_path / "r")
+    with reference.begin() as tx:
+        for event in events:
+            tx.apply(event)
+        tx.advance_cursor("g-1")
+    assert agent.projection_dump() == reference.projection_dump()
+    agent.close()
+    reference.close()
+
+
+def test_with_an_application_projection_apply_many_is_a_loop_of_apply(tmp_path, monkeypatch):
+    from agent_store_support import CountingProjection
+
+    calls = []
+    original = agent_store.AgentTransaction.apply
+    monkeypatch.setattr(agent_store.AgentTransaction, "apply", lambda self, event: calls.append(event) or original(self, event))
+    agent = AgentStore.open(tmp_path / "a", projections=[CountingProjection()], verify="trusted")
+    with agent.begin() as tx:
+        tx.apply_many(EVENTS["g-1"])
+        tx.advance_cursor("g-1")
+    assert calls == EVENTS["g-1"]  # every Event reaches the projection through apply
     agent.close()
 
 
