@@ -1058,11 +1058,17 @@ class AgentTransaction:
         ``mwpstore._apply_c.run``, which makes the same checks and writes; with full validation
         they are first checked as ``apply`` checks them (``admit_event``, ``check_event``). Every
         other Event goes through ``apply``."""
-        if type(events) is not list:
-            events = list(events)
-        if self._store._projections or _FAILPOINT_ARMED:
-            return [self.apply(event) for event in events]
         statuses: list[ApplyStatus] = []
+        self._apply_into(events if type(events) is list else list(events), statuses)
+        return statuses
+
+    def _apply_into(self, events: list[Event | bytes], statuses: list[ApplyStatus]) -> None:
+        """``apply_many``, appending each status to ``statuses`` as it is known: when an Event
+        raises, ``statuses`` holds those of the Events before it (``deliver_batch`` skips it)."""
+        if self._store._projections or _FAILPOINT_ARMED:
+            for event in events:
+                statuses.append(self.apply(event))
+            return
         index, count = 0, len(events)
         while index < count:
             previous = events[index]
@@ -1097,7 +1103,6 @@ class AgentTransaction:
                 index = stop
                 if len(self._state_writes) + len(self._inbox_writes) >= _WRITE_CACHE_ENTRIES_MAX:
                     self._flush()
-        return statuses
 
     @_lmdb_damage_typed
     def advance_cursor(self, group: str) -> int:

@@ -303,3 +303,34 @@ def test_trusted_mode_refuses_unstorable_content_with_a_typed_error_and_commits_
         tx.advance_cursor("g-1")
     assert agent.cursor("g-1") == 3 and agent.buffered_seqs("g-1") == []
     agent.close()
+
+
+@pytest.mark.parametrize("verify", ["trusted", "full"])
+def test_deliver_batch_through_apply_many_counts_and_skips_rejected_events_like_one_by_one(tmp_path, verify):
+    from mwpstore.delivery import DeliveryStats, deliver_batch
+
+    events = EVENTS["g-1"]
+    batch = events[:4] + [_spoiled(events[4], 2)] + events[4:9] + events[2:3] + [_spoiled(events[9], 8)] + events[11:15]
+    batch += [_spoiled(events[15], 0), events[9], events[10]]
+    agent = AgentStore.open(tmp_path / "a", verify=verify)
+    stats = DeliveryStats()
+    cursor = deliver_batch(agent, "g-1", batch, stats)
+    reference = AgentStore.open(tmp_path / "r", verify=verify)
+    expected = DeliveryStats()
+    with reference.begin() as tx:
+        for event in batch:
+            expected.received += 1
+            try:
+                expected.add(tx.apply(event))
+            except EventInvalid as exc:
+                expected.rejected += 1
+                expected.rejections.append(exc)
+        expected_cursor = tx.advance_cursor("g-1")
+    assert (cursor, stats.received, stats.applied, stats.duplicates, stats.buffered, stats.rejected) == (
+        expected_cursor, expected.received, expected.applied, expected.duplicates, expected.buffered, expected.rejected)
+    assert [type(exc) for exc in stats.rejections] == [type(exc) for exc in expected.rejections]
+    assert stats.rejected == (3 if verify == "full" else 2) and cursor == 15
+    assert agent.projection_dump() == reference.projection_dump()
+    assert agent.buffered_seqs("g-1") == reference.buffered_seqs("g-1")
+    agent.close()
+    reference.close()
