@@ -68,6 +68,18 @@ def schedules(draw):
     return chunks
 
 
+def _assert_same_as_one_by_one(agent, path, events, verify="trusted", apply=None):
+    """``agent`` holds what applying ``events`` with ``apply`` one by one in a fresh store gives."""
+    reference = AgentStore.open(path, verify=verify)
+    with reference.begin() as tx:
+        for event in events:
+            (apply or agent_store.AgentTransaction.apply)(tx, event)
+        tx.advance_cursor(events[0].group)
+    assert agent.projection_dump() == reference.projection_dump()
+    agent.close()
+    reference.close()
+
+
 def _outcome(call, event_or_events):
     try:
         return call(event_or_events)
@@ -136,14 +148,7 @@ def test_apply_many_takes_in_order_runs_without_calling_apply(tmp_path, monkeypa
         assert tx.apply_many(events) == [ApplyStatus.APPLIED] * len(events)
         tx.advance_cursor("g-1")
     assert calls == [events[0]]  # the first one loads the head; the C run took the rest
-    reference = AgentStore.open(tmp_path / "r", verify="trusted")
-    with reference.begin() as tx:
-        for event in events:
-            original(tx, event)
-        tx.advance_cursor("g-1")
-    assert agent.projection_dump() == reference.projection_dump()
-    agent.close()
-    reference.close()
+    _assert_same_as_one_by_one(agent, tmp_path / "r", events, apply=original)
 
 
 def test_an_aggregate_key_only_apply_accepts_is_left_to_apply(tmp_path, monkeypatch):
@@ -175,14 +180,7 @@ def test_apply_many_flushes_when_the_write_cache_fills(tmp_path, monkeypatch):
         tx.apply_many(EVENTS["g-1"])
         tx.advance_cursor("g-1")
     assert len(flushes) > 5
-    reference = AgentStore.open(tmp_path / "r", verify="trusted")
-    with reference.begin() as tx:
-        for event in EVENTS["g-1"]:
-            tx.apply(event)
-        tx.advance_cursor("g-1")
-    assert agent.projection_dump() == reference.projection_dump()
-    agent.close()
-    reference.close()
+    _assert_same_as_one_by_one(agent, tmp_path / "r", EVENTS["g-1"])
 
 
 def test_an_error_inside_the_c_run_leaves_the_transaction_only_abortable(tmp_path, monkeypatch):
@@ -257,14 +255,7 @@ def test_full_verification_checks_each_event_of_a_run_before_the_c_run_takes_it(
         assert tx.applied_seq("g-1") == 3  # the Events before it stay applied, as in a loop
         assert tx.apply_many(events[3:]) == [ApplyStatus.APPLIED] * (len(events) - 3)
         tx.advance_cursor("g-1")
-    reference = AgentStore.open(tmp_path / "r")
-    with reference.begin() as tx:
-        for event in events:
-            tx.apply(event)
-        tx.advance_cursor("g-1")
-    assert agent.projection_dump() == reference.projection_dump()
-    agent.close()
-    reference.close()
+    _assert_same_as_one_by_one(agent, tmp_path / "r", events, verify="full")
 
 
 def test_with_an_application_projection_apply_many_is_a_loop_of_apply(tmp_path, monkeypatch):
