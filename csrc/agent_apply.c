@@ -25,7 +25,8 @@
  * (len(events) when it took all), or the index after the Event that brought len(inbox_writes) +
  * len(state_writes) to ``writes_max`` (the caller flushes then). An Event it does not take is not
  * touched: apply() decides it, with its typed errors, duplicates, buffering and fail points.
- * tests/test_agent_store.py compares the two paths over random delivery schedules. A Python
+ * tests/test_agent_store_apply_many.py compares the two paths over random delivery schedules (and
+ * the fuzz target agent_apply_many over arbitrary field values). A Python
  * error raised here (only MemoryError is possible) leaves Events before it written but the
  * Group's head not moved: the caller fails its transaction.
  *
