@@ -39,8 +39,7 @@ import msgspec
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from . import canonical, limits
-from . import failpoints
+from . import canonical, failpoints, limits
 from ._files import (
     KeyFileInvalid,
     create_secret_file,
