@@ -1021,8 +1021,9 @@ class AgentTransaction:
             return ApplyStatus.APPLIED
         if self._full:
             check_event(event)
-        else:
+        else:  # unwalked content: what is buffered must come back as this Event when the gap fills
             data = _encoded(event)
+            decode_event(data)
         key = _seq_key(group, seq)
         buffered = self._tables.get(self._txn, b"buffer", key)
         if buffered is not None:

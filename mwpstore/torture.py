@@ -400,6 +400,8 @@ CRASH_AGENTS = 2
 CRASH_TRUSTED_AGENT = 1
 """This agent runs ``verify="trusted"`` without an application projection, so its batches take
 ``apply_many``'s C runs; the others count each applied Event in a projection."""
+CRASH_KILLS_PER_STORE = 25
+"""A fresh store every so many kills keeps the cost of each full check bounded."""
 
 
 def crash_agent(path: str, index: int) -> Any:
@@ -409,8 +411,6 @@ def crash_agent(path: str, index: int) -> Any:
     if index == CRASH_TRUSTED_AGENT:
         return AgentStore.open(path, verify="trusted")
     return AgentStore.open(path, projections=[CountingProjection()])
-CRASH_KILLS_PER_STORE = 25
-"""A fresh store every so many kills keeps the cost of each full check bounded."""
 
 
 def _python_command(function: str, *arguments: str) -> list[str]:

@@ -281,15 +281,19 @@ def test_trusted_mode_refuses_unstorable_content_with_a_typed_error_and_commits_
     for apply in ("apply", "apply_many"):
         with pytest.raises(EventInvalid) as caught:
             with agent.begin() as tx:
-                getattr(tx, apply)(events[0]) if apply == "apply" else tx.apply_many([events[0]])
-                getattr(tx, apply)(state_with_int_key) if apply == "apply" else tx.apply_many([state_with_int_key])
+                call = tx.apply if apply == "apply" else (lambda event: tx.apply_many([event]))
+                call(events[0])
+                call(state_with_int_key)
         assert caught.value.detail["reason"] == "state"
         assert agent.cursor("g-1") == 0 and agent.projection_dump() == []
-    not_content = msgspec.structs.replace(events[5], body={"s": object()})  # beyond a gap: encoded to be buffered
+    # Beyond a gap, encoded to be buffered: bytes that would not encode, or not decode back as an Event.
+    not_content = msgspec.structs.replace(events[5], body={"s": object()})
+    int_key_body = msgspec.structs.replace(events[6], body={1: "x"})
     with agent.begin() as tx:
-        with pytest.raises(EventInvalid) as caught:
-            tx.apply(not_content)
-        assert caught.value.detail["reason"] == "type"
+        for event, reason in ((not_content, "type"), (int_key_body, "decode")):
+            with pytest.raises(EventInvalid) as caught:
+                tx.apply(event)
+            assert caught.value.detail["reason"] == reason
         assert tx.apply_many(events[:3]) == [ApplyStatus.APPLIED] * 3  # the transaction stays usable
         tx.advance_cursor("g-1")
     assert agent.cursor("g-1") == 3 and agent.buffered_seqs("g-1") == []
