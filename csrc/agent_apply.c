@@ -1,5 +1,5 @@
 /*
- * The AgentStore's in-order apply run for verify="trusted": the module mwpstore._apply_c.
+ * The AgentStore's in-order apply runs: the module mwpstore._apply_c.
  *
  * AgentTransaction.apply_many (mwpstore/agent_store.py) applies the first Event of a Group with
  * the general apply(), which checks it, loads the Group's head and validates the Group's ID; then
@@ -30,8 +30,26 @@
  * error raised here (only MemoryError is possible) leaves Events before it written but the
  * Group's head not moved: the caller fails its transaction.
  *
+ * With verify="full", apply_many first hands the Events after the first to
+ *
+ *   check_run(events, start, context, group, next_seq, prev_hash) -> end
+ *
+ * with context = (event_type, effect_type, checked, check_aggregate, encode_sorted,
+ * canonical_bytes, blake3, domain_payload, domain_event, content_ok, id_ok, kind_ok,
+ * event_bytes_max) (agent_store._CHECK_CONTEXT, messages.HASHING), which returns the index of
+ * the first Event of events[start:] that does not pass what admit_event and check_event check
+ * (with the chain link from ``prev_hash``) as ``group``'s Event ``next_seq``, ``next_seq`` + 1, and
+ * so on: it is agent_store._fully_valid_run, whose end it must equal (tests/test_agent_check_run.py,
+ * and the fuzz target agent_check_run over fuzzed and resealed Events). ``group`` must be a valid
+ * Group ID (apply() took an Event of it first). The run handed to run() then ends there. Event
+ * hashes are computed with the same calls as messages.event_hash_of_fields and payload_hash_of;
+ * the Event's encoded size (EVENT_BYTES_MAX) is added up from the parts hashed, instead of
+ * encoding the Event once more. An Exception raised by a call ends the run, as in
+ * _fully_valid_run (apply() then decides that Event); anything else propagates.
+ *
  * Why in C: the per-Event checks and bookkeeping cost about 2.6 us in Python, more than the
- * local commit's share (docs/performance.md). Limited API (abi3, Python >= 3.11).
+ * local commit's share, and full validation's Python calls around the hashing another 2 us
+ * (docs/performance.md). Limited API (abi3, Python >= 3.11).
  */
 
 #define Py_LIMITED_API 0x030B0000
@@ -312,10 +330,291 @@ static PyObject *aa_run(PyObject *module, PyObject *const *args, Py_ssize_t narg
     return PyLong_FromSsize_t(i);
 }
 
+/* -- check_run: full validation of a run, for verify="full" ------------------------------------ */
+
+/* What check_run needs besides the Events (see the top of the file). Borrowed from the context. */
+typedef struct {
+    PyObject *event_type, *effect_type, *checked, *check_aggregate, *encode_sorted, *canonical_bytes,
+        *blake3, *domain_payload, *domain_event, *content_ok, *id_ok, *kind_ok, *group;
+    Py_ssize_t event_bytes_max;
+} check_t;
+
+#define CR_FIELDS 16
+
+/* The Event's fields in the order of its encoding; the first 11 are the hashed header. */
+enum {
+    F_GROUP, F_SEQ, F_EVENT_ID, F_KIND, F_AGGREGATE, F_REVISION, F_ACTOR, F_ACTION_ID, F_CONTENT_HASH,
+    F_ACCEPTED_AT_MS, F_AUTHORITATIVE, F_BODY, F_EFFECTS, F_PAYLOAD_HASH, F_PREV_HASH, F_HASH,
+};
+#define CR_HEADER_FIELDS 11
+
+static PyObject *s_actor, *s_action_id, *s_content_hash, *s_payload_hash, *s_digest;
+static PyObject **cr_names[CR_FIELDS] = {
+    &s_group, &s_seq, &s_event_id, &s_kind, &s_aggregate, &s_revision, &s_actor, &s_action_id,
+    &s_content_hash, &s_accepted_at_ms, &s_authoritative, &s_body, &s_effects, &s_payload_hash, &s_prev_hash, &s_hash,
+};
+
+/* 1 if predicate(value) returned True, 0 if anything else, -1 on a Python error; borrows value. */
+static int answers_true(PyObject *predicate, PyObject *value) {
+    PyObject *result = PyObject_CallFunctionObjArgs(predicate, value, NULL);
+    if (result == NULL) return -1;
+    int ok = result == Py_True;
+    Py_DECREF(result);
+    return ok;
+}
+
+/* blake3 of the bytes objects ``parts`` one after the other (their join), as a new bytes
+ * object; NULL with a Python error on failure. */
+static PyObject *blake3_of(const check_t *check, PyObject *const *parts, int count) {
+    Py_ssize_t total = 0;
+    for (int i = 0; i < count; i++) total += PyBytes_Size(parts[i]);
+    PyObject *joined = PyBytes_FromStringAndSize(NULL, total);
+    if (joined == NULL) return NULL;
+    char *out = PyBytes_AsString(joined);
+    for (int i = 0; i < count; i++) {
+        Py_ssize_t size = PyBytes_Size(parts[i]);
+        memcpy(out, PyBytes_AsString(parts[i]), (size_t)size);
+        out += size;
+    }
+    PyObject *hasher = PyObject_CallFunctionObjArgs(check->blake3, joined, NULL);
+    Py_DECREF(joined);
+    if (hasher == NULL) return NULL;
+    PyObject *digest = PyObject_CallMethodObjArgs(hasher, s_digest, NULL);
+    Py_DECREF(hasher);
+    return digest;
+}
+
+/* 1 if ``digest`` (a new reference, consumed; NULL after a failed call) is the bytes ``expected``
+ * (a 32-byte bytes object), 0 if not, -1 on a Python error. */
+static int digest_is(PyObject *digest, PyObject *expected) {
+    if (digest == NULL) return -1;
+    int ok = PyBytes_CheckExact(digest) && PyBytes_Size(digest) == AA_HASH_BYTES &&
+             memcmp(PyBytes_AsString(digest), PyBytes_AsString(expected), AA_HASH_BYTES) == 0;
+    Py_DECREF(digest);
+    return ok;
+}
+
+/* 1 if ``value`` (a new reference, consumed; NULL after a failed call) is a bytes object; its
+ * size in *size. 0 if not, -1 on a Python error. */
+static int encoded_size(PyObject *value, Py_ssize_t *size) {
+    if (value == NULL) return -1;
+    int ok = PyBytes_CheckExact(value);
+    if (ok) *size = PyBytes_Size(value);
+    Py_DECREF(value);
+    return ok;
+}
+
+/* One effect, as _check_shape and check_event see it: an effect_type whose aggregate passes
+ * check_aggregate (the set ``checked`` answers for the keys it already passed), whose revision is
+ * an int >= 1 and whose state is None or a dict that content_ok accepts. 1, 0 or -1. */
+static int effect_valid(const check_t *check, PyObject *effect) {
+    if ((PyObject *)Py_TYPE(effect) != check->effect_type) return 0;
+    PyObject *aggregate = PyObject_GetAttr(effect, s_aggregate);
+    PyObject *revision = aggregate == NULL ? NULL : PyObject_GetAttr(effect, s_revision);
+    PyObject *state = revision == NULL ? NULL : PyObject_GetAttr(effect, s_state);
+    int ok = state == NULL ? -1 : PyUnicode_CheckExact(aggregate) && PyLong_CheckExact(revision);
+    if (ok == 1) {
+        int overflow = 0;
+        long long number = PyLong_AsLongLongAndOverflow(revision, &overflow);
+        if (number == -1 && PyErr_Occurred()) ok = -1;
+        else ok = overflow > 0 || (overflow == 0 && number >= 1);
+    }
+    if (ok == 1) ok = state == Py_None || PyDict_CheckExact(state);
+    if (ok == 1 && state != Py_None) ok = answers_true(check->content_ok, state);
+    if (ok == 1) {
+        ok = PySet_Contains(check->checked, aggregate);
+        if (ok == 0) { /* raises EventInvalid for a key it refuses: the run stops there */
+            PyObject *result = PyObject_CallFunctionObjArgs(check->check_aggregate, aggregate, NULL);
+            ok = result == NULL ? -1 : 1;
+            Py_XDECREF(result);
+        }
+    }
+    Py_XDECREF(state);
+    Py_XDECREF(revision);
+    Py_XDECREF(aggregate);
+    return ok;
+}
+
+/* The checks of admit_event and check_event (see the top of the file) on an Event whose fields
+ * are in ``f``: 1 if it passes them all as ``group``'s Event ``seq`` following ``prev``, 0 if
+ * not, -1 on a Python error. */
+static int fields_valid(const check_t *check, PyObject *const *f, long long seq, const unsigned char *prev) {
+    if (!PyUnicode_CheckExact(f[F_GROUP]) || !PyLong_CheckExact(f[F_SEQ]) || !PyUnicode_CheckExact(f[F_EVENT_ID]) ||
+        !PyUnicode_CheckExact(f[F_KIND]) || !PyUnicode_CheckExact(f[F_AGGREGATE]) || !PyLong_CheckExact(f[F_REVISION]) ||
+        !PyLong_CheckExact(f[F_ACCEPTED_AT_MS]) || !PyBool_Check(f[F_AUTHORITATIVE]) || !PyList_CheckExact(f[F_EFFECTS]) ||
+        !(f[F_BODY] == Py_None || PyDict_CheckExact(f[F_BODY])) || !is_hash(f[F_CONTENT_HASH]) ||
+        !is_hash(f[F_PAYLOAD_HASH]) || !is_hash(f[F_PREV_HASH]) || !is_hash(f[F_HASH]))
+        return 0;
+    int ok = f[F_GROUP] == check->group || PyUnicode_Compare(f[F_GROUP], check->group) == 0;
+    if (!ok) return PyErr_Occurred() ? -1 : 0;
+    int overflow = 0;
+    long long got = PyLong_AsLongLongAndOverflow(f[F_SEQ], &overflow);
+    if (got == -1 && PyErr_Occurred()) return -1;
+    if (overflow || got != seq) return 0;
+    char expected_id[24 + 1];
+    int digit_count = decimal(seq, expected_id);
+    Py_ssize_t id_size = 0, group_size = 0;
+    const char *id = PyUnicode_AsUTF8AndSize(f[F_EVENT_ID], &id_size);
+    const char *group = id == NULL ? NULL : PyUnicode_AsUTF8AndSize(check->group, &group_size);
+    if (group == NULL) return -1;
+    if (id_size != group_size + 1 + digit_count || memcmp(id, group, (size_t)group_size) != 0 || id[group_size] != ':' ||
+        memcmp(id + group_size + 1, expected_id, (size_t)digit_count) != 0)
+        return 0;
+    if (memcmp(PyBytes_AsString(f[F_PREV_HASH]), prev, AA_HASH_BYTES) != 0) return 0;
+    if ((ok = answers_true(check->id_ok, f[F_ACTOR])) != 1) return ok;
+    if ((ok = answers_true(check->id_ok, f[F_ACTION_ID])) != 1) return ok;
+    if ((ok = answers_true(check->kind_ok, f[F_KIND])) != 1) return ok;
+
+    PyObject *effects = f[F_EFFECTS];
+    for (Py_ssize_t i = 0; i < PyList_Size(effects); i++) {
+        PyObject *effect = PyList_GetItem(effects, i);
+        if (effect == NULL) return -1;
+        Py_INCREF(effect); /* held: check_aggregate is Python code */
+        ok = effect_valid(check, effect);
+        Py_DECREF(effect);
+        if (ok != 1) return ok;
+    }
+
+    /* The Event's encoded size, from the parts hashed below: it is an array16 of its 16 fields,
+     * the 11 header fields as encoded in the hashed header (a fixarray, less its 1-byte head),
+     * then body, effects and three 32-byte bin8 hashes. Once the body and states are
+     * content_ok, the sorted encoder and encode_event give their parts the same bytes but for
+     * the order of map entries (tests/test_agent_store_apply_many.py compares the two sizes). */
+    Py_ssize_t size = 3 + 3 * (2 + AA_HASH_BYTES), part = 0;
+
+    PyObject *payload_hash = f[F_PAYLOAD_HASH];
+    if (f[F_BODY] == Py_None) {
+        size += 1;
+    } else {
+        if ((ok = answers_true(check->content_ok, f[F_BODY])) != 1) return ok;
+        ok = encoded_size(PyObject_CallFunctionObjArgs(check->encode_sorted, f[F_BODY], NULL), &part);
+        if (ok != 1) return ok;
+        size += part;
+        PyObject *canonical = PyObject_CallFunctionObjArgs(check->canonical_bytes, f[F_BODY], NULL);
+        if (canonical == NULL) return -1;
+        if (!PyBytes_CheckExact(canonical)) {
+            Py_DECREF(canonical);
+            return 0;
+        }
+        PyObject *parts[2] = {check->domain_payload, canonical};
+        ok = digest_is(blake3_of(check, parts, 2), payload_hash);
+        Py_DECREF(canonical);
+        if (ok != 1) return ok;
+    }
+
+    PyObject *header = PyTuple_New(CR_HEADER_FIELDS);
+    if (header == NULL) return -1;
+    for (int i = 0; i < CR_HEADER_FIELDS; i++) {
+        Py_INCREF(f[i]);
+        PyTuple_SetItem(header, i, f[i]); /* steals the reference; cannot fail on a new tuple */
+    }
+    PyObject *header_bytes = PyObject_CallFunctionObjArgs(check->encode_sorted, header, NULL);
+    Py_DECREF(header);
+    PyObject *effects_bytes = header_bytes == NULL ? NULL : PyObject_CallFunctionObjArgs(check->encode_sorted, effects, NULL);
+    PyObject *effects_digest = NULL;
+    if (effects_bytes != NULL && PyBytes_CheckExact(header_bytes) && PyBytes_CheckExact(effects_bytes)) {
+        PyObject *parts[1] = {effects_bytes};
+        effects_digest = blake3_of(check, parts, 1);
+        ok = effects_digest == NULL ? -1 : PyBytes_CheckExact(effects_digest);
+    } else {
+        ok = effects_bytes == NULL ? -1 : 0;
+    }
+    if (ok == 1) { /* a fixarray of 11: its head is the one byte 0x9b */
+        size += PyBytes_Size(header_bytes) - 1 + PyBytes_Size(effects_bytes);
+        ok = PyBytes_Size(header_bytes) > 0 && (unsigned char)PyBytes_AsString(header_bytes)[0] == 0x9b &&
+             size <= check->event_bytes_max;
+    }
+    if (ok == 1) {
+        PyObject *parts[5] = {check->domain_event, f[F_PREV_HASH], header_bytes, effects_digest, payload_hash};
+        ok = digest_is(blake3_of(check, parts, 5), f[F_HASH]);
+    }
+    Py_XDECREF(effects_digest);
+    Py_XDECREF(effects_bytes);
+    Py_XDECREF(header_bytes);
+    return ok;
+}
+
+static PyObject *aa_check_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 6) {
+        PyErr_SetString(PyExc_TypeError, "check_run takes (events, start, context, group, next_seq, prev_hash)");
+        return NULL;
+    }
+    PyObject *events = args[0], *context = args[2];
+    if (!PyTuple_CheckExact(context) || PyTuple_Size(context) != 13) {
+        PyErr_SetString(PyExc_TypeError,
+                        "check_run: context is (event_type, effect_type, checked, check_aggregate, encode_sorted, "
+                        " canonical_bytes, blake3, domain_payload, domain_event, content_ok, id_ok, "
+                        "kind_ok, event_bytes_max)");
+        return NULL;
+    }
+    check_t check = {
+        .event_type = PyTuple_GetItem(context, 0),
+        .effect_type = PyTuple_GetItem(context, 1),
+        .checked = PyTuple_GetItem(context, 2),
+        .check_aggregate = PyTuple_GetItem(context, 3),
+        .encode_sorted = PyTuple_GetItem(context, 4),
+        .canonical_bytes = PyTuple_GetItem(context, 5),
+        .blake3 = PyTuple_GetItem(context, 6),
+        .domain_payload = PyTuple_GetItem(context, 7),
+        .domain_event = PyTuple_GetItem(context, 8),
+        .content_ok = PyTuple_GetItem(context, 9),
+        .id_ok = PyTuple_GetItem(context, 10),
+        .kind_ok = PyTuple_GetItem(context, 11),
+        .group = args[3],
+    };
+    if (!PyList_CheckExact(events) || !PyType_Check(check.event_type) || !PyType_Check(check.effect_type) ||
+        !PySet_CheckExact(check.checked) || !PyCallable_Check(check.check_aggregate) ||
+        !PyCallable_Check(check.encode_sorted) ||
+        !PyCallable_Check(check.canonical_bytes) || !PyCallable_Check(check.blake3) ||
+        !PyBytes_CheckExact(check.domain_payload) || !PyBytes_CheckExact(check.domain_event) ||
+        !PyCallable_Check(check.content_ok) || !PyCallable_Check(check.id_ok) || !PyCallable_Check(check.kind_ok) ||
+        !PyUnicode_CheckExact(check.group) || !PyBytes_CheckExact(args[5]) || PyBytes_Size(args[5]) != AA_HASH_BYTES) {
+        PyErr_SetString(PyExc_TypeError, "check_run: an argument has the wrong type");
+        return NULL;
+    }
+    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
+    long long seq = PyLong_AsLongLong(args[4]);
+    check.event_bytes_max = PyLong_AsSsize_t(PyTuple_GetItem(context, 12));
+    if (PyErr_Occurred()) return NULL;
+    if (seq < 1) {
+        PyErr_SetString(PyExc_ValueError, "check_run: next_seq must be positive");
+        return NULL;
+    }
+    unsigned char prev[AA_HASH_BYTES];
+    memcpy(prev, PyBytes_AsString(args[5]), AA_HASH_BYTES);
+    Py_ssize_t i = start < 0 ? PyList_Size(events) : start;
+    for (; i < PyList_Size(events); i++, seq++) {
+        PyObject *event = PyList_GetItem(events, i);
+        if (event == NULL) return NULL;
+        if ((PyObject *)Py_TYPE(event) != check.event_type) break;
+        Py_INCREF(event); /* held: check_aggregate is Python code that could change the list */
+        PyObject *f[CR_FIELDS] = {NULL};
+        int ok = 1;
+        for (int k = 0; k < CR_FIELDS && ok == 1; k++) {
+            f[k] = PyObject_GetAttr(event, *cr_names[k]);
+            if (f[k] == NULL) ok = -1;
+        }
+        if (ok == 1) ok = fields_valid(&check, f, seq, prev);
+        if (ok == 1) memcpy(prev, PyBytes_AsString(f[F_HASH]), AA_HASH_BYTES);
+        for (int k = 0; k < CR_FIELDS; k++) Py_XDECREF(f[k]);
+        Py_DECREF(event);
+        if (ok == 1) continue;
+        /* An Exception (a refused aggregate key's EventInvalid, an encoder's TypeError, even
+         * MemoryError) only ends the run, as in _fully_valid_run: apply() decides that Event. */
+        if (ok < 0 && !PyErr_ExceptionMatches(PyExc_Exception)) return NULL;
+        PyErr_Clear();
+        break;
+    }
+    return PyLong_FromSsize_t(i);
+}
+
 static PyMethodDef aa_methods[] = {
     {"run", (PyCFunction)(void (*)(void))aa_run, METH_FASTCALL,
      "run(events, start, context, group, prefix, next_seq, prev_hash, inbox_writes, state_writes, writes_max) -> "
      "stop; see csrc/agent_apply.c."},
+    {"check_run", (PyCFunction)(void (*)(void))aa_check_run, METH_FASTCALL,
+     "check_run(events, start, context, group, next_seq, prev_hash) -> end; see csrc/agent_apply.c."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -330,7 +629,9 @@ static int aa_exec(PyObject *module) {
         intern(&s_kind, "kind") < 0 || intern(&s_aggregate, "aggregate") < 0 || intern(&s_revision, "revision") < 0 ||
         intern(&s_accepted_at_ms, "accepted_at_ms") < 0 || intern(&s_authoritative, "authoritative") < 0 ||
         intern(&s_body, "body") < 0 || intern(&s_effects, "effects") < 0 || intern(&s_prev_hash, "prev_hash") < 0 ||
-        intern(&s_hash, "hash") < 0 || intern(&s_state, "state") < 0)
+        intern(&s_hash, "hash") < 0 || intern(&s_state, "state") < 0 || intern(&s_actor, "actor") < 0 ||
+        intern(&s_action_id, "action_id") < 0 || intern(&s_content_hash, "content_hash") < 0 ||
+        intern(&s_payload_hash, "payload_hash") < 0 || intern(&s_digest, "digest") < 0)
         return -1;
     return 0;
 }
@@ -343,7 +644,7 @@ static PyModuleDef_Slot aa_slots[] = {
 static struct PyModuleDef aa_module = {
     PyModuleDef_HEAD_INIT,
     "mwpstore._apply_c",
-    "The AgentStore's in-order apply run for verify=\"trusted\" (see csrc/agent_apply.c).",
+    "The AgentStore's in-order apply runs and full-validation checks (see csrc/agent_apply.c).",
     0,
     aa_methods,
     aa_slots,

@@ -16,3 +16,13 @@ def run(
     writes_max: int,
     /,
 ) -> int: ...
+
+def check_run(
+    events: list[Any],
+    start: int,
+    context: tuple[Any, ...],
+    group: str,
+    next_seq: int,
+    prev_hash: bytes,
+    /,
+) -> int: ...

@@ -34,6 +34,7 @@ import lmdb
 import msgspec
 
 from . import _canonical_c, canonical, failpoints, limits
+from ._apply_c import check_run as _check_run
 from ._apply_c import run as _apply_run
 from ._lmdb_check import check_before_open
 from ._sealed import SealedTables, open_databases, typed_damage
@@ -49,7 +50,7 @@ from .errors import (
     StoreLocked,
     translate,
 )
-from .messages import ZERO_HASH, Effect, Event, check_event, decode_event, encode_event
+from .messages import HASHING, ZERO_HASH, Effect, Event, check_event, decode_event, encode_event
 
 FORMAT_VERSION = 2
 
@@ -237,6 +238,21 @@ def _check_aggregate_slow(aggregate: object) -> None:
     kind, sep, ident = aggregate.partition(":")
     if not sep or canonical._KIND_PATTERN.match(kind) is None or canonical._ID_PATTERN.match(ident) is None:
         raise EventInvalid(f"Event effect aggregate {aggregate[:80]!r} is not '<type>:<id>'", reason="effects")
+
+
+# What mwpstore._apply_c.check_run needs besides the Events (csrc/agent_apply.c): it does what
+# _fully_valid_run does, with these calls.
+_CHECK_CONTEXT = (
+    Event,
+    Effect,
+    _CHECKED_AGGREGATES,
+    _check_aggregate,
+    *HASHING,
+    _canonical_c.content_ok,
+    _canonical_c.id_ok,
+    _canonical_c.kind_ok,
+    limits.EVENT_BYTES_MAX,
+)
 
 
 def _check_shape(event: Event) -> None:
@@ -1057,8 +1073,8 @@ class AgentTransaction:
         Without application projections, the Events that plainly follow one that ``apply``
         applied (the next sequence of the same Group, well-typed, linked) are taken by one C call,
         ``mwpstore._apply_c.run``, which makes the same checks and writes; with full validation
-        they are first checked as ``apply`` checks them (``admit_event``, ``check_event``). Every
-        other Event goes through ``apply``."""
+        they are first checked as ``apply`` checks them (``admit_event``, ``check_event``) by
+        another C call, ``mwpstore._apply_c.check_run``. Every other Event goes through ``apply``."""
         statuses: list[ApplyStatus] = []
         self._apply_into(events if type(events) is list else list(events), statuses)
         return statuses
@@ -1084,7 +1100,7 @@ class AgentTransaction:
                 continue  # apply() decides what a buffered Event's arrival means
             run = events
             if self._full:
-                end = _fully_valid_run(events, index, group, head.applied_seq + 1, head.applied_hash)
+                end = _check_run(events, index, _CHECK_CONTEXT, group, head.applied_seq + 1, head.applied_hash)
                 if end == index:
                     continue
                 run = events[:end]
@@ -1375,7 +1391,10 @@ class AgentTransaction:
 def _fully_valid_run(events: list[Any], start: int, group: str, seq: int, prev_hash: bytes) -> int:
     """The end of the run of ``events[start:]`` that pass full validation (``admit_event`` and
     ``check_event`` with the chain link) as ``group``'s Events from ``seq`` on. The first one that
-    does not is left where it is: ``apply`` validates it again and raises what it raises."""
+    does not is left where it is: ``apply`` validates it again and raises what it raises.
+
+    ``apply_many`` calls the C version, ``mwpstore._apply_c.check_run``; this is its definition,
+    which tests and the fuzz target ``agent_check_run`` compare it with."""
     index = start
     for event in itertools.islice(events, start, None):
         if type(event) is not Event or event.group != group or event.seq != seq:

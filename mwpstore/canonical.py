@@ -159,6 +159,12 @@ def canonical_bytes(value: Any) -> bytes:
     return _ENCODER.encode(value)
 
 
+canonical_encode = _ENCODER.encode
+"""``canonical_bytes`` as the encoder's own method (for callers in C)."""
+blake3_hasher = blake3.blake3
+"""The hasher every digest here is made with (for callers in C)."""
+
+
 def content_hash(data: bytes) -> bytes:
     return blake3.blake3(DOMAIN_COMMAND + data).digest()
 

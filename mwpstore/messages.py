@@ -190,6 +190,19 @@ _RECEIPT_DECODER = msgspec.msgpack.Decoder(Receipt)
 _EFFECTS_ENCODER = msgspec.msgpack.Encoder(order="sorted")
 
 
+HASHING = (
+    _EFFECTS_ENCODER.encode,
+    canonical.canonical_encode,
+    canonical.blake3_hasher,
+    canonical.DOMAIN_PAYLOAD,
+    canonical.DOMAIN_EVENT,
+)
+"""The calls that ``payload_hash_of`` and ``event_hash_of_fields`` make, as bound C callables
+(encode sorted msgpack, canonical bytes, the blake3 hasher) and the two domain prefixes: what
+``mwpstore._apply_c.check_run`` computes Event hashes (and from their parts an Event's encoded
+size) with."""
+
+
 def encode_event(event: Event) -> bytes:
     return _EVENT_ENCODER.encode(event)
 

@@ -1598,7 +1598,7 @@ def _forgive_short(line: str) -> str:
 # -- fuzz: every decoder and entry point that takes outside bytes ----------------------------------
 
 FUZZ_TARGETS = ("segment_file", "event_bytes", "command", "agent_delivery", "snapshot", "audit_log", "agent_lmdb_file",
-                "index_record", "agent_apply_many")
+                "index_record", "agent_apply_many", "agent_check_run")
 FUZZ_INPUT_SECONDS_MAX = 5.0
 """An input that takes longer than this is a hang (a violation)."""
 FUZZ_INPUT_BYTES_MAX = 1 << 16
@@ -1661,6 +1661,8 @@ class FuzzContext:
         self.index = Index(os.path.join(root, "index-scratch"), map_size=1 << 26)  # never written: heads load as empty
         # Two trusted stores without projections, never committed to: apply_many against apply.
         self.trusted = tuple(AgentStore.open(os.path.join(root, f"trusted-{path}"), verify="trusted") for path in ("loop", "many"))
+        # And two with full validation: apply_many's check_run and C run against apply.
+        self.full = tuple(AgentStore.open(os.path.join(root, f"full-{path}")) for path in ("loop", "many"))
         sample_agent = os.path.join(root, "agent-sample")
         with AgentStore.open(sample_agent, projections=[CountingProjection()], trusted_keys=[self.keyring]) as agent:
             with agent.begin() as tx:
@@ -1680,6 +1682,7 @@ class FuzzContext:
             "agent_lmdb_file": [agent_file],
             "index_record": [self.events[-1]],  # the record after the others: the chain links
             "agent_apply_many": [_events_sample(self.events[:10]), _events_sample(self.events[:3] + self.events[2:7])],
+            "agent_check_run": [_events_sample(self.events[:10]), _events_sample(self.events[:3] + self.events[2:7])],
         }
 
     def scratch_path(self, name: str) -> str:
@@ -1687,7 +1690,7 @@ class FuzzContext:
         return os.path.join(self.root, "inputs", f"{self.counter}-{name}")
 
     def close(self) -> None:
-        for store in self.trusted:
+        for store in (*self.trusted, *self.full):
             store.close()
         self.agent.close()
         self.index.close()
@@ -1822,6 +1825,20 @@ def fuzz_one(target: str, data: bytes, context: FuzzContext) -> None:
             from .errors import EventInvalid
 
             raise EventInvalid(f"agent_apply_many refused ({loop[1]})", reason="fuzz")
+    elif target == "agent_check_run":
+        events = _events_from(data)
+        if len(data) % 2 == 0:  # half the inputs get hashes that verify: the other checks are reached
+            events = _resealed_chain(events)
+        ends = check_run_paths(events)
+        if ends is not None and ends[0] != ends[1]:
+            raise ApplyPathsDisagree(f"check_run and its Python definition end {len(events)} Events at {ends[0]} and {ends[1]}")
+        loop, many = (apply_outcome(store, events, use_many) for store, use_many in zip(context.full, (False, True)))
+        if loop != many:
+            raise ApplyPathsDisagree(f"full apply_many and a loop of apply differ on {len(events)} Events: {many[:2]} vs {loop[:2]}")
+        if loop[1] is not None:
+            from .errors import EventInvalid
+
+            raise EventInvalid(f"agent_check_run refused ({loop[1]})", reason="fuzz")
     else:
         raise AssertionError(target)
 
@@ -1859,6 +1876,49 @@ def _events_from(data: bytes) -> list[Any]:
             item = Event(*item[:12], effects, *item[13:])
         events.append(item)
     return events
+
+
+def _resealed_chain(events: list[Any]) -> list[Any]:
+    """``events`` with each Event object's payload hash, link to the Event object before it, and
+    hash made right for what it holds, wherever they can be computed: so that fuzzed content,
+    IDs and types meet the checks behind the hash checks."""
+    import msgspec
+
+    from .messages import Event, payload_hash_of, recompute_event_hash
+
+    out: list[Any] = []
+    previous: bytes | None = None
+    for event in events:
+        if type(event) is Event:
+            try:
+                if previous is not None:
+                    event = msgspec.structs.replace(event, prev_hash=previous)
+                if type(event.body) is dict:
+                    event = msgspec.structs.replace(event, payload_hash=payload_hash_of(event.body))
+                event = msgspec.structs.replace(event, hash=recompute_event_hash(event))
+            except Exception:  # noqa: BLE001 — content that does not hash stays as it is
+                pass
+            previous = event.hash if type(event.hash) is bytes else None
+        out.append(event)
+    return out
+
+
+def check_run_paths(events: list[Any]) -> tuple[int, int] | None:
+    """Where ``mwpstore._apply_c.check_run`` and its definition ``agent_store._fully_valid_run``
+    end a run of ``events`` taken as the Events of the first one's Group from its sequence on;
+    None when the first is no Event of a valid Group (apply_many runs check_run only after apply()
+    took an Event of that Group)."""
+    from . import canonical
+    from ._apply_c import check_run
+    from .agent_store import _CHECK_CONTEXT, _fully_valid_run
+    from .messages import Event
+
+    first = events[0] if events else None
+    if type(first) is not Event or type(first.group) is not str or not canonical.id_ok(first.group):
+        return None
+    seq = first.seq if type(first.seq) is int and 1 <= first.seq < 2**62 else 1
+    prev = first.prev_hash if type(first.prev_hash) is bytes and len(first.prev_hash) == 32 else bytes(32)
+    return (check_run(events, 0, _CHECK_CONTEXT, first.group, seq, prev), _fully_valid_run(events, 0, first.group, seq, prev))
 
 
 def apply_outcome(store: Any, events: list[Any], use_many: bool) -> tuple[Any, Any, Any]:

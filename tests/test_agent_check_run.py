@@ -1,0 +1,193 @@
+"""``apply_many`` with full validation checks each run of Events in C (``mwpstore._apply_c.check_run``)
+before the C run applies it. ``check_run`` must stop exactly where its Python definition,
+``agent_store._fully_valid_run`` (``admit_event`` + ``check_event`` with the chain link), stops:
+further would apply an Event that full validation refuses, earlier only costs speed. Each spoiled
+Event below is resealed (its payload hash and hash recomputed) so that only the one check under
+test can refuse it."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from agent_store_support import workload
+from mwpstore import agent_store, limits
+from mwpstore._apply_c import check_run
+from mwpstore.agent_store import _CHECK_CONTEXT, AgentStore, ApplyStatus, _fully_valid_run
+from mwpstore.messages import ZERO_HASH, Effect, encode_event, payload_hash_of, recompute_event_hash
+
+GROUP = "g-1"
+EVENTS = workload(GROUP, 40, seed=3)
+SPOILED_AT = 6
+
+
+def _resealed(event, **changes):
+    """``event`` with ``changes``, then its payload hash and hash made right for what it holds
+    (each only where it can be computed at all)."""
+    changed = msgspec.structs.replace(event, **changes)
+    if "payload_hash" not in changes and type(changed.body) is dict:
+        try:
+            changed = msgspec.structs.replace(changed, payload_hash=payload_hash_of(changed.body))
+        except (TypeError, ValueError, msgspec.EncodeError):
+            pass
+    if "hash" not in changes:
+        try:
+            changed = msgspec.structs.replace(changed, hash=recompute_event_hash(changed))
+        except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+            pass
+    return changed
+
+
+def _both(events, start=0, seq=1, prev=ZERO_HASH, group=GROUP):
+    return check_run(events, start, _CHECK_CONTEXT, group, seq, prev), _fully_valid_run(events, start, group, seq, prev)
+
+
+def _nested(depth):
+    value = {}
+    for _ in range(depth):
+        value = {"d": value}
+    return value
+
+
+def _state(event, **changes):
+    first = event.effects[0]
+    return [Effect(first.aggregate, first.revision, {**(first.state or {}), **changes}), *event.effects[1:]]
+
+
+SPOILERS = {
+    "body_nan": lambda e: _resealed(e, body={"x": float("nan")}),
+    "body_int_key": lambda e: _resealed(e, body={1: "a"}),
+    "body_too_deep": lambda e: _resealed(e, body=_nested(limits.BODY_DEPTH_MAX + 2)),
+    "body_list": lambda e: _resealed(e, body=[1, 2]),
+    "body_changed_payload_hash_kept": lambda e: _resealed(e, body={"forged": True}, payload_hash=e.payload_hash),
+    "state_nan": lambda e: _resealed(e, effects=_state(e, x=float("inf"))),
+    "state_list": lambda e: _resealed(e, effects=[Effect(e.effects[0].aggregate, 1, [1])]),
+    "state_int_too_big": lambda e: _resealed(e, effects=_state(e, x=2**64)),
+    "effect_revision_zero": lambda e: _resealed(e, effects=[Effect(e.effects[0].aggregate, 0, None)]),
+    "effect_revision_bool": lambda e: _resealed(e, effects=[Effect(e.effects[0].aggregate, True, None)]),
+    "effect_aggregate_no_colon": lambda e: _resealed(e, effects=[Effect("workitem", 1, None)]),
+    "effect_aggregate_bad_id": lambda e: _resealed(e, effects=[Effect("workitem:a b", 1, None)]),
+    "effect_not_an_effect": lambda e: _resealed(e, effects=[(e.effects[0].aggregate, 1, None)]),
+    "effects_tuple": lambda e: _resealed(e, effects=tuple(e.effects)),
+    "actor_invalid": lambda e: _resealed(e, actor="not an id"),
+    "actor_empty": lambda e: _resealed(e, actor=""),
+    "action_id_too_long": lambda e: _resealed(e, action_id="a" * (limits.ID_CHARS_MAX + 1)),
+    "kind_invalid": lambda e: _resealed(e, kind="Bad Kind"),
+    "kind_not_str": lambda e: _resealed(e, kind=7),
+    "aggregate_not_str": lambda e: _resealed(e, aggregate=None),
+    "revision_not_int": lambda e: _resealed(e, revision=1.0),
+    "accepted_at_float": lambda e: _resealed(e, accepted_at_ms=1.5),
+    "accepted_at_unencodable": lambda e: _resealed(e, accepted_at_ms=2**70),
+    "authoritative_int": lambda e: _resealed(e, authoritative=1),
+    "content_hash_short": lambda e: _resealed(e, content_hash=e.content_hash[:31]),
+    "payload_hash_str": lambda e: _resealed(e, payload_hash="x" * 32),
+    "hash_wrong": lambda e: _resealed(e, hash=bytes(32)),
+    "prev_hash_unlinked": lambda e: _resealed(e, prev_hash=bytes(32)),
+    "seq_bool": lambda e: _resealed(e, seq=True),
+    "seq_skips": lambda e: _resealed(e, seq=e.seq + 1, event_id=f"{e.group}:{e.seq + 1}"),
+    "event_id_wrong": lambda e: _resealed(e, event_id=f"{e.group}:{e.seq}0"),
+    "other_group": lambda e: _resealed(e, group="g-2", event_id=f"g-2:{e.seq}"),
+    "not_an_event": lambda e: encode_event(e),
+}
+
+
+def test_a_genuine_history_passes_whole_from_its_start_and_from_its_middle():
+    assert _both(EVENTS) == (len(EVENTS), len(EVENTS))
+    assert _both(EVENTS, 10, 11, EVENTS[9].hash) == (len(EVENTS), len(EVENTS))
+    assert _both(EVENTS, len(EVENTS), len(EVENTS) + 1, EVENTS[-1].hash) == (len(EVENTS), len(EVENTS))
+    assert _both(EVENTS, 10, 12, EVENTS[9].hash) == (10, 10)  # not the next sequence
+    assert _both(EVENTS, 10, 11, EVENTS[8].hash) == (10, 10)  # not linked to the given hash
+
+
+@pytest.mark.parametrize("name", sorted(SPOILERS))
+def test_check_run_stops_at_the_same_event_as_the_python_definition(name):
+    spoiled = SPOILERS[name](EVENTS[SPOILED_AT])
+    events = [*EVENTS[:SPOILED_AT], spoiled, *EVENTS[SPOILED_AT + 1 :]]
+    assert _both(events) == (SPOILED_AT, SPOILED_AT)
+
+
+def _padded_to(event, size):
+    """``event`` with its body padded (strings within the string limit) so that its encoding is
+    exactly ``size`` bytes."""
+    chunk = limits.STRING_BYTES_MAX // 2
+
+    def padded(total):
+        pieces = ["p" * chunk] * (total // chunk) + ["p" * (total % chunk)]
+        return _resealed(event, body={**(event.body or {}), "pad": pieces})
+
+    total = 0
+    for _ in range(4):  # lengths' own headers change with them: settle in a few steps
+        total += size - len(encode_event(padded(total)))
+    result = padded(total)
+    assert len(encode_event(result)) == size
+    return result
+
+
+@pytest.mark.parametrize("over", [0, 1])
+def test_the_size_limit_is_met_at_exactly_the_same_byte(over):
+    """check_run adds an Event's size up from the parts it hashes; encode_event is the definition."""
+    event = _padded_to(EVENTS[SPOILED_AT], limits.EVENT_BYTES_MAX + over)
+    events = [*EVENTS[:SPOILED_AT], event]
+    expected = SPOILED_AT + 1 - over
+    assert _both(events) == (expected, expected)
+
+
+def test_sizes_add_up_for_events_with_and_without_a_body():
+    redacted = _resealed(EVENTS[SPOILED_AT], body=None)
+    event = _padded_to(redacted, limits.EVENT_BYTES_MAX)  # a body again, at the limit
+    assert _both([*EVENTS[:SPOILED_AT], redacted]) == (SPOILED_AT + 1, SPOILED_AT + 1)
+    assert _both([*EVENTS[:SPOILED_AT], event]) == (SPOILED_AT + 1, SPOILED_AT + 1)
+
+
+def _context_with(check_aggregate):
+    context = list(_CHECK_CONTEXT)
+    context[2] = set()  # no key is known valid: every aggregate goes to check_aggregate
+    context[3] = check_aggregate
+    return tuple(context)
+
+
+def test_an_exception_in_a_check_ends_the_run_and_anything_else_propagates():
+    def refuse(aggregate):
+        raise ValueError(aggregate)
+
+    def interrupt(aggregate):
+        raise KeyboardInterrupt
+
+    assert check_run(EVENTS, 0, _context_with(refuse), GROUP, 1, ZERO_HASH) == 0
+    with pytest.raises(KeyboardInterrupt):
+        check_run(EVENTS, 0, _context_with(interrupt), GROUP, 1, ZERO_HASH)
+
+
+def test_check_run_refuses_arguments_of_the_wrong_shape():
+    with pytest.raises(TypeError):
+        check_run(EVENTS, 0, _CHECK_CONTEXT[:-1], GROUP, 1, ZERO_HASH)
+    with pytest.raises(TypeError):
+        check_run(tuple(EVENTS), 0, _CHECK_CONTEXT, GROUP, 1, ZERO_HASH)
+    with pytest.raises(TypeError):
+        check_run(EVENTS, 0, _CHECK_CONTEXT, GROUP, 1, ZERO_HASH[:31])
+    with pytest.raises(ValueError):
+        check_run(EVENTS, 0, _CHECK_CONTEXT, GROUP, 0, ZERO_HASH)
+
+
+def test_full_mode_apply_many_hands_a_clean_batch_to_the_c_runs(tmp_path, monkeypatch):
+    """One apply() for the first Event, then check_run and the C run take the rest."""
+    applied, checked = [], []
+    original_apply, original_check = agent_store.AgentTransaction.apply, agent_store._check_run
+
+    def counting_apply(self, event):
+        applied.append(event)
+        return original_apply(self, event)
+
+    def counting_check(*args):
+        end = original_check(*args)
+        checked.append((args[1], end))
+        return end
+
+    monkeypatch.setattr(agent_store.AgentTransaction, "apply", counting_apply)
+    monkeypatch.setattr(agent_store, "_check_run", counting_check)
+    with AgentStore.open(tmp_path / "a") as agent:
+        with agent.begin() as tx:
+            assert tx.apply_many(EVENTS) == [ApplyStatus.APPLIED] * len(EVENTS)
+            tx.advance_cursor(GROUP)
+        assert agent.cursor(GROUP) == len(EVENTS)
+    assert len(applied) == 1 and checked == [(1, len(EVENTS))]
