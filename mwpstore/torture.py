@@ -396,10 +396,11 @@ AGENT_FAILPOINTS = (
     "agent.after_commit",
 )
 CRASH_WRITER_THREADS = 6
-CRASH_AGENTS = 2
-CRASH_TRUSTED_AGENT = 1
-"""This agent runs ``verify="trusted"`` without an application projection, so its batches take
-``apply_many``'s C runs; the others count each applied Event in a projection."""
+CRASH_AGENTS = 3
+CRASH_C_RUN_AGENTS = {1: "trusted", 2: "full"}
+"""These agents (index: verify mode) run without an application projection, so their batches take
+``apply_many``'s C runs (with full validation after ``check_run``); agent 0 counts each applied
+Event in a projection."""
 CRASH_KILLS_PER_STORE = 25
 """A fresh store every so many kills keeps the cost of each full check bounded."""
 
@@ -408,8 +409,9 @@ def crash_agent(path: str, index: int) -> Any:
     """Open crash agent ``index`` the way the crash child runs it."""
     from .agent_store import AgentStore
 
-    if index == CRASH_TRUSTED_AGENT:
-        return AgentStore.open(path, verify="trusted")
+    verify = CRASH_C_RUN_AGENTS.get(index)
+    if verify is not None:
+        return AgentStore.open(path, verify=verify)
     return AgentStore.open(path, projections=[CountingProjection()])
 
 
@@ -628,7 +630,7 @@ def run_crash(count: int | None = None, seconds: float | None = None, seed: int 
                         if not os.path.isdir(agent_path):
                             continue
                         with crash_agent(agent_path, index) as agent:
-                            problems += check_agent(agent, authority, consumer=f"agent-{index}", counted=index != CRASH_TRUSTED_AGENT)
+                            problems += check_agent(agent, authority, consumer=f"agent-{index}", counted=index not in CRASH_C_RUN_AGENTS)
                             agent_applied += sum(agent.head(group).applied_seq for group in agent.groups())
             except MwpError as exc:
                 problems = [f"reopen failed: {_describe(exc)}"]
