@@ -144,10 +144,16 @@ def test_an_interrupted_waiting_caller_withdraws_and_the_next_one_still_commits(
         _wait_for_queue(authority, 2)
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
-    helper = threading.Thread(target=third)
-    helper.start()
-    with pytest.raises(KeyboardInterrupt):
-        authority.accept(torture._mission_create(group, "m-main", "a-main"))
+    # A process started in the background by a non-interactive shell inherits SIGINT ignored, and
+    # Python then installs no handler: install the one that raises KeyboardInterrupt.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        helper = threading.Thread(target=third)
+        helper.start()
+        with pytest.raises(KeyboardInterrupt):
+            authority.accept(torture._mission_create(group, "m-main", "a-main"))
+    finally:
+        signal.signal(signal.SIGINT, previous)
     helper.join(10)
     go.set()
     leader.join(10)
