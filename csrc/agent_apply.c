@@ -544,8 +544,8 @@ static PyObject *aa_check_run(PyObject *module, PyObject *const *args, Py_ssize_
     if (!PyTuple_CheckExact(context) || PyTuple_Size(context) != 13) {
         PyErr_SetString(PyExc_TypeError,
                         "check_run: context is (event_type, effect_type, checked, check_aggregate, encode_sorted, "
-                        " canonical_bytes, blake3, domain_payload, domain_event, content_ok, id_ok, "
-                        "kind_ok, event_bytes_max)");
+                        "canonical_bytes, blake3, domain_payload, domain_event, content_ok, id_ok, kind_ok, "
+                        "event_bytes_max)");
         return NULL;
     }
     check_t check = {
