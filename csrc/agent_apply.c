@@ -23,12 +23,13 @@
  * inbox_writes[prefix + seq (u64 BE)] = hash, and state_writes[prefix + aggregate (UTF-8)] =
  * (revision, state) for each effect. It returns the index of the first Event it did not take
  * (len(events) when it took all), or the index after the Event that brought len(inbox_writes) +
- * len(state_writes) to ``writes_max`` (the caller flushes then). An Event it does not take is not
- * touched: apply() decides it, with its typed errors, duplicates, buffering and fail points.
- * tests/test_agent_store_apply_many.py compares the two paths over random delivery schedules (and
- * the fuzz target agent_apply_many over arbitrary field values). A Python
- * error raised here (only MemoryError is possible) leaves Events before it written but the
- * Group's head not moved: the caller fails its transaction.
+ * len(state_writes) to ``writes_max`` (the caller flushes then), or the index after the Event
+ * numbered LLONG_MAX (the count never wraps; a ``next_seq`` beyond it takes nothing, and apply()
+ * decides those Events). An Event it does not take is not touched: apply() decides it, with its
+ * typed errors, duplicates, buffering and fail points. tests/test_agent_store_apply_many.py
+ * compares the two paths over random delivery schedules (and the fuzz target agent_apply_many
+ * over arbitrary field values). A Python error raised here (only MemoryError is possible) leaves
+ * Events before it written but the Group's head not moved: the caller fails its transaction.
  *
  * With verify="full", apply_many first hands the Events after the first to
  *
@@ -41,11 +42,14 @@
  * (with the chain link from ``prev_hash``) as ``group``'s Event ``next_seq``, ``next_seq`` + 1, and
  * so on: it is agent_store._fully_valid_run, whose end it must equal (tests/test_agent_check_run.py,
  * and the fuzz target agent_check_run over fuzzed and resealed Events). ``group`` must be a valid
- * Group ID (apply() took an Event of it first). The run handed to run() then ends there. Event
- * hashes are computed with the same calls as messages.event_hash_of_fields and payload_hash_of;
- * the Event's encoded size (EVENT_BYTES_MAX) is added up from the parts hashed, instead of
- * encoding the Event once more. An Exception raised by a call ends the run, as in
- * _fully_valid_run (apply() then decides that Event); anything else propagates.
+ * Group ID (apply() took an Event of it first). It counts sequences as run() does (never past
+ * LLONG_MAX), and checks the effects in Python's order: every effect's type and aggregate key
+ * (check_aggregate may be Python code) before any revision or state. The run handed to run()
+ * then ends there. Event hashes are computed with the same calls as
+ * messages.event_hash_of_fields and payload_hash_of; the Event's encoded size (EVENT_BYTES_MAX)
+ * is added up from the parts hashed, instead of encoding the Event once more. An Exception raised
+ * by a call ends the run, as in _fully_valid_run (apply() then decides that Event); anything else
+ * propagates.
  *
  * Why in C: the per-Event checks and bookkeeping cost about 2.6 us in Python, more than the
  * local commit's share, and full validation's Python calls around the hashing another 2 us
@@ -56,6 +60,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 
+#include <limits.h>
 #include <string.h>
 
 #define AA_HASH_BYTES 32
@@ -262,6 +267,23 @@ static int write_event(const run_t *run, long long seq, const taken_t *taken, Py
     return 0;
 }
 
+/* The run's ``start`` and ``next_seq`` arguments: 1 with them in *start and *seq; 0 when
+ * ``next_seq`` is beyond what a long long holds (the caller takes nothing: apply() decides
+ * those Events); -1 with a Python error when either is negative, zero (``next_seq``) or not an
+ * int. Runs stop after the Event at LLONG_MAX, so a sequence never wraps. */
+static int run_bounds(const char *name, PyObject *start_arg, PyObject *seq_arg, Py_ssize_t *start, long long *seq) {
+    *start = PyLong_AsSsize_t(start_arg);
+    if (*start == -1 && PyErr_Occurred()) return -1;
+    int overflow = 0;
+    *seq = PyLong_AsLongLongAndOverflow(seq_arg, &overflow);
+    if (*seq == -1 && PyErr_Occurred()) return -1;
+    if (*start < 0 || overflow < 0 || (overflow == 0 && *seq < 1)) {
+        PyErr_Format(PyExc_ValueError, "%s: start must be >= 0 and next_seq positive", name);
+        return -1;
+    }
+    return overflow == 0;
+}
+
 static PyObject *aa_run(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
     (void)module;
     if (nargs != 10) {
@@ -290,15 +312,15 @@ static PyObject *aa_run(PyObject *module, PyObject *const *args, Py_ssize_t narg
         PyErr_SetString(PyExc_TypeError, "run: an argument has the wrong type");
         return NULL;
     }
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
-    long long seq = PyLong_AsLongLong(args[5]);
     Py_ssize_t writes_max = PyLong_AsSsize_t(args[9]);
+    if (writes_max == -1 && PyErr_Occurred()) return NULL;
     run.checked_max = PyLong_AsSsize_t(PyTuple_GetItem(context, 3));
-    if (PyErr_Occurred()) return NULL;
-    if (seq < 1) {
-        PyErr_SetString(PyExc_ValueError, "run: next_seq must be positive");
-        return NULL;
-    }
+    if (run.checked_max == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t start = 0;
+    long long seq = 0;
+    int bounded = run_bounds("run", args[1], args[5], &start, &seq);
+    if (bounded < 0) return NULL;
+    if (bounded == 0) return PyLong_FromSsize_t(start);
     run.group_utf8 = PyUnicode_AsUTF8AndSize(run.group, &run.group_size);
     if (run.group_utf8 == NULL) return NULL;
     run.prefix = PyBytes_AsString(args[4]);
@@ -307,7 +329,7 @@ static PyObject *aa_run(PyObject *module, PyObject *const *args, Py_ssize_t narg
 
     unsigned char prev[AA_HASH_BYTES];
     memcpy(prev, PyBytes_AsString(args[6]), AA_HASH_BYTES);
-    Py_ssize_t i = start < 0 ? PyList_Size(events) : start;
+    Py_ssize_t i = start;
     for (; i < PyList_Size(events); i++, seq++) {
         taken_t taken = {NULL, NULL};
         PyObject *event = PyList_GetItem(events, i);
@@ -322,7 +344,7 @@ static PyObject *aa_run(PyObject *module, PyObject *const *args, Py_ssize_t narg
         Py_DECREF(taken.hash);
         Py_DECREF(taken.effects);
         if (failed) return NULL;
-        if (PyDict_Size(inbox) + PyDict_Size(states) >= writes_max) {
+        if (PyDict_Size(inbox) + PyDict_Size(states) >= writes_max || seq == LLONG_MAX) {
             i++;
             break;
         }
@@ -404,30 +426,33 @@ static int encoded_size(PyObject *value, Py_ssize_t *size) {
     return ok;
 }
 
-/* One effect, as _check_shape and check_event see it: an effect_type whose aggregate passes
- * check_aggregate (the set ``checked`` answers for the keys it already passed), whose revision is
- * an int >= 1 and whose state is None or a dict that content_ok accepts. 1, 0 or -1. */
-static int effect_valid(const check_t *check, PyObject *effect) {
+/* One effect, in the order Python checks it. The first pass is _check_shape's: an effect_type
+ * whose aggregate passes check_aggregate (the set ``checked`` answers for the keys it already
+ * passed) and whose state is None or a dict. The second, made once every effect passed the
+ * first, is check_event's: the revision is an int >= 1, a state passes content_ok. 1, 0 or -1. */
+static int effect_valid(const check_t *check, PyObject *effect, int second_pass) {
     if ((PyObject *)Py_TYPE(effect) != check->effect_type) return 0;
     PyObject *aggregate = PyObject_GetAttr(effect, s_aggregate);
     PyObject *revision = aggregate == NULL ? NULL : PyObject_GetAttr(effect, s_revision);
     PyObject *state = revision == NULL ? NULL : PyObject_GetAttr(effect, s_state);
-    int ok = state == NULL ? -1 : PyUnicode_CheckExact(aggregate) && PyLong_CheckExact(revision);
-    if (ok == 1) {
-        int overflow = 0;
-        long long number = PyLong_AsLongLongAndOverflow(revision, &overflow);
-        if (number == -1 && PyErr_Occurred()) ok = -1;
-        else ok = overflow > 0 || (overflow == 0 && number >= 1);
-    }
-    if (ok == 1) ok = state == Py_None || PyDict_CheckExact(state);
-    if (ok == 1 && state != Py_None) ok = answers_true(check->content_ok, state);
-    if (ok == 1) {
+    int ok = state == NULL ? -1 : PyUnicode_CheckExact(aggregate) && (state == Py_None || PyDict_CheckExact(state));
+    if (ok == 1 && !second_pass) {
         ok = PySet_Contains(check->checked, aggregate);
         if (ok == 0) { /* raises EventInvalid for a key it refuses: the run stops there */
             PyObject *result = PyObject_CallFunctionObjArgs(check->check_aggregate, aggregate, NULL);
             ok = result == NULL ? -1 : 1;
             Py_XDECREF(result);
         }
+    }
+    if (ok == 1 && second_pass) {
+        ok = PyLong_CheckExact(revision);
+        if (ok == 1) {
+            int overflow = 0;
+            long long number = PyLong_AsLongLongAndOverflow(revision, &overflow);
+            if (number == -1 && PyErr_Occurred()) ok = -1;
+            else ok = overflow > 0 || (overflow == 0 && number >= 1);
+        }
+        if (ok == 1 && state != Py_None) ok = answers_true(check->content_ok, state);
     }
     Py_XDECREF(state);
     Py_XDECREF(revision);
@@ -466,20 +491,22 @@ static int fields_valid(const check_t *check, PyObject *const *f, long long seq,
     if ((ok = answers_true(check->kind_ok, f[F_KIND])) != 1) return ok;
 
     PyObject *effects = f[F_EFFECTS];
-    for (Py_ssize_t i = 0; i < PyList_Size(effects); i++) {
-        PyObject *effect = PyList_GetItem(effects, i);
-        if (effect == NULL) return -1;
-        Py_INCREF(effect); /* held: check_aggregate is Python code */
-        ok = effect_valid(check, effect);
-        Py_DECREF(effect);
-        if (ok != 1) return ok;
+    for (int second_pass = 0; second_pass <= 1; second_pass++) {
+        for (Py_ssize_t i = 0; i < PyList_Size(effects); i++) {
+            PyObject *effect = PyList_GetItem(effects, i);
+            if (effect == NULL) return -1;
+            Py_INCREF(effect); /* held: check_aggregate is Python code */
+            ok = effect_valid(check, effect, second_pass);
+            Py_DECREF(effect);
+            if (ok != 1) return ok;
+        }
     }
 
     /* The Event's encoded size, from the parts hashed below: it is an array16 of its 16 fields,
      * the 11 header fields as encoded in the hashed header (a fixarray, less its 1-byte head),
      * then body, effects and three 32-byte bin8 hashes. Once the body and states are
      * content_ok, the sorted encoder and encode_event give their parts the same bytes but for
-     * the order of map entries (tests/test_agent_store_apply_many.py compares the two sizes). */
+     * the order of map entries (tests/test_agent_check_run.py meets the limit at the same byte). */
     Py_ssize_t size = 3 + 3 * (2 + AA_HASH_BYTES), part = 0;
 
     PyObject *payload_hash = f[F_PAYLOAD_HASH];
@@ -573,17 +600,16 @@ static PyObject *aa_check_run(PyObject *module, PyObject *const *args, Py_ssize_
         PyErr_SetString(PyExc_TypeError, "check_run: an argument has the wrong type");
         return NULL;
     }
-    Py_ssize_t start = PyLong_AsSsize_t(args[1]);
-    long long seq = PyLong_AsLongLong(args[4]);
     check.event_bytes_max = PyLong_AsSsize_t(PyTuple_GetItem(context, 12));
-    if (PyErr_Occurred()) return NULL;
-    if (seq < 1) {
-        PyErr_SetString(PyExc_ValueError, "check_run: next_seq must be positive");
-        return NULL;
-    }
+    if (check.event_bytes_max == -1 && PyErr_Occurred()) return NULL;
+    Py_ssize_t start = 0;
+    long long seq = 0;
+    int bounded = run_bounds("check_run", args[1], args[4], &start, &seq);
+    if (bounded < 0) return NULL;
+    if (bounded == 0) return PyLong_FromSsize_t(start);
     unsigned char prev[AA_HASH_BYTES];
     memcpy(prev, PyBytes_AsString(args[5]), AA_HASH_BYTES);
-    Py_ssize_t i = start < 0 ? PyList_Size(events) : start;
+    Py_ssize_t i = start;
     for (; i < PyList_Size(events); i++, seq++) {
         PyObject *event = PyList_GetItem(events, i);
         if (event == NULL) return NULL;
@@ -599,6 +625,10 @@ static PyObject *aa_check_run(PyObject *module, PyObject *const *args, Py_ssize_
         if (ok == 1) memcpy(prev, PyBytes_AsString(f[F_HASH]), AA_HASH_BYTES);
         for (int k = 0; k < CR_FIELDS; k++) Py_XDECREF(f[k]);
         Py_DECREF(event);
+        if (ok == 1 && seq == LLONG_MAX) {
+            i++;
+            break;
+        }
         if (ok == 1) continue;
         /* An Exception (a refused aggregate key's EventInvalid, an encoder's TypeError, even
          * MemoryError) only ends the run, as in _fully_valid_run: apply() decides that Event. */

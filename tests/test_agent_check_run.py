@@ -191,3 +191,89 @@ def test_full_mode_apply_many_hands_a_clean_batch_to_the_c_runs(tmp_path, monkey
             tx.advance_cursor(GROUP)
         assert agent.cursor(GROUP) == len(EVENTS)
     assert len(applied) == 1 and checked == [(1, len(EVENTS))]
+
+
+# -- sequences at the end of what the C runs count with (a long long) -----------------------------
+
+TOP = 2**63 - 1  # the last sequence a C run takes; it stops after it instead of wrapping around
+
+
+def _chain_from(seq, prev_hash, count, *, last_seq=None):
+    """``count`` resealed Events of GROUP from ``seq`` on, linked from ``prev_hash``; the last one
+    numbered ``last_seq`` (with an Event ID of that number's digits) if given."""
+    out = []
+    for offset in range(count):
+        number = seq + offset if last_seq is None or offset < count - 1 else last_seq
+        event_id = f"{GROUP}:{number}" if number > 0 else f"{GROUP}:("  # what a wrapped C counter prints
+        out.append(_resealed(EVENTS[offset + 1], seq=number, event_id=event_id, prev_hash=prev_hash))
+        prev_hash = out[-1].hash
+    return out
+
+
+def test_no_run_counts_past_the_largest_sequence_a_long_long_holds():
+    events = _chain_from(TOP, ZERO_HASH, 2, last_seq=-(2**63))
+    assert _both(events, 0, TOP, ZERO_HASH) == (1, 1)
+    assert agent_store._apply_run(events, 0, agent_store._RUN_CONTEXT, GROUP, b"g-1\x00", TOP, ZERO_HASH, {}, {}, 10_000) == 1
+
+
+def test_a_next_sequence_beyond_a_long_long_takes_nothing_and_raises_nothing():
+    events = _chain_from(TOP + 1, ZERO_HASH, 2)
+    assert check_run(events, 0, _CHECK_CONTEXT, GROUP, TOP + 1, ZERO_HASH) == 0  # apply() decides them
+    assert _fully_valid_run(events, 0, GROUP, TOP + 1, ZERO_HASH) == 2
+    assert agent_store._apply_run(events, 0, agent_store._RUN_CONTEXT, GROUP, b"g-1\x00", TOP + 1, ZERO_HASH, {}, {}, 10) == 0
+
+
+def test_a_negative_start_or_a_sequence_below_one_is_an_argument_error():
+    for start, seq in ((-1, 1), (0, 0), (0, -(2**70))):
+        with pytest.raises(ValueError):
+            check_run(EVENTS, start, _CHECK_CONTEXT, GROUP, seq, ZERO_HASH)
+        with pytest.raises(ValueError):
+            agent_store._apply_run(EVENTS, start, agent_store._RUN_CONTEXT, GROUP, b"g-1\x00", seq, ZERO_HASH, {}, {}, 10)
+
+
+@pytest.mark.parametrize("verify", ["full", "trusted"])
+def test_apply_many_near_the_largest_sequence_equals_a_loop_of_apply(tmp_path, verify):
+    """A Group restored from a snapshot just below 2**63: the batch's last Event would follow
+    2**63 - 1 as a C counter wrapped around would number it, and apply() refuses it."""
+    from types import SimpleNamespace
+
+    head_hash = bytes(range(32))
+    snapshot = SimpleNamespace(group=GROUP, org=None, seq=TOP - 3, head_hash=head_hash, aggregates=[])
+    events = _chain_from(TOP - 2, head_hash, 4, last_seq=-(2**63))
+    outcomes = []
+    for name in ("many", "loop"):
+        with AgentStore.open(tmp_path / name, verify=verify) as agent:
+            agent.restore_verified(snapshot, group=GROUP)
+            with agent.begin() as tx:
+                with pytest.raises(agent_store.EventInvalid) as caught:
+                    if name == "many":
+                        tx.apply_many(events)
+                    else:
+                        for event in events:
+                            tx.apply(event)
+                tx.advance_cursor(GROUP)
+            outcomes.append((caught.value.detail.get("reason"), agent.cursor(GROUP), agent.inbox_seqs(GROUP)))
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][1] == TOP and outcomes[0][2] == [TOP - 2, TOP - 1, TOP]
+
+
+def test_every_effect_passes_the_shape_checks_before_any_is_checked_for_content():
+    """As in Python, where _check_shape (aggregate keys) runs before check_event (revisions,
+    states): with a key check that is Python code, the order is observable."""
+    event = next(event for event in EVENTS if len(event.effects) >= 2)
+    calls = []
+
+    def check_aggregate(aggregate):
+        calls.append("aggregate")
+        agent_store._check_aggregate(aggregate)
+
+    def content_ok(value):
+        calls.append("content")
+        return agent_store._canonical_c.content_ok(value)
+
+    context = list(_context_with(check_aggregate))
+    context[9] = content_ok
+    assert check_run([event], 0, tuple(context), GROUP, event.seq, event.prev_hash) == 1
+    states = sum(effect.state is not None for effect in event.effects)
+    assert calls[: len(event.effects)] == ["aggregate"] * len(event.effects)
+    assert calls.count("content") == states + (event.body is not None) and "aggregate" not in calls[len(event.effects) :]
