@@ -8,6 +8,8 @@
  *   node header (8): lo u16 @0, hi u16 @2, flags u16 @4, key size u16 @6, then the key, then
  *     the data. A branch node's child page is lo | hi << 16 | flags << 32; a leaf node's data
  *     size is lo | hi << 16, and with F_BIGDATA its data is the u64 number of an overflow page.
+ *     A node takes header + key (+ data, or 8 bytes with F_BIGDATA) bytes, rounded up to even;
+ *     a page's nodes fill [upper, page end) without a gap.
  *   meta page: the page header, then magic u32 @16, version u32 @20, the free database's
  *     record @40 (its first u32 is the page size), the main database's record @88, the last
  *     page number u64 @136, the transaction id u64 @144. LMDB uses the meta with the higher
@@ -66,6 +68,7 @@ struct walk {
     uint64_t next_page;
     uint8_t *in_use;  /* bitmap over [0, next_page) */
     uint8_t *is_free; /* bitmap over [0, next_page) */
+    uint16_t *node_bytes_at; /* scratch, all zero between pages: [offset / 2] = that node's bytes */
     struct lc_result *out;
 };
 
@@ -144,6 +147,52 @@ static int check_free_record(struct walk *w, uint64_t page, const uint8_t *data,
 }
 
 static int walk_tree(struct walk *w, uint64_t from_page, uint64_t root, enum tree_role role);
+
+/*
+ * The page's nodes exactly fill [upper, page end), one after the other. LMDB keeps them so: a
+ * node is added just below `upper` (its size rounded up to even), and deleting one moves the
+ * nodes below it up over the hole. A page whose offsets leave bytes unclaimed has lost entries:
+ * a flipped bit in `lower` drops the last offsets, and a range read would skip their nodes
+ * without an error. Two offsets naming one node, or nodes overlapping, fail the same way.
+ * Called after every offset and key size was found inside the page; each node's size is noted
+ * at its offset in the scratch array, which is walked from `upper` node by node, then cleared.
+ */
+static int check_tiling(struct walk *w, uint64_t page, const uint8_t *p, uint64_t count, uint64_t upper, int branch) {
+    uint16_t *at = w->node_bytes_at;
+    int rc = LC_OK;
+    uint64_t noted = 0;
+    for (; noted < count && rc == LC_OK; noted++) {
+        uint32_t offset = u16_at(p + PAGE_HEADER_BYTES + 2 * noted);
+        const uint8_t *node = p + offset;
+        uint64_t bytes = NODE_HEADER_BYTES + (uint64_t)u16_at(node + 6);
+        if (!branch) { /* a leaf's data: inline, or the number of its first overflow page */
+            uint64_t data = (uint64_t)u16_at(node) | ((uint64_t)u16_at(node + 2) << 16);
+            bytes += (u16_at(node + 4) & F_BIGDATA) ? 8u : data;
+        }
+        bytes += bytes & 1u;
+        if (bytes > w->page_bytes - offset) {
+            rc = damaged(w, LC_REASON_NODE_BOUNDS, page, offset);
+        } else if (offset % 2 != 0 || at[offset / 2] != 0) {
+            rc = damaged(w, LC_REASON_NODE_LAYOUT, page, offset);
+        } else {
+            at[offset / 2] = (uint16_t)bytes;
+        }
+    }
+    if (rc == LC_OK) {
+        uint64_t position = upper, seen = 0;
+        while (position < w->page_bytes && at[position / 2] != 0) {
+            position += at[position / 2];
+            seen++;
+        }
+        if (position != w->page_bytes || seen != count) {
+            rc = damaged(w, LC_REASON_NODE_LAYOUT, page, position);
+        }
+    }
+    for (uint64_t i = 0; i < noted; i++) { /* leave the scratch all zero for the next page */
+        at[u16_at(p + PAGE_HEADER_BYTES + 2 * i) / 2] = 0;
+    }
+    return rc;
+}
 
 /* A leaf node's data: inline, or on an overflow extent; a named database's record in the main
  * database; a free-list record in the free database. */
@@ -229,16 +278,24 @@ static int walk_page(struct walk *w, uint64_t from_page, uint64_t page, enum tre
         if (offset < upper || offset + NODE_HEADER_BYTES > w->page_bytes) {
             return damaged(w, LC_REASON_NODE_BOUNDS, page, offset);
         }
-        const uint8_t *node = p + offset;
-        uint32_t key_bytes = u16_at(node + 6);
-        uint64_t room = w->page_bytes - offset;
-        if (NODE_HEADER_BYTES + (uint64_t)key_bytes > room) {
+        uint32_t key_bytes = u16_at(p + offset + 6);
+        if (NODE_HEADER_BYTES + (uint64_t)key_bytes > w->page_bytes - offset) {
             return damaged(w, LC_REASON_NODE_BOUNDS, page, offset);
         }
         /* Integer keys are read as 8 bytes; a branch's first key is never compared. */
         if (role == ROLE_FREE && key_bytes != FREE_KEY_BYTES && !(flags == P_BRANCH && i == 0)) {
             return damaged(w, LC_REASON_NODE_BOUNDS, page, key_bytes);
         }
+    }
+    rc = check_tiling(w, page, p, count, upper, flags == P_BRANCH);
+    if (rc != LC_OK) {
+        return rc;
+    }
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t offset = u16_at(p + PAGE_HEADER_BYTES + 2 * i);
+        const uint8_t *node = p + offset;
+        uint32_t key_bytes = u16_at(node + 6);
+        uint64_t room = w->page_bytes - offset;
         if (flags == P_BRANCH) {
             uint64_t child = (uint64_t)u16_at(node) | ((uint64_t)u16_at(node + 2) << 16) |
                              ((uint64_t)u16_at(node + 4) << 32);
@@ -317,7 +374,8 @@ static int check_mapped(struct walk *w) {
     size_t bitmap_bytes = (size_t)((w->next_page + 7) / 8);
     w->in_use = calloc(bitmap_bytes, 1);
     w->is_free = calloc(bitmap_bytes, 1);
-    if (w->in_use == NULL || w->is_free == NULL) {
+    w->node_bytes_at = calloc(page_bytes / 2, sizeof(w->node_bytes_at[0]));
+    if (w->in_use == NULL || w->is_free == NULL || w->node_bytes_at == NULL) {
         return LC_E_NO_MEMORY;
     }
     uint64_t free_root = u64_at(meta + 40 + 40);
@@ -376,6 +434,7 @@ int lc_check_file(const char *path, struct lc_result *out) {
     int rc = check_mapped(&w);
     free(w.in_use);
     free(w.is_free);
+    free(w.node_bytes_at);
     munmap(map, (size_t)w.file_bytes);
     return rc;
 }

@@ -42,6 +42,7 @@
 #define LC_REASON_FREE_LIST 14     /* a free-list record, or a free page that is also in use */
 #define LC_REASON_BRANCH_EMPTY 15  /* a branch page without entries */
 #define LC_REASON_PAGE_LOST 16     /* a page neither in use nor free: a tree cut short */
+#define LC_REASON_NODE_LAYOUT 17   /* a page's nodes do not fill its node area exactly: entries lost */
 
 struct lc_result {
     int32_t reason;

@@ -39,6 +39,7 @@ _REASONS = {
     lib.LC_REASON_FREE_LIST: "free_list",
     lib.LC_REASON_BRANCH_EMPTY: "branch_empty",
     lib.LC_REASON_PAGE_LOST: "page_lost",
+    lib.LC_REASON_NODE_LAYOUT: "node_layout",
 }
 
 

@@ -190,6 +190,68 @@ def test_a_node_offset_outside_its_page_area(tmp_path, sample):
     _check_fails(_damaged_copy(tmp_path, sample, change), "node_bounds")
 
 
+def _leaf_with_nodes(d, count: int) -> int:
+    return next(page for page, flags in _reachable(bytes(d), named_only=True).items()
+                if flags == P_LEAF and sum(1 for _ in _nodes(bytes(d), page)) >= count)
+
+
+def test_a_leaf_whose_lower_bound_lost_its_last_offsets(tmp_path, sample):
+    """A flipped bit in `lower` (the corruption suite's seed 75, on an AgentStore): four offsets
+    fewer, the page still looks sound, and a range read would skip four entries without an error.
+    Their nodes still take up the node area, which the offsets left must account for."""
+    def change(d):
+        page = _leaf_with_nodes(d, 5)
+        lower = struct.unpack_from("<H", d, page * PAGE + 12)[0]
+        struct.pack_into("<H", d, page * PAGE + 12, lower - 8)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "node_layout")
+
+
+def test_two_offsets_naming_the_same_node(tmp_path, sample):
+    def change(d):
+        page = _leaf_with_nodes(d, 2)
+        first = struct.unpack_from("<H", d, page * PAGE + 16)[0]
+        struct.pack_into("<H", d, page * PAGE + 18, first)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "node_layout")
+
+
+def test_a_node_whose_key_grew_into_its_neighbour(tmp_path, sample):
+    def change(d):
+        page = _leaf_with_nodes(d, 2)
+        at, lo, hi, flags, key_bytes = next(_nodes(bytes(d), page))
+        struct.pack_into("<H", d, at + 6, key_bytes + 2)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "node_layout")
+
+
+def test_random_stores_built_by_lmdb_always_fill_their_node_areas(tmp_path):
+    """The layout rule holds for whatever LMDB writes: puts of many sizes, overwrites with other
+    sizes, deletes and emptied databases, over several transactions."""
+    rng = random.Random(11)
+    for number in range(12):
+        path = str(tmp_path / f"env-{number}")
+        env = lmdb.open(path, max_dbs=8, map_size=1 << 27)
+        dbs = [env.open_db(b"db%d" % index) for index in range(rng.randint(1, 5))]
+        keys: list[list[bytes]] = [[] for _ in dbs]
+        for _ in range(rng.randint(2, 12)):
+            with env.begin(write=True) as txn:
+                for _ in range(rng.randint(1, 200)):
+                    index = rng.randrange(len(dbs))
+                    roll = rng.random()
+                    if roll < 0.6 or not keys[index]:
+                        key = rng.randbytes(rng.choice((1, 8, 40, 300)))
+                        txn.put(key, rng.randbytes(rng.choice((0, 1, 33, 1000, 2500, 9000))), db=dbs[index])
+                        keys[index].append(key)
+                    elif roll < 0.8:
+                        txn.put(rng.choice(keys[index]), rng.randbytes(rng.choice((0, 5, 700, 3000))), db=dbs[index])
+                    else:
+                        txn.delete(keys[index].pop(rng.randrange(len(keys[index]))), db=dbs[index])
+                if rng.random() < 0.1:
+                    index = rng.randrange(len(dbs))
+                    txn.drop(dbs[index], delete=False)
+                    keys[index] = []
+        env.close()
+        check_lmdb_file(os.path.join(path, "data.mdb"), label="test", remedy="-")
+
+
 def test_an_overflow_value_longer_than_its_extent(tmp_path, sample):
     def change(d):
         for page, flags in _reachable(bytes(d)).items():
