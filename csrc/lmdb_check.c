@@ -146,6 +146,27 @@ static int check_free_record(struct walk *w, uint64_t page, const uint8_t *data,
     return LC_OK;
 }
 
+/* A key as LMDB compares it; `bytes` NULL for "no bound". */
+struct key {
+    const uint8_t *bytes;
+    uint32_t size;
+};
+
+/* LMDB's order: the free database's keys as native u64 (integer keys, 8 bytes: checked before
+ * any comparison), the others byte by byte, a shorter key first when one is the other's prefix. */
+static int key_compare(enum tree_role role, struct key a, struct key b) {
+    if (role == ROLE_FREE) {
+        uint64_t x = u64_at(a.bytes), y = u64_at(b.bytes);
+        return (x > y) - (x < y);
+    }
+    uint32_t shorter = a.size < b.size ? a.size : b.size;
+    int diff = shorter == 0 ? 0 : memcmp(a.bytes, b.bytes, shorter);
+    if (diff != 0) {
+        return diff < 0 ? -1 : 1;
+    }
+    return (a.size > b.size) - (a.size < b.size);
+}
+
 static int walk_tree(struct walk *w, uint64_t from_page, uint64_t root, enum tree_role role);
 
 /*
@@ -247,7 +268,14 @@ static int check_leaf_data(struct walk *w, uint64_t page, const uint8_t *node, u
     return LC_OK;
 }
 
-static int walk_page(struct walk *w, uint64_t from_page, uint64_t page, enum tree_role role, int depth) {
+/*
+ * Key order, which LMDB's searches rely on: a page's keys strictly ascending (a branch's first key
+ * is never compared), and every key of a subtree at or above the parent's key for it and below
+ * the parent's next key (`low` and `high`, inherited down the tree). A damaged key in a branch
+ * sends searches, and so range reads, to the wrong leaf: entries are skipped without an error.
+ */
+static int walk_page(struct walk *w, uint64_t from_page, uint64_t page, enum tree_role role, int depth,
+                     struct key low, struct key high) {
     if (depth > CURSOR_STACK_DEPTH) {
         return damaged(w, LC_REASON_DEPTH, from_page, page);
     }
@@ -291,6 +319,23 @@ static int walk_page(struct walk *w, uint64_t from_page, uint64_t page, enum tre
     if (rc != LC_OK) {
         return rc;
     }
+    struct key previous = {NULL, 0}, first = {NULL, 0};
+    for (uint64_t i = flags == P_BRANCH ? 1 : 0; i < count; i++) {
+        const uint8_t *node = p + u16_at(p + PAGE_HEADER_BYTES + 2 * i);
+        struct key key = {node + NODE_HEADER_BYTES, u16_at(node + 6)};
+        if (previous.bytes != NULL && key_compare(role, previous, key) >= 0) {
+            return damaged(w, LC_REASON_KEY_ORDER, page, i);
+        }
+        if (first.bytes == NULL) {
+            first = key;
+        }
+        previous = key;
+    }
+    /* Ascending: the first and the last key bound the rest. */
+    if (first.bytes != NULL && ((low.bytes != NULL && key_compare(role, first, low) < 0) ||
+                                (high.bytes != NULL && key_compare(role, previous, high) >= 0))) {
+        return damaged(w, LC_REASON_KEY_ORDER, page, count);
+    }
     for (uint64_t i = 0; i < count; i++) {
         uint64_t offset = u16_at(p + PAGE_HEADER_BYTES + 2 * i);
         const uint8_t *node = p + offset;
@@ -299,7 +344,15 @@ static int walk_page(struct walk *w, uint64_t from_page, uint64_t page, enum tre
         if (flags == P_BRANCH) {
             uint64_t child = (uint64_t)u16_at(node) | ((uint64_t)u16_at(node + 2) << 16) |
                              ((uint64_t)u16_at(node + 4) << 32);
-            rc = walk_page(w, page, child, role, depth + 1);
+            struct key child_low = low, child_high = high;
+            if (i > 0) {
+                child_low = (struct key){node + NODE_HEADER_BYTES, key_bytes};
+            }
+            if (i + 1 < count) {
+                const uint8_t *next = p + u16_at(p + PAGE_HEADER_BYTES + 2 * (i + 1));
+                child_high = (struct key){next + NODE_HEADER_BYTES, u16_at(next + 6)};
+            }
+            rc = walk_page(w, page, child, role, depth + 1, child_low, child_high);
         } else {
             rc = check_leaf_data(w, page, node, room, key_bytes, role);
         }
@@ -311,7 +364,8 @@ static int walk_page(struct walk *w, uint64_t from_page, uint64_t page, enum tre
 }
 
 static int walk_tree(struct walk *w, uint64_t from_page, uint64_t root, enum tree_role role) {
-    return walk_page(w, from_page, root, role, 1);
+    struct key none = {NULL, 0};
+    return walk_page(w, from_page, root, role, 1, none, none);
 }
 
 /* A meta page's own fields; the page size comes from meta 0 (as LMDB reads it). */

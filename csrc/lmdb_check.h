@@ -6,8 +6,10 @@
  * file's end, or write into a page it believes is dirty. That kills the process (SIGBUS or
  * SIGSEGV) instead of giving an error. lc_check_file walks every page reachable from the meta
  * page LMDB would pick and checks what LMDB relies on when it reads, so a file that passes can be
- * handed to LMDB without that risk. It does not check what the stores' own seals already check
- * (values, key order, presence): see docs/format/index.md, "Structural check".
+ * handed to LMDB without that risk. It also checks what a range read cannot notice on its own:
+ * nodes that fill their page (none hidden) and key order down the tree (no leaf skipped). It does
+ * not check what the stores' own seals already check (values, presence): see
+ * docs/format/index.md, "Structural check".
  *
  * Covers the 64-bit LMDB 0.9 layout (the one the lmdb binding bundles). Databases with flags
  * (duplicate keys, integer or reversed keys) are refused: mwpstore creates none.
@@ -43,6 +45,7 @@
 #define LC_REASON_BRANCH_EMPTY 15  /* a branch page without entries */
 #define LC_REASON_PAGE_LOST 16     /* a page neither in use nor free: a tree cut short */
 #define LC_REASON_NODE_LAYOUT 17   /* a page's nodes do not fill its node area exactly: entries lost */
+#define LC_REASON_KEY_ORDER 18     /* keys out of order in a page, or outside their parent's bounds */
 
 struct lc_result {
     int32_t reason;

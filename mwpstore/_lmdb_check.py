@@ -40,6 +40,7 @@ _REASONS = {
     lib.LC_REASON_BRANCH_EMPTY: "branch_empty",
     lib.LC_REASON_PAGE_LOST: "page_lost",
     lib.LC_REASON_NODE_LAYOUT: "node_layout",
+    lib.LC_REASON_KEY_ORDER: "key_order",
 }
 
 
