@@ -327,8 +327,9 @@ def admit_trusted_event(event: object) -> Event:
             return admit_event(event)[0]
         raise EventInvalid("expected a mwpstore.Event or its encoded bytes", reason="type")
     _check_shape(event)
-    if type(event.seq) is not int or event.seq < 1 or event.event_id != f"{event.group}:{event.seq}":
-        raise EventInvalid("Event ID does not match its Group and a positive sequence", reason="event_id")
+    seq = event.seq
+    if type(seq) is not int or not 1 <= seq <= limits.INT_ABS_MAX or event.event_id != f"{event.group}:{seq}":
+        raise EventInvalid("Event ID does not match its Group and a sequence from 1 to 2**63 - 1", reason="event_id")
     if type(event.prev_hash) is not bytes or len(event.hash) != 32 or len(event.prev_hash) != 32:
         raise EventInvalid("Event hashes must be 32 bytes", reason="hash")
     return event
@@ -707,8 +708,8 @@ class AgentStore:
         if snapshot.group != group:
             raise SnapshotInvalid(f"snapshot is of group {snapshot.group!r}, not {group!r}", check="binding")
         seq = snapshot.seq
-        if type(seq) is not int or seq < 0:
-            raise SnapshotInvalid("snapshot sequence is not a non-negative integer", check="sequence")
+        if type(seq) is not int or not 0 <= seq <= limits.INT_ABS_MAX:
+            raise SnapshotInvalid("snapshot sequence is not an integer from 0 to 2**63 - 1", check="sequence")
         with self.begin() as tx:
             head = tx._head(group)
             mirrored_group = tx._get_state(group, f"group:{group}")

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import blake3
 import msgspec
 
 from . import canonical, limits
@@ -192,8 +193,8 @@ _EFFECTS_ENCODER = msgspec.msgpack.Encoder(order="sorted")
 
 HASHING = (
     _EFFECTS_ENCODER.encode,
-    canonical.canonical_encode,
-    canonical.blake3_hasher,
+    canonical.canonical_bytes,
+    blake3.blake3,
     canonical.DOMAIN_PAYLOAD,
     canonical.DOMAIN_EVENT,
 )
@@ -336,8 +337,8 @@ def check_event(event: object, *, expected_prev_hash: bytes | None = None) -> Ev
             canonical.check_kind(event.kind)
         except InvalidCommand as exc:
             raise EventInvalid(f"Event field invalid: {exc.message}", reason="field", field=exc.field) from None
-    if type(event.seq) is not int or event.seq < 1:
-        raise EventInvalid("Event seq must be a positive integer", reason="seq")
+    if type(event.seq) is not int or not 1 <= event.seq <= limits.INT_ABS_MAX:
+        raise EventInvalid("Event seq must be an integer from 1 to 2**63 - 1", reason="seq")
     if event.event_id != make_event_id(event.group, event.seq):
         raise EventInvalid("Event ID does not match its Group and sequence", reason="event_id")
     content_hash, payload_hash, prev_hash, digest = event.content_hash, event.payload_hash, event.prev_hash, event.hash

@@ -217,10 +217,26 @@ def test_no_run_counts_past_the_largest_sequence_a_long_long_holds():
 
 
 def test_a_next_sequence_beyond_a_long_long_takes_nothing_and_raises_nothing():
+    """Nor does apply(): a sequence above 2**63 - 1 is refused in either mode, as in a snapshot."""
     events = _chain_from(TOP + 1, ZERO_HASH, 2)
-    assert check_run(events, 0, _CHECK_CONTEXT, GROUP, TOP + 1, ZERO_HASH) == 0  # apply() decides them
-    assert _fully_valid_run(events, 0, GROUP, TOP + 1, ZERO_HASH) == 2
+    assert _both(events, 0, TOP + 1, ZERO_HASH) == (0, 0)
     assert agent_store._apply_run(events, 0, agent_store._RUN_CONTEXT, GROUP, b"g-1\x00", TOP + 1, ZERO_HASH, {}, {}, 10) == 0
+    with pytest.raises(agent_store.EventInvalid) as caught:
+        agent_store.admit_trusted_event(events[0])
+    assert caught.value.detail["reason"] == "event_id"
+
+
+def test_a_snapshot_sequence_above_2_63_is_refused_before_anything_is_written(tmp_path):
+    """Before, 2**64 failed at commit with msgspec's OverflowError inside an untyped MWP_ERROR."""
+    from types import SimpleNamespace
+
+    with AgentStore.open(tmp_path / "a") as agent:
+        for seq in (TOP + 1, 2**64, -1):
+            snapshot = SimpleNamespace(group=GROUP, org=None, seq=seq, head_hash=bytes(32), aggregates=[])
+            with pytest.raises(agent_store.SnapshotInvalid) as caught:
+                agent.restore_verified(snapshot, group=GROUP)
+            assert caught.value.detail["check"] == "sequence"
+        assert agent.groups() == [] and agent.cursor(GROUP) == 0
 
 
 def test_a_negative_start_or_a_sequence_below_one_is_an_argument_error():
