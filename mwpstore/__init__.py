@@ -33,6 +33,7 @@ from .errors import (
     StorageFailed,
     StoreClosed,
     StoreLocked,
+    StoreNotFound,
     TransportDisconnected,
     Unauthorized,
 )
@@ -127,6 +128,7 @@ __all__ = [
     "StorageFailed",
     "StoreClosed",
     "StoreLocked",
+    "StoreNotFound",
     "Subscription",
     "TransportDisconnected",
     "Unauthorized",

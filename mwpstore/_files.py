@@ -17,8 +17,16 @@ import os
 import secrets
 import stat
 
-from .errors import KeyFileInvalid, MwpError, StorageFailed, translate  # noqa: F401
+from .errors import InvalidCommand, KeyFileInvalid, MwpError, StorageFailed, translate  # noqa: F401
 
+
+def store_path(path: object) -> str:
+    """A store directory given from outside, as a ``str``; ``InvalidCommand`` (field ``path``)
+    for anything else: another type, bytes, an empty string or a NUL."""
+    text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
+    if type(text) is not str or not text or "\x00" in text:
+        raise InvalidCommand("path must be a non-empty str (or os.PathLike of one) without NUL", field="path")
+    return text
 
 
 def fsync_directory(directory: str) -> None:

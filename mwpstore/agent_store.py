@@ -36,6 +36,7 @@ import msgspec
 from . import _canonical_c, canonical, failpoints, limits
 from ._apply_c import check_run as _check_run
 from ._apply_c import run as _apply_run
+from ._files import store_path
 from ._lmdb_check import check_before_open
 from ._sealed import SealedTables, open_databases, typed_damage
 from .errors import ReconcileRequired, ProjectionFailed  # noqa: F401  (defined with the other errors; re-exported here)
@@ -408,7 +409,7 @@ class AgentStore:
         """
         if verify not in VERIFY_MODES:
             raise InvalidCommand(f"verify must be one of {sorted(VERIFY_MODES)}", field="verify")
-        path = os.fspath(path)
+        path = store_path(path)
         projections = tuple(projections)
         names = [projection.name for projection in projections]
         for name in names:

@@ -39,8 +39,10 @@ from .errors import (
     StorageFailed,
     StoreClosed,
     StoreLocked,
+    StoreNotFound,
     translate,
 )
+from ._files import store_path
 from ._lmdb_check import check_before_open, check_lmdb_file, check_option
 from ._sealed import KEY_SHOWN_BYTES, typed_damage
 from .index import (
@@ -315,8 +317,13 @@ class Authority:
         map_size: int = limits.LMDB_MAP_BYTES_DEFAULT,
         progress: Callable[[int, int], None] | None = None,
         check_lmdb: bool | None = None,
+        create: bool = True,
     ) -> Authority:
         """Open (creating on first use) the authority stored under ``path``.
+
+        ``create=False`` opens only an existing store: ``StoreNotFound``, with nothing written,
+        when ``path`` holds none. A store whose log is gone while its index or keys remain is
+        ``Corruption`` (reason ``log_missing``), never a new empty history.
 
         ``sync=False`` is a bulk-load mode: commits are not durable until :meth:`sync` or close.
         ``progress(done, total)`` is called while redoing or rebuilding the index.
@@ -325,8 +332,10 @@ class Authority:
         bytes); a damaged index is rebuilt from the log (``open_report.reason`` says so).
         """
         check_option(check_lmdb)  # here: a bad option must not pass for a damaged index below
+        if type(create) is not bool:
+            raise InvalidCommand("create must be True or False", field="create")
         self = object.__new__(cls)
-        self.path = os.fspath(path)
+        self.path = store_path(path)
         self._clock = clock or default_clock
         self._sync = sync
         self._map_size = map_size
@@ -344,15 +353,19 @@ class Authority:
         self._snapshot_lock = threading.Lock()
         self._segment_bytes = segment_bytes
         self._retired = []
-        try:
-            os.makedirs(self.path, exist_ok=True)
-        except OSError as exc:
-            raise translate(exc, context=f"creating {self.path}") from None
+        if not _holds_store(self.path):
+            if not create:
+                raise StoreNotFound(f"no store at {self.path!r}", path=self.path)
+            try:
+                os.makedirs(self.path, exist_ok=True)
+            except OSError as exc:
+                raise translate(exc, context=f"creating {self.path}") from None
         self._lock_fd = _lock_store(self.path)
         try:
             from .compaction import recover_interrupted_compaction
 
             force_rebuild = recover_interrupted_compaction(self.path)
+            _check_log_present(self.path)
             self._pair = (SegmentLog.open(os.path.join(self.path, "log"), segment_bytes=segment_bytes, sync=sync), None)
             try:
                 if force_rebuild:
@@ -1833,6 +1846,40 @@ def _decode_note(value: bytes | memoryview, kind: type[_Note]) -> _Note:
 def _flush_heads(index: Index, txn: lmdb.Transaction, heads: dict[str, tuple[int, bytes]]) -> None:
     for group, (seq, digest) in heads.items():
         index.put(txn, b"heads", group.encode(), encode_head(seq, digest))
+
+
+_STORE_DIRECTORIES = ("log", "log.compact", "index", "keys")
+"""What an authority's directory holds once it was ever opened (``log.compact``: a compaction in
+flight), beside its lock file."""
+
+
+def _holds_store(path: str) -> bool:
+    try:
+        return os.path.isfile(os.path.join(path, "authority.lock")) or any(
+            os.path.isdir(os.path.join(path, name)) for name in _STORE_DIRECTORIES
+        )
+    except (TypeError, ValueError):  # e.g. a NUL in the path: open itself reports it below
+        return False
+
+
+def _check_log_present(path: str) -> None:
+    """A store that has an index or keys but no log segment lost its history (a deleted or
+    unmounted ``log/``): refuse, instead of starting an empty log and rebuilding the index to it."""
+    log = os.path.join(path, "log")
+    try:
+        segments = [name for name in os.listdir(log) if name.endswith(".seg")]
+    except FileNotFoundError:
+        segments = []
+    if segments:
+        return
+    leftovers = [name for name in ("index", "keys") if os.path.isdir(os.path.join(path, name))]
+    if leftovers:
+        raise Corruption(
+            f"the store at {path!r} has {' and '.join(leftovers)} but no log: its history is missing. "
+            "Restore log/ from a backup (or the volume that holds it); to start a new store, use an empty directory",
+            reason="log_missing",
+            path=path,
+        )
 
 
 def _lock_store(path: str) -> int:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -16,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import __version__
-from .errors import MwpError
+from .errors import MwpError, StoreNotFound
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -79,9 +80,10 @@ def _json_default(value: Any) -> Any:
 def _open_authority(args: argparse.Namespace, *, progress: bool = True) -> Any:
     from .authority import Authority
 
-    if not os.path.isdir(args.store):
-        raise UsageError(f"no store at {args.store!r}")
-    return Authority.open(args.store, progress=Progress("opening") if progress else None)
+    try:  # maintenance commands never create a store where there is none
+        return Authority.open(args.store, progress=Progress("opening") if progress else None, create=False)
+    except StoreNotFound:
+        raise UsageError(f"no store at {args.store!r}") from None
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -262,6 +264,28 @@ class UsageError(Exception):
     pass
 
 
+def _count(text: str) -> int:
+    """An argparse type: a whole number ≥ 0."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is negative")
+    return value
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds ≥ 0 (no NaN, no infinity)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite, non-negative number of seconds")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mwpstore", description="mwpstore: an embedded storage engine for the Mission Work Protocol.")
     parser.add_argument("--version", action="version", version=f"mwpstore {__version__}")
@@ -282,10 +306,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     tail = commands.add_parser("tail", parents=[common, store], help="print a Group's Events (and follow new ones)")
     tail.add_argument("group")
-    tail.add_argument("-n", "--lines", type=int, default=20, help="last N Events (default %(default)s)")
+    tail.add_argument("-n", "--lines", type=_count, default=20, help="last N Events (default %(default)s)")
     tail.add_argument("--after", type=int, default=None, help="start after this sequence instead")
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new Events")
-    tail.add_argument("--timeout", type=float, default=None, help="stop following after this many seconds")
+    tail.add_argument("--timeout", type=_seconds, default=None, help="stop following after this many seconds")
     tail.set_defaults(handler=cmd_tail)
 
     verify = commands.add_parser("verify", parents=[common, store], help="check frames, hash chains, snapshots and that the index equals a rebuild")
@@ -307,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--trust", action="append", default=[], required=True, help="a trusted public key file (.pub, hex); repeatable")
     check.add_argument("--group", default=None)
     check.add_argument("--org", default=None)
-    check.add_argument("--high-water", type=int, default=0, help="refuse snapshots older than this sequence")
+    check.add_argument("--high-water", type=_count, default=0, help="refuse snapshots older than this sequence")
     check.set_defaults(handler=cmd_snapshot_verify)
 
     keys = commands.add_parser("keys", help="list or rotate the snapshot signing key")
@@ -324,8 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     torture = commands.add_parser("torture", parents=[common], help="run the reliability suites (crash, power loss, corruption, fsync failure, fuzzing)")
     torture.add_argument("--suite", action="append", default=None, help="run only this suite (repeatable); default: all")
-    torture.add_argument("--count", type=int, default=None, help="iterations per suite (default: the suite's short CI count)")
-    torture.add_argument("--seconds", type=float, default=None, help="time budget per suite instead of a count")
+    torture.add_argument("--count", type=_count, default=None, help="iterations per suite (default: the suite's short CI count)")
+    torture.add_argument("--seconds", type=_seconds, default=None, help="time budget per suite instead of a count")
     torture.add_argument("--seed", type=int, default=1, help="random seed (default %(default)s)")
     torture.set_defaults(handler=cmd_torture)
     return parser

@@ -235,6 +235,12 @@ class StoreClosed(MwpError):
     code = "STORE_CLOSED"
 
 
+class StoreNotFound(MwpError):
+    """``open(..., create=False)`` found no store at the path; nothing was created there."""
+
+    code = "STORE_NOT_FOUND"
+
+
 ERROR_CLASSES: dict[str, type[MwpError]] = {
     cls.code: cls
     for cls in [
@@ -275,6 +281,7 @@ ERROR_CLASSES: dict[str, type[MwpError]] = {
         KeyFileInvalid,
         StoreLocked,
         StoreClosed,
+        StoreNotFound,
     ]
 }
 

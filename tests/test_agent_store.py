@@ -325,6 +325,13 @@ def test_second_open_is_store_locked(tmp_path):
     AgentStore.open(tmp_path / "a").close()
 
 
+@pytest.mark.parametrize("path", [123, b"/tmp/agent", "", "agent\x00x"])
+def test_open_refuses_a_path_that_is_not_a_text_path(path):
+    with pytest.raises(InvalidCommand) as caught:
+        AgentStore.open(path)
+    assert caught.value.detail["field"] == "path"
+
+
 def test_closed_store_refuses_use(tmp_path, events):
     agent = AgentStore.open(tmp_path / "a")
     agent.close()

@@ -15,6 +15,7 @@ from mwpstore import (
     ActionIdCollision,
     Authority,
     Command,
+    Corruption,
     CursorTooOld,
     InvalidCommand,
     LimitExceeded,
@@ -24,6 +25,7 @@ from mwpstore import (
     SequenceGap,
     StoreClosed,
     StoreLocked,
+    StoreNotFound,
     Unauthorized,
 )
 from mwpstore.errors import AlreadyExists, UnknownKind
@@ -437,6 +439,58 @@ def test_second_writer_gets_store_locked(tmp_path):
     with open_with_group(path):
         with pytest.raises(StoreLocked):
             Authority.open(path)
+
+
+def test_open_without_create_refuses_a_directory_that_holds_no_store(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("not a store")
+    for path in (empty, tmp_path / "missing"):
+        with pytest.raises(StoreNotFound) as caught:
+            Authority.open(path, create=False)
+        assert caught.value.code == "STORE_NOT_FOUND"
+    assert sorted(os.listdir(empty)) == ["notes.txt"]  # nothing written: no lock file, no log
+    assert not (tmp_path / "missing").exists()
+    store = str(tmp_path / "store")
+    with open_with_group(store):
+        pass
+    with Authority.open(store, create=False) as authority:
+        assert authority.head(GROUP)[0] == 1
+
+
+@pytest.mark.parametrize("lost", ["whole log directory", "every segment"])
+def test_a_store_whose_log_is_gone_is_refused_not_restarted_empty(tmp_path, lost):
+    store = str(tmp_path / "store")
+    with open_with_group(store) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.signing_key  # the keys directory exists too
+    log = os.path.join(store, "log")
+    if lost == "whole log directory":
+        os.rename(log, str(tmp_path / "elsewhere"))
+    else:
+        for name in os.listdir(log):
+            if name.endswith(".seg"):
+                os.remove(os.path.join(log, name))
+    index_before = open(os.path.join(store, "index", "data.mdb"), "rb").read()
+    for create in (True, False):
+        with pytest.raises(Corruption) as caught:
+            Authority.open(store, create=create)
+        assert caught.value.detail["reason"] == "log_missing"
+    # the index that still describes the history is left as it was, not rebuilt to nothing
+    assert open(os.path.join(store, "index", "data.mdb"), "rb").read() == index_before
+    if lost == "whole log directory":
+        os.rename(str(tmp_path / "elsewhere"), log)  # the volume is back: the store opens as before
+        with Authority.open(store) as authority:
+            assert authority.head(GROUP)[0] == 2 and authority.open_report.mode == "clean"
+
+
+@pytest.mark.parametrize("path", [123, b"/tmp/store", "", "store\x00x"])
+def test_open_refuses_a_path_that_is_not_a_text_path(tmp_path, path):
+    with pytest.raises(InvalidCommand) as caught:
+        Authority.open(path)
+    assert caught.value.detail["field"] == "path"
+    with pytest.raises(InvalidCommand):
+        Authority.open(str(tmp_path / "s"), create="yes")
 
 
 # -- hostile input -------------------------------------------------------------------------------

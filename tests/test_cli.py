@@ -111,6 +111,38 @@ def test_usage_errors(tmp_path, capsys):
     assert caught.value.code == 2
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["inspect"], ["verify"], ["rebuild"], ["compact"], ["tail", GROUP],
+        ["snapshot", "create", GROUP], ["keys", "list"], ["keys", "rotate"],
+    ],
+)
+def test_store_commands_never_create_a_store_in_a_directory_without_one(tmp_path, capsys, argv):
+    directory = tmp_path / "not-a-store"
+    directory.mkdir()
+    (directory / "keep.txt").write_text("keep me")
+    assert main([*argv, "--store", str(directory)]) == EXIT_USAGE
+    assert "no store at" in capsys.readouterr().err
+    assert sorted(os.listdir(directory)) == ["keep.txt"]
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["tail", GROUP, "-n", "-5"], ["tail", GROUP, "-n", "x"], ["tail", GROUP, "-f", "--timeout", "nan"],
+        ["tail", GROUP, "-f", "--timeout", "-1"], ["tail", GROUP, "-f", "--timeout", "inf"],
+        ["torture", "--seconds", "nan"], ["torture", "--count", "-3"],
+        ["snapshot", "verify", "f", "--trust", "k", "--high-water", "-1"],
+    ],
+)
+def test_bad_numbers_are_usage_errors(store, capsys, argv):
+    with pytest.raises(SystemExit) as caught:
+        main([*argv, *(["--store", store] if argv[0] == "tail" else [])])
+    assert caught.value.code == EXIT_USAGE
+    assert "error: argument" in capsys.readouterr().err
+
+
 def test_locked_store_is_a_store_error(store, capsys):
     with open_with_group(store + "-2") as _:
         pass
