@@ -802,6 +802,8 @@ class Authority:
                     f"the commit failed ({cause.message if cause else type(exc).__name__}); reopen the authority"
                 )
             self._fail_all(pending, error)
+            # and every request the failure left unanswered (the one that raised, those after it)
+            self._fail_all([request for request in requests if request.receipt is None and request.error is None], error)
             if not isinstance(exc, Exception):
                 raise  # KeyboardInterrupt and the like: every caller was answered, now propagate
             return
@@ -838,9 +840,6 @@ class Authority:
             return stored is not None  # a receipt from this batch is only as durable as the batch
         seq, head_hash = batch.head(command.group)
         view = _GroupView(batch, command.group)
-        if command.kind == "event.redact" and not self._redactable(batch, command):
-            request.error = InvalidCommand("a tombstone (event.redact or audit.delete) is never itself redacted", field="target")
-            return False
         try:
             event = run_transition(
                 view,
@@ -857,6 +856,11 @@ class Authority:
             return False
         except Exception as exc:  # a bug in a kind's decide/evolve must not take the batch down
             request.error = MwpError(f"internal error deciding {command.kind}: {type(exc).__name__}: {exc}")
+            return False
+        # What event.redact's pure decide cannot see, asked only once decide has accepted it (the
+        # actor may redact, the Group is live, the target is an existing sequence).
+        if command.kind == "event.redact" and not self._redactable(batch, command):
+            request.error = InvalidCommand("a tombstone (event.redact or audit.delete) is never itself redacted", field="target")
             return False
         record = EVENT_TAG + encode_event(event)
         if len(record) > limits.RECORD_BYTES_MAX:

@@ -23,13 +23,14 @@ from mwpstore import (
     NotAMember,
     RevisionMismatch,
     SequenceGap,
+    StorageFailed,
     StoreClosed,
     StoreLocked,
     StoreNotFound,
     Unauthorized,
 )
 from mwpstore.errors import AlreadyExists, UnknownKind
-from mwpstore.index import u64
+from mwpstore.index import receipt_key, u64
 from mwpstore.messages import encode_receipt
 from mwpstore.snapshot import SnapshotRef, verify_snapshot
 
@@ -432,6 +433,25 @@ def test_verify_finds_an_index_that_differs_from_the_log(tmp_path):
         authority.rebuild()
         assert authority.verify().ok
         assert authority.state(GROUP, "mission:m-1")[0] == 1
+
+
+def test_a_batch_that_meets_index_damage_answers_every_command(tmp_path):
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        first = mission_create("m-1")
+        authority.accept(first)
+        with authority.index.env.begin(write=True) as txn:  # m-1's receipt no longer matches its seal
+            key = receipt_key(first.actor, first.action_id)
+            txn.put(key, b"\x00" * 40, db=authority.index.dbs[b"receipts"])
+        results = authority.accept_many([mission_create("m-2"), first, mission_create("m-3")])
+        # the damaged receipt fails the batch: every Command in it gets the error, none is left
+        # without an answer (m-3 was never decided)
+        assert [result.error_code for result in results] == ["CORRUPTION"] * 3
+        with pytest.raises(StorageFailed):
+            authority.accept(mission_create("m-4"))
+    with Authority.open(path) as authority:  # a rebuild makes the index whole again
+        authority.rebuild()
+        assert authority.head(GROUP)[0] == 2 and authority.accept(mission_create("m-4")).seq == 3
 
 
 def test_second_writer_gets_store_locked(tmp_path):

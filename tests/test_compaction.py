@@ -91,6 +91,26 @@ def test_compaction_removes_redacted_payloads_from_disk_and_keeps_everything_els
         assert authority.head(GROUP)[0] == 15 and authority.verify().ok
 
 
+@pytest.mark.parametrize("target, actor, group", [("0", "mallory", "nope"), ("0", OWNER, GROUP), ("00", "mallory", GROUP)])
+def test_a_redaction_of_no_event_is_a_rejection_and_the_handle_keeps_writing(tmp_path, target, actor, group):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        hostile = Command(actor=actor, action_id="r-0", group=group, kind="event.redact", target=target, body={"reason": "x"})
+        results = authority.accept_many([hostile, mission_create("m-after")])
+        assert results[0].error_code in {"NOT_FOUND", "NOT_A_MEMBER", "INVALID_COMMAND"}
+        assert results[1].ok  # the rest of the batch is untouched
+        assert authority.accept(mission_create("m-later")).seq == 3  # and the handle still writes
+
+
+def test_redacting_an_archived_and_compacted_event_is_group_archived_not_index_damage(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        _fill(authority, GROUP, 2)
+        authority.archive(GROUP, actor=OWNER, action_id="archive")
+        assert authority.compact().events_dropped > 0
+        with pytest.raises(GroupArchived):
+            authority.redact(GROUP, 2, actor=OWNER, action_id="r-late", reason="pii")
+        authority.accept(group_create("other"))  # the handle still writes
+
+
 def test_compaction_drops_archived_group_events_keeps_receipts_and_never_touches_active_groups(tmp_path):
     path = str(tmp_path / "s")
     with open_with_group(path) as authority:
