@@ -28,6 +28,7 @@ Commits wait while a compaction runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Callable
@@ -39,6 +40,7 @@ import msgspec
 
 from . import failpoints
 from ._files import open_regular
+from .errors import InvalidCommand, StorageFailed, translate
 from .messages import Effect, decode_event, encode_event, encode_receipt, receipt_for
 from .segment_log import SegmentLog
 
@@ -107,89 +109,43 @@ def compact(authority: Authority, progress: Callable[[int, int], None] | None = 
     """Compact ``authority``'s log (see the module docstring). Commits wait until it is done."""
     import time
 
-    from .authority import EVENT_TAG, GROUP_TAG, RECEIPT_TAG
-
+    if progress is not None and not callable(progress):
+        raise InvalidCommand("progress must be a callable(done, total) or None", field="progress")
     authority._check_open()
     started = time.perf_counter()
     path = authority.path
     with authority._exclusive():
-        archived = _durable_archives(authority)
-        redacted = _redacted_seqs(authority)
-        old_log = authority.log
-        bytes_before = _log_bytes(os.path.join(path, "log"))
+        authority._check_open()  # a commit may have failed while this call waited
+        obstacle = os.path.join(path, "log.old")
+        if os.path.lexists(obstacle):
+            raise StorageFailed(
+                f"{obstacle} exists and is not this compaction's; move it away, then compact again (nothing was changed)",
+                reason="compaction_obstacle",
+                path=obstacle,
+            )
         target = os.path.join(path, "log.compact")
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-        new_log = SegmentLog.open(target, segment_bytes=authority._segment_bytes, sync=True)
-        pending: list[bytes] = []
-        pending_bytes = 0
-        counts = {"before": 0, "after": 0, "payloads": 0, "dropped": 0}
-
-        def emit(record: bytes) -> None:
-            nonlocal pending_bytes
-            pending.append(record)
-            pending_bytes += len(record)
-            counts["after"] += 1
-            if len(pending) >= FLUSH_RECORDS or pending_bytes >= FLUSH_BYTES:
-                flush()
-
-        def flush() -> None:
-            nonlocal pending_bytes
-            if pending:
-                new_log.append(pending)
-                pending.clear()
-                pending_bytes = 0
-
         try:
-            start, end = old_log.start, old_log.end
-            for batch in old_log.scan(start, end=end):
-                for record in batch.records:
-                    counts["before"] += 1
-                    data = bytes(record)
-                    if data[:1] != EVENT_TAG:
-                        emit(data)
-                        continue
-                    event = decode_event(memoryview(data)[1:])
-                    if event.group in archived:
-                        receipt = receipt_for(event)
-                        emit(RECEIPT_TAG + _ENCODER.encode((event.actor, event.action_id, event.content_hash, encode_receipt(receipt))))
-                        counts["dropped"] += 1
-                        continue
-                    if event.body is not None and event.seq in redacted.get(event.group, ()):
-                        event = msgspec.structs.replace(event, body=None)
-                        data = EVENT_TAG + encode_event(event)
-                        counts["payloads"] += 1
-                    emit(data)
-                if progress:
-                    progress(batch.next_position - start, max(1, end - start))
-            for group in sorted(archived):
-                seq, digest = authority.head(group)
-                kept = [
-                    Effect(key, revision, {**(state or {}), "compacted": True} if key == f"group:{group}" else state)
-                    for key, revision, state in authority.aggregates(group)
-                    if key == f"group:{group}" or key.startswith("member:")
-                ]
-                emit(GROUP_TAG + _ENCODER.encode((group, seq, digest, kept)))
-            flush()
-            new_log.sync()
-        finally:
-            new_log.close()
-        _fsync_directory(path)
-        failpoints.hit("compaction.copy")
-        _write_marker(path)
-        failpoints.hit("compaction.marked")
-        os.rename(os.path.join(path, "log"), os.path.join(path, "log.old"))
-        failpoints.hit("compaction.half_switched")
-        os.rename(target, os.path.join(path, "log"))
-        _fsync_directory(path)
-        failpoints.hit("compaction.switched")
-        new_log = SegmentLog.open(os.path.join(path, "log"), segment_bytes=authority._segment_bytes, sync=authority._sync)
-        authority._build_index(authority._index_dir(), None, log=new_log)
-        authority._install_index(log=new_log)
-        failpoints.hit("compaction.indexed")
-        shutil.rmtree(os.path.join(path, "log.old"))
-        os.remove(os.path.join(path, MARKER))
-        _fsync_directory(path)
+            counts, bytes_before, archived = _copy(authority, target, progress)
+        except BaseException as exc:
+            # Before the marker the old log is the truth: drop the partial copy, keep the handle.
+            shutil.rmtree(target, ignore_errors=True)
+            if isinstance(exc, Exception):
+                raise translate(exc, context="compacting: writing log.compact") from None
+            raise
+        try:
+            _switch(authority, path, target)
+        except BaseException as exc:
+            # From the marker on, the next open finishes the switch (recover_interrupted_compaction)
+            # and the old log is deleted then: this handle must acknowledge nothing more on it.
+            cause = translate(exc, context="switching to the compacted log") if isinstance(exc, Exception) else None
+            authority._failure = StorageFailed(
+                f"compaction failed after its switch point ({cause.message if cause else type(exc).__name__}); "
+                "reopen the authority: open() finishes the switch",
+                reason="compaction_interrupted",
+            )
+            if isinstance(exc, Exception):
+                raise authority._failure from None
+            raise
     return CompactionReport(
         records_before=counts["before"],
         records_after=counts["after"],
@@ -200,6 +156,100 @@ def compact(authority: Authority, progress: Callable[[int, int], None] | None = 
         groups_compacted=sorted(archived),
         seconds=time.perf_counter() - started,
     )
+
+
+def _copy(authority: Authority, target: str, progress: Callable[[int, int], None] | None) -> tuple[dict[str, int], int, set[str]]:
+    """Step 1: write the compacted log into ``target``, synced. Returns (counts, bytes before,
+    the archived Groups whose Events were dropped)."""
+    from .authority import EVENT_TAG, GROUP_TAG, RECEIPT_TAG
+
+    path = authority.path
+    archived = _durable_archives(authority)
+    redacted = _redacted_seqs(authority)
+    old_log = authority.log
+    bytes_before = _log_bytes(os.path.join(path, "log"))
+    if os.path.isdir(target):
+        shutil.rmtree(target)
+    new_log = SegmentLog.open(target, segment_bytes=authority._segment_bytes, sync=True)
+    pending: list[bytes] = []
+    pending_bytes = 0
+    counts = {"before": 0, "after": 0, "payloads": 0, "dropped": 0}
+
+    def emit(record: bytes) -> None:
+        nonlocal pending_bytes
+        pending.append(record)
+        pending_bytes += len(record)
+        counts["after"] += 1
+        if len(pending) >= FLUSH_RECORDS or pending_bytes >= FLUSH_BYTES:
+            flush()
+
+    def flush() -> None:
+        nonlocal pending_bytes
+        if pending:
+            new_log.append(pending)
+            pending.clear()
+            pending_bytes = 0
+
+    try:
+        start, end = old_log.start, old_log.end
+        for batch in old_log.scan(start, end=end):
+            for record in batch.records:
+                counts["before"] += 1
+                data = bytes(record)
+                if data[:1] != EVENT_TAG:
+                    emit(data)
+                    continue
+                event = decode_event(memoryview(data)[1:])
+                if event.group in archived:
+                    receipt = receipt_for(event)
+                    emit(RECEIPT_TAG + _ENCODER.encode((event.actor, event.action_id, event.content_hash, encode_receipt(receipt))))
+                    counts["dropped"] += 1
+                    continue
+                if event.body is not None and event.seq in redacted.get(event.group, ()):
+                    event = msgspec.structs.replace(event, body=None)
+                    data = EVENT_TAG + encode_event(event)
+                    counts["payloads"] += 1
+                emit(data)
+            if progress:
+                progress(batch.next_position - start, max(1, end - start))
+        for group in sorted(archived):
+            seq, digest = authority.head(group)
+            kept = [
+                Effect(key, revision, {**(state or {}), "compacted": True} if key == f"group:{group}" else state)
+                for key, revision, state in authority.aggregates(group)
+                if key == f"group:{group}" or key.startswith("member:")
+            ]
+            emit(GROUP_TAG + _ENCODER.encode((group, seq, digest, kept)))
+        flush()
+        new_log.sync()
+    finally:
+        new_log.close()
+    _fsync_directory(path)
+    return counts, bytes_before, archived
+
+
+def _switch(authority: Authority, path: str, target: str) -> None:
+    """Steps 2 to 5: the marker (the commit point), the directory switch, the new index."""
+    failpoints.hit("compaction.copy")
+    _write_marker(path)
+    failpoints.hit("compaction.marked")
+    os.rename(os.path.join(path, "log"), os.path.join(path, "log.old"))
+    failpoints.hit("compaction.half_switched")
+    os.rename(target, os.path.join(path, "log"))
+    _fsync_directory(path)
+    failpoints.hit("compaction.switched")
+    new_log = SegmentLog.open(os.path.join(path, "log"), segment_bytes=authority._segment_bytes, sync=authority._sync)
+    try:
+        authority._build_index(authority._index_dir(), None, log=new_log)
+        authority._install_index(log=new_log)
+    except BaseException:
+        with contextlib.suppress(Exception):  # not installed: the handle will not close it
+            new_log.close()
+        raise
+    failpoints.hit("compaction.indexed")
+    shutil.rmtree(os.path.join(path, "log.old"))
+    os.remove(os.path.join(path, MARKER))
+    _fsync_directory(path)
 
 
 def _write_marker(path: str) -> None:

@@ -12,7 +12,7 @@ import pytest
 from authority_helpers import GROUP, OWNER, FakeClock, group_create, mission_create, open_with_group
 from mwpstore import Authority, Command, CursorTooOld, InvalidCommand
 from mwpstore.compaction import MARKER
-from mwpstore.errors import AlreadyExists, GroupArchived, InvalidState, Unauthorized
+from mwpstore.errors import AlreadyExists, GroupArchived, InvalidState, StorageFailed, Unauthorized
 from mwpstore.messages import check_event, encode_receipt
 from mwpstore.snapshot import SnapshotRef
 
@@ -109,6 +109,58 @@ def test_redacting_an_archived_and_compacted_event_is_group_archived_not_index_d
         with pytest.raises(GroupArchived):
             authority.redact(GROUP, 2, actor=OWNER, action_id="r-late", reason="pii")
         authority.accept(group_create("other"))  # the handle still writes
+
+
+def test_a_stray_log_old_stops_compaction_before_it_changes_anything(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        stray = os.path.join(authority.path, "log.old")
+        os.makedirs(os.path.join(stray, "copy"))
+        with pytest.raises(StorageFailed) as caught:
+            authority.compact()
+        assert caught.value.detail["reason"] == "compaction_obstacle"
+        assert not os.path.exists(os.path.join(authority.path, MARKER))
+        assert os.listdir(stray) == ["copy"]  # the operator's directory is left alone
+        assert authority.accept(mission_create("m-after")).seq == 2  # and the handle writes
+
+
+def test_a_failure_while_copying_leaves_the_store_as_it_was(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        _fill(authority, GROUP, 3)
+
+        def progress(done: int, total: int) -> None:
+            raise OSError(28, "No space left on device")
+
+        with pytest.raises(StorageFailed):
+            authority.compact(progress=progress)
+        assert not os.path.exists(os.path.join(authority.path, "log.compact"))
+        assert authority.accept(mission_create("m-after")).seq == 5
+        with pytest.raises(InvalidCommand):
+            authority.compact(progress=5)
+        assert authority.verify().ok
+
+
+def test_a_failure_after_the_switch_point_refuses_writes_until_reopen_finishes_it(tmp_path, monkeypatch):
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        receipts = _fill(authority, GROUP, 3)
+
+        def full_disk(*args, **kwargs):
+            raise OSError(28, "No space left on device")
+
+        monkeypatch.setattr(Authority, "_build_index", full_disk)
+        with pytest.raises(StorageFailed) as caught:
+            authority.compact()
+        assert caught.value.detail["reason"] == "compaction_interrupted"
+        # the next open deletes the old log: nothing more may be acknowledged on it
+        with pytest.raises(StorageFailed):
+            authority.accept(mission_create("m-lost"))
+        monkeypatch.undo()
+    with Authority.open(path) as authority:  # open finishes the switch; every acknowledged Event is there
+        assert authority.open_report.mode == "rebuild"
+        assert not os.path.exists(os.path.join(path, MARKER)) and not os.path.exists(os.path.join(path, "log.old"))
+        assert authority.head(GROUP)[0] == 4
+        assert [event.event_id for event in authority.read(GROUP)][1:] == [receipt.event_id for receipt in receipts]
+        assert authority.verify().ok
 
 
 def test_compaction_drops_archived_group_events_keeps_receipts_and_never_touches_active_groups(tmp_path):
