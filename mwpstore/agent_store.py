@@ -409,6 +409,8 @@ class AgentStore:
         """
         if verify not in VERIFY_MODES:
             raise InvalidCommand(f"verify must be one of {sorted(VERIFY_MODES)}", field="verify")
+        if not callable(clock):
+            raise InvalidCommand("clock must be a callable returning int milliseconds", field="clock")
         path = store_path(path)
         projections = tuple(projections)
         names = [projection.name for projection in projections]
@@ -764,6 +766,15 @@ class AgentStore:
             found = [intent for intent in found if intent.state != IntentState.DONE]
         return found
 
+    def _now_ms(self) -> int:
+        """The clock's reading, checked: an int of milliseconds (``InvalidCommand``, field
+        ``clock``, otherwise), so that nothing stored holds a float or a wrapped time."""
+        try:
+            reading = self._clock()
+        except Exception as exc:
+            raise InvalidCommand(f"the clock raised {type(exc).__name__}: {exc}"[:300], field="clock") from None
+        return canonical.check_time_ms(reading, "clock")
+
     def record_receipt(self, intent_key: str | Intent, receipt: dict[str, Any]) -> Intent:
         """Record the external receipt of an intent, in its own local commit."""
         key = intent_key.key if isinstance(intent_key, Intent) else intent_key
@@ -775,7 +786,7 @@ class AgentStore:
             if intent.state == IntentState.DONE:
                 return intent
             updated = msgspec.structs.replace(
-                intent, state=IntentState.DONE, receipt=receipt, error=None, updated_at_ms=self._clock()
+                intent, state=IntentState.DONE, receipt=receipt, error=None, updated_at_ms=self._now_ms()
             )
             tx._put_intent(updated)
         failpoints.hit("agent.after_receipt")
@@ -792,16 +803,20 @@ class AgentStore:
                     state=intent.state.value,
                 )
             updated = msgspec.structs.replace(
-                intent, state=IntentState.DISPATCHED, dispatches=intent.dispatches + 1, updated_at_ms=self._clock()
+                intent, state=IntentState.DISPATCHED, dispatches=intent.dispatches + 1, updated_at_ms=self._now_ms()
             )
             tx._put_intent(updated)
         return updated
 
     def mark_uncertain(self, intent_key: str, error: str) -> Intent:
+        """Durably note that a dispatch's outcome is unknown (``error`` says why, first 1000
+        characters kept): the intent must be reconciled before any retry."""
+        if type(error) is not str:
+            raise InvalidCommand("error must be a str", field="error")
         with self.begin() as tx:
             intent = tx._require_intent(intent_key)
             updated = msgspec.structs.replace(
-                intent, state=IntentState.UNCERTAIN, error=error[:1000], updated_at_ms=self._clock()
+                intent, state=IntentState.UNCERTAIN, error=error[:1000], updated_at_ms=self._now_ms()
             )
             tx._put_intent(updated)
         return updated
@@ -820,7 +835,7 @@ class AgentStore:
             return self.record_receipt(intent_key, receipt)
         with self.begin() as tx:
             current = tx._require_intent(intent_key)
-            updated = msgspec.structs.replace(current, state=IntentState.RECONCILED, updated_at_ms=self._clock())
+            updated = msgspec.structs.replace(current, state=IntentState.RECONCILED, updated_at_ms=self._now_ms())
             tx._put_intent(updated)
         return updated
 
@@ -1170,7 +1185,7 @@ class AgentTransaction:
             if type(request) is not dict:
                 raise InvalidCommand("an intent's request is a dict", field="request")
             canonical.check_content(request, "request")
-        now = self._store._clock()
+        now = self._store._now_ms()
         intent = Intent(
             key=key,
             group=group,

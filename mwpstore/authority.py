@@ -14,6 +14,7 @@ import contextlib
 import functools
 import itertools
 import os
+import re
 import struct
 import threading
 import time
@@ -31,6 +32,7 @@ from .errors import (
     Corruption,
     CursorTooOld,
     InvalidCommand,
+    InvalidState,
     LimitExceeded,
     MwpError,
     NotFound,
@@ -83,6 +85,7 @@ from .messages import (
 from .registry import ENGINE_ACTOR, run_transition
 from .segment_log import SegmentLog
 from .snapshot import (
+    KEY_ID_CHARS,
     Keyring,
     SigningKey,
     SnapshotRef,
@@ -336,6 +339,8 @@ class Authority:
             raise InvalidCommand("create must be True or False", field="create")
         self = object.__new__(cls)
         self.path = store_path(path)
+        if clock is not None and not callable(clock):
+            raise InvalidCommand("clock must be a callable returning int milliseconds, or None", field="clock")
         self._clock = clock or default_clock
         self._sync = sync
         self._map_size = map_size
@@ -766,7 +771,7 @@ class Authority:
         # ACKs, and duplicates answered from a receipt decided earlier in this same batch.
         pending: list[_Request] = []
         try:
-            now_ms = max(self._clock(), self._last_ms)
+            now_ms = self._now()
             for request in requests:
                 if request.note is not None:
                     batch.notes.append(request.note)
@@ -814,6 +819,15 @@ class Authority:
         if batch.events or batch.acks:
             with self._published:
                 self._published.notify_all()
+
+    def _now(self) -> int:
+        """The clock's reading, checked (an int of milliseconds: ``InvalidCommand``, field
+        ``clock``, before anything is written otherwise), never before the last acceptance time."""
+        try:
+            reading = self._clock()
+        except Exception as exc:
+            raise InvalidCommand(f"the clock raised {type(exc).__name__}: {exc}"[:300], field="clock") from None
+        return max(canonical.check_time_ms(reading, "clock"), self._last_ms)
 
     def _fail_all(self, requests: Iterable[_Request], error: MwpError) -> None:
         for request in requests:
@@ -962,7 +976,7 @@ class Authority:
         from . import work_model
 
         canonical.check_id(group, "group")
-        now = self._clock() if now_ms is None else now_ms
+        now = self._now() if now_ms is None else canonical.check_time_ms(now_ms, "now_ms")
         items = self.aggregates(group, prefix="workitem:")
         receipts = []
         live = ((key.partition(":")[2], state) for key, _, state in items if state is not None)
@@ -1007,6 +1021,7 @@ class Authority:
     def state(self, group: str, aggregate: str) -> tuple[int, dict[str, Any] | None]:
         """(revision, state) of one aggregate (``"workitem:wi-3"``); (0, None) if it never existed."""
         canonical.check_id(group, "group")
+        _check_aggregate_key(aggregate, "aggregate", empty=False)
         self._check_readable()
         index = self.index
         with index.begin() as txn:
@@ -1017,6 +1032,7 @@ class Authority:
     def aggregates(self, group: str, *, prefix: str = "") -> list[tuple[str, int, dict[str, Any] | None]]:
         """Every aggregate of a Group (optionally of one type prefix) as (key, revision, state)."""
         canonical.check_id(group, "group")
+        _check_aggregate_key(prefix, "prefix", empty=True)
         self._check_readable()
         start = state_key(group, prefix)
         out = []
@@ -1164,8 +1180,10 @@ class Authority:
             if seq == 0:
                 raise NotFound(f"group {group!r} does not exist", field="group")
             existing = index.get(txn, b"snapshots", event_key(group, seq))
-            if existing is not None:  # the state at this sequence is already signed: reuse it
-                return _decode_note(existing, SnapshotRef)
+            if existing is not None:
+                ref = _decode_note(existing, SnapshotRef)
+                if ref.key_id == self.signing_key.key_id:  # already signed with the current key: reuse it
+                    return ref
             prefix = group.encode() + b"\x00"
             aggregates = []
             for key, value in index.range(txn, b"states", prefix):
@@ -1180,9 +1198,11 @@ class Authority:
             head_hash=head_hash,
             aggregates=aggregates,
             signer=self.signing_key,
-            created_at_ms=max(self._clock(), self._last_ms),
+            created_at_ms=self._now(),
         )
-        location = f"snapshots/{group}/{seq:020d}.snap"
+        # A sequence signed before with another key (rotated, or dropped as compromised) gets a
+        # second file named after the new key; the reference to it replaces the old one.
+        location = _snapshot_location(group, seq, None if existing is None else self.signing_key.key_id)
         path = os.path.join(self.path, location)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         write_snapshot_file(path, data)
@@ -1215,10 +1235,15 @@ class Authority:
         if not isinstance(ref, SnapshotRef):
             ref = SnapshotRef.from_dict(ref)
         canonical.check_id(ref.group, "group")
-        expected = f"snapshots/{ref.group}/{ref.seq:020d}.snap"
-        if ref.location != expected:
+        if type(ref.seq) is not int or not 1 <= ref.seq <= limits.INT_ABS_MAX:
+            raise InvalidCommand("snapshot reference names an impossible sequence", field="seq")
+        # only the two names this store gives its files (the key id is checked before it is used)
+        expected = {_snapshot_location(ref.group, ref.seq, None)}
+        if _KEY_ID.fullmatch(ref.key_id):
+            expected.add(_snapshot_location(ref.group, ref.seq, ref.key_id))
+        if ref.location not in expected:
             raise InvalidCommand("snapshot reference names an unexpected location", field="location")
-        return read_snapshot_file(os.path.join(self.path, expected))
+        return read_snapshot_file(os.path.join(self.path, ref.location))
 
     @_index_errors_typed
     def archive(
@@ -1245,17 +1270,28 @@ class Authority:
         if existing is not None:
             return existing
         _, group_state = self.state(group, f"group:{group}")
+        if group_state is not None and group_state.get("audit_log") == "deleted":
+            # an accepted audit.delete (e.g. a legal order) before archival finished: the history
+            # it ordered deleted is not written out again
+            raise InvalidState(f"the audit log of group {group!r} was deleted (audit.delete); it is not written again", state="deleted")
+        provider = key_provider or FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
+        if group_state is not None:  # a provider that cannot give the Organization's key fails here, before group.archive
+            _provider_call(lambda: provider.current_key(group_state["org"]), "key_provider.current_key")
         if group_state is None or group_state.get("status") != "archived":
             self.accept(Command(actor=actor, action_id=action_id, group=group, kind="group.archive", target=group, body={"reason": reason} if reason else {}))
-        provider = key_provider or FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
         final = self.snapshot(group)
         location = f"archive/{group}/audit-{final.seq:020d}.log"
         path = os.path.join(self.path, location)
-        info = write_audit_log(path, org=final.org, group=group, events=self._event_payloads(group, final.seq), key_provider=provider)
-        # Compaction deletes the Group's history once the archive record exists: check first that
-        # the audit log is complete, authentic and ends exactly in the signed final snapshot.
-        verified = verify_snapshot(self.read_snapshot(final), keyring=self.keyring(), org=final.org, group=group)
-        verify_audit_log_against_snapshot(path, verified, provider)
+
+        def write_and_check() -> Any:
+            info = write_audit_log(path, org=final.org, group=group, events=self._event_payloads(group, final.seq), key_provider=provider)
+            # Compaction deletes the Group's history once the archive record exists: check first that
+            # the audit log is complete, authentic and ends exactly in the signed final snapshot.
+            verified = verify_snapshot(self.read_snapshot(final), keyring=self.keyring(), org=final.org, group=group)
+            verify_audit_log_against_snapshot(path, verified, provider)
+            return info
+
+        info = _provider_call(write_and_check, "writing the audit log")
         file_hash = info.file_hash
         record = ArchiveRecord(
             org=final.org,
@@ -1268,7 +1304,7 @@ class Authority:
             audit_chunks=info.chunks,
             events=info.events,
             last_seq=info.last_seq,
-            archived_at_ms=max(self._clock(), self._last_ms),
+            archived_at_ms=self._now(),
         )
         self._log_note(ARCHIVE_TAG, group.encode(), _NOTE_ENCODER.encode(record))
         return record
@@ -1345,7 +1381,9 @@ class Authority:
         if state is not None and state.get("compacted"):
             record = self.archive_record(group)
             assert record is not None
-            return self.head(group)[0], record.final_snapshot  # its Events live in the audit log now
+            # Its Events up to the final snapshot live in the audit log now; later ones (an
+            # audit.delete tombstone) are still in the log, read after the snapshot's sequence.
+            return record.final_snapshot.seq, record.final_snapshot
         window = 0 if state is None else int(state.get("policy", {}).get("replay_window_events", 0))
         if window <= 0:
             return 0, None
@@ -1641,6 +1679,36 @@ def _abort_quietly(txn: lmdb.Transaction) -> None:
         txn.abort()
     except lmdb.Error:
         pass  # the environment is already failing; the commit is refused either way
+
+
+def _check_aggregate_key(value: object, field: str, *, empty: bool) -> None:
+    """An aggregate key (``"workitem:wi-3"``) or a prefix of one, given from outside."""
+    most = limits.ID_CHARS_MAX + limits.KIND_CHARS_MAX + 1
+    if type(value) is not str or (not value and not empty) or len(value) > most or not value.isprintable():
+        raise InvalidCommand(f"{field} must be a printable str of at most {most} characters", field=field)
+
+
+def _provider_call(call: Callable[[], Any], what: str) -> Any:
+    """``call()``, with what an application's key provider raises (``KeyError`` for an unknown
+    Organization, ``AttributeError`` for an object that is not a provider) typed."""
+    try:
+        return call()
+    except MwpError:
+        raise
+    except (KeyError, AttributeError) as exc:
+        raise InvalidCommand(f"the key provider failed ({what}: {type(exc).__name__}: {exc})"[:400], field="key_provider") from None
+    except Exception as exc:
+        raise translate(exc, context=what) from None
+
+
+_KEY_ID = re.compile(f"[0-9a-f]{{{KEY_ID_CHARS}}}")
+
+
+def _snapshot_location(group: str, seq: int, key_id: str | None) -> str:
+    """Where a snapshot of ``group`` at ``seq`` is kept: the first one signed at that sequence
+    without a suffix, a later one (signed with another key) with its key id."""
+    suffix = "" if key_id is None else f"-{key_id}"
+    return f"snapshots/{group}/{seq:020d}{suffix}.snap"
 
 
 def _stored_receipt(value: bytes | memoryview) -> tuple[bytes, Receipt]:

@@ -41,6 +41,18 @@ kind_ok = _canonical_c.kind_ok
 content_ok = _canonical_c.content_ok
 
 
+def check_time_ms(value: object, field: str) -> int:
+    """Return ``value`` if it is milliseconds since the epoch as an ``int`` in
+    0..``limits.TIME_MS_MAX``, else raise ``InvalidCommand`` naming ``field`` (a float from
+    ``time.time() * 1000`` is refused here, before it can reach a stored Event)."""
+    if type(value) is int and 0 <= value <= limits.TIME_MS_MAX:
+        return value
+    raise InvalidCommand(
+        f"{field} must be an int of milliseconds in 0..{limits.TIME_MS_MAX}, not {type(value).__name__} {value!r}"[:300],
+        field=field,
+    )
+
+
 def check_id(value: object, field: str) -> str:
     """Return ``value`` if it is a valid ID, else raise ``InvalidCommand`` naming ``field``."""
     if id_ok(value):

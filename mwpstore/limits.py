@@ -25,10 +25,16 @@ STRING_BYTES_MAX = 1024 * 1024
 SIGNATURE_BYTES = 64
 PUBLIC_KEY_BYTES = 32
 INT_ABS_MAX = 2**63 - 1
+TIME_MS_MAX = 2**62  # a clock reading or acceptance time (ms since the epoch): room left for durations added to it
 
 # -- Work Contracts -----------------------------------------------------------------------------
 WORK_ATTEMPTS_MAX = 1000  # bound on a Work Contract's max_attempts (also bounds backoff exponents)
 BACKOFF_MULTIPLIER_TERM_MAX = 1_000_000  # bound on a backoff multiplier or each term of its ratio
+# Bound on a Work Contract's durations (lease_ms, start_ms, backoff_initial_ms, backoff_max_ms):
+# 100 years of 365.25 days. Far above any useful lease or retry delay, and small enough that an
+# acceptance time from any real clock plus such a duration stays far below INT_ABS_MAX (about 292
+# million years). Times derived from them also saturate at INT_ABS_MAX (leases.time_after).
+WORK_DURATION_MS_MAX = 36_525 * 24 * 60 * 60 * 1000  # 36,525 days
 
 # -- Acceptance ---------------------------------------------------------------------------------
 ACCEPT_MANY_COMMANDS_MAX = 10_000

@@ -139,9 +139,11 @@ class SnapshotRef(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any]) -> SnapshotRef:
+        if not isinstance(value, Mapping):
+            raise SnapshotInvalid(f"not a snapshot reference: a {type(value).__name__}, not a mapping", check="format")
         try:
             return msgspec.convert(dict(value), cls)
-        except msgspec.ValidationError as exc:
+        except (msgspec.ValidationError, TypeError, ValueError) as exc:
             raise SnapshotInvalid(f"not a snapshot reference: {exc}", check="format") from None
 
 
@@ -489,6 +491,12 @@ def verify_snapshot(
     ``org``/``group`` (when given) must match the header; ``high_water_seq`` is the highest
     sequence the caller already holds for this Group: an older snapshot is a rollback.
     """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise _fail("format", f"snapshot data must be bytes, not {type(data).__name__}")
+    if not isinstance(keyring, Keyring):
+        raise InvalidCommand("keyring must be a mwpstore.Keyring", field="keyring")
+    if type(high_water_seq) is not int or high_water_seq < 0:
+        raise InvalidCommand("high_water_seq must be a non-negative int", field="high_water_seq")
     view = memoryview(data)
     # 1. size: caps before parsing anything but the fixed-width lengths.
     if len(view) > SNAPSHOT_FILE_BYTES_MAX:

@@ -57,6 +57,26 @@ def test_intent_carries_the_stable_idempotency_key(tmp_path):
     agent.close()
 
 
+@pytest.mark.parametrize("reading", [1_700_000_000_000.5, True, -5, 2**64])
+def test_a_bad_clock_reading_stores_nothing(tmp_path, reading):
+    clock = [reading]
+    agent = AgentStore.open(tmp_path / "a", clock=lambda: clock[0])
+    with pytest.raises(InvalidCommand) as caught:
+        record(agent)
+    assert caught.value.detail["field"] == "clock" and agent.intents() == []
+    clock[0] = 1_700_000_000_000
+    intent = record(agent)
+    clock[0] = reading
+    with pytest.raises(InvalidCommand):
+        agent.mark_dispatched(intent.key)
+    assert agent.intent(intent.key).state is IntentState.INTENDED  # unchanged
+    with pytest.raises(InvalidCommand):
+        agent.mark_uncertain(intent.key, 404)
+    agent.close()
+    with pytest.raises(InvalidCommand):
+        AgentStore.open(tmp_path / "b", clock=1_700_000_000_000)
+
+
 def test_intent_is_only_durable_with_its_local_commit(tmp_path):
     agent = AgentStore.open(tmp_path / "a")
     with pytest.raises(RuntimeError):

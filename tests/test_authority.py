@@ -454,6 +454,48 @@ def test_a_batch_that_meets_index_damage_answers_every_command(tmp_path):
         assert authority.head(GROUP)[0] == 2 and authority.accept(mission_create("m-4")).seq == 3
 
 
+@pytest.mark.parametrize("reading", [1_700_000_000_000.5, True, -1, 2**63, "1700000000000", None, ZeroDivisionError])
+def test_a_bad_clock_reading_is_refused_before_anything_is_written(tmp_path, reading):
+    clock = FakeClock()
+    path = str(tmp_path / "store")
+    with open_with_group(path, clock=clock) as authority:
+        good = clock.now_ms
+        end = authority.log.end
+
+        def bad() -> object:
+            if reading is ZeroDivisionError:
+                raise ZeroDivisionError("clock broke")
+            return reading
+
+        authority._clock = bad  # the clock the application injected goes wrong after open
+        with pytest.raises(InvalidCommand) as caught:
+            authority.accept(mission_create("m-1"))
+        assert caught.value.detail["field"] == "clock"
+        with pytest.raises(InvalidCommand):
+            authority.expire_leases(GROUP)
+        with pytest.raises(InvalidCommand):
+            authority.expire_leases(GROUP, now_ms=reading if reading is not ZeroDivisionError else 1.5)
+        assert authority.log.end == end  # nothing reached the log
+        authority._clock = lambda: good
+        assert authority.accept(mission_create("m-1")).seq == 2  # the handle still writes
+    with Authority.open(path) as authority:  # and the store reopens with the same history
+        assert [event.accepted_at_ms for event in authority.read(GROUP)] == [good, good]
+    with pytest.raises(InvalidCommand):
+        Authority.open(path, clock=1_700_000_000_000)
+
+
+def test_state_and_aggregates_refuse_keys_that_are_not_text(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        for aggregate in (None, 5, "", "x" * 300, "bad\ud800"):
+            with pytest.raises(InvalidCommand) as caught:
+                authority.state(GROUP, aggregate)
+            assert caught.value.detail["field"] == "aggregate"
+        for prefix in (None, 5, b"group:"):
+            with pytest.raises(InvalidCommand):
+                authority.aggregates(GROUP, prefix=prefix)
+        assert authority.state(GROUP, f"group:{GROUP}")[0] == 1 and authority.aggregates(GROUP, prefix="group:")
+
+
 def test_second_writer_gets_store_locked(tmp_path):
     path = str(tmp_path / "store")
     with open_with_group(path):

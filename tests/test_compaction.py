@@ -301,6 +301,51 @@ def test_audit_log_deletion_after_compaction_and_legal_basis_deletes_the_file(tm
         assert authority.verify().ok
 
 
+def test_an_event_after_the_final_snapshot_of_a_compacted_group_is_readable_after_it(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        _fill(authority, GROUP, 2)
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive")
+        authority.compact()
+        deletion = authority.delete_audit_log(GROUP, actor=OWNER, action_id="del", basis="legal")
+        assert deletion.seq == record.final_snapshot.seq + 1
+        floor, ref = authority.replay_floor(GROUP)
+        assert (floor, ref) == (record.final_snapshot.seq, record.final_snapshot)
+        with pytest.raises(CursorTooOld):
+            authority.read(GROUP, after=floor - 1)
+        # restoring the offered snapshot and reading strictly after it reaches the tombstone
+        assert [event.seq for event in authority.read(GROUP, after=ref.seq)] == [deletion.seq]
+
+
+def test_an_accepted_audit_log_deletion_is_not_undone_by_finishing_the_archive(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        _fill(authority, GROUP, 2)
+        # group.archive accepted directly (or an archive() that stopped part-way), then a legal deletion
+        authority.accept(Command(actor=OWNER, action_id="archive", group=GROUP, kind="group.archive", target=GROUP, body={}))
+        authority.delete_audit_log(GROUP, actor=OWNER, action_id="del", basis="legal")
+        with pytest.raises(InvalidState):
+            authority.archive(GROUP, actor=OWNER, action_id="archive")
+        assert authority.archive_record(GROUP) is None
+        assert not os.path.exists(os.path.join(authority.path, "archive", GROUP))
+
+
+def test_archive_checks_the_key_provider_before_it_archives_the_group(tmp_path):
+    class UnknownOrganization:
+        def current_key(self, org):
+            raise KeyError(org)
+
+        def key_for(self, org, key_id):
+            raise KeyError(org)
+
+    with open_with_group(str(tmp_path / "s")) as authority:
+        for provider in (UnknownOrganization(), object()):
+            with pytest.raises(InvalidCommand) as caught:
+                authority.archive(GROUP, actor=OWNER, action_id="archive", key_provider=provider)
+            assert caught.value.detail["field"] == "key_provider"
+        _, state = authority.state(GROUP, f"group:{GROUP}")
+        assert state["status"] != "archived"  # still live: nothing was accepted
+        assert authority.archive(GROUP, actor=OWNER, action_id="archive").group == GROUP
+
+
 def test_audit_log_deletion_interrupted_after_commit_is_finished_at_open(tmp_path):
     path = str(tmp_path / "s")
     with Authority.open(path) as authority:

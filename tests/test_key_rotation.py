@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from authority_helpers import GROUP, OWNER, mission_create, open_with_group
-from mwpstore import Authority, Command
+from mwpstore import Authority, Command, InvalidCommand
 from mwpstore._files import KeyFileInvalid
 from mwpstore.snapshot import RETIRED_DIRECTORY, SigningKey, key_id_of, retired_public_keys, verify_snapshot
 
@@ -72,6 +72,28 @@ def test_rotation_without_retiring_drops_the_old_key_and_verify_names_what_it_si
         assert problems[2].startswith(f"snapshot {record.final_snapshot.location}: SNAPSHOT_INVALID (key)")
         authority.accept(mission_create("m-2"))
         assert authority.snapshot(GROUP).key_id == new.key_id != old.key_id
+
+
+@pytest.mark.parametrize("retire", [True, False])
+def test_a_snapshot_at_an_unchanged_head_is_signed_again_with_the_new_key(tmp_path, retire):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        old_ref = authority.snapshot(GROUP)
+        new = authority.rotate_signing_key(retire=retire)
+        ref = authority.snapshot(GROUP)  # the head has not moved since the old key signed it
+        assert ref.seq == old_ref.seq and ref.key_id == new.key_id and ref.location != old_ref.location
+        verified = verify_snapshot(authority.read_snapshot(ref), keyring=authority.keyring(), group=GROUP)
+        assert verified.seq == ref.seq
+        assert authority.snapshots(GROUP) == [ref] and authority.snapshot(GROUP) == ref  # reused from now on
+        if retire:  # the old file is still there and still verifies with the retired key
+            verify_snapshot(authority.read_snapshot(old_ref), keyring=authority.keyring(), group=GROUP)
+        authority.rebuild()
+        assert authority.snapshots(GROUP) == [ref]
+        # a reference naming any other file, or a key id that is not one, is refused
+        for location in (ref.location.replace(new.key_id, "0" * 16), "snapshots/g-1/../../keys/x.snap"):
+            with pytest.raises(InvalidCommand):
+                authority.read_snapshot({**ref.to_dict(), "location": location})
+        with pytest.raises(InvalidCommand):
+            authority.read_snapshot({**ref.to_dict(), "key_id": "../../keys", "location": "snapshots/g-1/00000000000000000001-../../keys.snap"})
 
 
 def test_rotating_twice_trusts_every_retired_key(tmp_path):

@@ -221,6 +221,26 @@ def test_create_refuses_bad_input(memory, field, value):
 # -- keys and rotation ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("data", ["text", 5, None, [1, 2]])
+def test_verify_refuses_data_that_is_not_bytes(data):
+    assert check_of(data) == "format"
+
+
+def test_verify_refuses_a_keyring_or_high_water_mark_of_the_wrong_type(good):
+    with pytest.raises(InvalidCommand):
+        verify_snapshot(good, keyring=[SIGNER.public_key])
+    for mark in ("3", -1, 1.5, None):
+        with pytest.raises(InvalidCommand):
+            verify_snapshot(good, keyring=Keyring([SIGNER.public_key]), high_water_seq=mark)
+
+
+@pytest.mark.parametrize("value", [5, "x", None, [("org", "acme")], {"org": "acme"}])
+def test_a_snapshot_reference_from_outside_is_checked(value):
+    with pytest.raises(SnapshotInvalid) as caught:
+        SnapshotRef.from_dict(value)
+    assert caught.value.detail["check"] == "format"
+
+
 def test_key_id_is_short_blake3_of_the_public_key():
     assert SIGNER.key_id == blake3.blake3(SIGNER.public_key).hexdigest()[:16] == key_id_of(SIGNER.public_key)
 
