@@ -1,7 +1,7 @@
 """Benchmark of the C segment log against plain Python logs, measured side by side in one run.
 
     python bench/bench_segment_log.py            # full sizes; writes bench/results/segment_log.json
-    python bench/bench_segment_log.py --quick    # small sizes, 3 rounds (CI)
+    python bench/bench_segment_log.py --quick    # small sizes, 3 rounds (a quick look; CI runs no benchmarks)
 
 Rows (issue 2 targets):
 

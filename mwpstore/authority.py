@@ -1055,8 +1055,8 @@ class Authority:
         Group's replay floor.
         """
         canonical.check_id(group, "group")
-        if type(after) is not int or after < 0:
-            raise InvalidCommand("after must be a non-negative integer", field="after")
+        if type(after) is not int or not 0 <= after <= limits.INT_ABS_MAX:
+            raise InvalidCommand(f"after must be an integer in 0..{limits.INT_ABS_MAX}", field="after")
         if type(limit) is not int or not 1 <= limit <= limits.READ_LIMIT_MAX:
             raise InvalidCommand(f"limit must be 1..{limits.READ_LIMIT_MAX}", field="limit")
         self._check_readable()
@@ -1431,6 +1431,11 @@ class Authority:
     @_index_errors_typed
     def wait_for(self, group: str, after: int, timeout: float | None) -> bool:
         """Block until ``group``'s head passes ``after`` (True) or the timeout ends (False)."""
+        canonical.check_id(group, "group")
+        if type(after) is not int or after < 0:
+            raise InvalidCommand("after must be a non-negative integer", field="after")
+        if timeout is not None and (type(timeout) not in (int, float) or not 0 <= timeout < float("inf")):
+            raise InvalidCommand("timeout must be None or a finite number of seconds >= 0", field="timeout")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._published:
             while True:

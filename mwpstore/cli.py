@@ -367,9 +367,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if getattr(args, "json", False):
             print(json.dumps({"ok": False, "error": exc.to_dict()}, default=_json_default, sort_keys=True))
         print(f"mwpstore: {exc.code}: {exc.message}", file=sys.stderr)
-        from .errors import InvalidCommand, SnapshotInvalid
+        from .errors import Rejection, SnapshotInvalid
 
-        return EXIT_USAGE if isinstance(exc, InvalidCommand) else EXIT_CHECK_FAILED if isinstance(exc, SnapshotInvalid) else EXIT_STORE_ERROR
+        # A Rejection (INVALID_COMMAND, NOT_FOUND, ...) refused the input and changed nothing.
+        if isinstance(exc, Rejection):
+            return EXIT_USAGE
+        return EXIT_CHECK_FAILED if isinstance(exc, SnapshotInvalid) else EXIT_STORE_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
 

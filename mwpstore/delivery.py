@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 from . import limits
 from .agent_store import AgentStore, ApplyStatus, admit_event
 from .errors import TransportDisconnected  # noqa: F401  (defined with the other errors; re-exported here)
-from .errors import CursorTooOld, EventInvalid, LimitExceeded, MwpError
+from .errors import CursorTooOld, EventInvalid, InvalidCommand, LimitExceeded, MwpError
 from .messages import Event
 
 BATCH_EVENTS_DEFAULT = 1000
@@ -123,8 +123,8 @@ class Delivery:
         restore_snapshot: Callable[[CursorTooOld], bytes] | None = None,
         org: str | None = None,
     ) -> None:
-        if not 0 < batch_events <= limits.READ_LIMIT_MAX:
-            raise ValueError(f"batch_events must be in 1..{limits.READ_LIMIT_MAX}")
+        if type(batch_events) is not int or not 0 < batch_events <= limits.READ_LIMIT_MAX:
+            raise InvalidCommand(f"batch_events must be in 1..{limits.READ_LIMIT_MAX}", field="batch_events")
         self.agent = agent
         self.source = source
         self.consumer = consumer

@@ -25,7 +25,7 @@ from typing import Any
 from .agent_store import AgentStore
 from .authority import Authority
 from .delivery import Delivery, FaultyTransport
-from .errors import ActionIdCollision, ApprovalRequired, MwpError, Rejection
+from .errors import ActionIdCollision, ApprovalRequired, InvalidCommand, MwpError, Rejection
 from .messages import Command, encode_receipt
 from .snapshot import check_snapshot_ref
 
@@ -168,8 +168,10 @@ def _work(agent: _Agent, report: Report, lock: threading.Lock, stop: threading.E
 
 
 def run_demo(directory: str, *, agents: int = 4, workitems: int = 200, json_output: bool = False) -> dict[str, Any]:
-    agents = max(2, min(16, agents))
-    workitems = max(10, min(100_000, workitems))
+    # Out-of-range sizes are refused before anything is written (the command line's exit 2).
+    for name, value, low, high in (("agents", agents, 2, 16), ("workitems", workitems, 10, 100_000)):
+        if type(value) is not int or not low <= value <= high:
+            raise InvalidCommand(f"{name} must be a whole number in {low}..{high} (got {value!r})", field=name)
     _prepare_directory(directory)
     report = Report()
     counter = _Counter()

@@ -496,6 +496,20 @@ def test_state_and_aggregates_refuse_keys_that_are_not_text(tmp_path):
         assert authority.state(GROUP, f"group:{GROUP}")[0] == 1 and authority.aggregates(GROUP, prefix="group:")
 
 
+def test_read_and_wait_for_refuse_impossible_cursors_and_timeouts(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        for after in (2**63, 10**30, -1, "1", 1.0):
+            with pytest.raises(InvalidCommand) as caught:
+                authority.read(GROUP, after=after)
+            assert caught.value.detail["field"] == "after"
+        for timeout in (float("nan"), float("inf"), -1, "1", True):
+            with pytest.raises(InvalidCommand):
+                authority.wait_for(GROUP, 0, timeout)
+        with pytest.raises(InvalidCommand):
+            authority.wait_for(GROUP, -1, 0)
+        assert authority.wait_for(GROUP, 0, 0.01) and not authority.wait_for(GROUP, 1, 0.01)
+
+
 def test_second_writer_gets_store_locked(tmp_path):
     path = str(tmp_path / "store")
     with open_with_group(path):

@@ -132,7 +132,7 @@ def test_store_commands_never_create_a_store_in_a_directory_without_one(tmp_path
     [
         ["tail", GROUP, "-n", "-5"], ["tail", GROUP, "-n", "x"], ["tail", GROUP, "-f", "--timeout", "nan"],
         ["tail", GROUP, "-f", "--timeout", "-1"], ["tail", GROUP, "-f", "--timeout", "inf"],
-        ["torture", "--seconds", "nan"], ["torture", "--count", "-3"],
+        ["torture", "--seconds", "nan"], ["torture", "--count", "-3"], ["tail", GROUP, "--after", "x"],
         ["snapshot", "verify", "f", "--trust", "k", "--high-water", "-1"],
     ],
 )
@@ -141,6 +141,11 @@ def test_bad_numbers_are_usage_errors(store, capsys, argv):
         main([*argv, *(["--store", store] if argv[0] == "tail" else [])])
     assert caught.value.code == EXIT_USAGE
     assert "error: argument" in capsys.readouterr().err
+
+
+def test_a_cursor_beyond_any_sequence_is_a_usage_error_not_damage(store, capsys):
+    assert main(["tail", GROUP, "--store", store, "--after", str(10**30)]) == EXIT_USAGE
+    assert "INVALID_COMMAND" in capsys.readouterr().err
 
 
 def test_locked_store_is_a_store_error(store, capsys):

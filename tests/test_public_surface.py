@@ -1,0 +1,199 @@
+"""What mwpstore shows the outside: the names `mwpstore` re-exports, the error codes docs/api.md
+lists, the command line's exit codes, and the argument checks of the public constructors.
+
+Each test pins one place where the documentation and the code must say the same thing."""
+
+from __future__ import annotations
+
+import os
+import re
+import types
+
+import pytest
+
+import mwpstore
+from authority_helpers import GROUP, open_with_group
+from mwpstore import Command, errors
+from mwpstore.cli import EXIT_CHECK_FAILED, EXIT_STORE_ERROR, EXIT_USAGE, main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _read(*parts: str) -> str:
+    with open(os.path.join(ROOT, *parts), encoding="utf-8") as handle:
+        return handle.read()
+
+
+API = _read("docs", "api.md")
+ERROR_SUBCLASSES = sorted(
+    (value for value in vars(errors).values() if isinstance(value, type) and issubclass(value, errors.MwpError)),
+    key=lambda cls: cls.__name__,
+)
+
+
+def _api_section(heading: str) -> str:
+    start = API.index(f"\n## {heading}\n")
+    end = API.find("\n## ", start + 1)
+    return API[start : None if end < 0 else end]
+
+
+# -- the names mwpstore re-exports ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", ERROR_SUBCLASSES, ids=lambda cls: cls.__name__)
+def test_every_error_class_is_reexported_at_top_level(cls: type[errors.MwpError]) -> None:
+    assert getattr(mwpstore, cls.__name__) is cls
+    assert cls.__name__ in mwpstore.__all__
+
+
+def test_every_error_class_is_in_the_code_table() -> None:
+    assert sorted(errors.ERROR_CLASSES.values(), key=lambda cls: cls.__name__) == ERROR_SUBCLASSES
+
+
+@pytest.mark.parametrize("code", sorted(errors.ERROR_CLASSES), ids=str)
+def test_every_error_code_and_its_class_appear_in_the_api_errors_table(code: str) -> None:
+    table = _api_section("Errors")
+    rows = [line for line in table.splitlines() if line.startswith("| ") and f"`{code}`" in line.split(" | ")[0]]
+    assert rows, f"{code} has no row in docs/api.md's Errors table"
+    assert f"`{errors.ERROR_CLASSES[code].__name__}`" in rows[0]
+
+
+def test_all_is_sorted_and_every_name_resolves() -> None:
+    assert mwpstore.__all__ == sorted(mwpstore.__all__)
+    assert len(set(mwpstore.__all__)) == len(mwpstore.__all__)
+    for name in mwpstore.__all__:
+        assert getattr(mwpstore, name) is not None, name
+
+
+def test_the_api_page_names_every_public_name() -> None:
+    """The error classes are named in the Errors table (above); every other name in the list."""
+    listed = API[API.index("What is public") : API.index("## Opening an authority")]
+    error_names = {cls.__name__ for cls in ERROR_SUBCLASSES}
+    missing = [name for name in mwpstore.__all__ if name not in error_names and f"`{name}`" not in listed]
+    assert missing == []
+
+
+# -- the command line's exit codes -----------------------------------------------------------------
+
+
+@pytest.fixture
+def store(tmp_path) -> str:
+    path = str(tmp_path / "store")
+    with open_with_group(path):
+        pass
+    return path
+
+
+def test_a_rejection_is_a_usage_error(store, capsys) -> None:
+    assert main(["snapshot", "create", "nosuch", "--store", store]) == EXIT_USAGE
+    assert "NOT_FOUND" in capsys.readouterr().err
+
+
+def test_an_invalid_command_is_still_a_usage_error(store, capsys) -> None:
+    assert main(["snapshot", "create", "../x", "--store", store]) == EXIT_USAGE
+    assert "INVALID_COMMAND" in capsys.readouterr().err
+
+
+def test_an_invalid_snapshot_is_still_a_failed_check(store, capsys, tmp_path) -> None:
+    with mwpstore.Authority.open(store) as authority:
+        ref = authority.snapshot(GROUP)
+    path = os.path.join(store, ref.location)
+    public_key = os.path.join(store, "keys", "snapshot-signing.pub")
+    assert main(["snapshot", "verify", path, "--trust", public_key, "--group", "other"]) == EXIT_CHECK_FAILED
+    assert "SNAPSHOT_INVALID" in capsys.readouterr().err
+
+
+def test_a_missing_snapshot_file_is_an_io_error(store, capsys, tmp_path) -> None:
+    """docs/operations.md: a file that cannot be read counts as I/O (exit 3)."""
+    with mwpstore.Authority.open(store) as authority:
+        authority.snapshot(GROUP)
+    public_key = os.path.join(store, "keys", "snapshot-signing.pub")
+    assert main(["snapshot", "verify", str(tmp_path / "missing.snap"), "--trust", public_key]) == EXIT_STORE_ERROR
+    assert "STORAGE_FAILED" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "sizes",
+    [["--agents", "1"], ["--agents", "17"], ["--workitems", "5"], ["--workitems", "100001"]],
+    ids=lambda sizes: " ".join(sizes),
+)
+def test_demo_sizes_outside_the_help_range_are_usage_errors(tmp_path, capsys, sizes) -> None:
+    directory = tmp_path / "demo"
+    assert main(["demo", str(directory), *sizes]) == EXIT_USAGE
+    assert "INVALID_COMMAND" in capsys.readouterr().err
+    assert not directory.exists()  # refused before anything was written
+
+
+# -- argument checks of the public constructors ----------------------------------------------------
+
+
+@pytest.mark.parametrize("batch_events", [0, -1, 100_001, "10", 1.5, True])
+def test_delivery_batch_size_out_of_range_is_an_invalid_command(tmp_path, batch_events: int) -> None:
+    from mwpstore.agent_store import AgentStore
+    from mwpstore.delivery import Delivery, ListSource
+
+    with AgentStore.open(str(tmp_path / "agent")) as agent:
+        with pytest.raises(mwpstore.InvalidCommand) as caught:
+            Delivery(agent, ListSource([]), batch_events=batch_events)
+    assert caught.value.field == "batch_events"
+
+
+def test_offline_guard_refusals_while_online(tmp_path) -> None:
+    from mwpstore.agent_store import AgentStore
+    from mwpstore.offline import OfflineGuard
+
+    with AgentStore.open(str(tmp_path / "agent")) as agent:
+        guard = OfflineGuard(agent, GROUP, "bob", grace_ms=1000)
+        with pytest.raises(mwpstore.OfflineRefused) as caught:
+            guard.permit("wi-1", now_ms=0, reversible=False)
+        assert caught.value.detail["reason"] == "no_current_lease"
+        command = Command(actor="bob", action_id="b-1", group=GROUP, kind="workitem.checkpoint", target="wi-1")
+        with pytest.raises(mwpstore.OfflineRefused) as caught:
+            guard.buffer(command, now_ms=0, reversible=True)
+        assert caught.value.detail["reason"] == "online"
+
+
+def test_every_offline_refusal_reason_is_documented() -> None:
+    reasons = set(re.findall(r'reason="([a-z_]+)"', _read("mwpstore", "offline.py")))
+    assert {"no_current_lease", "online", "new_work", "grace_expired"} <= reasons
+    documented = _read("docs", "agent-store.md")
+    assert [reason for reason in sorted(reasons) if f"`{reason}`" not in documented] == []
+
+
+def test_restoring_a_snapshot_whose_aggregates_are_not_effects_fails_the_schema_check(tmp_path) -> None:
+    from mwpstore.agent_store import AgentStore
+    from mwpstore.messages import ZERO_HASH
+
+    snapshot = types.SimpleNamespace(org="acme", group=GROUP, seq=3, head_hash=ZERO_HASH, aggregates=[("group:g-1", 1, {})])
+    with AgentStore.open(str(tmp_path / "agent")) as agent:
+        with pytest.raises(mwpstore.SnapshotInvalid) as caught:
+            agent.restore_verified(snapshot, group=GROUP)
+        assert agent.head(GROUP).applied_seq == 0  # nothing was written
+    assert caught.value.check == "schema"
+    assert "`schema`" in _api_section("Snapshots, replay window and CURSOR_TOO_OLD")
+
+
+# -- on-disk facts the format pages state -----------------------------------------------------------
+
+
+def test_the_clean_marker_has_the_size_the_format_page_states(tmp_path) -> None:
+    path = str(tmp_path / "store")
+    with open_with_group(path):
+        pass
+    size = os.path.getsize(os.path.join(path, "log", "CLEAN"))
+    assert size == 48
+    assert f"`CLEAN` in the log directory:\n{size} bytes." in _read("docs", "format", "segment.md")
+
+
+def test_the_index_page_states_max_dbs_and_every_meta_key(tmp_path) -> None:
+    from mwpstore.index import DATABASE_NAMES
+
+    page = _read("docs", "format", "index.md")
+    assert f"max_dbs={len(DATABASE_NAMES) + 2}," in page
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        index = authority.index
+        with index.env.begin(db=index.dbs[b"meta"]) as txn:
+            keys = [bytes(key).decode() for key, _ in txn.cursor()]
+    assert "last_ms" in keys
+    assert [key for key in keys if f"| `{key}` |" not in page] == []
