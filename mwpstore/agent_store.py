@@ -44,6 +44,7 @@ from .errors import (
     Corruption,
     EventInvalid,
     InvalidCommand,
+    InvalidState,
     LimitExceeded,
     MwpError,
     SnapshotInvalid,
@@ -815,6 +816,13 @@ class AgentStore:
             raise InvalidCommand("error must be a str", field="error")
         with self.begin() as tx:
             intent = tx._require_intent(intent_key)
+            if intent.state == IntentState.DONE:
+                return intent  # its receipt is recorded: the outcome is known
+            if intent.state not in (IntentState.DISPATCHED, IntentState.UNCERTAIN):
+                raise InvalidState(
+                    f"intent {intent_key} is {intent.state.value}: only a dispatched intent can have an unknown outcome",
+                    state=intent.state.value,
+                )
             updated = msgspec.structs.replace(
                 intent, state=IntentState.UNCERTAIN, error=error[:1000], updated_at_ms=self._now_ms()
             )

@@ -11,6 +11,10 @@ A contract is stored inside the WorkItem's state as a plain dict (see ``docs/wor
     lease_ms            int >= 1      a lease expires this long after its grant or last renewal
     start_ms            int >= 1      a lease must be started this long after its grant
 
+The four durations (``*_ms`` but the absolute ``deadline_ms``) are at most
+``limits.WORK_DURATION_MS_MAX`` (100 years), so a time derived from one (acceptance time plus
+duration) fits the 64-bit range of Event content.
+
 Times and money are integers (milliseconds, cost units): no floats, so every replica computes the
 same backoff to the millisecond. A rational multiplier is stored reduced, as an int when whole.
 """
@@ -28,6 +32,9 @@ MAX_ATTEMPTS_MAX = limits.WORK_ATTEMPTS_MAX
 
 BACKOFF_MULTIPLIER_TERM_MAX = limits.BACKOFF_MULTIPLIER_TERM_MAX
 """Bound on a multiplier's integer or on each term of its rational form."""
+
+DURATION_MS_MAX = limits.WORK_DURATION_MS_MAX
+"""Bound on ``lease_ms``, ``start_ms``, ``backoff_initial_ms`` and ``backoff_max_ms``."""
 
 CONTRACT_FIELDS = (
     "max_attempts",
@@ -81,15 +88,15 @@ def parse_contract(value: object) -> dict[str, Any]:
         raise InvalidCommand(f"body.contract.{unknown[0]} is not a Work Contract field", field=f"body.contract.{unknown[0]}")
     contract: dict[str, Any] = {
         "max_attempts": _field_int(value, "max_attempts", 1, MAX_ATTEMPTS_MAX),
-        "backoff_initial_ms": _field_int(value, "backoff_initial_ms", 0),
+        "backoff_initial_ms": _field_int(value, "backoff_initial_ms", 0, DURATION_MS_MAX),
         "backoff_multiplier": _multiplier(value.get("backoff_multiplier")),
         "backoff_max_ms": 0,
         "cost_limit": _field_int(value, "cost_limit", 1),
         "deadline_ms": None,
-        "lease_ms": _field_int(value, "lease_ms", 1),
-        "start_ms": _field_int(value, "start_ms", 1),
+        "lease_ms": _field_int(value, "lease_ms", 1, DURATION_MS_MAX),
+        "start_ms": _field_int(value, "start_ms", 1, DURATION_MS_MAX),
     }
-    contract["backoff_max_ms"] = _field_int(value, "backoff_max_ms", contract["backoff_initial_ms"])
+    contract["backoff_max_ms"] = _field_int(value, "backoff_max_ms", contract["backoff_initial_ms"], DURATION_MS_MAX)
     if value.get("deadline_ms") is not None:
         contract["deadline_ms"] = _field_int(value, "deadline_ms", 0)
     return contract
@@ -103,7 +110,7 @@ def backoff_ms(contract: dict[str, Any], attempt: int) -> int:
     delay everywhere.
     """
     if type(attempt) is not int or attempt < 1:
-        raise ValueError(f"attempt must be an integer >= 1, not {attempt!r}")
+        raise InvalidCommand(f"attempt must be an integer >= 1, not {attempt!r}", field="attempt")
     initial = contract["backoff_initial_ms"]
     ceiling = contract["backoff_max_ms"]
     multiplier = contract["backoff_multiplier"]

@@ -11,7 +11,17 @@ from typing import Any
 from . import canonical
 from .errors import AlreadyExists, InvalidCommand, InvalidState, NotFound
 from .messages import Command, Event
-from .registry import Context, Decision, KindSpec, StateView, aggregate_key, group_key, member_key, register
+from .registry import (
+    Context,
+    Decision,
+    KindSpec,
+    StateView,
+    aggregate_key,
+    group_key,
+    member_key,
+    public_key_is_usable,
+    register,
+)
 
 
 def body_str(command: Command, name: str, *, required: bool = True, max_chars: int = 1024) -> str | None:
@@ -76,13 +86,25 @@ def _decide_group_create(view: StateView, command: Command, context: Context) ->
     return Decision(body)
 
 
+_HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
+
+
 def check_public_key_hex(value: object, field: str = "body.public_key") -> str:
-    if type(value) is not str or len(value) != 64:
-        raise InvalidCommand("a public key is 32 bytes as 64 hex characters", field=field)
-    try:
-        bytes.fromhex(value)
-    except ValueError:
-        raise InvalidCommand("a public key is 32 bytes as 64 hex characters", field=field) from None
+    """Check a member's Ed25519 public key given as hex; return it in lowercase.
+
+    Exactly 64 hex digits (either case; nothing else, not even whitespace, which
+    ``bytes.fromhex`` would skip), encoding a point that can authenticate signatures: the
+    canonical encoding of a curve point of order greater than 8 (see
+    ``registry.public_key_is_usable``).
+    """
+    if type(value) is not str or len(value) != 64 or not _HEX_DIGITS.issuperset(value):
+        raise InvalidCommand("a public key is 32 bytes as 64 hex digits (0-9, a-f)", field=field)
+    if not public_key_is_usable(bytes.fromhex(value)):
+        raise InvalidCommand(
+            "the public key is not usable: it must be the canonical encoding of an Ed25519 curve point of "
+            "order greater than 8 (a small-order key would accept forged signatures)",
+            field=field,
+        )
     return value.lower()
 
 

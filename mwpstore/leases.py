@@ -12,6 +12,8 @@ Epoch, with a stable id and two time bounds::
     expires_at_ms    granted_at_ms (or the last renewal) + contract.lease_ms
     started          whether workitem.start was accepted
 
+Each sum is taken with :func:`time_after`, which saturates at the largest content integer.
+
 A lease is *live* at time t when ``t < expires_at_ms`` and (``started`` or ``t < start_by_ms``);
 otherwise it has *lapsed* (MWP-WRK-019). A lapsed lease stays in the WorkItem until a new claim
 replaces it or the engine's ``lease.expire`` sweep removes it, but nothing it names counts any more.
@@ -25,6 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from . import limits
 from .errors import InvalidCommand, InvalidState, LeaseExpired, LeaseMismatch, StaleOwnershipEpoch
 from .registry import StateView, aggregate_key, member_key
 from .work_keys import lease_id_for
@@ -38,6 +41,17 @@ def workitem_id_of(key: str) -> str:
     return key.split(":", 1)[1]
 
 
+def time_after(now_ms: int, duration_ms: int) -> int:
+    """``now_ms + duration_ms``, saturated at ``limits.INT_ABS_MAX`` so it always fits an Event.
+
+    Contract durations are bounded (``limits.WORK_DURATION_MS_MAX``), so this saturates only for
+    an acceptance time within that much of the end of the range, or for a contract accepted
+    before the bound existed. Either way the exact sum lies past any acceptance time a real
+    clock gives, and so does the saturated value.
+    """
+    return min(now_ms + duration_ms, limits.INT_ABS_MAX)
+
+
 def new_lease(
     group: str, workitem_id: str, *, agent: str, session_epoch: int, ownership_epoch: int, now_ms: int, contract: dict[str, Any]
 ) -> dict[str, Any]:
@@ -47,8 +61,8 @@ def new_lease(
         "session_epoch": session_epoch,
         "ownership_epoch": ownership_epoch,
         "granted_at_ms": now_ms,
-        "start_by_ms": now_ms + contract["start_ms"],
-        "expires_at_ms": now_ms + contract["lease_ms"],
+        "start_by_ms": time_after(now_ms, contract["start_ms"]),
+        "expires_at_ms": time_after(now_ms, contract["lease_ms"]),
         "started": False,
     }
 

@@ -32,7 +32,7 @@ import blake3
 import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from . import canonical
+from . import canonical, limits
 from .agent_store import AgentStore
 from .errors import OfflineRefused  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import InvalidCommand, LeaseMismatch, MwpError, Rejection
@@ -124,8 +124,8 @@ class OfflineGuard:
     def __init__(self, agent: AgentStore, group: str, agent_id: str, *, grace_ms: int) -> None:
         canonical.check_id(group, "group")
         canonical.check_id(agent_id, "agent_id")
-        if type(grace_ms) is not int or grace_ms < 0:
-            raise InvalidCommand("grace_ms must be a non-negative integer", field="grace_ms")
+        if type(grace_ms) is not int or not 0 <= grace_ms <= limits.WORK_DURATION_MS_MAX:
+            raise InvalidCommand(f"grace_ms must be an integer in 0..{limits.WORK_DURATION_MS_MAX}", field="grace_ms")
         self.agent = agent
         self.group = group
         self.agent_id = agent_id
@@ -135,6 +135,7 @@ class OfflineGuard:
 
     def service_unreachable(self, now_ms: int) -> None:
         """Note (durably) that the Group service became unreachable at ``now_ms``."""
+        canonical.check_time_ms(now_ms, "now_ms")  # stored: a float here would make the outage unreadable
         with self.agent.begin() as tx:
             if tx._offline_get(_outage_key(self.group)) is None:
                 tx._offline_put(
@@ -161,6 +162,7 @@ class OfflineGuard:
         reversible, not externally visible work on a WorkItem this agent already holds a live
         lease for, before the grace deadline; anything else raises ``OfflineRefused``.
         """
+        canonical.check_time_ms(now_ms, "now_ms")
         outage = self.outage()
         lease = self._held_lease(workitem)
         if outage is None:

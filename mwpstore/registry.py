@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any, NamedTuple, Protocol
 
 from cryptography.exceptions import InvalidSignature
@@ -147,9 +148,82 @@ def member_key(agent: str) -> str:
     return aggregate_key("member", agent)
 
 
+# -- Ed25519 public keys --------------------------------------------------------------------------
+#
+# The curve is -x^2 + y^2 = 1 + d*x^2*y^2 over the integers modulo p (RFC 8032, section 5.1). A
+# public key is the point's y (255 bits, little-endian) with the parity of x in the top bit.
+
+_CURVE_P = 2**255 - 19
+_CURVE_D = -121665 * pow(121666, -1, _CURVE_P) % _CURVE_P
+_SQRT_MINUS_ONE = pow(2, (_CURVE_P - 1) // 4, _CURVE_P)
+_IDENTITY = (0, 1)
+
+
+def _decode_point(encoded: bytes) -> tuple[int, int] | None:
+    """The curve point ``encoded`` names, or None when it is not the canonical encoding of one.
+
+    Decoding as in RFC 8032, section 5.1.3, except that a y at or above p is refused rather
+    than reduced, so every point has exactly one accepted encoding.
+    """
+    if len(encoded) != 32:
+        return None
+    y = int.from_bytes(encoded, "little")
+    x_is_odd = y >> 255
+    y &= (1 << 255) - 1
+    if y >= _CURVE_P:
+        return None
+    # x^2 = u / v; x = u * v^3 * (u * v^7)^((p - 5) / 8) is a square root of it when one exists.
+    u = (y * y - 1) % _CURVE_P
+    v = (_CURVE_D * y * y + 1) % _CURVE_P
+    x = u * pow(v, 3, _CURVE_P) * pow(u * pow(v, 7, _CURVE_P), (_CURVE_P - 5) // 8, _CURVE_P) % _CURVE_P
+    if v * x * x % _CURVE_P == -u % _CURVE_P:
+        x = x * _SQRT_MINUS_ONE % _CURVE_P
+    if v * x * x % _CURVE_P != u:
+        return None  # u / v is not a square: no point has this y
+    if x == 0 and x_is_odd:
+        return None  # "negative zero": a second encoding of a point with x = 0
+    if x % 2 != x_is_odd:
+        x = _CURVE_P - x
+    return x, y
+
+
+def _double(point: tuple[int, int]) -> tuple[int, int]:
+    """2 * point. The curve equation turns the addition law's denominators 1 +- d*x^2*y^2 into
+    y^2 - x^2 and 2 - y^2 + x^2; neither is ever zero on this curve."""
+    x, y = point
+    xx, yy = x * x % _CURVE_P, y * y % _CURVE_P
+    return (
+        2 * x * y * pow((yy - xx) % _CURVE_P, -1, _CURVE_P) % _CURVE_P,
+        (yy + xx) * pow((2 - yy + xx) % _CURVE_P, -1, _CURVE_P) % _CURVE_P,
+    )
+
+
+@lru_cache(maxsize=1024)
+def public_key_is_usable(public_key: bytes) -> bool:
+    """Whether ``public_key`` is the canonical encoding of a curve point of order greater than 8.
+
+    The eight points of order 1, 2, 4 or 8 (identity included) must be refused: for such a key a
+    signature with R of small order and S = 0 verifies for every message, so it authenticates
+    nothing. ``8 * P`` is the identity exactly for those points.
+    """
+    point = _decode_point(public_key)
+    if point is None:
+        return False
+    for _ in range(3):
+        point = _double(point)
+    return point != _IDENTITY
+
+
 def verify_signature(public_key: bytes, data: bytes, signature: bytes | None) -> None:
     if signature is None:
         raise SignatureInvalid("this member registered a public key: its Commands must be signed", field="signature")
+    if not public_key_is_usable(bytes(public_key)):
+        # A key stored before membership.add refused such keys: no signature can be trusted.
+        raise SignatureInvalid(
+            "this member's public key is not a usable Ed25519 key (small order or not a canonical curve point); "
+            "an owner must replace it (membership.change)",
+            field="signature",
+        )
     try:
         Ed25519PublicKey.from_public_bytes(public_key).verify(signature, data)
     except (InvalidSignature, ValueError):

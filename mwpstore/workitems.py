@@ -58,6 +58,7 @@ from .leases import (
     new_lease,
     require_held_lease,
     require_state,
+    time_after,
     workitem_id_of,
     workitem_key,
 )
@@ -266,7 +267,7 @@ def _decide_renew(view: StateView, command: Command, context: Context) -> Decisi
     item = _workitem(view, command.target)
     lease_id, epoch = named_lease(context.group, command.target, command.body)
     require_held_lease(item, actor=command.actor, ownership_epoch=epoch, now_ms=context.now_ms)
-    expires_at = context.now_ms + item["contract"]["lease_ms"]
+    expires_at = time_after(context.now_ms, item["contract"]["lease_ms"])
     return Decision({"lease_id": lease_id, "ownership_epoch": epoch, "expires_at_ms": expires_at})
 
 
@@ -385,7 +386,7 @@ def retry_outcome(item: dict[str, Any], now_ms: int, *, retryable: bool = True) 
     contract = item["contract"]
     if not retryable or item["attempt"] >= contract["max_attempts"] or item["cost_spent"] >= contract["cost_limit"]:
         return "failed", None
-    not_before = now_ms + backoff_ms(contract, max(item["attempt"], 1))
+    not_before = time_after(now_ms, backoff_ms(contract, max(item["attempt"], 1)))
     if contract["deadline_ms"] is not None and not_before >= contract["deadline_ms"]:
         return "failed", None
     return "queued", not_before

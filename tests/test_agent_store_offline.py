@@ -11,7 +11,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mwpstore.agent_store import AgentStore
-from mwpstore.errors import LeaseMismatch
+from mwpstore.errors import InvalidCommand, LeaseMismatch
 from mwpstore.messages import Command, command_bytes
 from mwpstore.offline import BufferedState, OfflineGuard, OfflineRefused, derive_action_id, sign_command
 from mwpstore.registry import verify_signature
@@ -103,6 +103,23 @@ def test_guard_refuses_after_the_grace_deadline(setup):
     with pytest.raises(OfflineRefused) as info:
         setup.guard.permit("wi1", now_ms=deadline, reversible=True)
     assert info.value.detail["reason"] == "grace_expired"
+
+
+@pytest.mark.parametrize("moment", [1.5e12, -1, 2**63, "now", True])
+def test_a_time_that_is_not_int_milliseconds_is_refused_before_it_is_stored(setup, moment):
+    with pytest.raises(InvalidCommand) as caught:
+        setup.guard.service_unreachable(moment)
+    assert caught.value.detail["field"] == "now_ms" and setup.guard.outage() is None
+    setup.guard.service_unreachable(now(setup))
+    with pytest.raises(InvalidCommand):
+        setup.guard.permit("wi1", now_ms=moment, reversible=True)
+    assert setup.guard.outage().since_ms == now(setup)  # what was stored still reads back
+
+
+@pytest.mark.parametrize("grace_ms", [-1, 2**64, 1.5, None])
+def test_a_grace_period_out_of_bounds_is_refused(setup, grace_ms):
+    with pytest.raises(InvalidCommand):
+        OfflineGuard(setup.agent, GROUP, AGENT, grace_ms=grace_ms)
 
 
 def test_outage_survives_a_restart(setup, tmp_path):

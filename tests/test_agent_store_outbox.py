@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from mwpstore.agent_store import AgentStore, IntentState, ReconcileRequired
-from mwpstore.errors import InvalidCommand
+from mwpstore.errors import InvalidCommand, InvalidState
 from mwpstore.work_keys import external_idempotency_key
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
@@ -75,6 +75,20 @@ def test_a_bad_clock_reading_stores_nothing(tmp_path, reading):
     agent.close()
     with pytest.raises(InvalidCommand):
         AgentStore.open(tmp_path / "b", clock=1_700_000_000_000)
+
+
+def test_only_a_dispatched_intent_can_be_marked_uncertain(tmp_path):
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+    with pytest.raises(InvalidState):  # never handed to the outside world: nothing is uncertain
+        agent.mark_uncertain(intent.key, "timeout")
+    agent.mark_dispatched(intent.key)
+    assert agent.mark_uncertain(intent.key, "timeout").state is IntentState.UNCERTAIN
+    agent.record_receipt(intent.key, {"id": 7})
+    done = agent.mark_uncertain(intent.key, "late timeout")  # a recorded receipt stays recorded
+    assert done.state is IntentState.DONE and done.receipt == {"id": 7}
+    assert agent.intent(intent.key).state is IntentState.DONE
+    agent.close()
 
 
 def test_intent_is_only_durable_with_its_local_commit(tmp_path):

@@ -172,7 +172,7 @@ def test_backoff_for_large_attempts_stays_bounded() -> None:
 
 
 def test_backoff_rejects_attempt_zero() -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(InvalidCommand):
         backoff_ms(parse_contract(CONTRACT), 0)
 
 
