@@ -414,7 +414,10 @@ class AgentStore:
             raise InvalidCommand("clock must be a callable returning int milliseconds", field="clock")
         path = store_path(path)
         projections = tuple(projections)
-        names = [projection.name for projection in projections]
+        for projection in projections:
+            if not callable(getattr(projection, "apply", None)):
+                raise InvalidCommand("a projection has a name and an apply(view, event) method", field="projections")
+        names = [getattr(projection, "name", None) for projection in projections]
         for name in names:
             canonical.check_id(name, "projection name")
         if len(set(names)) != len(names):
@@ -544,6 +547,7 @@ class AgentStore:
     @_damage_typed
     def aggregate(self, group: str, key: str) -> tuple[int, dict[str, Any] | None]:
         _check_group(group)
+        canonical.check_aggregate_key(key, "key")
         with self._read() as txn:
             data = self._tables.get(txn, b"state", _prefix(group) + key.encode())
             if data is None:
@@ -567,6 +571,9 @@ class AgentStore:
     def work_queue(self, group: str, now_ms: int, *, limit: int | None = None) -> list[QueueEntry]:
         """Ready WorkItems of ``group`` at ``now_ms``: priority desc, not-before asc, then ID."""
         _check_group(group)
+        canonical.check_time_ms(now_ms, "now_ms")
+        if limit is not None and (type(limit) is not int or limit < 1):
+            raise InvalidCommand("limit must be None or an int >= 1", field="limit")
         prefix = _prefix(group)
         result: list[QueueEntry] = []
         with self._read() as txn:
@@ -590,6 +597,7 @@ class AgentStore:
     def projection_get(self, group: str, name: str, key: str | bytes) -> bytes | None:
         """Read one key of an application projection."""
         _check_group(group)
+        canonical.check_id(name, "name")
         with self._read() as txn:
             value = self._tables.get(txn, b"projection", _projection_key(group, name, key))
             return None if value is None else bytes(value)
@@ -597,6 +605,7 @@ class AgentStore:
     @_damage_typed
     def projection_items(self, group: str, name: str) -> list[tuple[bytes, bytes]]:
         _check_group(group)
+        canonical.check_id(name, "name")
         prefix = _prefix(group) + name.encode() + b"\x00"
         with self._read() as txn:
             return [(key[len(prefix) :], bytes(value)) for key, value in self._tables.range(txn, b"projection", prefix)]
@@ -709,11 +718,19 @@ class AgentStore:
         """Restore from an already verified snapshot (``group``, ``org``, ``seq``, ``head_hash``,
         ``aggregates``). Checks the binding and that it does not roll the Group back."""
         _check_group(group)
+        if not all(hasattr(snapshot, name) for name in ("group", "org", "seq", "head_hash", "aggregates")):
+            raise SnapshotInvalid("a snapshot has group, org, seq, head_hash and aggregates", check="schema")
         if snapshot.group != group:
             raise SnapshotInvalid(f"snapshot is of group {snapshot.group!r}, not {group!r}", check="binding")
         seq = snapshot.seq
         if type(seq) is not int or not 0 <= seq <= limits.INT_ABS_MAX:
             raise SnapshotInvalid("snapshot sequence is not an integer from 0 to 2**63 - 1", check="sequence")
+        if type(snapshot.head_hash) is not bytes or len(snapshot.head_hash) != len(ZERO_HASH):
+            raise SnapshotInvalid(f"snapshot head hash is not {len(ZERO_HASH)} bytes", check="schema")
+        if snapshot.org is not None and (type(snapshot.org) is not str or not canonical.id_ok(snapshot.org)):
+            raise SnapshotInvalid("snapshot organization is not an ID", check="schema")
+        if isinstance(snapshot.aggregates, (str, bytes)) or not isinstance(snapshot.aggregates, Iterable):
+            raise SnapshotInvalid("snapshot aggregates must be Effect values", check="schema")
         with self.begin() as tx:
             head = tx._head(group)
             mirrored_group = tx._get_state(group, f"group:{group}")
@@ -737,6 +754,10 @@ class AgentStore:
                     _check_aggregate(effect.aggregate)
                 except EventInvalid:
                     raise SnapshotInvalid("snapshot names an invalid aggregate", check="schema") from None
+                if type(effect.revision) is not int or not 1 <= effect.revision <= limits.INT_ABS_MAX:
+                    raise SnapshotInvalid(f"aggregate {effect.aggregate} has an impossible revision", check="schema")
+                if effect.state is not None and (type(effect.state) is not dict or not canonical.content_ok(effect.state)):
+                    raise SnapshotInvalid(f"aggregate {effect.aggregate} holds a state that is not JSON-like content", check="schema")
             tx._clear_group(group, keep_buffer_after=seq)
             tx._restore_aggregates(group, snapshot.aggregates)
             head = tx._head(group)
@@ -843,6 +864,11 @@ class AgentStore:
             return self.record_receipt(intent_key, receipt)
         with self.begin() as tx:
             current = tx._require_intent(intent_key)
+            if current != intent:
+                # changed while the lookup ran (another thread recorded a receipt, or reconciled
+                # and dispatched it again): this lookup's "not found" is older than that and must
+                # not undo it
+                return current
             updated = msgspec.structs.replace(current, state=IntentState.RECONCILED, updated_at_ms=self._now_ms())
             tx._put_intent(updated)
         return updated
@@ -907,10 +933,7 @@ class ProjectionView:
         self.name = name
 
     def _key(self, key: str | bytes) -> bytes:
-        raw = key.encode() if type(key) is str else key
-        if type(raw) is not bytes or len(raw) > PROJECTION_KEY_BYTES_MAX:
-            raise LimitExceeded(f"projection keys are str or bytes of at most {PROJECTION_KEY_BYTES_MAX} bytes", field="key")
-        return self._prefix + raw
+        return self._prefix + _projection_key_bytes(key)
 
     def get(self, key: str | bytes) -> bytes | None:
         value = self._tables.get(self._txn, b"projection", self._key(key))
@@ -937,9 +960,19 @@ class ProjectionView:
         return None if found is None else found[1]
 
 
+def _projection_key_bytes(key: object) -> bytes:
+    """A projection key as bytes: ``str`` (UTF-8) or ``bytes`` of at most ``PROJECTION_KEY_BYTES_MAX``."""
+    try:
+        raw = key.encode() if type(key) is str else key
+    except UnicodeEncodeError:
+        raise InvalidCommand("a projection key str must be encodable as UTF-8", field="key") from None
+    if type(raw) is not bytes or len(raw) > PROJECTION_KEY_BYTES_MAX:
+        raise LimitExceeded(f"projection keys are str or bytes of at most {PROJECTION_KEY_BYTES_MAX} bytes", field="key")
+    return raw
+
+
 def _projection_key(group: str, name: str, key: str | bytes) -> bytes:
-    raw = key.encode() if isinstance(key, str) else key
-    return _prefix(group) + name.encode() + b"\x00" + raw
+    return _prefix(group) + name.encode() + b"\x00" + _projection_key_bytes(key)
 
 
 class AgentTransaction:
@@ -1101,7 +1134,11 @@ class AgentTransaction:
         they are first checked as ``apply`` checks them (``admit_event``, ``check_event``) by
         another C call, ``mwpstore._apply_c.check_run``. Every other Event goes through ``apply``."""
         statuses: list[ApplyStatus] = []
-        self._apply_into(events if type(events) is list else list(events), statuses)
+        if type(events) is not list:
+            if isinstance(events, (str, bytes, bytearray, memoryview)) or not isinstance(events, Iterable):
+                raise InvalidCommand("apply_many takes an iterable of Events (or their bytes)", field="events")
+            events = list(events)
+        self._apply_into(events, statuses)
         return statuses
 
     def _apply_into(self, events: list[Event | bytes], statuses: list[ApplyStatus]) -> None:
@@ -1212,11 +1249,11 @@ class AgentTransaction:
     # -- reads inside the transaction -------------------------------------------------------------
 
     def state(self, group: str, key: str) -> dict[str, Any] | None:
-        found = self._get_state(_check_group(group), key)
+        found = self._get_state(_check_group(group), canonical.check_aggregate_key(key, "key"))
         return None if found is None else found[1]
 
     def revision(self, group: str, key: str) -> int:
-        found = self._get_state(_check_group(group), key)
+        found = self._get_state(_check_group(group), canonical.check_aggregate_key(key, "key"))
         return 0 if found is None else found[0]
 
     # -- internals -------------------------------------------------------------------------------

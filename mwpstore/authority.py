@@ -1021,7 +1021,7 @@ class Authority:
     def state(self, group: str, aggregate: str) -> tuple[int, dict[str, Any] | None]:
         """(revision, state) of one aggregate (``"workitem:wi-3"``); (0, None) if it never existed."""
         canonical.check_id(group, "group")
-        _check_aggregate_key(aggregate, "aggregate", empty=False)
+        canonical.check_aggregate_key(aggregate, "aggregate")
         self._check_readable()
         index = self.index
         with index.begin() as txn:
@@ -1032,7 +1032,7 @@ class Authority:
     def aggregates(self, group: str, *, prefix: str = "") -> list[tuple[str, int, dict[str, Any] | None]]:
         """Every aggregate of a Group (optionally of one type prefix) as (key, revision, state)."""
         canonical.check_id(group, "group")
-        _check_aggregate_key(prefix, "prefix", empty=True)
+        canonical.check_aggregate_key(prefix, "prefix", empty=True)
         self._check_readable()
         start = state_key(group, prefix)
         out = []
@@ -1684,13 +1684,6 @@ def _abort_quietly(txn: lmdb.Transaction) -> None:
         txn.abort()
     except lmdb.Error:
         pass  # the environment is already failing; the commit is refused either way
-
-
-def _check_aggregate_key(value: object, field: str, *, empty: bool) -> None:
-    """An aggregate key (``"workitem:wi-3"``) or a prefix of one, given from outside."""
-    most = limits.ID_CHARS_MAX + limits.KIND_CHARS_MAX + 1
-    if type(value) is not str or (not value and not empty) or len(value) > most or not value.isprintable():
-        raise InvalidCommand(f"{field} must be a printable str of at most {most} characters", field=field)
 
 
 def _provider_call(call: Callable[[], Any], what: str) -> Any:

@@ -23,6 +23,7 @@ from .errors import CursorTooOld, EventInvalid, InvalidCommand, LimitExceeded, M
 from .messages import Event
 
 BATCH_EVENTS_DEFAULT = 1000
+STALLED_ROUNDS_MAX = 100  # rounds in a row that return Events without moving the Cursor
 ROUNDS_MAX_DEFAULT = 1_000_000
 REJECTIONS_KEPT_MAX = 100
 """``DeliveryStats.rejections`` keeps the first errors only; ``rejected`` counts them all."""
@@ -154,13 +155,20 @@ class Delivery:
             ack(self.consumer, group, cursor)
         return len(events)
 
-    def catch_up(self, group: str, *, rounds_max: int = ROUNDS_MAX_DEFAULT, reconnects_max: int = 1000) -> int:
+    def catch_up(
+        self, group: str, *, rounds_max: int = ROUNDS_MAX_DEFAULT, reconnects_max: int = 1000, stalled_max: int = STALLED_ROUNDS_MAX
+    ) -> int:
         """Pull until the source has nothing after the Cursor; reconnect on disconnects.
 
-        Returns the Cursor. Raises ``TransportDisconnected`` after ``reconnects_max`` in a row.
+        Returns the Cursor. Raises ``TransportDisconnected`` after ``reconnects_max`` in a row, and
+        ``EventInvalid`` (reason ``no_progress``) after ``stalled_max`` rounds in a row that
+        returned Events but did not move the Cursor: the Event after it is refused every time
+        (a source serving another history of the Group), and more rounds would not change that.
         """
         in_a_row = 0
+        stalled = 0
         for _ in range(rounds_max):
+            before = self.agent.cursor(group)
             try:
                 count = self.pull_once(group)
             except TransportDisconnected:
@@ -172,6 +180,15 @@ class Delivery:
             in_a_row = 0
             if count == 0:
                 return self.agent.cursor(group)
+            stalled = stalled + 1 if count > 0 and self.agent.cursor(group) == before else 0
+            if stalled >= stalled_max:
+                raise EventInvalid(
+                    f"group {group}: {stalled} rounds in a row returned Events and none applied after cursor {before}; "
+                    "the source's Event after the Cursor is refused (another history of the Group?)",
+                    reason="no_progress",
+                    group=group,
+                    cursor=before,
+                )
         return self.agent.cursor(group)
 
 

@@ -41,8 +41,9 @@ from .registry import aggregate_key, kind_spec
 
 DOMAIN_REBASE = b"mwpstore/rebase-action/v1\x00"
 
-NEVER_OFFLINE_KINDS = frozenset({"workitem.claim", "workitem.submit", "workitem.publish", "approval.request"})
-"""Kinds refused while offline whatever the caller says: new work, or visible outside the agent."""
+NEVER_OFFLINE_KINDS = frozenset({"workitem.claim", "workitem.start", "workitem.submit", "workitem.publish", "approval.request"})
+"""Kinds refused while offline whatever the caller says: new work (a claim, or starting a claimed
+WorkItem), or visible outside the agent."""
 
 REBASED_BODY_FIELDS = ("session_epoch", "lease_id", "ownership_epoch")
 
@@ -185,6 +186,12 @@ class OfflineGuard:
                 f"no lease on {workitem!r}: new work does not start while the Group service is unreachable",
                 reason="new_work",
             )
+        if not lease.get("started", True):
+            # claimed but never started: not active work, and its start deadline may lapse unseen
+            raise OfflineRefused(
+                f"the lease on {workitem!r} was never started: new work does not start while the Group service is unreachable",
+                reason="new_work",
+            )
         deadline = min(outage.since_ms + outage.grace_ms, lease["expires_at_ms"])
         if now_ms >= deadline:
             raise OfflineRefused(f"the offline grace period for {workitem!r} ended at {deadline}", reason="grace_expired")
@@ -207,6 +214,16 @@ class OfflineGuard:
         )
         if binding is None:
             raise OfflineRefused("the Group service is reachable: submit the Command directly", reason="online")
+        fence = {"lease_id": binding.lease_id, "ownership_epoch": binding.ownership_epoch, "session_epoch": binding.session_epoch}
+        for name in REBASED_BODY_FIELDS:
+            if name in command.body and command.body[name] != fence[name]:
+                # written for another lease (a late result of an earlier attempt): rebasing would
+                # move it onto the current lease and make it authoritative
+                raise OfflineRefused(
+                    f"body.{name} is {command.body[name]!r}, but the lease held offline has {fence[name]!r}; "
+                    "a Command for another lease is not buffered",
+                    reason="fence",
+                )
         with self.agent.begin() as tx:
             existing = tx._offline_range(self.group.encode() + b"\x00C")
             number = 1 + (int.from_bytes(existing[-1][0][-8:], "big") if existing else 0)

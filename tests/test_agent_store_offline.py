@@ -122,6 +122,36 @@ def test_a_grace_period_out_of_bounds_is_refused(setup, grace_ms):
         OfflineGuard(setup.agent, GROUP, AGENT, grace_ms=grace_ms)
 
 
+def test_a_claimed_but_never_started_workitem_is_new_work_offline(setup):
+    """MWP-WRK-020: only already-active work; a claim whose work never started is not."""
+    setup.harness.claim(AGENT, "wi2")
+    setup.sync()
+    setup.guard.service_unreachable(now(setup))
+    with pytest.raises(OfflineRefused) as info:
+        setup.guard.permit("wi2", now_ms=now(setup) + 1, reversible=True)
+    assert info.value.detail["reason"] == "new_work"
+    lease = setup.harness.lease("wi2")
+    start = Command(actor=AGENT, action_id="start-offline", group=GROUP, kind="workitem.start", target="wi2",
+                    body={"lease_id": lease["lease_id"], "ownership_epoch": lease["ownership_epoch"]})
+    with pytest.raises(OfflineRefused) as info:
+        setup.guard.buffer(start, now_ms=now(setup) + 1, reversible=True)
+    assert info.value.detail["reason"] == "kind" and setup.guard.buffered() == []
+
+
+def test_a_command_for_another_lease_is_not_buffered(setup):
+    """Rebasing moves a buffered Command onto the current lease: one written for an earlier lease
+    (a late result) must not get there."""
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    for field, stale in (("lease_id", "0" * 32), ("ownership_epoch", fence["ownership_epoch"] - 1)):
+        body = {**fence, field: stale, "checkpoint": {"step": 99}}
+        command = setup.offline_command("workitem.checkpoint", body, action=f"late-{field}")
+        with pytest.raises(OfflineRefused) as info:
+            setup.guard.buffer(command, now_ms=now(setup) + 1, reversible=True)
+        assert info.value.detail["reason"] == "fence"
+    assert setup.guard.buffered() == []
+
+
 def test_outage_survives_a_restart(setup, tmp_path):
     setup.guard.service_unreachable(now(setup))
     setup.agent.close()

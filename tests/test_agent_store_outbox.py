@@ -114,6 +114,36 @@ def test_dispatch_records_the_receipt_and_never_calls_twice(tmp_path):
     agent.close()
 
 
+@pytest.mark.parametrize("meanwhile", ["receipt recorded", "reconciled and dispatched again"])
+def test_a_lookup_that_answers_late_does_not_undo_what_happened_meanwhile(tmp_path, meanwhile):
+    """Two recoveries of one UNCERTAIN intent: the second's "not found" was asked before the first
+    settled it, and must neither erase the first's receipt nor let the side effect run again."""
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+    agent.mark_dispatched(intent.key)
+    agent.mark_uncertain(intent.key, "timeout")
+    calls = []
+
+    def slow_lookup(_intent):
+        # while this lookup is in flight, another thread settles the intent
+        if meanwhile == "receipt recorded":
+            agent.record_receipt(intent.key, {"ref": "first"})
+        else:
+            agent.reconcile(intent.key, lambda _: None)
+            agent.mark_dispatched(intent.key)
+        return None  # the answer this lookup got before that
+
+    if meanwhile == "receipt recorded":
+        assert agent.dispatch(intent.key, lambda i: calls.append(i) or {"ref": "second"}, lookup=slow_lookup) == {"ref": "first"}
+        assert agent.intent(intent.key).receipt == {"ref": "first"}
+    else:
+        with pytest.raises(ReconcileRequired):  # the other recovery's dispatch is in flight
+            agent.dispatch(intent.key, lambda i: calls.append(i) or {"ref": "second"}, lookup=slow_lookup)
+        assert agent.intent(intent.key).state is IntentState.DISPATCHED
+    assert calls == []  # this caller never called the side effect
+    agent.close()
+
+
 def test_record_receipt_is_its_own_call(tmp_path):
     agent = AgentStore.open(tmp_path / "a")
     intent = record(agent)

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from agent_store_support import CountingProjection, seen_counts, workload
 from mwpstore.agent_store import AgentStore
 from mwpstore.delivery import Delivery, DeliveryStats, FaultyTransport, ListSource, TransportDisconnected, deliver_batch
+from mwpstore.errors import EventInvalid
 from mwpstore.messages import Event
 
 MAP_BYTES = 64 * 1024 * 1024
@@ -384,3 +385,73 @@ def test_authority_cursor_too_old_is_recovered_through_its_signed_snapshot(tmp_p
     assert authority.acked("agent-1", "g-auth") == 32
     agent.close()
     authority.close()
+
+
+def test_catch_up_from_a_source_serving_another_history_stops_with_a_typed_error(tmp_path):
+    agent = AgentStore.open(tmp_path / "agent")
+    mine = workload("g-x", 10, seed=1)
+    with agent.begin() as tx:
+        tx.apply_many(mine[:5])
+        tx.advance_cursor("g-x")
+
+    class Counting(ListSource):
+        reads = 0
+
+        def read(self, group, after=0, limit=1000):
+            Counting.reads += 1
+            return super().read(group, after, limit)
+
+    source = Counting(workload("g-x", 40, seed=2))  # the same Group, another history
+    with pytest.raises(EventInvalid) as caught:
+        Delivery(agent, source).catch_up("g-x", stalled_max=20)
+    assert caught.value.detail["reason"] == "no_progress" and caught.value.detail["cursor"] == 5
+    assert Counting.reads == 20 and agent.cursor("g-x") == 5  # bounded, and nothing of it applied
+    agent.close()
+
+
+def test_restore_verified_refuses_fields_it_would_store_unreadable(tmp_path):
+    from types import SimpleNamespace
+
+    from mwpstore.errors import SnapshotInvalid
+    from mwpstore.messages import Effect
+
+    agent = AgentStore.open(tmp_path / "agent")
+    good = dict(group="g-x", org="acme", seq=3, head_hash=bytes(32), aggregates=[Effect("group:g-x", 1, {"org": "acme"})])
+    for change in (
+        {"head_hash": "00" * 32}, {"head_hash": bytes(5)}, {"org": 5},
+        {"aggregates": [Effect("group:g-x", "1", {"org": "acme"})]},
+        {"aggregates": [Effect("group:g-x", 0, {"org": "acme"})]},
+        {"aggregates": [Effect("group:g-x", 1, {"x": float("nan")})]},
+        {"aggregates": 5},
+    ):
+        with pytest.raises(SnapshotInvalid) as caught:
+            agent.restore_verified(SimpleNamespace(**{**good, **change}), group="g-x")
+        assert caught.value.detail["check"] == "schema", change
+    with pytest.raises(SnapshotInvalid):
+        agent.restore_verified(object(), group="g-x")
+    assert agent.restore_verified(SimpleNamespace(**good), group="g-x") == 3
+    assert agent.state("g-x", "group:g-x") == {"org": "acme"} and agent.cursor("g-x") == 3
+    agent.close()
+
+
+def test_agent_readers_refuse_arguments_of_the_wrong_type(tmp_path):
+    from mwpstore.errors import InvalidCommand
+
+    agent = AgentStore.open(tmp_path / "agent")
+    calls = [
+        lambda: agent.state("g-x", None), lambda: agent.aggregate("g-x", 5), lambda: agent.state("g-x", "\udc80"),
+        lambda: agent.work_queue("g-x", "now"), lambda: agent.work_queue("g-x", 0, limit="5"),
+        lambda: agent.projection_get("g-x", 5, "k"), lambda: agent.projection_get("g-x", "p", "\udc80"),
+        lambda: agent.projection_items("g-x", None),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidCommand):
+            call()
+    with agent.begin() as tx:
+        with pytest.raises(InvalidCommand):
+            tx.state("g-x", 5)
+        with pytest.raises(InvalidCommand):
+            tx.apply_many(5)
+    with pytest.raises(InvalidCommand):
+        AgentStore.open(tmp_path / "other", projections=[object()])
+    agent.close()
