@@ -41,10 +41,20 @@ _Static_assert(LLONG_MAX == 9223372036854775807LL, "INT_ABS_MAX is 2**63 - 1");
         }                                                                                      \
     } while (0)
 
+/* An exact str of at most CC_STRING_CHARS_MAX code points that UTF-8 can encode (no lone
+ * surrogate: canonical bytes are UTF-8, and the encoder would fail on it later). */
 static int string_ok(PyObject *value) {
     Py_ssize_t chars = PyUnicode_GetLength(value);
     CC_ASSERT(chars >= 0); /* an exact str always has a length */
-    return chars <= CC_STRING_CHARS_MAX;
+    if (chars > CC_STRING_CHARS_MAX) {
+        return 0;
+    }
+    Py_ssize_t size = 0;
+    if (PyUnicode_AsUTF8AndSize(value, &size) == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    return 1;
 }
 
 static int int_ok(PyObject *value) {
@@ -87,7 +97,7 @@ static int content_ok(PyObject *value, int depth, Py_ssize_t *budget) {
         PyObject *key = NULL;
         PyObject *item = NULL;
         while (PyDict_Next(value, &position, &key, &item)) {
-            if (Py_TYPE(key) != &PyUnicode_Type) {
+            if (Py_TYPE(key) != &PyUnicode_Type || !string_ok(key)) {
                 return 0;
             }
             PyTypeObject *item_type = Py_TYPE(item);

@@ -129,8 +129,31 @@ REDO_COMMIT_RECORDS = 50_000
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-_index_errors_typed = typed_damage("index", "run `mwpstore rebuild` to regenerate it from the log", "index")
-"""Translate what a damaged index can raise on a read path into ``CORRUPTION``."""
+_damage_typed = typed_damage("index", "run `mwpstore rebuild` to regenerate it from the log", "index")
+
+
+def _index_errors_typed(method: _F) -> _F:
+    """For the methods that read the index: while one runs, ``close()`` waits before it closes
+    the index (a value read with ``buffers=True`` points into its map, so closing it under a
+    reader was a false ``CORRUPTION`` or a crash); a call after ``close()`` is ``StoreClosed``.
+    What a damaged index can raise is translated into ``CORRUPTION``."""
+    typed = _damage_typed(method)
+
+    @functools.wraps(method)
+    def reading(self: Authority, *args: Any, **kwargs: Any) -> Any:
+        with self._read_gate:
+            if self._closed:
+                raise StoreClosed("the authority is closed; open it again")
+            self._readers += 1
+        try:
+            return typed(self, *args, **kwargs)
+        finally:
+            with self._read_gate:
+                self._readers -= 1
+                if not self._readers:
+                    self._read_gate.notify_all()
+
+    return reading  # type: ignore[return-value]
 
 
 def default_clock() -> int:
@@ -174,6 +197,14 @@ class _Request:
         self.receipt: Receipt | None = None
         self.error: MwpError | None = None
         self.ack_result = 0
+
+
+class _Withdrawn(BaseException):
+    """Raised by a commit interrupted before its batch reached the log (carries the interrupt)."""
+
+    def __init__(self, interrupt: BaseException) -> None:
+        super().__init__(interrupt)
+        self.interrupt = interrupt
 
 
 class _Unit:
@@ -296,6 +327,8 @@ class Authority:
     _snapshot_lock: threading.Lock
     _retired: list[Any]
     _lock_fd: int
+    _read_gate: threading.Condition  # guards _readers: index reads in flight, which close() waits for
+    _readers: int
 
     @property
     def log(self) -> SegmentLog:
@@ -350,6 +383,8 @@ class Authority:
         self._queue = deque()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
+        self._read_gate = threading.Condition(threading.Lock())
+        self._readers = 0
         self._leader = False
         self._exclusive_waiting = 0
         self._published = threading.Condition(threading.Lock())
@@ -533,14 +568,18 @@ class Authority:
 
     def close(self) -> None:
         """Finish in-flight commits, mark the index clean and durable, release the store."""
-        with self._lock:
+        with self._read_gate:  # from here no new read starts (StoreClosed)
             if self._closed:
                 return
             self._closed = True
+        with self._lock:
             while self._leader or self._queue:
                 self._wake.wait(0.05)
         with self._published:
             self._published.notify_all()
+        with self._read_gate:  # reads already running finish before their index is closed
+            while self._readers:
+                self._read_gate.wait(0.05)
         error: MwpError | None = None
         try:
             if self._failure is None:
@@ -713,13 +752,26 @@ class Authority:
             while not unit.done:
                 with self._lock:
                     units = self._take_units()
+                withdrawn = False
                 try:
                     self._commit(units)
+                except _Withdrawn as withdrawal:
+                    # An interrupt (KeyboardInterrupt) before the batch reached the log: nothing of
+                    # it was written, so its other units go back to the front of the queue to be
+                    # decided again by the next leader, and this caller's own is withdrawn.
+                    withdrawn = True
+                    raise withdrawal.interrupt from None
                 finally:
                     with self._lock:
-                        for taken in units:
-                            taken.done = True
-                    answered.extend(units)
+                        if withdrawn:
+                            self._queue.extendleft(reversed([taken for taken in units if taken is not unit]))
+                            if unit in self._queue:
+                                self._queue.remove(unit)
+                            unit.done = True
+                        else:
+                            for taken in units:
+                                taken.done = True
+                            answered.extend(units)
         finally:
             others = [taken for taken in answered if taken is not unit]
             for taken, following in zip(others, others[1:]):
@@ -770,6 +822,7 @@ class Authority:
         # Every request whose answer depends on this batch reaching the disk: new Events, notes,
         # ACKs, and duplicates answered from a receipt decided earlier in this same batch.
         pending: list[_Request] = []
+        appending = False
         try:
             now_ms = self._now()
             for request in requests:
@@ -787,6 +840,7 @@ class Authority:
                     pending.append(request)
             if batch.records:
                 failpoints.hit("authority.before_log_append")
+                appending = True
                 positions = self.log.append(batch.records)
                 failpoints.hit("authority.after_log_sync")
                 self._write_batch(batch, positions)
@@ -796,6 +850,13 @@ class Authority:
             self._last_ms = now_ms
         except BaseException as exc:
             _abort_quietly(txn)
+            if not appending and not isinstance(exc, Exception):
+                # interrupted before anything reached the log: no request keeps an answer
+                # decided against this batch; _lead puts them back to be decided again
+                for request in requests:
+                    request.receipt = None
+                    request.error = None
+                raise _Withdrawn(exc) from None
             if isinstance(exc, MwpError) and not isinstance(exc, (StorageFailed, Corruption)):
                 error: MwpError = exc  # refused before anything reached the disk (e.g. a limit)
             elif isinstance(exc, MwpError):
@@ -1428,14 +1489,14 @@ class Authority:
             value = index.get(txn, b"acks", ack_key(consumer, group))
             return 0 if value is None else read_u64(value)
 
-    @_index_errors_typed
+    @_damage_typed
     def wait_for(self, group: str, after: int, timeout: float | None) -> bool:
         """Block until ``group``'s head passes ``after`` (True) or the timeout ends (False)."""
         canonical.check_id(group, "group")
         if type(after) is not int or after < 0:
             raise InvalidCommand("after must be a non-negative integer", field="after")
-        if timeout is not None and (type(timeout) not in (int, float) or not 0 <= timeout < float("inf")):
-            raise InvalidCommand("timeout must be None or a finite number of seconds >= 0", field="timeout")
+        if timeout is not None and (type(timeout) not in (int, float) or not 0 <= timeout <= threading.TIMEOUT_MAX):
+            raise InvalidCommand(f"timeout must be None or a number of seconds in 0..{threading.TIMEOUT_MAX:g}", field="timeout")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._published:
             while True:
@@ -1542,6 +1603,11 @@ class Authority:
             self._redo(fresh, None, log=log)
             with self._exclusive():  # hold commits off while comparing
                 self._redo(fresh, None, log=log)  # what was committed meanwhile (if the pair is live)
+                live_log, live_index = self._pair
+                if live_log is log and live_index is not None:
+                    # a rebuild() meanwhile replaced the index (not the log): commits since went to
+                    # the new one, which is the one to compare
+                    index = live_index
                 try:  # before reading the live index: LMDB itself must not walk a damaged page
                     check_lmdb_file(os.path.join(index.directory, "data.mdb"), label="index", remedy=Index.remedy)
                 except MwpError as exc:
@@ -1583,6 +1649,9 @@ class Authority:
                     self._wake.wait(0.01)
             finally:
                 self._exclusive_waiting -= 1
+            if self._closed:  # closed while this waited for the running commit
+                self._wake.notify_all()
+                raise StoreClosed("the authority is closed; open it again")
             self._leader = True
         try:
             yield

@@ -109,7 +109,7 @@ def _content_ok(value: Any, depth: int, budget: list[int]) -> bool:
         return False
     kind = type(value)
     if kind is str:
-        return len(value) <= limits.STRING_BYTES_MAX
+        return _string_ok(value)
     if kind is int:
         return -limits.INT_ABS_MAX <= value <= limits.INT_ABS_MAX
     if kind is bool or value is None:
@@ -118,12 +118,12 @@ def _content_ok(value: Any, depth: int, budget: list[int]) -> bool:
         if value and depth >= limits.BODY_DEPTH_MAX:
             return False  # its items would lie deeper than the bound
         for key, item in value.items():
-            if type(key) is not str:
+            if type(key) is not str or not _string_ok(key):
                 return False
             item_kind = type(item)
             if item_kind is str:
                 budget[0] -= 1
-                if len(item) > limits.STRING_BYTES_MAX:
+                if not _string_ok(item):
                     return False
             elif item_kind is int and item_kind is not bool:
                 budget[0] -= 1
@@ -142,6 +142,17 @@ def _content_ok(value: Any, depth: int, budget: list[int]) -> bool:
     return False
 
 
+def _string_ok(value: str) -> bool:
+    """At most ``STRING_BYTES_MAX`` code points, and encodable as UTF-8 (no lone surrogate)."""
+    if len(value) > limits.STRING_BYTES_MAX:
+        return False
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _check_value(value: Any, field: str, depth: int, budget: list[int]) -> None:
     if depth > limits.BODY_DEPTH_MAX:
         raise LimitExceeded(f"{field} nests deeper than {limits.BODY_DEPTH_MAX}", field=field)
@@ -152,6 +163,8 @@ def _check_value(value: Any, field: str, depth: int, budget: list[int]) -> None:
     if kind is str:
         if len(value) > limits.STRING_BYTES_MAX:
             raise LimitExceeded(f"a string in {field} is too long", field=field)
+        if not _string_ok(value):
+            raise InvalidCommand(f"a string in {field} holds a lone surrogate, which UTF-8 cannot encode", field=field)
         return
     if kind is bool or value is None:
         return
@@ -167,6 +180,8 @@ def _check_value(value: Any, field: str, depth: int, budget: list[int]) -> None:
         for key, item in value.items():
             if type(key) is not str:
                 raise InvalidCommand(f"{field} has a non-string key {key!r}", field=field)
+            if not _string_ok(key):
+                raise InvalidCommand(f"{field} has a key that is too long or not encodable as UTF-8", field=field)
             _check_value(item, f"{field}.{key}" if depth < 4 else field, depth + 1, budget)
         return
     if kind is list or kind is tuple:

@@ -502,12 +502,23 @@ def test_read_and_wait_for_refuse_impossible_cursors_and_timeouts(tmp_path):
             with pytest.raises(InvalidCommand) as caught:
                 authority.read(GROUP, after=after)
             assert caught.value.detail["field"] == "after"
-        for timeout in (float("nan"), float("inf"), -1, "1", True):
+        for timeout in (float("nan"), float("inf"), -1, "1", True, 1e10):
             with pytest.raises(InvalidCommand):
                 authority.wait_for(GROUP, 0, timeout)
         with pytest.raises(InvalidCommand):
             authority.wait_for(GROUP, -1, 0)
         assert authority.wait_for(GROUP, 0, 0.01) and not authority.wait_for(GROUP, 1, 0.01)
+
+
+@pytest.mark.parametrize("body", [{"title": "a\ud800b", "cost_limit": 1}, {"title": "t", "cost_limit": 1, "\udc00": 1},
+                                  {"title": "t", "cost_limit": 1, "x": [{"y": "\udfff"}]}])
+def test_a_lone_surrogate_in_a_body_is_an_invalid_command(tmp_path, body):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        hostile = Command(actor=OWNER, action_id="m-s", group=GROUP, kind="mission.create", target="m-s", body=body)
+        with pytest.raises(InvalidCommand):
+            authority.accept(hostile)
+        results = authority.accept_many([mission_create("m-good"), hostile])
+        assert results[0].ok and results[1].error_code == "INVALID_COMMAND"
 
 
 def test_second_writer_gets_store_locked(tmp_path):

@@ -172,12 +172,25 @@ def test_c_content_check_agrees_with_python(value):
         "x" * limits.STRING_BYTES_MAX,
         {"a": "x" * (limits.STRING_BYTES_MAX + 1)},
         "\ud800",
+        {"\ud800": 1},
+        {"a": "\udc00"},
+        ["ok", "\udfff"],
+        {"x" * (limits.STRING_BYTES_MAX + 1): 1},
         True,
         None,
     ],
 )
 def test_c_content_check_agrees_with_python_at_the_bounds(value):
     assert _canonical_c.content_ok(value) is _python_content_ok(value)
+
+
+@pytest.mark.parametrize("value", ["\ud800", {"\ud800": 1}, {"a": "\udc00"}, ["ok", "\udfff"], {"a": {"b\udbff": "c"}}])
+def test_a_lone_surrogate_is_not_canonical_content(value):
+    """Canonical bytes are UTF-8, which has no encoding of a lone surrogate: refused up front,
+    never a UnicodeEncodeError from the encoder later."""
+    assert not _canonical_c.content_ok(value)
+    with pytest.raises(InvalidCommand):
+        check_content(value)
 
 
 @pytest.mark.parametrize("leaf", ["s", 7, 1.5, True, None, []])

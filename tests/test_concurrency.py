@@ -7,11 +7,14 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 
+from authority_helpers import GROUP, mission_create, open_with_group
 from mwpstore import torture
 from mwpstore.authority import Authority
+from mwpstore.errors import StoreClosed
 
 
 
@@ -264,3 +267,143 @@ def test_a_caller_interrupted_inside_a_running_commit_still_wakes_the_next(tmp_p
     assert unit.gate.blocking_calls == 2  # it waited for its wake-up before passing it on
     assert request.receipt is not None and results["third"].seq == request.receipt.seq + 1
     authority.close()
+
+
+# -- close, rebuild and interrupts against readers and leaders (a review of 2026-12-03) -----------
+
+
+def test_close_waits_for_a_read_in_flight_and_later_reads_are_store_closed(tmp_path, monkeypatch):
+    from mwpstore import _sealed
+
+    authority = open_with_group(str(tmp_path / "store"))
+    real = _sealed._unseal
+    paused, resume = threading.Event(), threading.Event()
+
+    def held(stored, *args):  # the reader holds a view into the index's map here
+        if threading.current_thread().name == "reader" and not paused.is_set():
+            paused.set()
+            resume.wait(10)
+        return real(stored, *args)
+
+    monkeypatch.setattr(_sealed, "_unseal", held)
+    results: list[object] = []
+    reader = threading.Thread(target=lambda: results.append(authority.state(GROUP, f"group:{GROUP}")), name="reader")
+    reader.start()
+    assert paused.wait(10)
+    closer = threading.Thread(target=authority.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()  # close() waits: the index stays mapped under the reader
+    resume.set()
+    reader.join(10)
+    closer.join(10)
+    assert not closer.is_alive() and results[0][0] == 1  # the reader got its answer, not damage
+    with pytest.raises(StoreClosed):
+        authority.state(GROUP, f"group:{GROUP}")
+
+
+def test_readers_racing_close_get_store_closed_never_corruption(tmp_path):
+    for round_number in range(5):
+        authority = open_with_group(str(tmp_path / f"store-{round_number}"))
+        authority.accept_many([mission_create(f"m-{i}") for i in range(50)])
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def read_until_closed() -> None:
+            while not stop.is_set():
+                try:
+                    authority.read(GROUP, after=0, limit=100)
+                    authority.aggregates(GROUP)
+                    authority.head(GROUP)
+                except StoreClosed:
+                    return
+                except BaseException as exc:  # anything else is the bug
+                    errors.append(exc)
+                    return
+
+        readers = [threading.Thread(target=read_until_closed) for _ in range(4)]
+        for reader in readers:
+            reader.start()
+        time.sleep(0.05)
+        authority.close()
+        stop.set()
+        for reader in readers:
+            reader.join(10)
+        assert errors == []
+
+
+def test_a_rebuild_waiting_behind_a_commit_does_not_run_after_close(tmp_path):
+    authority = open_with_group(str(tmp_path / "store"))
+    outcome: list[object] = []
+    holding, release = threading.Event(), threading.Event()
+
+    def hold_the_leader_role() -> None:
+        with authority._exclusive():  # stands for a long commit
+            holding.set()
+            release.wait(10)
+
+    holder = threading.Thread(target=hold_the_leader_role)
+    holder.start()
+    assert holding.wait(10)
+
+    def rebuild() -> None:
+        try:
+            outcome.append(authority.rebuild())
+        except BaseException as exc:
+            outcome.append(exc)
+
+    rebuilder = threading.Thread(target=rebuild)
+    rebuilder.start()
+    closer = threading.Thread(target=authority.close)
+    time.sleep(0.1)  # the rebuild waits for the role
+    closer.start()
+    time.sleep(0.1)
+    release.set()
+    for thread in (holder, rebuilder, closer):
+        thread.join(10)
+    assert isinstance(outcome[0], StoreClosed)
+    with open_with_group(str(tmp_path / "store")) as again:  # closed cleanly, nothing left open
+        assert again.open_report.mode == "clean"
+
+
+def test_an_interrupt_before_the_log_append_withdraws_the_batch_and_the_handle_keeps_working(tmp_path):
+    state = {"interrupt": False}
+    queued_behind = threading.Event()
+
+    def clock() -> int:
+        if state["interrupt"] and threading.current_thread() is threading.main_thread():
+            state["interrupt"] = False
+            queued_behind.wait(10)  # another caller's Command is queued behind this leader
+            deadline = time.monotonic() + 10
+            while not authority._queue and time.monotonic() < deadline:
+                time.sleep(0.001)
+            raise KeyboardInterrupt
+        return 1_700_000_000_000
+
+    authority = open_with_group(str(tmp_path / "store"), clock=clock)
+    other: list[object] = []
+
+    def background() -> None:
+        queued_behind.set()
+        other.append(authority.accept(mission_create("m-other")))
+
+    state["interrupt"] = True
+    thread = threading.Thread(target=background)
+    with pytest.raises(KeyboardInterrupt):
+        thread.start()
+        authority.accept(mission_create("m-main"))
+    thread.join(10)
+    # nothing of the interrupted batch was written; the queued Command was decided again
+    assert other[0].seq == 2 and other[0].aggregate == "mission:m-other"
+    assert authority.head(GROUP)[0] == 2 and authority.state(GROUP, "mission:m-main") == (0, None)
+    assert authority.accept(mission_create("m-main")).seq == 3  # and the handle keeps working
+    authority.close()
+
+
+def test_verify_compares_with_the_index_a_rebuild_installed_meanwhile(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        log, index = authority._pair  # what a verify() that started now holds
+        authority.rebuild()
+        authority.accept(mission_create("m-after-rebuild"))  # goes to the new index only
+        assert authority._compare_with_rebuild(log, index) == []
+        assert authority.verify().ok
