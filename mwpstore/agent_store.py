@@ -20,6 +20,7 @@ and a NUL byte (IDs never contain NUL), so one Group's data is one key range.
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import fcntl
 import itertools
@@ -383,6 +384,8 @@ class AgentStore:
         self._write_lock = threading.Lock()
         self._writer: int | None = None
         self._closed = False
+        self._gate = threading.Condition(threading.Lock())  # guards _readers: reads in flight, which close() waits for
+        self._readers = 0
 
     @classmethod
     def open(
@@ -474,11 +477,19 @@ class AgentStore:
                 )
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self._env.close()
-        os.close(self._lock_fd)
+        """Close the store once the reads and the local transaction in flight have ended (their
+        values may point into LMDB's map); every later call is ``StoreClosed``."""
+        with self._gate:
+            if self._closed:
+                return
+            if self._writer == threading.get_ident():
+                raise InvalidCommand("a local transaction is open in this thread: end it before close()", field="close")
+            self._closed = True
+            while self._readers:
+                self._gate.wait(0.05)
+        with self._write_lock:  # a transaction open in another thread commits or aborts first
+            self._env.close()
+            os.close(self._lock_fd)
 
     def __enter__(self) -> AgentStore:
         return self
@@ -498,6 +509,9 @@ class AgentStore:
         if self._writer == threading.get_ident():
             raise InvalidCommand("a local transaction is already open in this thread", field="begin")
         self._write_lock.acquire()
+        if self._closed:  # closed while this waited for another thread's transaction
+            self._write_lock.release()
+            raise StoreClosed("the agent store is closed; open it again")
         self._writer = threading.get_ident()
         try:
             txn = self._tables.begin(write=True)
@@ -512,9 +526,21 @@ class AgentStore:
         self._writer = None
         self._write_lock.release()
 
-    def _read(self) -> lmdb.Transaction:
-        self._check_open()
-        return self._tables.begin()
+    @contextlib.contextmanager
+    def _read(self) -> Iterator[lmdb.Transaction]:
+        """A read transaction that ``close()`` waits for."""
+        with self._gate:
+            if self._closed:
+                raise StoreClosed("the agent store is closed; open it again")
+            self._readers += 1
+        try:
+            with self._tables.begin() as txn:
+                yield txn
+        finally:
+            with self._gate:
+                self._readers -= 1
+                if not self._readers:
+                    self._gate.notify_all()
 
     # -- reads -------------------------------------------------------------------------------
 

@@ -544,3 +544,39 @@ def test_nested_begin_in_one_thread_is_refused(store):
     with store.begin():
         with pytest.raises(InvalidCommand):
             store.begin()
+
+
+def test_close_waits_for_a_transaction_in_another_thread_and_refuses_inside_its_own(tmp_path, events):
+    import threading
+
+    agent = AgentStore.open(tmp_path / "a")
+    opened, finish = threading.Event(), threading.Event()
+    applied: list[object] = []
+
+    def writer() -> None:
+        with agent.begin() as tx:
+            opened.set()
+            finish.wait(10)
+            applied.append(tx.apply(events[0]))
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    assert opened.wait(10)
+    closer = threading.Thread(target=agent.close)
+    closer.start()
+    closer.join(0.3)
+    assert closer.is_alive()  # the map stays open under the transaction
+    finish.set()
+    thread.join(10)
+    closer.join(10)
+    assert not closer.is_alive() and applied == [ApplyStatus.APPLIED]
+    with pytest.raises(StoreClosed):
+        agent.cursor(GROUP)
+    with pytest.raises(StoreClosed):
+        agent.begin()
+    again = AgentStore.open(tmp_path / "a")
+    assert again.cursor(GROUP) == 0 and again.head(GROUP).applied_seq == 1  # the transaction committed
+    with again.begin():
+        with pytest.raises(InvalidCommand):
+            again.close()
+    again.close()
