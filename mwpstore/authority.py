@@ -145,9 +145,13 @@ def _index_errors_typed(method: _F) -> _F:
             if self._closed:
                 raise StoreClosed("the authority is closed; open it again")
             self._readers += 1
+        local = self._reads_here
+        depth = getattr(local, "depth", 0)
+        local.depth = depth + 1
         try:
             return typed(self, *args, **kwargs)
         finally:
+            local.depth = depth
             with self._read_gate:
                 self._readers -= 1
                 if not self._readers:
@@ -329,6 +333,7 @@ class Authority:
     _lock_fd: int
     _read_gate: threading.Condition  # guards _readers: index reads in flight, which close() waits for
     _readers: int
+    _reads_here: threading.local
 
     @property
     def log(self) -> SegmentLog:
@@ -385,6 +390,7 @@ class Authority:
         self._wake = threading.Condition(self._lock)
         self._read_gate = threading.Condition(threading.Lock())
         self._readers = 0
+        self._reads_here = threading.local()  # depth of reads in this thread (close() inside one would wait for itself)
         self._leader = False
         self._exclusive_waiting = 0
         self._published = threading.Condition(threading.Lock())
@@ -568,6 +574,9 @@ class Authority:
 
     def close(self) -> None:
         """Finish in-flight commits, mark the index clean and durable, release the store."""
+        if getattr(self._reads_here, "depth", 0):
+            # e.g. from a progress or key-provider callback: it would wait for its own read
+            raise InvalidCommand("close() was called from inside a read of this authority; close it after the call returns", field="close")
         with self._read_gate:  # from here no new read starts (StoreClosed)
             if self._closed:
                 return

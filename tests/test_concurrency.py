@@ -407,3 +407,22 @@ def test_verify_compares_with_the_index_a_rebuild_installed_meanwhile(tmp_path):
         authority.accept(mission_create("m-after-rebuild"))  # goes to the new index only
         assert authority._compare_with_rebuild(log, index) == []
         assert authority.verify().ok
+
+
+def test_close_from_a_callback_inside_a_read_is_refused_not_a_hang(tmp_path):
+    from mwpstore.errors import InvalidCommand
+
+    authority = open_with_group(str(tmp_path / "store"))
+    refused: list[BaseException] = []
+
+    def progress(done: int, total: int) -> None:
+        try:
+            authority.close()
+        except InvalidCommand as exc:
+            refused.append(exc)
+
+    assert authority.verify(progress).ok
+    assert refused and refused[0].detail["field"] == "close"
+    authority.close()  # after the read it closes
+    with pytest.raises(StoreClosed):
+        authority.head(GROUP)
