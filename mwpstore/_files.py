@@ -21,7 +21,7 @@ from .errors import InvalidCommand, KeyFileInvalid, MwpError, StorageFailed, tra
 
 
 def store_path(path: object) -> str:
-    """A store directory given from outside, as a ``str``; ``InvalidCommand`` (field ``path``)
+    """A path given from outside (a store, a file), as a ``str``; ``InvalidCommand`` (field ``path``)
     for anything else: another type, bytes, an empty string or a NUL."""
     text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
     if type(text) is not str or not text or "\x00" in text:
@@ -55,6 +55,8 @@ def write_file_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
 
     Raises ``StorageFailed`` on any I/O error; the temporary file is removed on failure.
     """
+    path = store_path(path)
+    _check_data(data)
     temp = _temp_path(path)
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
@@ -70,6 +72,12 @@ def write_file_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
         raise translate(exc, context=f"writing {path}") from None
 
 
+def _check_data(data: object) -> None:
+    """File contents are bytes: checked before a temporary file exists, so nothing is left behind."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise InvalidCommand(f"file contents must be bytes, not {type(data).__name__}", field="data")
+
+
 def _remove_quietly(path: str) -> None:
     try:
         os.unlink(path)
@@ -77,12 +85,13 @@ def _remove_quietly(path: str) -> None:
         pass
 
 
-def makedirs_durable(directory: str) -> None:
+def makedirs_durable(directory: str, mode: int = 0o755) -> None:
     """Create ``directory`` and any missing parents, fsyncing each parent after a creation.
 
     ``os.makedirs`` alone is not enough before an atomic write: after a power loss the new
     directory entry itself may be gone, taking the renamed file with it.
     """
+    directory = store_path(directory)
     directory = os.path.abspath(directory)
     missing = []
     while not os.path.isdir(directory):
@@ -94,7 +103,7 @@ def makedirs_durable(directory: str) -> None:
     try:
         for path in reversed(missing):
             try:
-                os.mkdir(path, 0o755)
+                os.mkdir(path, mode)
             except FileExistsError:
                 pass
             fsync_directory(os.path.dirname(path))
@@ -103,11 +112,9 @@ def makedirs_durable(directory: str) -> None:
 
 
 def ensure_private_directory(directory: str) -> None:
-    """Create ``directory`` (mode 0700) if missing; an existing directory is left as it is."""
-    try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-    except OSError as exc:
-        raise translate(exc, context=f"creating {directory}") from None
+    """Create ``directory`` (mode 0700) if missing, durably (its parent fsynced: a key created
+    in it must survive a power loss); an existing directory is left as it is."""
+    makedirs_durable(directory, 0o700)
 
 
 def create_secret_file(path: str, data: bytes) -> bool:
@@ -116,6 +123,8 @@ def create_secret_file(path: str, data: bytes) -> bool:
     Returns True if this call created the file, False if another one was there first (the caller
     then reads that one). Temp file, fsync, ``link`` (never replaces), unlink temp, dir fsync.
     """
+    path = store_path(path)
+    _check_data(data)
     temp = _temp_path(path)
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
@@ -142,6 +151,7 @@ def open_regular_fd(path: str) -> int:
     """A read-only descriptor of ``path`` if it is a regular file; ``OSError`` (``EINVAL``) if it is
     a FIFO, device or socket, ``IsADirectoryError`` for a directory. The open does not block: a
     FIFO left under a file's name must not make a reader wait for a writer."""
+    path = store_path(path)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     try:
         mode = os.fstat(fd).st_mode
@@ -171,6 +181,7 @@ def read_secret_file(path: str, size: int) -> bytes | None:
     Raises ``KeyFileInvalid`` if it is not a regular file, is not owned by this user, grants any
     permission to group or others, or has the wrong size.
     """
+    path = store_path(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO must not block
     except FileNotFoundError:
@@ -217,6 +228,7 @@ def read_file_capped(path: str, bytes_max: int, *, missing_ok: bool = False) -> 
 
     With ``missing_ok``, a missing file also reads as None; otherwise it raises ``StorageFailed``.
     """
+    path = store_path(path)
     try:
         with open_regular(path) as handle:
             size = os.fstat(handle.fileno()).st_size

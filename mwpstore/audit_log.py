@@ -502,8 +502,11 @@ def _split_records(buffer: bytearray, index: int) -> tuple[list[bytes], int]:
 
 def read_audit_log_header(path: str) -> dict[str, Any]:
     """The unauthenticated header fields (org, group, key id, chunk size), for tools and errors."""
-    with open_regular(path) as handle:
-        header = _read_header(handle)
+    try:
+        with open_regular(path) as handle:
+            header = _read_header(handle)
+    except OSError as exc:
+        raise translate(exc, context=f"reading audit log {path}") from None
     return {"org": header.org, "group": header.group, "key_id": header.key_id, "chunk_bytes": header.chunk_bytes}
 
 

@@ -44,7 +44,7 @@ from .errors import (
     StoreNotFound,
     translate,
 )
-from ._files import store_path
+from ._files import makedirs_durable, store_path
 from ._lmdb_check import check_before_open, check_lmdb_file, check_option
 from ._sealed import KEY_SHOWN_BYTES, typed_damage
 from .index import (
@@ -1274,7 +1274,7 @@ class Authority:
         # second file named after the new key; the reference to it replaces the old one.
         location = _snapshot_location(group, seq, None if existing is None else self.signing_key.key_id)
         path = os.path.join(self.path, location)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
+        makedirs_durable(os.path.dirname(path))  # the reference logged next must not outlive the directory
         write_snapshot_file(path, data)
         ref = snapshot_ref(data, location=location)
         self._log_note(SNAPSHOT_TAG, event_key(group, seq), _NOTE_ENCODER.encode(ref))

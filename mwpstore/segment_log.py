@@ -21,19 +21,21 @@ threads may read or scan at the same time and see only whole committed groups.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import dataclasses
 import errno
 import fcntl
 import mmap
 import os
 import re
+import secrets
 import struct
 import threading
 import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from mwpstore._files import open_regular, open_regular_fd
+from mwpstore._files import open_regular, open_regular_fd, store_path
 from mwpstore._segment_log_c import ffi, lib
 from mwpstore.errors import (
     Corruption,
@@ -69,6 +71,7 @@ _CLEAN_LIST_MAGIC = b"MWPCLEN2"
 _CLEAN_ZERO_CHECK_BYTES = 64 * 1024  # after a clean close the bytes after the end are zero: checked
 _SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
 _TEMPORARY_NAME = re.compile(r"^(\d{20})\.seg\.tmp$")
+_CLEAN_TEMPORARY_NAME = re.compile(r"^CLEAN(\.[0-9a-f]{16})?\.tmp$")  # a clean-close marker a crash left unrenamed
 _HEADER_BYTES = lib.SL_SEGMENT_HEADER_BYTES
 _ALIGN_BYTES = lib.SL_FRAME_ALIGN_BYTES
 _SEAL_BYTES = lib.SL_SEAL_FRAME_BYTES
@@ -358,8 +361,10 @@ class SegmentLog:
         :meth:`close` returns. ``readonly`` takes no lock and never writes. ``io`` replaces the
         file operations (tests pass a recorder from :mod:`mwpstore.io_seam`).
         """
-        if not isinstance(directory, (str, os.PathLike)):
-            raise InvalidCommand("directory must be a path.", field="directory")
+        try:
+            directory = store_path(directory)
+        except InvalidCommand:
+            raise InvalidCommand("directory must be a non-empty str path without NUL.", field="directory") from None
         if type(segment_bytes) is not int or segment_bytes % 4096 != 0:
             raise InvalidCommand("segment_bytes must be an int multiple of 4096.", field="segment_bytes")
         if not SEGMENT_BYTES_MIN <= segment_bytes <= SEGMENT_BYTES_MAX:
@@ -422,6 +427,9 @@ class SegmentLog:
                 if _TEMPORARY_NAME.match(name):  # a creation that never reached its rename
                     path = os.path.join(directory, name)
                     self._call(lib.sl_remove_file, self._io, os.fsencode(directory), os.fsencode(path))
+                elif _CLEAN_TEMPORARY_NAME.match(name):
+                    with contextlib.suppress(OSError):  # only ever a leftover: never read
+                        os.unlink(os.path.join(directory, name))
         numbered = sorted((int(m.group(1)), name) for name in names if (m := _SEGMENT_NAME.match(name)))
         marker = self._read_clean_marker()
         segments, clean_end = None, None
@@ -667,14 +675,21 @@ class SegmentLog:
             _first_positions_crc(first_positions),
         )
         path = os.path.join(self._directory, CLEAN_FILE_NAME)
-        temporary = path + ".tmp"
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+        # a fresh name, created exclusively and never through a link: whatever else lies in the
+        # directory (a FIFO, a symlink) is neither waited on nor written through
+        temporary = f"{path}.{secrets.token_hex(8)}.tmp"
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
         try:
-            os.write(fd, body + zlib.crc32(body).to_bytes(4, "little"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(temporary, path)
+            try:
+                os.write(fd, body + zlib.crc32(body).to_bytes(4, "little"))
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.rename(temporary, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
         _fsync_directory(self._directory)
 
     def _drop_clean_marker(self) -> None:
@@ -788,10 +803,14 @@ class SegmentLog:
             raise LimitExceeded(f"a group holds at most {GROUP_RECORDS_MAX} records (got {count}).", field="records")
         try:
             lengths = list(map(len, records))
-            blob = b"".join(records)
+            # the bounds before the join, which would copy all of it (a memoryview of wide items
+            # counts items here, fewer than its bytes: the checks after the join catch that one)
+            if max(lengths) <= RECORD_BYTES_MAX and sum(lengths) > GROUP_BYTES_MAX:
+                raise LimitExceeded(f"a group holds at most {GROUP_BYTES_MAX} bytes (got {sum(lengths)}).", field="records")
+            blob = b"".join(records) if max(lengths) <= RECORD_BYTES_MAX else b""
         except TypeError:
             raise InvalidCommand("every record must be bytes, bytearray or memoryview.", field="records") from None
-        if len(blob) != sum(lengths):  # e.g. a memoryview whose items are wider than a byte
+        if blob and len(blob) != sum(lengths):  # e.g. a memoryview whose items are wider than a byte
             lengths = [memoryview(record).nbytes for record in records]
         longest = max(lengths)
         if longest > RECORD_BYTES_MAX:

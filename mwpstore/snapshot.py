@@ -48,6 +48,7 @@ from ._files import (
     makedirs_durable,
     read_file_capped,
     read_secret_file,
+    store_path,
     write_file_atomic,
 )
 from .errors import InvalidCommand, LimitExceeded, SnapshotInvalid, translate
@@ -296,7 +297,7 @@ def retired_public_keys(directory: str) -> list[bytes]:
     interrupted write's temporary file) raises ``KeyFileInvalid``: a trust store is never read past
     a file it cannot account for.
     """
-    retired = os.path.join(directory, RETIRED_DIRECTORY)
+    retired = os.path.join(store_path(directory), RETIRED_DIRECTORY)
     try:
         if os.path.islink(retired):
             raise KeyFileInvalid(f"{retired} is a symbolic link; refusing it", path=retired, reason="type")
@@ -619,6 +620,7 @@ def write_snapshot_file(path: str, data: bytes) -> None:
 
     Missing parent directories are created durably (each new entry's parent fsynced).
     """
+    path = store_path(path)
     makedirs_durable(os.path.dirname(os.path.abspath(path)))
     write_file_atomic(path, data, mode=0o600)
 
