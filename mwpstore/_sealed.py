@@ -200,10 +200,10 @@ def open_databases(env: lmdb.Environment, names: Iterable[bytes], *, label: str,
     return dbs
 
 
-_DAMAGE_ERRORS = (lmdb.Error, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, struct.error)
+DAMAGE_ERRORS = (lmdb.Error, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, struct.error)
 
 
-def typed_damage(label: str, remedy: str, reason: str, errors: tuple[type[BaseException], ...] = _DAMAGE_ERRORS) -> Callable[[_F], _F]:
+def typed_damage(label: str, remedy: str, reason: str, errors: tuple[type[BaseException], ...] = DAMAGE_ERRORS) -> Callable[[_F], _F]:
     """A decorator for read paths: what damaged LMDB pages or bytes can raise (by default LMDB,
     decode and struct errors) becomes ``CORRUPTION`` naming the store and the remedy, never a
     foreign error."""
@@ -216,11 +216,16 @@ def typed_damage(label: str, remedy: str, reason: str, errors: tuple[type[BaseEx
             except MwpError:
                 raise
             except errors as exc:
-                raise Corruption(f"the {label} is damaged ({type(exc).__name__}: {exc}); {remedy}", reason=reason) from None
+                raise damage_of(label, remedy, reason, exc) from None
 
         return wrapper  # type: ignore[return-value]
 
     return decorate
+
+
+def damage_of(label: str, remedy: str, reason: str, exc: BaseException) -> Corruption:
+    """The ``CORRUPTION`` that a foreign error met on a read path of ``label`` stands for."""
+    return Corruption(f"the {label} is damaged ({type(exc).__name__}: {exc}); {remedy}", reason=reason)
 
 
 def _delete_prefix(txn: lmdb.Transaction, db: Any, prefix: bytes) -> int:

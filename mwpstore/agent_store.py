@@ -817,11 +817,7 @@ class AgentStore:
     def _now_ms(self) -> int:
         """The clock's reading, checked: an int of milliseconds (``InvalidCommand``, field
         ``clock``, otherwise), so that nothing stored holds a float or a wrapped time."""
-        try:
-            reading = self._clock()
-        except Exception as exc:
-            raise InvalidCommand(f"the clock raised {type(exc).__name__}: {exc}"[:300], field="clock") from None
-        return canonical.check_time_ms(reading, "clock")
+        return canonical.clock_reading(self._clock)
 
     def record_receipt(self, intent_key: str | Intent, receipt: dict[str, Any]) -> Intent:
         """Record the external receipt of an intent, in its own local commit."""

@@ -46,7 +46,7 @@ from .errors import (
 )
 from ._files import makedirs_durable, store_path
 from ._lmdb_check import check_before_open, check_lmdb_file, check_option
-from ._sealed import KEY_SHOWN_BYTES, typed_damage
+from ._sealed import DAMAGE_ERRORS, KEY_SHOWN_BYTES, damage_of, typed_damage
 from .index import (
     INDEX_FORMAT,
     Index,
@@ -129,15 +129,16 @@ REDO_COMMIT_RECORDS = 50_000
 _F = TypeVar("_F", bound=Callable[..., Any])
 
 
-_damage_typed = typed_damage("index", "run `mwpstore rebuild` to regenerate it from the log", "index")
+_INDEX_DAMAGE = ("index", "run `mwpstore rebuild` to regenerate it from the log", "index")
+_damage_typed = typed_damage(*_INDEX_DAMAGE)
 
 
 def _index_errors_typed(method: _F) -> _F:
     """For the methods that read the index: while one runs, ``close()`` waits before it closes
     the index (a value read with ``buffers=True`` points into its map, so closing it under a
     reader was a false ``CORRUPTION`` or a crash); a call after ``close()`` is ``StoreClosed``.
-    What a damaged index can raise is translated into ``CORRUPTION``."""
-    typed = _damage_typed(method)
+    What a damaged index can raise is translated into ``CORRUPTION`` (as ``typed_damage`` does,
+    in the same frame: these are the read and duplicate-accept paths)."""
 
     @functools.wraps(method)
     def reading(self: Authority, *args: Any, **kwargs: Any) -> Any:
@@ -149,7 +150,11 @@ def _index_errors_typed(method: _F) -> _F:
         depth = getattr(local, "depth", 0)
         local.depth = depth + 1
         try:
-            return typed(self, *args, **kwargs)
+            return method(self, *args, **kwargs)
+        except MwpError:
+            raise
+        except DAMAGE_ERRORS as exc:
+            raise damage_of(*_INDEX_DAMAGE, exc) from None
         finally:
             local.depth = depth
             with self._read_gate:
@@ -893,11 +898,7 @@ class Authority:
     def _now(self) -> int:
         """The clock's reading, checked (an int of milliseconds: ``InvalidCommand``, field
         ``clock``, before anything is written otherwise), never before the last acceptance time."""
-        try:
-            reading = self._clock()
-        except Exception as exc:
-            raise InvalidCommand(f"the clock raised {type(exc).__name__}: {exc}"[:300], field="clock") from None
-        return max(canonical.check_time_ms(reading, "clock"), self._last_ms)
+        return max(canonical.clock_reading(self._clock), self._last_ms)
 
     def _fail_all(self, requests: Iterable[_Request], error: MwpError) -> None:
         for request in requests:
@@ -1075,14 +1076,12 @@ class Authority:
     def head(self, group: str) -> tuple[int, bytes]:
         """(sequence, chain hash) of the Group's last Event; (0, zero hash) for an unknown Group."""
         canonical.check_id(group, "group")
-        self._check_readable()
         index = self.index
         with index.begin() as txn:
             return decode_head(index.get(txn, b"heads", group.encode()))
 
     @_index_errors_typed
     def groups(self) -> list[str]:
-        self._check_readable()
         index = self.index
         with index.begin() as txn:
             return [key.decode() for key, _ in index.range(txn, b"heads", b"")]
@@ -1092,7 +1091,6 @@ class Authority:
         """(revision, state) of one aggregate (``"workitem:wi-3"``); (0, None) if it never existed."""
         canonical.check_id(group, "group")
         canonical.check_aggregate_key(aggregate, "aggregate")
-        self._check_readable()
         index = self.index
         with index.begin() as txn:
             value = index.get(txn, b"states", state_key(group, aggregate))
@@ -1103,7 +1101,6 @@ class Authority:
         """Every aggregate of a Group (optionally of one type prefix) as (key, revision, state)."""
         canonical.check_id(group, "group")
         canonical.check_aggregate_key(prefix, "prefix", empty=True)
-        self._check_readable()
         start = state_key(group, prefix)
         out = []
         index = self.index
@@ -1112,10 +1109,6 @@ class Authority:
                 revision, state = decode_state(value)
                 out.append((key[len(group) + 1 :].decode(), revision, state))
         return out
-
-    def _check_readable(self) -> None:
-        if self._closed:
-            raise StoreClosed("the authority is closed; open it again")
 
     @_index_errors_typed
     def read(self, group: str, after: int = 0, limit: int = 1000) -> list[Event]:
@@ -1129,7 +1122,6 @@ class Authority:
             raise InvalidCommand(f"after must be an integer in 0..{limits.INT_ABS_MAX}", field="after")
         if type(limit) is not int or not 1 <= limit <= limits.READ_LIMIT_MAX:
             raise InvalidCommand(f"limit must be 1..{limits.READ_LIMIT_MAX}", field="limit")
-        self._check_readable()
         floor, reference = self.replay_floor(group)
         if after < floor:
             assert reference is not None
@@ -1290,7 +1282,6 @@ class Authority:
     def snapshots(self, group: str) -> list[SnapshotRef]:
         """References of every snapshot taken of ``group``, oldest first."""
         canonical.check_id(group, "group")
-        self._check_readable()
         prefix = group.encode() + b"\x00"
         out = []
         index = self.index
@@ -1382,7 +1373,6 @@ class Authority:
     @_index_errors_typed
     def archive_record(self, group: str) -> ArchiveRecord | None:
         canonical.check_id(group, "group")
-        self._check_readable()
         index = self.index
         with index.begin() as txn:
             value = index.get(txn, b"archives", group.encode())
@@ -1492,7 +1482,6 @@ class Authority:
     def acked(self, consumer: str, group: str) -> int:
         canonical.check_id(consumer, "consumer")
         canonical.check_id(group, "group")
-        self._check_readable()
         index = self.index
         with index.begin() as txn:
             value = index.get(txn, b"acks", ack_key(consumer, group))
@@ -1526,7 +1515,6 @@ class Authority:
         payload keeps its hash), that the index equals a rebuild, every snapshot against the
         store's key, and every kept audit log against its Group's signed final snapshot
         (``key_provider`` as for :meth:`archive`)."""
-        self._check_readable()
         log, index = self._pair  # one consistent pair, even if a compaction swaps them meanwhile
         assert index is not None
         problems: list[str] = []
@@ -1685,7 +1673,6 @@ class Authority:
     @_index_errors_typed
     def info(self) -> dict[str, Any]:
         """Facts for ``mwpstore inspect``: groups, heads, segments, sizes."""
-        self._check_readable()
         groups = {}
         index = self.index
         with index.begin() as txn:

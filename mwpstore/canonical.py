@@ -53,6 +53,16 @@ def check_time_ms(value: object, field: str) -> int:
     )
 
 
+def clock_reading(clock: Callable[[], object]) -> int:
+    """Read an injected clock: its value checked by :func:`check_time_ms`, and a clock that
+    raises an ``InvalidCommand`` (``field`` ``clock``) too, before anything is written with it."""
+    try:
+        reading = clock()
+    except Exception as exc:
+        raise InvalidCommand(f"the clock raised {type(exc).__name__}: {exc}"[:300], field="clock") from None
+    return check_time_ms(reading, "clock")
+
+
 def check_aggregate_key(value: object, field: str, *, empty: bool = False) -> str:
     """Return ``value`` if it can be an aggregate key (``"workitem:wi-3"``: a printable str of at
     most a kind's and an ID's length), or a prefix of one when ``empty``; else ``InvalidCommand``."""

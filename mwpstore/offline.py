@@ -255,12 +255,17 @@ class OfflineGuard:
         member = self.agent.state(self.group, f"member:{self.agent_id}") or {}
         current = {"session_epoch": member.get("session_epoch", lease["session_epoch"]),
                    "lease_id": lease["lease_id"], "ownership_epoch": lease["ownership_epoch"]}
-        body = dict(command.body)
-        changed: dict[str, Any] = {}
         for name in REBASED_BODY_FIELDS:
-            if name in body and body[name] != current[name]:
-                body[name] = current[name]
-                changed[name] = current[name]
+            # buffer() stores only Commands whose fence is the bound lease's, and that lease is
+            # current: a difference here (a record buffered before buffer() checked) names
+            # another lease, and moving it onto this one would make a late result authoritative
+            if name in command.body and command.body[name] != current[name]:
+                raise LeaseMismatch(
+                    f"the buffered Command's body.{name} names another lease than {binding.lease_id}; it is not resubmitted",
+                    lease_id=binding.lease_id,
+                    workitem=binding.workitem,
+                )
+        changed: dict[str, Any] = {}
         expected_revision = command.expected_revision
         if expected_revision is not None:
             aggregate = aggregate_key(kind_spec(command.kind).aggregate_type, command.target)
@@ -269,9 +274,7 @@ class OfflineGuard:
                 expected_revision = revision
                 changed["expected_revision"] = revision
         action_id = command.action_id if not changed else derive_action_id(command.action_id, changed)
-        rebased = msgspec.structs.replace(
-            command, body=body, expected_revision=expected_revision, action_id=action_id, signature=None
-        )
+        rebased = msgspec.structs.replace(command, expected_revision=expected_revision, action_id=action_id, signature=None)
         return sign_command(check_command(rebased), signing_key)
 
     def reconnect(

@@ -269,3 +269,21 @@ def test_rebase_is_deterministic_and_resends_the_stored_bytes_after_a_failed_sub
     outcomes = setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=setup.sync)
     assert [outcome.state for outcome in outcomes] == [BufferedState.SUBMITTED]
     assert setup.submitted[-1] == calls[1], "the very same rebased, signed bytes are resent"
+
+
+def test_a_record_whose_fence_names_another_lease_is_refused_at_reconnect_not_rewritten(setup):
+    """A record stored before ``buffer`` compared fences (or written by other means): rebase does
+    not move it onto the current lease, it refuses it like a revoked one."""
+    from mwpstore.offline import _BUFFERED_ENCODER, BufferedCommand, _command_key
+
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    binding = setup.guard.permit("wi1", now_ms=now(setup) + 1, reversible=True)
+    late = setup.offline_command("workitem.checkpoint", {**fence, "ownership_epoch": fence["ownership_epoch"] - 1,
+                                                         "checkpoint": {"step": 99}}, action="late-cp")
+    record = BufferedCommand(number=1, group=GROUP, command=late, binding=binding, buffered_at_ms=now(setup) + 1)
+    with setup.agent.begin() as tx:
+        tx._offline_put(_command_key(GROUP, 1), _BUFFERED_ENCODER.encode(record))
+    outcomes = setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=setup.sync)
+    assert [(outcome.state, outcome.error) for outcome in outcomes] == [(BufferedState.REFUSED, "LEASE_MISMATCH")]
+    assert setup.submitted == [] and setup.agent.checkpoint(GROUP, "wi1") != {"step": 99}
