@@ -69,8 +69,11 @@ _CLEAN_MAGIC = b"MWPCLEAN"
 _CLEAN_LIST = struct.Struct("<8sQQQQI")  # magic, log id, active first position, end, count, names CRC
 _CLEAN_LIST_MAGIC = b"MWPCLEN2"
 _CLEAN_ZERO_CHECK_BYTES = 64 * 1024  # after a clean close the bytes after the end are zero: checked
-_SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
-_TEMPORARY_NAME = re.compile(r"^(\d{20})\.seg\.tmp$")
+# ASCII digits and nothing after the suffix: the segment is opened by the name its number makes,
+# so "\d" (any Unicode digit) or "$" (which also matches before a final newline) would number a
+# file that is not the one opened (docs/format/segment.md: anything else is ignored).
+_SEGMENT_NAME = re.compile(r"([0-9]{20})\.seg\Z")
+_TEMPORARY_NAME = re.compile(r"([0-9]{20})\.seg\.tmp\Z")
 _CLEAN_TEMPORARY_NAME = re.compile(r"^CLEAN(\.[0-9a-f]{16})?\.tmp$")  # a clean-close marker a crash left unrenamed
 _HEADER_BYTES = lib.SL_SEGMENT_HEADER_BYTES
 _ALIGN_BYTES = lib.SL_FRAME_ALIGN_BYTES

@@ -34,7 +34,7 @@ GROUP_RECORDS_MAX = 65536
 SEGMENT_BYTES_MIN = 64 * 1024
 SEGMENT_BYTES_MAX = 1024 * 1024 * 1024
 FIRST_POSITION_MAX = 2**63 - 1
-_SEGMENT_NAME = re.compile(r"^(\d{20})\.seg$")
+_SEGMENT_NAME = re.compile(r"([0-9]{20})\.seg\Z")  # 20 ASCII digits, then ".seg" and nothing more
 
 
 def _make_table() -> list[int]:
@@ -236,6 +236,8 @@ def read_log(directory: str) -> ReferenceLog:
     segments: list[tuple[str, _Header, bytes]] = []
     for number, name in numbered:
         path = os.path.join(directory, name)
+        if number > FIRST_POSITION_MAX:  # no header may hold it: misnamed, whatever the file holds
+            raise Corruption("a segment name past every position", segment=path, offset=0, position=number, reason="segment_name")
         with open(path, "rb") as file:
             data = file.read()
         try:
