@@ -981,6 +981,8 @@ class SegmentLog:
                         raise self._not_a_record(start)
                     raise self._error(rc, fault, segment=segment)
                 count = count_c[0]
+                if segment.sealed and not state.sealed and self._past_seal(segment, state):
+                    raise self._damage_at_seal(segment, data, readable, state, batch_records)
                 if count:
                     # C describes where the batch's records lie as a struct format; one
                     # unpack_from call makes every record's bytes (measured ~2.5x faster than
@@ -1011,13 +1013,51 @@ class SegmentLog:
                     state.group_records = 0
                     state.group_checksum = self._seed
                 elif count == 0:
-                    raise Corruption(
-                        f"segment {segment.path} ends at position {int(state.position)} before the committed end.",
-                        segment=segment.path, offset=0, position=int(state.position), reason="unexpected_end",
-                    )
+                    raise self._unexpected_end(segment, int(state.position))
         finally:
             if mapped is not None and released:  # a long scan: hand back the pages it passed
                 _release_pages(mapped, released, _HEADER_BYTES + int(state.position) - segment.first_position)
+
+    @staticmethod
+    def _seal_position(segment: _Segment) -> int:
+        """Where a sealed segment's seal is (the next segment's first position)."""
+        return segment.first_position + segment.sealed_used_bytes - _HEADER_BYTES - _SEAL_BYTES
+
+    @staticmethod
+    def _unexpected_end(segment: _Segment, position: int) -> Corruption:
+        return Corruption(
+            f"segment {segment.path} ends at position {position} before the committed end.",
+            segment=segment.path, offset=_HEADER_BYTES + position - segment.first_position, position=position,
+            reason="unexpected_end",
+        )
+
+    @classmethod
+    def _past_seal(cls, segment: _Segment, state: Any) -> bool:
+        """Has a scan of the sealed ``segment`` that stopped short of reading the seal (its end
+        at or before the seal's position) gone over the seal, or reached it inside a group?
+
+        Either way the records it read are in no group closed before the seal, and none may be
+        served: a frame (valid on its own) that runs over the spot where the seal was found, or
+        a group the seal cuts off. Open checked only the seal frame itself, so a scan that ends
+        where the seal lies (the log's end, when the active segment is empty) must check this."""
+        seal_position = cls._seal_position(segment)
+        position = int(state.position)
+        return position > seal_position or (position == seal_position and state.group_records != 0)
+
+    def _damage_at_seal(self, segment: _Segment, data: Any, readable: int, state: Any, batch_records: int) -> Exception:
+        """The error of a sealed segment whose frames do not lead to its seal (``_past_seal``):
+        the frames from the scan's position are read to the segment's end, which is where they
+        fail (a seal that cuts a group, a frame cut by the end, or nothing more), as the strict
+        reading of a sealed segment (verify(), the reference reader) reports it."""
+        positions_c, starts_c, stops_c = (ffi.new("uint64_t[]", batch_records) for _ in range(3))
+        count_c, fault = ffi.new("uint32_t *"), self._fault()
+        while True:
+            rc = lib.sl_scan(data, readable, segment.header, 2**64 - 1, batch_records, state,
+                             positions_c, starts_c, stops_c, count_c, fault)
+            if rc == lib.SL_E_CORRUPT:
+                return self._error(rc, fault, segment=segment)
+            if rc != lib.SL_OK or count_c[0] == 0 or state.sealed:
+                return self._unexpected_end(segment, int(state.position))
 
     def segments(self) -> list[SegmentInfo]:
         """The segment files, oldest first."""
