@@ -1840,6 +1840,9 @@ def _index_record(
             raise Corruption(f"log record at {position} is not an Event: {exc.message}", offset=position, reason="decode") from None
         head = heads.get(event.group)
         if head is None:
+            # The Group names the head's key: an ID first (an empty or 512-byte name was an
+            # untyped lmdb.BadValsizeError out of redo), then the head read.
+            _check_record_values(position, [], [], [], [event.group])
             head = decode_head(index.get(txn, b"heads", event.group.encode()))
         if event.seq != head[0] + 1 or event.prev_hash != head[1]:
             raise Corruption(

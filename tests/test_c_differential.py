@@ -5,6 +5,13 @@ adversarial inputs the other suites rarely make.
   reader (mwpstore/segment_reference.py) on logs built frame by frame, with frames whose
   checksums hold but which say the wrong thing (kind, length, position, commit, seal, header
   fields), and on hostile file names;
+- canonical content and IDs (csrc/canonical_check.c) against ``canonical._content_ok`` and the
+  ID and kind patterns, on every number edge, str/int/float/dict/list subclasses, bytes, tuples,
+  lone surrogates, non-str keys, nesting at the depth bound and sizes at the item and string
+  bounds; what C accepts must also pass ``check_content`` and encode;
+- index entries of Event records (csrc/index_records.c) against ``authority._index_record`` on
+  Events with edge values, fields of any type, every msgpack width, Ext values, repeated map keys,
+  cut and extended records and other tags;
 
 Each section also keeps the reproducer of every disagreement it found, as a named test. The
 generated tests are derandomized (the same examples on every run) and sized to run in seconds.
@@ -13,16 +20,27 @@ generated tests are derandomized (the same examples on every run) and sized to r
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import struct
 import tempfile
 import zlib
+from collections import OrderedDict
+from decimal import Decimal
+from enum import IntEnum
+
+import msgspec
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mwpstore.errors import Corruption
+from mwpstore import _canonical_c, limits
+from mwpstore.canonical import _ID_PATTERN, _KIND_PATTERN, _content_ok, canonical_bytes, check_content, check_id, check_kind
+from mwpstore.errors import Corruption, InvalidCommand
+from mwpstore.index import Index
+from mwpstore.messages import Event, encode_event
+from mwpstore.torture import index_bytes, index_meaning, index_paths
 from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
 from mwpstore.segment_reference import crc32c, read_log
 
@@ -344,3 +362,348 @@ def test_a_segment_named_past_every_position_is_segment_name_in_both_readers(scr
     expected = ("corruption", "segment_name", name, 0)
     assert reference_reader(scratch) == expected
     assert c_reader(scratch) == expected
+
+
+# == canonical content and IDs: _canonical_c against canonical._content_ok and the ID patterns ====
+
+
+class _Str(str):
+    pass
+
+
+class _Int(int):
+    pass
+
+
+class _Float(float):
+    pass
+
+
+class _Dict(dict):
+    pass
+
+
+class _List(list):
+    pass
+
+
+class _Level(IntEnum):
+    ONE = 1
+
+
+INT_EDGES = [0, 1, -1, 2**31, 2**32, 2**63 - 2, 2**63 - 1, 2**63, 2**63 + 1, -(2**63) + 1, -(2**63), -(2**63) - 1,
+             2**64 - 1, 2**64, -(2**64), 10**40, -(10**40)]
+FLOAT_EDGES = [0.0, -0.0, 5e-324, -5e-324, 1.7976931348623157e308, float("inf"), float("-inf"), float("nan"), 2.0**63, 1e-300]
+SURROGATES = ["\ud800", "a\udfff", "\udbff\udc00", "\udc00x", "ok\ud83d"]
+ODD_VALUES = [
+    _Str("s"), _Int(1), _Float(1.5), _Dict(a=1), _List([1]), _Level.ONE, OrderedDict(a=1), b"bytes", bytearray(b"x"),
+    memoryview(b"m"), frozenset(), {1, 2}, (1, 2), (), complex(1, 2), object, Decimal("1.5"), range(3),
+]
+canonical_scalars = st.one_of(
+    st.none(), st.booleans(), st.sampled_from(INT_EDGES), st.integers(), st.sampled_from(FLOAT_EDGES), st.floats(),
+    st.text(max_size=6), st.sampled_from(SURROGATES), st.sampled_from(ODD_VALUES),
+)
+canonical_keys = st.one_of(
+    st.text(max_size=5), st.sampled_from(SURROGATES), st.sampled_from([_Str("k"), 1, 1.0, True, None, (1,), b"k", ""]),
+)
+
+
+def _containers(inner):
+    return st.one_of(
+        st.lists(inner, max_size=4),
+        st.lists(inner, max_size=3).map(tuple),
+        st.dictionaries(canonical_keys, inner, max_size=4),
+        st.dictionaries(st.text(max_size=3), inner, max_size=3).map(_Dict),
+    )
+
+
+canonical_values = st.recursive(canonical_scalars, _containers, max_leaves=25)
+
+
+@st.composite
+def nested_values(draw):
+    """A leaf wrapped in 28 to 36 levels of dicts, lists and tuples (the depth bound is 32)."""
+    value = draw(canonical_values)
+    for wrapper in draw(st.lists(st.sampled_from(["dict", "list", "tuple", "wide"]), min_size=28, max_size=36)):
+        if wrapper == "dict":
+            value = {"k": value}
+        elif wrapper == "list":
+            value = [value]
+        elif wrapper == "tuple":
+            value = (value,)
+        else:
+            value = {"a": 1, "b": "s", "c": value}
+    return value
+
+
+def _python_content_ok(value) -> bool:
+    return _content_ok(value, 0, [limits.BODY_ITEMS_MAX])
+
+
+def _assert_content_paths_agree(value) -> None:
+    answer = _canonical_c.content_ok(value)
+    assert answer is _python_content_ok(value)
+    if answer:
+        check_content(value)  # accepted: no error, and the encoder can encode it
+        encoded = canonical_bytes(value)
+        assert canonical_bytes(msgspec.json.decode(encoded)) == encoded  # canonical bytes are a fixed point
+    else:
+        with pytest.raises(InvalidCommand):  # the precise walk names it (LimitExceeded is one too)
+            check_content(value)
+
+
+@differential(300)
+@given(canonical_values)
+def test_content_check_agrees_with_its_python_definition(value):
+    _assert_content_paths_agree(value)
+
+
+@differential(150)
+@given(nested_values())
+def test_content_check_agrees_at_the_depth_bound(value):
+    _assert_content_paths_agree(value)
+
+
+_BIG = "x" * limits.STRING_BYTES_MAX
+_WIDE = [
+    "x" * limits.STRING_BYTES_MAX, "x" * (limits.STRING_BYTES_MAX + 1), "\u00e9" * limits.STRING_BYTES_MAX,
+    "\U0001f600" * (limits.STRING_BYTES_MAX // 4), _BIG[:-1] + "\ud800",
+    {_BIG: 1}, {_BIG + "x": 1}, {"k": _BIG + "x"},
+    [0] * (limits.BODY_ITEMS_MAX - 1), [0] * limits.BODY_ITEMS_MAX,
+    {str(index): "v" for index in range(limits.BODY_ITEMS_MAX - 1)},
+    {str(index): "v" for index in range(limits.BODY_ITEMS_MAX)},
+    [{"a": "b"}] * (limits.BODY_ITEMS_MAX // 2), [{"a": "b"}] * (limits.BODY_ITEMS_MAX // 2 - 1) + [{}],
+    {"a": [[0] * (limits.BODY_ITEMS_MAX - 3)]}, {"a": [[0] * (limits.BODY_ITEMS_MAX - 2)]},
+    ((0,) * (limits.BODY_ITEMS_MAX - 1),), {"t": (None,) * (limits.BODY_ITEMS_MAX - 2), "u": "s"},
+]
+
+
+@pytest.mark.parametrize("index", range(len(_WIDE)))
+def test_content_check_agrees_at_the_size_bounds(index):
+    """Strings at the character bound (in 1- to 4-byte characters, one with a lone surrogate at
+    its end), and the item budget met by values, by dict entries and by tuples."""
+    _assert_content_paths_agree(_WIDE[index])
+
+
+def test_content_check_budget_counts_shared_values_each_time():
+    """One list object put many times counts each time it occurs: the walk is of the value,
+    not of the objects."""
+    shared = [0] * 1000
+    value = [shared] * (limits.BODY_ITEMS_MAX // 1001)
+    _assert_content_paths_agree(value)
+    _assert_content_paths_agree(value + [shared])
+
+
+ID_ALPHABET = "aZ09_.@+=-:/\\ \x00\n\t\u00e9\u0660\uff10\u212a\u0131\U0001f600"
+ids = st.one_of(
+    st.text(alphabet=ID_ALPHABET, max_size=8),
+    st.sampled_from(["x" * 128, "x" * 129, "a" * 64, "a" * 65, "a.b" * 21 + "a", "a.b" * 21 + "ab", "a\n", "a\n\n",
+                     "workitem.claim", "a..b", "a.", ".a", "_", "-", "@a", "a@", "9.9"] + SURROGATES),
+    st.builds(_Str, st.text(alphabet="ab", max_size=3)),
+    st.sampled_from([None, 1, 1.5, b"abc", ["a"], ("a",), True]),
+)
+
+
+@differential(800)
+@given(ids)
+def test_id_and_kind_checks_agree_with_the_patterns(value):
+    """The C checks equal the documented patterns (canonical._ID_PATTERN, _KIND_PATTERN, their
+    bounds), and check_id / check_kind raise InvalidCommand exactly when the C check says no."""
+    is_str = type(value) is str
+    id_ok = is_str and 0 < len(value) <= limits.ID_CHARS_MAX and _ID_PATTERN.match(value) is not None
+    kind_ok = is_str and 0 < len(value) <= limits.KIND_CHARS_MAX and _KIND_PATTERN.match(value) is not None
+    assert _canonical_c.id_ok(value) is id_ok
+    assert _canonical_c.kind_ok(value) is kind_ok
+    for check, ok in ((lambda v: check_id(v, "x"), id_ok), (check_kind, kind_ok)):
+        if ok:
+            assert check(value) is value
+        else:
+            with pytest.raises(InvalidCommand):
+                check(value)
+
+
+@pytest.mark.parametrize("function", ["content_ok", "id_ok", "kind_ok"])
+def test_canonical_checks_take_exactly_one_argument_of_any_type(function):
+    check = getattr(_canonical_c, function)
+    for value in ODD_VALUES + [None, 0, "", "a"]:
+        assert check(value) in (True, False)
+    with pytest.raises(TypeError):
+        check()
+    with pytest.raises(TypeError):
+        check("a", "b")
+
+
+# == index entries of Event records: _index_c against authority._index_record =====================
+
+
+def _pack(value, widths: random.Random) -> bytes:
+    """msgpack of ``value`` in an encoding drawn from ``widths``: the shortest form or any longer
+    one a decoder also takes (an int in a wider or signed form, a str, bytes, array or map with a
+    wider length, a float as float32 when it is exact); msgspec Ext values as ext types."""
+    wide = widths.random() < 0.3
+    if value is None:
+        return b"\xc0"
+    if value is True or value is False:
+        return b"\xc3" if value else b"\xc2"
+    if type(value) is int:
+        forms = []
+        if 0 <= value <= 0x7F or -32 <= value < 0:
+            forms.append(struct.pack("b", value) if value < 0 else bytes([value]))
+        for tag, fmt in ((0xCC, ">B"), (0xCD, ">H"), (0xCE, ">I"), (0xCF, ">Q"), (0xD0, ">b"), (0xD1, ">h"), (0xD2, ">i"), (0xD3, ">q")):
+            try:
+                forms.append(bytes([tag]) + struct.pack(fmt, value))
+            except struct.error:
+                pass
+        return widths.choice(forms) if wide else min(forms, key=len)
+    if type(value) is float:
+        if wide and abs(value) < 3e38 and struct.unpack(">f", struct.pack(">f", value))[0] == value:
+            return b"\xca" + struct.pack(">f", value)
+        return b"\xcb" + struct.pack(">d", value)
+    if type(value) is str:
+        data = value.encode("utf-8", "surrogatepass")
+        return _length(len(data), 0xA0, 31, (0xD9, 0xDA, 0xDB), wide, widths) + data
+    if type(value) is bytes:
+        return _length(len(value), None, 0, (0xC4, 0xC5, 0xC6), wide, widths) + value
+    if type(value) in (list, tuple):
+        return _length(len(value), 0x90, 15, (None, 0xDC, 0xDD), wide, widths) + b"".join(_pack(item, widths) for item in value)
+    if type(value) is dict:
+        return _length(len(value), 0x80, 15, (None, 0xDE, 0xDF), wide, widths) + b"".join(
+            _pack(key, widths) + _pack(item, widths) for key, item in value.items()
+        )
+    if type(value) is _DupMap:
+        return _length(len(value.items), 0x80, 15, (None, 0xDE, 0xDF), wide, widths) + b"".join(
+            _pack(key, widths) + _pack(item, widths) for key, item in value.items
+        )
+    if type(value) is msgspec.msgpack.Ext:
+        return b"\xc7" + bytes([len(value.data), value.code & 0xFF]) + value.data
+    raise TypeError(type(value))
+
+
+def _length(count: int, fix: int | None, fix_max: int, tags: tuple, wide: bool, widths: random.Random) -> bytes:
+    forms = []
+    if fix is not None and count <= fix_max:
+        forms.append(bytes([fix | count]))
+    for tag, fmt in zip(tags, (">B", ">H", ">I")):
+        if tag is not None and count < 1 << (8 * struct.calcsize(fmt)):
+            forms.append(bytes([tag]) + struct.pack(fmt, count))
+    return widths.choice(forms) if wide else forms[0]
+
+
+class _DupMap:
+    """A msgpack map with the entries given, repeated keys included."""
+
+    def __init__(self, items: list) -> None:
+        self.items = items
+
+
+state_scalars = st.one_of(
+    st.none(), st.booleans(), st.sampled_from([n for n in INT_EDGES if -(2**63) <= n < 2**64]), st.integers(-(2**63), 2**64 - 1), st.sampled_from(FLOAT_EDGES),
+    st.floats(), st.text(max_size=6), st.binary(max_size=4),
+)
+state_values = st.recursive(
+    state_scalars,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    max_leaves=12,
+)
+states = st.none() | st.dictionaries(st.text(max_size=4), state_values, max_size=4)
+ODD_FIELD_VALUES = [
+    None, True, 0, -1, 2**63 - 1, 2**63, 2**64 - 1, 1.5, "", "g-1", "-x", "a" * 129, "\ud800", b"", b"\x00" * 32, b"\x00" * 33,
+    [], {}, {"k": 1}, {1: 2}, msgspec.msgpack.Ext(1, b"x"), msgspec.msgpack.Ext(-1, b"\x00" * 4),
+    _DupMap([("a", 1), ("a", 2)]), [["a:1", 1, None, 5]], [["a:1", 1]],
+]
+
+
+@st.composite
+def event_records(draw):
+    """One Group's records: Events linked by their hashes (as redo checks them, not recomputed),
+    some fields drawn from the edges or replaced by a value of any type, each record encoded
+    with a drawn choice of msgpack widths; some records cut, extended or given another tag."""
+    count = draw(st.integers(1, 4))
+    group = draw(st.sampled_from(["g-1", "G_x.y@z+w=v-u", "a" * 128]))
+    seq = draw(st.sampled_from([1, 2, 1000, 2**32, 2**63 - 5, 2**64 - 5]))
+    prev = bytes(32)
+    heads = {group: (seq - 1, prev)} if draw(st.booleans()) else {}
+    records = []
+    for number in range(count):
+        this = seq + number
+        effects = [
+            [draw(st.sampled_from(["a:1", "workitem:wi-1", "x", "", "k\x00y", "\u00e9:\U0001f600"])),
+             draw(st.sampled_from([1, 2, 7, 2**63 - 1, 2**63, 2**64 - 1])), draw(states)]
+            for _ in range(draw(st.integers(0, 3)))
+        ]
+        digest = bytes([number + 1]) * 32
+        fields = [
+            group, this, f"{group}:{this}", draw(st.sampled_from(["workitem.claim", "k", "\u00e9"])),
+            draw(st.sampled_from(["workitem:wi-1", "", "x" * 300])), draw(st.sampled_from([0, 1, 2**63 - 1, 2**64 - 1])),
+            draw(st.sampled_from(["owner", "o" * 128, "a@b"])), draw(st.sampled_from(["a-1", "x.y", "A_9"])), bytes(range(32)),
+            draw(st.sampled_from([0, 1_700_000_000_000, 2**63 - 1, 2**64 - 1])), draw(st.booleans()),
+            draw(st.none() | st.dictionaries(st.text(max_size=4), state_values, max_size=3)), effects, bytes(32), prev, digest,
+        ]
+        if draw(st.integers(0, 3)) == 0:  # one field of any type
+            fields[draw(st.integers(0, 15))] = draw(st.sampled_from(ODD_FIELD_VALUES) | state_values)
+        if draw(st.integers(0, 9)) == 0:
+            fields.append(draw(state_scalars))
+        record = b"E" + _pack(fields, random.Random(draw(st.integers(0, 2**32))))
+        shape = draw(st.integers(0, 19))
+        if shape == 0:
+            record = record[: draw(st.integers(0, len(record) - 1))]
+        elif shape == 1:
+            record += b"\xc0"
+        elif shape == 2:
+            record = draw(st.sampled_from([b"A", b"R", b"G", b"S", b"X", b""])) + record[1:]
+        records.append(record)
+        prev = digest if draw(st.integers(0, 9)) else bytes(32)
+    return records, heads
+
+
+@pytest.fixture(scope="module")
+def empty_index(tmp_path_factory):
+    index = Index(str(tmp_path_factory.mktemp("index")), map_size=64 * 1024 * 1024)
+    yield index
+    index.close()
+
+
+@differential(300)
+@given(event_records())
+def test_index_entries_agree_with_the_python_reference(empty_index, drawn):
+    """What redo indexes (C for the plain Events, the reference for each record C hands back)
+    means what the reference alone indexes, or both raise the same Corruption (reason, offset).
+    C copies a record's own msgpack where the reference re-encodes it, so bytes may differ only
+    for non-shortest encodings."""
+    records, heads = drawn
+    python, c = index_paths(empty_index, records, heads)
+    assert index_meaning(c) == index_meaning(python)
+
+
+@differential(200)
+@given(event_records())
+def test_shortest_encodings_index_byte_for_byte(empty_index, drawn):
+    """Records as the engine writes them (msgspec's shortest forms): the same bytes either way."""
+    records, heads = drawn
+    plain = []
+    for record in records:
+        try:
+            plain.append(record[:1] + msgspec.msgpack.encode(msgspec.msgpack.decode(record[1:])))
+        except (msgspec.DecodeError, msgspec.ValidationError, TypeError, ValueError):
+            plain.append(record)
+    python, c = index_paths(empty_index, plain, heads)
+    assert index_bytes(c) == index_bytes(python)
+
+
+def _plain_event(**changes) -> bytes:
+    fields = dict(group="g-1", seq=1, event_id="g-1:1", kind="k", aggregate="a:1", revision=0, actor="owner",
+                  action_id="a-1", content_hash=bytes(32), accepted_at_ms=0, authoritative=True, body=None, effects=[],
+                  payload_hash=bytes(32), prev_hash=bytes(32), hash=b"\x01" * 32)
+    fields.update(changes)
+    return b"E" + encode_event(Event(**fields))
+
+
+@pytest.mark.parametrize("group", ["", "a/b", "g" * 600])
+@pytest.mark.parametrize("seq", [1, 2])
+def test_an_event_whose_group_is_no_id_is_corruption_before_its_head_is_read(empty_index, group, seq):
+    """Found here: a record whose Group was "" made the reference read the head under an empty
+    key, and redo raised lmdb.BadValsizeError instead of the typed CORRUPTION (C hands such a
+    record to the reference, so both paths raised it). The Group is checked first now."""
+    records = [_plain_event(group=group, seq=seq, event_id=f"{group}:{seq}")]
+    python, c = index_paths(empty_index, records)
+    assert python == c == ("Corruption", "decode", 0)
