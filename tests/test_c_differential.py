@@ -12,6 +12,12 @@ adversarial inputs the other suites rarely make.
 - index entries of Event records (csrc/index_records.c) against ``authority._index_record`` on
   Events with edge values, fields of any type, every msgpack width, Ext values, repeated map keys,
   cut and extended records and other tags;
+- the AgentStore's runs (csrc/agent_apply.c): ``check_run`` ends where ``_fully_valid_run`` ends,
+  and the trusted ``run`` never takes an Event that ``admit_trusted_event`` (with the sequence and
+  link apply() checks) refuses, writing what ``_apply_next`` writes, on Events with fields of any
+  type (resealed, so that the field checks decide), subclasses, and arguments of every type;
+- the LMDB structural check (csrc/lmdb_check.c), whose definition is LMDB itself: every damaged
+  copy it passes, LMDB reads to the end without a crash.
 
 Each section also keeps the reproducer of every disagreement it found, as a named test. The
 generated tests are derandomized (the same examples on every run) and sized to run in seconds.
@@ -23,7 +29,10 @@ import os
 import random
 import shutil
 import struct
+import subprocess
+import sys
 import tempfile
+import textwrap
 import zlib
 from collections import OrderedDict
 from decimal import Decimal
@@ -35,11 +44,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mwpstore import _canonical_c, limits
+from agent_store_support import workload
+from mwpstore import _canonical_c, _index_c, agent_store, limits
+from mwpstore._apply_c import check_run
+from mwpstore.agent_store import _CHECK_CONTEXT, _fully_valid_run, admit_trusted_event
 from mwpstore.canonical import _ID_PATTERN, _KIND_PATTERN, _content_ok, canonical_bytes, check_content, check_id, check_kind
-from mwpstore.errors import Corruption, InvalidCommand
+from mwpstore.canonical import id_ok, kind_ok
+from mwpstore.errors import Corruption, EventInvalid, InvalidCommand
 from mwpstore.index import Index
-from mwpstore.messages import Event, encode_event
+from mwpstore.messages import ZERO_HASH, Effect, Event, encode_event, payload_hash_of, recompute_event_hash
 from mwpstore.torture import index_bytes, index_meaning, index_paths
 from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
 from mwpstore.segment_reference import crc32c, read_log
@@ -452,13 +465,13 @@ def _assert_content_paths_agree(value) -> None:
             check_content(value)
 
 
-@differential(300)
+@differential(200)
 @given(canonical_values)
 def test_content_check_agrees_with_its_python_definition(value):
     _assert_content_paths_agree(value)
 
 
-@differential(150)
+@differential(100)
 @given(nested_values())
 def test_content_check_agrees_at_the_depth_bound(value):
     _assert_content_paths_agree(value)
@@ -504,7 +517,7 @@ ids = st.one_of(
 )
 
 
-@differential(800)
+@differential(400)
 @given(ids)
 def test_id_and_kind_checks_agree_with_the_patterns(value):
     """The C checks equal the documented patterns (canonical._ID_PATTERN, _KIND_PATTERN, their
@@ -620,26 +633,26 @@ def event_records(draw):
     with a drawn choice of msgpack widths; some records cut, extended or given another tag."""
     count = draw(st.integers(1, 4))
     group = draw(st.sampled_from(["g-1", "G_x.y@z+w=v-u", "a" * 128]))
-    seq = draw(st.sampled_from([1, 2, 1000, 2**32, 2**63 - 5, 2**64 - 5]))
+    seq = draw(st.sampled_from([1, 1, 2, 1000, 2**32, 2**63 - 5, 1, 2**64 - 5]))
     prev = bytes(32)
-    heads = {group: (seq - 1, prev)} if draw(st.booleans()) else {}
+    heads = {group: (seq - 1, prev)} if draw(st.integers(0, 9)) != 5 else {}
     records = []
     for number in range(count):
         this = seq + number
         effects = [
             [draw(st.sampled_from(["a:1", "workitem:wi-1", "x", "", "k\x00y", "\u00e9:\U0001f600"])),
-             draw(st.sampled_from([1, 2, 7, 2**63 - 1, 2**63, 2**64 - 1])), draw(states)]
+             draw(st.sampled_from([1, 1, 2, 7, 1, 2**63 - 1, 1, 2**63, 2, 2**64 - 1])), draw(states)]
             for _ in range(draw(st.integers(0, 3)))
         ]
         digest = bytes([number + 1]) * 32
         fields = [
             group, this, f"{group}:{this}", draw(st.sampled_from(["workitem.claim", "k", "\u00e9"])),
-            draw(st.sampled_from(["workitem:wi-1", "", "x" * 300])), draw(st.sampled_from([0, 1, 2**63 - 1, 2**64 - 1])),
+            draw(st.sampled_from(["workitem:wi-1", "", "x" * 300])), draw(st.sampled_from([0, 1, 5, 2**63 - 1, 3, 2**64 - 1])),
             draw(st.sampled_from(["owner", "o" * 128, "a@b"])), draw(st.sampled_from(["a-1", "x.y", "A_9"])), bytes(range(32)),
-            draw(st.sampled_from([0, 1_700_000_000_000, 2**63 - 1, 2**64 - 1])), draw(st.booleans()),
+            draw(st.sampled_from([0, 1_700_000_000_000, 7, 2**63 - 1, 9, 2**64 - 1])), draw(st.booleans()),
             draw(st.none() | st.dictionaries(st.text(max_size=4), state_values, max_size=3)), effects, bytes(32), prev, digest,
         ]
-        if draw(st.integers(0, 3)) == 0:  # one field of any type
+        if draw(st.integers(0, 4)) == 0:  # one field of any type
             fields[draw(st.integers(0, 15))] = draw(st.sampled_from(ODD_FIELD_VALUES) | state_values)
         if draw(st.integers(0, 9)) == 0:
             fields.append(draw(state_scalars))
@@ -663,7 +676,7 @@ def empty_index(tmp_path_factory):
     index.close()
 
 
-@differential(300)
+@differential(150)
 @given(event_records())
 def test_index_entries_agree_with_the_python_reference(empty_index, drawn):
     """What redo indexes (C for the plain Events, the reference for each record C hands back)
@@ -675,7 +688,7 @@ def test_index_entries_agree_with_the_python_reference(empty_index, drawn):
     assert index_meaning(c) == index_meaning(python)
 
 
-@differential(200)
+@differential(80)
 @given(event_records())
 def test_shortest_encodings_index_byte_for_byte(empty_index, drawn):
     """Records as the engine writes them (msgspec's shortest forms): the same bytes either way."""
@@ -707,3 +720,273 @@ def test_an_event_whose_group_is_no_id_is_corruption_before_its_head_is_read(emp
     records = [_plain_event(group=group, seq=seq, event_id=f"{group}:{seq}")]
     python, c = index_paths(empty_index, records)
     assert python == c == ("Corruption", "decode", 0)
+
+
+# == the AgentStore's runs: _apply_c against admit_trusted_event / _fully_valid_run ================
+
+
+class _Event(Event):
+    pass
+
+
+class _Effect(Effect):
+    pass
+
+
+AGENT_GROUP = "g-1"
+AGENT_EVENTS = workload(AGENT_GROUP, 10, seed=11)
+EVENT_FIELDS = [name for name in Event.__struct_fields__]
+ODD_AGGREGATES = ["a:1", "workitem:w1", "k" * 65 + ":x", "k:" + "x" * 129, "k" * 100 + ":" + "x" * 150, "a:b:c", "A:1",
+                  "a:.x", "a:", ":x", "a", "", "a:\ud800", _Str("a:1"), 7, None]
+any_value = st.one_of(
+    st.sampled_from(ODD_VALUES + INT_EDGES + FLOAT_EDGES + SURROGATES + ODD_AGGREGATES),
+    st.sampled_from([True, False, None, b"", b"\x00" * 31, b"\x00" * 32, b"\x00" * 33, "g-1", "g-1:5", "g-2", ""]),
+    st.builds(bytes, st.binary(min_size=32, max_size=32)),
+    canonical_values,
+)
+effects_values = st.lists(
+    st.one_of(
+        st.builds(Effect, st.sampled_from(ODD_AGGREGATES), st.sampled_from([1, 0, -1, 2**63, True, 1.0, "1"]),
+                  st.none() | canonical_values),
+        st.builds(_Effect, st.just("a:1"), st.just(1), st.none()),
+        st.sampled_from([("a:1", 1, None), ["a:1", 1, None], None]),
+    ),
+    max_size=3,
+) | st.sampled_from([(), None, "a:1"])
+
+
+def _reseal(event):
+    """``event`` with its payload hash and hash recomputed where they can be at all."""
+    try:
+        event = msgspec.structs.replace(event, payload_hash=payload_hash_of(event.body))
+    except Exception:
+        pass
+    try:
+        event = msgspec.structs.replace(event, hash=recompute_event_hash(event))
+    except Exception:
+        pass
+    return event
+
+
+@st.composite
+def spoiled_runs(draw):
+    """A Group's chain with one Event's fields replaced by values of any type (then resealed, so
+    that only the checks of the fields reach a verdict), or the Event replaced by another type."""
+    events = list(AGENT_EVENTS)
+    at = draw(st.integers(0, len(events) - 1))
+    event = events[at]
+    for _ in range(draw(st.integers(1, 2))):
+        name = draw(st.sampled_from(EVENT_FIELDS))
+        value = draw(effects_values if name == "effects" else any_value)
+        event = msgspec.structs.replace(event, **{name: value})
+    how = draw(st.integers(0, 9))
+    if how < 7:
+        event = _reseal(event)
+    elif how == 7:
+        event = _Event(*(getattr(event, name) for name in EVENT_FIELDS))
+    elif how == 8:
+        event = encode_event(AGENT_EVENTS[at])
+    events[at] = event
+    return events
+
+
+def _python_trusted_run(events, start, group, seq, prev_hash):
+    """The Events of events[start:] that apply() in trusted mode applies as the next ones of
+    ``group`` (seq, prev_hash on), and the writes of _apply_next for them."""
+    inbox, states = {}, {}
+    prefix = group.encode() + b"\x00"
+    index = start
+    for event in events[start:]:
+        if type(event) is not Event:
+            break
+        try:
+            admit_trusted_event(event)
+        except EventInvalid:
+            break
+        if event.group != group or event.seq != seq or event.prev_hash != prev_hash:
+            break
+        inbox[prefix + event.seq.to_bytes(8, "big")] = event.hash
+        for effect in event.effects:
+            states[prefix + effect.aggregate.encode()] = (effect.revision, effect.state)
+        prev_hash, seq, index = event.hash, seq + 1, index + 1
+    return index, inbox, states
+
+
+def _c_run(events, start, group, seq, prev_hash):
+    inbox: dict = {}
+    states: dict = {}
+    stop = agent_store._apply_run(events, start, agent_store._RUN_CONTEXT, group, group.encode() + b"\x00", seq, prev_hash,
+                                  inbox, states, 1 << 30)
+    return stop, inbox, states
+
+
+@differential(250)
+@given(spoiled_runs())
+def test_check_run_ends_where_its_python_definition_ends(events):
+    c_end = check_run(events, 0, _CHECK_CONTEXT, AGENT_GROUP, 1, ZERO_HASH)
+    assert c_end == _fully_valid_run(events, 0, AGENT_GROUP, 1, ZERO_HASH)
+
+
+@differential(250)
+@given(spoiled_runs())
+def test_the_trusted_c_run_takes_only_what_apply_takes_and_writes_the_same(events):
+    """C may leave an Event to apply() that apply() would take (a key only the Python rule
+    accepts); it must never take one apply() refuses, and what it takes it writes the same."""
+    stop, inbox, states = _c_run(events, 0, AGENT_GROUP, 1, ZERO_HASH)
+    py_stop, py_inbox, py_states = _python_trusted_run(events, 0, AGENT_GROUP, 1, ZERO_HASH)
+    assert stop <= py_stop
+    taken = _python_trusted_run(events[:stop], 0, AGENT_GROUP, 1, ZERO_HASH)
+    assert (inbox, states) == taken[1:]
+    if stop < py_stop:  # only a key the C rule is stricter on
+        aggregates = [effect.aggregate for effect in events[stop].effects]
+        assert any(not (kind_ok(a.partition(":")[0]) and id_ok(a.partition(":")[2])) for a in aggregates)
+
+
+def test_check_run_and_run_survive_arguments_of_every_type():
+    """Each argument replaced by a value of another type: a typed error or an answer, never a
+    crash (the earlier tests cover the shapes; these are the values in between)."""
+    events = list(AGENT_EVENTS)
+    run_args = [events, 1, agent_store._RUN_CONTEXT, AGENT_GROUP, b"g-1\x00", 2, events[0].hash, {}, {}, 100]
+    check_args = [events, 1, _CHECK_CONTEXT, AGENT_GROUP, 2, events[0].hash]
+    odd = ODD_VALUES + [None, -1, 2**63, 2**64, -(2**63), "", "\ud800", b"", [], (), {}, set(), 1.5, True]
+    for function, good in ((agent_store._apply_run, run_args), (check_run, check_args)):
+        for position in range(len(good)):
+            for value in odd:
+                arguments = list(good)
+                arguments[position] = value
+                if position in (7, 8) and function is agent_store._apply_run:
+                    arguments[position] = value if type(value) is not dict else {}
+                try:
+                    result = function(*arguments)
+                except (TypeError, ValueError, OverflowError, SystemError) as exc:
+                    assert not isinstance(exc, SystemError), (position, value, exc)
+                else:
+                    assert type(result) is int and 0 <= result <= len(events)
+
+
+# == the LMDB structural check: what it passes, LMDB reads without crashing =======================
+
+# The check (csrc/lmdb_check.c) has no Python twin: its definition is LMDB itself, which trusts
+# every page it reads. A file the check passes must be one LMDB (and the binding, which touches
+# every page of a value it returns) reads to the end without a crash; what it reads may be wrong
+# (the stores' seals catch that). The child process reads each damaged copy the check passed; a
+# SIGBUS or SIGSEGV there fails the test with the copy's seed.
+_LMDB_CHILD = textwrap.dedent(
+    """
+    import os, random, sys, lmdb
+    sys.path[:0] = sys.argv[3:]
+    from test_lmdb_check import PAGE, _reachable
+    from mwpstore._lmdb_check import check_lmdb_file
+    from mwpstore.errors import Corruption
+    source, count = sys.argv[1], int(sys.argv[2])
+    data = open(source, "rb").read()
+    pages = sorted(_reachable(data)) + [0, 1]
+    target = os.path.join(os.path.dirname(os.path.dirname(source)), "damaged")
+    os.makedirs(target, exist_ok=True)
+    passed = refused = 0
+    for seed in range(count):
+        rng = random.Random(seed)
+        damaged = bytearray(data)
+        for _ in range(rng.choice((1, 1, 2, 4))):
+            at = rng.choice(pages) * PAGE + rng.randrange(PAGE if rng.random() < 0.7 else 64)
+            if rng.random() < 0.8:
+                damaged[at] ^= 1 << rng.randrange(8)
+            else:
+                damaged[at] = rng.choice((0, 0xFF, rng.randrange(256)))
+        with open(os.path.join(target, "data.mdb"), "wb") as handle:
+            handle.write(damaged)
+        try:
+            check_lmdb_file(os.path.join(target, "data.mdb"), label="test", remedy="-")
+        except Corruption:
+            refused += 1
+            continue
+        print("reading", seed, flush=True)
+        try:
+            env = lmdb.open(target, readonly=True, lock=False, max_dbs=8, map_size=1 << 26)
+            try:
+                with env.begin() as txn:
+                    names = [bytes(key) for key, _ in txn.cursor()]
+                for name in names:
+                    with env.begin() as txn:
+                        db = env.open_db(name, txn=txn, create=False)
+                        for key, value in txn.cursor(db=db):
+                            bytes(key), bytes(value)
+            finally:
+                env.close()
+        except lmdb.Error:
+            pass
+        passed += 1
+    print("done", passed, refused, flush=True)
+    """
+)
+
+
+def test_what_the_lmdb_check_passes_lmdb_reads_without_crashing(tmp_path):
+    from test_lmdb_check import _sample_env
+
+    source = _sample_env(str(tmp_path / "env"))
+    tests_directory = os.path.dirname(os.path.abspath(__file__))
+    child = subprocess.run(
+        [sys.executable, "-c", _LMDB_CHILD, source, "200", tests_directory, os.path.dirname(tests_directory)],
+        capture_output=True, text=True, timeout=300,
+    )
+    lines = child.stdout.splitlines()
+    assert child.returncode == 0, f"the child died ({child.returncode}) on copy {lines[-1:]}: {child.stderr[-2000:]}"
+    done = lines[-1].split()
+    assert done[0] == "done"
+    passed, refused = int(done[1]), int(done[2])
+    assert passed >= 40 and refused >= 20  # both outcomes occur: the draw reaches what the check reads
+
+
+def test_index_c_survives_arguments_of_every_type():
+    """index_events, seal, seal_items and unseal with each argument replaced by a value of another
+    type: a typed error or an answer, never a crash, and nothing appended on an error before the
+    first record."""
+    records = [_plain_event()]
+    odd = ODD_VALUES + [None, -1, 2**32, 2**64, -(2**63), "", "\ud800", b"", [], (), {}, set(), 1.5, True, [b"x"], [1]]
+
+    def sinks():
+        return ({b"events": [], b"states": [], b"receipts": []}, {b"states": [], b"receipts": []})
+
+    good = [records, [0], 0, {"g-1": (0, bytes(32))}, sinks(), (1, 2, 3)]
+    for position in range(len(good)):
+        for value in odd:
+            arguments = [list(records), [0], 0, {"g-1": (0, bytes(32))}, sinks(), (1, 2, 3)]
+            arguments[position] = value
+            try:
+                stop, last_ms = _index_c.index_events(*arguments)
+            except (TypeError, ValueError, OverflowError, KeyError) as exc:
+                assert not isinstance(exc, SystemError)
+            else:
+                assert 0 <= stop <= len(arguments[0]) and last_ms >= 0
+    for value in odd:
+        for arguments in ([value, b"v", 1], [b"k", value, 1], [b"k", b"v", value]):
+            try:
+                assert type(_index_c.seal(*arguments)) is bytes
+            except (TypeError, ValueError, OverflowError):
+                pass
+        for arguments in ([value, b"k", 1, 100], [b"vvvvvvvv", value, 1, 100], [b"vvvvvvvv", b"k", value, 100],
+                          [b"vvvvvvvv", b"k", 1, value]):
+            try:
+                result = _index_c.unseal(*arguments)
+                assert result is None or type(result) is bytes
+            except (TypeError, ValueError, OverflowError):
+                pass
+        for arguments in ([value, 1], [[value], 1], [[(b"k", value)], 1], [[(b"k", b"v")], value]):
+            try:
+                assert type(_index_c.seal_items(*arguments)) is list
+            except (TypeError, ValueError, OverflowError):
+                pass
+
+
+def test_the_segment_log_reads_refuse_values_of_every_type(scratch):
+    group, _ = _group(0, [b"kept"])
+    _write(scratch, 0, _header(0) + group, full=True)
+    with SegmentLog.open(scratch, readonly=True) as log:
+        for value in ODD_VALUES + [None, -1, 2**64, -(2**63), 4, 8, 10**30, "", "0", 1.0, True]:
+            for call in (lambda: log.read(value), lambda: list(log.scan(value)), lambda: list(log.scan(0, end=value)),
+                         lambda: list(log.scan(0, batch_records=value))):
+                try:
+                    call()
+                except (InvalidCommand, Corruption):
+                    pass
