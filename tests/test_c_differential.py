@@ -4,7 +4,9 @@ adversarial inputs the other suites rarely make.
 - the segment log (csrc/segment_log.c through mwpstore/segment_log.py) against the reference
   reader (mwpstore/segment_reference.py) on logs built frame by frame, with frames whose
   checksums hold but which say the wrong thing (kind, length, position, commit, seal, header
-  fields), and on hostile file names;
+  fields), and on hostile file names; on the logs the reference reads whole, read(), scans from
+  each record and verify() agree with it too, and with a clean-close marker the log serves the
+  reference's records or refuses what it refuses;
 - canonical content and IDs (csrc/canonical_check.c) against ``canonical._content_ok`` and the
   ID and kind patterns, on every number edge, str/int/float/dict/list subclasses, bytes, tuples,
   lone surrogates, non-str keys, nesting at the depth bound and sizes at the item and string
@@ -20,7 +22,8 @@ adversarial inputs the other suites rarely make.
   copy it passes, LMDB reads to the end without a crash.
 
 Each section also keeps the reproducer of every disagreement it found, as a named test. The
-generated tests are derandomized (the same examples on every run) and sized to run in seconds.
+generated tests are derandomized (the same examples on every run; the examples change when a
+test's code does, so a found case is also kept with ``@example``) and sized to run in seconds.
 """
 
 from __future__ import annotations
@@ -41,11 +44,11 @@ from enum import IntEnum
 import msgspec
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent_store_support import workload
-from mwpstore import _canonical_c, _index_c, agent_store, limits
+from mwpstore import _canonical_c, _index_c, agent_store, limits, segment_reference
 from mwpstore._apply_c import check_run
 from mwpstore.agent_store import _CHECK_CONTEXT, _fully_valid_run, admit_trusted_event
 from mwpstore.canonical import _ID_PATTERN, _KIND_PATTERN, _content_ok, canonical_bytes, check_content, check_id, check_kind
@@ -161,7 +164,8 @@ items = st.one_of(
     st.tuples(st.just("gap"), st.integers(1, 5)),
 )
 SEAL_CHANGES = ("none", "none", "first", "next", "position", "missing", "group_open")
-segments = st.lists(st.tuples(st.lists(items, max_size=5), st.sampled_from(SEAL_CHANGES)), min_size=1, max_size=3)
+# A segment is often empty: the log's end then lies where the segment before it is sealed.
+segments = st.lists(st.tuples(st.just([]) | st.lists(items, max_size=5), st.sampled_from(SEAL_CHANGES)), min_size=1, max_size=3)
 DAMAGE = st.one_of(
     st.just(None),
     st.tuples(st.just("flip"), st.integers(0, 10**6), st.integers(0, 7)),
@@ -238,6 +242,7 @@ def _build(directory: str, layout: list, damage) -> None:
 
 @differential(250)
 @given(layout=segments, damage=DAMAGE)
+@example(layout=[([], "group_open"), ([], "none")], damage=None)  # the draw that found the open group
 def test_readers_agree_on_logs_built_frame_by_frame(layout, damage):
     """Frames that verify but do not belong (the checksum cannot tell), on their own or with
     damage that breaks a checksum: both readers serve the same records or raise the same
@@ -245,7 +250,57 @@ def test_readers_agree_on_logs_built_frame_by_frame(layout, damage):
     directory = tempfile.mkdtemp(prefix="mwpstore-differential-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
     try:
         _build(directory, layout, damage)
-        assert c_reader(directory) == reference_reader(directory)
+        expected = reference_reader(directory)
+        assert c_reader(directory) == expected
+        if expected[0] == "records":
+            _assert_reads_agree(directory, expected[1], expected[2])
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _assert_reads_agree(directory: str, records: list[tuple[int, bytes]], end: int) -> None:
+    """On a log the reference reads whole: read() serves exactly the reference's records at their
+    positions (no payload here looks like a frame), a scan from each record position serves the
+    rest, and verify() counts them all."""
+    served = dict(records)
+    with SegmentLog.open(directory, readonly=True) as log:
+        assert log.verify() == len(records)
+        for position in range(0, end, 8):
+            if position in served:
+                assert log.read(position) == served[position]
+            else:
+                with pytest.raises(InvalidCommand):
+                    log.read(position)
+        for index, (position, _) in enumerate(records[:6]):
+            tail = [(p, bytes(r)) for batch in log.scan(position, batch_records=2) for p, r in zip(batch.positions, batch.records)]
+            assert tail == records[index:]
+
+
+@differential(150)
+@given(layout=segments, damage=DAMAGE)
+def test_after_a_clean_close_the_log_serves_what_the_reference_reads_or_refuses(layout, damage):
+    """The same logs with a clean-close marker that vouches for the segment files and names the
+    end recovery finds in the last segment: open then takes the sealed segments on the marker's
+    word and checks each when a scan first maps it. The records served are the reference's; a log
+    the reference refuses is refused (Corruption; which damage is named first may differ, since
+    the sealed segments are checked in the order the scan reaches them)."""
+    directory = tempfile.mkdtemp(prefix="mwpstore-differential-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    try:
+        _build(directory, layout, damage)
+        expected = reference_reader(directory)
+        firsts = sorted(int(name[:20]) for name in os.listdir(directory) if name.endswith(".seg"))
+        with open(os.path.join(directory, f"{firsts[-1]:020d}.seg"), "rb") as file:
+            last = file.read()
+        try:
+            end = segment_reference.recover(last, segment_reference.decode_header(last[:64])).end_position
+        except segment_reference._Damage:
+            return  # no end a close could have recorded
+        listed = zlib.crc32(struct.pack(f"<{len(firsts)}Q", *firsts))
+        body = struct.pack("<8sQQQQI", b"MWPCLEN2", LOG_ID, firsts[-1], end, len(firsts), listed)
+        with open(os.path.join(directory, CLEAN_FILE_NAME), "wb") as file:
+            file.write(body + struct.pack("<I", zlib.crc32(body)))
+        served = _c_read(directory)
+        assert served == expected if expected[0] == "records" else served[0] == "corruption"
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
