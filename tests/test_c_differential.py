@@ -305,6 +305,44 @@ def test_after_a_clean_close_the_log_serves_what_the_reference_reads_or_refuses(
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def _files(directory: str) -> dict[str, bytes]:
+    contents = {}
+    for name in sorted(os.listdir(directory)):
+        if name != "LOCK":
+            with open(os.path.join(directory, name), "rb") as file:
+                contents[name] = file.read()
+    return contents
+
+
+@differential(100)
+@given(layout=segments, damage=DAMAGE)
+def test_a_writer_recovers_what_the_reference_reads_and_changes_nothing_it_refuses(layout, damage):
+    """Opened for writing (the torn tail cut, a sealed last segment followed by a new one), the
+    log serves the reference's records from the reference's end; a log the reference refuses at
+    open is refused with the same Corruption and left byte for byte as it was."""
+    directory = tempfile.mkdtemp(prefix="mwpstore-differential-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    try:
+        _build(directory, layout, damage)
+        expected = reference_reader(directory)
+        before = _files(directory)
+        try:
+            log = SegmentLog.open(directory, segment_bytes=SEGMENT_BYTES)
+        except Corruption as exc:
+            assert expected[0] == "corruption"
+            assert ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"]) == expected
+            assert _files(directory) == before
+            return
+        with log:
+            try:
+                records = [(p, bytes(r)) for batch in log.scan(0) for p, r in zip(batch.positions, batch.records)]
+                served = ("records", records, log.end)
+            except Corruption as exc:
+                served = ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"])
+        assert served == expected
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 HEADER_FORGERIES = {
     "version": dict(version=2),
     "header_bytes": dict(header_bytes=65),
