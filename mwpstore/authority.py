@@ -1352,7 +1352,14 @@ class Authority:
             verify_audit_log_against_snapshot(path, verified, provider)
             return info
 
-        info = _provider_call(write_and_check, "writing the audit log")
+        try:
+            info = _provider_call(write_and_check, "writing the audit log")
+        except BaseException:
+            # A file that failed its check is no archive: remove it (a retry writes it again).
+            with contextlib.suppress(OSError):
+                os.remove(path)
+                _fsync_directory(os.path.dirname(path))
+            raise
         file_hash = info.file_hash
         record = ArchiveRecord(
             org=final.org,
@@ -1405,20 +1412,34 @@ class Authority:
         return self.accept(Command(actor=actor, action_id=action_id, group=group, kind="audit.delete", target=group, body=body))
 
     def _remove_audit_log(self, group: str) -> None:
+        """Delete the Group's audit log: the file its archive record names, and any other history
+        under ``archive/<group>/`` (an archive interrupted after writing its file and before logging
+        its record, or the temporary file of one interrupted while writing)."""
+        directory = os.path.join(self.path, "archive", group)
         record = self.archive_record(group)
-        if record is None:
-            return
-        path = os.path.join(self.path, record.audit_location)
-        if os.path.exists(path):
-            os.remove(path)
-            _fsync_directory(os.path.dirname(path))
+        paths = [] if record is None else [os.path.join(self.path, record.audit_location)]
+        try:
+            paths += [os.path.join(directory, name) for name in os.listdir(directory) if _AUDIT_FILE.fullmatch(name)]
+        except FileNotFoundError:
+            pass
+        removed = False
+        for path in paths:
+            if os.path.lexists(path):
+                os.remove(path)
+                removed = True
+        if removed:
+            _fsync_directory(directory)
 
     def _finish_audit_deletions(self) -> None:
         """Delete audit logs whose ``audit.delete`` is durable but whose file a crash left behind."""
         index = self.index
         with index.begin() as txn:
-            groups = [key.decode() for key, _ in index.range(txn, b"archives", b"")]
-        for group in groups:
+            groups = {key.decode() for key, _ in index.range(txn, b"archives", b"")}
+        try:  # archives that never logged their record keep their files here too
+            groups.update(name for name in os.listdir(os.path.join(self.path, "archive")) if canonical.id_ok(name))
+        except FileNotFoundError:
+            pass
+        for group in sorted(groups):
             _, state = self.state(group, f"group:{group}")
             if state is not None and state.get("audit_deleted_at_ms") is not None:
                 self._remove_audit_log(group)
@@ -1765,6 +1786,9 @@ def _provider_call(call: Callable[[], Any], what: str) -> Any:
 
 
 _KEY_ID = re.compile(f"[0-9a-f]{{{KEY_ID_CHARS}}}")
+_AUDIT_FILE = re.compile(r"audit-[0-9]{20}\.log|\.audit-[0-9]{20}\.log\.[0-9a-f]{16}\.tmp")
+"""Names of the files ``archive()`` writes under ``archive/<group>/``: the audit log, and the
+temporary name ``write_audit_log`` gives it until it is complete."""
 
 
 def _snapshot_location(group: str, seq: int, key_id: str | None) -> str:

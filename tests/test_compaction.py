@@ -12,7 +12,7 @@ import pytest
 from authority_helpers import GROUP, OWNER, FakeClock, group_create, mission_create, open_with_group
 from mwpstore import Authority, Command, CursorTooOld, InvalidCommand
 from mwpstore.compaction import MARKER
-from mwpstore.errors import AlreadyExists, GroupArchived, InvalidState, StorageFailed, Unauthorized
+from mwpstore.errors import AlreadyExists, GroupArchived, InvalidState, MwpError, StorageFailed, Unauthorized
 from mwpstore.messages import check_event, encode_receipt
 from mwpstore.snapshot import SnapshotRef
 
@@ -382,3 +382,66 @@ def test_verify_covers_snapshots_audit_logs_and_tombstoned_chains(tmp_path):
         assert len(problems) == 1 and problems[0].startswith(f"audit log {record.audit_location}: ARCHIVE_INVALID")
         os.remove(audit)
         assert "missing" in authority.verify().problems[0]
+
+
+@pytest.mark.parametrize("killed_after_commit", [False, True])
+def test_a_legal_deletion_removes_an_audit_log_whose_archive_record_was_never_logged(tmp_path, killed_after_commit):
+    """archive() publishes the audit log, then logs its record. Killed between the two, the
+    Group is archived with its history on disk and no record naming the file; a legal deletion
+    must still remove it, on commit or, when killed right after the commit, at the next open."""
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        _fill(authority, GROUP, 3)
+    archive = (
+        "import sys\nfrom mwpstore import Authority\n"
+        f"Authority.open(sys.argv[1]).archive('{GROUP}', actor='{OWNER}', action_id='archive')\n"
+    )
+    # the third commit of archive(): group.archive, the final snapshot's reference, the record
+    env = dict(os.environ, MWPSTORE_FAILPOINT="authority.before_log_append:3", PYTHONPATH=REPO)
+    result = subprocess.run([sys.executable, "-c", archive, path], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == -9, result.stderr
+    directory = os.path.join(path, "archive", GROUP)
+    assert [name for name in os.listdir(directory) if name.endswith(".log")]  # the history is on disk
+    if killed_after_commit:
+        delete = (
+            "import sys\nfrom mwpstore import Authority\n"
+            f"Authority.open(sys.argv[1]).delete_audit_log('{GROUP}', actor='{OWNER}', action_id='del', basis='legal')\n"
+        )
+        env = dict(os.environ, MWPSTORE_FAILPOINT="authority.after_index_commit", PYTHONPATH=REPO)
+        result = subprocess.run([sys.executable, "-c", delete, path], env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == -9, result.stderr
+    with Authority.open(path) as authority:
+        assert authority.archive_record(GROUP) is None
+        if not killed_after_commit:
+            authority.delete_audit_log(GROUP, actor=OWNER, action_id="del", basis="legal")
+        assert authority.read(GROUP)[-1].kind == "audit.delete"
+        assert os.listdir(directory) == []
+        assert authority.verify().ok
+
+
+def test_an_archive_whose_check_fails_leaves_no_audit_log_behind(tmp_path):
+    from mwpstore.audit_log import FileKeyProvider
+
+    class ForgetfulProvider(FileKeyProvider):
+        """Hands out the current key for writing, then cannot find it again for the check."""
+
+        forget = False
+
+        def current_key(self, org):
+            self.forget = False
+            key = super().current_key(org)
+            self.forget = True
+            return key
+
+        def key_for(self, org, key_id):
+            if self.forget:
+                raise KeyError(key_id)
+            return super().key_for(org, key_id)
+
+    with open_with_group(str(tmp_path / "s")) as authority:
+        _fill(authority, GROUP, 3)
+        provider = ForgetfulProvider(os.path.join(authority.path, "keys", "orgs"))
+        with pytest.raises(MwpError):
+            authority.archive(GROUP, actor=OWNER, action_id="archive", key_provider=provider)
+        assert authority.archive_record(GROUP) is None
+        assert os.listdir(os.path.join(authority.path, "archive", GROUP)) == []
