@@ -710,12 +710,14 @@ class AgentStore:
         with self.begin() as tx:
             tx._clear_group(group, keep_buffer_after=None)
 
-    def restore(self, data: bytes, *, group: str, org: str | None = None) -> int:
+    def restore(self, data: bytes, *, group: str, org: str | None = None, high_water_seq: int = 0) -> int:
         """Restore ``group`` from signed snapshot bytes; replay then continues strictly after it.
 
         ``snapshot.verify_snapshot`` checks size, format, key (this store's ``trusted_keys``),
         signature, hash, version, the Organization and Group binding and that the snapshot does not
-        roll the Group back below what is applied here. Nothing is written unless every check
+        roll the Group back below what is applied here, nor below ``high_water_seq`` when that is
+        higher (``Delivery`` passes the replay floor of the ``CURSOR_TOO_OLD`` it recovers from: an
+        older snapshot cannot take the Cursor past it). Nothing is written unless every check
         passes; then projections of the Group are replaced in one local commit and the Cursor is
         the snapshot's sequence. Returns that sequence.
         """
@@ -723,6 +725,8 @@ class AgentStore:
         from .snapshot import Keyring, verify_snapshot
 
         _check_group(group)
+        if type(high_water_seq) is not int or not 0 <= high_water_seq <= limits.INT_ABS_MAX:
+            raise InvalidCommand(f"high_water_seq must be an integer in 0..{limits.INT_ABS_MAX}", field="high_water_seq")
         if len(self.trusted_keys) == 1 and isinstance(self.trusted_keys[0], Keyring):
             keyring = self.trusted_keys[0]  # a caller's keyring, used as is
         else:
@@ -736,7 +740,7 @@ class AgentStore:
                     field="org",
                 )
         verified = verify_snapshot(
-            data, keyring=keyring, org=org, group=group, high_water_seq=self.head(group).applied_seq
+            data, keyring=keyring, org=org, group=group, high_water_seq=max(self.head(group).applied_seq, high_water_seq)
         )
         return self.restore_verified(verified, group=group, org=org)
 

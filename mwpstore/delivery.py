@@ -110,7 +110,9 @@ class Delivery:
 
     ``consumer`` names this agent in the source's ACK table (when the source has ``ack``).
     ``restore_snapshot(error)`` is called on ``CursorTooOld`` and must return the snapshot bytes to
-    restore (e.g. fetched by ``error.snapshot_ref``); without it ``CursorTooOld`` propagates.
+    restore (e.g. fetched by ``error.snapshot_ref``); without it ``CursorTooOld`` propagates. A
+    snapshot below the error's replay floor (or at or below the refused Cursor) is refused with
+    ``SnapshotInvalid`` (``sequence``) before anything is written.
     ``org`` binds such a snapshot to the Group's Organization when the store does not know it yet.
     """
 
@@ -143,7 +145,11 @@ class Delivery:
         except CursorTooOld as exc:
             if self.restore_snapshot is None:
                 raise
-            self.agent.restore(self.restore_snapshot(exc), group=group, org=self.org)
+            # Only a snapshot at or above the floor lets the next read succeed; an older one (a
+            # stale copy) would be restored, refused by the source again, and restored again.
+            floor = exc.detail.get("floor")
+            needed = max(after + 1, floor if type(floor) is int else 0)
+            self.agent.restore(self.restore_snapshot(exc), group=group, org=self.org, high_water_seq=needed)
             self.stats.restores += 1
             return -1
         self.stats.rounds += 1

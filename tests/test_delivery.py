@@ -304,6 +304,36 @@ def test_cursor_too_old_restores_from_a_verified_snapshot_and_continues(tmp_path
     reference.close()
 
 
+def _snapshot_of(history, seq, signer):
+    from mwpstore.messages import Effect
+    from mwpstore.snapshot import create_snapshot
+
+    states: dict = {}
+    for event in history[:seq]:
+        for effect in event.effects:
+            states[effect.aggregate] = (effect.revision, effect.state)
+    return create_snapshot(org="org-1", group=history[0].group, seq=seq, head_hash=history[seq - 1].hash,
+                           aggregates=[Effect(key, *value) for key, value in states.items()], signer=signer,
+                           created_at_ms=1)
+
+
+def test_a_snapshot_below_the_replay_floor_is_refused_not_restored_round_after_round(tmp_path):
+    """An authentic snapshot older than the floor (a stale cache, a substituted file) cannot get
+    the Cursor past the floor: restoring it only leads to CURSOR_TOO_OLD again."""
+    from mwpstore.errors import SnapshotInvalid
+    from mwpstore.snapshot import SigningKey
+
+    signer = SigningKey.generate()
+    stale = _snapshot_of(HISTORIES["g-a"], 10, signer)
+    agent = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    delivery = Delivery(agent, FlooredSource(ALL_EVENTS, 15, stale), org="org-1", restore_snapshot=lambda error: stale)
+    with pytest.raises(SnapshotInvalid) as caught:
+        delivery.catch_up("g-a", rounds_max=50)
+    assert caught.value.check == "sequence"
+    assert delivery.stats.restores == 0 and agent.cursor("g-a") == 0  # nothing restored
+    agent.close()
+
+
 def test_deliver_batch_accepts_encoded_events_and_rejects_foreign_bytes(tmp_path):
     from mwpstore.messages import encode_event
 
