@@ -53,6 +53,7 @@ from ._files import (
 )
 from .errors import InvalidCommand, LimitExceeded, SnapshotInvalid, translate
 from .messages import HASH_BYTES, Effect
+from .registry import public_key_is_usable
 
 # -- Format constants (docs/format/snapshot.md, "Layout") ------------------------------------------
 
@@ -173,6 +174,12 @@ class Keyring:
             loaded = Ed25519PublicKey.from_public_bytes(public_key)
         except ValueError:
             raise InvalidCommand("not an Ed25519 public key", field="public_key") from None
+        if not public_key_is_usable(public_key):
+            # Ed25519 verification accepts small-order keys, and for those one fixed signature
+            # verifies every header: trusting one would let anyone sign any snapshot.
+            raise InvalidCommand(
+                "not a usable Ed25519 public key (small order or not a canonical curve point)", field="public_key"
+            )
         key_id = key_id_of(public_key)
         self._keys[key_id] = (public_key, loaded)
         return key_id
@@ -321,6 +328,8 @@ def retired_public_keys(directory: str) -> list[bytes]:
             Ed25519PublicKey.from_public_bytes(public_key)
         except ValueError:  # UnicodeDecodeError is a ValueError
             public_key = b""
+        if not public_key_is_usable(public_key):
+            public_key = b""  # a small-order key authenticates nothing (see Keyring.add)
         if key_id_of(public_key) != entry[:KEY_ID_CHARS] or data != _public_line(public_key):
             raise KeyFileInvalid(f"{path} does not hold the public key its name says", path=path, reason="content")
         keys.append(public_key)

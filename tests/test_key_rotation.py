@@ -194,6 +194,20 @@ def test_a_retired_file_with_bytes_that_are_not_a_key_is_refused(tmp_path):
     assert key_id_of(old.public_key) == os.path.basename(path)[:16]
 
 
+def test_a_retired_file_holding_a_small_order_key_is_refused(tmp_path):
+    """A key for which one fixed signature verifies everything is never trusted, even when its
+    file is well-formed and named by its key id."""
+    directory, path, _ = _retired_dir_with_one_key(tmp_path)
+    identity = (1).to_bytes(32, "little")
+    os.remove(path)
+    forged = os.path.join(os.path.dirname(path), f"{key_id_of(identity)}.pub")
+    with open(os.open(forged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
+        handle.write(identity.hex().encode() + b"\n")
+    with pytest.raises(KeyFileInvalid) as caught:
+        retired_public_keys(directory)
+    assert caught.value.detail["reason"] == "content"
+
+
 def test_rotating_a_closed_authority_is_refused(tmp_path):
     authority = open_with_group(str(tmp_path / "s"))
     authority.close()

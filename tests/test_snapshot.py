@@ -263,6 +263,40 @@ def test_keyring_refuses_malformed_public_keys():
         Keyring(["ab" * 32])  # type: ignore[list-item]
 
 
+# Encodings of three of the eight Ed25519 points of order at most 8 (tests/test_work_model_bounds.py
+# derives all eight): the identity (y = 1), the point of order 2 (y = p - 1) and one of order 4
+# (y = 0, which is also what a zero-filled key is).
+SMALL_ORDER_KEYS = [(1).to_bytes(32, "little"), (2**255 - 20).to_bytes(32, "little"), bytes(32)]
+
+
+def test_a_small_order_key_would_verify_a_forged_snapshot():
+    """Why the keyring refuses them: with the identity as the public key, the signature R =
+    identity, S = 0 verifies for every header, so anyone could sign any snapshot."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+    identity = SMALL_ORDER_KEYS[0]
+    header = b'{"any":"header"}'
+    Ed25519PublicKey.from_public_bytes(identity).verify(identity + bytes(32), DOMAIN_SNAPSHOT + header)
+
+
+@pytest.mark.parametrize("public_key", SMALL_ORDER_KEYS, ids=["identity", "order_2", "order_4_zero"])
+def test_keyring_refuses_small_order_public_keys(public_key):
+    with pytest.raises(InvalidCommand) as caught:
+        Keyring([public_key])
+    assert caught.value.detail["field"] == "public_key"
+    keyring = Keyring()
+    with pytest.raises(InvalidCommand):
+        keyring.add(public_key)
+    assert len(keyring) == 0
+
+
+def test_keyring_refuses_a_small_order_key_file(tmp_path):
+    path = tmp_path / "zero.pub"
+    path.write_bytes(bytes(32).hex().encode("ascii") + b"\n")  # a zero-filled public key file
+    with pytest.raises(InvalidCommand):
+        Keyring().add_file(str(path))
+
+
 def test_signing_key_is_created_once_with_owner_only_permissions(tmp_path):
     directory = str(tmp_path / "keys")
     first = SigningKey.load_or_create(directory)
