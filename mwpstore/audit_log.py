@@ -123,7 +123,15 @@ class FileKeyProvider:
             create_secret_file(os.path.join(directory, "CURRENT"), key_id.encode("ascii"))  # first one wins
             current = self._read_current(directory)
             assert current is not None
-        return current, self.key_for(org, current)
+        try:
+            return current, self.key_for(org, current)
+        except KeyError:  # its file was deleted (crypto-shredded): no new log is written under it
+            path = os.path.join(directory, f"{current}.key")
+            raise KeyFileInvalid(
+                f"{directory}/CURRENT names key {current}, whose file {path} is gone; rotate to a new current key",
+                path=path,
+                reason="missing",
+            ) from None
 
     def rotate(self, org: str) -> str:
         """Create a new key and make it current; returns its key id. Old keys stay readable."""
@@ -232,8 +240,11 @@ def write_audit_log(
     canonical.check_id(group, "group")
     if type(chunk_bytes) is not int or not 1 <= chunk_bytes <= limits.AUDIT_CHUNK_BYTES_MAX - TAG_BYTES:
         raise InvalidCommand(f"chunk_bytes must be 1..{limits.AUDIT_CHUNK_BYTES_MAX - TAG_BYTES}", field="chunk_bytes")
-    key_id, org_key = key_provider.current_key(org)
-    if type(org_key) is not bytes or len(org_key) != KEY_BYTES or _KEY_ID_PATTERN.match(key_id) is None:
+    answer = key_provider.current_key(org)
+    if type(answer) is not tuple or len(answer) != 2:
+        raise InvalidCommand("the key provider's current_key must return (key id, key)", field="key_provider")
+    key_id, org_key = answer
+    if type(key_id) is not str or _KEY_ID_PATTERN.match(key_id) is None or type(org_key) is not bytes or len(org_key) != KEY_BYTES:
         raise InvalidCommand("the key provider returned a malformed key", field="key_provider")
     salt = secrets.token_bytes(SALT_BYTES)
     header_raw = _encode_header(

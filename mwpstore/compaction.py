@@ -51,6 +51,8 @@ MARKER = "COMPACT-SWITCH"
 _ENCODER = msgspec.msgpack.Encoder()
 FLUSH_RECORDS = 4096
 FLUSH_BYTES = 8 * 1024 * 1024
+HASH_READ_BYTES = 1024 * 1024
+"""An audit log is hashed in pieces of this size: its whole history is never in memory at once."""
 
 
 @dataclass(frozen=True)
@@ -276,10 +278,14 @@ def _durable_archives(authority: Authority) -> set[str]:
         audit = os.path.join(authority.path, record.audit_location)
         try:
             with open_regular(audit) as handle:
-                digest = blake3.blake3(handle.read()).hexdigest()
+                if os.fstat(handle.fileno()).st_size != record.audit_bytes:
+                    continue  # not the file the record names: not read at all
+                hasher = blake3.blake3()
+                while piece := handle.read(HASH_READ_BYTES):
+                    hasher.update(piece)
         except OSError:
             continue  # no durable audit log: the Group's history stays
-        if digest == record.audit_file_hash:
+        if hasher.hexdigest() == record.audit_file_hash:
             out.add(group)
     return out
 

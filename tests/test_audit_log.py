@@ -253,6 +253,43 @@ def test_file_key_provider_unknown_key_and_path_like_org(tmp_path):
         provider.current_key("../escape")
 
 
+def test_a_shredded_current_key_is_a_typed_error_and_rotation_recovers(tmp_path, memory):
+    """Crypto-shredding the current key leaves CURRENT naming a file that is gone: writing a new
+    audit log must say so (KEY_FILE_INVALID), not escape as a bare KeyError."""
+    provider = FileKeyProvider(str(tmp_path / "keys"))
+    key_id, _ = provider.current_key("acme")
+    os.remove(tmp_path / "keys" / "acme" / f"{key_id}.key")
+    with pytest.raises(KeyFileInvalid) as caught:
+        provider.current_key("acme")
+    assert caught.value.detail["reason"] == "missing"
+    path = str(tmp_path / "g1.audit")
+    with pytest.raises(KeyFileInvalid):
+        write_audit_log(path, org="acme", group="g1", events=encoded(memory), key_provider=provider)
+    assert not os.path.exists(path)
+    provider.rotate("acme")
+    assert write_audit_log(path, org="acme", group="g1", events=encoded(memory), key_provider=provider).events == len(memory.events)
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [None, ("00" * 8,), (b"0011223344556677", bytes(32)), (7, bytes(32)), ("00" * 8, "k" * 32), "0" * 48],
+    ids=["none", "one_item", "bytes_key_id", "int_key_id", "str_key", "string"],
+)
+def test_writer_refuses_a_malformed_key_provider_answer(tmp_path, answer):
+    class Malformed:
+        def current_key(self, org):
+            return answer
+
+        def key_for(self, org, key_id):
+            raise KeyError(key_id)
+
+    path = str(tmp_path / "g1.audit")
+    with pytest.raises(InvalidCommand) as caught:
+        write_audit_log(path, org="acme", group="g1", events=[], key_provider=Malformed())
+    assert caught.value.detail["field"] == "key_provider"
+    assert os.listdir(tmp_path) == []
+
+
 def test_rotation_keeps_old_logs_readable(tmp_path, provider, memory):
     old_path = str(tmp_path / "old.audit")
     old = write_audit_log(old_path, org="acme", group="g1", events=encoded(memory), key_provider=provider)

@@ -445,3 +445,24 @@ def test_an_archive_whose_check_fails_leaves_no_audit_log_behind(tmp_path):
             authority.archive(GROUP, actor=OWNER, action_id="archive", key_provider=provider)
         assert authority.archive_record(GROUP) is None
         assert os.listdir(os.path.join(authority.path, "archive", GROUP)) == []
+
+
+def test_compaction_hashes_audit_logs_in_bounded_memory(tmp_path):
+    """Compaction checks each archived Group's audit log against its record before dropping the
+    Group's Events. A file of another size is not the one the record names and is not read; the
+    one that is read is hashed piece by piece, never loaded whole."""
+    import tracemalloc
+
+    with open_with_group(str(tmp_path / "s")) as authority:
+        _fill(authority, GROUP, 3)
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive")
+        audit = os.path.join(authority.path, record.audit_location)
+        os.truncate(audit, 256 * 1024 * 1024)  # extended, sparse: no disk space used
+        tracemalloc.start()
+        try:
+            report = authority.compact()
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert report.events_dropped == 0  # not the recorded file: the history stays in the log
+        assert peak < 32 * 1024 * 1024
