@@ -49,6 +49,7 @@ from ._files import (
 )
 from .errors import ArchiveInvalid, EventInvalid, InvalidCommand, MwpError, translate
 from .messages import ZERO_HASH, Event, check_event, decode_event
+from .redaction import tombstone_key
 from .registry import apply_effects
 from .snapshot import VerifiedSnapshot
 
@@ -530,11 +531,15 @@ def verify_audit_log_against_snapshot(
     """Check that the audit log is the complete, authentic history that ends in ``snapshot``.
 
     Every chunk authenticates; every record is an Event of the snapshot's Group that verifies and
-    links to the previous one's hash (from the zero hash); seqs run 1, 2, ... without a gap; the
-    last Event's seq and hash are the snapshot's seq and head hash. With ``replay``, folding every
-    Event's effects reproduces the snapshot's aggregates exactly. Raises ``ArchiveInvalid``.
+    links to the previous one's hash (from the zero hash); seqs run 1, 2, ... without a gap; an
+    Event lacks its payload exactly when the snapshot holds a tombstone for its sequence (the hash
+    chain commits to the payload's hash, not to the payload, so only this catches a payload
+    removed without ``event.redact``); the last Event's seq and hash are the snapshot's seq and
+    head hash. With ``replay``, folding every Event's effects reproduces the snapshot's aggregates
+    exactly. Raises ``ArchiveInvalid``.
     """
     header = read_audit_log_header_checked(path)
+    redacted = _tombstoned_sequences(snapshot.aggregates)
     states: dict[str, dict[str, Any]] = {}
     revisions: dict[str, int] = {}
     previous = ZERO_HASH
@@ -550,6 +555,14 @@ def verify_audit_log_against_snapshot(
             raise _fail("binding", f"record {count + 1} is an Event of group {event.group!r}", seq=event.seq)
         if event.seq != count + 1:
             raise _fail("sequence", f"Event seq {event.seq} where {count + 1} was due", seq=event.seq)
+        if (event.body is None) != (event.seq in redacted):
+            raise _fail(
+                "tombstone",
+                f"Event {event.seq} has no payload and the final snapshot holds no tombstone for it"
+                if event.body is None
+                else f"Event {event.seq} was redacted (the final snapshot holds its tombstone) but still has its payload",
+                seq=event.seq,
+            )
         if replay:
             apply_effects(states, revisions, event.effects)
         previous = event.hash
@@ -573,6 +586,19 @@ def verify_audit_log_against_snapshot(
         last_seq=count,
         head_hash=previous,
     )
+
+
+def _tombstoned_sequences(aggregates: Iterable[Any]) -> set[int]:
+    """The sequences the snapshot's ``tombstone:<seq>`` aggregates redact."""
+    out = set()
+    for effect in aggregates:
+        seq = effect.aggregate[len(_TOMBSTONE_PREFIX) :]
+        if effect.aggregate.startswith(_TOMBSTONE_PREFIX) and effect.state is not None and seq.isascii() and seq.isdigit():
+            out.add(int(seq))
+    return out
+
+
+_TOMBSTONE_PREFIX = tombstone_key(0)[:-1]
 
 
 def read_audit_log_header_checked(path: str) -> dict[str, Any]:

@@ -513,12 +513,51 @@ def test_event_with_broken_chain_is_refused(tmp_path, provider, memory):
     assert info.value.detail["check"] == "event" and info.value.detail["seq"] == 4
 
 
-def test_redacted_event_still_verifies(tmp_path, provider, memory):
-    events = list(memory.events)
-    events[2] = msgspec.structs.replace(events[2], body=None)  # payload gone, payload hash kept
-    path = str(tmp_path / "redacted.audit")
+def redacted_group() -> MemoryGroup:
+    """A Group whose Event 3 was redacted by an accepted ``event.redact``."""
+    memory = make_group(missions=4)
+    memory.accept(
+        Command(actor="alice", action_id="redact-3", group="g1", kind="event.redact", target="3", body={"reason": "legal"}),
+        now_ms=6000,
+    )
+    return memory
+
+
+def write_events(path: str, events, provider) -> None:
     write_audit_log(path, org="acme", group="g1", events=[encode_event(e) for e in events], key_provider=provider)
+
+
+def test_redacted_event_still_verifies(tmp_path, provider):
+    memory = redacted_group()
+    events = list(memory.events)
+    events[2] = msgspec.structs.replace(events[2], body=None)  # as reads return it: payload gone, payload hash kept
+    path = str(tmp_path / "redacted.audit")
+    write_events(path, events, provider)
     assert verify_audit_log_against_snapshot(path, final_snapshot(memory), provider).events == len(events)
+
+
+def test_a_payload_removed_without_a_tombstone_is_refused(tmp_path, provider, memory):
+    """The hash chain commits to a payload's hash, not to the payload, so whoever holds the
+    Organization key could re-encrypt the log with a payload dropped and the chain would still
+    verify. Removing a payload is legal only through an accepted event.redact, whose tombstone
+    the signed final snapshot holds."""
+    events = list(memory.events)
+    events[2] = msgspec.structs.replace(events[2], body=None)
+    path = str(tmp_path / "stripped.audit")
+    write_events(path, events, provider)
+    for replay in (True, False):
+        with pytest.raises(ArchiveInvalid) as caught:
+            verify_audit_log_against_snapshot(path, final_snapshot(memory), provider, replay=replay)
+        assert caught.value.detail["check"] == "tombstone" and caught.value.detail["seq"] == 3
+
+
+def test_a_redacted_payload_still_in_the_log_is_refused(tmp_path, provider):
+    memory = redacted_group()
+    path = str(tmp_path / "unredacted.audit")
+    write_events(path, memory.events, provider)  # Event 3 still carries the payload its tombstone removed
+    with pytest.raises(ArchiveInvalid) as caught:
+        verify_audit_log_against_snapshot(path, final_snapshot(memory), provider)
+    assert caught.value.detail["check"] == "tombstone" and caught.value.detail["seq"] == 3
 
 
 # -- command line ----------------------------------------------------------------------------------------
