@@ -1533,13 +1533,14 @@ class Authority:
     @_index_errors_typed
     def verify(self, progress: Callable[[int, int], None] | None = None, *, key_provider: Any = None) -> VerifyReport:
         """Check every frame, every Group's hash chain (tombstoned Events included: a redacted
-        payload keeps its hash), that the index equals a rebuild, every snapshot against the
-        store's key, and every kept audit log against its Group's signed final snapshot
-        (``key_provider`` as for :meth:`archive`)."""
+        payload keeps its hash), that every Event without its payload has a tombstone, that the
+        index equals a rebuild, every snapshot against the store's key, and every kept audit log
+        against its Group's signed final snapshot (``key_provider`` as for :meth:`archive`)."""
         log, index = self._pair  # one consistent pair, even if a compaction swaps them meanwhile
         assert index is not None
         problems: list[str] = []
         heads: dict[str, tuple[int, bytes]] = {}
+        without_payload: list[tuple[str, int, int]] = []
         records = events = 0
         end = log.end
         try:
@@ -1562,6 +1563,8 @@ class Authority:
                         problems.append(f"hash mismatch in group {event.group} at seq {event.seq} (position {position})")
                     if event.body is not None and payload_hash_of(event.body) != event.payload_hash:
                         problems.append(f"payload hash mismatch in group {event.group} at seq {event.seq}")
+                    if event.body is None:  # the chain cannot tell a redaction from a payload dropped
+                        without_payload.append((event.group, event.seq, position))
                     heads[event.group] = (event.seq, event.hash)
                 if progress:
                     progress(batch.next_position - log.start, end - log.start)
@@ -1569,6 +1572,14 @@ class Authority:
             problems.append(f"{exc.code}: {exc.message}")
             return VerifyReport(records, events, len(heads), problems)
         problems.extend(self._compare_with_rebuild(log, index))
+        try:
+            for group, seq, position in without_payload:
+                if self.state(group, f"tombstone:{seq}")[1] is None:
+                    problems.append(
+                        f"payload of group {group} seq {seq} is missing and no tombstone redacts it (position {position})"
+                    )
+        except MwpError as exc:  # the index cannot answer: the comparison above says why
+            problems.append(f"looking up tombstones: {exc.code}: {exc.message}")
         try:
             problems.extend(self._verify_files(key_provider))
         except MwpError as exc:  # the index cannot even list the files: the comparison above says why

@@ -466,3 +466,20 @@ def test_compaction_hashes_audit_logs_in_bounded_memory(tmp_path):
             tracemalloc.stop()
         assert report.events_dropped == 0  # not the recorded file: the history stays in the log
         assert peak < 32 * 1024 * 1024
+
+
+def test_verify_reports_a_payload_removed_from_the_log_without_a_tombstone(tmp_path, monkeypatch):
+    """The chain commits to a payload's hash only, so a log rewritten with a payload dropped keeps
+    a valid chain; verify must still say that no tombstone accounts for the missing payload."""
+    from mwpstore import compaction
+
+    with open_with_group(str(tmp_path / "s")) as authority:
+        open_mission(authority)
+        receipt = authority.accept(secret_command())
+        _fill(authority, GROUP, 2)
+        # a rewrite of the log that drops Event `receipt.seq`'s payload, with no event.redact
+        monkeypatch.setattr(compaction, "_redacted_seqs", lambda authority: {GROUP: {receipt.seq}})
+        authority.compact()
+        assert authority.read(GROUP)[receipt.seq - 1].body is None
+        problems = authority.verify().problems
+        assert len(problems) == 1 and f"seq {receipt.seq}" in problems[0] and "tombstone" in problems[0]
