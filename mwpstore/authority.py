@@ -18,6 +18,7 @@ import re
 import struct
 import threading
 import time
+from threading import get_ident
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -142,25 +143,22 @@ def _index_errors_typed(method: _F) -> _F:
 
     @functools.wraps(method)
     def reading(self: Authority, *args: Any, **kwargs: Any) -> Any:
-        with self._read_gate:
+        # The reader registers before it looks at _closed, and close() sets _closed before it
+        # waits for the registry to empty: a read either sees the store closed or is waited for.
+        # list.append and list.remove are atomic, so a read takes no lock.
+        reader = get_ident()
+        readers = self._readers
+        readers.append(reader)
+        try:
             if self._closed:
                 raise StoreClosed("the authority is closed; open it again")
-            self._readers += 1
-        local = self._reads_here
-        depth = getattr(local, "depth", 0)
-        local.depth = depth + 1
-        try:
             return method(self, *args, **kwargs)
         except MwpError:
             raise
         except DAMAGE_ERRORS as exc:
             raise damage_of(*_INDEX_DAMAGE, exc) from None
         finally:
-            local.depth = depth
-            with self._read_gate:
-                self._readers -= 1
-                if not self._readers:
-                    self._read_gate.notify_all()
+            readers.remove(reader)
 
     return reading  # type: ignore[return-value]
 
@@ -336,9 +334,8 @@ class Authority:
     _snapshot_lock: threading.Lock
     _retired: list[Any]
     _lock_fd: int
-    _read_gate: threading.Condition  # guards _readers: index reads in flight, which close() waits for
-    _readers: int
-    _reads_here: threading.local
+    _readers: list[int]  # the thread of each index read in flight, which close() waits for
+    _closing: threading.Lock  # makes "not closed yet, close now" one step for concurrent close() calls
 
     @property
     def log(self) -> SegmentLog:
@@ -393,9 +390,8 @@ class Authority:
         self._queue = deque()
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
-        self._read_gate = threading.Condition(threading.Lock())
-        self._readers = 0
-        self._reads_here = threading.local()  # depth of reads in this thread (close() inside one would wait for itself)
+        self._readers = []
+        self._closing = threading.Lock()
         self._leader = False
         self._exclusive_waiting = 0
         self._published = threading.Condition(threading.Lock())
@@ -579,10 +575,10 @@ class Authority:
 
     def close(self) -> None:
         """Finish in-flight commits, mark the index clean and durable, release the store."""
-        if getattr(self._reads_here, "depth", 0):
+        if get_ident() in self._readers:
             # e.g. from a progress or key-provider callback: it would wait for its own read
             raise InvalidCommand("close() was called from inside a read of this authority; close it after the call returns", field="close")
-        with self._read_gate:  # from here no new read starts (StoreClosed)
+        with self._closing:  # from here no new read starts (StoreClosed)
             if self._closed:
                 return
             self._closed = True
@@ -591,9 +587,8 @@ class Authority:
                 self._wake.wait(0.05)
         with self._published:
             self._published.notify_all()
-        with self._read_gate:  # reads already running finish before their index is closed
-            while self._readers:
-                self._read_gate.wait(0.05)
+        while self._readers:  # reads already running finish before their index is closed
+            time.sleep(0.001)
         error: MwpError | None = None
         try:
             if self._failure is None:
