@@ -726,6 +726,19 @@ def test_wrk_019_results_under_a_lapsed_lease_are_evidence_before_any_sweep(h: H
     h.evidence("w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": 1}, reason="lease_expired")
 
 
+def test_evt_007_a_late_result_with_a_stale_expected_revision_is_rejected_not_evidence(h: Harness) -> None:
+    # A result sent as a conditional write (expected_revision) whose condition no longer holds is
+    # refused whole (MWP-EVT-007), even where the same result sent plainly would be Evidence.
+    old = h.claim_and_start("w1", "wi1")
+    seen = h.revision(h.key_of("workitem.submit", "wi1"))
+    h.accept("owner", "workitem.reassign", "wi1", {"reason": "rebalance"})
+    h.claim_and_start("w2", "wi1")
+    late = {**fence_of(old), "submission": "late"}
+    error = h.reject(RevisionMismatch, "w1", "workitem.submit", "wi1", late, revision=seen)
+    assert error.detail["current_revision"] == h.revision(h.key_of("workitem.submit", "wi1")) != seen
+    h.evidence("w1", "workitem.submit", "wi1", late, reason="stale_ownership_epoch")
+
+
 def test_wrk_019_no_second_authoritative_submission(h: Harness) -> None:
     h.claim_and_start("w1", "wi1")
     fence = h.fence("wi1")
