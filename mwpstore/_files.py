@@ -14,6 +14,7 @@ from __future__ import annotations
 import errno
 import io
 import os
+import re
 import secrets
 import stat
 
@@ -142,9 +143,33 @@ def create_secret_file(path: str, data: bytes) -> bool:
         os.unlink(temp)
         fsync_directory(os.path.dirname(os.path.abspath(path)))
         return created
+    except BaseException as exc:
+        _remove_quietly(temp)  # an interrupt too: a copy of a secret must not outlive the call
+        if isinstance(exc, OSError):
+            raise translate(exc, context=f"creating {path}") from None
+        raise
+
+
+def remove_with_temp_copies(path: str) -> bool:
+    """Delete ``path`` and the temporary copies ``create_secret_file`` may have left of it (a kill
+    between its ``link`` and its ``unlink``), durably. True if anything was removed."""
+    path = store_path(path)
+    directory, name = os.path.split(os.path.abspath(path))
+    temps = re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{16}}\.tmp")
+    try:
+        victims = [path] + [os.path.join(directory, entry) for entry in os.listdir(directory) if temps.fullmatch(entry)]
+        removed = False
+        for victim in victims:
+            try:
+                os.unlink(victim)
+                removed = True
+            except FileNotFoundError:
+                pass
+        if removed:
+            fsync_directory(directory)
+        return removed
     except OSError as exc:
-        _remove_quietly(temp)
-        raise translate(exc, context=f"creating {path}") from None
+        raise translate(exc, context=f"removing {path}") from None
 
 
 def open_regular_fd(path: str) -> int:

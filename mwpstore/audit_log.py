@@ -45,6 +45,7 @@ from ._files import (
     open_regular,
     read_file_capped,
     read_secret_file,
+    remove_with_temp_copies,
     write_file_atomic,
 )
 from .errors import ArchiveInvalid, EventInvalid, InvalidCommand, MwpError, translate
@@ -141,6 +142,15 @@ class FileKeyProvider:
         key_id = self._new_key(directory)
         write_file_atomic(os.path.join(directory, "CURRENT"), key_id.encode("ascii"), mode=0o600)
         return key_id
+
+    def shred(self, org: str, key_id: str) -> bool:
+        """Crypto-shred key ``key_id`` of ``org``: delete its file, and any temporary copy of it
+        that an interrupted write left beside it, durably. Every audit log encrypted under it is
+        unreadable from then on. True if anything was deleted. Shredding the current key leaves
+        ``current_key`` failing with ``KEY_FILE_INVALID`` (``missing``) until ``rotate``."""
+        if type(key_id) is not str or _KEY_ID_PATTERN.match(key_id) is None:
+            raise InvalidCommand("key_id must be a key id (16 lowercase hex digits)", field="key_id")
+        return remove_with_temp_copies(os.path.join(self._org_directory(org), f"{key_id}.key"))
 
     @staticmethod
     def _new_key(directory: str) -> str:

@@ -270,6 +270,49 @@ def test_a_shredded_current_key_is_a_typed_error_and_rotation_recovers(tmp_path,
     assert write_audit_log(path, org="acme", group="g1", events=encoded(memory), key_provider=provider).events == len(memory.events)
 
 
+def test_shred_deletes_the_key_and_the_copies_an_interrupted_write_left(tmp_path, provider, memory, log):
+    key_id = read_audit_log_header(log)["key_id"]
+    directory = tmp_path / "org-keys" / "acme"
+    key_file = directory / f"{key_id}.key"
+    # What a kill between create_secret_file's link and its unlink leaves: a second 0600 copy.
+    leftover = directory / f".{key_id}.key.0123456789abcdef.tmp"
+    leftover.write_bytes(key_file.read_bytes())
+    unrelated = directory / ".ffffffffffffffff.key.0123456789abcdef.tmp"
+    unrelated.write_bytes(b"x")
+    assert provider.shred("acme", key_id) is True
+    assert not key_file.exists() and not leftover.exists() and unrelated.exists()
+    with pytest.raises(KeyError):
+        provider.key_for("acme", key_id)
+    with pytest.raises(ArchiveInvalid):
+        read_all(log, provider)
+    assert provider.shred("acme", key_id) is False  # nothing left to delete
+    with pytest.raises(KeyFileInvalid) as caught:  # it was the current key: rotate before the next log
+        provider.current_key("acme")
+    assert caught.value.detail["reason"] == "missing"
+
+
+@pytest.mark.parametrize("key_id", ["../../etc/passwd", "00" * 9, "AB" * 8, 7, None])
+def test_shred_refuses_what_is_not_a_key_id(provider, key_id):
+    provider.current_key("acme")
+    with pytest.raises(InvalidCommand) as caught:
+        provider.shred("acme", key_id)
+    assert caught.value.detail["field"] == "key_id"
+
+
+def test_an_interrupted_key_write_leaves_no_copy_of_the_key(tmp_path, monkeypatch):
+    from mwpstore import _files
+
+    def interrupted(source, target):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(_files.os, "link", interrupted)
+    provider = FileKeyProvider(str(tmp_path / "keys"))
+    with pytest.raises(KeyboardInterrupt):
+        provider.current_key("acme")
+    monkeypatch.undo()
+    assert [name for name in os.listdir(tmp_path / "keys" / "acme") if name.endswith(".tmp")] == []
+
+
 @pytest.mark.parametrize(
     "answer",
     [None, ("00" * 8,), (b"0011223344556677", bytes(32)), (7, bytes(32)), ("00" * 8, "k" * 32), "0" * 48],
