@@ -74,7 +74,7 @@ _CLEAN_ZERO_CHECK_BYTES = 64 * 1024  # after a clean close the bytes after the e
 # file that is not the one opened (docs/format/segment.md: anything else is ignored).
 _SEGMENT_NAME = re.compile(r"([0-9]{20})\.seg\Z")
 _TEMPORARY_NAME = re.compile(r"([0-9]{20})\.seg\.tmp\Z")
-_CLEAN_TEMPORARY_NAME = re.compile(r"^CLEAN(\.[0-9a-f]{16})?\.tmp$")  # a clean-close marker a crash left unrenamed
+_CLEAN_TEMPORARY_NAME = re.compile(r"CLEAN(\.[0-9a-f]{16})?\.tmp\Z")  # a clean-close marker a crash left unrenamed
 _HEADER_BYTES = lib.SL_SEGMENT_HEADER_BYTES
 _ALIGN_BYTES = lib.SL_FRAME_ALIGN_BYTES
 _SEAL_BYTES = lib.SL_SEAL_FRAME_BYTES

@@ -36,6 +36,20 @@ def test_the_clean_close_marker_is_not_written_through_what_lies_at_an_old_temp_
     assert not os.path.lexists(stale)
 
 
+def test_a_file_named_almost_like_a_clean_marker_leftover_is_not_deleted(tmp_path):
+    directory = tmp_path / "log"
+    SegmentLog.open(str(directory)).close()
+    for name in (CLEAN_FILE_NAME + ".tmp\n", CLEAN_FILE_NAME + ".0123456789abcdef.tmpx", "x" + CLEAN_FILE_NAME + ".tmp"):
+        (directory / name).write_bytes(b"not ours")
+    leftover = directory / (CLEAN_FILE_NAME + ".0123456789abcdef.tmp")
+    leftover.write_bytes(b"ours")
+    SegmentLog.open(str(directory)).close()
+    assert not leftover.exists()
+    assert sorted(name for name in os.listdir(directory) if name.endswith(("\n", "tmpx")) or name.startswith("x")) == sorted(
+        [CLEAN_FILE_NAME + ".tmp\n", CLEAN_FILE_NAME + ".0123456789abcdef.tmpx", "x" + CLEAN_FILE_NAME + ".tmp"]
+    )
+
+
 def test_a_group_over_the_byte_bound_is_refused_before_it_is_copied():
     log_records = [memoryview(bytes(RECORD_BYTES_MAX))] * 65_536  # 1 TiB if joined
     with pytest.raises(LimitExceeded) as caught:
