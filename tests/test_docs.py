@@ -1,6 +1,8 @@
-"""Every ```python block of ``docs/api.md`` (and ``docs/overview.md``) runs, each in a fresh temporary directory as the
-working directory and a fresh namespace, and none raises. The examples assert what they show,
-so a block that runs is a block that still tells the truth."""
+"""Every ```python block of ``README.md`` and of every page under ``docs/`` runs, each in a fresh
+temporary directory as the working directory and a fresh namespace, and none raises. The examples
+assert what they show, so a block that runs is a block that still tells the truth.
+
+(``bench/README.md``'s block is a template for writing a bench module, not a program; it is not run.)"""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 API = os.path.join(ROOT, "docs", "api.md")
-OVERVIEW = os.path.join(ROOT, "docs", "overview.md")
 _BLOCK = re.compile(r"^```python[ \t]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 
 
@@ -22,16 +23,29 @@ def python_blocks(path: str) -> list[tuple[int, str]]:
     return [(text.count("\n", 0, match.start()) + 2, match.group(1)) for match in _BLOCK.finditer(text)]
 
 
+def documentation_pages() -> list[str]:
+    """README.md and every Markdown page under docs/, in a stable order."""
+    pages = [os.path.join(ROOT, "README.md")]
+    for directory, _, names in sorted(os.walk(os.path.join(ROOT, "docs"))):
+        pages += [os.path.join(directory, name) for name in sorted(names) if name.endswith(".md")]
+    return pages
+
+
 BLOCKS = python_blocks(API)
-EXAMPLES = [(API, line, source) for line, source in BLOCKS] + [(OVERVIEW, line, source) for line, source in python_blocks(OVERVIEW)]
+EXAMPLES = [(path, line, source) for path in documentation_pages() for line, source in python_blocks(path)]
 
 
 def test_api_doc_has_examples() -> None:
     assert len(BLOCKS) >= 10
 
 
+def test_every_page_with_an_example_is_collected() -> None:
+    collected = {os.path.relpath(path, ROOT) for path, _, _ in EXAMPLES}
+    assert {"README.md", "docs/api.md", "docs/overview.md", "docs/agent-store.md", "docs/format/canonical.md"} <= collected
+
+
 @pytest.mark.parametrize(
-    ("path", "line", "source"), EXAMPLES, ids=[f"{os.path.basename(path)}:{line}" for path, line, _ in EXAMPLES]
+    ("path", "line", "source"), EXAMPLES, ids=[f"{os.path.relpath(path, ROOT)}:{line}" for path, line, _ in EXAMPLES]
 )
 def test_doc_example_runs(path: str, line: int, source: str, tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
