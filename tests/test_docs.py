@@ -106,3 +106,136 @@ def test_index_worked_example_matches_the_code(tmp_path: pytest.TempPathFactory)
     receipt_value = unseal(b"receipts", receipts[0][0], receipts[0][1])
     assert receipts[0][0] == b"alice\x00a-1" and f"msgpack receipt ({len(receipt_value) - 32} bytes)" in text
     assert states == [b"g-1\x00group:g-1", b"g-1\x00member:alice"]
+
+
+# -- the command lines the pages show ---------------------------------------------------------------
+
+# What a placeholder in a documented command line stands for, so that the line can be parsed.
+_PLACEHOLDERS = {
+    "DIR": "store", "GROUP": "g-1", "FILE": "g-1.snap", "PUB": "key.pub", "PUBKEY": "key.pub", "G": "g-1",
+    "O": "acme", "ORG": "acme", "SEQ": "1", "N": "1", "SECONDS": "1", "LOG": "audit.log", "SNAP": "g-1.snap",
+    "ORG_KEY_DIR": "orgs",
+}
+
+
+def _documented_command_lines(program: str) -> list[tuple[str, str]]:
+    """(page, line) for every command line of ``program`` the pages show: a `code span` that starts
+    with it (after environment assignments), or a command of a ```sh or plain ``` block
+    (continuations joined, `&&` split)."""
+    found = []
+    for path in documentation_pages():
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        page = os.path.relpath(path, ROOT)
+        spans = re.findall(r"`([^`\n]+)`", text)
+        for block in re.findall(r"^```(?:sh)?[ \t]*\n(.*?)^```", text, re.MULTILINE | re.DOTALL):
+            for line in block.replace("\\\n", " ").splitlines():
+                spans += line.split(" #")[0].split("&&")
+        for span in spans:
+            words = span.split()
+            while words and re.fullmatch(r"[A-Z_]+=\S*", words[0]):
+                words = words[1:]
+            command = " ".join(words)
+            for prefix in (program, ".venv/bin/" + program):
+                if command.startswith(prefix + " "):
+                    found.append((page, command[len(prefix) + 1 :]))
+    return found
+
+
+def _argv(arguments: str) -> list[str]:
+    """A documented argument string as argv: optional groups with "…" dropped, brackets removed,
+    redirections dropped, placeholders replaced."""
+    arguments = re.sub(r"\[[^\[\]]*(…|\.\.\.)[^\[\]]*\]", "", arguments)
+    words = arguments.replace("[", " ").replace("]", " ").split()
+    if ">" in words:
+        words = words[: words.index(">")]
+    return [_PLACEHOLDERS.get(word, word) for word in words]
+
+
+MWPSTORE_LINES = _documented_command_lines("mwpstore")
+
+
+def test_the_pages_show_mwpstore_command_lines() -> None:
+    pages = {page for page, _ in MWPSTORE_LINES}
+    assert {"docs/operations.md", "docs/reliability.md", "docs/overview.md"} <= pages
+    assert len(MWPSTORE_LINES) >= 30
+
+
+@pytest.mark.parametrize(("page", "arguments"), MWPSTORE_LINES, ids=[f"{page}: {arguments}" for page, arguments in MWPSTORE_LINES])
+def test_every_documented_mwpstore_command_line_parses(page: str, arguments: str) -> None:
+    """Each `mwpstore ...` line of the pages names a subcommand and options the parser accepts
+    (parsed only, not run), and every `--suite` it names exists. A span that only names a command
+    (`mwpstore verify`) must name one."""
+    from mwpstore import torture
+    from mwpstore.cli import build_parser
+
+    argv = _argv(arguments)
+    if all(re.fullmatch(r"[a-z]+", word) for word in argv):  # a command named in prose: `mwpstore verify`
+        assert " ".join(argv) in _subcommands(), f"{page}: `mwpstore {arguments}` is no command"
+        return
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exit:  # argparse: unknown subcommand or option, missing argument
+        raise AssertionError(f"{page}: `mwpstore {arguments}` does not parse ({argv})") from exit
+    assert set(getattr(args, "suite", None) or []) <= set(torture.SUITES)
+
+
+def _subcommand_parsers() -> dict[str, "argparse.ArgumentParser"]:
+    """Every runnable command of the parser (`demo`, `snapshot create`, ...) and its parser."""
+    import argparse
+
+    from mwpstore.cli import build_parser
+
+    def walk(parser: argparse.ArgumentParser, prefix: str) -> dict[str, argparse.ArgumentParser]:
+        found: dict[str, argparse.ArgumentParser] = {}
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    found.update(walk(sub, f"{prefix} {name}".strip()) or {f"{prefix} {name}".strip(): sub})
+        return found
+
+    return walk(build_parser(), "")
+
+
+def _subcommands() -> set[str]:
+    return set(_subcommand_parsers())
+
+
+def test_the_readme_lists_every_command() -> None:
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    listing = re.search(r"`mwpstore ([^`]*)`, each with `--help`", text)
+    assert listing, "README.md's Commands section lists the commands as `mwpstore a | b | c`"
+    listed = set()
+    for entry in " ".join(listing.group(1).split()).split(" | "):
+        name, _, actions = entry.partition(" ")
+        listed |= {f"{name} {action}" for action in actions.split("|")} if actions else {name}
+    assert listed == _subcommands()
+
+
+def test_the_operations_table_covers_every_store_command() -> None:
+    """Every command that takes --store has a row in docs/operations.md's table."""
+    with open(os.path.join(ROOT, "docs", "operations.md"), encoding="utf-8") as handle:
+        rows = [line for line in handle if line.startswith("| `mwpstore ")]
+    documented = {" ".join(word for word in row.split("`")[1].split()[1:3] if re.fullmatch(r"[a-z]+", word)) for row in rows}
+    for command, parser in sorted(_subcommand_parsers().items()):
+        if any(action.dest == "store" for action in parser._actions):
+            assert command in documented, f"`mwpstore {command}` has no row in docs/operations.md"
+    assert "inspect" in documented and "snapshot verify" in documented
+
+
+AUDIT_LOG_LINES = _documented_command_lines("python -m mwpstore.audit_log")
+
+
+@pytest.mark.parametrize(("page", "arguments"), AUDIT_LOG_LINES, ids=[f"{page}: {arguments}" for page, arguments in AUDIT_LOG_LINES])
+def test_every_documented_audit_log_command_line_parses(page: str, arguments: str, tmp_path, monkeypatch, capsys) -> None:
+    """`python -m mwpstore.audit_log ...` as the pages show it: run on files that do not exist, it
+    reports a failed check (exit 1), never a usage error (exit 2)."""
+    from mwpstore import audit_log
+
+    monkeypatch.chdir(tmp_path)
+    try:
+        code = audit_log.main(_argv(arguments))
+    except SystemExit as exit:
+        code = exit.code
+    assert code == 1, f"{page}: `python -m mwpstore.audit_log {arguments}` exited {code}"
