@@ -108,6 +108,66 @@ def test_index_worked_example_matches_the_code(tmp_path: pytest.TempPathFactory)
     assert states == [b"g-1\x00group:g-1", b"g-1\x00member:alice"]
 
 
+
+def test_segment_worked_example_matches_the_code(tmp_path: pytest.TempPathFactory) -> None:
+    """The hex dump in docs/format/segment.md is a log the C reader and the reference reader both
+    read as one record `hi` ending at 56, and its checksums are the ones the page's rules give."""
+    import struct
+
+    from mwpstore.segment_log import SegmentLog
+    from mwpstore.segment_reference import crc32c, read_log
+
+    with open(os.path.join(ROOT, "docs", "format", "segment.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    data = bytearray()
+    for dump in re.findall(r"^```\n((?:[0-9a-f]{8}  .*\n)+)```", text, re.MULTILINE):
+        for line in dump.splitlines():
+            assert int(line[:8], 16) == len(data)
+            data += bytes.fromhex(line[10 : 10 + 16 * 3].replace(" ", ""))
+    assert len(data) == 64 + 56
+    log_id = (0x0102030405060708).to_bytes(8, "little")
+    assert struct.unpack_from("<I", data, 60)[0] == crc32c(bytes(data[:60])) == 0x6631588C
+    assert struct.unpack_from("<I", data, 64)[0] == crc32c(log_id + bytes(data[68:88])) == 0x6EB16A23
+    assert struct.unpack_from("<I", data, 88)[0] == crc32c(log_id + bytes(data[92:120]))
+    assert struct.unpack_from("<I", data, 116)[0] == crc32c(log_id + bytes(data[64:68])) == 0x2EB3309A
+    directory = tmp_path / "log"
+    directory.mkdir()
+    (directory / "00000000000000000000.seg").write_bytes(bytes(data) + bytes(65536 - len(data)))
+    reference = read_log(str(directory))
+    assert (reference.records, reference.end) == ([(0, b"hi")], 56)
+    log = SegmentLog.open(str(directory), readonly=True)
+    try:
+        assert (log.end, log.read(0)) == (56, b"hi")
+    finally:
+        log.close()
+    assert "`log.end` is now 56" in text
+
+
+def test_snapshot_worked_example_matches_the_code() -> None:
+    """The sizes, key id, header, hashes and state bytes in docs/format/snapshot.md's worked
+    example are what create_snapshot writes for it."""
+    from mwpstore.snapshot import Keyring, SigningKey, create_snapshot, verify_snapshot
+
+    with open(os.path.join(ROOT, "docs", "format", "snapshot.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    example = text[text.index("## Worked example") : text.index("## Trade-offs")]
+    signer = SigningKey.from_seed(bytes(32))
+    data = create_snapshot(org="acme", group="g1", seq=1, head_hash=b"\xab" * 32, signer=signer,
+                           aggregates=[("group:g1", 1, {"org": "acme", "status": "active"})], created_at_ms=1700000000000)
+    header_bytes = int.from_bytes(data[12:16], "little")
+    header = data[40 : 40 + header_bytes].decode()
+    signature = data[40 + header_bytes : 104 + header_bytes].hex()
+    state = data[104 + header_bytes :]
+    assert f"The file is {len(data)} bytes" in example
+    assert f"header ({header_bytes})" in example and f"state ({len(state)})" in example
+    assert signer.key_id in example and signer.public_key.hex()[:8] in example and signer.public_key.hex()[-6:] in example
+    assert " ".join(f"{byte:02x}" for byte in data[:8]) in example
+    shown = example[example.index(f"header ({header_bytes}):") : example.index("(one line, no spaces)")]
+    assert "".join(line.strip() for line in shown.splitlines()[1:]) == header.replace("ab" * 32, "abab…ab")
+    assert f"{signature[:8]}…{signature[-8:]}" in example
+    assert "".join(re.findall(r"^  ([0-9a-f]{2}(?: {1,2}[0-9a-f]{2})*)", example[example.index("state ("):], re.MULTILINE)).replace(" ", "") == state.hex()
+    assert verify_snapshot(data, keyring=Keyring([signer.public_key]), org="acme", group="g1").seq == 1
+
 # -- the command lines the pages show ---------------------------------------------------------------
 
 # What a placeholder in a documented command line stands for, so that the line can be parsed.
