@@ -299,3 +299,46 @@ def test_every_documented_audit_log_command_line_parses(page: str, arguments: st
     except SystemExit as exit:
         code = exit.code
     assert code == 1, f"{page}: `python -m mwpstore.audit_log {arguments}` exited {code}"
+
+
+# -- bounds the pages quote ------------------------------------------------------------------------
+
+_UNITS = {"": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "days": 86_400_000}
+
+
+def _quoted_bounds() -> list[tuple[str, str, str]]:
+    """(page, name, value text) for every `NAME` (or `limits.NAME`, or a code span ending in it,
+    `1 ≤ H ≤ NAME`) the pages follow with ` = value` or ` (value)`, where NAME is a bound in
+    mwpstore/limits.py or a module's own."""
+    from mwpstore import agent_store, delivery, limits
+
+    known = {name for name in vars(limits) if name.isupper()} | {"BUFFERED_EVENTS_MAX", "STALLED_ROUNDS_MAX"}
+    assert {"BUFFERED_EVENTS_MAX", "STALLED_ROUNDS_MAX"} <= set(vars(agent_store)) | set(vars(delivery))
+    found = []
+    for path in documentation_pages():
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+        for match in re.finditer(r"`(?:[^`\n]*? )?(?:limits\.)?([A-Z][A-Z0-9_]+)`(?: = | \()((?:2\*\*\d+|[\d,_]+)(?: (?:KiB|MiB|GiB|days))?)", text):
+            if match.group(1) in known:
+                found.append((os.path.relpath(path, ROOT), match.group(1), match.group(2)))
+    return found
+
+
+BOUNDS = _quoted_bounds()
+
+
+def test_the_pages_quote_bounds() -> None:
+    assert len(BOUNDS) >= 10
+
+
+@pytest.mark.parametrize(("page", "name", "value"), BOUNDS, ids=[f"{page}: {name} {value}" for page, name, value in BOUNDS])
+def test_every_quoted_bound_is_the_code_s(page: str, name: str, value: str) -> None:
+    from mwpstore import agent_store, delivery, limits
+
+    actual = getattr(limits, name, None)
+    if actual is None:
+        actual = getattr(agent_store, name, None) or getattr(delivery, name)
+    number, _, unit = value.partition(" ")
+    base, _, exponent = number.partition("**")
+    stated = int(base.replace(",", "").replace("_", "")) ** (int(exponent) if exponent else 1) * _UNITS[unit]
+    assert stated == actual, f"{page} says {name} is {value}; the code has {actual}"
