@@ -594,7 +594,7 @@ def markdown_table(result: dict[str, Any], *, heading: bool = True) -> str:
 
 def argument_parser(description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--quick", action="store_true", help="small sizes and 3 rounds (CI, < 3 minutes)")
+    parser.add_argument("--quick", action="store_true", help="small sizes and 3 rounds, results in bench/results/quick/ (a quick look; CI runs no benchmarks)")
     parser.add_argument("--rounds", type=int, default=None, help="rounds per subject (default 5, quick 3)")
     parser.add_argument("--only", action="append", default=[], help="run only rows whose key contains this (repeatable)")
     parser.add_argument("--keep-data", action="store_true", help="keep the benchmark stores for inspection")
