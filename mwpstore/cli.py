@@ -2,7 +2,7 @@
 
 Exit codes (stable, for scripts): 0 success; 1 a check failed (verify, demo, torture found a
 violation); 2 bad usage or bad input; 3 a store error (locked, corrupt, I/O: the message says
-which); 130 interrupted. ``--json`` prints one JSON document on standard output instead of tables.
+which); 130 interrupted; 141 the reader of standard output went away. ``--json`` prints one JSON document on standard output instead of tables.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ EXIT_CHECK_FAILED = 1
 EXIT_USAGE = 2
 EXIT_STORE_ERROR = 3
 EXIT_INTERRUPTED = 130
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a program its pipe's reader left
 
 
 class Progress:
@@ -80,10 +81,8 @@ def _json_default(value: Any) -> Any:
 def _open_authority(args: argparse.Namespace, *, progress: bool = True) -> Any:
     from .authority import Authority
 
-    try:  # maintenance commands never create a store where there is none
-        return Authority.open(args.store, progress=Progress("opening") if progress else None, create=False)
-    except StoreNotFound:
-        raise UsageError(f"no store at {args.store!r}") from None
+    # Maintenance commands never create a store where there is none (StoreNotFound, exit 2).
+    return Authority.open(args.store, progress=Progress("opening") if progress else None, create=False)
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
@@ -307,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
     tail = commands.add_parser("tail", parents=[common, store], help="print a Group's Events (and follow new ones)")
     tail.add_argument("group")
     tail.add_argument("-n", "--lines", type=_count, default=20, help="last N Events (default %(default)s)")
-    tail.add_argument("--after", type=int, default=None, help="start after this sequence instead")
+    tail.add_argument("--after", type=_count, default=None, help="start after this sequence instead")
     tail.add_argument("-f", "--follow", action="store_true", help="keep printing new Events")
     tail.add_argument("--timeout", type=_seconds, default=None, help="stop following after this many seconds")
     tail.set_defaults(handler=cmd_tail)
@@ -369,12 +368,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"mwpstore: {exc.code}: {exc.message}", file=sys.stderr)
         from .errors import Rejection, SnapshotInvalid
 
-        # A Rejection (INVALID_COMMAND, NOT_FOUND, ...) refused the input and changed nothing.
-        if isinstance(exc, Rejection):
+        # A Rejection (INVALID_COMMAND, NOT_FOUND, ...) refused the input and changed nothing; so
+        # did an open that found no store.
+        if isinstance(exc, (Rejection, StoreNotFound)):
             return EXIT_USAGE
         return EXIT_CHECK_FAILED if isinstance(exc, SnapshotInvalid) else EXIT_STORE_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (`mwpstore inspect --json | head`): stop quietly. Later writes to
+        # stdout, the interpreter's own flush at exit included, go nowhere.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

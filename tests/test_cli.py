@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from authority_helpers import GROUP, mission_create, open_with_group
-from mwpstore.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_STORE_ERROR, EXIT_USAGE, main
+from mwpstore.cli import EXIT_BROKEN_PIPE, EXIT_CHECK_FAILED, EXIT_OK, EXIT_STORE_ERROR, EXIT_USAGE, main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -123,8 +123,33 @@ def test_store_commands_never_create_a_store_in_a_directory_without_one(tmp_path
     directory.mkdir()
     (directory / "keep.txt").write_text("keep me")
     assert main([*argv, "--store", str(directory)]) == EXIT_USAGE
-    assert "no store at" in capsys.readouterr().err
+    assert "STORE_NOT_FOUND: no store at" in capsys.readouterr().err
+    assert main([*argv, "--store", str(directory), "--json"]) == EXIT_USAGE
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "STORE_NOT_FOUND"
     assert sorted(os.listdir(directory)) == ["keep.txt"]
+
+
+def test_a_refused_input_with_json_prints_a_json_document(tmp_path, capsys):
+    assert main(["demo", str(tmp_path / "demo"), "--agents", "1", "--json"]) == EXIT_USAGE
+    document = json.loads(capsys.readouterr().out)
+    assert document["ok"] is False and document["error"]["code"] == "INVALID_COMMAND"
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
+    store = str(tmp_path / "store")
+    open_with_group(store).close()
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before the first byte (`... | head -0`)
+    try:
+        command = subprocess.run(
+            [sys.executable, "-m", "mwpstore", "inspect", "--store", store, "--json"],
+            stdout=write_end, stderr=subprocess.PIPE, timeout=120,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+    finally:
+        os.close(write_end)
+    assert command.returncode == EXIT_BROKEN_PIPE
+    assert command.stderr == b"", command.stderr.decode()
 
 
 @pytest.mark.parametrize(
