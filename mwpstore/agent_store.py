@@ -416,6 +416,11 @@ class AgentStore:
         if not callable(clock):
             raise InvalidCommand("clock must be a callable returning int milliseconds", field="clock")
         path = store_path(path)
+        from .snapshot import Keyring
+
+        trusted_keys = tuple(trusted_keys)
+        if not (len(trusted_keys) == 1 and isinstance(trusted_keys[0], Keyring)):
+            Keyring(trusted_keys)  # every key is checked at open, not at the first restore
         projections = tuple(projections)
         for projection in projections:
             if not callable(getattr(projection, "apply", None)):
@@ -446,7 +451,7 @@ class AgentStore:
                 subdir=True,
                 readahead=False,
             )
-            store = cls(path, env, lock_fd, projections, tuple(trusted_keys), clock, verify)
+            store = cls(path, env, lock_fd, projections, trusted_keys, clock, verify)
             store._check_format()
         except BaseException as exc:
             if "env" in locals():

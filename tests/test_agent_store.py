@@ -580,3 +580,11 @@ def test_close_waits_for_a_transaction_in_another_thread_and_refuses_inside_its_
         with pytest.raises(InvalidCommand):
             again.close()
     again.close()
+
+
+@pytest.mark.parametrize("key", [b"short", bytes(32), "00" * 32, 7], ids=["short", "small_order", "hex_text", "int"])
+def test_a_trusted_key_that_is_no_usable_public_key_is_refused_at_open(tmp_path, key):
+    with pytest.raises(InvalidCommand) as caught:
+        AgentStore.open(tmp_path / "a", trusted_keys=[key])
+    assert caught.value.detail["field"] == "public_key"
+    assert not (tmp_path / "a").exists()  # refused before anything was created
