@@ -63,6 +63,28 @@ def test_msn_009_redaction_keeps_id_sequence_and_chain_and_hides_payload(tmp_pat
             authority.redact(GROUP, tombstone.seq, actor=OWNER, action_id="redact-4", reason="hide the tombstone")
 
 
+def test_a_refused_redaction_of_a_tombstone_leaves_no_trace(tmp_path):
+    """Redacting a tombstone is refused before anything is written: no Event, no state, no
+    receipt (asking again is refused again), alone or inside a batch that accepts the others."""
+    with open_with_group(str(tmp_path / "s")) as authority:
+        open_mission(authority)
+        receipt = authority.accept(secret_command())
+        tombstone = authority.redact(GROUP, receipt.seq, actor=OWNER, action_id="redact-1", reason="legal")
+        head = authority.head(GROUP)
+        for _ in range(2):
+            with pytest.raises(InvalidCommand):
+                authority.redact(GROUP, tombstone.seq, actor=OWNER, action_id="redact-2", reason="hide the tombstone")
+            assert authority.head(GROUP) == head
+        assert authority.state(GROUP, f"tombstone:{tombstone.seq}") == (0, None)
+        hide = Command(actor=OWNER, action_id="redact-3", group=GROUP, kind="event.redact", target=str(tombstone.seq), body={"reason": "again"})
+        results = authority.accept_many([hide, mission_create("m-after")])
+        assert [result.ok for result in results] == [False, True]
+        assert isinstance(results[0].error, InvalidCommand)
+        assert authority.head(GROUP)[0] == head[0] + 1 and results[1].unwrap().seq == head[0] + 1
+        assert [event.kind for event in authority.read(GROUP, after=head[0])] == ["mission.create"]
+        assert authority.verify().ok
+
+
 def test_redaction_needs_the_owner(tmp_path):
     with open_with_group(str(tmp_path / "s")) as authority:
         authority.accept(Command(actor=OWNER, action_id="add", group=GROUP, kind="membership.add", target="w", body={"role": "worker"}, expected_revision=0))
