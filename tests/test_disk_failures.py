@@ -117,6 +117,37 @@ def test_accept_fails_when_its_log_sync_fails(tmp_path):
             authority.close()
 
 
+def test_a_batch_whose_log_sync_failed_is_never_visible_to_readers(tmp_path):
+    """Readers see a batch only after its log fdatasync succeeded (the index commits after the
+    sync): when that sync fails, nothing of the batch is readable, even in the failed process."""
+    path = str(tmp_path / "store")
+    counting = RecordingIO()
+    with torture.recorded_log(counting):
+        authority = Authority.open(path + "-count")
+        authority.accept(torture.group_create_command("g-1"))
+        before = counting.sync_calls
+        authority.accept(torture._mission_create("g-1", "m-1", "a-1"))
+        assert counting.sync_calls > before
+        authority.close()
+    recorder = RecordingIO(fail_sync_at=before)
+    with torture.recorded_log(recorder):
+        authority = Authority.open(path)
+        authority.accept(torture.group_create_command("g-1"))
+        head = authority.head("g-1")
+        try:
+            with pytest.raises(StorageFailed):
+                authority.accept(torture._mission_create("g-1", "m-1", "a-1"))
+            assert recorder.failures == 1
+            assert authority.head("g-1") == head
+            assert [event.seq for event in authority.read("g-1")] == [1]
+            assert authority.state("g-1", "mission:m-1") == (0, None)
+        finally:
+            try:
+                authority.close()
+            except MwpError:
+                pass
+
+
 def test_short_writes_anywhere_in_the_store_give_typed_errors(library):
     result = torture.run_disk(count=4, seed=3, modes=("short_write",))
     assert result["violations"] == 0, result["details"]["violation_messages"][:5]
