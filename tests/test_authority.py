@@ -347,6 +347,24 @@ def test_cursor_below_replay_floor_is_cursor_too_old_with_signed_snapshot(tmp_pa
         assert authority.verify().ok
 
 
+def test_replay_floor_and_cursor_too_old_boundaries_are_exact(tmp_path):
+    """The floor is the newest snapshot at most head - W (equal counts); a Cursor one below the
+    floor is CURSOR_TOO_OLD, a Cursor at the floor reads on."""
+    with Authority.open(str(tmp_path / "store")) as authority:
+        authority.accept(Command(actor=OWNER, action_id="g", group=GROUP, kind="group.create", target=GROUP, body={"org": "acme", "policy": {"replay_window_events": 2}}))
+        authority.accept_many([mission_create(f"m-{i}") for i in range(5)])
+        ref = authority.snapshot(GROUP)
+        assert ref.seq == 6
+        authority.accept(mission_create("n-0"))
+        assert authority.head(GROUP)[0] == 7 and authority.replay_floor(GROUP) == (0, None)  # 6 > 7 - 2
+        authority.accept(mission_create("n-1"))
+        assert authority.head(GROUP)[0] == 8 and authority.replay_floor(GROUP) == (6, ref)  # 6 <= 8 - 2
+        with pytest.raises(CursorTooOld) as caught:
+            authority.read(GROUP, after=5)
+        assert caught.value.detail["floor"] == 6 and caught.value.detail["cursor"] == 5
+        assert [event.seq for event in authority.read(GROUP, after=6)] == [7, 8]
+
+
 # -- recovery ------------------------------------------------------------------------------------
 
 
