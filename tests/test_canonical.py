@@ -231,6 +231,15 @@ def test_c_id_and_kind_checks_agree_with_python(value):
             check_kind(value)
 
 
+@pytest.mark.parametrize("revision", [1.0, 0.0, True, -1, 2**64, "1"])
+def test_check_command_refuses_an_expected_revision_that_is_not_a_non_negative_int(revision):
+    """A float equal to an integer (1.0) is not an integer: refused like any other non-int."""
+    with pytest.raises(InvalidCommand) as raised:
+        check_command(Command(actor="ok", action_id="a", group="g", kind="k", target="t", expected_revision=revision))
+    assert raised.value.field == "expected_revision"
+    check_command(Command(actor="ok", action_id="a", group="g", kind="k", target="t", expected_revision=1))
+
+
 def test_check_command_names_the_first_bad_field():
     command = Command(actor="ok", action_id="-bad", group="a/b", kind="Bad", target="t")
     with pytest.raises(InvalidCommand) as raised:
