@@ -57,6 +57,26 @@ def test_intent_carries_the_stable_idempotency_key(tmp_path):
     agent.close()
 
 
+def test_recording_an_intent_again_keeps_its_state_and_receipt(tmp_path):
+    """A retry that records the same operation again gets the existing intent back: never a fresh
+    INTENDED one that would forget a dispatch (and let it be dispatched again without reconcile)."""
+    agent = AgentStore.open(tmp_path / "a")
+    service = ExternalService()
+    intent = record(agent)
+    receipt = agent.dispatch(intent.key, service.call)
+    again = record(agent)
+    assert again.state is IntentState.DONE and again.receipt == receipt
+    assert agent.intent(intent.key).state is IntentState.DONE and agent.intent(intent.key).receipt == receipt
+    assert agent.dispatch(intent.key, service.call) == receipt and service.calls == [intent.key]
+    other = record(agent, operation="page")
+    agent.mark_dispatched(other.key)  # handed out; the process died before the answer
+    assert record(agent, operation="page").state is IntentState.DISPATCHED
+    with pytest.raises(ReconcileRequired):
+        agent.dispatch(other.key, service.call)
+    assert service.calls == [intent.key]
+    agent.close()
+
+
 @pytest.mark.parametrize("reading", [1_700_000_000_000.5, True, -5, 2**64])
 def test_a_bad_clock_reading_stores_nothing(tmp_path, reading):
     clock = [reading]
