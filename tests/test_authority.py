@@ -347,6 +347,26 @@ def test_cursor_below_replay_floor_is_cursor_too_old_with_signed_snapshot(tmp_pa
         assert authority.verify().ok
 
 
+def test_acceptance_time_never_moves_backwards_when_the_clock_does(tmp_path):
+    """accepted_at_ms is the clock's reading but never before the last acceptance time: in the
+    same process, and after a reopen (the time is kept in the index)."""
+    clock = FakeClock(start_ms=1_700_000_000_000)
+    path = str(tmp_path / "store")
+    authority = open_with_group(path, clock=clock)
+    first = authority.accept(mission_create("m-1"))
+    assert first.accepted_at_ms == 1_700_000_000_000
+    clock.now_ms = 1_600_000_000_000  # the wall clock stepped back
+    second = authority.accept(mission_create("m-2"))
+    assert second.accepted_at_ms == first.accepted_at_ms
+    authority.close()
+    with Authority.open(path, clock=clock) as reopened:
+        third = reopened.accept(mission_create("m-3"))
+        assert third.accepted_at_ms == first.accepted_at_ms
+        clock.now_ms = 1_700_000_000_500
+        assert reopened.accept(mission_create("m-4")).accepted_at_ms == 1_700_000_000_500
+        assert [event.accepted_at_ms for event in reopened.read(GROUP, after=1)] == [first.accepted_at_ms] * 3 + [1_700_000_000_500]
+
+
 def test_replay_floor_and_cursor_too_old_boundaries_are_exact(tmp_path):
     """The floor is the newest snapshot at most head - W (equal counts); a Cursor one below the
     floor is CURSOR_TOO_OLD, a Cursor at the floor reads on."""
