@@ -164,6 +164,40 @@ def test_the_agent_check_catches_a_cursor_past_a_gap(tmp_path):
     assert any("cursor" in problem for problem in problems), problems
 
 
+def test_the_agent_check_catches_an_event_applied_twice(tmp_path):
+    """The CountingProjection count is what tells a double apply: forge a second application of
+    one applied Event (what a re-apply after a crash would leave) and the check must say so."""
+    from mwpstore.agent_store import ProjectionView
+
+    authority, _ = _store_with_receipts(str(tmp_path / "store"))
+    with authority, AgentStore.open(str(tmp_path / "agent"), projections=[torture.CountingProjection()]) as agent:
+        Delivery(agent, authority).catch_up("g-1")
+        assert torture.check_agent(agent, authority) == []
+        applied = agent.head("g-1").applied_seq
+        [event] = authority.read("g-1", after=applied - 1)
+        with agent.begin() as tx:
+            torture.CountingProjection().apply(ProjectionView(tx, "g-1", torture.CountingProjection.name), event)
+        problems = torture.check_agent(agent, authority)
+    assert any("projection counts wrong" in problem and f"twice [{applied}]" in problem for problem in problems), problems
+
+
+def _power_state_with_ack(target: str) -> None:
+    with Authority.open(target, segment_bytes=torture.POWER_SEGMENT_BYTES) as authority:
+        torture.ensure_groups(authority)
+        authority.accept(torture._mission_create("g-1", "m-1", "a-1"))
+        assert authority.ack("agent-p", "g-1", 1) == 1
+
+
+def test_the_power_check_catches_a_lost_acknowledged_ack(tmp_path):
+    """_check_power_state compares each acknowledged ACK with the recovered store's."""
+    for name, acknowledged, expected in (("kept", 1, []), ("lost", 2, ["acknowledged ACK agent-p/g-1=2 lost"])):
+        target = str(tmp_path / name)
+        _power_state_with_ack(target)
+        problems, _ = torture._check_power_state(target, torture.Acknowledged(), {("agent-p", "g-1"): acknowledged},
+                                                 f"boot-{name}", False, {})
+        assert problems == expected, problems
+
+
 def test_a_suite_that_breaks_reports_it_as_a_violation(monkeypatch):
     def broken(**options):
         raise RuntimeError("harness bug")
