@@ -799,6 +799,10 @@ def _check_power_state(target: str, oracle: Acknowledged, acks: dict[tuple[str, 
                 authority.accept(_mission_create(GROUPS[0], "after-recovery", "after-recovery"))  # it takes writes
                 if authority.log.end <= receipt_before:
                     problems.append("the recovered store did not append")
+                try:  # and the log still reads whole with that group after what recovery kept
+                    authority.log.verify()
+                except MwpError as exc:
+                    problems.append(f"the log does not read back after the post-recovery write: {_describe(exc)}")
             finally:
                 authority.close()
     except MwpError as exc:

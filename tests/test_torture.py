@@ -198,6 +198,22 @@ def test_the_power_check_catches_a_lost_acknowledged_ack(tmp_path):
         assert problems == expected, problems
 
 
+def test_the_power_check_reads_the_log_back_after_the_post_recovery_write(tmp_path, monkeypatch):
+    """A recovery that kept part of a torn group left a log that reads until the next append
+    (then its commit frame does not match): the power check reads the log back after its write."""
+    from mwpstore.errors import Corruption
+
+    target = str(tmp_path / "state")
+    _power_state_with_ack(target)
+
+    def damaged(self):
+        raise Corruption("the group's commit frame does not match its records", reason="commit_mismatch")
+
+    monkeypatch.setattr(SegmentLog, "verify", damaged)
+    problems, _ = torture._check_power_state(target, torture.Acknowledged(), {}, "boot-v", False, {})
+    assert len(problems) == 1 and problems[0].startswith("the log does not read back after the post-recovery write"), problems
+
+
 def test_a_suite_that_breaks_reports_it_as_a_violation(monkeypatch):
     def broken(**options):
         raise RuntimeError("harness bug")
