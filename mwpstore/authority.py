@@ -1566,7 +1566,10 @@ class Authority:
         except MwpError as exc:
             problems.append(f"{exc.code}: {exc.message}")
             return VerifyReport(records, events, len(heads), problems)
-        problems.extend(self._compare_with_rebuild(log, index))
+        try:
+            problems.extend(self._compare_with_rebuild(log, index))
+        except MwpError as exc:  # the log cannot even be indexed (e.g. a chain break): the scan above names why
+            problems.append(f"rebuilding an index from the log to compare: {exc.code}: {exc.message}")
         try:
             for group, seq, position in without_payload:
                 if self.state(group, f"tombstone:{seq}")[1] is None:

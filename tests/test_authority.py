@@ -460,6 +460,42 @@ def test_index_ahead_of_log_is_rebuilt(tmp_path):
         assert authority.verify().ok
 
 
+def test_verify_reports_a_broken_hash_chain_instead_of_raising(tmp_path):
+    """A log rewritten with one Event re-chained (every frame intact, every Event's own hash
+    right, the same positions, so the clean index still opens): verify() returns a report that
+    names the chain break; it used to raise CORRUPTION from its rebuild comparison, dropping it."""
+    import shutil
+
+    import msgspec
+
+    from mwpstore.messages import decode_event, encode_event, recompute_event_hash
+    from mwpstore.segment_log import SegmentLog
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        for number in range(4):
+            authority.accept(mission_create(f"m-{number}"))
+    with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
+        records = [(position, bytes(record)) for batch in log.scan(0) for position, record in zip(batch.positions, batch.records)]
+    forged = str(tmp_path / "forged")
+    with SegmentLog.open(forged) as log:
+        for position, record in records:  # one record a group, as each accept wrote it
+            event = decode_event(memoryview(record)[1:])
+            if event.seq == 3:
+                event = msgspec.structs.replace(event, prev_hash=bytes(32))
+                event = msgspec.structs.replace(event, hash=recompute_event_hash(event))
+                record = record[:1] + encode_event(event)
+            assert log.append([record]) == [position]
+    shutil.rmtree(os.path.join(path, "log"))
+    shutil.move(forged, os.path.join(path, "log"))
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "clean"
+        report = authority.verify()
+    assert not report.ok
+    assert any(problem.startswith(f"chain break in group {GROUP} at seq 3") for problem in report.problems), report.problems
+    assert any(problem.startswith(f"chain break in group {GROUP} at seq 4") for problem in report.problems), report.problems
+
+
 def test_verify_finds_an_index_that_differs_from_the_log(tmp_path):
     path = str(tmp_path / "store")
     with open_with_group(path) as authority:
