@@ -11,7 +11,14 @@
   tuples and dict entries the LMDB writes take; ``authority._index_record`` is its reference.
 """
 
+import os
+import runpy
+
 from setuptools import Extension, setup
+
+# The compiler and linker flags of every extension, from one place (csrc/build_segment_log.py);
+# MWPSTORE_SANITIZE=1 makes them a sanitizer build (docs/reliability.md, "Sanitizers").
+_FLAGS = runpy.run_path(os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc", "build_segment_log.py"))
 
 
 def limited_api_extension(name: str, source: str) -> Extension:
@@ -19,7 +26,8 @@ def limited_api_extension(name: str, source: str) -> Extension:
     return Extension(
         name,
         sources=[source],
-        extra_compile_args=["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"],
+        extra_compile_args=list(_FLAGS["COMPILE_ARGS"]),
+        extra_link_args=list(_FLAGS["LINK_ARGS"]),
         define_macros=[("Py_LIMITED_API", "0x030B0000")],
         py_limited_api=True,
     )

@@ -46,8 +46,9 @@ struct lc_result { int32_t reason; int32_t sys_errno; uint64_t page; uint64_t va
 int lc_check_file(const char *path, struct lc_result *out);
 """
 
-# The same compiler flags as the segment log (one list, in build_segment_log.py).
-COMPILE_ARGS = runpy.run_path(os.path.join(HERE, "build_segment_log.py"))["COMPILE_ARGS"]
+# The same compiler and linker flags as the segment log (one list, in build_segment_log.py).
+_FLAGS = runpy.run_path(os.path.join(HERE, "build_segment_log.py"))
+COMPILE_ARGS, LINK_ARGS = _FLAGS["COMPILE_ARGS"], _FLAGS["LINK_ARGS"]
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
@@ -57,6 +58,7 @@ ffibuilder.set_source(
     sources=[os.path.join("csrc", "lmdb_check.c")],
     include_dirs=[HERE, "csrc"],
     extra_compile_args=COMPILE_ARGS,
+    extra_link_args=LINK_ARGS,
 )
 
 if __name__ == "__main__":

@@ -179,9 +179,20 @@ extern "Python" int sl_py_remove_file(void *, const char *);
 extern "Python" int sl_py_sync_directory(void *, const char *);
 """
 
+# The compiler and linker flags of all five C extensions (build_lmdb_check.py and setup.py take
+# them from here). MWPSTORE_SANITIZE=1 in the environment builds them with AddressSanitizer and
+# UndefinedBehaviorSanitizer (docs/reliability.md, "Sanitizers"); -fno-wrapv undoes Python's
+# -fwrapv, under which signed overflow is defined and so not reported, and MWPSTORE_SANITIZE
+# makes lmdb_check.c read its file into the heap, where AddressSanitizer sees its end.
 COMPILE_ARGS = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2"]
+LINK_ARGS: list[str] = []
 if platform.system() == "Darwin":  # pragma: no cover - the project targets Linux
     COMPILE_ARGS.append("-Wno-unused-command-line-argument")
+if os.environ.get("MWPSTORE_SANITIZE") == "1":
+    SANITIZERS = ["-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
+    COMPILE_ARGS = [arg for arg in COMPILE_ARGS if arg != "-O2"]
+    COMPILE_ARGS += [*SANITIZERS, "-fno-omit-frame-pointer", "-fno-wrapv", "-g", "-O1", "-DMWPSTORE_SANITIZE=1"]
+    LINK_ARGS = SANITIZERS
 
 ffibuilder = FFI()
 ffibuilder.cdef(CDEF)
@@ -191,6 +202,7 @@ ffibuilder.set_source(
     sources=[os.path.join("csrc", "segment_log.c"), os.path.join("csrc", "crc32c.c")],
     include_dirs=[HERE, "csrc"],
     extra_compile_args=COMPILE_ARGS,
+    extra_link_args=LINK_ARGS,
     libraries=["pthread"],
 )
 
