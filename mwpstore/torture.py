@@ -1348,6 +1348,13 @@ DISK_STEPS = 30
 DISK_MODES = ("sync_once", "sync_from", "enospc", "short_write", "seam_sync")
 
 
+def preload(library: str) -> str:
+    """``LD_PRELOAD`` for a child that loads ``library``: after what this process's environment
+    preloads already (a sanitizer build's runtime, which must stay first in the list)."""
+    inherited = os.environ.get("LD_PRELOAD", "")
+    return f"{inherited}:{library}" if inherited else library
+
+
 def build_fail_sync_library(directory: str) -> str:
     """Compile ``tests/native/fail_sync.c`` into ``directory``; returns the library's path."""
     if not os.path.exists(FAIL_SYNC_SOURCE):
@@ -1531,7 +1538,7 @@ def run_disk(count: int | None = None, seconds: float | None = None, seed: int =
             path = os.path.join(root, f"store-{number}")
             fault_log = os.path.join(root, f"faults-{number}.log")
             filtered = path if scope == "store" else os.path.join(path, "log") + os.sep
-            env = dict(os.environ, LD_PRELOAD=library, MWPSTORE_FAULT_PATH=filtered, MWPSTORE_FAULT_LOG=fault_log,
+            env = dict(os.environ, LD_PRELOAD=preload(library), MWPSTORE_FAULT_PATH=filtered, MWPSTORE_FAULT_LOG=fault_log,
                        **{BOOT_ID_ENV: boot}, **env_extra)
             env.pop(FAILPOINT_ENV, None)
             child = subprocess.run(_python_command("disk_child", path, str(seed)), env=env, capture_output=True,

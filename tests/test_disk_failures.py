@@ -58,9 +58,9 @@ def test_library_fails_the_chosen_sync_once(library, tmp_path):
         "        results.append(exc.errno)\n"
         "print(results, ctypes.CDLL(None).mwpstore_faults_injected())\n"
     )
-    env = dict(os.environ, LD_PRELOAD=library, MWPSTORE_FAULT_PATH=str(target), MWPSTORE_FAIL_SYNC_AT="2")
+    env = dict(os.environ, LD_PRELOAD=torture.preload(library), MWPSTORE_FAULT_PATH=str(target), MWPSTORE_FAIL_SYNC_AT="2")
     assert _python(code, env).stdout.split("\n")[0] == "['ok', 5, 'ok'] 1"
-    env = dict(os.environ, LD_PRELOAD=library, MWPSTORE_FAULT_PATH=str(target), MWPSTORE_FAIL_SYNC_FROM="2")
+    env = dict(os.environ, LD_PRELOAD=torture.preload(library), MWPSTORE_FAULT_PATH=str(target), MWPSTORE_FAIL_SYNC_FROM="2")
     assert _python(code, env).stdout.split("\n")[0] == "['ok', 5, 5] 2"
 
 
@@ -76,7 +76,7 @@ def test_library_injects_enospc_and_short_writes(library, tmp_path):
         "        out.append(exc.errno)\n"
         "print(out)\n"
     )
-    base = dict(os.environ, LD_PRELOAD=library, MWPSTORE_FAULT_PATH=str(tmp_path))
+    base = dict(os.environ, LD_PRELOAD=torture.preload(library), MWPSTORE_FAULT_PATH=str(tmp_path))
     assert _python(code, dict(base, MWPSTORE_ENOSPC_WRITE_AT="2")).stdout.strip() == "[100, 28, 100]"
     assert _python(code, dict(base, MWPSTORE_SHORT_WRITE_AT="3")).stdout.strip() == "[100, 100, 50]"
 
@@ -198,5 +198,5 @@ def test_open_gives_a_typed_error_when_the_index_sync_fails(library, tmp_path):
         "except Exception as exc:\n"
         "    print('foreign', type(exc).__name__)\n"
     )
-    env = dict(os.environ, LD_PRELOAD=library, MWPSTORE_FAULT_PATH=os.path.join(store, "index"), MWPSTORE_FAIL_SYNC_FROM="1")
+    env = dict(os.environ, LD_PRELOAD=torture.preload(library), MWPSTORE_FAULT_PATH=os.path.join(store, "index"), MWPSTORE_FAIL_SYNC_FROM="1")
     assert _python(code, env).stdout.strip() == "typed STORAGE_FAILED"
