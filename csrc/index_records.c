@@ -554,6 +554,7 @@ static int advance_head(PyObject *heads, const event_t *e) {
     return result;
 }
 
+/* The list writes[name] (a new reference); NULL with a Python error. */
 static PyObject *list_of(PyObject *dict, const char *name) {
     PyObject *key = PyBytes_FromString(name);
     if (key == NULL) return NULL;
@@ -567,7 +568,7 @@ static PyObject *list_of(PyObject *dict, const char *name) {
         PyErr_Format(PyExc_TypeError, "writes[%s] must be a list", name);
         return NULL;
     }
-    return list;
+    return Py_NewRef(list); /* held: Python code may run while entries are appended */
 }
 
 static PyObject *ir_index_events(PyObject *module, PyObject *args) {
@@ -585,37 +586,56 @@ static PyObject *ir_index_events(PyObject *module, PyObject *args) {
         PyErr_SetString(PyExc_ValueError, "records and positions must have the same length, start within it");
         return NULL;
     }
-    outputs_t out = {list_of(items, "events"), list_of(items, "states"), list_of(items, "receipts"),
-                     list_of(new_keys, "states"), list_of(new_keys, "receipts"),
-                     events_seed, states_seed, receipts_seed};
-    if (!out.events || !out.states || !out.receipts || !out.states_new || !out.receipts_new) return NULL;
-    event_t *e = PyMem_Malloc(sizeof *e);
-    if (e == NULL) return PyErr_NoMemory();
+    outputs_t out = {.events_seed = events_seed, .states_seed = states_seed, .receipts_seed = receipts_seed};
+    PyObject *result = NULL;
+    event_t *e = NULL;
     uint64_t last_ms = 0;
     Py_ssize_t i = start;
-    for (; i < count; i++) {
+    /* one at a time: no call with an exception already set */
+    if ((out.events = list_of(items, "events")) == NULL || (out.states = list_of(items, "states")) == NULL ||
+        (out.receipts = list_of(items, "receipts")) == NULL || (out.states_new = list_of(new_keys, "states")) == NULL ||
+        (out.receipts_new = list_of(new_keys, "receipts")) == NULL) {
+        goto done;
+    }
+    e = PyMem_Malloc(sizeof *e);
+    if (e == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* ``e`` points into the record's bytes, and Python code can run between the parse and the
+     * last use (a head's __eq__ in the lookup, a replaced head's __del__): each record is held
+     * while it is handled, and the lists' lengths are read again for each one. */
+    for (; i < PyList_Size(records); i++) {
         PyObject *record = PyList_GetItem(records, i);
+        PyObject *position_item = PyList_GetItem(positions, i);
+        if (record == NULL || position_item == NULL) goto done;
         char *data;
         Py_ssize_t size;
         if (!PyBytes_Check(record)) {
             PyErr_SetString(PyExc_TypeError, "records must be bytes");
-            goto fail;
+            goto done;
         }
-        if (PyBytes_AsStringAndSize(record, &data, &size) < 0) goto fail;
-        unsigned long long position = PyLong_AsUnsignedLongLong(PyList_GetItem(positions, i));
-        if (position == (unsigned long long)-1 && PyErr_Occurred()) goto fail;
+        unsigned long long position = PyLong_AsUnsignedLongLong(position_item);
+        if (position == (unsigned long long)-1 && PyErr_Occurred()) goto done;
+        if (PyBytes_AsStringAndSize(record, &data, &size) < 0) goto done;
         if (parse_event((const unsigned char *)data, (size_t)size, e) < 0) break;
+        Py_INCREF(record);
         int linked = advance_head(heads, e);
-        if (linked < 0) goto fail;
+        if (linked > 0 && emit(e, position, &out) < 0) linked = -1; /* the head moved: a Python error ends the redo */
+        Py_DECREF(record);
+        if (linked < 0) goto done;
         if (linked == 0) break;
-        if (emit(e, position, &out) < 0) goto fail; /* the head moved: a Python error ends the redo */
         if (e->accepted_at_ms > last_ms) last_ms = e->accepted_at_ms;
     }
+    result = Py_BuildValue("(nK)", i, (unsigned long long)last_ms);
+done:
     PyMem_Free(e);
-    return Py_BuildValue("(nK)", i, (unsigned long long)last_ms);
-fail:
-    PyMem_Free(e);
-    return NULL;
+    Py_XDECREF(out.events);
+    Py_XDECREF(out.states);
+    Py_XDECREF(out.receipts);
+    Py_XDECREF(out.states_new);
+    Py_XDECREF(out.receipts_new);
+    return result;
 }
 
 /* A database seed argument: a CRC-32; -1 with a Python error otherwise. */

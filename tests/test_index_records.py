@@ -240,3 +240,33 @@ def test_damaged_records_mean_the_same_either_way(index, data):
         records[which] = bytes(record)
     python, c = _both(index, records)
     assert index_meaning(c) == index_meaning(python)
+
+
+class _HeadSeq(int):
+    """A head's sequence number whose release runs Python code: it empties the list of records."""
+
+    records: list[bytes] = []
+
+    def __del__(self) -> None:
+        self.records.clear()
+
+
+def test_records_released_while_indexed_are_not_read_after_release():
+    """index_events replaces a Group's head while the record that moved it is still being
+    indexed; releasing the old head can run Python code (here it empties ``records``, dropping
+    the record's bytes). The entries are still those of the record, and the shorter list ends
+    the call (before the fix: a read of freed memory, then a NULL record, a segfault)."""
+    events = _history("g-1", 1)
+    expected_writes = PendingWrites()
+    records = _records(events)
+    heads = {"g-1": (events[0].seq, events[0].hash)}
+    _index_c.index_events(records[:2], [0, 8], 1, heads, (expected_writes.items, expected_writes.new), (1, 2, 3))
+
+    _HeadSeq.records = records = _records(events)  # fresh bytes, held only by the list
+    writes = PendingWrites()
+    heads = {"g-1": (_HeadSeq(events[0].seq), events[0].hash)}  # the only reference to the old head
+    stop, _ = _index_c.index_events(records, list(range(0, 8 * len(records), 8)), 1, heads, (writes.items, writes.new),
+                                    (1, 2, 3))
+    assert records == [] and stop == 2
+    assert writes.items == expected_writes.items and writes.new == expected_writes.new
+    assert heads["g-1"] == (events[1].seq, events[1].hash)
