@@ -735,16 +735,24 @@ static PyObject *ir_seal_items(PyObject *module, PyObject *const *args, Py_ssize
     PyObject *out = PyList_New(count);
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *item = PyList_GetItem(items, i); /* borrowed */
+        /* Held, and fetched with a check: a buffer export may be Python code (__buffer__, Python
+         * 3.12) that changes the list. */
+        PyObject *item = PyList_GetItem(items, i);
+        if (item == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
         if (!PyTuple_Check(item) || PyTuple_Size(item) != 2) {
             PyErr_SetString(PyExc_TypeError, "seal_items takes (key, value) pairs");
             Py_DECREF(out);
             return NULL;
         }
-        PyObject *key = PyTuple_GetItem(item, 0), *value = PyTuple_GetItem(item, 1); /* borrowed */
+        Py_INCREF(item);
+        PyObject *key = PyTuple_GetItem(item, 0), *value = PyTuple_GetItem(item, 1); /* held by item */
         PyObject *sealed = sealed_value(key, value, seed);
         PyObject *pair = sealed == NULL ? NULL : PyTuple_Pack(2, key, sealed);
         Py_XDECREF(sealed);
+        Py_DECREF(item);
         if (pair == NULL || PyList_SetItem(out, i, pair) < 0) { /* SetItem steals pair */
             Py_DECREF(out);
             return NULL;

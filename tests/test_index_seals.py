@@ -7,6 +7,7 @@ is ``CORRUPTION`` — never a wrong state, a second Event for a replayed Command
 
 from __future__ import annotations
 
+import sys
 import zlib
 
 import pytest
@@ -182,6 +183,24 @@ def test_the_c_seal_functions_refuse_wrong_arguments():
     for args in (([(b"k", b"v", b"x")], 0), ([b"kv"], 0), ((b"k", b"v"), 0), ([(b"k", None)], 0), ([(b"k", b"v")], -1)):
         with pytest.raises((TypeError, ValueError, OverflowError)):
             _index_c.seal_items(*args)
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="a buffer written in Python (__buffer__) needs Python 3.12")
+def test_seal_items_holds_each_pair_while_python_code_changes_the_list():
+    """Taking a key's buffer can run Python code (__buffer__, PEP 688) that empties the list:
+    seal_items held neither the pair nor the list's length, so it copied a freed value and then
+    read a NULL pair (AddressSanitizer on Python 3.12 reported the read of freed memory). Now it
+    holds the pair, and the shorter list is an IndexError."""
+    items: list = []
+
+    class Key:
+        def __buffer__(self, flags: int) -> memoryview:
+            items.clear()
+            return memoryview(b"key")
+
+    items.extend([(Key(), bytes(range(50)) * 3), (b"k2", b"v2")])
+    with pytest.raises(IndexError):
+        _index_c.seal_items(items, 5)
 
 
 def test_presence_survives_rebuild_for_keys_written_many_times(tmp_path):
