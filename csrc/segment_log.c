@@ -1003,8 +1003,14 @@ int sl_log_open(const struct sl_io *io, const char *directory, const struct sl_h
     if (!segment_bytes_valid(next_segment_bytes)) {
         return fault_set(fault, SL_E_LIMIT, SL_REASON_SEGMENT_BYTES, 0, 0);
     }
-    if (end_position < active->first_position || end_position % SL_FRAME_ALIGN_BYTES != 0 ||
-        offset_of(active, end_position) + SL_SEAL_FRAME_BYTES > active->segment_bytes) {
+    /* The header and end come from the caller: checked as a decoded header is, and the end by
+     * its distance from the first position (offset_of would wrap for an end near 2**64 and
+     * pass a segment's start, where appends would then overwrite the header). */
+    if (!segment_bytes_valid(active->segment_bytes) || active->first_position % SL_FRAME_ALIGN_BYTES != 0 ||
+        active->first_position > SL_FIRST_POSITION_MAX || end_position < active->first_position ||
+        end_position % SL_FRAME_ALIGN_BYTES != 0 ||
+        end_position - active->first_position >
+            active->segment_bytes - SL_SEGMENT_HEADER_BYTES - SL_SEAL_FRAME_BYTES) {
         return fault_set(fault, SL_E_ARGUMENT, SL_REASON_NONE, 0, end_position);
     }
     struct sl_log *log = calloc(1, sizeof(*log));

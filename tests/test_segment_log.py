@@ -19,7 +19,7 @@ from mwpstore.errors import Corruption, InvalidCommand, LimitExceeded, StorageFa
 from mwpstore.io_seam import RecordingIO, crash_state, write_crash_state
 from mwpstore.limits import GROUP_RECORDS_MAX, RECORD_BYTES_MAX, SCAN_BATCH_RECORDS_MAX, SEGMENT_BYTES_MIN
 from blocking import outcome_within
-from mwpstore._segment_log_c import lib
+from mwpstore._segment_log_c import ffi, lib
 from mwpstore.segment_log import CLEAN_FILE_NAME, RecordBatch, SegmentInfo, SegmentLog, segment_file_name
 
 SMALL = SEGMENT_BYTES_MIN  # 64 KiB segments roll over quickly
@@ -733,3 +733,32 @@ def test_scan_round_trip_property(groups, batch_records, start_index):
             assert all(log.read(position) == record for position, record in expected[:5])
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_the_c_writer_refuses_an_end_that_wraps_past_the_segment(tmp_path):
+    """sl_log_open checked the end as 64 + (end - first) + 32 <= segment bytes, which wraps for
+    an end just below 2**64: it was accepted as the segment's start, and an append then wrote its
+    group over the header. Now the distance is checked without the sum (SL_E_ARGUMENT), and so
+    are the header fields a decoded header has."""
+    directory = os.fsencode(tmp_path)
+    fault = ffi.new("struct sl_fault *")
+    assert lib.sl_segment_create(lib.sl_io_default(), directory, 7, 0, SMALL, fault) == lib.SL_OK
+    with open(tmp_path / segment_file_name(0), "rb") as file:
+        raw = file.read(lib.SL_SEGMENT_HEADER_BYTES)
+    header = ffi.new("struct sl_header *")
+    assert lib.sl_header_decode(raw, len(raw), header, fault) == lib.SL_OK
+    handle = ffi.new("struct sl_log **")
+    ends = [0, 8, SMALL - 96, SMALL - 88, 2**64 - 64, 2**64 - 96, 2**64 - 8]
+    results = []
+    for end in ends:
+        results.append(lib.sl_log_open(lib.sl_io_default(), directory, header, end, SMALL, 1, handle, fault))
+        if results[-1] == lib.SL_OK:
+            lib.sl_log_close(handle[0])
+    assert results == [lib.SL_OK] * 3 + [lib.SL_E_ARGUMENT] * 4
+    for field, value in [("segment_bytes", 4096), ("first_position", 4), ("first_position", 2**63)]:
+        damaged = ffi.new("struct sl_header *", header[0])
+        setattr(damaged, field, value)
+        end = damaged.first_position + 8 * (damaged.first_position % 8 == 0)
+        assert lib.sl_log_open(lib.sl_io_default(), directory, damaged, end, SMALL, 1, handle, fault) == lib.SL_E_ARGUMENT
+    with open(tmp_path / segment_file_name(0), "rb") as file:
+        assert file.read(lib.SL_SEGMENT_HEADER_BYTES) == raw
