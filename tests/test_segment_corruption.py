@@ -380,3 +380,68 @@ def test_damaged_record_read_by_position_is_corruption(scratch):
         assert caught.value.detail["segment"] == path
         assert log.read(positions[2]) == b"r" * 1000
         assert log.read(positions[-1]) == b"r" * 1000
+
+
+def _exact_copy(data: bytes):
+    """``data`` in a C array of exactly its length: under AddressSanitizer (docs/reliability.md,
+    "Sanitizers") a read past its end is reported, where a memory map or a bytes object (one
+    terminating NUL more) would let it pass."""
+    copy = ffi.new("uint8_t[]", max(1, len(data)))
+    ffi.memmove(copy, data, len(data))
+    return copy
+
+
+def test_the_c_readers_stay_inside_damaged_buffers(scratch):
+    """The readers of mapped segments (header, recovery, seal checks, record reads, scans) on
+    damaged and cut segments, each in a buffer of exactly its length. Every answer is one of
+    the documented codes; the sanitizer job is what sees a read past the buffer."""
+    path, sealed, _ = sealed_segment(scratch)
+    with open(segment_paths(scratch)[-1], "rb") as file:
+        active = file.read()
+    header = ffi.new("struct sl_header *")
+    fault = ffi.new("struct sl_fault *")
+    assert lib.sl_header_decode(sealed, len(sealed), header, fault) == lib.SL_OK
+    seal_position = header.first_position + len(sealed) - HEADER - lib.SL_SEAL_FRAME_BYTES
+    starts = []
+    offset = HEADER
+    while offset < len(sealed):
+        starts.append(offset)
+        offset += frame_bytes(struct.unpack_from("<I", sealed, offset + 4)[0] & ((1 << 28) - 1))
+    codes = {lib.SL_OK, lib.SL_E_CORRUPT, lib.SL_E_NOT_RECORD, lib.SL_E_ARGUMENT}
+    recovery = ffi.new("struct sl_recovery *")
+    decoded = ffi.new("struct sl_header *")
+    status = ffi.new("int *")
+    seal_fault = ffi.new("struct sl_fault *")
+    end = ffi.new("uint64_t *")
+    record_offset = ffi.new("uint64_t *")
+    record_length = ffi.new("uint32_t *")
+    state = ffi.new("struct sl_scan_state *")
+    batch = 7
+    positions, begins, stops = (ffi.new("uint64_t[]", batch) for _ in range(3))
+    count = ffi.new("uint32_t *")
+    rng = random.Random(11)
+    for case in range(2000):
+        content = bytearray(sealed if case % 4 else active[: rng.choice(starts) + 200])
+        for _ in range(rng.choice((0, 1, 1, 2, 5))):  # flipped bits, most in frame headers
+            spot = rng.choice(starts) + rng.randrange(16) if rng.random() < 0.7 else rng.randrange(len(content))
+            if spot < len(content):
+                content[spot] ^= 1 << rng.randrange(8)
+        cut = rng.choice(starts) + rng.choice((-9, -1, 0, 1, 3, 8, 15, 16, 17, 31))
+        size = len(content) if rng.random() < 0.3 else max(0, min(len(content), cut))
+        data = _exact_copy(bytes(content[:size]))
+        assert lib.sl_header_decode(data, size, decoded, fault) in codes
+        assert lib.sl_recover(data, size, header, recovery, fault) in codes
+        assert lib.sl_verify_sealed(data, size, header, end, fault) in codes
+        near = seal_position + rng.choice((-16, -8, 0, 8, 4096))
+        assert lib.sl_segment_check_mapped(data, size, near, decoded, status, seal_fault, fault) in codes
+        for start in rng.sample(starts, 5) + [rng.randrange(len(sealed))]:
+            position = header.first_position + start - HEADER
+            assert lib.sl_read_record(data, size, header, position, record_offset, record_length, fault) in codes
+            state.position, state.group_known, state.group_records, state.sealed = position, 0, 0, 0
+            state.group_start, state.group_checksum = position, header.seed
+            for _ in range(3):
+                rc = lib.sl_scan(data, size, header, 2**63, batch, state, positions, begins, stops, count, fault)
+                assert rc in codes
+                if rc != lib.SL_OK or count[0] == 0:
+                    break
+                assert all(begins[i] <= stops[i] <= size for i in range(count[0]))
