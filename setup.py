@@ -9,6 +9,11 @@
 - ``mwpstore._index_c``: index entries of Event records for redo and rebuild
   (``csrc/index_records.c``), a CPython extension (limited API) because it builds the bytes,
   tuples and dict entries the LMDB writes take; ``authority._index_record`` is its reference.
+- ``mwpstore._apply_c``: the AgentStore's in-order apply runs and their full validation
+  (``csrc/agent_apply.c``), limited API; ``agent_store`` keeps the Python definitions.
+
+After editing C, ``python setup.py build_ext --inplace`` rebuilds what changed (sources and the
+headers they include); ``--force`` rebuilds everything.
 """
 
 import os

@@ -56,6 +56,7 @@ ffibuilder.set_source(
     "mwpstore._lmdb_check_c",
     '#include "lmdb_check.h"\n',
     sources=[os.path.join("csrc", "lmdb_check.c")],
+    depends=[os.path.join("csrc", "lmdb_check.h")],  # an edit rebuilds
     include_dirs=[HERE, "csrc"],
     extra_compile_args=COMPILE_ARGS,
     extra_link_args=LINK_ARGS,

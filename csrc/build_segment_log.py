@@ -200,6 +200,7 @@ ffibuilder.set_source(
     "mwpstore._segment_log_c",
     '#include "segment_log.h"\n#include "crc32c.h"\n',
     sources=[os.path.join("csrc", "segment_log.c"), os.path.join("csrc", "crc32c.c")],
+    depends=[os.path.join("csrc", name) for name in ("segment_log.h", "segment_format.h", "crc32c.h")],  # an edit rebuilds
     include_dirs=[HERE, "csrc"],
     extra_compile_args=COMPILE_ARGS,
     extra_link_args=LINK_ARGS,
