@@ -459,7 +459,9 @@ static int check_mapped(struct walk *w) {
 
 int lc_check_file(const char *path, struct lc_result *out) {
     memset(out, 0, sizeof(*out));
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: a FIFO put where the file was (after the caller's stat) must not hang the open;
+     * it is then refused as no regular file. Reads of a regular file ignore the flag. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) {
         out->sys_errno = errno;
         return LC_E_IO;
@@ -467,6 +469,11 @@ int lc_check_file(const char *path, struct lc_result *out) {
     struct stat st;
     if (fstat(fd, &st) != 0) {
         out->sys_errno = errno;
+        close(fd);
+        return LC_E_IO;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        out->sys_errno = S_ISDIR(st.st_mode) ? EISDIR : EINVAL;
         close(fd);
         return LC_E_IO;
     }

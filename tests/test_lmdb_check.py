@@ -581,3 +581,28 @@ def test_a_fifo_in_place_of_data_mdb_is_refused_before_lmdb_waits_on_it(tmp_path
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["rebuild", str(errno.EINVAL), "True"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_the_check_refuses_what_is_no_regular_file_without_waiting(tmp_path, kind):
+    # The open paths stat the file first; the check itself must not hang on a FIFO put there
+    # after that stat (a blocking open of a FIFO waits for a writer for ever).
+    path = tmp_path / "data.mdb"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    code = textwrap.dedent(
+        f"""
+        from mwpstore._lmdb_check import check_lmdb_file
+        from mwpstore.errors import StorageFailed
+        try:
+            check_lmdb_file({str(path)!r}, label="index", remedy="rebuild")
+        except StorageFailed as exc:
+            print(exc.detail["errno"])
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 0, done.stderr
+    assert int(done.stdout) == (errno.EISDIR if kind == "directory" else errno.EINVAL)
