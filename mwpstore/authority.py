@@ -145,11 +145,13 @@ def _index_errors_typed(method: _F) -> _F:
     def reading(self: Authority, *args: Any, **kwargs: Any) -> Any:
         # The reader registers before it looks at _closed, and close() sets _closed before it
         # waits for the registry to empty: a read either sees the store closed or is waited for.
-        # list.append and list.remove are atomic, so a read takes no lock.
+        # list.append and list.remove are atomic, so a read takes no lock. The append is inside
+        # the try: CPython raises a signal's exception (KeyboardInterrupt) as a call returns, and
+        # one raised as append returns must still unregister (close() would wait for it forever).
         reader = get_ident()
         readers = self._readers
-        readers.append(reader)
         try:
+            readers.append(reader)
             if self._closed:
                 raise StoreClosed("the authority is closed; open it again")
             return method(self, *args, **kwargs)

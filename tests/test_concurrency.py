@@ -426,3 +426,29 @@ def test_close_from_a_callback_inside_a_read_is_refused_not_a_hang(tmp_path):
     authority.close()  # after the read it closes
     with pytest.raises(StoreClosed):
         authority.head(GROUP)
+
+
+def test_an_interrupt_as_a_read_registers_still_unregisters_it(tmp_path):
+    """CPython delivers a signal's exception (KeyboardInterrupt) when a call returns: right after
+    the reader's ``list.append``. The read must still leave the registry, or every close() waits
+    for it forever (from another thread) or calls itself a close from inside a read."""
+    authority = open_with_group(str(tmp_path / "store"))
+
+    class InterruptedOnce(list):
+        def append(self, reader: int) -> None:
+            super().append(reader)
+            if not hasattr(self, "interrupted"):
+                self.interrupted = True
+                raise KeyboardInterrupt
+
+    authority._readers = InterruptedOnce()
+    with pytest.raises(KeyboardInterrupt):
+        authority.head(GROUP)
+    assert list(authority._readers) == []
+    assert authority.head(GROUP)[0] == 1  # the handle keeps working
+    closer = threading.Thread(target=authority.close, daemon=True)
+    closer.start()
+    closer.join(10)
+    assert not closer.is_alive()
+    with pytest.raises(StoreClosed):
+        authority.head(GROUP)
