@@ -1351,8 +1351,14 @@ class Authority:
 
         try:
             info = _provider_call(write_and_check, "writing the audit log")
+            _, group_state = self.state(group, f"group:{group}")
+            if group_state is not None and group_state.get("audit_log") == "deleted":
+                # audit.delete was accepted while the file was written: its removal may have
+                # listed archive/<group>/ before the file was there, so the file goes here
+                raise InvalidState(f"the audit log of group {group!r} was deleted (audit.delete) while it was written", state="deleted")
         except BaseException:
-            # A file that failed its check is no archive: remove it (a retry writes it again).
+            # A file that failed its check, or whose deletion was ordered meanwhile, is no
+            # archive: remove it (a retry writes it again, unless it was deleted).
             with contextlib.suppress(OSError):
                 os.remove(path)
                 _fsync_directory(os.path.dirname(path))

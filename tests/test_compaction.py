@@ -469,6 +469,36 @@ def test_an_archive_whose_check_fails_leaves_no_audit_log_behind(tmp_path):
         assert os.listdir(os.path.join(authority.path, "archive", GROUP)) == []
 
 
+def test_a_legal_deletion_accepted_while_archive_writes_leaves_no_audit_log(tmp_path):
+    """audit.delete can be accepted once group.archive is, while archive() is still writing the
+    audit log (another thread; here the key provider stands for it). The deletion removes what
+    archive/<group>/ holds when it commits, which is not yet the file: archive() must not publish
+    it afterwards."""
+    from mwpstore.audit_log import FileKeyProvider
+
+    class DeletingProvider(FileKeyProvider):
+        """Accepts the legal deletion when write_audit_log asks for the key (before its file exists)."""
+
+        calls = 0
+
+        def current_key(self, org):
+            self.calls += 1
+            if self.calls == 2:
+                authority.delete_audit_log(GROUP, actor=OWNER, action_id="del", basis="legal")
+            return super().current_key(org)
+
+    with open_with_group(str(tmp_path / "s")) as authority:
+        _fill(authority, GROUP, 3)
+        provider = DeletingProvider(os.path.join(authority.path, "keys", "orgs"))
+        with pytest.raises(InvalidState):
+            authority.archive(GROUP, actor=OWNER, action_id="archive", key_provider=provider)
+        assert provider.calls == 2
+        assert authority.read(GROUP)[-1].kind == "audit.delete"
+        assert authority.archive_record(GROUP) is None
+        assert os.listdir(os.path.join(authority.path, "archive", GROUP)) == []
+        assert authority.verify().ok
+
+
 def test_compaction_hashes_audit_logs_in_bounded_memory(tmp_path):
     """Compaction checks each archived Group's audit log against its record before dropping the
     Group's Events. A file of another size is not the one the record names and is not read; the
