@@ -358,6 +358,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        return _run(args)
+    except BrokenPipeError:
+        # The reader went away (`mwpstore inspect --json | head`), also before an error document:
+        # stop quietly. Later writes to stdout, the interpreter's own flush at exit included, go
+        # nowhere.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _run(args: argparse.Namespace) -> int:
+    """The command's exit code; what it raises (but BrokenPipeError) turned into its exit code."""
+    try:
         return int(args.handler(args))
     except UsageError as exc:
         print(f"mwpstore: {exc}", file=sys.stderr)
@@ -375,13 +389,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_CHECK_FAILED if isinstance(exc, SnapshotInvalid) else EXIT_STORE_ERROR
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
-    except BrokenPipeError:
-        # The reader went away (`mwpstore inspect --json | head`): stop quietly. Later writes to
-        # stdout, the interpreter's own flush at exit included, go nowhere.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
-        return EXIT_BROKEN_PIPE
 
 
 if __name__ == "__main__":  # pragma: no cover

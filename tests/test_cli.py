@@ -152,6 +152,23 @@ def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
     assert command.stderr == b"", command.stderr.decode()
 
 
+def test_a_reader_that_goes_away_before_the_error_document_ends_the_command_quietly(tmp_path):
+    """With --json a failed command prints its error document on standard output: a reader gone
+    by then ends it the same way (it raised BrokenPipeError inside the error handler)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        command = subprocess.run(
+            [sys.executable, "-m", "mwpstore", "inspect", "--store", str(tmp_path / "nowhere"), "--json"],
+            stdout=write_end, stderr=subprocess.PIPE, timeout=120,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        )
+    finally:
+        os.close(write_end)
+    assert command.returncode == EXIT_BROKEN_PIPE
+    assert b"Traceback" not in command.stderr, command.stderr.decode()
+
+
 @pytest.mark.parametrize(
     "argv",
     [
