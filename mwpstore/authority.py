@@ -148,6 +148,8 @@ def _index_errors_typed(method: _F) -> _F:
         # list.append and list.remove are atomic, so a read takes no lock. The append is inside
         # the try: CPython raises a signal's exception (KeyboardInterrupt) as a call returns, and
         # one raised as append returns must still unregister (close() would wait for it forever).
+        if self._closed:  # not registered at all: readers retrying after close() never hold it up
+            raise StoreClosed("the authority is closed; open it again")
         reader = get_ident()
         readers = self._readers
         try:

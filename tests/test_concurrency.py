@@ -452,3 +452,25 @@ def test_an_interrupt_as_a_read_registers_still_unregisters_it(tmp_path):
     assert not closer.is_alive()
     with pytest.raises(StoreClosed):
         authority.head(GROUP)
+
+
+def test_reads_after_close_never_register(tmp_path):
+    """A read after close() is refused before it registers, so callers retrying in a loop after
+    StoreClosed cannot keep a close() that is still waiting for earlier reads from seeing none."""
+    authority = open_with_group(str(tmp_path / "store"))
+
+    class Counting(list):
+        appends = 0
+
+        def append(self, reader: int) -> None:
+            Counting.appends += 1
+            super().append(reader)
+
+    authority._readers = Counting()
+    authority.head(GROUP)
+    assert Counting.appends == 1
+    authority.close()
+    for _ in range(3):
+        with pytest.raises(StoreClosed):
+            authority.head(GROUP)
+    assert Counting.appends == 1
