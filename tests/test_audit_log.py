@@ -691,3 +691,25 @@ def test_fifo_in_place_of_an_audit_log_is_refused_without_blocking(tmp_path, pro
         error = outcome_within(10, read)
         assert isinstance(error, StorageFailed), error
         assert error.detail.get("errno") == errno.EINVAL
+
+
+def test_a_header_relabelled_to_another_group_fails_every_chunk_tag(log, provider):
+    # The file key depends only on the org key and the salt, so a Group name rewritten in the
+    # header (same length) still yields the same key: only the header hash in every chunk's
+    # associated data stops the relabelled log from reading as g2's history.
+    data = bytearray(open(log, "rb").read())
+    header_length = chunk_spans(bytes(data))[0]
+    at = bytes(data[:header_length]).rindex(b"g1")
+    data[at : at + 2] = b"g2"
+    rewrite(log, bytes(data))
+    assert read_audit_log_header(log)["group"] == "g2"
+    assert check_of(log, provider, group="g2") == "tag"
+
+
+def test_a_snapshot_with_another_head_hash_at_the_same_sequence_is_refused(log, provider, memory):
+    # Same seq and same aggregates (replay agrees), another head: not the history the log holds.
+    snapshot = final_snapshot(memory, head_hash=bytes(32))
+    for replay in (True, False):
+        with pytest.raises(ArchiveInvalid) as info:
+            verify_audit_log_against_snapshot(log, snapshot, provider, replay=replay)
+        assert info.value.detail["check"] == "snapshot"
