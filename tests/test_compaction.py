@@ -219,6 +219,34 @@ def test_archived_group_without_durable_audit_log_keeps_its_history(tmp_path):
         assert len(authority.read(GROUP)) == 5
 
 
+def test_archived_group_whose_audit_log_differs_from_its_record_keeps_its_history(tmp_path):
+    # Same size, one byte changed: the audit log is not the one the archive record hashed, so it
+    # cannot stand in for the Events compaction would drop.
+    with open_with_group(str(tmp_path / "s")) as authority:
+        _fill(authority, GROUP, 3)
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive")
+        audit = os.path.join(authority.path, record.audit_location)
+        data = bytearray(open(audit, "rb").read())
+        data[-1] ^= 0x01
+        with open(audit, "wb") as handle:
+            handle.write(bytes(data))
+        assert os.path.getsize(audit) == record.audit_bytes
+        report = authority.compact()
+        assert report.groups_compacted == [] and report.events_dropped == 0
+        assert len(authority.read(GROUP)) == 5
+
+
+def test_a_second_compaction_leaves_an_already_compacted_group_alone(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        _fill(authority, GROUP, 3)
+        authority.archive(GROUP, actor=OWNER, action_id="archive")
+        assert authority.compact().groups_compacted == [GROUP]
+        again = authority.compact()
+        assert again.groups_compacted == [] and again.events_dropped == 0
+        assert again.records_after == again.records_before  # no second Group remainder record
+        assert authority.verify().ok
+
+
 def test_audit_log_deletion_is_an_accepted_transition_after_retention(tmp_path):
     clock = FakeClock()
     with Authority.open(str(tmp_path / "s"), clock=clock) as authority:
