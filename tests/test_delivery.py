@@ -485,3 +485,39 @@ def test_agent_readers_refuse_arguments_of_the_wrong_type(tmp_path):
     with pytest.raises(InvalidCommand):
         AgentStore.open(tmp_path / "other", projections=[object()])
     agent.close()
+
+
+def test_faulty_transport_reorders_what_it_delivers():
+    # The delivery tests rely on the transport really shuffling batches; without it they would
+    # test in-order delivery only.
+    history = HISTORIES["g-a"]
+    source = ListSource(ALL_EVENTS)
+    shuffled = FaultyTransport(source, seed=1, drop=0, duplicate=0, reorder=1.0, disconnect=0, replay=0)
+    orders = [[event.seq for event in shuffled.read("g-a", after=0)] for _ in range(5)]
+    assert all(sorted(order) == [event.seq for event in history] for order in orders)
+    assert any(order != sorted(order) for order in orders)
+    in_order = FaultyTransport(source, seed=1, drop=0, duplicate=0, reorder=0, disconnect=0, replay=0)
+    assert [event.seq for event in in_order.read("g-a", after=0)] == [event.seq for event in history]
+
+
+def test_a_snapshot_at_the_cursor_is_not_restored_when_the_source_names_no_floor(tmp_path):
+    """CURSOR_TOO_OLD without a floor: only a snapshot above the Cursor can move it; one at the
+    Cursor itself would be restored round after round."""
+    from mwpstore.errors import CursorTooOld, SnapshotInvalid
+    from mwpstore.snapshot import SigningKey
+
+    class NoFloorSource:
+        def read(self, group, after=0, limit=1000):
+            raise CursorTooOld("below the replay floor", group=group, cursor=after)
+
+    signer = SigningKey.generate()
+    history = HISTORIES["g-a"]
+    agent = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    assert deliver_batch(agent, "g-a", history[:10]) == 10
+    at_cursor = _snapshot_of(history, 10, signer)
+    delivery = Delivery(agent, NoFloorSource(), org="org-1", restore_snapshot=lambda error: at_cursor)
+    with pytest.raises(SnapshotInvalid) as caught:
+        delivery.catch_up("g-a", rounds_max=20)
+    assert caught.value.check == "sequence"
+    assert delivery.stats.restores == 0 and agent.cursor("g-a") == 10
+    agent.close()
