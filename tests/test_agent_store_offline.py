@@ -169,6 +169,15 @@ def test_online_irreversible_operation_needs_a_current_lease(setup):
     assert info.value.detail["reason"] == "no_current_lease"
 
 
+def test_online_irreversible_operation_is_refused_from_the_lease_expiry_on(setup):
+    # A lease expires at expires_at_ms: that millisecond is no longer inside it.
+    expires = setup.harness.lease("wi1")["expires_at_ms"]
+    assert setup.guard.permit("wi1", now_ms=expires - 1, reversible=False) is None
+    with pytest.raises(OfflineRefused) as info:
+        setup.guard.permit("wi1", now_ms=expires, reversible=False)
+    assert info.value.detail["reason"] == "no_current_lease"
+
+
 def test_buffered_commands_are_durable_with_their_binding(setup, tmp_path):
     """MWP-WRK-021: buffered Commands keep their offline-execution binding, durably."""
     setup.guard.service_unreachable(now(setup))
