@@ -251,3 +251,25 @@ def test_check_command_names_the_first_bad_field():
     with pytest.raises(LimitExceeded) as raised:
         check_command(Command(actor="ok", action_id="a", group="g", kind="k", target="t", body={"deep": _nested(1, 40, list)}))
     assert raised.value.field == "body.deep"
+
+
+def test_a_time_in_ms_is_bounded_by_time_ms_max_inclusive():
+    from mwpstore.canonical import check_time_ms
+
+    assert check_time_ms(0, "now_ms") == 0
+    assert check_time_ms(limits.TIME_MS_MAX, "now_ms") == limits.TIME_MS_MAX
+    with pytest.raises(InvalidCommand) as raised:
+        check_time_ms(limits.TIME_MS_MAX + 1, "now_ms")
+    assert raised.value.field == "now_ms"
+
+
+def test_command_bytes_are_capped_at_body_bytes_max_inclusive():
+    def command(chars: int) -> Command:
+        return Command(actor="ok", action_id="a", group="g", kind="k", target="t", body={"text": "x" * chars})
+
+    overhead = len(command_bytes(command(0)))
+    at_bound = command(limits.BODY_BYTES_MAX - overhead)
+    assert len(command_bytes(at_bound)) == limits.BODY_BYTES_MAX
+    with pytest.raises(LimitExceeded) as raised:
+        command_bytes(command(limits.BODY_BYTES_MAX - overhead + 1))
+    assert raised.value.field == "body"
