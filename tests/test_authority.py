@@ -845,6 +845,41 @@ def test_an_index_entry_pointing_at_the_wrong_record_is_corruption(tmp_path):
         assert authority.read(GROUP, limit=2)[-1].seq == 2
 
 
+def test_accept_many_takes_at_most_accept_many_commands_max_commands(tmp_path, monkeypatch):
+    from mwpstore import limits
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        too_many = [mission_create(f"m-{i}") for i in range(limits.ACCEPT_MANY_COMMANDS_MAX + 1)]
+        with pytest.raises(LimitExceeded) as caught:
+            authority.accept_many(too_many)
+        assert caught.value.field == "commands"
+        assert [event.seq for event in authority.read(GROUP)] == [1]  # nothing of it accepted
+        monkeypatch.setattr(limits, "ACCEPT_MANY_COMMANDS_MAX", 3)  # the bound itself is inclusive
+        assert all(result.ok for result in authority.accept_many(too_many[:3]))
+        with pytest.raises(LimitExceeded):
+            authority.accept_many(too_many[3:7])
+        assert [event.seq for event in authority.read(GROUP)] == [1, 2, 3, 4]
+
+
+def test_an_event_above_record_bytes_max_refuses_only_its_command(tmp_path, monkeypatch):
+    from mwpstore import limits
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        monkeypatch.setattr(limits, "RECORD_BYTES_MAX", 1_000)  # far below what the log itself takes
+        big = Command(actor=OWNER, action_id="big", group=GROUP, kind="mission.create", target="m-big",
+                      body={"title": "x" * 1_000, "cost_limit": 1})  # an Event of about 2 KB; the others 350 B
+        results = authority.accept_many([mission_create("m-0"), big, mission_create("m-1")])
+        assert [result.ok for result in results] == [True, False, True]
+        assert results[1].error_code == LimitExceeded.code
+        with pytest.raises(LimitExceeded) as caught:
+            authority.accept(big)
+        assert caught.value.field == "body"
+        assert [event.seq for event in authority.read(GROUP)] == [1, 2, 3]
+        monkeypatch.undo()
+        assert authority.accept(big).seq == 4
+        assert authority.verify().ok
+
+
 def test_a_commit_that_would_exceed_the_log_group_bound_refuses_only_the_overflowing_commands(tmp_path, monkeypatch):
     from mwpstore import limits
 
