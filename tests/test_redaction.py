@@ -75,6 +75,17 @@ def test_redact_refuses_malformed_commands(target, body):
     assert len(memory.events) == 3
 
 
+@pytest.mark.parametrize("target", ["4", "5"])
+def test_redact_refuses_its_own_and_later_sequences(target):
+    # Head is 3: Event 4 would be the tombstone itself, 5 does not exist; neither is redactable.
+    memory = make_group()
+    with pytest.raises(InvalidCommand) as caught:
+        memory.accept(command("event.redact", target, {"reason": "r"}), now_ms=2000)
+    assert caught.value.field == "target"
+    assert len(memory.events) == 3
+    memory.accept(command("event.redact", "3", {"reason": "r"}), now_ms=2000)  # the head itself is redactable
+
+
 def test_redact_twice_is_already_exists():
     memory = make_group()
     memory.accept(command("event.redact", "2", {"reason": "r"}, action="first"), now_ms=2000)
