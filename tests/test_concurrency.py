@@ -474,3 +474,22 @@ def test_reads_after_close_never_register(tmp_path):
         with pytest.raises(StoreClosed):
             authority.head(GROUP)
     assert Counting.appends == 1
+def test_one_commit_takes_whole_units_up_to_commit_batch_commands_max(tmp_path):
+    """The leader gathers queued units into one commit while the total stays within
+    COMMIT_BATCH_COMMANDS_MAX; a unit that would pass it waits for the next commit (a unit larger
+    than the bound alone is still taken whole: an accept_many shares one commit)."""
+    from types import SimpleNamespace
+
+    from mwpstore import limits
+
+    bound = limits.COMMIT_BATCH_COMMANDS_MAX
+    authority = Authority.open(str(tmp_path / "store"))
+    try:
+        units = [SimpleNamespace(requests=[None] * size) for size in (bound + 5, bound - 1, 1, 1)]
+        authority._queue.extend(units)
+        assert authority._take_units() == units[:1]
+        assert authority._take_units() == units[1:3]
+        assert authority._take_units() == units[3:]
+    finally:
+        authority._queue.clear()
+        authority.close()
