@@ -225,6 +225,23 @@ def test_reconnect_rebases_resigns_and_renames_exactly_where_freshness_changed(s
     assert setup.guard.reconnect(setup.submit, signing_key=setup.key) == []
 
 
+def test_a_rejected_buffered_command_is_not_resubmitted_by_a_later_reconnect(setup):
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    checkpoint = setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 1}}, action="cp-r")
+    setup.guard.buffer(checkpoint, now_ms=now(setup) + 1, reversible=True)
+
+    def refuse(command):
+        raise InvalidCommand("refused by the authority", field="body")
+
+    [outcome] = setup.guard.reconnect(refuse, signing_key=setup.key, sync=setup.sync)
+    assert outcome.state is BufferedState.REJECTED
+    # The authority's answer is final: a later reconnect (the next outage) does not send it again.
+    assert setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=setup.sync) == []
+    assert setup.submitted == []
+    assert [record.state for record in setup.guard.buffered()] == [BufferedState.REJECTED]
+
+
 def test_buffered_command_with_a_revoked_lease_is_not_resubmitted(setup):
     setup.guard.service_unreachable(now(setup))
     fence = setup.harness.fence("wi1")
