@@ -861,6 +861,17 @@ def test_accept_many_takes_at_most_accept_many_commands_max_commands(tmp_path, m
         assert [event.seq for event in authority.read(GROUP)] == [1, 2, 3, 4]
 
 
+def test_read_limit_is_bounded_by_read_limit_max_inclusive(tmp_path):
+    from mwpstore import limits
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        assert [event.seq for event in authority.read(GROUP, limit=limits.READ_LIMIT_MAX)] == [1]
+        for limit in (0, limits.READ_LIMIT_MAX + 1):
+            with pytest.raises(InvalidCommand) as caught:
+                authority.read(GROUP, limit=limit)
+            assert caught.value.field == "limit"
+
+
 def test_an_event_above_record_bytes_max_refuses_only_its_command(tmp_path, monkeypatch):
     from mwpstore import limits
 
