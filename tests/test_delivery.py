@@ -521,3 +521,19 @@ def test_a_snapshot_at_the_cursor_is_not_restored_when_the_source_names_no_floor
     assert caught.value.check == "sequence"
     assert delivery.stats.restores == 0 and agent.cursor("g-a") == 10
     agent.close()
+
+
+def test_catch_up_gives_up_after_exactly_reconnects_max_reconnects_in_a_row(tmp_path):
+    class Down:
+        reads = 0
+
+        def read(self, group, after=0, limit=1000):
+            Down.reads += 1
+            raise TransportDisconnected("down")
+
+    agent = AgentStore.open(tmp_path / "agent", map_size=MAP_BYTES)
+    delivery = Delivery(agent, Down())
+    with pytest.raises(TransportDisconnected):
+        delivery.catch_up("g-a", reconnects_max=3)
+    assert Down.reads == 4 and delivery.stats.disconnects == 4  # the first read, then 3 reconnects
+    agent.close()
