@@ -48,6 +48,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent_store_support import workload
+from segment_readers import c_read, c_read_recovered, reference_read
 from mwpstore import _canonical_c, _index_c, agent_store, limits, segment_reference
 from mwpstore._apply_c import check_run
 from mwpstore.agent_store import _CHECK_CONTEXT, _fully_valid_run, admit_trusted_event
@@ -58,7 +59,7 @@ from mwpstore.index import Index
 from mwpstore.messages import ZERO_HASH, Effect, Event, encode_event, payload_hash_of, recompute_event_hash
 from mwpstore.torture import index_bytes, index_meaning, index_paths
 from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
-from mwpstore.segment_reference import crc32c, read_log
+from mwpstore.segment_reference import crc32c
 
 _DIFFERENTIAL = settings(deadline=None, derandomize=True, database=None, suppress_health_check=list(HealthCheck))
 
@@ -124,31 +125,6 @@ def _write(directory: str, first: int, data: bytes, *, full: bool) -> str:
     with open(path, "wb") as file:
         file.write(data + (bytes(SEGMENT_BYTES - len(data)) if full and len(data) < SEGMENT_BYTES else b""))
     return path
-
-
-def c_reader(directory: str):
-    """What the C log serves to a reader (after the scan that recovery makes: no clean marker)."""
-    marker = os.path.join(directory, CLEAN_FILE_NAME)
-    if os.path.exists(marker):
-        os.remove(marker)
-    return _c_read(directory)
-
-
-def _c_read(directory: str):
-    try:
-        with SegmentLog.open(directory, readonly=True) as log:
-            records = [(p, bytes(r)) for batch in log.scan(0, batch_records=3) for p, r in zip(batch.positions, batch.records)]
-            return ("records", records, log.end)
-    except Corruption as exc:
-        return ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"])
-
-
-def reference_reader(directory: str):
-    try:
-        log = read_log(directory)
-        return ("records", log.records, log.end)
-    except Corruption as exc:
-        return ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"])
 
 
 # One item of a segment's content, drawn below:
@@ -250,8 +226,8 @@ def test_readers_agree_on_logs_built_frame_by_frame(layout, damage):
     directory = tempfile.mkdtemp(prefix="mwpstore-differential-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
     try:
         _build(directory, layout, damage)
-        expected = reference_reader(directory)
-        assert c_reader(directory) == expected
+        expected = reference_read(directory)
+        assert c_read_recovered(directory) == expected
         if expected[0] == "records":
             _assert_reads_agree(directory, expected[1], expected[2])
     finally:
@@ -287,7 +263,7 @@ def test_after_a_clean_close_the_log_serves_what_the_reference_reads_or_refuses(
     directory = tempfile.mkdtemp(prefix="mwpstore-differential-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
     try:
         _build(directory, layout, damage)
-        expected = reference_reader(directory)
+        expected = reference_read(directory)
         firsts = sorted(int(name[:20]) for name in os.listdir(directory) if name.endswith(".seg"))
         with open(os.path.join(directory, f"{firsts[-1]:020d}.seg"), "rb") as file:
             last = file.read()
@@ -299,7 +275,7 @@ def test_after_a_clean_close_the_log_serves_what_the_reference_reads_or_refuses(
         body = struct.pack("<8sQQQQI", b"MWPCLEN2", LOG_ID, firsts[-1], end, len(firsts), listed)
         with open(os.path.join(directory, CLEAN_FILE_NAME), "wb") as file:
             file.write(body + struct.pack("<I", zlib.crc32(body)))
-        served = _c_read(directory)
+        served = c_read(directory)
         assert served == expected if expected[0] == "records" else served[0] == "corruption"
     finally:
         shutil.rmtree(directory, ignore_errors=True)
@@ -323,7 +299,7 @@ def test_a_writer_recovers_what_the_reference_reads_and_changes_nothing_it_refus
     directory = tempfile.mkdtemp(prefix="mwpstore-differential-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
     try:
         _build(directory, layout, damage)
-        expected = reference_reader(directory)
+        expected = reference_read(directory)
         before = _files(directory)
         try:
             log = SegmentLog.open(directory, segment_bytes=SEGMENT_BYTES)
@@ -363,7 +339,7 @@ def test_readers_agree_on_headers_whose_checksum_holds(scratch, forgery, which):
     for index, (first, data) in enumerate(zip(firsts, datas)):
         fields = HEADER_FORGERIES[forgery] if index == which else {}
         _write(scratch, first, _header(first, **fields) + data, full=index == 1)
-    assert c_reader(scratch) == reference_reader(scratch)
+    assert c_read_recovered(scratch) == reference_read(scratch)
 
 
 def test_a_first_position_that_is_not_aligned_or_past_every_position(scratch):
@@ -372,8 +348,8 @@ def test_a_first_position_that_is_not_aligned_or_past_every_position(scratch):
             os.remove(os.path.join(scratch, name))
         with open(os.path.join(scratch, f"{0:020d}.seg"), "wb") as file:
             file.write(_header(first) + bytes(SEGMENT_BYTES - 64))
-        result = c_reader(scratch)
-        assert result == reference_reader(scratch) and result[:2] == ("corruption", "header_field")
+        result = c_read_recovered(scratch)
+        assert result == reference_read(scratch) and result[:2] == ("corruption", "header_field")
 
 
 # -- reproducers of the disagreements found ------------------------------------------------------
@@ -400,8 +376,8 @@ def test_a_record_frame_running_over_a_seal_is_never_served(scratch, later_group
     fails, as the reference reads it (unexpected_end at the end of its bytes)."""
     seal_at = _sealed_log_with_a_record_over_its_seal(scratch, later_group=later_group)
     expected = ("corruption", "unexpected_end", os.path.join(scratch, f"{0:020d}.seg"), 64 + seal_at + 32)
-    assert reference_reader(scratch) == expected
-    assert c_reader(scratch) == expected
+    assert reference_read(scratch) == expected
+    assert c_read_recovered(scratch) == expected
 
 
 def test_a_record_frame_running_over_a_seal_is_never_served_after_a_clean_close(scratch):
@@ -430,14 +406,14 @@ def test_a_record_whose_group_a_seal_cuts_off_is_never_served(scratch, clean_mar
     path = _write(scratch, 0, _header(0) + record + _seal(seal_at, 0), full=False)
     _write(scratch, seal_at, _header(seal_at), full=True)
     expected = ("corruption", "seal_mismatch", path, 64 + seal_at)
-    assert reference_reader(scratch) == expected
+    assert reference_read(scratch) == expected
     if not clean_marker:
-        assert c_reader(scratch) == expected
+        assert c_read_recovered(scratch) == expected
         return
     body = struct.pack("<8sQQQQI", b"MWPCLEN2", LOG_ID, seal_at, seal_at, 2, zlib.crc32(struct.pack("<2Q", 0, seal_at)))
     with open(os.path.join(scratch, CLEAN_FILE_NAME), "wb") as file:
         file.write(body + struct.pack("<I", zlib.crc32(body)))
-    assert _c_read(scratch) == expected
+    assert c_read(scratch) == expected
 
 
 @pytest.mark.parametrize("name", [f"{0:020d}.seg\n", "\u0660" * 20 + ".seg", "\uff10" * 20 + ".seg", f"{0:020d}.seg.x"])
@@ -450,9 +426,9 @@ def test_a_file_named_almost_like_a_segment_is_ignored_by_both_readers(scratch, 
     _write(scratch, 0, _header(0) + group, full=True)
     with open(os.path.join(scratch, name), "wb") as file:
         file.write(_header(0) + _group(0, [b"stray"])[0])
-    assert c_reader(scratch) == reference_reader(scratch) == ("records", [(0, b"kept")], end)
+    assert c_read_recovered(scratch) == reference_read(scratch) == ("records", [(0, b"kept")], end)
     os.remove(os.path.join(scratch, f"{0:020d}.seg"))
-    assert c_reader(scratch) == reference_reader(scratch) == ("records", [], 0)
+    assert c_read_recovered(scratch) == reference_read(scratch) == ("records", [], 0)
 
 
 @pytest.mark.parametrize("content", [b"", _header(0), _header(2**63)], ids=["empty", "header_of_0", "header_past_max"])
@@ -466,8 +442,8 @@ def test_a_segment_named_past_every_position_is_segment_name_in_both_readers(scr
     with open(name, "wb") as file:
         file.write(content)
     expected = ("corruption", "segment_name", name, 0)
-    assert reference_reader(scratch) == expected
-    assert c_reader(scratch) == expected
+    assert reference_read(scratch) == expected
+    assert c_read_recovered(scratch) == expected
 
 
 # == canonical content and IDs: _canonical_c against canonical._content_ok and the ID patterns ====

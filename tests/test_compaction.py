@@ -433,6 +433,14 @@ def test_verify_covers_snapshots_audit_logs_and_tombstoned_chains(tmp_path):
         os.remove(audit)
         assert "missing" in authority.verify().problems[0]
 
+def _killed_at(failpoint: str, path: str, call: str) -> None:
+    """Run ``Authority.open(path).<call>`` in a child that the fail point kills (SIGKILL)."""
+    code = f"import sys\nfrom mwpstore import Authority\nAuthority.open(sys.argv[1]).{call}\n"
+    env = dict(os.environ, MWPSTORE_FAILPOINT=failpoint, PYTHONPATH=REPO)
+    result = subprocess.run([sys.executable, "-c", code, path], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == -9, result.stderr
+
+
 
 @pytest.mark.parametrize("killed_after_commit", [False, True])
 def test_a_legal_deletion_removes_an_audit_log_whose_archive_record_was_never_logged(tmp_path, killed_after_commit):
@@ -442,24 +450,15 @@ def test_a_legal_deletion_removes_an_audit_log_whose_archive_record_was_never_lo
     path = str(tmp_path / "s")
     with open_with_group(path) as authority:
         _fill(authority, GROUP, 3)
-    archive = (
-        "import sys\nfrom mwpstore import Authority\n"
-        f"Authority.open(sys.argv[1]).archive('{GROUP}', actor='{OWNER}', action_id='archive')\n"
-    )
     # the third commit of archive(): group.archive, the final snapshot's reference, the record
-    env = dict(os.environ, MWPSTORE_FAILPOINT="authority.before_log_append:3", PYTHONPATH=REPO)
-    result = subprocess.run([sys.executable, "-c", archive, path], env=env, capture_output=True, text=True, timeout=120)
-    assert result.returncode == -9, result.stderr
+    _killed_at("authority.before_log_append:3", path, f"archive('{GROUP}', actor='{OWNER}', action_id='archive')")
     directory = os.path.join(path, "archive", GROUP)
     assert [name for name in os.listdir(directory) if name.endswith(".log")]  # the history is on disk
     if killed_after_commit:
-        delete = (
-            "import sys\nfrom mwpstore import Authority\n"
-            f"Authority.open(sys.argv[1]).delete_audit_log('{GROUP}', actor='{OWNER}', action_id='del', basis='legal')\n"
+        _killed_at(
+            "authority.after_index_commit", path,
+            f"delete_audit_log('{GROUP}', actor='{OWNER}', action_id='del', basis='legal')",
         )
-        env = dict(os.environ, MWPSTORE_FAILPOINT="authority.after_index_commit", PYTHONPATH=REPO)
-        result = subprocess.run([sys.executable, "-c", delete, path], env=env, capture_output=True, text=True, timeout=120)
-        assert result.returncode == -9, result.stderr
     with Authority.open(path) as authority:
         assert authority.archive_record(GROUP) is None
         if not killed_after_commit:

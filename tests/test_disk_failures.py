@@ -94,18 +94,23 @@ def test_the_judge_flags_an_acknowledgement_after_a_failed_sync():
     assert any("met an injected failure" in problem for problem in problems)
 
 
-def test_accept_fails_when_its_log_sync_fails(tmp_path):
-    """The minimal reproduction: the recorder fails the fdatasync of the second accept's group."""
-    path = str(tmp_path / "store")
+def _sync_of_the_second_accept(path: str) -> int:
+    """The number of the first sync call the second accept makes (counted in a scratch store)."""
     counting = RecordingIO()
     with torture.recorded_log(counting):
-        authority = Authority.open(path + "-count")
+        authority = Authority.open(path)
         authority.accept(torture.group_create_command("g-1"))
         before = counting.sync_calls
         authority.accept(torture._mission_create("g-1", "m-1", "a-1"))
-        sync_of_second_accept = before  # the first sync call made by the second accept
+        assert counting.sync_calls > before
         authority.close()
-    recorder = RecordingIO(fail_sync_at=sync_of_second_accept)
+    return before
+
+
+def test_accept_fails_when_its_log_sync_fails(tmp_path):
+    """The minimal reproduction: the recorder fails the fdatasync of the second accept's group."""
+    path = str(tmp_path / "store")
+    recorder = RecordingIO(fail_sync_at=_sync_of_the_second_accept(path + "-count"))
     with torture.recorded_log(recorder):
         authority = Authority.open(path)
         authority.accept(torture.group_create_command("g-1"))
@@ -121,15 +126,7 @@ def test_a_batch_whose_log_sync_failed_is_never_visible_to_readers(tmp_path):
     """Readers see a batch only after its log fdatasync succeeded (the index commits after the
     sync): when that sync fails, nothing of the batch is readable, even in the failed process."""
     path = str(tmp_path / "store")
-    counting = RecordingIO()
-    with torture.recorded_log(counting):
-        authority = Authority.open(path + "-count")
-        authority.accept(torture.group_create_command("g-1"))
-        before = counting.sync_calls
-        authority.accept(torture._mission_create("g-1", "m-1", "a-1"))
-        assert counting.sync_calls > before
-        authority.close()
-    recorder = RecordingIO(fail_sync_at=before)
+    recorder = RecordingIO(fail_sync_at=_sync_of_the_second_accept(path + "-count"))
     with torture.recorded_log(recorder):
         authority = Authority.open(path)
         authority.accept(torture.group_create_command("g-1"))

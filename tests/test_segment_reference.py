@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from segment_readers import c_read_recovered, reference_read
 from mwpstore._segment_log_c import lib
-from mwpstore.errors import Corruption
 from mwpstore.limits import SEGMENT_BYTES_MIN
-from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
-from mwpstore.segment_reference import crc32c, read_log
+from mwpstore.segment_log import SegmentLog
+from mwpstore.segment_reference import crc32c
 
 CASES = int(os.environ.get("MWPSTORE_REFERENCE_CASES", "160"))
 
@@ -28,28 +28,6 @@ def scratch():
     directory = tempfile.mkdtemp(prefix="mwpstore-reference-", dir=root)
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
-
-
-def c_reader(directory: str):
-    # The reference reader implements the format's recovery; the clean-close marker only lets the
-    # C log skip that scan, so compare both readers on the recovery path.
-    marker = os.path.join(directory, CLEAN_FILE_NAME)
-    if os.path.exists(marker):
-        os.remove(marker)
-    try:
-        with SegmentLog.open(directory, readonly=True) as log:
-            records = [(p, bytes(r)) for batch in log.scan(0, batch_records=7) for p, r in zip(batch.positions, batch.records)]
-            return ("records", records, log.end)
-    except Corruption as exc:
-        return ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"])
-
-
-def reference_reader(directory: str):
-    try:
-        log = read_log(directory)
-        return ("records", log.records, log.end)
-    except Corruption as exc:
-        return ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"])
 
 
 @given(st.binary(max_size=300), st.integers(0, 2**32 - 1))
@@ -104,7 +82,7 @@ def test_readers_agree_on_intact_logs(scratch):
     for case in range(12):
         directory = os.path.join(scratch, str(case))
         _write_log(directory, rng)
-        c_result, reference_result = c_reader(directory), reference_reader(directory)
+        c_result, reference_result = c_read_recovered(directory, batch_records=7), reference_read(directory)
         assert c_result[0] == "records"
         assert c_result == reference_result
 
@@ -116,7 +94,7 @@ def test_readers_agree_on_damaged_logs(scratch):
         directory = os.path.join(scratch, str(case))
         _write_log(directory, rng)
         kind = _damage(directory, rng)
-        c_result, reference_result = c_reader(directory), reference_reader(directory)
+        c_result, reference_result = c_read_recovered(directory, batch_records=7), reference_read(directory)
         assert c_result == reference_result, f"case {case} ({kind})"
         kinds[(kind, c_result[0])] = kinds.get((kind, c_result[0]), 0) + 1
         shutil.rmtree(directory)

@@ -1,0 +1,38 @@
+"""The two readers of a segment log directory that the differential tests compare: the C log
+(through ``SegmentLog``) and the Python reference reader (``mwpstore.segment_reference``), each
+as a plain value — the records served with the end, or the damage named."""
+
+from __future__ import annotations
+
+import os
+
+from mwpstore.errors import Corruption
+from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
+from mwpstore.segment_reference import read_log
+
+
+def c_read(directory: str, batch_records: int = 3):
+    """What the C log serves a reader of ``directory`` as it is (a clean marker is honoured)."""
+    try:
+        with SegmentLog.open(directory, readonly=True) as log:
+            records = [(p, bytes(r)) for batch in log.scan(0, batch_records=batch_records) for p, r in zip(batch.positions, batch.records)]
+            return ("records", records, log.end)
+    except Corruption as exc:
+        return ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"])
+
+
+def c_read_recovered(directory: str, batch_records: int = 3):
+    """``c_read`` on the recovery path: the reference reader implements the format's recovery,
+    and the clean-close marker only lets the C log skip that scan, so it is removed first."""
+    marker = os.path.join(directory, CLEAN_FILE_NAME)
+    if os.path.exists(marker):
+        os.remove(marker)
+    return c_read(directory, batch_records)
+
+
+def reference_read(directory: str):
+    try:
+        log = read_log(directory)
+        return ("records", log.records, log.end)
+    except Corruption as exc:
+        return ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"])
