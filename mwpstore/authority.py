@@ -1353,8 +1353,8 @@ class Authority:
 
         try:
             info = _provider_call(write_and_check, "writing the audit log")
-            _, group_state = self.state(group, f"group:{group}")
-            if group_state is not None and group_state.get("audit_log") == "deleted":
+            _, state_now = self.state(group, f"group:{group}")
+            if state_now is not None and state_now.get("audit_log") == "deleted":
                 # audit.delete was accepted while the file was written: its removal may have
                 # listed archive/<group>/ before the file was there, so the file goes here
                 raise InvalidState(f"the audit log of group {group!r} was deleted (audit.delete) while it was written", state="deleted")
