@@ -5,6 +5,7 @@ as a plain value — the records served with the end, or the damage named."""
 from __future__ import annotations
 
 import os
+import tempfile
 
 from mwpstore.errors import Corruption
 from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
@@ -36,3 +37,8 @@ def reference_read(directory: str):
         return ("records", log.records, log.end)
     except Corruption as exc:
         return ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"])
+
+
+def scratch_directory(prefix: str = "mwpstore-segments-") -> str:
+    """A new directory for segment files, in memory (/dev/shm) where that is writable."""
+    return tempfile.mkdtemp(prefix=prefix, dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)

@@ -34,7 +34,6 @@ import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 import textwrap
 import zlib
 from collections import OrderedDict
@@ -48,7 +47,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent_store_support import workload
-from segment_readers import c_read, c_read_recovered, reference_read
+from segment_readers import c_read, c_read_recovered, reference_read, scratch_directory
 from mwpstore import _canonical_c, _index_c, agent_store, limits, segment_reference
 from mwpstore._apply_c import check_run
 from mwpstore.agent_store import _CHECK_CONTEXT, _fully_valid_run, admit_trusted_event
@@ -74,14 +73,6 @@ def differential(max_examples: int) -> settings:
 LOG_ID = 0x0102030405060708
 SEGMENT_BYTES = 65536
 RECORD, COMMIT, SEAL = 1, 2, 3
-
-
-@pytest.fixture
-def scratch():
-    root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    directory = tempfile.mkdtemp(prefix="mwpstore-differential-", dir=root)
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def _seed(log_id: int) -> int:
@@ -223,7 +214,7 @@ def test_readers_agree_on_logs_built_frame_by_frame(layout, damage):
     """Frames that verify but do not belong (the checksum cannot tell), on their own or with
     damage that breaks a checksum: both readers serve the same records or raise the same
     Corruption (reason, segment, offset)."""
-    directory = tempfile.mkdtemp(prefix="mwpstore-differential-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    directory = scratch_directory("mwpstore-differential-")
     try:
         _build(directory, layout, damage)
         expected = reference_read(directory)
@@ -260,7 +251,7 @@ def test_after_a_clean_close_the_log_serves_what_the_reference_reads_or_refuses(
     word and checks each when a scan first maps it. The records served are the reference's; a log
     the reference refuses is refused (Corruption; which damage is named first may differ, since
     the sealed segments are checked in the order the scan reaches them)."""
-    directory = tempfile.mkdtemp(prefix="mwpstore-differential-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    directory = scratch_directory("mwpstore-differential-")
     try:
         _build(directory, layout, damage)
         expected = reference_read(directory)
@@ -296,7 +287,7 @@ def test_a_writer_recovers_what_the_reference_reads_and_changes_nothing_it_refus
     """Opened for writing (the torn tail cut, a sealed last segment followed by a new one), the
     log serves the reference's records from the reference's end; a log the reference refuses at
     open is refused with the same Corruption and left byte for byte as it was."""
-    directory = tempfile.mkdtemp(prefix="mwpstore-differential-", dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+    directory = scratch_directory("mwpstore-differential-")
     try:
         _build(directory, layout, damage)
         expected = reference_read(directory)

@@ -14,7 +14,6 @@ import os
 import random
 import shutil
 import struct
-import tempfile
 import zlib
 
 import pytest
@@ -27,14 +26,6 @@ from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
 SMALL = SEGMENT_BYTES_MIN
 HEADER = lib.SL_SEGMENT_HEADER_BYTES
 ALL_FLIPS = os.environ.get("MWPSTORE_BIT_FLIPS_ALL") == "1"
-
-
-@pytest.fixture
-def scratch():
-    root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    directory = tempfile.mkdtemp(prefix="mwpstore-corruption-", dir=root)
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 def frame_bytes(length: int) -> int:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import random
 import shutil
-import tempfile
 
 import pytest
 from hypothesis import given, settings
@@ -20,14 +19,6 @@ from mwpstore.segment_log import SegmentLog
 from mwpstore.segment_reference import crc32c
 
 CASES = int(os.environ.get("MWPSTORE_REFERENCE_CASES", "160"))
-
-
-@pytest.fixture
-def scratch():
-    root = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
-    directory = tempfile.mkdtemp(prefix="mwpstore-reference-", dir=root)
-    yield directory
-    shutil.rmtree(directory, ignore_errors=True)
 
 
 @given(st.binary(max_size=300), st.integers(0, 2**32 - 1))
