@@ -360,6 +360,16 @@ _lmdb_damage_typed = typed_damage("agent store", _Tables.remedy, "agent", (lmdb.
 """Transaction paths that also run application code: only LMDB's own errors are translated."""
 
 
+
+def _keyring_of(trusted_keys: tuple[Any, ...]) -> Any:
+    """The ``Keyring`` of an AgentStore's ``trusted_keys``: a caller's keyring as is, or one built
+    from raw Ed25519 public keys (each checked: ``INVALID_COMMAND``, field ``public_key``)."""
+    from .snapshot import Keyring  # imported late, as restore's verify_snapshot is
+
+    if len(trusted_keys) == 1 and isinstance(trusted_keys[0], Keyring):
+        return trusted_keys[0]
+    return Keyring(trusted_keys)
+
 class AgentStore:
     """One agent's local store. Open with :meth:`open`; one process writes (a lock file)."""
 
@@ -416,11 +426,8 @@ class AgentStore:
         if not callable(clock):
             raise InvalidCommand("clock must be a callable returning int milliseconds", field="clock")
         path = store_path(path)
-        from .snapshot import Keyring
-
         trusted_keys = tuple(trusted_keys)
-        if not (len(trusted_keys) == 1 and isinstance(trusted_keys[0], Keyring)):
-            Keyring(trusted_keys)  # every key is checked at open, not at the first restore
+        _keyring_of(trusted_keys)  # every key is checked at open, not at the first restore
         projections = tuple(projections)
         for projection in projections:
             if not callable(getattr(projection, "apply", None)):
@@ -727,15 +734,12 @@ class AgentStore:
         the snapshot's sequence. Returns that sequence.
         """
         self._check_open()
-        from .snapshot import Keyring, verify_snapshot
+        from .snapshot import verify_snapshot
 
         _check_group(group)
         if type(high_water_seq) is not int or not 0 <= high_water_seq <= limits.INT_ABS_MAX:
             raise InvalidCommand(f"high_water_seq must be an integer in 0..{limits.INT_ABS_MAX}", field="high_water_seq")
-        if len(self.trusted_keys) == 1 and isinstance(self.trusted_keys[0], Keyring):
-            keyring = self.trusted_keys[0]  # a caller's keyring, used as is
-        else:
-            keyring = Keyring(self.trusted_keys)  # raw Ed25519 public keys
+        keyring = _keyring_of(self.trusted_keys)
         if org is None:
             mirrored = self.state(group, f"group:{group}")
             org = None if mirrored is None else mirrored.get("org")
