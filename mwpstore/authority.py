@@ -336,6 +336,7 @@ class Authority:
     _last_ms: int
     _signing_key: SigningKey | None
     _snapshot_lock: threading.Lock
+    _archive_lock: threading.Lock  # one archive() at a time: each Group's record is logged once
     _retired: list[Any]
     _lock_fd: int
     _readers: list[int]  # the thread of each index read in flight, which close() waits for
@@ -402,6 +403,7 @@ class Authority:
         self._last_ms = 0
         self._signing_key = None
         self._snapshot_lock = threading.Lock()
+        self._archive_lock = threading.Lock()
         self._segment_bytes = segment_bytes
         self._retired = []
         if not _holds_store(self.path):
@@ -1319,10 +1321,17 @@ class Authority:
         snapshot and the encrypted audit log of its complete history, and log the record of both.
 
         Safe to call again after a crash part-way (the Command is idempotent and the files are
-        rewritten); returns the existing record once archival has completed.
+        rewritten); returns the existing record once archival has completed. Calls from several
+        threads run one at a time, so a second call for the same Group returns the first's record.
         ``key_provider`` supplies the Organization's audit-log key (default: a
         ``FileKeyProvider`` under ``<path>/keys/orgs``).
         """
+        with self._archive_lock:
+            # Two archive() calls for one Group would both write its audit log (with different
+            # nonces) and both log a record: the record logged last need not name the file left.
+            return self._archive(group, actor=actor, action_id=action_id, reason=reason, key_provider=key_provider)
+
+    def _archive(self, group: str, *, actor: str, action_id: str, reason: str, key_provider: Any) -> ArchiveRecord:
         from .audit_log import FileKeyProvider, verify_audit_log_against_snapshot, write_audit_log
         from .snapshot import verify_snapshot
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -524,6 +525,44 @@ def test_a_legal_deletion_accepted_while_archive_writes_leaves_no_audit_log(tmp_
         assert authority.archive_record(GROUP) is None
         assert os.listdir(os.path.join(authority.path, "archive", GROUP)) == []
         assert authority.verify().ok
+
+
+def test_two_threads_archiving_one_group_log_one_record_naming_the_file_left(tmp_path):
+    """Each archive() writes the audit log with fresh nonces. Run side by side for one Group, both
+    would write the file and log a record, and the record logged last need not name the file that
+    stayed. The provider holds the first caller (up to a second) until the second one arrives."""
+    from mwpstore.audit_log import FileKeyProvider
+
+    meeting = threading.Barrier(2)
+
+    class MeetingProvider(FileKeyProvider):
+        def current_key(self, org):
+            with contextlib.suppress(threading.BrokenBarrierError):
+                meeting.wait(timeout=1.0)  # the first caller waits here for the second one
+            return super().current_key(org)
+
+    with open_with_group(str(tmp_path / "s")) as authority:
+        _fill(authority, GROUP, 3)
+        provider = MeetingProvider(os.path.join(authority.path, "keys", "orgs"))
+        records: list = []
+        errors: list = []
+
+        def archive(action_id: str) -> None:
+            try:
+                records.append(authority.archive(GROUP, actor=OWNER, action_id=action_id, key_provider=provider))
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=archive, args=(f"archive-{i}",)) for i in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert errors == [] and len(records) == 2
+        assert records[0] == records[1] == authority.archive_record(GROUP)
+        assert [event.kind for event in authority.read(GROUP)].count("group.archive") == 1
+        assert authority.verify().ok
+        assert authority.compact().groups_compacted == [GROUP]  # the record names the file left
 
 
 def test_compaction_hashes_audit_logs_in_bounded_memory(tmp_path):
