@@ -580,14 +580,19 @@ class Authority:
         return done
 
     def close(self) -> None:
-        """Finish in-flight commits, mark the index clean and durable, release the store."""
+        """Finish in-flight commits, mark the index clean and durable, release the store.
+
+        Idempotent. A close() interrupted while it waits (``KeyboardInterrupt``) leaves the store
+        closed to new work; calling close() again finishes releasing it."""
         if get_ident() in self._readers:
             # e.g. from a progress or key-provider callback: it would wait for its own read
             raise InvalidCommand("close() was called from inside a read of this authority; close it after the call returns", field="close")
-        with self._closing:  # from here no new read starts (StoreClosed)
-            if self._closed:
-                return
-            self._closed = True
+        with self._closing:  # held to the end: a concurrent close() returns once this one has
+            self._closed = True  # from here no new read or commit starts (StoreClosed)
+            if self._lock_fd >= 0:
+                self._release()
+
+    def _release(self) -> None:
         with self._lock:
             while self._leader or self._queue:
                 self._wake.wait(0.05)
@@ -617,6 +622,7 @@ class Authority:
                     error = error or translate(exc, context="closing the authority")
             self._retired.clear()
             os.close(self._lock_fd)
+            self._lock_fd = -1  # released: the number may be reused by any later open file
         if error is not None:
             raise error
 

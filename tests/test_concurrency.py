@@ -493,3 +493,51 @@ def test_one_commit_takes_whole_units_up_to_commit_batch_commands_max(tmp_path):
     finally:
         authority._queue.clear()
         authority.close()
+
+
+def test_a_close_interrupted_while_it_waits_for_a_read_is_finished_by_the_next_close(tmp_path):
+    """close() waits for the reads in flight. A KeyboardInterrupt in that wait leaves the store
+    closed to new work but still holding its lock, index and log; the next close() must release
+    them (before, it saw the store closed and returned, and the directory stayed locked)."""
+    import _thread
+
+    from mwpstore.audit_log import FileKeyProvider
+    from mwpstore.errors import StoreLocked
+
+    path = str(tmp_path / "store")
+    authority = open_with_group(path)
+    inside, leave = threading.Event(), threading.Event()
+
+    class BlockingProvider(FileKeyProvider):
+        def current_key(self, org):
+            inside.set()
+            leave.wait(30)
+            return super().current_key(org)
+
+    provider = BlockingProvider(os.path.join(path, "keys", "orgs"))
+    outcome: list = []
+
+    def archive() -> None:
+        try:
+            outcome.append(authority.archive(GROUP, actor="owner", action_id="archive", key_provider=provider))
+        except BaseException as exc:  # noqa: BLE001 - the test looks at it
+            outcome.append(exc)
+
+    reader = threading.Thread(target=archive, daemon=True)
+    reader.start()
+    assert inside.wait(30)  # archive() is a registered read, waiting in the provider
+    threading.Timer(0.2, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        authority.close()
+    with pytest.raises(StoreClosed):
+        authority.head(GROUP)
+    with pytest.raises(StoreLocked):
+        Authority.open(path)  # not released yet
+    leave.set()
+    reader.join(30)
+    assert not reader.is_alive() and isinstance(outcome[0], StoreClosed)  # it went on after close()
+    authority.close()
+    authority.close()  # idempotent
+    with Authority.open(path) as again:
+        assert again.open_report.mode == "clean"  # marked clean by the second close()
+        assert again.verify().ok
