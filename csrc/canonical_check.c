@@ -1,5 +1,6 @@
 /*
- * Fast yes/no checks of canonical content and IDs: the module mwpstore._canonical_c.
+ * Fast yes/no checks of canonical content and IDs, and the one-pass check of a snapshot's rows
+ * (rows_check, at the end): the module mwpstore._canonical_c.
  *
  * The rules are those of docs/format/canonical.md, implemented in Python by mwpstore/canonical.py.
  * Every function here answers True only when the Python rules accept the value; it never raises
@@ -225,11 +226,108 @@ static PyObject *cc_kind_ok(PyObject *module, PyObject *value) {
     Py_RETURN_TRUE;
 }
 
+/* Problems rows_check can report, or-ed together (the same numbers as ROW_* in
+ * mwpstore/snapshot.py, whose _row_problems is this function's definition in Python). */
+#define CC_ROW_KEY_TYPE 1       /* a key that is not an exact str */
+#define CC_ROW_UNORDERED 2      /* two neighbouring str keys not strictly increasing */
+#define CC_ROW_FIRST_EMPTY 4    /* the first key is "" */
+#define CC_ROW_REVISION_TYPE 8  /* a revision that is not an exact int */
+#define CC_ROW_REVISION_LOW 16  /* an int revision below 1 */
+
+/* Key (new reference) and revision (new reference) of one snapshot row: a 3-tuple, or an Effect
+ * read through its attributes (a msgspec Struct's member descriptors: no Python code runs). */
+static int row_parts(PyObject *row, int by_attribute, PyObject *key_name, PyObject *revision_name, PyObject **key,
+                     PyObject **revision) {
+    if (by_attribute) {
+        *key = PyObject_GetAttr(row, key_name);
+        if (*key == NULL) return -1;
+        *revision = PyObject_GetAttr(row, revision_name);
+        if (*revision == NULL) {
+            Py_DECREF(*key);
+            return -1;
+        }
+        return 0;
+    }
+    if (!PyTuple_Check(row) || PyTuple_Size(row) != 3) {
+        PyErr_SetString(PyExc_TypeError, "rows must be 3-tuples");
+        return -1;
+    }
+    *key = PyTuple_GetItem(row, 0);
+    *revision = PyTuple_GetItem(row, 1);
+    if (*key == NULL || *revision == NULL) return -1;
+    Py_INCREF(*key);
+    Py_INCREF(*revision);
+    return 0;
+}
+
+/* rows_check(rows, by_attribute): one pass over a snapshot's rows (a list), reporting every kind
+ * of problem found (CC_ROW_*; 0: keys are str, strictly increasing and the first non-empty, every
+ * revision an int >= 1). Python's _checked_aggregates turns the report into its typed errors and
+ * sorts rows that arrive out of order. */
+static PyObject *cc_rows_check(PyObject *module, PyObject *args) {
+    (void)module;
+    PyObject *rows;
+    int by_attribute;
+    if (!PyArg_ParseTuple(args, "O!p", &PyList_Type, &rows, &by_attribute)) {
+        return NULL;
+    }
+    PyObject *key_name = PyUnicode_InternFromString("aggregate");
+    PyObject *revision_name = PyUnicode_InternFromString("revision");
+    if (key_name == NULL || revision_name == NULL) {
+        Py_XDECREF(key_name);
+        Py_XDECREF(revision_name);
+        return NULL;
+    }
+    long problems = 0;
+    PyObject *previous = NULL; /* the previous row's key when it was a str (held) */
+    PyObject *result = NULL;
+    Py_ssize_t count = PyList_Size(rows);
+    for (Py_ssize_t index = 0; index < count; index++) {
+        PyObject *row = PyList_GetItem(rows, index);
+        PyObject *key, *revision;
+        if (row == NULL || row_parts(row, by_attribute, key_name, revision_name, &key, &revision) < 0) {
+            goto done;
+        }
+        if (!PyUnicode_CheckExact(key)) {
+            problems |= CC_ROW_KEY_TYPE;
+            Py_CLEAR(previous);
+            Py_DECREF(key);
+        } else {
+            if (index == 0 && PyUnicode_GetLength(key) == 0) {
+                problems |= CC_ROW_FIRST_EMPTY;
+            }
+            if (previous != NULL && PyUnicode_Compare(previous, key) >= 0) {
+                problems |= CC_ROW_UNORDERED;
+            }
+            Py_XDECREF(previous);
+            previous = key;
+        }
+        if (!PyLong_CheckExact(revision)) {
+            problems |= CC_ROW_REVISION_TYPE;
+        } else {
+            int overflow = 0;
+            long long value = PyLong_AsLongLongAndOverflow(revision, &overflow);
+            if (overflow < 0 || (overflow == 0 && value < 1)) {
+                problems |= CC_ROW_REVISION_LOW;
+            }
+        }
+        Py_DECREF(revision);
+    }
+    result = PyLong_FromLong(problems);
+done:
+    Py_XDECREF(previous);
+    Py_DECREF(key_name);
+    Py_DECREF(revision_name);
+    return result;
+}
+
 static PyMethodDef cc_methods[] = {
     {"content_ok", cc_content_ok, METH_O,
      "True when a value is canonical content (the rules of canonical.check_content); never raises."},
     {"id_ok", cc_id_ok, METH_O, "True when a value is a valid ID (canonical.check_id); never raises."},
     {"kind_ok", cc_kind_ok, METH_O, "True when a value is a valid kind (canonical.check_kind); never raises."},
+    {"rows_check", cc_rows_check, METH_VARARGS,
+     "rows_check(rows, by_attribute): the problems of a snapshot's rows, or-ed (mwpstore.snapshot._row_problems)."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -26,12 +26,11 @@ Nothing is returned unless every step passed.
 from __future__ import annotations
 
 import gc
-import itertools
 import operator
 import os
 import re
 import struct
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import blake3
@@ -39,7 +38,7 @@ import msgspec
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
-from . import canonical, failpoints, limits
+from . import _canonical_c, canonical, failpoints, limits
 from ._files import (
     KeyFileInvalid,
     create_secret_file,
@@ -137,7 +136,8 @@ class SnapshotRef(msgspec.Struct, frozen=True, kw_only=True):
     key_id: str
 
     def to_dict(self) -> dict[str, Any]:
-        return msgspec.to_builtins(self)
+        fields: dict[str, Any] = msgspec.to_builtins(self)
+        return fields
 
     @classmethod
     def from_dict(cls, value: Mapping[str, Any]) -> SnapshotRef:
@@ -364,18 +364,38 @@ def aggregates_from(states: Mapping[str, dict[str, Any]], revisions: Mapping[str
 
 _AGGREGATE = operator.attrgetter("aggregate")
 _REVISION = operator.attrgetter("revision")
-_STATE = operator.attrgetter("state")
 
-
-def _strictly_increasing(keys: list[str]) -> bool:
-    """True if every key is below the next (sorted and unique); callers check they are all str."""
-    return all(map(operator.lt, keys, itertools.islice(keys, 1, None)))
-
-
-_ROW_GETTERS = {
-    Effect: (_AGGREGATE, _REVISION, _STATE),
-    tuple: (operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(2)),
+_ROW_GETTERS: dict[type, tuple[Callable[[Any], Any], Callable[[Any], Any]]] = {
+    Effect: (_AGGREGATE, _REVISION),
+    tuple: (operator.itemgetter(0), operator.itemgetter(1)),
 }
+
+# What ``_row_problems`` (and ``_canonical_c.rows_check``, its C twin) report, or-ed together.
+ROW_KEY_TYPE = 1  # a key that is not a str
+ROW_UNORDERED = 2  # two neighbouring str keys not strictly increasing
+ROW_FIRST_EMPTY = 4  # the first key is ""
+ROW_REVISION_TYPE = 8  # a revision that is not an int (bool included)
+ROW_REVISION_LOW = 16  # an int revision below 1
+
+
+def _row_problems(items: list[Any], by_attribute: bool) -> int:
+    """Every kind of problem in snapshot rows, in one report: the definition of
+    ``_canonical_c.rows_check``, which ``_checked_aggregates`` calls (tests compare the two)."""
+    key_of, revision_of = _ROW_GETTERS[Effect if by_attribute else tuple]
+    keys = list(map(key_of, items))
+    revisions = list(map(revision_of, items))
+    problems = 0
+    if any(type(key) is not str for key in keys):
+        problems |= ROW_KEY_TYPE
+    if any(type(a) is str and type(b) is str and not a < b for a, b in zip(keys, keys[1:])):
+        problems |= ROW_UNORDERED
+    if keys and keys[0] == "":
+        problems |= ROW_FIRST_EMPTY
+    if any(type(revision) is not int for revision in revisions):
+        problems |= ROW_REVISION_TYPE
+    if any(type(revision) is int and revision < 1 for revision in revisions):
+        problems |= ROW_REVISION_LOW
+    return problems
 
 
 def _checked_aggregates(
@@ -384,35 +404,32 @@ def _checked_aggregates(
     """The aggregates sorted by key, after checking keys and revisions.
 
     Rows stay ``Effect``s or ``(key, revision, state)`` tuples as given (both encode to the same
-    3-element array), so an index scan's tuples are never copied into new objects. The checks run
-    as C-level ``map``s, not a Python loop: creating a snapshot of 100k aggregates spends its time
-    encoding, not checking (``bench/bench_snapshot.py``).
+    3-element array), so an index scan's tuples are never copied into new objects. Keys and
+    revisions are checked in one C pass (``_canonical_c.rows_check``): creating a snapshot of 100k
+    aggregates spends its time encoding, not checking (``bench/bench_snapshot.py``).
     """
     items: list[Any] = list(aggregates)
     kinds = set(map(type, items))
-    getters = _ROW_GETTERS.get(kinds.pop()) if len(kinds) == 1 else None
-    if getters is None or (getters is _ROW_GETTERS[tuple] and set(map(len, items)) - {3}):
+    by_attribute = kinds != {tuple} or bool(set(map(len, items)) - {3})
+    if by_attribute and kinds != {Effect}:
         try:
             items = [item if type(item) is Effect else Effect(*item) for item in items]
         except TypeError:
             raise InvalidCommand("aggregates are Effects or (key, revision, state) tuples", field="aggregates") from None
-        getters = _ROW_GETTERS[Effect]
-    key_of, revision_of, _ = getters
-    keys = list(map(key_of, items))
-    if set(map(type, keys)) - {str}:
+    problems = _canonical_c.rows_check(items, by_attribute)
+    if problems & ROW_KEY_TYPE:
         raise InvalidCommand("aggregate keys must be strings", field="aggregates")
-    if not _strictly_increasing(keys):
-        items.sort(key=key_of)  # engines usually hand them over sorted already
-        keys = list(map(key_of, items))
-        if not _strictly_increasing(keys):
+    if problems & ROW_UNORDERED:
+        items.sort(key=_ROW_GETTERS[Effect if by_attribute else tuple][0])  # engines usually hand them over sorted
+        problems = _canonical_c.rows_check(items, by_attribute)
+        if problems & ROW_UNORDERED:
             raise InvalidCommand("aggregate keys must be unique", field="aggregates")
-    if keys and not keys[0]:
+    if problems & ROW_FIRST_EMPTY:
         raise InvalidCommand("aggregate keys must be non-empty", field="aggregates")
-    try:
-        if items and min(map(revision_of, items)) < 1:
-            raise InvalidCommand("every aggregate needs a revision >= 1", field="aggregates")
-    except TypeError:
-        raise InvalidCommand("aggregate revisions must be integers", field="aggregates") from None
+    if problems & ROW_REVISION_TYPE:
+        raise InvalidCommand("aggregate revisions must be integers", field="aggregates")
+    if problems & ROW_REVISION_LOW:
+        raise InvalidCommand("every aggregate needs a revision >= 1", field="aggregates")
     # States are not type-checked row by row here (a pass that costs as much as all the checks
     # above): they come from the engine's typed index. A state that is not a dict or None is a
     # programmer error; the snapshot then fails verify_snapshot's typed decode (check "format").
@@ -613,10 +630,10 @@ def _decode_state(state: memoryview, count: int) -> list[Effect]:
             gc.enable()
     if len(aggregates) != count:
         raise _fail("format", f"the state holds {len(aggregates)} aggregates, the header says {count}")
-    keys = list(map(_AGGREGATE, aggregates))  # str, by the decoder's type
-    if (keys and not keys[0]) or not _strictly_increasing(keys):
+    problems = _canonical_c.rows_check(aggregates, True)  # keys str and revisions int, by the decoder's types
+    if problems & (ROW_KEY_TYPE | ROW_UNORDERED | ROW_FIRST_EMPTY):
         raise _fail("format", "aggregate keys are not unique, non-empty and sorted")
-    if aggregates and min(map(_REVISION, aggregates)) < 1:
+    if problems & (ROW_REVISION_TYPE | ROW_REVISION_LOW):
         raise _fail("format", "every aggregate needs a revision >= 1")
     return aggregates
 

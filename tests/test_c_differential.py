@@ -11,6 +11,8 @@ adversarial inputs the other suites rarely make.
   ID and kind patterns, on every number edge, str/int/float/dict/list subclasses, bytes, tuples,
   lone surrogates, non-str keys, nesting at the depth bound and sizes at the item and string
   bounds; what C accepts must also pass ``check_content`` and encode;
+- snapshot rows (``rows_check`` in csrc/canonical_check.c) against ``snapshot._row_problems``, on
+  keys and revisions of every type and order;
 - index entries of Event records (csrc/index_records.c) against ``authority._index_record`` on
   Events with edge values, fields of any type, every msgpack width, Ext values, repeated map keys,
   cut and extended records and other tags;
@@ -604,6 +606,53 @@ def test_canonical_checks_take_exactly_one_argument_of_any_type(function):
         check()
     with pytest.raises(TypeError):
         check("a", "b")
+
+
+# == snapshot rows: _canonical_c.rows_check against snapshot._row_problems =========================
+
+
+class _StrKey(str):
+    pass
+
+
+class _IntRevision(int):
+    pass
+
+
+_ROW_KEYS = st.one_of(
+    st.sampled_from(["", "a", "b", "ab", "b", "\u00e9", "\U0001f600", "a\x00", "workitem:wi-1", "workitem:wi-2"]),
+    st.text(max_size=4),
+    st.builds(_StrKey, st.sampled_from(["a", "b"])),
+    st.sampled_from([None, 1, b"a", 1.5]),
+)
+_ROW_REVISIONS = st.one_of(
+    st.integers(min_value=-3, max_value=3),
+    st.sampled_from([2**63, 2**64 + 1, -(2**70), True, False, 1.0, 0.5, None, "1", _IntRevision(2), _IntRevision(0)]),
+)
+_ROWS = st.lists(st.tuples(_ROW_KEYS, _ROW_REVISIONS, st.none()), max_size=8)
+
+
+@differential(400)
+@given(rows=_ROWS, as_effects=st.booleans())
+@example(rows=[("b", 1, None), ("a", 1, None)], as_effects=False)
+@example(rows=[("a", 1, None), ("a", 2, None)], as_effects=True)
+@example(rows=[("", 0, None), (1, True, None)], as_effects=False)
+def test_snapshot_row_check_agrees_with_its_python_definition(rows, as_effects):
+    """Keys of every type and order (str subclasses, code points beyond the BMP, NUL), revisions
+    at every edge (bool, float, int subclasses, beyond 64 bits): the one C pass reports exactly the
+    problems the Python definition finds, as Effects and as tuples."""
+    from mwpstore.snapshot import _row_problems
+
+    items = [Effect(*row) for row in rows] if as_effects else list(rows)
+    assert _canonical_c.rows_check(items, as_effects) == _row_problems(items, as_effects)
+
+
+def test_snapshot_row_check_refuses_rows_that_are_no_3_tuples():
+    for rows in ([("a", 1)], [["a", 1, None]], [("a", 1, None, None)]):
+        with pytest.raises(TypeError):
+            _canonical_c.rows_check(rows, False)
+    with pytest.raises(AttributeError):
+        _canonical_c.rows_check([("a", 1, None)], True)
 
 
 # == index entries of Event records: _index_c against authority._index_record =====================

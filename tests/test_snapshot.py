@@ -211,6 +211,10 @@ def test_equal_sequence_to_high_water_mark_is_accepted(good):
         ("aggregates", [("a", "1", {})]),
         ("aggregates", [("a", 1, {}), Effect("a", 1, {})]),
         ("aggregates", [(1, 1, {})]),
+        ("aggregates", [Effect("a", True, {})]),  # a bool is no revision
+        ("aggregates", [("a", 1.0, {})]),
+        ("aggregates", [("c", 1, {}), ("a", 1, {}), ("a", 2, {})]),  # a duplicate found after sorting
+        ("aggregates", [("b", 1, {}), ("", 1, {})]),  # an empty key that sorting brings first
     ],
 )
 def test_create_refuses_bad_input(memory, field, value):
