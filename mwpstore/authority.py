@@ -91,6 +91,7 @@ from .snapshot import (
     SigningKey,
     SnapshotRef,
     create_snapshot,
+    drop_retired_key,
     read_snapshot_file,
     retired_public_keys,
     snapshot_ref,
@@ -1229,6 +1230,16 @@ class Authority:
             self._signing_key = None  # whatever happens below, the next use reads the key file
             self._signing_key = SigningKey.rotate(os.path.join(self.path, "keys"), retire=retire)
             return self._signing_key
+
+    def drop_retired_key(self, key_id: str) -> None:
+        """Stop trusting a retired snapshot key (``rotate_signing_key``) that was compromised after
+        it was retired: :meth:`keyring` and ``verify`` no longer accept what it signed. Take new
+        snapshots of the Groups whose latest snapshot it signed (:meth:`snapshot` signs one at the
+        same sequence with the current key), so agents behind their replay floor can restore.
+        ``NotFound`` when no such key is retired."""
+        self._check_open()
+        with self._snapshot_lock:
+            drop_retired_key(os.path.join(self.path, "keys"), key_id)
 
     @_index_errors_typed
     def snapshot(self, group: str) -> SnapshotRef:

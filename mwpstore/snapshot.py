@@ -50,7 +50,7 @@ from ._files import (
     store_path,
     write_file_atomic,
 )
-from .errors import InvalidCommand, LimitExceeded, SnapshotInvalid, translate
+from .errors import InvalidCommand, LimitExceeded, NotFound, SnapshotInvalid, translate
 from .messages import HASH_BYTES, Effect
 from .registry import public_key_is_usable
 
@@ -294,6 +294,27 @@ _RETIRED_NAME = re.compile(r"[0-9a-f]{%d}\.pub" % KEY_ID_CHARS)
 
 def _public_line(public_key: bytes) -> bytes:
     return public_key.hex().encode("ascii") + b"\n"
+
+
+def drop_retired_key(directory: str, key_id: str) -> None:
+    """Stop trusting the retired public key ``key_id`` (found compromised after it was retired):
+    delete ``directory/retired/<key id>.pub``, durably. What it signed no longer verifies with
+    ``retired_public_keys``' keys; take new snapshots of the Groups it signed.
+
+    ``InvalidCommand`` (``key_id``) for a string that is no key id, ``NotFound`` when no such key
+    is retired (the current key is not: rotate it with ``retire=False`` instead).
+    """
+    if type(key_id) is not str or re.fullmatch(r"[0-9a-f]{%d}" % KEY_ID_CHARS, key_id) is None:
+        raise InvalidCommand(f"a key id is {KEY_ID_CHARS} lowercase hex characters", field="key_id")
+    retired = os.path.join(store_path(directory), RETIRED_DIRECTORY)
+    path = os.path.join(retired, f"{key_id}.pub")
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        raise NotFound(f"no retired key {key_id} under {retired}", field="key_id") from None
+    except OSError as exc:
+        raise translate(exc, context=f"removing {path}") from None
+    fsync_directory(retired)
 
 
 def retired_public_keys(directory: str) -> list[bytes]:

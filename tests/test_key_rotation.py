@@ -74,6 +74,40 @@ def test_rotation_without_retiring_drops_the_old_key_and_verify_names_what_it_si
         assert authority.snapshot(GROUP).key_id == new.key_id != old.key_id
 
 
+def test_a_retired_key_found_compromised_later_can_be_dropped(tmp_path):
+    """A key retired by a rotation stays trusted; once it turns out compromised, dropping it makes
+    what it signed fail ``verify`` (and any keyring from the store), durably; a new snapshot at the
+    same head is signed with the current key."""
+    from mwpstore.errors import NotFound, SnapshotInvalid, StoreClosed
+
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        old_ref = authority.snapshot(GROUP)
+        old = authority.signing_key
+        new = authority.rotate_signing_key()
+        assert sorted(authority.keyring().key_ids) == sorted([old.key_id, new.key_id]) and authority.verify().ok
+        for bad in ("", "XYZ", old.key_id.upper(), old.key_id + "0", "../" + old.key_id[3:], 5, None):
+            with pytest.raises(InvalidCommand):
+                authority.drop_retired_key(bad)
+        with pytest.raises(NotFound):
+            authority.drop_retired_key(new.key_id)  # the current key is not retired
+        authority.drop_retired_key(old.key_id)
+        assert authority.keyring().key_ids == [new.key_id]
+        with pytest.raises(SnapshotInvalid):
+            verify_snapshot(authority.read_snapshot(old_ref), keyring=authority.keyring(), group=GROUP)
+        problems = authority.verify().problems
+        assert len(problems) == 1 and problems[0].startswith(f"snapshot {old_ref.location}: SNAPSHOT_INVALID (key)")
+        with pytest.raises(NotFound):
+            authority.drop_retired_key(old.key_id)
+        ref = authority.snapshot(GROUP)
+        assert ref.seq == old_ref.seq and ref.key_id == new.key_id
+    with Authority.open(path) as authority:
+        assert authority.keyring().key_ids == [new.key_id]
+        assert retired_public_keys(_keys(authority)) == []
+    with pytest.raises(StoreClosed):
+        authority.drop_retired_key(new.key_id)
+
+
 @pytest.mark.parametrize("retire", [True, False])
 def test_a_snapshot_at_an_unchanged_head_is_signed_again_with_the_new_key(tmp_path, retire):
     with open_with_group(str(tmp_path / "s")) as authority:
