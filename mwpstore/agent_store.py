@@ -490,18 +490,21 @@ class AgentStore:
 
     def close(self) -> None:
         """Close the store once the reads and the local transaction in flight have ended (their
-        values may point into LMDB's map); every later call is ``StoreClosed``."""
+        values may point into LMDB's map); every later call is ``StoreClosed``. Idempotent: a
+        close() interrupted while it waits (``KeyboardInterrupt``) is finished by the next one."""
         with self._gate:
-            if self._closed:
-                return
+            if self._lock_fd < 0:
+                return  # released already
             if self._writer == threading.get_ident():
                 raise InvalidCommand("a local transaction is open in this thread: end it before close()", field="close")
             self._closed = True
             while self._readers:
                 self._gate.wait(0.05)
         with self._write_lock:  # a transaction open in another thread commits or aborts first
-            self._env.close()
-            os.close(self._lock_fd)
+            if self._lock_fd >= 0:  # not released meanwhile by a concurrent close()
+                self._env.close()
+                os.close(self._lock_fd)
+                self._lock_fd = -1  # the number may be reused by any later open file
 
     def __enter__(self) -> AgentStore:
         return self

@@ -546,6 +546,42 @@ def test_nested_begin_in_one_thread_is_refused(store):
             store.begin()
 
 
+def test_a_close_interrupted_while_it_waits_for_a_read_is_finished_by_the_next_close(tmp_path, events):
+    """close() waits for the reads in flight. A KeyboardInterrupt in that wait left the store closed
+    to new work but still locked and mapped, and every later close() returned at once."""
+    import _thread
+    import threading
+
+    agent = AgentStore.open(tmp_path / "a")
+    with agent.begin() as tx:
+        tx.apply(events[0])
+    inside, leave = threading.Event(), threading.Event()
+
+    def reader() -> None:
+        with agent._read():  # a read in flight (what head(), cursor() and the others hold)
+            inside.set()
+            leave.wait(30)
+
+    thread = threading.Thread(target=reader, daemon=True)
+    thread.start()
+    assert inside.wait(30)
+    threading.Timer(0.2, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        agent.close()
+    with pytest.raises(StoreClosed):
+        agent.cursor(GROUP)
+    with pytest.raises(StoreLocked):
+        AgentStore.open(tmp_path / "a")  # not released yet
+    leave.set()
+    thread.join(30)
+    assert not thread.is_alive()
+    agent.close()
+    agent.close()  # idempotent
+    again = AgentStore.open(tmp_path / "a")
+    assert again.head(GROUP).applied_seq == 1
+    again.close()
+
+
 def test_close_waits_for_a_transaction_in_another_thread_and_refuses_inside_its_own(tmp_path, events):
     import threading
 
