@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import blake3
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
@@ -103,6 +104,34 @@ def test_wrk_031_keys_are_domain_separated() -> None:
     assert attempt_key("m1", "wi1", 1) != external_idempotency_key("m1", "wi1", 1, "x")
 
 
+def _documented_key(domain: bytes, *parts: str | int) -> str:
+    """A key as docs/work-model.md specifies it, written here from the doc alone: blake3 over the
+    domain tag and the parts, each text part as its UTF-8 length (8 bytes big-endian) and bytes,
+    each integer part as 8 (8 bytes big-endian) and the value (8 bytes big-endian)."""
+    data = domain
+    for part in parts:
+        if isinstance(part, str):
+            encoded = part.encode("utf-8")
+            data += len(encoded).to_bytes(8, "big") + encoded
+        else:
+            data += (8).to_bytes(8, "big") + part.to_bytes(8, "big")
+    return blake3.blake3(data).hexdigest()
+
+
+@pytest.mark.parametrize(
+    "mission, workitem, number, text", [("m1", "wi1", 3, "send-email"), ("mé", "ü-2", 0, "ø")], ids=["ascii", "utf-8"]
+)
+def test_wrk_031_keys_are_the_documented_bytes(mission: str, workitem: str, number: int, text: str) -> None:
+    # Agents keep these keys in their outboxes and receivers remember them: a key must never change
+    # between versions, so its derivation is pinned to the documented bytes, not just to stability.
+    assert external_idempotency_key(mission, workitem, number, text) == _documented_key(
+        b"mwpstore/external-idempotency/v1\x00", mission, workitem, number, text
+    )
+    assert attempt_key(mission, workitem, number) == _documented_key(b"mwpstore/attempt/v1\x00", mission, workitem, number)
+    assert lease_id_for(mission, workitem, number) == _documented_key(b"mwpstore/lease/v1\x00", mission, workitem, number)[:32]
+    assert lease_id_for("g2", workitem, number) != lease_id_for(mission, workitem, number)
+
+
 @pytest.mark.parametrize(
     "args, field",
     [
@@ -161,6 +190,7 @@ def test_backoff_with_a_rational_multiplier_is_exact() -> None:
 def test_backoff_rational_multiplier_is_stored_reduced() -> None:
     assert parse_contract({**CONTRACT, "backoff_multiplier": [4, 2]})["backoff_multiplier"] == 2
     assert parse_contract({**CONTRACT, "backoff_multiplier": [6, 4]})["backoff_multiplier"] == [3, 2]
+    assert parse_contract({**CONTRACT, "backoff_multiplier": [7, 7]})["backoff_multiplier"] == 1
 
 
 def test_backoff_for_large_attempts_stays_bounded() -> None:
@@ -183,6 +213,9 @@ def test_backoff_rejects_attempt_zero() -> None:
         ({"backoff_multiplier": [2, 3]}, "body.contract.backoff_multiplier"),
         ({"backoff_multiplier": 0}, "body.contract.backoff_multiplier"),
         ({"max_attempts": 0}, "body.contract.max_attempts"),
+        ({"max_attempts": 1001}, "body.contract.max_attempts"),
+        ({"backoff_multiplier": [1_000_001, 2]}, "body.contract.backoff_multiplier"),
+        ({"backoff_multiplier": 1_000_001}, "body.contract.backoff_multiplier"),
         ({"lease_ms": 1.0}, "body.contract.lease_ms"),
         ({"cost_limit": 0}, "body.contract.cost_limit"),
         ({"backoff_max_ms": 50}, "body.contract.backoff_max_ms"),
@@ -222,12 +255,55 @@ def test_not_a_member_cannot_issue_commands(h: Harness) -> None:
         ("w1", "approval.decide", "ap1", {"decision": "approved"}),
         ("a1", "approval.request", "ap1", {"workitem": "wi1", "operation": "submit"}),
         ("o1", "workitem.resolve", "wi1", {}),
+        ("owner", "workitem.charge", "wi1", {"lease_id": lease_id_for(GROUP, "wi1", 1), "ownership_epoch": 1, "cost": 1}),
+        ("owner", "approval.decide", "ap1", {"decision": "approved"}),
+        ("o1", "approval.request", "ap1", {"workitem": "wi1", "operation": "submit"}),
     ],
 )
 def test_roles_limit_the_kinds_an_actor_may_issue(
     h: Harness, actor: str, kind: str, target: str, body: dict[str, Any]
 ) -> None:
     h.reject(Unauthorized, actor, kind, target, body, cas=kind_spec(kind).compare_and_set)
+
+
+OWNER, WORKER = frozenset({"owner"}), frozenset({"worker"})
+DOCUMENTED_ROLES: dict[str, frozenset[str] | None] = {
+    "membership.add": OWNER,
+    "membership.change": OWNER,
+    "membership.remove": OWNER,
+    "session.replace": frozenset({"owner", "worker", "approver", "observer"}),
+    "workitem.create": OWNER,
+    "workitem.claim": WORKER,
+    "workitem.start": WORKER,
+    "lease.renew": WORKER,
+    "workitem.checkpoint": WORKER,
+    "workitem.publish": WORKER,
+    "workitem.block": WORKER,
+    "workitem.resolve": OWNER,
+    "workitem.submit": WORKER,
+    "workitem.fail": WORKER,
+    "workitem.reassign": OWNER,
+    "workitem.cancel": OWNER,
+    "workitem.charge": WORKER,
+    "lease.expire": None,
+    "approval.request": WORKER,
+    "approval.decide": frozenset({"approver"}),
+}
+
+
+def test_roles_of_every_kind_are_the_documented_ones() -> None:
+    """The roles table of docs/work-model.md: exact roles, not a hierarchy."""
+    assert set(DOCUMENTED_ROLES) == set(work_model.WORK_MODEL_KINDS)
+    for kind, roles in DOCUMENTED_ROLES.items():
+        assert kind_spec(kind).roles == roles, kind
+    assert kind_spec("lease.expire").system_only
+
+
+@pytest.mark.parametrize("agent", ["a1", "o1", "owner", "w1"])
+def test_every_role_may_replace_its_own_session(h: Harness, agent: str) -> None:
+    before = h.member(agent)["session_epoch"]
+    h.accept(agent, "session.replace", agent, {"session_epoch": before})
+    assert h.member(agent)["session_epoch"] == before + 1
 
 
 def test_lease_expire_is_issued_by_the_engine_only(h: Harness) -> None:
@@ -332,6 +408,46 @@ def test_evt_007_approval_decision_is_compare_and_set(h: Harness) -> None:
     h.accept("a1", "approval.decide", "ap1", {"decision": "approved"}, cas=True)
 
 
+def test_evt_007_every_aggregate_an_event_changes_gets_its_own_next_revision(h: Harness) -> None:
+    # A revision is per aggregate and only ever counts up: a claim changes the WorkItem and its
+    # holder's Membership, a charge the WorkItem and the Mission. Were a second aggregate given
+    # the target's next revision, it could go back to a value a stale expected_revision names.
+    for _ in range(5):
+        h.accept("owner", "mission.update", "m1", {"title": "raised"}, cas=True)
+    for _ in range(3):
+        h.accept("owner", "membership.change", "w1", {"role": "worker"}, cas=True)
+    before = {key: h.revision(key) for key in ("workitem:wi1", "member:w1", "mission:m1")}
+    claim = h.accept("w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+    h.start("w1", "wi1")
+    charge = h.accept("w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": 1})
+    assert {effect.aggregate: effect.revision for effect in claim.effects} == {
+        "workitem:wi1": before["workitem:wi1"] + 1, "member:w1": before["member:w1"] + 1,
+    }
+    assert {effect.aggregate: effect.revision for effect in charge.effects} == {
+        "workitem:wi1": before["workitem:wi1"] + 3, "mission:m1": before["mission:m1"] + 1,
+    }
+    assert h.revision("member:w1") == before["member:w1"] + 1 and h.revision("mission:m1") == before["mission:m1"] + 1
+
+
+@pytest.mark.parametrize(
+    "kind, body, field",
+    [
+        ("workitem.claim", {"session_epoch": True}, "body.session_epoch"),
+        ("workitem.charge", {"lease_id": lease_id_for(GROUP, "wi1", 1), "ownership_epoch": True, "cost": 1},
+         "body.ownership_epoch"),
+        ("workitem.charge", {"lease_id": lease_id_for(GROUP, "wi1", 1), "ownership_epoch": 1, "cost": True}, "body.cost"),
+        ("workitem.create", {"mission": "m1", "priority": True, "contract": CONTRACT}, "body.priority"),
+        ("workitem.create", {"mission": "m1", "not_before_ms": False, "contract": CONTRACT}, "body.not_before_ms"),
+        ("workitem.create", {"mission": "m1", "contract": {**CONTRACT, "max_attempts": True}}, "body.contract.max_attempts"),
+    ],
+)
+def test_a_boolean_is_not_an_integer_field(h: Harness, kind: str, body: dict[str, Any], field: str) -> None:
+    h.claim_and_start("w1", "wi1")
+    actor = "owner" if kind == "workitem.create" else "w1"
+    target = "wi9" if kind == "workitem.create" else "wi1"
+    h.reject(InvalidCommand, actor, kind, target, body, cas=kind_spec(kind).compare_and_set, field=field)
+
+
 # -- MWP-WRK-013: the Execution Lease and what must name it ---------------------------------------
 
 
@@ -389,6 +505,30 @@ def test_wrk_013_checkpoint_must_name_current_lease(h: Harness) -> None:
     h.reject(InvalidCommand, "w1", "workitem.checkpoint", "wi1", mismatched, field="body.lease_id")
     future = {"lease_id": lease_id_for(GROUP, "wi1", 5), "ownership_epoch": 5, "checkpoint": 1}
     h.reject(LeaseMismatch, "w1", "workitem.checkpoint", "wi1", future)
+
+
+@pytest.mark.parametrize("kind", sorted(RESULT_BODIES))
+def test_wrk_013_result_naming_the_next_epoch_is_a_mismatch(h: Harness, kind: str) -> None:
+    # epoch current + 1 is the one the next claim would grant: never granted yet, so no late result
+    h.claim_and_start("w1", "wi1")
+    following = {"lease_id": lease_id_for(GROUP, "wi1", 2), "ownership_epoch": 2}
+    h.reject(LeaseMismatch, "w1", kind, "wi1", {**following, **RESULT_BODIES[kind]})
+    h.accept("w1", "workitem.checkpoint", "wi1", {**h.fence("wi1"), "checkpoint": 1})
+    h.reject(LeaseMismatch, "w1", kind, "wi1", {**following, **RESULT_BODIES[kind]})
+
+
+@pytest.mark.parametrize("kind", sorted(RESULT_BODIES))
+def test_wrk_013_result_naming_an_older_lease_is_stale_even_when_no_lease_is_held(h: Harness, kind: str) -> None:
+    # the fence's order: an older epoch is "stale_ownership_epoch" before "lease_released" is looked at
+    old = h.claim_and_start("w1", "wi1")
+    h.accept("w1", "workitem.checkpoint", "wi1", {**fence_of(old), "checkpoint": 1})
+    h.claim_and_start("w2", "wi1")
+    h.accept("w2", "workitem.checkpoint", "wi1", {**h.fence("wi1"), "checkpoint": 2})
+    event = h.evidence("w1", kind, "wi1", {**fence_of(old), **RESULT_BODIES[kind]}, reason="stale_ownership_epoch")
+    assert event.body is not None
+    assert event.body["evidence"] == {
+        "reason": "stale_ownership_epoch", "current_ownership_epoch": 2, "current_lease_id": None,
+    }
 
 
 def test_wrk_013_another_agents_current_lease_is_a_mismatch(h: Harness) -> None:
@@ -487,6 +627,31 @@ def test_wrk_014_demoting_a_worker_revokes_its_leases(h: Harness) -> None:
     h.claim_and_start("w1", "wi1")
     h.accept("owner", "membership.change", "w1", {"role": "observer"}, cas=True)
     assert h.item("wi1")["lease"] is None and h.member("w1")["leases"] == []
+
+
+@pytest.mark.parametrize("role", ["approver", "owner"])
+def test_wrk_014_a_worker_given_any_other_role_loses_its_leases(h: Harness, role: str) -> None:
+    lease = h.claim_and_start("w1", "wi1")
+    event = h.accept("owner", "membership.change", "w1", {"role": role}, cas=True)
+    assert event.body == {"role": role, "revoked_workitems": ["wi1"]}
+    item = h.item("wi1")
+    assert (item["state"], item["lease"], item["not_before_ms"]) == ("queued", None, h.now_ms)
+    assert h.member("w1")["leases"] == []
+    h.accept("owner", "membership.change", "w1", {"role": "worker"}, cas=True)
+    h.evidence("w1", "workitem.submit", "wi1", {**fence_of(lease), "submission": 1}, reason="lease_released")
+
+
+def test_wrk_014_changing_a_workers_key_keeps_its_leases(new_harness: Callable[[], Harness]) -> None:
+    h = new_harness().setup()
+    lease = h.claim_and_start("w1", "wi1")
+    key = Ed25519PrivateKey.generate()
+    event = h.accept("owner", "membership.change", "w1", {"public_key": _public_hex(key)}, cas=True)
+    assert event.body == {"public_key": _public_hex(key)}
+    event = h.accept("owner", "membership.change", "w1", {"role": "worker"}, cas=True)
+    assert event.body == {"role": "worker"}
+    assert h.lease("wi1") == lease and h.member("w1")["leases"] == ["wi1"]
+    h.signing_keys["w1"] = key
+    assert h.accept("w1", "workitem.submit", "wi1", {**fence_of(lease), "submission": 1}).authoritative
 
 
 # -- Membership rejections ------------------------------------------------------------------------
@@ -675,6 +840,20 @@ def test_wrk_018_failure_whose_retry_would_miss_the_deadline_is_terminal(new_har
     assert event.body is not None and event.body["outcome"] == "failed"
 
 
+@pytest.mark.parametrize("slack, outcome", [(1, "queued"), (0, "failed")])
+def test_wrk_018_failure_whose_retry_falls_on_the_deadline_is_terminal(
+    new_harness: Callable[[], Harness], slack: int, outcome: str
+) -> None:
+    # no claim at or after the deadline, so a retry whose not-before is the deadline could never run
+    h = new_harness()
+    h.setup(contract={**CONTRACT, "deadline_ms": h.now_ms + 150 + slack})
+    h.claim_and_start("w1", "wi1")
+    h.advance(50)  # the retry would be ready at now + backoff (100) = start + 150
+    event = h.accept("w1", "workitem.fail", "wi1", {**h.fence("wi1"), "reason": "flaky"})
+    assert event.body is not None and event.body["outcome"] == outcome
+    assert h.item("wi1")["state"] == outcome
+
+
 def test_wrk_018_claim_after_the_deadline_is_refused(new_harness: Callable[[], Harness]) -> None:
     h = new_harness()
     h.setup(contract={**CONTRACT, "deadline_ms": h.now_ms + 500})
@@ -791,6 +970,30 @@ def test_wrk_022_charge_records_progress_and_cost_in_one_transition(h: Harness) 
     assert h.lease("wi1")["agent"] == "w1"  # the lease is kept
 
 
+def test_wrk_022_charge_without_progress_keeps_the_latest_progress(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.accept("w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": 1, "progress": {"rows": 10}})
+    h.accept("w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": 2})
+    item = h.item("wi1")
+    assert (item["cost_spent"], item["progress"]) == (3, {"rows": 10})
+
+
+def test_wrk_022_mission_limit_cannot_drop_below_what_was_spent(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.accept("w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": 40})
+    h.reject(InvalidCommand, "owner", "mission.update", "m1", {"cost_limit": 39}, cas=True, field="body.cost_limit")
+    h.accept("owner", "mission.update", "m1", {"cost_limit": 40}, cas=True)
+    assert (h.mission()["cost_limit"], h.mission()["cost_spent"]) == (40, 40)
+    h.reject(BudgetExceeded, "w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": 1})
+
+
+def test_closed_mission_is_neither_updated_nor_closed_again(h: Harness) -> None:
+    h.accept("owner", "mission.close", "m1", {"reason": "done"})
+    assert h.mission()["status"] == "closed"
+    h.reject(InvalidState, "owner", "mission.update", "m1", {"title": "again"}, cas=True)
+    h.reject(InvalidState, "owner", "mission.close", "m1", {})
+
+
 def test_wrk_022_workitem_budget_overflow_rejects_charge_and_progress(h: Harness) -> None:
     h.claim_and_start("w1", "wi1")
     h.accept("w1", "workitem.charge", "wi1", {**h.fence("wi1"), "cost": 45})
@@ -847,6 +1050,19 @@ def test_rejected_approval_does_not_allow_the_operation(new_harness: Callable[[]
     error = h.reject(ApprovalRequired, "w1", "workitem.publish", "wi1",
                      {**h.fence("wi1"), "publication": 1, "approval": "ap1"})
     assert error.detail["approval_state"] == "rejected"
+
+
+@pytest.mark.parametrize("kind", ["workitem.publish", "workitem.submit"])
+def test_late_result_on_an_approval_gated_mission_is_evidence_without_an_approval(
+    new_harness: Callable[[], Harness], kind: str
+) -> None:
+    # the fence comes first: a late result is kept as Evidence; the gate applies to authoritative ones
+    h = new_harness().setup(approval_required=("publish", "submit"))
+    old = h.claim_and_start("w1", "wi1")
+    h.accept("owner", "workitem.reassign", "wi1", {"reason": "rebalance"})
+    h.claim_and_start("w2", "wi1")
+    h.evidence("w1", kind, "wi1", {**fence_of(old), **RESULT_BODIES[kind]}, reason="stale_ownership_epoch")
+    h.reject(ApprovalRequired, "w2", kind, "wi1", {**h.fence("wi1"), **RESULT_BODIES[kind]})
 
 
 def test_approval_state_fields(h: Harness) -> None:
@@ -921,3 +1137,24 @@ def test_cancel_rejections(h: Harness) -> None:
     h.accept("owner", "workitem.cancel", "wi1", {})
     h.reject(InvalidState, "owner", "workitem.cancel", "wi1", {})
     h.reject(InvalidState, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+
+
+def test_cancel_of_blocked_work(h: Harness) -> None:
+    h.claim_and_start("w1", "wi1")
+    h.accept("w1", "workitem.block", "wi1", {**h.fence("wi1"), "checkpoint": {"step": 3}, "required_resolution": "key"})
+    event = h.accept("owner", "workitem.cancel", "wi1", {"reason": "not needed"})
+    assert event.body == {"reason": "not needed", "revoked_lease": None}
+    item = h.item("wi1")
+    assert (item["state"], item["lease"], item["checkpoint"]) == ("cancelled", None, {"step": 3})
+    h.reject(InvalidState, "owner", "workitem.resolve", "wi1", {})
+
+
+def test_cancel_of_submitted_or_failed_work_is_invalid_state(new_harness: Callable[[], Harness]) -> None:
+    h = new_harness().setup(workitems=("wi1", "wi2"))
+    h.claim_and_start("w1", "wi1")
+    h.accept("w1", "workitem.submit", "wi1", {**h.fence("wi1"), "submission": 1})
+    h.claim_and_start("w1", "wi2")
+    h.accept("w1", "workitem.fail", "wi2", {**h.fence("wi2"), "reason": "bad input", "retryable": False})
+    for workitem, state in (("wi1", "submitted"), ("wi2", "failed")):
+        error = h.reject(InvalidState, "owner", "workitem.cancel", workitem, {})
+        assert error.detail["state"] == state
