@@ -758,7 +758,8 @@ class AgentStore:
 
     def restore_verified(self, snapshot: Any, *, group: str, org: str | None = None) -> int:
         """Restore from an already verified snapshot (``group``, ``org``, ``seq``, ``head_hash``,
-        ``aggregates``). Checks the binding and that it does not roll the Group back."""
+        ``aggregates``: a list or tuple of ``Effect``). Checks the binding and that it does not roll
+        the Group back."""
         _check_group(group)
         if not all(hasattr(snapshot, name) for name in ("group", "org", "seq", "head_hash", "aggregates")):
             raise SnapshotInvalid("a snapshot has group, org, seq, head_hash and aggregates", check="schema")
@@ -771,8 +772,9 @@ class AgentStore:
             raise SnapshotInvalid(f"snapshot head hash is not {len(ZERO_HASH)} bytes", check="schema")
         if snapshot.org is not None and (type(snapshot.org) is not str or not canonical.id_ok(snapshot.org)):
             raise SnapshotInvalid("snapshot organization is not an ID", check="schema")
-        if isinstance(snapshot.aggregates, (str, bytes)) or not isinstance(snapshot.aggregates, Iterable):
-            raise SnapshotInvalid("snapshot aggregates must be Effect values", check="schema")
+        if type(snapshot.aggregates) not in (list, tuple):
+            # read twice (checked, then written): a one-shot iterator would be used up by the checks
+            raise SnapshotInvalid("snapshot aggregates must be a list or tuple of Effect values", check="schema")
         with self.begin() as tx:
             head = tx._head(group)
             mirrored_group = tx._get_state(group, f"group:{group}")

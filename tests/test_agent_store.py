@@ -444,6 +444,24 @@ def test_restore_refuses_rollback_and_wrong_binding_without_writing(store, event
     assert store.projection_digest() == digest
 
 
+def test_restore_verified_refuses_aggregates_it_could_read_only_once(store, events):
+    """The aggregates are checked, then written: a one-shot iterator was used up by the checks and
+    restored none of them, with the Cursor at the snapshot's sequence."""
+    snapshot = _snapshot_at(events, 20)
+    digest = store.projection_digest()
+    for one_shot in (iter(snapshot.aggregates), (effect for effect in snapshot.aggregates)):
+        with pytest.raises(SnapshotInvalid) as info:
+            store.restore_verified(SimpleNamespace(**{**vars(snapshot), "aggregates": one_shot}), group=GROUP)
+        assert info.value.check == "schema"
+    assert store.projection_digest() == digest and store.cursor(GROUP) == 0
+    store.restore_verified(SimpleNamespace(**{**vars(snapshot), "aggregates": tuple(snapshot.aggregates)}), group=GROUP)
+    full = AgentStore.open(store.path + "-full")
+    apply_all(full, events[:20])
+    assert store.states(GROUP) == full.states(GROUP) and store.cursor(GROUP) == 20
+    full.close()
+    shutil.rmtree(store.path + "-full")
+
+
 def test_restore_keeps_buffered_events_after_the_snapshot(tmp_path, events):
     agent = AgentStore.open(tmp_path / "a")
     apply_all(agent, events[:3] + events[30:33])
