@@ -39,7 +39,7 @@ from ._apply_c import check_run as _check_run
 from ._apply_c import run as _apply_run
 from ._files import store_path
 from ._lmdb_check import check_before_open
-from ._sealed import SealedTables, open_databases, typed_damage
+from ._sealed import KEY_SHOWN_BYTES, SealedTables, open_databases, typed_damage
 from .errors import ReconcileRequired, ProjectionFailed  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import (
     Corruption,
@@ -691,7 +691,7 @@ class AgentStore:
             for key, value in tables.range(txn, b"heads", b""):
                 if group is not None and key != group.encode():
                     continue
-                head = _HEAD_DECODER.decode(value)
+                head = _decode_head(key, value)
                 rows.append(("heads", key, _STATE_ENCODER.encode([head.applied_seq, head.applied_hash, head.cursor])))
             for name in _DIGEST_DATABASES:
                 for key, value in tables.range(txn, name, prefix):
@@ -1527,7 +1527,31 @@ def _queue_suffix_for(workitem: str, state: dict[str, Any] | None) -> bytes | No
 
 def _load_head(tables: _Tables, txn: lmdb.Transaction, group: str) -> GroupHead:
     data = tables.get(txn, b"heads", group.encode())
-    return GroupHead() if data is None else _HEAD_DECODER.decode(data)
+    return GroupHead() if data is None else _decode_head(group.encode(), data)
+
+
+def _decode_head(key: bytes, data: bytes) -> GroupHead:
+    """A stored Group head, checked: a head that does not decode, or breaks what every head this
+    store writes keeps (``floor_seq <= pruned_seq <= cursor <= applied_seq`` from 0 to 2**63 - 1,
+    a 32-byte hash, a buffered count from 0), is ``CORRUPTION``. A seal is only a CRC: a head
+    written by something else could otherwise report a Cursor beyond what is applied, or reach
+    the apply cycle as a foreign error."""
+    try:
+        head = _HEAD_DECODER.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        head = None
+    if (
+        head is None
+        or not 0 <= head.floor_seq <= head.pruned_seq <= head.cursor <= head.applied_seq <= limits.INT_ABS_MAX
+        or len(head.applied_hash) != len(ZERO_HASH)
+        or head.buffered < 0
+    ):
+        raise Corruption(
+            f"the agent store holds an impossible head for group {bytes(key[:KEY_SHOWN_BYTES])!r}; {_Tables.remedy}",
+            reason="agent",
+            database="heads",
+        )
+    return head
 
 
 def _load_intent(tables: _Tables, txn: lmdb.Transaction, key: str) -> Intent | None:

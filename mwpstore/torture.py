@@ -47,7 +47,7 @@ import traceback
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from .errors import MwpError
+from .errors import Corruption, MwpError
 
 SUITES = ("crash", "power", "corruption", "disk", "fuzz", "concurrency")
 DEFAULT_COUNTS = {"crash": 12, "power": 400, "corruption": 600, "disk": 15, "fuzz": 2000, "concurrency": 2}
@@ -333,9 +333,13 @@ def check_agent(agent: Any, authority: Any, consumer: str | None = None, *, coun
     """
     problems: list[str] = []
     for group in agent.groups():
-        head = agent.head(group)
-        events = read_group(authority, group)
         where = f"agent group {group}"
+        try:
+            head = agent.head(group)
+        except Corruption as exc:  # a head the store could never have written (a Cursor past what is applied)
+            problems.append(f"{where}: the store refuses its head: {exc}")
+            continue
+        events = read_group(authority, group)
         if not head.cursor <= head.applied_seq <= len(events):
             problems.append(f"{where}: cursor {head.cursor}, applied {head.applied_seq}, authority head {len(events)}")
             continue

@@ -13,7 +13,7 @@ import lmdb
 import pytest
 
 from agent_store_support import CountingProjection, workload
-from mwpstore.agent_store import AgentStore
+from mwpstore.agent_store import AgentStore, GroupHead
 from mwpstore.errors import Corruption
 
 GROUP = "g-1"
@@ -194,3 +194,42 @@ def test_a_projection_value_longer_than_any_sealed_read_accepts_is_refused_befor
             with agent.begin() as tx:
                 tx.apply(events[0])
         assert agent.head(GROUP).applied_seq == 0 and agent.projection_get(GROUP, "big", "v") is None
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"\x93\x01\x02",  # not a head at all
+        GroupHead(applied_seq=5, cursor=9),  # a Cursor beyond what is applied
+        GroupHead(applied_seq=-5, cursor=-5),
+        GroupHead(applied_seq=2**63, cursor=2**63),
+        GroupHead(applied_seq=5, cursor=5, pruned_seq=7),
+        GroupHead(applied_seq=5, cursor=5, floor_seq=6, pruned_seq=5),
+        GroupHead(applied_seq=5, applied_hash=b"x", cursor=5),
+        GroupHead(applied_seq=5, cursor=5, buffered=-1),
+    ],
+    ids=["undecodable", "cursor_past_applied", "negative", "past_2_63", "pruned_past_cursor", "floor_past_pruned",
+         "short_hash", "negative_buffered"],
+)
+def test_an_impossible_head_under_a_sound_seal_is_corruption_on_every_path(tmp_path, events, head):
+    """A seal is a CRC, not a signature: a head rewritten with a matching seal must still never be
+    an answer (a Cursor to ACK beyond what is applied) nor reach the apply cycle, where it raised
+    msgspec's and int's own errors."""
+    from mwpstore.agent_store import _HEAD_ENCODER
+
+    with _filled(tmp_path / "agent", events) as agent:
+        value = head if type(head) is bytes else _HEAD_ENCODER.encode(head)
+        with agent._tables.begin(write=True) as txn:
+            agent._tables.put(txn, b"heads", GROUP.encode(), value, new=False)
+        calls = [lambda: agent.head(GROUP), lambda: agent.cursor(GROUP), lambda: agent.ack_position(GROUP),
+                 agent.projection_dump, lambda: agent.prune_inbox(GROUP)]
+        for call in calls:
+            with pytest.raises(Corruption) as caught:
+                call()
+            assert caught.value.detail["reason"] == "agent"
+        for step in (lambda tx: tx.apply(events[3]), lambda tx: tx.apply(events[-1]), lambda tx: tx.advance_cursor(GROUP)):
+            with pytest.raises(Corruption):
+                with agent.begin() as tx:
+                    step(tx)
+        with agent._env.begin() as txn:  # nothing was written over it
+            assert agent._tables.unseal(b"heads", GROUP.encode(), txn.get(GROUP.encode(), db=_raw(agent, b"heads"))) == value
