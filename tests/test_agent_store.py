@@ -309,6 +309,51 @@ def test_forged_buffered_event_is_dropped_when_the_gap_fills(store, events):
     assert store.cursor(GROUP) == 4
 
 
+def test_a_later_event_that_fails_full_validation_is_refused_not_buffered(store, events):
+    """Beyond a gap only the chain link waits for the gap to fill: every other check of
+    ``check_event`` is made at once, so a forged later Event is EVENT_INVALID, never buffered."""
+    apply_all(store, events[:2])
+    genuine = events[5]
+    forged = [msgspec.structs.replace(genuine, hash=bytes(32)),
+              msgspec.structs.replace(genuine, body={"n": -1}),
+              msgspec.structs.replace(genuine, effects=[Effect("workitem:w0", 1, {"state": "queued"})])]
+    for event in forged:
+        with store.begin() as tx:
+            with pytest.raises(EventInvalid):
+                tx.apply(event)
+    assert store.buffered_seqs(GROUP) == [] and store.head(GROUP).buffered == 0
+    assert apply_all(store, [genuine]) == [ApplyStatus.BUFFERED]
+
+
+def test_the_buffer_bound_refuses_exactly_one_more_event_and_writes_nothing(store, events, monkeypatch):
+    from mwpstore import agent_store
+
+    monkeypatch.setattr(agent_store, "BUFFERED_EVENTS_MAX", 3)
+    apply_all(store, events[:1])
+    assert apply_all(store, events[2:5]) == [ApplyStatus.BUFFERED] * 3
+    with store.begin() as tx:
+        with pytest.raises(LimitExceeded):
+            tx.apply(events[5])
+        assert tx.apply(events[3]) is ApplyStatus.DUPLICATE  # a buffered one still counts as seen
+    assert store.buffered_seqs(GROUP) == [3, 4, 5] and store.head(GROUP).buffered == 3
+    assert apply_all(store, events[1:2] + events[5:6]) == [ApplyStatus.APPLIED, ApplyStatus.APPLIED]
+    assert store.cursor(GROUP) == 6 and store.buffered_seqs(GROUP) == []
+
+
+def test_a_redelivered_event_with_a_wrong_event_id_is_refused(store, events):
+    """A duplicate is not written, but it must still be well-formed: a copy of an applied Event
+    whose Event ID names another sequence is EVENT_INVALID, before and after the inbox is pruned."""
+    apply_all(store, events[:5])
+    wrong = msgspec.structs.replace(events[2], event_id=f"{GROUP}:9")  # the hash as delivered before
+    for prune in (False, True):
+        if prune:
+            store.prune_inbox(GROUP)
+        with store.begin() as tx:
+            with pytest.raises(EventInvalid) as caught:
+                tx.apply(wrong)
+        assert caught.value.detail["reason"] == "event_id"
+
+
 def test_event_bytes_are_accepted(store, events):
     with store.begin() as tx:
         assert [tx.apply(encode_event(event)) for event in events[:3]] == [ApplyStatus.APPLIED] * 3
@@ -462,6 +507,63 @@ def test_restore_verified_refuses_aggregates_it_could_read_only_once(store, even
     shutil.rmtree(store.path + "-full")
 
 
+def test_the_buffered_count_in_the_head_follows_the_buffer(tmp_path, events):
+    """``head.buffered`` decides whether a drain runs, the buffer bound and the C runs: it must
+    count exactly the Events in the buffer after buffering, draining, a dropped forgery, a restore
+    and a reset."""
+    agent = AgentStore.open(tmp_path / "a")
+
+    def consistent():
+        assert agent.head(GROUP).buffered == len(agent.buffered_seqs(GROUP))
+
+    forged = _rehash(events[7], prev_hash=bytes(32))  # seq 8, linked to nothing
+    apply_all(agent, [events[0]] + events[2:6] + [forged] + events[8:10])
+    assert agent.buffered_seqs(GROUP) == [3, 4, 5, 6, 8, 9, 10]
+    consistent()
+    apply_all(agent, [events[1]])  # drains 3..6
+    assert agent.buffered_seqs(GROUP) == [8, 9, 10]
+    consistent()
+    apply_all(agent, [events[6]])  # 7 applied; the forged 8 is dropped, the gap stays
+    assert agent.buffered_seqs(GROUP) == [9, 10] and agent.head(GROUP).applied_seq == 7
+    consistent()
+    apply_all(agent, events[12:14])
+    agent.restore_verified(_snapshot_at(events, 12), group=GROUP)  # drops 9, 10; drains 13, 14
+    assert agent.head(GROUP).applied_seq == 14
+    consistent()
+    apply_all(agent, [events[20]])
+    consistent()
+    agent.reset_group(GROUP)
+    consistent()
+    assert agent.head(GROUP).buffered == 0
+    agent.close()
+
+
+def test_restore_drops_a_buffered_event_at_the_snapshot_sequence(tmp_path, events):
+    """The snapshot covers its own sequence: a buffered Event there is dropped with the ones
+    below it, and only those after it stay buffered."""
+    agent = AgentStore.open(tmp_path / "a")
+    apply_all(agent, events[:3] + events[29:31] + events[32:33])
+    assert agent.buffered_seqs(GROUP) == [30, 31, 33]
+    agent.restore_verified(_snapshot_at(events, 30), group=GROUP)
+    assert agent.buffered_seqs(GROUP) == [33]
+    assert agent.head(GROUP).applied_seq == 31 and agent.head(GROUP).buffered == 1
+    apply_all(agent, events[31:])
+    assert agent.cursor(GROUP) == len(events) and agent.buffered_seqs(GROUP) == []
+    agent.close()
+
+
+def test_restore_refuses_a_snapshot_below_the_applied_sequence_even_above_the_cursor(store, events):
+    """What is applied (not only what the Cursor covers) is never rolled back."""
+    apply_all(store, events[:10])
+    apply_all(store, events[10:20], advance=False)
+    assert store.cursor(GROUP) == 10 and store.head(GROUP).applied_seq == 20
+    dump = store.projection_dump()
+    with pytest.raises(SnapshotInvalid) as info:
+        store.restore_verified(_snapshot_at(events, 15), group=GROUP)
+    assert info.value.check == "sequence"
+    assert store.projection_dump() == dump and store.inbox_seqs(GROUP) == list(range(1, 21))
+
+
 def test_restore_keeps_buffered_events_after_the_snapshot(tmp_path, events):
     agent = AgentStore.open(tmp_path / "a")
     apply_all(agent, events[:3] + events[30:33])
@@ -508,7 +610,7 @@ def test_restore_from_signed_snapshot_bytes(tmp_path, events):
 
 @pytest.mark.parametrize(
     "name", ["wrong event id", "seq as string", "effects not a list", "effect aggregate with NUL", "group is a path",
-             "not an Event", "garbage bytes", "broken chain link", "authoritative as int"],
+             "not an Event", "garbage bytes", "broken chain link", "authoritative as int", "hash too short"],
 )
 def test_trusted_mode_still_rejects_malformed_events(tmp_path, events, name):
     agent = AgentStore.open(tmp_path / "a", verify="trusted")
