@@ -221,6 +221,34 @@ def test_leased_and_terminal_workitems_leave_the_queue(store):
     assert store.checkpoint(GROUP, "w1") == {"step": 3}
 
 
+def test_blocked_and_submitted_workitems_are_not_ready_and_come_back_when_queued(store):
+    """The queue holds exactly the WorkItems whose state is ``queued``: a blocked or submitted one
+    leaves it and a resolve (queued again) brings it back."""
+    chain = ChainBuilder(GROUP)
+    for name in ("w1", "w2", "w3"):
+        key = f"workitem:{name}"
+        chain.event("workitem.create", key, {key: workitem_state("m1", "queued")})
+    chain.event("workitem.block", "workitem:w1", {"workitem:w1": workitem_state("m1", "blocked")})
+    chain.event("workitem.submit", "workitem:w2", {"workitem:w2": workitem_state("m1", "submitted")})
+    apply_all(store, chain.events)
+    assert [entry.workitem for entry in store.work_queue(GROUP, 10**12)] == ["w3"]
+    chain.event("workitem.resolve", "workitem:w1", {"workitem:w1": workitem_state("m1", "queued")})
+    apply_all(store, chain.events[5:])
+    assert [entry.workitem for entry in store.work_queue(GROUP, 10**12)] == ["w1", "w3"]
+
+
+def test_work_queue_is_ready_from_not_before_on_and_returns_exactly_limit_entries(store):
+    chain = ChainBuilder(GROUP)
+    for name, priority in (("w1", 3), ("w2", 2), ("w3", 1)):
+        key = f"workitem:{name}"
+        chain.event("workitem.create", key, {key: workitem_state("m1", "queued", priority=priority, not_before_ms=5_000)})
+    apply_all(store, chain.events)
+    assert store.work_queue(GROUP, 4_999) == []
+    assert [entry.workitem for entry in store.work_queue(GROUP, 5_000)] == ["w1", "w2", "w3"]
+    assert [entry.workitem for entry in store.work_queue(GROUP, 5_000, limit=2)] == ["w1", "w2"]
+    assert [entry.workitem for entry in store.work_queue(GROUP, 5_000, limit=1)] == ["w1"]
+
+
 def test_removed_aggregate_leaves_the_queue(store):
     chain = ChainBuilder(GROUP)
     chain.event("workitem.create", "workitem:w1", {"workitem:w1": workitem_state("m1", "queued")})
