@@ -212,6 +212,63 @@ def test_reconciled_as_not_done_is_retried_with_the_same_key(tmp_path):
     agent.close()
 
 
+def test_the_same_key_in_another_group_is_refused_not_returned(tmp_path):
+    """The idempotency key names one operation of one Group's WorkItem: recording it under
+    another Group is a caller error, never that Group's intent handed back."""
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+    with pytest.raises(InvalidCommand) as caught:
+        with agent.begin() as tx:
+            tx.record_intent("g-2", mission="m1", workitem="wi-1", ownership_epoch=3, operation="notify")
+    assert caught.value.detail["field"] == "group"
+    assert agent.intents("g-2") == [] and agent.intents(GROUP) == [intent]
+    agent.close()
+
+
+@pytest.mark.parametrize("state", ["dispatched", "uncertain", "done"])
+def test_only_an_intended_or_reconciled_intent_can_be_marked_dispatched(tmp_path, state):
+    """mark_dispatched is the gate before every external call: an intent whose last dispatch has
+    an unknown outcome (or a recorded receipt) cannot pass it again without reconcile."""
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+    agent.mark_dispatched(intent.key)
+    if state == "uncertain":
+        agent.mark_uncertain(intent.key, "timeout")
+    elif state == "done":
+        agent.record_receipt(intent.key, {"ref": "r-1"})
+    before = agent.intent(intent.key)
+    with pytest.raises(ReconcileRequired):
+        agent.mark_dispatched(intent.key)
+    assert agent.intent(intent.key) == before and before.dispatches == 1
+    agent.close()
+
+
+def test_a_second_receipt_never_replaces_the_recorded_one(tmp_path):
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+    agent.mark_dispatched(intent.key)
+    first = agent.record_receipt(intent.key, {"ref": "first"})
+    again = agent.record_receipt(intent.key, {"ref": "second"})
+    assert again == first and agent.intent(intent.key).receipt == {"ref": "first"}
+    agent.close()
+
+
+def test_an_interrupt_during_the_side_effect_leaves_the_intent_uncertain(tmp_path):
+    """Whatever ends the external call early (an exception or an interrupt) makes its outcome
+    unknown: the intent is UNCERTAIN, with the reason, and the interrupt goes on."""
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+
+    def interrupted(_intent):
+        raise KeyboardInterrupt("stop")
+
+    with pytest.raises(KeyboardInterrupt):
+        agent.dispatch(intent.key, interrupted)
+    stored = agent.intent(intent.key)
+    assert stored.state is IntentState.UNCERTAIN and stored.error == "KeyboardInterrupt: stop"
+    agent.close()
+
+
 CHILD = textwrap.dedent(
     """
     import sys
