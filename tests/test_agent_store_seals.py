@@ -233,3 +233,46 @@ def test_an_impossible_head_under_a_sound_seal_is_corruption_on_every_path(tmp_p
                     step(tx)
         with agent._env.begin() as txn:  # nothing was written over it
             assert agent._tables.unseal(b"heads", GROUP.encode(), txn.get(GROUP.encode(), db=_raw(agent, b"heads"))) == value
+
+
+def test_a_lost_queue_index_entry_is_corruption_when_its_workitem_moves(tmp_path):
+    """The queue index says which queue entry a WorkItem has: lost, the entry would stay in the
+    queue after the WorkItem is leased. Its miss is checked against ``presence``."""
+    from agent_store_support import ChainBuilder, lease_record, workitem_state
+
+    chain = ChainBuilder(GROUP)
+    chain.event("workitem.create", "workitem:w1", {"workitem:w1": workitem_state("m1", "queued")})
+    leased = workitem_state("m1", "leased", ownership_epoch=1, lease=lease_record("a", 1))
+    chain.event("workitem.claim", "workitem:w1", {"workitem:w1": leased})
+    with AgentStore.open(tmp_path / "agent") as agent:
+        with agent.begin() as tx:
+            tx.apply(chain.events[0])
+        with agent._env.begin(write=True) as txn:
+            assert txn.delete(GROUP.encode() + b"\x00w1", db=_raw(agent, b"queue_index"))
+        with pytest.raises(Corruption) as caught:
+            with agent.begin() as tx:
+                tx.apply(chain.events[1])
+        assert caught.value.detail["reason"] == "agent_missing"
+        assert agent.head(GROUP).applied_seq == 1  # nothing of the transaction was committed
+
+
+def test_a_lost_outbox_entry_is_corruption_not_a_fresh_intent(tmp_path, events):
+    """An intent whose outbox entry (and its presence) vanished while its key map stayed must not
+    read as absent: recorded again it would be a fresh INTENDED intent, dispatched once more."""
+    with _filled(tmp_path / "agent", events) as agent:
+        def record():
+            with agent.begin() as tx:
+                return tx.record_intent(GROUP, mission="m1", workitem="wi-1", ownership_epoch=1, operation="pay")
+
+        intent = record()
+        agent.mark_dispatched(intent.key)
+        entry = GROUP.encode() + b"\x00" + intent.key.encode()
+        with agent._env.begin(write=True) as txn:
+            assert txn.delete(entry, db=_raw(agent, b"outbox"))
+            assert txn.delete(b"o" + entry, db=agent._tables.presence)
+        calls = []
+        for call in (lambda: agent.intent(intent.key), record, lambda: agent.dispatch(intent.key, calls.append)):
+            with pytest.raises(Corruption) as caught:
+                call()
+            assert caught.value.detail["reason"] == "agent_missing"
+        assert calls == []
