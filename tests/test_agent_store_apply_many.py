@@ -25,7 +25,7 @@ def _rehash(event: Event, **changes) -> Event:
 
 
 def _spoiled(event: Event, how: int) -> Event:
-    """A malformed copy of ``event`` (trusted mode refuses all but the last kind)."""
+    """A malformed copy of ``event`` (trusted mode refuses all but ``how == 8``)."""
     if how == 0:
         return msgspec.structs.replace(event, seq=str(event.seq))
     if how == 1:
@@ -42,6 +42,10 @@ def _spoiled(event: Event, how: int) -> Event:
         return msgspec.structs.replace(event, body=[1])
     if how == 7:
         return msgspec.structs.replace(event, event_id=f"{event.group};{event.seq}")
+    if how == 9:
+        return msgspec.structs.replace(event, effects=[Effect("workitem:x", 1, [1])])  # a state that is no dict
+    if how == 10:
+        return msgspec.structs.replace(event, hash=event.hash[:31])
     # the same hash over a changed body: only full validation (the payload hash) refuses it
     return msgspec.structs.replace(event, body={"forged": True})
 
@@ -56,7 +60,7 @@ def schedules(draw):
         count = draw(st.integers(1, len(events)))
         items.extend(("ok", event) for event in events[:count])
     items = draw(st.permutations(items)) if draw(st.booleans()) else sorted(items, key=lambda item: item[1].seq)
-    extra = draw(st.lists(st.tuples(st.integers(0, len(items)), st.sampled_from(GROUPS), st.integers(0, 39), st.integers(-1, 8)), max_size=8))
+    extra = draw(st.lists(st.tuples(st.integers(0, len(items)), st.sampled_from(GROUPS), st.integers(0, 39), st.integers(-1, 10)), max_size=8))
     for position, group, seq_index, how in extra:
         event = EVENTS[group][seq_index]
         items.insert(position, ("ok", event) if how < 0 else ("spoiled", _spoiled(event, how)))
@@ -233,7 +237,7 @@ def test_the_c_run_survives_predicates_that_change_its_list():
 def test_the_c_run_stops_at_the_first_event_apply_must_decide():
     events = EVENTS["g-1"]
     context = (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok)
-    for how in range(8):
+    for how in [*range(8), 9, 10]:
         spoiled = events[:5] + [_spoiled(events[5], how)] + events[6:]
         inbox: dict = {}
         states: dict = {}
@@ -242,6 +246,39 @@ def test_the_c_run_stops_at_the_first_event_apply_must_decide():
     other_group = events[:3] + [msgspec.structs.replace(events[3], group="g-2")]
     assert _apply_c.run(other_group, 1, context, "g-1", b"g-1\x00", 2, events[0].hash, {}, {}, 100) == 3
     assert _apply_c.run(events, 1, context, "g-1", b"g-1\x00", 3, events[0].hash, {}, {}, 100) == 1  # not the next seq
+
+
+def test_an_aggregate_key_the_c_run_refuses_is_not_remembered_as_checked(tmp_path):
+    """The C run shares the set of aggregate keys already found valid with apply(): a key it
+    refuses must not land there, or apply() would take it as checked afterwards."""
+    events = EVENTS["g-1"]
+    for index, key in enumerate(("A:1", "a:", ":x", "a:.x")):
+        agent_store._CHECKED_AGGREGATES.discard(key)
+        bad = msgspec.structs.replace(events[2], effects=[Effect(key, 1, {})])
+        with AgentStore.open(tmp_path / f"a{index}", verify="trusted") as agent:
+            with agent.begin() as tx:
+                with pytest.raises(EventInvalid):
+                    tx.apply_many(events[:2] + [bad])  # the C run takes events[1], refuses bad
+                assert tx.applied_seq("g-1") == 2
+            assert key not in agent_store._CHECKED_AGGREGATES
+            with agent.begin() as tx:
+                with pytest.raises(EventInvalid):
+                    tx.apply(bad)
+            assert agent.head("g-1").applied_seq == 2
+
+
+def test_the_c_run_stops_right_after_the_event_that_fills_the_write_cache():
+    events = EVENTS["g-1"]
+    context = (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok)
+    filled: set[bytes] = set()  # the cache entries after each Event from events[1] on
+    sizes = []
+    for event in events[1:8]:
+        filled.add(b"inbox" + event.seq.to_bytes(8, "big"))
+        filled.update(effect.aggregate.encode() for effect in event.effects)
+        sizes.append(len(filled))
+    for taken, size in enumerate(sizes, start=1):
+        stop = _apply_c.run(events, 1, context, "g-1", b"g-1\x00", 2, events[0].hash, {}, {}, size)
+        assert stop == 1 + taken, (taken, size)
 
 
 def test_full_verification_checks_each_event_of_a_run_before_the_c_run_takes_it(tmp_path):
