@@ -1311,7 +1311,16 @@ class AgentTransaction:
         if pending is not None:
             return pending
         data = self._tables.get(self._txn, b"state", key)
-        return None if data is None else _STATE_DECODER.decode(data)
+        if data is None:
+            return None
+        try:  # application projections read it through ProjectionView.state: no decorator translates
+            return _STATE_DECODER.decode(data)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            raise Corruption(
+                f"the agent store holds a state it cannot read at {bytes(key[:KEY_SHOWN_BYTES])!r}; {self._tables.remedy}",
+                reason="agent",
+                database="state",
+            ) from None
 
     def _apply_next(self, head: GroupHead, event: Event) -> None:
         group = event.group
@@ -1563,7 +1572,13 @@ def _load_intent(tables: _Tables, txn: lmdb.Transaction, key: str) -> Intent | N
     data = tables.get(txn, b"outbox", bytes(group) + b"\x00" + key.encode())
     if data is None:  # the outbox and its key map are written together: one without the other is damage
         raise Corruption(f"the agent store's outbox lost intent {key!r}; {tables.remedy}", reason="agent_missing", database="outbox")
-    return _INTENT_DECODER.decode(data)
+    try:  # checked here, not by the callers' decorators: the outbox's transactions read it too
+        intent = _INTENT_DECODER.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        intent = None
+    if intent is None or intent.key != key or intent.group.encode() != bytes(group):
+        raise Corruption(f"the agent store holds an impossible outbox intent {key!r}; {tables.remedy}", reason="agent", database="outbox")
+    return intent
 
 
 __all__ = [

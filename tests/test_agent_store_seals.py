@@ -276,3 +276,48 @@ def test_a_lost_outbox_entry_is_corruption_not_a_fresh_intent(tmp_path, events):
                 call()
             assert caught.value.detail["reason"] == "agent_missing"
         assert calls == []
+
+
+def test_an_unreadable_intent_or_state_under_a_sound_seal_is_corruption_in_transactions_too(tmp_path, events):
+    """Values rewritten with a matching seal that do not decode (or name another intent) were
+    typed on the read paths only: the outbox's own transactions and a projection reading the
+    mirrored state got msgspec's errors."""
+    import msgspec
+
+    from mwpstore.agent_store import _INTENT_ENCODER
+
+    class Reader:
+        name = "reader"
+
+        def apply(self, view, event):
+            view.state("group:g-1")
+
+    path = tmp_path / "agent"
+    with _filled(path, events) as agent:
+        def record():
+            with agent.begin() as tx:
+                return tx.record_intent(GROUP, mission="m1", workitem="wi-1", ownership_epoch=1, operation="pay")
+
+        intent = record()
+        other = msgspec.structs.replace(intent, key="k-" + "0" * 60)
+        entry = GROUP.encode() + b"\x00" + intent.key.encode()
+        for value in (b"\x91\x01", _INTENT_ENCODER.encode(other)):
+            with agent._tables.begin(write=True) as txn:
+                agent._tables.put(txn, b"outbox", entry, value, new=False)
+            calls = [lambda: agent.intent(intent.key), record, lambda: agent.mark_dispatched(intent.key),
+                     lambda: agent.record_receipt(intent.key, {"ok": True}), lambda: agent.dispatch(intent.key, lambda i: {})]
+            for call in calls:
+                with pytest.raises(Corruption) as caught:
+                    call()
+                assert caught.value.detail["reason"] == "agent"
+        with agent._tables.begin(write=True) as txn:
+            agent._tables.put(txn, b"state", GROUP.encode() + b"\x00group:g-1", b"\x91\x01", new=False)
+        with agent.begin() as tx:
+            with pytest.raises(Corruption):
+                tx.state(GROUP, "group:g-1")
+    more = workload(GROUP, len(events) + 1, seed=5)[-1]
+    with AgentStore.open(path, projections=[CountingProjection(), Reader()]) as agent:
+        with pytest.raises(Corruption):
+            with agent.begin() as tx:
+                tx.apply(more)
+        assert agent.head(GROUP).applied_seq == len(events)
