@@ -384,7 +384,9 @@ class Authority:
         if type(create) is not bool:
             raise InvalidCommand("create must be True or False", field="create")
         self = object.__new__(cls)
-        self.path = store_path(path)
+        # Absolute from here on: the store's files (snapshots, keys, archives, a rebuilt index) are
+        # found from self.path, and a relative one would follow the process's later chdir.
+        self.path = os.path.abspath(store_path(path))
         if clock is not None and not callable(clock):
             raise InvalidCommand("clock must be a callable returning int milliseconds, or None", field="clock")
         self._clock = clock or default_clock

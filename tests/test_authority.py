@@ -654,6 +654,29 @@ def test_open_refuses_a_path_that_is_not_a_text_path(tmp_path, path):
         Authority.open(str(tmp_path / "s"), create="yes")
 
 
+def test_a_relative_path_keeps_naming_the_store_after_the_process_changes_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    authority = open_with_group("store")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # a relative self.path named elsewhere/store from here on
+    try:
+        assert authority.path == str(tmp_path / "store")
+        ref = authority.snapshot(GROUP)
+        assert authority.verify().ok
+        assert authority.rebuild() == 2  # the Event and the snapshot reference
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive-1")
+        authority.compact()
+        assert authority.verify().ok
+    finally:
+        authority.close()
+    assert os.listdir(elsewhere) == []  # nothing was written beside the new working directory
+    assert os.path.isfile(tmp_path / "store" / ref.location)
+    assert os.path.isfile(tmp_path / "store" / record.audit_location)
+    with Authority.open(str(tmp_path / "store")) as reopened:
+        assert reopened.verify().ok and reopened.archive_record(GROUP) == record
+
+
 # -- hostile input -------------------------------------------------------------------------------
 
 
