@@ -23,11 +23,21 @@ from .errors import InvalidCommand, KeyFileInvalid, MwpError, StorageFailed, tra
 
 def store_path(path: object) -> str:
     """A path given from outside (a store, a file), as a ``str``; ``InvalidCommand`` (field ``path``)
-    for anything else: another type, bytes, an empty string or a NUL."""
+    for anything else: another type, bytes, an empty string, a NUL or a lone surrogate."""
     text = os.fspath(path) if isinstance(path, (str, os.PathLike)) else None
-    if type(text) is not str or not text or "\x00" in text:
-        raise InvalidCommand("path must be a non-empty str (or os.PathLike of one) without NUL", field="path")
+    if type(text) is not str or not text or "\x00" in text or not _utf8(text):
+        raise InvalidCommand("path must be a non-empty str (or os.PathLike of one) without NUL, encodable as UTF-8", field="path")
     return text
+
+
+def _utf8(text: str) -> bool:
+    """Whether UTF-8 encodes ``text``: LMDB takes only such paths, so a surrogate (a file name
+    that is not UTF-8, as ``os.listdir`` escapes it) is refused before anything is created."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def fsync_directory(directory: str) -> None:

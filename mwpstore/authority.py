@@ -84,7 +84,7 @@ from .messages import (
     recompute_event_hash,
 )
 from .registry import ENGINE_ACTOR, run_transition
-from .segment_log import SegmentLog
+from .segment_log import SegmentLog, check_segment_bytes
 from .snapshot import (
     KEY_ID_CHARS,
     Keyring,
@@ -380,15 +380,24 @@ class Authority:
         False never, None when the file is at most ``limits.LMDB_CHECK_AT_OPEN_BYTES_MAX``
         bytes); a damaged index is rebuilt from the log (``open_report.reason`` says so).
         """
+        # Every option is checked before anything is created: a directory left with a lock file
+        # holds a store as far as the next open (create=False too) is concerned.
         check_option(check_lmdb)  # here: a bad option must not pass for a damaged index below
         if type(create) is not bool:
             raise InvalidCommand("create must be True or False", field="create")
+        if type(sync) is not bool:  # None or 0 would have meant the bulk-load mode, not durable
+            raise InvalidCommand("sync must be True or False", field="sync")
+        if type(map_size) is not int or not 0 < map_size <= limits.INT_ABS_MAX:
+            raise InvalidCommand(f"map_size must be an int of bytes in 1..{limits.INT_ABS_MAX}", field="map_size")
+        check_segment_bytes(segment_bytes)
+        if progress is not None and not callable(progress):
+            raise InvalidCommand("progress must be a callable(done, total) or None", field="progress")
+        if clock is not None and not callable(clock):
+            raise InvalidCommand("clock must be a callable returning int milliseconds, or None", field="clock")
         self = object.__new__(cls)
         # Absolute from here on: the store's files (snapshots, keys, archives, a rebuilt index) are
         # found from self.path, and a relative one would follow the process's later chdir.
         self.path = os.path.abspath(store_path(path))
-        if clock is not None and not callable(clock):
-            raise InvalidCommand("clock must be a callable returning int milliseconds, or None", field="clock")
         self._clock = clock or default_clock
         self._sync = sync
         self._map_size = map_size

@@ -126,6 +126,19 @@ def _commit_frame_ends_at(mapped: Any, tail: int, end: int, log_id: int) -> bool
     return int(lib.sl_crc32c(0, seed + frame[4:], 8 + len(frame) - 4)) == checksum
 
 
+def check_segment_bytes(segment_bytes: object) -> int:
+    """``segment_bytes`` if it is an int multiple of 4096 within the bounds; ``InvalidCommand``
+    (``LimitExceeded`` for the bounds), field ``segment_bytes``, otherwise."""
+    if type(segment_bytes) is not int or segment_bytes % 4096 != 0:
+        raise InvalidCommand("segment_bytes must be an int multiple of 4096.", field="segment_bytes")
+    if not SEGMENT_BYTES_MIN <= segment_bytes <= SEGMENT_BYTES_MAX:
+        raise LimitExceeded(
+            f"segment_bytes must be between {SEGMENT_BYTES_MIN} and {SEGMENT_BYTES_MAX} (got {segment_bytes}).",
+            field="segment_bytes",
+        )
+    return segment_bytes
+
+
 def _fsync_directory(directory: str) -> None:
     """Directory fsync for the clean-close marker (outside the I/O seam: the marker only ever
     saves a scan, so a simulated power loss that forgets it loses nothing)."""
@@ -368,13 +381,7 @@ class SegmentLog:
             directory = store_path(directory)
         except InvalidCommand:
             raise InvalidCommand("directory must be a non-empty str path without NUL.", field="directory") from None
-        if type(segment_bytes) is not int or segment_bytes % 4096 != 0:
-            raise InvalidCommand("segment_bytes must be an int multiple of 4096.", field="segment_bytes")
-        if not SEGMENT_BYTES_MIN <= segment_bytes <= SEGMENT_BYTES_MAX:
-            raise LimitExceeded(
-                f"segment_bytes must be between {SEGMENT_BYTES_MIN} and {SEGMENT_BYTES_MAX} (got {segment_bytes}).",
-                field="segment_bytes",
-            )
+        check_segment_bytes(segment_bytes)
         if io is not None and not hasattr(io, "io_struct"):
             raise InvalidCommand("io must come from mwpstore.io_seam (or be None).", field="io")
         self = cls(_OPEN_TOKEN)

@@ -677,6 +677,53 @@ def test_a_relative_path_keeps_naming_the_store_after_the_process_changes_direct
         assert reopened.verify().ok and reopened.archive_record(GROUP) == record
 
 
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("sync", None),  # was taken as False: a bulk-load (not durable) store from a "default"
+        ("sync", "yes"),
+        ("sync", 1),
+        ("map_size", -1),  # these four raised OverflowError or TypeError out of LMDB
+        ("map_size", "64"),
+        ("map_size", 2**64),
+        ("map_size", float("nan")),
+        ("map_size", True),
+        ("map_size", 0),
+        ("progress", 5),  # called only once there is something to redo: a TypeError mid-open
+        ("progress", "bar"),
+        ("segment_bytes", -1),  # refused only after authority.lock was created
+        ("segment_bytes", 2**40),
+        ("clock", 5),
+    ],
+)
+def test_open_refuses_a_bad_option_before_anything_is_written(tmp_path, option, value):
+    fresh = tmp_path / "fresh"
+    with pytest.raises(InvalidCommand) as caught:
+        Authority.open(str(fresh), **{option: value})
+    assert caught.value.field == option
+    assert not fresh.exists()  # no directory, no lock file that would make it look like a store
+    store = str(tmp_path / "store")
+    with open_with_group(store):
+        pass
+    before = sorted(os.listdir(store))
+    with pytest.raises(InvalidCommand):
+        Authority.open(store, **{option: value})
+    assert sorted(os.listdir(store)) == before
+    with Authority.open(store, create=False) as authority:
+        assert authority.head(GROUP)[0] == 1 and authority.verify().ok
+
+
+@pytest.mark.parametrize("name", ["st\udcffore", "st\ud800ore"])
+def test_open_refuses_a_path_utf8_cannot_encode_before_creating_it(tmp_path, name):
+    # LMDB takes only UTF-8 paths: this was a UnicodeEncodeError once the directory and the log
+    # had been created (a surrogate-escaped file name from os.listdir is such a path)
+    path = os.path.join(str(tmp_path), name)
+    with pytest.raises(InvalidCommand) as caught:
+        Authority.open(path)
+    assert caught.value.field == "path"
+    assert os.listdir(tmp_path) == []
+
+
 # -- hostile input -------------------------------------------------------------------------------
 
 
