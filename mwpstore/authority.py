@@ -342,6 +342,7 @@ class Authority:
     _lock_fd: int
     _readers: list[int]  # the thread of each index read in flight, which close() waits for
     _closing: threading.Lock  # makes "not closed yet, close now" one step for concurrent close() calls
+    _committer: int | None  # the thread holding the commit role (a leader, or rebuild/compact/verify's _exclusive)
 
     @property
     def log(self) -> SegmentLog:
@@ -409,6 +410,7 @@ class Authority:
         self._wake = threading.Condition(self._lock)
         self._readers = []
         self._closing = threading.Lock()
+        self._committer = None
         self._leader = False
         self._exclusive_waiting = 0
         self._published = threading.Condition(threading.Lock())
@@ -599,6 +601,7 @@ class Authority:
         if get_ident() in self._readers:
             # e.g. from a progress or key-provider callback: it would wait for its own read
             raise InvalidCommand("close() was called from inside a read of this authority; close it after the call returns", field="close")
+        self._refuse_inside_commit("close")  # it would wait for the commit role its own thread holds
         with self._closing:  # held to the end: a concurrent close() returns once this one has
             self._closed = True  # from here no new read or commit starts (StoreClosed)
             if self._lock_fd >= 0:
@@ -656,6 +659,7 @@ class Authority:
 
         Raises the typed rejection (nothing changed) or ``StorageFailed``.
         """
+        self._refuse_inside_commit("accept")
         return self._accept_one(self._prepare(command))
 
     def _accept_one(self, request: _Request) -> Receipt:
@@ -673,6 +677,7 @@ class Authority:
 
         A rejected Command leaves no trace and does not disturb the others.
         """
+        self._refuse_inside_commit("accept_many")
         self._check_open()
         if isinstance(commands, (str, bytes)) or not isinstance(commands, Sequence):
             raise InvalidCommand("accept_many takes a sequence of Commands", field="commands")
@@ -729,6 +734,17 @@ class Authority:
                 f"the authority refuses writes after a storage failure ({self._failure.message}); reopen it"
             )
 
+    def _refuse_inside_commit(self, what: str) -> None:
+        """``InvalidCommand`` (field ``what``) when this thread holds the commit role: called back
+        from a running commit, rebuild or compaction (a ``progress`` or ``clock`` callable), the
+        call would wait for the role its own thread holds, forever."""
+        if self._committer == get_ident():
+            raise InvalidCommand(
+                f"{what}() was called from inside a callback (progress, clock) of a running commit, rebuild or "
+                "compaction of this authority; call it after that returns",
+                field=what,
+            )
+
     def _submit(self, unit: _Unit) -> None:
         """Queue a unit; lead if no commit is running, else sleep until the unit is committed or
         leadership is handed to it; return once the unit is committed.
@@ -743,6 +759,7 @@ class Authority:
         commit and wakes the next answered caller. So neither the leader role nor a wake-up is
         ever lost with the interrupted thread.
         """
+        self._refuse_inside_commit("commit")
         with self._lock:
             if self._closed:
                 raise StoreClosed("the authority is closed; open it again")
@@ -781,6 +798,7 @@ class Authority:
         16 threads that cost about a fifth of the CPU per Command (docs/design-decisions.md).
         """
         answered: list[_Unit] = []
+        self._committer = get_ident()
         try:
             while not unit.done:
                 with self._lock:
@@ -806,6 +824,7 @@ class Authority:
                                 taken.done = True
                             answered.extend(units)
         finally:
+            self._committer = None
             others = [taken for taken in answered if taken is not unit]
             for taken, following in zip(others, others[1:]):
                 taken.wake_next = following
@@ -1058,6 +1077,7 @@ class Authority:
 
     def accept_trusted(self, command: Command) -> Receipt:
         """Accept a Command the engine issues itself (``system_only`` kinds such as ``lease.expire``)."""
+        self._refuse_inside_commit("accept_trusted")
         return self._accept_one(self._prepare(command, trusted=True))
 
     @_index_errors_typed
@@ -1261,6 +1281,7 @@ class Authority:
         """
         canonical.check_id(group, "group")
         self._check_open()
+        self._refuse_inside_commit("snapshot")  # before its file is written
         with self._snapshot_lock:  # one snapshot at a time: a sequence's file is written once
             return self._snapshot(group)
 
@@ -1354,6 +1375,7 @@ class Authority:
         ``key_provider`` supplies the Organization's audit-log key (default: a
         ``FileKeyProvider`` under ``<path>/keys/orgs``).
         """
+        self._refuse_inside_commit("archive")
         with self._archive_lock:
             # Two archive() calls for one Group would both write its audit log (with different
             # nonces) and both log a record: the record logged last need not name the file left.
@@ -1490,6 +1512,7 @@ class Authority:
         """Rewrite the log without redacted payloads and archived Groups' Events; see ``compaction``."""
         from .compaction import compact
 
+        self._refuse_inside_commit("compact")
         return compact(self, progress)
 
     @_index_errors_typed
@@ -1534,6 +1557,7 @@ class Authority:
         canonical.check_id(group, "group")
         if type(cursor) is not int or cursor < 0:
             raise InvalidCommand("cursor must be a non-negative integer", field="cursor")
+        self._refuse_inside_commit("ack")
         self._check_open()
         request = _Request(None, ack=(consumer, group, cursor))
         self._submit(_Unit([request]))
@@ -1578,6 +1602,7 @@ class Authority:
         payload keeps its hash), that every Event without its payload has a tombstone, that the
         index equals a rebuild, every snapshot against the store's key, and every kept audit log
         against its Group's signed final snapshot (``key_provider`` as for :meth:`archive`)."""
+        self._refuse_inside_commit("verify")  # its comparison waits for the commit role
         log, index = self._pair  # one consistent pair, even if a compaction swaps them meanwhile
         assert index is not None
         problems: list[str] = []
@@ -1707,6 +1732,7 @@ class Authority:
 
         Commits wait meanwhile; readers keep using the previous index until the new one is in place.
         """
+        self._refuse_inside_commit("rebuild")
         self._check_open()
         with self._exclusive():
             count = self._build_index(self._index_dir(), progress)
@@ -1716,6 +1742,7 @@ class Authority:
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
         """Hold the commit leader role: no commit runs until the block ends."""
+        self._refuse_inside_commit("commit")
         with self._lock:
             self._exclusive_waiting += 1
             try:
@@ -1727,9 +1754,11 @@ class Authority:
                 self._wake.notify_all()
                 raise StoreClosed("the authority is closed; open it again")
             self._leader = True
+            self._committer = get_ident()
         try:
             yield
         finally:
+            self._committer = None
             with self._lock:
                 self._pass_leadership()
 

@@ -541,3 +541,93 @@ def test_a_close_interrupted_while_it_waits_for_a_read_is_finished_by_the_next_c
     with Authority.open(path) as again:
         assert again.open_report.mode == "clean"  # marked clean by the second close()
         assert again.verify().ok
+
+
+@pytest.mark.parametrize("outer", ["rebuild", "compact"])
+@pytest.mark.parametrize("inner", ["accept", "accept_many", "ack", "snapshot", "archive", "rebuild", "compact", "verify", "close"])
+def test_a_write_from_a_callback_of_rebuild_or_compact_is_refused_not_a_hang(tmp_path, outer, inner):
+    """rebuild() and compact() hold the commit role while they call ``progress``: a commit, a
+    verify or a close() asked for from inside it waited for that role (held by its own thread)
+    forever."""
+    from mwpstore.errors import InvalidCommand
+
+    authority = open_with_group(str(tmp_path / "store"))
+    authority.accept(mission_create("m-1"))
+    head = authority.head(GROUP)
+    calls = {
+        "accept": lambda: authority.accept(mission_create("m-2")),
+        "accept_many": lambda: authority.accept_many([mission_create("m-3")]),
+        "ack": lambda: authority.ack("agent-1", GROUP, 1),
+        "snapshot": lambda: authority.snapshot(GROUP),
+        "archive": lambda: authority.archive(GROUP, actor="owner", action_id="archive-1"),
+        "rebuild": lambda: authority.rebuild(),
+        "compact": lambda: authority.compact(),
+        "verify": lambda: authority.verify(),
+        "close": lambda: authority.close(),
+    }
+    refused: list[BaseException] = []
+
+    def progress(done: int, total: int) -> None:
+        if not refused:
+            try:
+                calls[inner]()
+            except InvalidCommand as exc:
+                refused.append(exc)
+
+    outcome: list[object] = []
+    worker = threading.Thread(target=lambda: outcome.append(getattr(authority, outer)(progress)), daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), f"{inner} from inside {outer}'s progress hung"
+    assert outcome and refused and refused[0].detail["field"] == inner
+    assert authority.head(GROUP) == head  # nothing of the refused call was written
+    assert authority.acked("agent-1", GROUP) == 0 and authority.snapshots(GROUP) == []
+    assert not os.path.exists(os.path.join(authority.path, "snapshots"))
+    assert authority.verify().ok
+    authority.close()
+    with Authority.open(str(tmp_path / "store")) as reopened:
+        assert reopened.head(GROUP) == head and reopened.verify().ok
+
+
+@pytest.mark.parametrize("inner", ["accept", "close"])
+def test_a_clock_that_calls_back_into_the_authority_is_refused_not_a_hang(tmp_path, inner):
+    """The commit leader reads the clock: an accept() or close() from inside it waited for the
+    commit role its own thread held, forever. It is refused instead, as any clock that raises."""
+    from mwpstore.errors import InvalidCommand
+
+    holder: list[Authority] = []
+    reentering = [False]
+
+    def clock() -> int:
+        if reentering[0]:
+            reentering[0] = False
+            if inner == "accept":
+                holder[0].accept(mission_create("m-from-clock"))
+            else:
+                holder[0].close()
+        return 1_700_000_000_000
+
+    path = str(tmp_path / "store")
+    with open_with_group(path):
+        pass
+    authority = Authority.open(path, clock=clock)
+    holder.append(authority)
+    head = authority.head(GROUP)
+    reentering[0] = True
+    outcome: list[BaseException] = []
+
+    def accept() -> None:
+        try:
+            authority.accept(mission_create("m-1"))
+        except InvalidCommand as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=accept, daemon=True)
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive(), f"{inner} from inside the clock hung"
+    assert outcome and outcome[0].detail["field"] == "clock" and inner in outcome[0].message
+    assert authority.head(GROUP) == head
+    authority.accept(mission_create("m-2"))  # the handle keeps working
+    assert authority.verify().ok
+    authority.close()
