@@ -391,8 +391,7 @@ class Authority:
         if type(map_size) is not int or not 0 < map_size <= limits.INT_ABS_MAX:
             raise InvalidCommand(f"map_size must be an int of bytes in 1..{limits.INT_ABS_MAX}", field="map_size")
         check_segment_bytes(segment_bytes)
-        if progress is not None and not callable(progress):
-            raise InvalidCommand("progress must be a callable(done, total) or None", field="progress")
+        _check_progress(progress)
         if clock is not None and not callable(clock):
             raise InvalidCommand("clock must be a callable returning int milliseconds, or None", field="clock")
         self = object.__new__(cls)
@@ -1256,6 +1255,8 @@ class Authority:
         signed no longer verify here (take new ones). Give verifiers the new public key
         (``keys/snapshot-signing.pub``) before the next snapshot reaches them.
         """
+        if type(retire) is not bool:  # a falsy non-bool (None, 0) would have dropped the old key
+            raise InvalidCommand("retire must be True or False", field="retire")
         self._check_open()
         with self._snapshot_lock:  # no snapshot is signed while the key changes
             self._signing_key = None  # whatever happens below, the next use reads the key file
@@ -1602,6 +1603,7 @@ class Authority:
         payload keeps its hash), that every Event without its payload has a tombstone, that the
         index equals a rebuild, every snapshot against the store's key, and every kept audit log
         against its Group's signed final snapshot (``key_provider`` as for :meth:`archive`)."""
+        _check_progress(progress)
         self._refuse_inside_commit("verify")  # its comparison waits for the commit role
         log, index = self._pair  # one consistent pair, even if a compaction swaps them meanwhile
         assert index is not None
@@ -1732,6 +1734,7 @@ class Authority:
 
         Commits wait meanwhile; readers keep using the previous index until the new one is in place.
         """
+        _check_progress(progress)
         self._refuse_inside_commit("rebuild")
         self._check_open()
         with self._exclusive():
@@ -1838,6 +1841,11 @@ class Subscription:
 
 
 # -- helpers shared by commit, redo and verify ---------------------------------------------------
+
+
+def _check_progress(progress: object) -> None:
+    if progress is not None and not callable(progress):
+        raise InvalidCommand("progress must be a callable(done, total) or None", field="progress")
 
 
 def _acquire_through_interrupts(gate: threading.Lock) -> None:

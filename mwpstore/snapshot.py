@@ -271,6 +271,8 @@ class SigningKey:
         Each step is atomic: a crash leaves the old key current (retired or not yet), or the new
         one current with the old one retired; ``rotate`` can simply be run again.
         """
+        if type(retire) is not bool:  # a falsy non-bool (None, 0) would have dropped the old key
+            raise InvalidCommand("retire must be True or False", field="retire")
         current = cls.load_or_create(directory, name=name)
         if retire:
             retired = os.path.join(directory, RETIRED_DIRECTORY)

@@ -32,7 +32,7 @@ from mwpstore import (
 from mwpstore.errors import AlreadyExists, UnknownKind
 from mwpstore.index import receipt_key, u64
 from mwpstore.messages import encode_receipt
-from mwpstore.snapshot import SnapshotRef, verify_snapshot
+from mwpstore.snapshot import SigningKey, SnapshotRef, verify_snapshot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -722,6 +722,35 @@ def test_open_refuses_a_path_utf8_cannot_encode_before_creating_it(tmp_path, nam
         Authority.open(path)
     assert caught.value.field == "path"
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("progress", [5, "bar", True, b"x"])
+def test_verify_and_rebuild_refuse_a_progress_that_is_not_callable(tmp_path, progress):
+    # a TypeError out of the scan before (compact already refused it)
+    with open_with_group(str(tmp_path / "store")) as authority:
+        for call in (authority.verify, authority.rebuild, authority.compact):
+            with pytest.raises(InvalidCommand) as caught:
+                call(progress)
+            assert caught.value.field == "progress"
+        assert authority.head(GROUP)[0] == 1 and authority.verify().ok
+
+
+@pytest.mark.parametrize("retire", [None, 0, "", [], "no", 1])
+def test_rotate_signing_key_refuses_a_retire_that_is_not_a_bool(tmp_path, retire):
+    # a falsy retire (None as "the default", 0) dropped the old key as if it were compromised:
+    # every snapshot it signed stopped verifying
+    with open_with_group(str(tmp_path / "store")) as authority:
+        ref = authority.snapshot(GROUP)
+        before = authority.signing_key.key_id
+        with pytest.raises(InvalidCommand) as caught:
+            authority.rotate_signing_key(retire=retire)
+        assert caught.value.field == "retire"
+        assert authority.signing_key.key_id == before
+        assert authority.keyring().key_ids == [before]
+        with pytest.raises(InvalidCommand):
+            SigningKey.rotate(os.path.join(authority.path, "keys"), retire=retire)
+        verify_snapshot(authority.read_snapshot(ref), keyring=authority.keyring())
+        assert authority.verify().ok
 
 
 # -- hostile input -------------------------------------------------------------------------------
