@@ -1156,8 +1156,7 @@ class Authority:
         Group's replay floor.
         """
         canonical.check_id(group, "group")
-        if type(after) is not int or not 0 <= after <= limits.INT_ABS_MAX:
-            raise InvalidCommand(f"after must be an integer in 0..{limits.INT_ABS_MAX}", field="after")
+        _check_after(after)
         if type(limit) is not int or not 1 <= limit <= limits.READ_LIMIT_MAX:
             raise InvalidCommand(f"limit must be 1..{limits.READ_LIMIT_MAX}", field="limit")
         floor, reference = self.replay_floor(group)
@@ -1237,6 +1236,8 @@ class Authority:
     @property
     def signing_key(self) -> SigningKey:
         """The store's Ed25519 snapshot key, generated on first use under ``<path>/keys``."""
+        if self._closed:  # a closed handle no longer holds the store: it creates no key file there
+            raise StoreClosed("the authority is closed; open it again")
         if self._signing_key is None:
             self._signing_key = SigningKey.load_or_create(os.path.join(self.path, "keys"))
         return self._signing_key
@@ -1244,6 +1245,8 @@ class Authority:
     def keyring(self) -> Keyring:
         """A keyring trusting this store's snapshot key and the keys it retired
         (``rotate_signing_key``); add others as needed."""
+        if self._closed:
+            raise StoreClosed("the authority is closed; open it again")
         return Keyring([self.signing_key.public_key, *retired_public_keys(os.path.join(self.path, "keys"))])
 
     def rotate_signing_key(self, *, retire: bool = True) -> SigningKey:
@@ -1344,6 +1347,8 @@ class Authority:
     def read_snapshot(self, ref: SnapshotRef | dict[str, Any]) -> bytes:
         """The bytes a reference names (as a ``SnapshotRef`` or the dict ``CursorTooOld`` carries);
         not yet verified: verify with ``snapshot.verify_snapshot``."""
+        if self._closed:
+            raise StoreClosed("the authority is closed; open it again")
         if not isinstance(ref, SnapshotRef):
             ref = SnapshotRef.from_dict(ref)
         canonical.check_id(ref.group, "group")
@@ -1546,6 +1551,9 @@ class Authority:
     def subscribe(self, group: str, after: int = 0) -> Subscription:
         """A live feed of ``group``'s Events after ``after``; see :class:`Subscription`."""
         canonical.check_id(group, "group")
+        _check_after(after)
+        if self._closed:
+            raise StoreClosed("the authority is closed; open it again")
         return Subscription(self, group, after)
 
     def ack(self, consumer: str, group: str, cursor: int) -> int:
@@ -1841,6 +1849,11 @@ class Subscription:
 
 
 # -- helpers shared by commit, redo and verify ---------------------------------------------------
+
+
+def _check_after(after: object) -> None:
+    if type(after) is not int or not 0 <= after <= limits.INT_ABS_MAX:
+        raise InvalidCommand(f"after must be an integer in 0..{limits.INT_ABS_MAX}", field="after")
 
 
 def _check_progress(progress: object) -> None:

@@ -830,6 +830,7 @@ def test_owner_only_kinds_refuse_other_roles(tmp_path):
 
 def test_closed_store_refuses_everything(tmp_path):
     authority = open_with_group(str(tmp_path / "store"))
+    ref = authority.snapshot(GROUP)
     authority.close()
     authority.close()  # idempotent
     for call in (
@@ -837,9 +838,31 @@ def test_closed_store_refuses_everything(tmp_path):
         lambda: authority.read(GROUP),
         lambda: authority.ack("c", GROUP, 1),
         lambda: authority.head(GROUP),
+        lambda: authority.subscribe(GROUP),  # was a Subscription whose iterator ended at once
+        lambda: authority.keyring(),
+        lambda: authority.read_snapshot(ref),
     ):
         with pytest.raises(StoreClosed):
             call()
+
+
+def test_a_closed_handle_does_not_create_the_signing_key(tmp_path):
+    # signing_key after close() created keys/ in a directory this handle no longer held
+    store = tmp_path / "store"
+    authority = open_with_group(str(store))
+    authority.close()
+    with pytest.raises(StoreClosed):
+        authority.signing_key
+    assert not (store / "keys").exists()
+
+
+@pytest.mark.parametrize("after", [-1, None, "0", 1.0, True, 2**63])
+def test_subscribe_refuses_an_impossible_cursor_at_once(tmp_path, after):
+    # it was taken as given and refused only by the first poll (or ended iteration at once)
+    with open_with_group(str(tmp_path / "store")) as authority:
+        with pytest.raises(InvalidCommand) as caught:
+            authority.subscribe(GROUP, after=after)
+        assert caught.value.field == "after"
 
 
 def test_group_create_twice_is_already_exists(store):
