@@ -1648,8 +1648,11 @@ class Authority:
         except MwpError as exc:
             problems.append(f"{exc.code}: {exc.message}")
             return VerifyReport(records, events, len(heads), problems)
+        # A scratch directory that cannot be made (a read-only store directory) is StorageFailed
+        # out of verify: the check cannot run, which says nothing about the store.
+        scratch = self._scratch_directory("index.verify-")
         try:
-            problems.extend(self._compare_with_rebuild(log, index))
+            problems.extend(self._compare_with_rebuild(log, index, scratch))
         except MwpError as exc:  # the log cannot even be indexed (e.g. a chain break): the scan above names why
             problems.append(f"rebuilding an index from the log to compare: {exc.code}: {exc.message}")
         try:
@@ -1699,12 +1702,23 @@ class Authority:
                 problems.append(f"audit log {record.audit_location}: {exc.code} ({exc.detail.get('check', '')}) {exc.message}")
         return problems
 
-    def _compare_with_rebuild(self, log: SegmentLog, index: Index) -> list[str]:
-        """Rebuild an index from ``log`` into a scratch directory and compare it with ``index``."""
+    def _scratch_directory(self, prefix: str) -> str:
         import tempfile
 
-        temp = tempfile.mkdtemp(prefix="index.verify-", dir=self.path)
-        fresh = Index(temp, map_size=self._map_size)
+        try:
+            return tempfile.mkdtemp(prefix=prefix, dir=self.path)
+        except OSError as exc:
+            raise translate(exc, context=f"creating a scratch directory in {self.path}") from None
+
+    def _compare_with_rebuild(self, log: SegmentLog, index: Index, scratch: str | None = None) -> list[str]:
+        """Rebuild an index from ``log`` into a scratch directory (removed afterwards) and compare
+        it with ``index``."""
+        temp = self._scratch_directory("index.verify-") if scratch is None else scratch
+        try:
+            fresh = Index(temp, map_size=self._map_size)
+        except BaseException:
+            remove_index(temp)
+            raise
         problems = []
         try:
             with fresh.begin(write=True) as txn:
@@ -1746,7 +1760,10 @@ class Authority:
         self._refuse_inside_commit("rebuild")
         self._check_open()
         with self._exclusive():
-            count = self._build_index(self._index_dir(), progress)
+            try:
+                count = self._build_index(self._index_dir(), progress)
+            except OSError as exc:  # e.g. index.rebuild/ cannot be created in a read-only directory
+                raise translate(exc, context="rebuilding the index") from None
             self._install_index()
             return count
 

@@ -753,6 +753,31 @@ def test_rotate_signing_key_refuses_a_retire_that_is_not_a_bool(tmp_path, retire
         assert authority.verify().ok
 
 
+def test_verify_and_rebuild_in_a_directory_they_cannot_write_are_storage_failed(tmp_path, monkeypatch):
+    """A store directory mode 0500 (as its owner, not root): the scratch index of verify() and
+    the index.rebuild/ of rebuild() cannot be created. That was an untyped PermissionError."""
+    import errno
+
+    store = str(tmp_path / "store")
+    authority = open_with_group(store)
+    real_mkdir = os.mkdir
+
+    def refusing(path, *args, **kwargs):  # what mkdir does in a directory without write permission
+        if os.path.dirname(os.path.abspath(path)) == store:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real_mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", refusing)
+    for call in (authority.verify, authority.rebuild):
+        with pytest.raises(StorageFailed) as caught:
+            call()
+        assert caught.value.detail["errno"] == errno.EACCES
+    authority.accept(mission_create("m-1"))  # the handle keeps working
+    monkeypatch.undo()
+    assert authority.verify().ok and authority.rebuild() == 2
+    authority.close()
+
+
 # -- hostile input -------------------------------------------------------------------------------
 
 
