@@ -419,6 +419,7 @@ class Authority:
         self._archive_lock = threading.Lock()
         self._segment_bytes = segment_bytes
         self._retired = []
+        _refuse_agent_store(self.path)
         if not _holds_store(self.path):
             if not create:
                 raise StoreNotFound(f"no store at {self.path!r}", path=self.path)
@@ -2145,6 +2146,28 @@ def _holds_store(path: str) -> bool:
         )
     except (TypeError, ValueError):  # e.g. a NUL in the path: open itself reports it below
         return False
+
+
+_AGENT_STORE_ENTRIES = ("agent.lock", "lmdb")
+"""What an AgentStore's directory holds (``mwpstore.agent_store``)."""
+
+
+def _refuse_agent_store(path: str) -> None:
+    """An AgentStore's directory is not an authority: opening it as one would put a log and an
+    index beside the agent's LMDB (``InvalidCommand``, field ``path``; nothing is written)."""
+    if _holds_store(path):
+        return  # an authority's directory, whatever else lies in it
+    try:
+        found = [name for name in _AGENT_STORE_ENTRIES if os.path.lexists(os.path.join(path, name))]
+    except (TypeError, ValueError):
+        return
+    if found:
+        raise InvalidCommand(
+            f"{path!r} holds an AgentStore ({', '.join(found)}), not an authority; open it with AgentStore.open, "
+            "or give the authority a directory of its own",
+            field="path",
+            path=path,
+        )
 
 
 def _check_log_present(path: str) -> None:

@@ -778,6 +778,21 @@ def test_verify_and_rebuild_in_a_directory_they_cannot_write_are_storage_failed(
     authority.close()
 
 
+@pytest.mark.parametrize("create", [True, False])
+def test_open_refuses_a_directory_that_holds_an_agent_store(tmp_path, create):
+    # it was opened as a new authority: log/, index/ and authority.lock went in beside the agent's lmdb/
+    from mwpstore.agent_store import AgentStore
+
+    path = tmp_path / "agent"
+    AgentStore.open(str(path)).close()
+    before = sorted(os.listdir(path))
+    with pytest.raises(InvalidCommand) as caught:
+        Authority.open(str(path), create=create)
+    assert caught.value.field == "path" and "AgentStore" in caught.value.message
+    assert sorted(os.listdir(path)) == before
+    AgentStore.open(str(path)).close()
+
+
 # -- hostile input -------------------------------------------------------------------------------
 
 
