@@ -916,8 +916,10 @@ class Authority:
             else:
                 # The log may already hold the batch: refuse writes; reopening redoes the index.
                 cause = translate(exc, context="committing a batch") if isinstance(exc, Exception) else None
+                # the cause's facts go along: an errno, or field map_size for an index map found full
                 error = self._failure = StorageFailed(
-                    f"the commit failed ({cause.message if cause else type(exc).__name__}); reopen the authority"
+                    f"the commit failed ({cause.message if cause else type(exc).__name__}); reopen the authority",
+                    **({"cause": cause.code, **cause.detail} if cause else {}),
                 )
             self._fail_all(pending, error)
             # and every request the failure left unanswered (the one that raised, those after it)

@@ -793,6 +793,35 @@ def test_open_refuses_a_directory_that_holds_an_agent_store(tmp_path, create):
     AgentStore.open(str(path)).close()
 
 
+def test_an_index_map_that_fills_at_a_commit_is_storage_failed_naming_the_map(tmp_path):
+    """The log holds the batch by the time the index commit finds the map full: its outcome is
+    unknown, as for any STORAGE_FAILED (docs said LIMIT_EXCEEDED, which promises nothing was
+    written), and the detail says it was the map. A reopen with a larger map redoes it."""
+    store = str(tmp_path / "store")
+    with open_with_group(store):
+        pass
+    authority = Authority.open(store, map_size=1 << 20)
+    failed = None
+    for number in range(5000):
+        command = Command(actor=OWNER, action_id=f"fill-{number}", group=GROUP, kind="mission.create",
+                          target=f"m-{number}", body={"title": "x" * 1000, "cost_limit": 1})
+        try:
+            authority.accept(command)
+        except StorageFailed as exc:
+            failed = (command, exc)
+            break
+    assert failed is not None, "the 1 MiB map never filled"
+    command, error = failed
+    assert error.code == "STORAGE_FAILED" and error.detail["field"] == "map_size"
+    with pytest.raises(StorageFailed):
+        authority.accept(mission_create("after"))  # the handle refuses writes until reopened
+    authority.close()
+    with Authority.open(store, map_size=1 << 24) as reopened:
+        assert reopened.open_report.mode == "redo"
+        receipt = reopened.accept(command)  # the refused Command had landed: its receipt answers
+        assert receipt.seq == reopened.head(GROUP)[0] and reopened.verify().ok
+
+
 # -- hostile input -------------------------------------------------------------------------------
 
 
