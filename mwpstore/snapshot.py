@@ -163,6 +163,9 @@ class Keyring:
 
     def __init__(self, public_keys: Iterable[bytes] = ()) -> None:
         self._keys: dict[str, tuple[bytes, Ed25519PublicKey]] = {}
+        if isinstance(public_keys, (str, bytes, bytearray, memoryview)) or not isinstance(public_keys, Iterable):
+            # one key's bytes would iterate as ints: a list of keys is asked for
+            raise InvalidCommand("public_keys must be an iterable of 32-byte public keys (a list, not one key)", field="public_keys")
         for public_key in public_keys:
             self.add(public_key)
 
@@ -194,10 +197,11 @@ class Keyring:
         return self.add(public_key)
 
     def remove(self, key_id: str) -> None:
-        self._keys.pop(key_id, None)
+        if type(key_id) is str:  # key ids are text: anything else names no key here
+            self._keys.pop(key_id, None)
 
     def public_key(self, key_id: str) -> bytes | None:
-        entry = self._keys.get(key_id)
+        entry = self._keys.get(key_id) if type(key_id) is str else None
         return entry[0] if entry else None
 
     def _verifier(self, key_id: str) -> Ed25519PublicKey | None:
@@ -209,7 +213,7 @@ class Keyring:
         return sorted(self._keys)
 
     def __contains__(self, key_id: object) -> bool:
-        return key_id in self._keys
+        return type(key_id) is str and key_id in self._keys
 
     def __len__(self) -> int:
         return len(self._keys)
@@ -697,11 +701,17 @@ def snapshot_ref(data: bytes, *, location: str) -> SnapshotRef:
     )
 
 
-def check_snapshot_ref(data: bytes | memoryview, ref: SnapshotRef) -> None:
+def check_snapshot_ref(data: bytes | memoryview, ref: SnapshotRef | Mapping[str, Any]) -> None:
     """Check fetched bytes against the reference that named them (size, then blake3 → ``hash``).
+    ``ref`` is a ``SnapshotRef`` or the dict ``CURSOR_TOO_OLD`` carries; anything else, or data
+    that is not bytes, is ``SnapshotInvalid`` (``format``).
 
     Run before ``verify_snapshot(data, group=ref.group, org=ref.org, ...)``; it does not replace it.
     """
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise _fail("format", f"snapshot data must be bytes, not {type(data).__name__}")
+    if not isinstance(ref, SnapshotRef):
+        ref = SnapshotRef.from_dict(ref)
     if len(data) > SNAPSHOT_FILE_BYTES_MAX or len(data) != ref.file_bytes:
         raise _fail("size", f"{len(data)} bytes, the reference says {ref.file_bytes}")
     if blake3.blake3(data).hexdigest() != ref.file_hash:

@@ -267,6 +267,41 @@ def test_keyring_refuses_malformed_public_keys():
         Keyring(["ab" * 32])  # type: ignore[list-item]
 
 
+@pytest.mark.parametrize("keys", [None, 5, True, SIGNER.public_key, "ab" * 32])
+def test_a_keyring_built_from_something_that_is_not_a_list_of_keys_is_invalid_command(keys):
+    # None or a number was a TypeError; a single key's bytes were taken as 32 keys of one int each
+    with pytest.raises(InvalidCommand) as caught:
+        Keyring(keys)
+    assert caught.value.detail["field"] == "public_keys"
+
+
+@pytest.mark.parametrize("key_id", [None, 5, [], {}, b"ab"])
+def test_keyring_lookups_with_a_key_id_that_is_not_text_answer_absent(key_id):
+    keyring = Keyring([SIGNER.public_key])
+    assert keyring.public_key(key_id) is None  # an unhashable one was a TypeError
+    assert key_id not in keyring
+    keyring.remove(key_id)
+    assert keyring.key_ids == [SIGNER.key_id]
+
+
+@pytest.mark.parametrize("ref", [None, 5, "ref", [("org", "acme")], {"org": "acme"}])
+def test_check_snapshot_ref_refuses_a_reference_that_is_not_one(good, ref):
+    # an AttributeError (ref.file_bytes) before
+    with pytest.raises(SnapshotInvalid) as caught:
+        check_snapshot_ref(good, ref)
+    assert caught.value.detail["check"] == "format"
+
+
+@pytest.mark.parametrize("data", [None, 5, "text"])
+def test_check_snapshot_ref_refuses_data_that_is_not_bytes(good, data):
+    ref = snapshot_ref(good, location="snapshots/g-1/00000000000000000003.snap")
+    check_snapshot_ref(good, ref.to_dict())  # the dict CURSOR_TOO_OLD carries is a reference too
+    check_snapshot_ref(memoryview(good), ref)
+    with pytest.raises(SnapshotInvalid) as caught:
+        check_snapshot_ref(data, ref)  # a TypeError (len) before
+    assert caught.value.detail["check"] == "format"
+
+
 # Encodings of three of the eight Ed25519 points of order at most 8 (tests/test_work_model_bounds.py
 # derives all eight): the identity (y = 1), the point of order 2 (y = p - 1) and one of order 4
 # (y = 0, which is also what a zero-filled key is).
