@@ -251,8 +251,17 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_torture(args: argparse.Namespace) -> int:
-    from .torture import run_torture
+    from .errors import InvalidCommand
+    from .torture import SUITES, run_torture
 
+    # Refused here as typed errors, so that --json prints its error document for them too.
+    unknown = [name for name in args.suite or [] if name not in SUITES]
+    if unknown:
+        raise InvalidCommand(f"unknown suite(s) {unknown}; choose from {list(SUITES)}", field="suite")
+    if args.count is not None and args.count < 1:
+        raise InvalidCommand("--count must be at least 1", field="count")
+    if args.seconds is not None and args.seconds <= 0:
+        raise InvalidCommand("--seconds must be above zero", field="seconds")
     return run_torture(args)
 
 

@@ -135,6 +135,18 @@ def test_a_refused_input_with_json_prints_a_json_document(tmp_path, capsys):
     assert document["ok"] is False and document["error"]["code"] == "INVALID_COMMAND"
 
 
+@pytest.mark.parametrize(
+    "argv, field",
+    [(["--suite", "nosuch"], "suite"), (["--suite", "crash", "--count", "0"], "count"), (["--suite", "crash", "--seconds", "0"], "seconds")],
+)
+def test_torture_refusing_its_options_with_json_prints_a_json_document(capsys, argv, field):
+    # it printed only a line on standard error: a script reading --json got nothing
+    assert main(["torture", *argv, "--json"]) == EXIT_USAGE
+    document = json.loads(capsys.readouterr().out)
+    assert document["ok"] is False and document["error"]["code"] == "INVALID_COMMAND"
+    assert document["error"]["detail"]["field"] == field
+
+
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
     store = str(tmp_path / "store")
     open_with_group(store).close()
