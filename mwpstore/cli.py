@@ -108,7 +108,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_tail(args: argparse.Namespace) -> int:
     with _open_authority(args, progress=False) as authority:
         head = authority.head(args.group)[0]
-        after = max(0, head - args.lines) if args.after is None else args.after
+        # The last N Events that are retained: a Group with a replay floor (a window, or archived
+        # and compacted) serves nothing below it, and the default must not ask for that.
+        floor = authority.replay_floor(args.group)[0]
+        after = max(floor, head - args.lines) if args.after is None else args.after
         subscription = authority.subscribe(args.group, after=after)
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
         while True:
@@ -389,11 +392,11 @@ def _run(args: argparse.Namespace) -> int:
         if getattr(args, "json", False):
             print(json.dumps({"ok": False, "error": exc.to_dict()}, default=_json_default, sort_keys=True))
         print(f"mwpstore: {exc.code}: {exc.message}", file=sys.stderr)
-        from .errors import Rejection, SnapshotInvalid
+        from .errors import CursorTooOld, Rejection, SnapshotInvalid
 
         # A Rejection (INVALID_COMMAND, NOT_FOUND, ...) refused the input and changed nothing; so
-        # did an open that found no store.
-        if isinstance(exc, (Rejection, StoreNotFound)):
+        # did an open that found no store, and a `tail --after` below the Group's replay floor.
+        if isinstance(exc, (Rejection, StoreNotFound, CursorTooOld)):
             return EXIT_USAGE
         return EXIT_CHECK_FAILED if isinstance(exc, SnapshotInvalid) else EXIT_STORE_ERROR
     except KeyboardInterrupt:

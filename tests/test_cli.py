@@ -104,6 +104,33 @@ def test_tail_prints_events(store, capsys):
     assert [json.loads(line)[1] for line in lines] == [4, 5, 6]
 
 
+def test_tail_of_a_group_with_a_replay_floor_starts_at_the_floor(tmp_path, capsys):
+    """`tail GROUP` (the last 20) of a Group with a replay window asked for Events below its
+    floor: CURSOR_TOO_OLD, exit 3, though the store was fine and the retained Events readable."""
+    from mwpstore import Command
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(Command(actor="owner", action_id="windowed", group="g-2", kind="group.create", target="g-2",
+                                 body={"org": "acme", "policy": {"replay_window_events": 2}}))
+        for number in range(5):
+            authority.accept(Command(actor="owner", action_id=f"w-{number}", group="g-2", kind="mission.create",
+                                     target=f"m-{number}", body={"title": "t", "cost_limit": 1}))
+        authority.snapshot("g-2")  # at 6
+        for number in range(5, 8):
+            authority.accept(Command(actor="owner", action_id=f"w-{number}", group="g-2", kind="mission.create",
+                                     target=f"m-{number}", body={"title": "t", "cost_limit": 1}))
+        assert authority.replay_floor("g-2")[0] == 6 and authority.head("g-2")[0] == 9
+    assert main(["tail", "g-2", "--store", path, "--json"]) == EXIT_OK
+    assert [json.loads(line)[1] for line in capsys.readouterr().out.strip().splitlines()] == [7, 8, 9]
+    assert main(["tail", "g-2", "--store", path, "-n", "2", "--json"]) == EXIT_OK
+    assert [json.loads(line)[1] for line in capsys.readouterr().out.strip().splitlines()] == [8, 9]
+    # a cursor asked for explicitly below the floor is bad input, with the snapshot to restore from
+    assert main(["tail", "g-2", "--store", path, "--after", "1", "--json"]) == EXIT_USAGE
+    document = json.loads(capsys.readouterr().out)
+    assert document["error"]["code"] == "CURSOR_TOO_OLD" and document["error"]["detail"]["floor"] == 6
+
+
 def test_usage_errors(tmp_path, capsys):
     assert main(["inspect", "--store", str(tmp_path / "missing")]) == EXIT_USAGE
     with pytest.raises(SystemExit) as caught:
