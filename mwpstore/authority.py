@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 import lmdb
 import msgspec
 
-from . import _gc, _index_c, canonical, failpoints, limits
+from . import _fork, _gc, _index_c, canonical, failpoints, limits
 from .errors import (
     ActionIdCollision,
     Corruption,
@@ -151,6 +151,8 @@ def _index_errors_typed(method: _F) -> _F:
         # one raised as append returns must still unregister (close() would wait for it forever).
         if self._closed:  # not registered at all: readers retrying after close() never hold it up
             raise StoreClosed("the authority is closed; open it again")
+        if self._fork_generation != _fork.generation:
+            raise StoreClosed(f"the authority: {_fork.FORKED_MESSAGE}")
         reader = get_ident()
         readers = self._readers
         try:
@@ -343,6 +345,7 @@ class Authority:
     _readers: list[int]  # the thread of each index read in flight, which close() waits for
     _closing: threading.Lock  # makes "not closed yet, close now" one step for concurrent close() calls
     _committer: int | None  # the thread holding the commit role (a leader, or rebuild/compact/verify's _exclusive)
+    _fork_generation: int  # the process this handle belongs to (mwpstore._fork): none other may use it
 
     @property
     def log(self) -> SegmentLog:
@@ -395,6 +398,7 @@ class Authority:
         if clock is not None and not callable(clock):
             raise InvalidCommand("clock must be a callable returning int milliseconds, or None", field="clock")
         self = object.__new__(cls)
+        self._fork_generation = _fork.generation
         # Absolute from here on: the store's files (snapshots, keys, archives, a rebuilt index) are
         # found from self.path, and a relative one would follow the process's later chdir.
         self.path = os.path.abspath(store_path(path))
@@ -597,7 +601,13 @@ class Authority:
         """Finish in-flight commits, mark the index clean and durable, release the store.
 
         Idempotent. A close() interrupted while it waits (``KeyboardInterrupt``) leaves the store
-        closed to new work; calling close() again finishes releasing it."""
+        closed to new work; calling close() again finishes releasing it. In a child forked from
+        the process that opened it, close() only retires this copy of the handle: the parent's
+        store is not synced, marked clean or unlocked, and no lock is taken (one held by a parent
+        thread at the fork would never be released here)."""
+        if self._fork_generation != _fork.generation:
+            self._closed = True
+            return
         if get_ident() in self._readers:
             # e.g. from a progress or key-provider callback: it would wait for its own read
             raise InvalidCommand("close() was called from inside a read of this authority; close it after the call returns", field="close")
@@ -729,10 +739,20 @@ class Authority:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed("the authority is closed; open it again")
+        if self._fork_generation != _fork.generation:
+            raise StoreClosed(f"the authority: {_fork.FORKED_MESSAGE}")
         if self._failure is not None:
             raise StorageFailed(
                 f"the authority refuses writes after a storage failure ({self._failure.message}); reopen it"
             )
+
+    def _check_closed(self) -> None:
+        """``StoreClosed`` after close() or in a forked child; unlike ``_check_open``, a handle
+        that refuses writes after a storage failure passes (reads and keys still work)."""
+        if self._closed:
+            raise StoreClosed("the authority is closed; open it again")
+        if self._fork_generation != _fork.generation:
+            raise StoreClosed(f"the authority: {_fork.FORKED_MESSAGE}")
 
     def _refuse_inside_commit(self, what: str) -> None:
         """``InvalidCommand`` (field ``what``) when this thread holds the commit role: called back
@@ -760,6 +780,7 @@ class Authority:
         ever lost with the interrupted thread.
         """
         self._refuse_inside_commit("commit")
+        self._check_open()  # before self._lock, which a parent thread may have held at a fork
         with self._lock:
             if self._closed:
                 raise StoreClosed("the authority is closed; open it again")
@@ -1239,8 +1260,7 @@ class Authority:
     @property
     def signing_key(self) -> SigningKey:
         """The store's Ed25519 snapshot key, generated on first use under ``<path>/keys``."""
-        if self._closed:  # a closed handle no longer holds the store: it creates no key file there
-            raise StoreClosed("the authority is closed; open it again")
+        self._check_closed()  # a closed handle no longer holds the store: it creates no key file there
         if self._signing_key is None:
             self._signing_key = SigningKey.load_or_create(os.path.join(self.path, "keys"))
         return self._signing_key
@@ -1248,8 +1268,7 @@ class Authority:
     def keyring(self) -> Keyring:
         """A keyring trusting this store's snapshot key and the keys it retired
         (``rotate_signing_key``); add others as needed."""
-        if self._closed:
-            raise StoreClosed("the authority is closed; open it again")
+        self._check_closed()
         return Keyring([self.signing_key.public_key, *retired_public_keys(os.path.join(self.path, "keys"))])
 
     def rotate_signing_key(self, *, retire: bool = True) -> SigningKey:
@@ -1350,8 +1369,7 @@ class Authority:
     def read_snapshot(self, ref: SnapshotRef | dict[str, Any]) -> bytes:
         """The bytes a reference names (as a ``SnapshotRef`` or the dict ``CursorTooOld`` carries);
         not yet verified: verify with ``snapshot.verify_snapshot``."""
-        if self._closed:
-            raise StoreClosed("the authority is closed; open it again")
+        self._check_closed()
         if not isinstance(ref, SnapshotRef):
             ref = SnapshotRef.from_dict(ref)
         canonical.check_id(ref.group, "group")
@@ -1555,8 +1573,7 @@ class Authority:
         """A live feed of ``group``'s Events after ``after``; see :class:`Subscription`."""
         canonical.check_id(group, "group")
         _check_after(after)
-        if self._closed:
-            raise StoreClosed("the authority is closed; open it again")
+        self._check_closed()
         return Subscription(self, group, after)
 
     def ack(self, consumer: str, group: str, cursor: int) -> int:
@@ -1595,6 +1612,7 @@ class Authority:
         if timeout is not None and (type(timeout) not in (int, float) or not 0 <= timeout <= threading.TIMEOUT_MAX):
             raise InvalidCommand(f"timeout must be None or a number of seconds in 0..{threading.TIMEOUT_MAX:g}", field="timeout")
         deadline = None if timeout is None else time.monotonic() + timeout
+        self._check_closed()  # before self._published, which a parent thread may have held at a fork
         with self._published:
             while True:
                 if self.head(group)[0] > after:

@@ -35,6 +35,7 @@ import zlib
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from mwpstore import _fork
 from mwpstore._files import open_regular, open_regular_fd, store_path
 from mwpstore._segment_log_c import ffi, lib
 from mwpstore.errors import (
@@ -355,6 +356,7 @@ class SegmentLog:
         self._log_id = 0
         self._seed = 0  # where every frame checksum of this log starts (from the log id)
         self._marker_lists_segments = False  # the CLEAN on disk has the segment list (not the first form)
+        self._fork_generation = _fork.generation  # the process it is used in (mwpstore._fork)
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -768,6 +770,8 @@ class SegmentLog:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed("the segment log is closed; open it again.")
+        if self._fork_generation != _fork.generation:
+            raise StoreClosed(f"the segment log: {_fork.FORKED_MESSAGE}.")
 
     @property
     def start(self) -> int:
@@ -1103,8 +1107,15 @@ class SegmentLog:
     # -- closing ------------------------------------------------------------------------------
 
     def close(self) -> None:
-        """Release the lock and the maps. Idempotent. Groups appended in bulk mode are synced first."""
+        """Release the lock and the maps. Idempotent. Groups appended in bulk mode are synced first.
+
+        In a child forked from the process that opened the log it only drops this copy of the
+        handle: no sync, no clean marker (the parent goes on writing), and the lock stays with the
+        parent (its descriptor holds the flock)."""
         if self._closed:
+            return
+        if self._fork_generation != _fork.generation:  # before _write_lock: a parent thread may have held it at fork
+            self._close_quietly()
             return
         with self._write_lock:
             if self._closed:

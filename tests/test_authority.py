@@ -822,6 +822,55 @@ def test_an_index_map_that_fills_at_a_commit_is_storage_failed_naming_the_map(tm
         assert receipt.seq == reopened.head(GROUP)[0] and reopened.verify().ok
 
 
+def _in_a_forked_child(calls):
+    """Run each call in a forked child; return what each raised (its class name) or "ok"."""
+    import json as json_module
+
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe, never return into pytest
+        outcomes = []
+        for call in calls:
+            try:
+                call()
+                outcomes.append("ok")
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                outcomes.append(type(exc).__name__)
+        os.write(writing, json_module.dumps(outcomes).encode())
+        os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return json_module.loads(data)
+
+
+def test_a_handle_used_in_a_forked_child_is_store_closed_and_the_store_stays_intact(tmp_path):
+    """A pre-fork server opens the authority, then forks: the child's accept wrote into the log
+    at the parent's end, the parent then wrote its next Event over it (a receipt handed out for
+    an Event that is gone, a broken chain, Corruption at every later read) and the child's
+    close() marked the index clean and wrote the log's clean marker under the running parent."""
+    store = str(tmp_path / "store")
+    authority = open_with_group(store)
+    authority.accept(mission_create("m-1"))
+    outcomes = _in_a_forked_child([
+        lambda: authority.accept(mission_create("m-child")),
+        lambda: authority.accept_many([mission_create("m-child-2")]),
+        lambda: authority.ack("agent", GROUP, 1),
+        lambda: authority.read(GROUP),
+        lambda: authority.snapshot(GROUP),
+        lambda: authority.log.append([b"x"]),
+        lambda: authority.close(),
+    ])
+    assert outcomes == ["StoreClosed"] * 6 + ["ok"]  # close() in the child touches nothing
+    receipt = authority.accept(mission_create("m-2"))
+    assert receipt.seq == 3 and [event.seq for event in authority.read(GROUP)] == [1, 2, 3]
+    assert authority.verify().ok and not os.path.exists(os.path.join(store, "snapshots"))
+    authority.close()
+    with Authority.open(store) as reopened:
+        assert reopened.head(GROUP)[0] == 3 and reopened.verify().ok
+
+
 # -- hostile input -------------------------------------------------------------------------------
 
 

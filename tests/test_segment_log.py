@@ -762,3 +762,37 @@ def test_the_c_writer_refuses_an_end_that_wraps_past_the_segment(tmp_path):
         assert lib.sl_log_open(lib.sl_io_default(), directory, damaged, end, SMALL, 1, handle, fault) == lib.SL_E_ARGUMENT
     with open(tmp_path / segment_file_name(0), "rb") as file:
         assert file.read(lib.SL_SEGMENT_HEADER_BYTES) == raw
+
+
+def test_a_log_handle_does_not_cross_fork(tmp_path):
+    """A forked child's append landed where the parent appends next (the parent then wrote over
+    a group the child had been told was durable), and its close() wrote the clean marker while
+    the parent went on writing."""
+    directory = str(tmp_path / "log")
+    log = SegmentLog.open(directory)
+    log.append([b"before"])
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        outcomes = []
+        for call in (lambda: log.append([b"child"]), lambda: log.read(0), lambda: log.sync(), log.close):
+            try:
+                call()
+                outcomes.append("ok")
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                outcomes.append(type(exc).__name__)
+        os.write(writing, ",".join(outcomes).encode())
+        os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        outcomes = pipe.read().decode().split(",")
+    os.waitpid(pid, 0)
+    assert outcomes == ["StoreClosed", "StoreClosed", "StoreClosed", "ok"]
+    assert not os.path.exists(os.path.join(directory, CLEAN_FILE_NAME))
+    with pytest.raises(StoreLocked):  # the child's close() left the parent's lock alone
+        SegmentLog.open(directory)
+    log.append([b"after"])
+    log.close()
+    with SegmentLog.open(directory) as reopened:
+        assert [bytes(record) for batch in reopened.scan() for record in batch.records] == [b"before", b"after"]
+        assert reopened.verify() == 2
