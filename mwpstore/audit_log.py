@@ -678,6 +678,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     report = msgspec.to_builtins(info)
     report["head_hash"] = info.head_hash.hex()
+    if not report.get("file_hash"):  # only write_audit_log computes it: no empty stand-in
+        report.pop("file_hash", None)
     out.write(encoder.encode({"ok": True, "replayed": not arguments.no_replay, **report}) + b"\n")
     return 0
 
