@@ -2168,19 +2168,16 @@ def _holds_store(path: str) -> bool:
         return False
 
 
-_AGENT_STORE_ENTRIES = ("agent.lock", "lmdb")
-"""What an AgentStore's directory holds (``mwpstore.agent_store``)."""
-
-
 def _refuse_agent_store(path: str) -> None:
     """An AgentStore's directory is not an authority: opening it as one would put a log and an
     index beside the agent's LMDB (``InvalidCommand``, field ``path``; nothing is written)."""
     if _holds_store(path):
         return  # an authority's directory, whatever else lies in it
-    try:
-        found = [name for name in _AGENT_STORE_ENTRIES if os.path.lexists(os.path.join(path, name))]
-    except (TypeError, ValueError):
-        return
+    found = []
+    if os.path.isfile(os.path.join(path, "agent.lock")):
+        found.append("agent.lock")
+    if os.path.isfile(os.path.join(path, "lmdb", "data.mdb")):
+        found.append("lmdb/")
     if found:
         raise InvalidCommand(
             f"{path!r} holds an AgentStore ({', '.join(found)}), not an authority; open it with AgentStore.open, "

@@ -791,6 +791,10 @@ def test_open_refuses_a_directory_that_holds_an_agent_store(tmp_path, create):
     assert caught.value.field == "path" and "AgentStore" in caught.value.message
     assert sorted(os.listdir(path)) == before
     AgentStore.open(str(path)).close()
+    other = tmp_path / "other"  # a directory with an unrelated lmdb/ of its own is no AgentStore
+    (other / "lmdb").mkdir(parents=True)
+    if create:
+        Authority.open(str(other)).close()
 
 
 def test_an_index_map_that_fills_at_a_commit_is_storage_failed_naming_the_map(tmp_path):
