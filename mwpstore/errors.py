@@ -22,6 +22,8 @@ class MwpError(Exception):
         self.detail: dict[str, Any] = detail
 
     def __reduce__(self) -> tuple[Any, ...]:
+        if self.code != type(self).code:  # a code error_from_code did not know: kept on the instance
+            return (error_from_code, (self.code, self.message, self.detail))
         return (_rebuild_error, (type(self), self.message, self.detail))
 
     def to_dict(self) -> dict[str, Any]:
@@ -29,8 +31,12 @@ class MwpError(Exception):
 
 
 def _rebuild_error(cls: type[MwpError], message: str, detail: dict[str, Any]) -> MwpError:
+    """An error of ``cls`` with exactly this message and detail, whatever the detail's keys (one
+    named ``message`` or ``self`` cannot pass through ``__init__``'s keyword arguments)."""
     error = cls.__new__(cls)
-    MwpError.__init__(error, message, **detail)
+    Exception.__init__(error, message)
+    error.message = message
+    error.detail = dict(detail)
     return error
 
 
@@ -287,9 +293,20 @@ ERROR_CLASSES: dict[str, type[MwpError]] = {
 
 
 def error_from_code(code: str, message: str, detail: dict[str, Any] | None = None) -> MwpError:
-    """Rebuild a typed error from its stable code (e.g. from an ``AcceptResult``)."""
+    """Rebuild a typed error from its stable code (e.g. from an ``AcceptResult``). ``detail`` may
+    hold any text keys. ``InvalidCommand`` (``field`` ``code``, ``message`` or ``detail``) when the
+    parts cannot make an error: a code or message that is not a str, a detail that is not a
+    mapping with str keys."""
+    if type(code) is not str:
+        raise InvalidCommand("an error code is a str", field="code")
+    if type(message) is not str:
+        raise InvalidCommand("an error message is a str", field="message")
+    if detail is None:
+        detail = {}
+    if not isinstance(detail, dict) or not all(type(key) is str for key in detail):
+        raise InvalidCommand("an error's detail is a dict with str keys", field="detail")
     cls = ERROR_CLASSES.get(code, MwpError)
-    error = cls(message, **(detail or {}))
+    error = _rebuild_error(cls, message, detail)
     if cls is MwpError:
         error.code = code
     return error

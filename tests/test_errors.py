@@ -138,6 +138,36 @@ def test_error_from_unknown_code_keeps_the_code() -> None:
     assert rebuilt.code == "SOMETHING_NEW"
     assert rebuilt.detail == {"x": 1}
     assert MwpError.code == "MWP_ERROR"  # the class attribute is untouched
+    copy = pickle.loads(pickle.dumps(rebuilt))  # e.g. through multiprocessing: it was MWP_ERROR after
+    assert copy.code == "SOMETHING_NEW" and copy.to_dict() == rebuilt.to_dict()
+
+
+@pytest.mark.parametrize("key", ["message", "self", "code"])
+def test_error_from_code_takes_any_text_key_in_detail(key: str) -> None:
+    # detail comes from outside (an AcceptResult decoded from another process): a key named like
+    # an __init__ parameter was a TypeError ("got multiple values for argument 'message'")
+    rebuilt = error_from_code("NOT_FOUND", "gone", {key: "x", "field": "group"})
+    assert type(rebuilt) is ERROR_CLASSES["NOT_FOUND"] and rebuilt.message == "gone" and str(rebuilt) == "gone"
+    assert rebuilt.detail == {key: "x", "field": "group"} and rebuilt.code == "NOT_FOUND"
+    assert pickle.loads(pickle.dumps(rebuilt)).detail == rebuilt.detail
+    from mwpstore.messages import AcceptResult
+
+    decoded = msgspec.json.decode(
+        msgspec.json.encode({"error_code": "NOT_FOUND", "message": "gone", "detail": {key: "x"}}), type=AcceptResult
+    )
+    with pytest.raises(ERROR_CLASSES["NOT_FOUND"]):
+        decoded.unwrap()
+
+
+@pytest.mark.parametrize(
+    "code, message, detail, field",
+    [(["x"], "m", {}, "code"), (None, "m", {}, "code"), ("NOT_FOUND", 5, {}, "message"), ("NOT_FOUND", "m", [1], "detail"),
+     ("NOT_FOUND", "m", {1: 2}, "detail")],
+)
+def test_error_from_code_refuses_what_cannot_be_an_error(code, message, detail, field) -> None:
+    with pytest.raises(InvalidCommand) as caught:  # TypeErrors before
+        error_from_code(code, message, detail)
+    assert caught.value.field == field
 
 
 def test_error_from_code_without_detail() -> None:
