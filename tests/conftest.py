@@ -16,3 +16,17 @@ def scratch() -> Iterator[str]:
     directory = scratch_directory()
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture
+def sigint_raises() -> Iterator[None]:
+    """SIGINT raises KeyboardInterrupt in the main thread (``_thread.interrupt_main`` included)
+    for the test. A process started in the background by a non-interactive shell, as CI may start
+    the suite, inherits SIGINT ignored, and Python then installs no handler of its own."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)

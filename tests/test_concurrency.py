@@ -495,7 +495,7 @@ def test_one_commit_takes_whole_units_up_to_commit_batch_commands_max(tmp_path):
         authority.close()
 
 
-def test_a_close_interrupted_while_it_waits_for_a_read_is_finished_by_the_next_close(tmp_path):
+def test_a_close_interrupted_while_it_waits_for_a_read_is_finished_by_the_next_close(tmp_path, sigint_raises):
     """close() waits for the reads in flight. A KeyboardInterrupt in that wait leaves the store
     closed to new work but still holding its lock, index and log; the next close() must release
     them (before, it saw the store closed and returned, and the directory stayed locked)."""
