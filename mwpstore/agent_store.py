@@ -34,11 +34,11 @@ import blake3
 import lmdb
 import msgspec
 
-from . import _canonical_c, canonical, failpoints, limits
+from . import _canonical_c, _fork, canonical, failpoints, limits
 from ._apply_c import check_run as _check_run
 from ._apply_c import run as _apply_run
 from ._files import store_path
-from ._lmdb_check import check_before_open
+from ._lmdb_check import check_before_open, check_option
 from ._sealed import KEY_SHOWN_BYTES, SealedTables, open_databases, typed_damage
 from .errors import ReconcileRequired, ProjectionFailed  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import (
@@ -361,6 +361,33 @@ _lmdb_damage_typed = typed_damage("agent store", _Tables.remedy, "agent", (lmdb.
 
 
 
+def _options_tuple(value: object, field: str) -> tuple[Any, ...]:
+    """An iterable option (keys, projections) as a tuple; ``InvalidCommand`` for anything else
+    (None, a number; a str or bytes would be taken apart into characters or ints)."""
+    if isinstance(value, (str, bytes, bytearray, memoryview)):
+        raise InvalidCommand(f"{field} must be a list or tuple, not {type(value).__name__}", field=field)
+    try:
+        return tuple(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise InvalidCommand(f"{field} must be a list or tuple, not {type(value).__name__}", field=field) from None
+
+
+_AUTHORITY_FILES = ("authority.lock", "log", "index")
+"""What an authority's directory holds: an AgentStore is never opened beside them."""
+
+
+def _refuse_authority(path: str) -> None:
+    """An authority's directory is not an AgentStore: opening it as one would put ``agent.lock``
+    and ``lmdb/`` beside the authority's log (``InvalidCommand``, field ``path``; nothing written)."""
+    found = [name for name in _AUTHORITY_FILES if os.path.lexists(os.path.join(path, name))]
+    if found:
+        raise InvalidCommand(
+            f"{path!r} holds an authority ({', '.join(found)}), not an AgentStore; give the agent store a directory of its own",
+            field="path",
+            path=path,
+        )
+
+
 def _keyring_of(trusted_keys: tuple[Any, ...]) -> Any:
     """The ``Keyring`` of an AgentStore's ``trusted_keys``: a caller's keyring as is, or one built
     from raw Ed25519 public keys (each checked: ``INVALID_COMMAND``, field ``public_key``)."""
@@ -369,6 +396,7 @@ def _keyring_of(trusted_keys: tuple[Any, ...]) -> Any:
     if len(trusted_keys) == 1 and isinstance(trusted_keys[0], Keyring):
         return trusted_keys[0]
     return Keyring(trusted_keys)
+
 
 class AgentStore:
     """One agent's local store. Open with :meth:`open`; one process writes (a lock file)."""
@@ -387,6 +415,7 @@ class AgentStore:
         self.verify = verify
         self._env = env
         self._lock_fd = lock_fd
+        self._fork_generation = _fork.generation  # the process this handle belongs to: none other may use it
         self._tables = _Tables(env)
         self._projections = tuple(projections)
         self.trusted_keys = tuple(trusted_keys)
@@ -421,14 +450,18 @@ class AgentStore:
         bytes): a damaged file gives ``Corruption`` (reason ``lmdb_structure``) instead of a
         crash inside LMDB. Raises ``StoreLocked`` when another handle (any process) has it open.
         """
-        if verify not in VERIFY_MODES:
+        # every option is checked before anything is created
+        if type(verify) is not str or verify not in VERIFY_MODES:
             raise InvalidCommand(f"verify must be one of {sorted(VERIFY_MODES)}", field="verify")
         if not callable(clock):
             raise InvalidCommand("clock must be a callable returning int milliseconds", field="clock")
+        if type(map_size) is not int or not 0 < map_size <= limits.INT_ABS_MAX:
+            raise InvalidCommand(f"map_size must be an int of bytes in 1..{limits.INT_ABS_MAX}", field="map_size")
+        check_option(check_lmdb)
         path = store_path(path)
-        trusted_keys = tuple(trusted_keys)
+        trusted_keys = _options_tuple(trusted_keys, "trusted_keys")
         _keyring_of(trusted_keys)  # every key is checked at open, not at the first restore
-        projections = tuple(projections)
+        projections = _options_tuple(projections, "projections")
         for projection in projections:
             if not callable(getattr(projection, "apply", None)):
                 raise InvalidCommand("a projection has a name and an apply(view, event) method", field="projections")
@@ -437,6 +470,7 @@ class AgentStore:
             canonical.check_id(name, "projection name")
         if len(set(names)) != len(names):
             raise InvalidCommand("projection names must be distinct", field="projections")
+        _refuse_authority(path)
         try:
             os.makedirs(path, exist_ok=True)
             lock_fd = os.open(os.path.join(path, "agent.lock"), os.O_RDWR | os.O_CREAT, 0o644)
@@ -491,7 +525,13 @@ class AgentStore:
     def close(self) -> None:
         """Close the store once the reads and the local transaction in flight have ended (their
         values may point into LMDB's map); every later call is ``StoreClosed``. Idempotent: a
-        close() interrupted while it waits (``KeyboardInterrupt``) is finished by the next one."""
+        close() interrupted while it waits (``KeyboardInterrupt``) is finished by the next one.
+        In a child forked from the process that opened it, close() only retires this copy: the
+        parent's environment is not closed (LMDB forbids using it across fork()) and no lock is
+        taken (one a parent thread held at the fork would never be released here)."""
+        if self._fork_generation != _fork.generation:
+            self._closed = True
+            return
         with self._gate:
             if self._lock_fd < 0:
                 return  # released already
@@ -515,6 +555,8 @@ class AgentStore:
     def _check_open(self) -> None:
         if self._closed:
             raise StoreClosed("the agent store is closed; open it again")
+        if self._fork_generation != _fork.generation:
+            raise StoreClosed(f"the agent store: {_fork.FORKED_MESSAGE}")
 
     # -- transactions ------------------------------------------------------------------------
 
@@ -544,6 +586,8 @@ class AgentStore:
     @contextlib.contextmanager
     def _read(self) -> Iterator[lmdb.Transaction]:
         """A read transaction that ``close()`` waits for."""
+        if self._fork_generation != _fork.generation:  # before the gate: a parent thread may have held it at the fork
+            raise StoreClosed(f"the agent store: {_fork.FORKED_MESSAGE}")
         with self._gate:
             if self._closed:
                 raise StoreClosed("the agent store is closed; open it again")
@@ -1564,8 +1608,9 @@ def _decode_head(key: bytes, data: bytes) -> GroupHead:
 
 
 def _load_intent(tables: _Tables, txn: lmdb.Transaction, key: str) -> Intent | None:
-    if type(key) is not str or not 0 < len(key) <= limits.ID_CHARS_MAX:
-        raise InvalidCommand("an intent key is a non-empty string", field="intent_key")
+    if type(key) is not str or not 0 < len(key) <= limits.ID_CHARS_MAX or not key.isascii():
+        # keys are hex (work_keys): anything else names no intent, and a lone surrogate would not encode
+        raise InvalidCommand("an intent key is a non-empty ASCII string", field="intent_key")
     group = tables.get(txn, b"intent_group", key.encode())
     if group is None:
         return None

@@ -30,7 +30,10 @@ LEASE_ID_BYTES = 16
 def _text_part(value: object, field: str) -> bytes:
     if type(value) is not str or not value:
         raise InvalidCommand(f"{field} must be a non-empty string", field=field)
-    data = value.encode("utf-8")
+    try:
+        data = value.encode("utf-8")
+    except UnicodeEncodeError:  # a lone surrogate: no UTF-8 spelling, so no stable key
+        raise InvalidCommand(f"{field} must be text UTF-8 can encode (no lone surrogate)", field=field) from None
     return len(data).to_bytes(8, "big") + data
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import itertools
+import json
+import os
 from collections.abc import Callable
 
 from mwpstore import Authority, Command
@@ -65,3 +67,24 @@ def open_with_group(path: str, clock: Callable[[], int] | None = None, group: st
     authority = Authority.open(path, clock=clock)
     authority.accept(group_create(group))
     return authority
+
+
+def in_a_forked_child(calls: list[Callable[[], object]]) -> list[str]:
+    """Run each call in a forked child; return what each raised (its class name) or "ok"."""
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe, never return into pytest
+        outcomes = []
+        for call in calls:
+            try:
+                call()
+                outcomes.append("ok")
+            except BaseException as exc:  # noqa: BLE001 - reported to the parent
+                outcomes.append(type(exc).__name__)
+        os.write(writing, json.dumps(outcomes).encode())
+        os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        data = pipe.read()
+    os.waitpid(pid, 0)
+    return json.loads(data)

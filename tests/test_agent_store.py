@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import struct
 from types import SimpleNamespace
@@ -405,6 +406,95 @@ def test_open_refuses_a_path_that_is_not_a_text_path(path):
     assert caught.value.detail["field"] == "path"
 
 
+@pytest.mark.parametrize(
+    "option, value",
+    [
+        ("map_size", "64"),
+        ("map_size", -1),
+        ("map_size", 1.5),
+        ("map_size", True),
+        ("map_size", 2**64),
+        ("projections", None),
+        ("projections", 5),
+        ("trusted_keys", None),
+        ("trusted_keys", 5),
+        ("trusted_keys", b"k" * 32),
+        ("verify", []),
+        ("verify", None),
+        ("check_lmdb", "yes"),
+    ],
+)
+def test_open_refuses_a_bad_option_before_anything_is_written(tmp_path, option, value):
+    """A bad option raised LMDB's or Python's own error (MWP_ERROR) after the directory, its lock
+    and lmdb/ existed, took map_size=True as 1 byte, and took a key's bytes apart into ints."""
+    path = tmp_path / "agent"
+    with pytest.raises(InvalidCommand) as caught:
+        AgentStore.open(path, **{option: value})
+    assert caught.value.detail["field"] == option
+    assert not path.exists()
+
+
+@pytest.mark.parametrize("leftover", ["authority.lock", "log", "index"])
+def test_open_refuses_an_authoritys_directory(tmp_path, leftover):
+    """An AgentStore opened on an authority's directory put agent.lock and lmdb/ beside its log."""
+    from mwpstore import Authority
+
+    authority_dir = tmp_path / "authority"
+    Authority.open(authority_dir).close()
+    with pytest.raises(InvalidCommand) as caught:
+        AgentStore.open(authority_dir)
+    assert caught.value.detail["field"] == "path"
+    assert sorted(os.listdir(authority_dir)) == ["authority.lock", "index", "log"]
+    only = tmp_path / "only"
+    only.mkdir()
+    if leftover == "authority.lock":
+        (only / leftover).touch()
+    else:
+        (only / leftover).mkdir()
+    with pytest.raises(InvalidCommand):
+        AgentStore.open(only)
+    assert sorted(os.listdir(only)) == [leftover]
+
+
+def test_intent_keys_and_operations_utf8_cannot_encode_are_invalid_command(store):
+    """A lone surrogate in an intent key or operation raised UnicodeEncodeError."""
+    for call in (
+        lambda: store.intent("\ud800"),
+        lambda: store.mark_dispatched("\udcff"),
+        lambda: store.record_receipt("\udcff", {}),
+    ):
+        with pytest.raises(InvalidCommand) as caught:
+            call()
+        assert caught.value.detail["field"] == "intent_key"
+    with store.begin() as tx:
+        with pytest.raises(InvalidCommand) as caught:
+            tx.record_intent(GROUP, mission="m", workitem="w", ownership_epoch=1, operation="\udcff")
+        assert caught.value.detail["field"] == "operation_id"
+    assert store.intents() == []
+
+
+def test_a_handle_used_in_a_forked_child_is_store_closed_and_the_store_stays_intact(tmp_path, events):
+    """A child forked after the open applied and committed into the parent's LMDB environment and
+    closed it, which LMDB forbids across fork()."""
+    from authority_helpers import in_a_forked_child
+
+    agent = AgentStore.open(tmp_path / "a")
+    apply_all(agent, events[:1])
+
+    def child_applies() -> None:
+        with agent.begin() as tx:
+            tx.apply(events[1])
+
+    outcomes = in_a_forked_child([child_applies, lambda: agent.head(GROUP), lambda: agent.cursor(GROUP), agent.close])
+    assert outcomes == ["StoreClosed"] * 3 + ["ok"]  # close() in the child touches nothing
+    assert agent.head(GROUP).applied_seq == 1
+    apply_all(agent, events[1:3])
+    assert agent.head(GROUP).applied_seq == agent.cursor(GROUP) == 3
+    agent.close()
+    with AgentStore.open(tmp_path / "a") as again:
+        assert again.head(GROUP).applied_seq == 3
+
+
 def test_closed_store_refuses_use(tmp_path, events):
     agent = AgentStore.open(tmp_path / "a")
     agent.close()
@@ -694,7 +784,7 @@ def test_nested_begin_in_one_thread_is_refused(store):
             store.begin()
 
 
-def test_a_close_interrupted_while_it_waits_for_a_read_is_finished_by_the_next_close(tmp_path, events):
+def test_a_close_interrupted_while_it_waits_for_a_read_is_finished_by_the_next_close(tmp_path, events, sigint_raises):
     """close() waits for the reads in flight. A KeyboardInterrupt in that wait left the store closed
     to new work but still locked and mapped, and every later close() returned at once."""
     import _thread

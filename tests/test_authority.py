@@ -10,7 +10,7 @@ import threading
 import lmdb
 import pytest
 
-from authority_helpers import GROUP, OWNER, FakeClock, group_create, mission_create, mission_update, open_with_group
+from authority_helpers import GROUP, OWNER, FakeClock, group_create, in_a_forked_child, mission_create, mission_update, open_with_group
 from mwpstore import (
     ActionIdCollision,
     Authority,
@@ -826,29 +826,6 @@ def test_an_index_map_that_fills_at_a_commit_is_storage_failed_naming_the_map(tm
         assert receipt.seq == reopened.head(GROUP)[0] and reopened.verify().ok
 
 
-def _in_a_forked_child(calls):
-    """Run each call in a forked child; return what each raised (its class name) or "ok"."""
-    import json as json_module
-
-    reading, writing = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report through the pipe, never return into pytest
-        outcomes = []
-        for call in calls:
-            try:
-                call()
-                outcomes.append("ok")
-            except BaseException as exc:  # noqa: BLE001 - reported to the parent
-                outcomes.append(type(exc).__name__)
-        os.write(writing, json_module.dumps(outcomes).encode())
-        os._exit(0)
-    os.close(writing)
-    with os.fdopen(reading, "rb") as pipe:
-        data = pipe.read()
-    os.waitpid(pid, 0)
-    return json_module.loads(data)
-
-
 def test_a_handle_used_in_a_forked_child_is_store_closed_and_the_store_stays_intact(tmp_path):
     """A pre-fork server opens the authority, then forks: the child's accept wrote into the log
     at the parent's end, the parent then wrote its next Event over it (a receipt handed out for
@@ -857,7 +834,7 @@ def test_a_handle_used_in_a_forked_child_is_store_closed_and_the_store_stays_int
     store = str(tmp_path / "store")
     authority = open_with_group(store)
     authority.accept(mission_create("m-1"))
-    outcomes = _in_a_forked_child([
+    outcomes = in_a_forked_child([
         lambda: authority.accept(mission_create("m-child")),
         lambda: authority.accept_many([mission_create("m-child-2")]),
         lambda: authority.ack("agent", GROUP, 1),
