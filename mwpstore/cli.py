@@ -235,6 +235,19 @@ def cmd_keys_rotate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_keys_drop(args: argparse.Namespace) -> int:
+    with _open_authority(args, progress=False) as authority:
+        authority.drop_retired_key(args.key_id)
+        trusted = authority.keyring().key_ids
+    document = {"dropped": args.key_id, "trusted": trusted}
+
+    def human() -> None:
+        print(f"retired key {args.key_id} dropped: what it signed no longer verifies here; take new snapshots")
+
+    emit(args, document, human)
+    return EXIT_OK
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -345,13 +358,16 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--high-water", type=_count, default=0, help="refuse snapshots older than this sequence")
     check.set_defaults(handler=cmd_snapshot_verify)
 
-    keys = commands.add_parser("keys", help="list or rotate the snapshot signing key")
+    keys = commands.add_parser("keys", help="list, rotate or drop snapshot signing keys")
     key_commands = keys.add_subparsers(dest="keys_command", metavar="ACTION", required=True)
     key_list = key_commands.add_parser("list", parents=[common, store], help="the current signing key and the retired ones still trusted")
     key_list.set_defaults(handler=cmd_keys_list)
     rotate = key_commands.add_parser("rotate", parents=[common, store], help="sign with a new key from now on; retire the old one")
     rotate.add_argument("--drop-old", action="store_true", help="do not keep trusting the old key (it was compromised)")
     rotate.set_defaults(handler=cmd_keys_rotate)
+    drop = key_commands.add_parser("drop", parents=[common, store], help="stop trusting a retired key found compromised later")
+    drop.add_argument("key_id", help="the retired key's id (16 hex characters, as `keys list` shows)")
+    drop.set_defaults(handler=cmd_keys_drop)
 
     bench = commands.add_parser("bench", help="run the benchmark suite against SQLite and eventsourcing (bench/run_all.py)")
     bench.add_argument("--quick", action="store_true", help="small sizes, a few minutes")

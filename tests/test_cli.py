@@ -84,6 +84,15 @@ def test_keys_rotate_and_list(store, capsys):
     assert code == EXIT_OK and not dropped["old_retired"]
     code, listed = run_json(capsys, ["keys", "list", "--store", store, "--json"])
     assert listed["retired"] == [ref["key_id"]]  # the second key was dropped, the first stays retired
+    code, gone = run_json(capsys, ["keys", "drop", ref["key_id"], "--store", store, "--json"])
+    assert code == EXIT_OK and gone == {"dropped": ref["key_id"], "trusted": [listed["current"]]}
+    code, listed = run_json(capsys, ["keys", "list", "--store", store, "--json"])
+    assert listed["retired"] == []
+    code, report = run_json(capsys, ["verify", "--store", store, "--json"])
+    assert code == EXIT_CHECK_FAILED and "SNAPSHOT_INVALID (key)" in report["problems"][0]  # signed by the dropped key
+    for key_id, error in ((ref["key_id"], "NOT_FOUND"), ("XYZ", "INVALID_COMMAND")):
+        code, refused = run_json(capsys, ["keys", "drop", key_id, "--store", store, "--json"])
+        assert code == 2 and refused["error"]["code"] == error
 
 
 def test_verify_exit_code_when_a_snapshot_is_damaged(store, capsys):
