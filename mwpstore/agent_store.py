@@ -903,8 +903,13 @@ class AgentStore:
         with self.begin() as tx:
             intent = tx._require_intent(intent_key)
             if intent.state not in (IntentState.INTENDED, IntentState.RECONCILED):
+                advice = (
+                    "its receipt is recorded: the side effect happened, do not dispatch it again"
+                    if intent.state == IntentState.DONE
+                    else "reconcile it before any retry"
+                )
                 raise ReconcileRequired(
-                    f"intent {intent_key} is {intent.state.value}; reconcile it before any retry",
+                    f"intent {intent_key} is {intent.state.value}; {advice}",
                     key=intent_key,
                     state=intent.state.value,
                 )

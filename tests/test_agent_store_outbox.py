@@ -237,9 +237,12 @@ def test_only_an_intended_or_reconciled_intent_can_be_marked_dispatched(tmp_path
     elif state == "done":
         agent.record_receipt(intent.key, {"ref": "r-1"})
     before = agent.intent(intent.key)
-    with pytest.raises(ReconcileRequired):
+    with pytest.raises(ReconcileRequired) as caught:
         agent.mark_dispatched(intent.key)
     assert agent.intent(intent.key) == before and before.dispatches == 1
+    # a done intent needs no reconciling: the message says not to dispatch it again
+    assert ("do not dispatch it again" in caught.value.message) == (state == "done")
+    assert ("reconcile it" in caught.value.message) == (state != "done")
     agent.close()
 
 
