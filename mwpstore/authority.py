@@ -781,6 +781,8 @@ class Authority:
         """
         self._refuse_inside_commit("commit")
         self._check_open()  # before self._lock, which a parent thread may have held at a fork
+        for request in unit.requests:
+            _decide_on_what_was_hashed(request)
         with self._lock:
             if self._closed:
                 raise StoreClosed("the authority is closed; open it again")
@@ -1907,6 +1909,20 @@ def _acquire_through_interrupts(gate: threading.Lock) -> None:
             return
         except BaseException:
             continue
+
+
+_CONTENT_DECODER = msgspec.json.Decoder(dict[str, Any])  # canonical bytes are JSON (docs/format/canonical.md)
+
+
+def _decide_on_what_was_hashed(request: _Request) -> None:
+    """Give the request a Command whose body is decoded from its canonical bytes: the caller's
+    body is a dict it may still change (from another thread, or a clock that is called back),
+    and the Event must carry exactly the content its receipt's hash is of. Done where a Command
+    goes to a commit, so a replay answered from its receipt pays nothing."""
+    command = request.command
+    if command is not None and command.body is not None and request.data:
+        body = _CONTENT_DECODER.decode(request.data)["body"]
+        request.command = msgspec.structs.replace(command, body=body)
 
 
 def _abort_quietly(txn: lmdb.Transaction) -> None:

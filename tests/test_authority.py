@@ -11,6 +11,7 @@ import lmdb
 import pytest
 
 from authority_helpers import GROUP, OWNER, FakeClock, group_create, in_a_forked_child, mission_create, mission_update, open_with_group
+from mwpstore import canonical
 from mwpstore import (
     ActionIdCollision,
     Authority,
@@ -1125,3 +1126,34 @@ def test_a_commit_that_would_exceed_the_log_group_bound_refuses_only_the_overflo
         monkeypatch.undo()
         assert authority.accept(mission_create("m-19", action_id="again")).seq == len(accepted) + 2
         assert authority.verify().ok
+
+
+def test_the_event_carries_the_content_its_receipt_hashes_even_if_the_caller_changes_the_body(tmp_path):
+    """The body is the caller's dict. Changed after accept() hashed it (here by a clock the commit
+    calls; another thread of the application does the same), it was recorded in the Event while
+    the receipt's content hash was of the original: a replay of the original then matched a
+    receipt whose Event says something else."""
+    from mwpstore.messages import command_bytes
+
+    body = {"title": "original", "cost_limit": 5}
+    command = Command(actor=OWNER, action_id="mc-mutated", group=GROUP, kind="mission.create", target="m-x", body=body)
+    original = command_bytes(command)
+
+    armed = False
+
+    def meddling_clock() -> int:
+        if armed:  # only once accept() of the command has hashed it
+            body["title"] = "changed"
+            body["cost_limit"] = 999
+        return 1_700_000_000_000
+
+    with open_with_group(str(tmp_path / "s"), clock=meddling_clock) as authority:
+        armed = True
+        receipt = authority.accept(command)
+        armed = False
+        event = authority.read(GROUP, after=receipt.seq - 1, limit=1)[0]
+        assert body["title"] == "changed"  # the clock did run during the commit
+        assert (event.body["title"], event.body["cost_limit"]) == ("original", 5)
+        assert authority.state(GROUP, "mission:m-x")[1]["cost_limit"] == 5
+        assert receipt.content_hash == canonical.content_hash(original)
+        assert authority.accept(Command(actor=OWNER, action_id="mc-mutated", group=GROUP, kind="mission.create", target="m-x", body={"title": "original", "cost_limit": 5})) == receipt
