@@ -88,3 +88,23 @@ def in_a_forked_child(calls: list[Callable[[], object]]) -> list[str]:
         data = pipe.read()
     os.waitpid(pid, 0)
     return json.loads(data)
+
+
+def close_interrupted_while_it_waits(close: Callable[[], object], use: Callable[[], object], reopen: Callable[[], object]) -> None:
+    """Interrupt ``close()`` (KeyboardInterrupt in the main thread, 0.2 s in: while it waits for a
+    read in flight) and check the half-closed state: closed to ``use``, still locked to ``reopen``.
+    Needs SIGINT to raise (the ``sigint_raises`` fixture)."""
+    import _thread
+    import threading
+
+    import pytest
+
+    from mwpstore.errors import StoreClosed, StoreLocked
+
+    threading.Timer(0.2, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt):
+        close()
+    with pytest.raises(StoreClosed):
+        use()
+    with pytest.raises(StoreLocked):
+        reopen()  # not released yet
