@@ -81,6 +81,12 @@ def check_option(check: object) -> None:
         raise InvalidCommand("check_lmdb must be True, False or None (check files up to the size limit)", field="check_lmdb")
 
 
+def check_map_size(map_size: object) -> None:
+    """``InvalidCommand`` unless ``map_size`` is a valid LMDB map size of an open (an int of bytes)."""
+    if type(map_size) is not int or not 0 < map_size <= limits.INT_ABS_MAX:
+        raise InvalidCommand(f"map_size must be an int of bytes in 1..{limits.INT_ABS_MAX}", field="map_size")
+
+
 def check_before_open(directory: str, check: bool | None, *, label: str, remedy: str) -> LmdbCheck | None:
     """The check an open makes before LMDB maps ``directory``'s data file: always with ``check``
     true, never with false, and with None (the default) when the file is at most

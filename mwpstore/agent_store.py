@@ -38,7 +38,7 @@ from . import _canonical_c, _fork, canonical, failpoints, limits
 from ._apply_c import check_run as _check_run
 from ._apply_c import run as _apply_run
 from ._files import store_path
-from ._lmdb_check import check_before_open, check_option
+from ._lmdb_check import check_before_open, check_map_size, check_option
 from ._sealed import KEY_SHOWN_BYTES, SealedTables, open_databases, typed_damage
 from .errors import ReconcileRequired, ProjectionFailed  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import (
@@ -455,8 +455,7 @@ class AgentStore:
             raise InvalidCommand(f"verify must be one of {sorted(VERIFY_MODES)}", field="verify")
         if not callable(clock):
             raise InvalidCommand("clock must be a callable returning int milliseconds", field="clock")
-        if type(map_size) is not int or not 0 < map_size <= limits.INT_ABS_MAX:
-            raise InvalidCommand(f"map_size must be an int of bytes in 1..{limits.INT_ABS_MAX}", field="map_size")
+        check_map_size(map_size)
         check_option(check_lmdb)
         path = store_path(path)
         trusted_keys = _options_tuple(trusted_keys, "trusted_keys")

@@ -46,7 +46,7 @@ from .errors import (
     translate,
 )
 from ._files import makedirs_durable, store_path
-from ._lmdb_check import check_before_open, check_lmdb_file, check_option
+from ._lmdb_check import check_before_open, check_lmdb_file, check_map_size, check_option
 from ._sealed import DAMAGE_ERRORS, KEY_SHOWN_BYTES, damage_of, typed_damage
 from .index import (
     INDEX_FORMAT,
@@ -391,8 +391,7 @@ class Authority:
             raise InvalidCommand("create must be True or False", field="create")
         if type(sync) is not bool:  # None or 0 would have meant the bulk-load mode, not durable
             raise InvalidCommand("sync must be True or False", field="sync")
-        if type(map_size) is not int or not 0 < map_size <= limits.INT_ABS_MAX:
-            raise InvalidCommand(f"map_size must be an int of bytes in 1..{limits.INT_ABS_MAX}", field="map_size")
+        check_map_size(map_size)
         check_segment_bytes(segment_bytes)
         _check_progress(progress)
         if clock is not None and not callable(clock):
@@ -723,7 +722,7 @@ class Authority:
     @_index_errors_typed
     def _lookup_receipt(self, request: _Request) -> Receipt | None:
         """Fast path for replays: the stored receipt, without joining a commit."""
-        self._check_open()
+        self._check_not_failed()  # closed and forked: checked by the read wrapper already
         command = request.command
         assert command is not None
         index = self.index
@@ -737,10 +736,11 @@ class Authority:
             return receipt
 
     def _check_open(self) -> None:
-        if self._closed:
-            raise StoreClosed("the authority is closed; open it again")
-        if self._fork_generation != _fork.generation:
-            raise StoreClosed(f"the authority: {_fork.FORKED_MESSAGE}")
+        """``_check_closed``, and ``StorageFailed`` once a storage failure refuses writes."""
+        self._check_closed()
+        self._check_not_failed()
+
+    def _check_not_failed(self) -> None:
         if self._failure is not None:
             raise StorageFailed(
                 f"the authority refuses writes after a storage failure ({self._failure.message}); reopen it"
@@ -1733,10 +1733,9 @@ class Authority:
         except OSError as exc:
             raise translate(exc, context=f"creating a scratch directory in {self.path}") from None
 
-    def _compare_with_rebuild(self, log: SegmentLog, index: Index, scratch: str | None = None) -> list[str]:
-        """Rebuild an index from ``log`` into a scratch directory (removed afterwards) and compare
-        it with ``index``."""
-        temp = self._scratch_directory("index.verify-") if scratch is None else scratch
+    def _compare_with_rebuild(self, log: SegmentLog, index: Index, temp: str) -> list[str]:
+        """Rebuild an index from ``log`` into the scratch directory ``temp`` (removed afterwards)
+        and compare it with ``index``."""
         try:
             fresh = Index(temp, map_size=self._map_size)
         except BaseException:

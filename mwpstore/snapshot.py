@@ -310,7 +310,7 @@ def drop_retired_key(directory: str, key_id: str) -> None:
     ``InvalidCommand`` (``key_id``) for a string that is no key id, ``NotFound`` when no such key
     is retired (the current key is not: rotate it with ``retire=False`` instead).
     """
-    if type(key_id) is not str or re.fullmatch(r"[0-9a-f]{%d}" % KEY_ID_CHARS, key_id) is None:
+    if type(key_id) is not str or _RETIRED_NAME.fullmatch(f"{key_id}.pub") is None:
         raise InvalidCommand(f"a key id is {KEY_ID_CHARS} lowercase hex characters", field="key_id")
     retired = os.path.join(store_path(directory), RETIRED_DIRECTORY)
     path = os.path.join(retired, f"{key_id}.pub")
