@@ -313,3 +313,23 @@ def test_a_record_whose_fence_names_another_lease_is_refused_at_reconnect_not_re
     outcomes = setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=setup.sync)
     assert [(outcome.state, outcome.error) for outcome in outcomes] == [(BufferedState.REFUSED, "LEASE_MISMATCH")]
     assert setup.submitted == [] and setup.agent.checkpoint(GROUP, "wi1") != {"step": 99}
+
+
+def test_reset_group_keeps_the_agents_own_records(setup):
+    """A rebuild by ``reset_group`` drops what the Events give back and keeps what no Event does:
+    the outbox intent with its state and the Command buffered offline with its binding."""
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    command = setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 1}}, action="cp-1")
+    record = setup.guard.buffer(command, now_ms=now(setup) + 5, reversible=True)
+    with setup.agent.begin() as tx:
+        intent = tx.record_intent(GROUP, mission="m1", workitem="wi1", ownership_epoch=fence["ownership_epoch"],
+                                  operation="notify", request={"to": "ops"})
+    digest = setup.agent.projection_digest()
+    setup.agent.reset_group(GROUP)
+    assert setup.agent.states(GROUP) == {} and setup.agent.cursor(GROUP) == 0
+    assert setup.agent.intents(GROUP) == [intent]
+    [stored] = setup.guard.buffered()
+    assert stored.command == command and stored.binding == record.binding
+    setup.sync()
+    assert setup.agent.projection_digest() == digest
