@@ -393,7 +393,7 @@ class Authority:
             raise InvalidCommand("sync must be True or False", field="sync")
         check_map_size(map_size)
         check_segment_bytes(segment_bytes)
-        _check_progress(progress)
+        progress = checked_progress(progress)
         if clock is not None and not callable(clock):
             raise InvalidCommand("clock must be a callable returning int milliseconds, or None", field="clock")
         self = object.__new__(cls)
@@ -1634,7 +1634,7 @@ class Authority:
         payload keeps its hash), that every Event without its payload has a tombstone, that the
         index equals a rebuild, every snapshot against the store's key, and every kept audit log
         against its Group's signed final snapshot (``key_provider`` as for :meth:`archive`)."""
-        _check_progress(progress)
+        progress = checked_progress(progress)
         self._refuse_inside_commit("verify")  # its comparison waits for the commit role
         log, index = self._pair  # one consistent pair, even if a compaction swaps them meanwhile
         assert index is not None
@@ -1668,6 +1668,8 @@ class Authority:
                     heads[event.group] = (event.seq, event.hash)
                 if progress:
                     progress(batch.next_position - log.start, end - log.start)
+        except _ProgressRaised:
+            raise  # the caller's own callable failed: nothing was found about the store
         except MwpError as exc:
             problems.append(f"{exc.code}: {exc.message}")
             return VerifyReport(records, events, len(heads), problems)
@@ -1778,7 +1780,7 @@ class Authority:
 
         Commits wait meanwhile; readers keep using the previous index until the new one is in place.
         """
-        _check_progress(progress)
+        progress = checked_progress(progress)
         self._refuse_inside_commit("rebuild")
         self._check_open()
         with self._exclusive():
@@ -1895,9 +1897,33 @@ def _check_after(after: object) -> None:
         raise InvalidCommand(f"after must be an integer in 0..{limits.INT_ABS_MAX}", field="after")
 
 
-def _check_progress(progress: object) -> None:
-    if progress is not None and not callable(progress):
+class _ProgressRaised(InvalidCommand):
+    """What a ``progress`` callable raised, typed (see :func:`checked_progress`); a class of its
+    own so that ``verify`` passes it on instead of listing it as a problem of the store."""
+
+
+def checked_progress(progress: object) -> Callable[[int, int], None] | None:
+    """``progress`` checked (a callable or None, else ``InvalidCommand``) and wrapped so that what
+    it raises reaches the caller typed, as the clock's and the key provider's errors do:
+    ``InvalidCommand`` with field ``progress`` and the callable's own exception as its
+    ``__cause__`` (a caller that raises to cancel finds it there). Without the wrapper its
+    ``OSError`` became ``StorageFailed``, a failure of the store's own, and its ``ValueError``
+    passed raw or became an "unexpected error", depending on the call. What is no ``Exception``
+    (``KeyboardInterrupt``) passes unchanged. The operation undoes its partial work first, as
+    for any failure."""
+    if progress is None:
+        return None
+    if not callable(progress):
         raise InvalidCommand("progress must be a callable(done, total) or None", field="progress")
+
+    def report(done: int, total: int) -> None:
+        try:
+            progress(done, total)
+        except Exception as exc:
+            message = f"the progress callable raised {type(exc).__name__}: {exc}"[:300]
+            raise _ProgressRaised(message, field="progress") from exc
+
+    return report
 
 
 def _acquire_through_interrupts(gate: threading.Lock) -> None:

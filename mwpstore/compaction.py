@@ -40,7 +40,7 @@ import msgspec
 
 from . import failpoints
 from ._files import open_regular
-from .errors import InvalidCommand, StorageFailed, translate
+from .errors import MwpError, StorageFailed, translate
 from .messages import Effect, decode_event, encode_event, encode_receipt, receipt_for
 from .segment_log import SegmentLog
 
@@ -111,8 +111,9 @@ def compact(authority: Authority, progress: Callable[[int, int], None] | None = 
     """Compact ``authority``'s log (see the module docstring). Commits wait until it is done."""
     import time
 
-    if progress is not None and not callable(progress):
-        raise InvalidCommand("progress must be a callable(done, total) or None", field="progress")
+    from .authority import checked_progress
+
+    progress = checked_progress(progress)
     authority._check_open()
     started = time.perf_counter()
     path = authority.path
@@ -131,7 +132,7 @@ def compact(authority: Authority, progress: Callable[[int, int], None] | None = 
         except BaseException as exc:
             # Before the marker the old log is the truth: drop the partial copy, keep the handle.
             shutil.rmtree(target, ignore_errors=True)
-            if isinstance(exc, Exception):
+            if isinstance(exc, Exception) and not isinstance(exc, MwpError):  # an MwpError keeps its cause
                 raise translate(exc, context="compacting: writing log.compact") from None
             raise
         try:

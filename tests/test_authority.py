@@ -31,7 +31,7 @@ from mwpstore import (
     Unauthorized,
 )
 from mwpstore.errors import AlreadyExists, UnknownKind
-from mwpstore.index import receipt_key, u64
+from mwpstore.index import receipt_key, remove_index, u64
 from mwpstore.messages import encode_receipt
 from mwpstore.snapshot import SigningKey, SnapshotRef, verify_snapshot
 
@@ -734,6 +734,44 @@ def test_verify_and_rebuild_refuse_a_progress_that_is_not_callable(tmp_path, pro
                 call(progress)
             assert caught.value.field == "progress"
         assert authority.head(GROUP)[0] == 1 and authority.verify().ok
+
+
+class Cancelled(Exception):
+    pass
+
+
+@pytest.mark.parametrize("raised", [Cancelled("stop here"), OSError(28, "No space left on device")])
+def test_what_a_progress_callable_raises_reaches_the_caller_typed_with_the_store_as_it_was(tmp_path, raised):
+    """The same in open, verify, rebuild and compact: ``InvalidCommand`` naming ``progress``, the
+    callable's own exception as the cause. Before, compact turned it into ``StorageFailed`` or
+    an "unexpected error", and open and rebuild turned an ``OSError`` into ``StorageFailed``: an
+    I/O failure of the store's own, which it was not."""
+
+    def progress(done: int, total: int) -> None:
+        raise raised
+
+    def check(call) -> None:
+        with pytest.raises(InvalidCommand) as caught:
+            call()
+        assert caught.value.field == "progress"
+        assert caught.value.__cause__ is raised
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        for number in range(20):
+            authority.accept(mission_create(f"m-{number}"))
+        events = authority.read(GROUP, after=0, limit=100)
+        check(lambda: authority.verify(progress))
+        check(lambda: authority.rebuild(progress))
+        check(lambda: authority.compact(progress))
+        assert authority.read(GROUP, after=0, limit=100) == events
+        assert authority.accept(mission_create("m-after")).seq == 22
+        assert not os.path.exists(os.path.join(path, "log.compact"))
+        assert authority.verify().ok
+    remove_index(os.path.join(path, "index"))  # the next open rebuilds it and reports progress
+    check(lambda: Authority.open(path, progress=progress))
+    with Authority.open(path) as authority:  # the failed open released the store
+        assert authority.head(GROUP)[0] == 22 and authority.verify().ok
 
 
 @pytest.mark.parametrize("retire", [None, 0, "", [], "no", 1])

@@ -15,6 +15,7 @@ from mwpstore import Authority, Command, CursorTooOld, InvalidCommand
 from mwpstore.compaction import MARKER
 from mwpstore.errors import AlreadyExists, GroupArchived, InvalidState, MwpError, StorageFailed, Unauthorized
 from mwpstore.messages import check_event, encode_receipt
+from mwpstore.segment_log import SegmentLog
 from mwpstore.snapshot import SnapshotRef
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -150,11 +151,19 @@ def test_a_failure_while_copying_leaves_the_store_as_it_was(tmp_path):
     with open_with_group(str(tmp_path / "s")) as authority:
         _fill(authority, GROUP, 3)
 
-        def progress(done: int, total: int) -> None:
-            raise OSError(28, "No space left on device")
+        append = SegmentLog.append
 
-        with pytest.raises(StorageFailed):
-            authority.compact(progress=progress)
+        def full_disk(log, records, *args, **kwargs):
+            if log is not authority.log:  # the compacted copy's
+                raise OSError(28, "No space left on device")
+            return append(log, records, *args, **kwargs)
+
+        SegmentLog.append = full_disk  # type: ignore[method-assign]
+        try:
+            with pytest.raises(StorageFailed):
+                authority.compact()
+        finally:
+            SegmentLog.append = append  # type: ignore[method-assign]
         assert not os.path.exists(os.path.join(authority.path, "log.compact"))
         assert authority.accept(mission_create("m-after")).seq == 5
         with pytest.raises(InvalidCommand):
