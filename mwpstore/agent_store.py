@@ -653,21 +653,46 @@ class AgentStore:
 
     @_damage_typed
     def work_queue(self, group: str, now_ms: int, *, limit: int | None = None) -> list[QueueEntry]:
-        """Ready WorkItems of ``group`` at ``now_ms``: priority desc, not-before asc, then ID."""
+        """Ready WorkItems of ``group`` at ``now_ms``: priority desc, not-before asc, then ID.
+
+        Ready means a claim at ``now_ms`` would not be refused for the WorkItem's own sake: it is
+        queued, its not-before time has come, and the mirrored state shows no reason the authority
+        would refuse a claim — attempts used up, cost budget spent, deadline passed, Mission no
+        longer open (docs/agent-store.md, "Work queue"). The last three are read from the mirror
+        here, not kept in the queue's keys: the deadline depends on ``now_ms``, and the queue
+        stays what it was (its keys, and so the projection digest, are unchanged).
+        """
         _check_group(group)
         canonical.check_time_ms(now_ms, "now_ms")
         if limit is not None and (type(limit) is not int or limit < 1):
             raise InvalidCommand("limit must be None or an int >= 1", field="limit")
         prefix = _prefix(group)
         result: list[QueueEntry] = []
+        missions: dict[str, bool] = {}  # Mission ID -> open, read once per call
+        tables = self._tables
         with self._read() as txn:
-            for key, _ in self._tables.range(txn, b"queue", prefix):
+
+            def mission_open(mission: object) -> bool:
+                if type(mission) is not str:
+                    return True
+                if mission not in missions:
+                    data = tables.get(txn, b"state", prefix + b"mission:" + mission.encode())
+                    state = None if data is None else _STATE_DECODER.decode(data)[1]
+                    missions[mission] = state is None or state.get("status", "open") == "open"
+                return missions[mission]
+
+            for key, _ in tables.range(txn, b"queue", prefix):
                 suffix = key[len(prefix) :]
                 not_before_ms = int.from_bytes(suffix[8:16], "big") - _INT64
                 if not_before_ms > now_ms:
                     continue
+                workitem = bytes(suffix[16:]).decode()
+                data = tables.get(txn, b"state", prefix + b"workitem:" + suffix[16:])
+                state = None if data is None else _STATE_DECODER.decode(data)[1]
+                if state is not None and (_claim_refused(state, now_ms) or not mission_open(state.get("mission"))):
+                    continue
                 priority = _INT64 - 1 - int.from_bytes(suffix[:8], "big")
-                result.append(QueueEntry(bytes(suffix[16:]).decode(), priority, not_before_ms))
+                result.append(QueueEntry(workitem, priority, not_before_ms))
                 if limit is not None and len(result) >= limit:
                     break
         return result
@@ -1580,6 +1605,24 @@ def _queue_suffix_for(workitem: str, state: dict[str, Any] | None) -> bytes | No
     if not -_INT64 < priority < _INT64 or not -_INT64 <= not_before_ms < _INT64:
         return None
     return _queue_suffix(workitem, priority, not_before_ms)
+
+
+def _claim_refused(state: dict[str, Any], now_ms: int) -> bool:
+    """Whether the mirrored state of a queued WorkItem shows that the authority would refuse any
+    claim at ``now_ms``: its attempts are used up, its cost budget is spent or its deadline has
+    passed (the checks of ``workitems._decide_claim``). A field that is missing or not an int
+    proves nothing: the WorkItem stays listed."""
+    contract = state.get("contract")
+    if type(contract) is not dict:
+        return False
+    attempt, max_attempts = state.get("attempt"), contract.get("max_attempts")
+    if type(attempt) is int and type(max_attempts) is int and attempt >= max_attempts:
+        return True
+    spent, cost_limit = state.get("cost_spent"), contract.get("cost_limit")
+    if type(spent) is int and type(cost_limit) is int and spent >= cost_limit:
+        return True
+    deadline_ms = contract.get("deadline_ms")
+    return type(deadline_ms) is int and now_ms >= deadline_ms
 
 
 def _load_head(tables: _Tables, txn: lmdb.Transaction, group: str) -> GroupHead:

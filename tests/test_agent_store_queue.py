@@ -1,0 +1,108 @@
+"""The AgentStore's work queue against the real work-model rules: it lists a WorkItem exactly when
+the authority would take a claim of it at that time, as far as the WorkItem's own state decides.
+
+The Group is driven by ``MemoryGroup`` through the test harness; its Events reach the AgentStore
+through ``tx.apply``, as they would through delivery.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from agent_store_support import ChainBuilder, workitem_state
+from mwpstore.agent_store import AgentStore
+from mwpstore.errors import AttemptsExhausted, BudgetExceeded, DeadlinePassed, InvalidState
+from mwpstore.registry import ENGINE_ACTOR
+from work_model_support import CONTRACT, GROUP, Harness
+
+
+@pytest.fixture
+def agent(tmp_path):
+    store = AgentStore.open(tmp_path / "agent")
+    yield store
+    store.close()
+
+
+def sync(harness: Harness, agent: AgentStore) -> None:
+    with agent.begin() as tx:
+        for event in harness.group.events[agent.head(GROUP).applied_seq :]:
+            tx.apply(event)
+        tx.advance_cursor(GROUP)
+
+
+def listed(agent: AgentStore, now_ms: int) -> list[str]:
+    return [entry.workitem for entry in agent.work_queue(GROUP, now_ms)]
+
+
+def claimable(harness: Harness, workitem: str) -> bool:
+    """Whether the authority takes a claim of ``workitem`` now (the claim is not kept)."""
+    before = len(harness.group.events)
+    try:
+        harness.claim("w2", workitem)
+    except (AttemptsExhausted, BudgetExceeded, DeadlinePassed, InvalidState):
+        return False
+    assert len(harness.group.events) == before + 1
+    return True
+
+
+def test_work_that_no_claim_can_take_is_not_listed(agent):
+    """Attempts used up (after a checkpoint, and after a lapse swept by ``lease.expire``), cost
+    budget spent, deadline passed: each WorkItem is queued, and each claim of it is refused.
+    Listed, every agent reading the queue would try it and be refused, round after round."""
+    h = Harness().setup(workitems=())
+    h.create_workitem("ready")
+    h.create_workitem("checkpointed", contract={**CONTRACT, "max_attempts": 1})
+    h.create_workitem("lapsed", contract={**CONTRACT, "max_attempts": 1})
+    h.create_workitem("spent")
+    deadline_ms = h.now_ms + 5_000
+    h.create_workitem("deadline", contract={**CONTRACT, "deadline_ms": deadline_ms})
+    h.claim_and_start("w1", "checkpointed")
+    h.accept("w1", "workitem.checkpoint", "checkpointed", {**h.fence("checkpointed"), "checkpoint": {"step": 1}})
+    h.claim_and_start("w1", "spent")
+    h.accept("w1", "workitem.charge", "spent", {**h.fence("spent"), "cost": CONTRACT["cost_limit"]})
+    h.accept("w1", "workitem.checkpoint", "spent", {**h.fence("spent"), "checkpoint": {"step": 1}})
+    lease = h.claim_and_start("w1", "lapsed")
+    h.advance(CONTRACT["lease_ms"] + 1)
+    h.accept(ENGINE_ACTOR, "lease.expire", "lapsed", {"lease_id": lease["lease_id"]})
+    assert {name: state["state"] for name, state in h.workitem_states()} == dict.fromkeys(
+        ["checkpointed", "deadline", "lapsed", "ready", "spent"], "queued"
+    )
+    sync(h, agent)
+    assert listed(agent, h.now_ms) == ["deadline", "ready"]
+    assert [name for name in ("checkpointed", "lapsed", "spent") if claimable(h, name)] == []
+
+    assert listed(agent, deadline_ms - 1) == ["deadline", "ready"]
+    h.now_ms = deadline_ms  # the deadline comes: from then on no claim, and not listed
+    assert listed(agent, deadline_ms) == ["ready"]
+    assert not claimable(h, "deadline")
+    assert claimable(h, "ready")
+
+
+def test_work_of_a_closed_mission_is_not_listed(agent):
+    h = Harness().setup(workitems=("wi1", "wi2"))
+    h.accept("owner", "mission.create", "m2", {"title": "two", "cost_limit": 100, "approval_required": []})
+    h.accept("owner", "workitem.create", "other", {"mission": "m2", "contract": dict(CONTRACT)})
+    sync(h, agent)
+    assert listed(agent, h.now_ms) == ["other", "wi1", "wi2"]
+    h.accept("owner", "mission.close", "m1", {})
+    sync(h, agent)
+    assert listed(agent, h.now_ms) == ["other"]
+    assert not claimable(h, "wi1") and claimable(h, "other")
+
+
+def test_a_queue_entry_whose_state_proves_nothing_stays_listed(agent):
+    """Only evidence removes an entry: a contract without the fields, or fields that are no ints,
+    or a Mission the mirror does not hold, leave the WorkItem listed as before."""
+    chain = ChainBuilder(GROUP)
+    odd = workitem_state("m1", "queued", attempt=5)  # the support's contract has max_attempts 3
+    odd["contract"] = {"max_attempts": "3", "cost_limit": None, "deadline_ms": 1.5}
+    plain = workitem_state("m1", "queued", attempt=2)
+    plain.pop("contract")
+    used = workitem_state("m1", "queued", attempt=3)
+    for name, state in (("odd", odd), ("plain", plain), ("used", used)):
+        chain.event("workitem.create", f"workitem:{name}", {f"workitem:{name}": state})
+    with agent.begin() as tx:
+        for event in chain.events:
+            tx.apply(event)
+        tx.advance_cursor(GROUP)
+    assert listed(agent, 10**12) == ["odd", "plain"]
