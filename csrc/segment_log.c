@@ -1060,8 +1060,41 @@ static uint64_t log_write_bytes(const struct sl_log *log, uint64_t offset, uint6
     return target - offset;
 }
 
-/* Seal the active segment and start the next one. Every step is durable before the next. */
+/* Replace the empty active segment with an empty one of next_segment_bytes. A group that does not
+ * fit an empty segment but fits the next size (the log was reopened with a larger segment_bytes)
+ * lands here. Sealing instead would be wrong: a seal takes no position, so the next segment would
+ * be named like this one and renamed over it, while readers still map the sealed file. The
+ * creation renames over the old file, so a crash leaves either segment, each a valid empty one. */
+static int log_replace_empty(struct sl_log *log, struct sl_fault *fault) {
+    const struct sl_io *io = log->io;
+    int rc = io->close_file(io->context, log->fd);
+    log->fd = -1;
+    if (rc != 0) {
+        return log_fail(log, fault, rc);
+    }
+    rc = sl_segment_create(io, log->directory, log->log_id, log->first_position,
+                           log->next_segment_bytes, fault);
+    if (rc != SL_OK) {
+        log->failed = 1;
+        return rc;
+    }
+    char path[SL_PATH_BYTES_MAX];
+    SL_ASSERT(segment_path(path, sizeof(path), log->directory, log->first_position, "") == SL_OK);
+    rc = io->open_file(io->context, path, &log->fd);
+    if (rc != 0) {
+        return log_fail(log, fault, rc);
+    }
+    log->segment_bytes = log->next_segment_bytes;
+    log->zeroed_until = SL_SEGMENT_HEADER_BYTES;
+    return SL_OK;
+}
+
+/* Seal the active segment and start the next one. Every step is durable before the next. An
+ * empty active segment is replaced instead (log_replace_empty). */
 static int log_roll(struct sl_log *log, struct sl_fault *fault) {
+    if (log->end_position == log->first_position) {
+        return log_replace_empty(log, fault);
+    }
     uint8_t seal[SL_SEAL_FRAME_BYTES];
     uint64_t offset = offset_of(&(struct sl_header){.first_position = log->first_position},
                                 log->end_position);

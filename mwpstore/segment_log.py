@@ -862,6 +862,12 @@ class SegmentLog:
         elif state.sealed and not active.sealed:  # sealed, then creating the next segment failed
             active.sealed_used_bytes = _HEADER_BYTES + end - active.first_position + _SEAL_BYTES
             active.sealed = True
+        elif int(state.segment_bytes) != int(active.header.segment_bytes):
+            # The empty active segment was too small for the group and the writer replaced it
+            # with a larger one under the same name: a map of the old file would show nothing of
+            # the group, and its header the old size.
+            active.unmap()
+            self._segments = self._segments[:-1] + (self._load_header(active.path, first_position),)
         self._end = end
 
     def sync(self) -> None:

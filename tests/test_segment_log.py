@@ -135,6 +135,39 @@ def test_reopen_with_another_segment_size_keeps_old_segments(tmp_path):
         assert log.segments()[-1].size_bytes == 2 * SMALL
 
 
+def test_an_empty_active_segment_too_small_for_a_group_is_replaced_not_sealed(tmp_path):
+    """A log reopened with larger segments whose active segment is still empty, given a group only
+    the larger size holds: the writer sealed the empty segment, then created its successor under
+    the same name (a seal takes no position) and renamed it over the sealed file. The handle's
+    map and header were of the old file, so the acknowledged group read as "not a record" until
+    a reopen, and a crash between the two steps left a segment sealed at its own first position.
+    Now the empty segment is replaced by a larger one under its name, which the handle maps."""
+    directory = tmp_path / "log"
+    SegmentLog.open(directory, segment_bytes=SMALL).close()
+    record = b"r" * (SMALL + 1000)
+    recorder = RecordingIO(directory=str(directory))
+    with SegmentLog.open(directory, segment_bytes=4 * SMALL, io=recorder) as log:
+        recorder.mark("begin")
+        assert log.append([record]) == [0]
+        recorder.mark("acknowledged")
+        assert log.read(0) == record
+        assert scan_all(log) == [(0, record)]
+        assert [(info.first_position, info.size_bytes, info.sealed) for info in log.segments()] == [(0, 4 * SMALL, False)]
+        assert log.verify() == 1
+    operations = recorder.operations
+    acknowledged_at = operations.index(("mark", "acknowledged", None))
+    for crash_at in range(operations.index(("mark", "begin", None)), len(operations) + 1):
+        target = tmp_path / f"crash-{crash_at}"
+        write_crash_state(crash_state(operations, crash_at, random.Random(crash_at)), str(directory), str(target))
+        with SegmentLog.open(target, segment_bytes=4 * SMALL) as reopened:
+            assert [info.first_position for info in reopened.segments()] == [0]
+            found = scan_all(reopened)
+            assert found == [(0, record)] if crash_at > acknowledged_at else found in ([], [(0, record)])
+            end = reopened.end
+            assert reopened.append([b"next"]) == [end]
+            assert reopened.read(end) == b"next"
+
+
 def test_scan_end_and_next_position(tmp_path):
     with SegmentLog.open(tmp_path) as log:
         positions = [log.append([bytes([i]) * i])[0] for i in range(1, 20)]
