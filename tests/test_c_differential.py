@@ -318,7 +318,9 @@ HEADER_FORGERIES = {
     "segment_bytes_small": dict(segment_bytes=4096),
     "segment_bytes_unaligned": dict(segment_bytes=SEGMENT_BYTES + 8),
     "segment_bytes_huge": dict(segment_bytes=2**40),
+    "segment_bytes_largest": dict(segment_bytes=limits.SEGMENT_BYTES_MAX),  # valid: the bound is inclusive
     "reserved": dict(reserved=bytes(19) + b"\x01"),
+    "reserved_first": dict(reserved=b"\x01" + bytes(19)),
     "other_log": dict(log_id=LOG_ID + 1),
 }
 
