@@ -411,6 +411,25 @@ def test_a_record_whose_group_a_seal_cuts_off_is_never_served(scratch, clean_mar
     assert c_read(scratch) == expected
 
 
+@pytest.mark.parametrize("sealed", [False, True], ids=["active_segment", "sealed_segment"])
+def test_a_commit_of_no_records_is_commit_mismatch_in_both_readers(scratch, sealed):
+    """A commit frame that names itself as its group's start, with a count of zero and the
+    checksum of no frames: intact, and what an empty group would end with, but the format has
+    none (a group is 1 to 65536 records). Nothing tested the lower bound: recovery and scans that
+    took such a commit as a group served the log as valid, where the reference refuses it."""
+    group, position = _group(0, [b"one"])
+    empty = _commit(position, position, 0, _seed(LOG_ID))
+    later, end = _group(position + 32, [b"two"])
+    if sealed:
+        path = _write(scratch, 0, _header(0) + group + empty + later + _seal(end, 0), full=False)
+        _write(scratch, end, _header(end), full=True)
+    else:
+        path = _write(scratch, 0, _header(0) + group + empty + later, full=True)
+    expected = ("corruption", "commit_mismatch", path, 64 + position)
+    assert reference_read(scratch) == expected
+    assert c_read_recovered(scratch) == expected
+
+
 @pytest.mark.parametrize("name", [f"{0:020d}.seg\n", "\u0660" * 20 + ".seg", "\uff10" * 20 + ".seg", f"{0:020d}.seg.x"])
 def test_a_file_named_almost_like_a_segment_is_ignored_by_both_readers(scratch, name):
     """Found here: "\\d{20}\\.seg$" took a name ending in a newline, or spelled with other
