@@ -102,6 +102,34 @@ def test_torn_tail_is_truncated(scratch):
     assert len(content) == SMALL
 
 
+def test_a_torn_group_is_cut_from_its_start_not_from_its_damage(scratch):
+    """A torn group whose first record frame reached the disk whole: the cut starts at the group,
+    so that record is zeroed too. A cut at the damaged frame would leave it behind the end, where
+    every open finds the group torn again and a clean close's marker is never trusted (it wants
+    zeros after the end)."""
+    groups = build(scratch, [[b"kept"]])
+    path = segment_paths(scratch)[0]
+    end = frame_bytes(4) + 32
+    with open(path, "rb") as file:
+        content = file.read()
+    whole_record = content[HEADER : HEADER + frame_bytes(4)]  # an intact record frame, moved to the end
+    record = whole_record[:8] + struct.pack("<Q", end) + whole_record[16:]
+    record = struct.pack("<I", _frame_checksum(record, content)) + record[4:]
+    damage(path, HEADER + end, record + struct.pack("<IIQ", 0x12345678, (1 << 28) | 8, end + len(record)))
+    assert visible(scratch, readonly=False) == groups[0]
+    with open(path, "rb") as file:
+        content = file.read()
+    assert content[HEADER + end :] == bytes(SMALL - HEADER - end)
+    with SegmentLog.open(scratch, segment_bytes=SMALL) as log:
+        assert log.end == end
+
+
+def _frame_checksum(frame: bytes, segment: bytes) -> int:
+    """The frame checksum (docs/format/segment.md): CRC-32C of the log id bytes, then the frame
+    from byte 4, for the log whose segment header is at the start of ``segment``."""
+    return lib.sl_crc32c(0, segment[16:24] + frame[4:], 8 + len(frame) - 4)
+
+
 def test_zeroed_preallocated_space_is_end_of_log(scratch):
     groups = build(scratch, [[b"a"], [b"b"]])
     with open(segment_paths(scratch)[0], "rb") as file:
