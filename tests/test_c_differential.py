@@ -430,6 +430,38 @@ def test_a_commit_of_no_records_is_commit_mismatch_in_both_readers(scratch, seal
     assert c_read_recovered(scratch) == expected
 
 
+@pytest.mark.parametrize("sealed", [False, True], ids=["active_segment", "sealed_segment"])
+def test_a_group_of_more_records_than_the_bound_is_group_too_many_in_both_readers(sealed):
+    """GROUP_RECORDS_MAX + 1 empty record frames under a commit that counts them all, in a 2 MiB
+    segment: every frame and the commit verify, but no writer makes such a group. Only the
+    bound refuses it, and no test reached the bound, so recovery or a scan without it passed."""
+    directory = scratch_directory()
+    try:
+        count = limits.GROUP_RECORDS_MAX + 1
+        frames, group_checksum = [], _seed(LOG_ID)
+        for index in range(count):
+            frame = _frame(RECORD, b"", 16 * index)
+            frames.append(frame)
+            group_checksum = crc32c(frame[:4], group_checksum)
+        end = 16 * count + 32
+        body = b"".join(frames) + _commit(16 * count, 0, count, group_checksum)
+        segment_bytes = 2 * 1024 * 1024
+        if sealed:
+            path = _write(directory, 0, _header(0, segment_bytes=segment_bytes) + body + _seal(end, 0), full=False)
+            _write(directory, end, _header(end), full=True)
+        else:
+            path = _write(directory, 0, _header(0, segment_bytes=segment_bytes) + body, full=False)
+        expected = ("corruption", "group_too_many", path, 64 + 16 * limits.GROUP_RECORDS_MAX)
+        assert reference_read(directory) == expected
+        assert c_read_recovered(directory) == expected
+        if not sealed:  # the open's recovery refuses it, before any scan: a writer never appends after it
+            with pytest.raises(Corruption) as caught:
+                SegmentLog.open(directory, readonly=True)
+            assert caught.value.detail["reason"] == "group_too_many"
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
 @pytest.mark.parametrize("name", [f"{0:020d}.seg\n", "\u0660" * 20 + ".seg", "\uff10" * 20 + ".seg", f"{0:020d}.seg.x"])
 def test_a_file_named_almost_like_a_segment_is_ignored_by_both_readers(scratch, name):
     """Found here: "\\d{20}\\.seg$" took a name ending in a newline, or spelled with other
