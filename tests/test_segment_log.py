@@ -191,6 +191,19 @@ def test_scanned_records_are_bytes_the_caller_keeps(tmp_path):
     assert kept == b"first"
 
 
+def test_a_new_log_directory_is_made_durable_in_its_parent(tmp_path):
+    """The directory a new log creates is an entry of its parent: without a sync of the parent, a
+    power cut can take the directory, and every acknowledged group in it, away. The crash model
+    does not see directories as entries, so the order of the calls is what is checked: the
+    parent is synced before the first segment is created in the new directory."""
+    recorder = RecordingIO()
+    with SegmentLog.open(tmp_path / "a" / "log", io=recorder) as log:
+        log.append([b"first"])
+    operations = recorder.operations
+    first_create = next(index for index, operation in enumerate(operations) if operation[0] == "create")
+    assert ("dirsync", str(tmp_path / "a")) in operations[:first_create]
+
+
 def test_readonly_does_not_lock_or_write(tmp_path):
     with SegmentLog.open(tmp_path) as writer:
         writer.append([b"one"])
