@@ -204,6 +204,23 @@ def test_a_new_log_directory_is_made_durable_in_its_parent(tmp_path):
     assert ("dirsync", str(tmp_path / "a")) in operations[:first_create]
 
 
+def test_a_group_whose_sync_failed_is_never_visible_to_readers(tmp_path):
+    """The end a failed append publishes is the end before it: readers of the same handle never
+    see a group whose fdatasync failed (its bytes may be in the page cache, never on disk)."""
+    recorder = RecordingIO()
+    with SegmentLog.open(tmp_path / "log", io=recorder) as log:
+        kept = log.append([b"kept"])
+        end = log.end
+        recorder.fail_sync_at = recorder.sync_calls
+        with pytest.raises(StorageFailed):
+            log.append([b"failed"])
+        assert recorder.failures == 1
+        assert log.end == end
+        assert scan_all(log) == [(kept[0], b"kept")]
+        with pytest.raises(InvalidCommand):
+            log.read(end)
+
+
 def test_readonly_does_not_lock_or_write(tmp_path):
     with SegmentLog.open(tmp_path) as writer:
         writer.append([b"one"])
