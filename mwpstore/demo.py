@@ -22,10 +22,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._files import store_path
 from .agent_store import AgentStore
 from .authority import Authority
 from .delivery import Delivery, FaultyTransport
-from .errors import ActionIdCollision, ApprovalRequired, InvalidCommand, MwpError, Rejection
+from .errors import ActionIdCollision, ApprovalRequired, InvalidCommand, MwpError, Rejection, translate
 from .messages import Command, encode_receipt
 from .snapshot import check_snapshot_ref
 
@@ -77,15 +78,39 @@ class _Counter:
 
 
 def _prepare_directory(directory: str) -> None:
+    """Empty (or create) the demo's directory. What cannot be a demo directory is refused as bad
+    input (``INVALID_COMMAND``, field ``directory``) before anything is written or deleted: a
+    path that is not a directory, a directory the demo did not create (it would delete it), or a
+    symbolic link (the demo deletes what it names, never what a link leads to)."""
+    if os.path.islink(directory.rstrip(os.sep) or directory):  # "link/" names the link too
+        raise InvalidCommand(f"{directory} is a symbolic link; give the demo directory itself", field="directory")
     if os.path.exists(directory):
         if not os.path.isdir(directory):
-            raise MwpError(f"{directory} exists and is not a directory")
+            raise InvalidCommand(f"{directory} exists and is not a directory", field="directory")
         if os.listdir(directory) and not os.path.exists(os.path.join(directory, MARKER)):
-            raise MwpError(f"{directory} is not empty and is not a demo directory; choose another (mwpstore demo DIR)")
-        shutil.rmtree(directory)
-    os.makedirs(directory)
-    with open(os.path.join(directory, MARKER), "w", encoding="utf-8") as handle:
-        handle.write("created by `mwpstore demo`; deleted and recreated on every run\n")
+            raise InvalidCommand(
+                f"{directory} is not empty and is not a demo directory; choose another (mwpstore demo DIR)", field="directory"
+            )
+        try:
+            shutil.rmtree(directory)
+        except OSError as exc:
+            raise translate(exc, context=f"emptying {directory}") from exc
+    parent = os.path.dirname(os.path.abspath(directory))
+    if _existing_ancestor_is_a_file(parent):
+        raise InvalidCommand(f"{directory}: a part of its path is a file, not a directory", field="directory")
+    try:
+        os.makedirs(directory)
+        with open(os.path.join(directory, MARKER), "w", encoding="utf-8") as handle:
+            handle.write("created by `mwpstore demo`; deleted and recreated on every run\n")
+    except OSError as exc:
+        raise translate(exc, context=f"creating {directory}") from exc
+
+
+def _existing_ancestor_is_a_file(path: str) -> bool:
+    """Whether the nearest existing ancestor of ``path`` (itself included) is not a directory."""
+    while not os.path.lexists(path):
+        path = os.path.dirname(path)
+    return not os.path.isdir(path)
 
 
 class _Agent:
@@ -172,6 +197,7 @@ def run_demo(directory: str, *, agents: int = 4, workitems: int = 200, json_outp
     for name, value, low, high in (("agents", agents, 2, 16), ("workitems", workitems, 10, 100_000)):
         if type(value) is not int or not low <= value <= high:
             raise InvalidCommand(f"{name} must be a whole number in {low}..{high} (got {value!r})", field=name)
+    directory = store_path(directory)  # a path the stores would refuse is refused before the directory is made
     _prepare_directory(directory)
     report = Report()
     counter = _Counter()

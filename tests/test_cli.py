@@ -34,8 +34,48 @@ def test_demo_runs_end_to_end_and_every_check_passes(tmp_path, capsys):
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "precious.txt").write_text("keep me")
-    assert main(["demo", str(foreign)]) == EXIT_STORE_ERROR
+    assert main(["demo", str(foreign)]) == EXIT_USAGE
     assert (foreign / "precious.txt").read_text() == "keep me"
+
+
+def _demo_directories(tmp_path):
+    """Paths that cannot be a demo directory, each beside what must survive the refusal."""
+    afile = tmp_path / "afile"
+    afile.write_text("keep me")
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "precious.txt").write_text("keep me")
+    demo = tmp_path / "real-demo"
+    demo.mkdir()
+    (demo / ".mwpstore-demo").write_text("")
+    (demo / "result.txt").write_text("keep me")
+    (tmp_path / "link").symlink_to(demo)
+    return {
+        "a file": (str(afile), "directory"),
+        "a foreign directory": (str(foreign), "directory"),
+        "below a file": (str(afile / "sub"), "directory"),
+        "a link to a demo directory": (str(tmp_path / "link"), "directory"),
+        "the link with a slash": (str(tmp_path / "link") + "/", "directory"),
+        "an empty path": ("", "path"),
+        "a name that is not UTF-8": (str(tmp_path / "\udcff"), "path"),
+    }
+
+
+@pytest.mark.parametrize("case", ["a file", "a foreign directory", "below a file", "a link to a demo directory",
+                                  "the link with a slash", "an empty path", "a name that is not UTF-8"])
+def test_a_demo_directory_that_cannot_be_one_is_bad_input_and_nothing_changes(tmp_path, capsys, case):
+    """`demo FILE` was a store error (exit 3, code MWP_ERROR); a path below a file, a symbolic link
+    or an empty path raised an untyped OSError (a traceback, exit 1); a name the stores refuse
+    was refused only after its directory had been created."""
+    directory, field = _demo_directories(tmp_path)[case]
+    before = sorted((str(path), path.is_file() and path.read_text()) for path in tmp_path.rglob("*"))
+    assert main(["demo", directory, "--agents", "2", "--workitems", "10", "--json"]) == EXIT_USAGE
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert document["ok"] is False and document["error"]["code"] == "INVALID_COMMAND"
+    assert document["error"]["detail"]["field"] == field
+    assert captured.err.startswith("mwpstore: INVALID_COMMAND: ")
+    assert sorted((str(path), path.is_file() and path.read_text()) for path in tmp_path.rglob("*")) == before
 
 
 @pytest.fixture
