@@ -273,10 +273,19 @@ def _scenario(
     work_started = time.perf_counter()
     head_before = authority.head(GROUP)[0]
     threads = [threading.Thread(target=_work, args=(agent, report, lock, stop, random.Random(i)), name=agent.name) for i, agent in enumerate(workers)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    except BaseException:
+        # Interrupted (Ctrl-C): the workers finish the WorkItem in hand and stop before the stores
+        # they use are closed; closed under them, each would end in a StoreClosed traceback.
+        stop.set()
+        for thread in threads:
+            if thread.ident is not None:  # started
+                thread.join()
+        raise
     seconds = time.perf_counter() - work_started
     transitions = authority.head(GROUP)[0] - head_before
     report.figures["work phase transitions per second"] = transitions / seconds if seconds else 0.0

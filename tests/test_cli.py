@@ -6,11 +6,12 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
 from authority_helpers import GROUP, mission_create, open_with_group
-from mwpstore.cli import EXIT_BROKEN_PIPE, EXIT_CHECK_FAILED, EXIT_OK, EXIT_STORE_ERROR, EXIT_USAGE, main
+from mwpstore.cli import EXIT_BROKEN_PIPE, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_STORE_ERROR, EXIT_USAGE, main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -77,6 +78,39 @@ def test_a_demo_directory_that_cannot_be_one_is_bad_input_and_nothing_changes(tm
     assert captured.err.startswith("mwpstore: INVALID_COMMAND: ")
     assert sorted((str(path), path.is_file() and path.read_text()) for path in tmp_path.rglob("*")) == before
 
+
+
+def test_an_interrupted_demo_stops_its_workers_before_it_closes_the_stores(tmp_path, monkeypatch, sigint_raises):
+    """Ctrl-C while the workers ran closed the authority under them: every worker thread ended in
+    a StoreClosed traceback on standard error after the command had already exited 130."""
+    import signal
+    import threading
+
+    from mwpstore import demo
+
+    working = threading.Event()
+
+    def work(agent, report, lock, stop, rng):
+        working.set()
+        while not stop.is_set():
+            agent.authority.head(demo.GROUP)  # StoreClosed once the authority is closed
+            time.sleep(0.01)
+
+    failures = []
+    monkeypatch.setattr(demo, "_work", work)
+    monkeypatch.setattr(threading, "excepthook", lambda args: failures.append(args.exc_value))
+    main_thread = threading.main_thread().ident
+
+    def interrupt():
+        working.wait(60)
+        signal.pthread_kill(main_thread, signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    assert main(["demo", str(tmp_path / "demo"), "--agents", "2", "--workitems", "10"]) == EXIT_INTERRUPTED
+    workers = [thread for thread in threading.enumerate() if thread.name.startswith("agent-")]
+    for thread in workers:
+        thread.join(10)
+    assert failures == [] and not [thread for thread in workers if thread.is_alive()]
 
 @pytest.fixture
 def store(tmp_path):
