@@ -106,8 +106,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_tail(args: argparse.Namespace) -> int:
+    from .errors import NotFound
+
     with _open_authority(args, progress=False) as authority:
         head = authority.head(args.group)[0]
+        if head == 0:  # every Group that exists has at least its group.create Event
+            # `Authority.read` answers [] for a Group not created yet, so that a consumer in the
+            # process that will create it can start first. Here no one can: the command holds the
+            # store's lock, `-f` included. A mistyped name must not look like an empty Group
+            # (`snapshot create` of one is NOT_FOUND as well).
+            raise NotFound(f"group {args.group!r} does not exist", field="group")
         # The last N Events that are retained: a Group with a replay floor (a window, or archived
         # and compacted) serves nothing below it, and the default must not ask for that.
         floor = authority.replay_floor(args.group)[0]
@@ -332,7 +340,7 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("group")
     tail.add_argument("-n", "--lines", type=_count, default=20, help="last N Events (default %(default)s)")
     tail.add_argument("--after", type=_count, default=None, help="start after this sequence instead")
-    tail.add_argument("-f", "--follow", action="store_true", help="keep printing new Events")
+    tail.add_argument("-f", "--follow", action="store_true", help="then keep waiting for new Events (the command holds the store's lock: no other process appends meanwhile)")
     tail.add_argument("--timeout", type=_seconds, default=None, help="stop following after this many seconds")
     tail.set_defaults(handler=cmd_tail)
 

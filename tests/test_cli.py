@@ -187,6 +187,20 @@ def test_tail_prints_events(store, capsys):
     assert [json.loads(line)[1] for line in lines] == [4, 5, 6]
 
 
+
+@pytest.mark.parametrize("follow", [[], ["-f", "--timeout", "0.2"]])
+def test_tail_of_a_group_that_does_not_exist_is_not_found(store, capsys, follow):
+    """A mistyped Group printed nothing and exited 0, like a Group without Events (there is none:
+    each has its group.create); with -f it waited for a Group no other process could create
+    while the command held the store's lock."""
+    assert main(["tail", "g-missing", "--store", store, *follow, "--json"]) == EXIT_USAGE
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["error"] == {"code": "NOT_FOUND", "message": "group 'g-missing' does not exist",
+                                                 "detail": {"field": "group"}}
+    assert "NOT_FOUND" in captured.err
+    assert main(["tail", GROUP, "--store", store, "--after", "6", "--json"]) == EXIT_OK  # exists, nothing after 6
+    assert capsys.readouterr().out == ""
+
 def test_tail_of_a_group_with_a_replay_floor_starts_at_the_floor(tmp_path, capsys):
     """`tail GROUP` (the last 20) of a Group with a replay window asked for Events below its
     floor: CURSOR_TOO_OLD, exit 3, though the store was fine and the retained Events readable."""
