@@ -2,22 +2,27 @@
 
 Exit codes (stable, for scripts): 0 success; 1 a check failed (verify, demo, torture found a
 violation); 2 bad usage or bad input; 3 a store error (locked, corrupt, I/O: the message says
-which); 130 interrupted; 141 the reader of standard output went away. ``--json`` prints one JSON document on standard output instead of tables.
+which), standard output that cannot be written (a full disk, a closed descriptor) and any error
+the engine does not type; 130 interrupted; 141 the reader of standard output went away.
+``--json`` prints one JSON document on standard output instead of tables; when the command fails
+(a command line that does not parse and an interrupt included) that document is
+``{"ok": false, "error": {"code", "message", "detail"}}``. Messages go to standard error.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import math
 import os
 import sys
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from . import __version__
-from .errors import MwpError, StoreNotFound
+from .errors import InvalidCommand, MwpError, StoreNotFound
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -319,11 +324,11 @@ def _seconds(text: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mwpstore", description="mwpstore: an embedded storage engine for the Mission Work Protocol.")
+    parser = _Parser(prog="mwpstore", description="mwpstore: an embedded storage engine for the Mission Work Protocol.")
     parser.add_argument("--version", action="version", version=f"mwpstore {__version__}")
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
-    store = argparse.ArgumentParser(add_help=False)
+    store = _Parser(add_help=False)
     store.add_argument("--store", default=os.environ.get("MWPSTORE_STORE", "mwpstore-data/authority"), help="the authority's directory (default: %(default)s)")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
@@ -391,40 +396,183 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    arguments = list(sys.argv[1:] if argv is None else argv)
+    _protect_standard_streams()
+    real_output = sys.stdout
+    sys.stdout = _StandardOutput(real_output)
     try:
-        return _run(args)
+        code = _parse_and_run(arguments)
+        # Written out here, not at the interpreter's exit, where a failure could only be reported
+        # as "Exception ignored" and exit status 120.
+        sys.stdout.flush()
+        return code
     except BrokenPipeError:
         # The reader went away (`mwpstore inspect --json | head`), also before an error document:
-        # stop quietly. Later writes to stdout, the interpreter's own flush at exit included, go
-        # nowhere.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        os.close(devnull)
+        # stop quietly.
+        _discard_standard_output(real_output)
         return EXIT_BROKEN_PIPE
+    except _OutputFailed as failure:
+        _discard_standard_output(real_output)
+        print(f"mwpstore: cannot write standard output: {failure.error.strerror or failure.error}", file=sys.stderr)
+        return EXIT_STORE_ERROR
+    finally:
+        sys.stdout = real_output
+
+
+def _parse_and_run(arguments: list[str]) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(arguments)
+    except _ParserRefused as refused:
+        refused.parser.print_usage(sys.stderr)
+        print(f"{refused.parser.prog}: error: {refused.message}", file=sys.stderr)
+        if "--json" in (arguments[: arguments.index("--")] if "--" in arguments else arguments):
+            error = InvalidCommand(refused.message, field="arguments", command=refused.parser.prog)
+            print(json.dumps({"ok": False, "error": error.to_dict()}, sort_keys=True))
+        return EXIT_USAGE
+    except SystemExit as done:  # --help, --version: printed, and flushed by main like any output
+        return done.code if isinstance(done.code, int) else EXIT_USAGE
+    return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
-    """The command's exit code; what it raises (but BrokenPipeError) turned into its exit code."""
+    """The command's exit code; what it raises (but errors writing standard output) turned into its exit code."""
     try:
         return int(args.handler(args))
     except UsageError as exc:
         print(f"mwpstore: {exc}", file=sys.stderr)
         return EXIT_USAGE
     except MwpError as exc:
-        if getattr(args, "json", False):
-            print(json.dumps({"ok": False, "error": exc.to_dict()}, default=_json_default, sort_keys=True))
-        print(f"mwpstore: {exc.code}: {exc.message}", file=sys.stderr)
-        from .errors import CursorTooOld, Rejection, SnapshotInvalid
-
-        # A Rejection (INVALID_COMMAND, NOT_FOUND, ...) refused the input and changed nothing; so
-        # did an open that found no store, and a `tail --after` below the Group's replay floor.
-        if isinstance(exc, (Rejection, StoreNotFound, CursorTooOld)):
-            return EXIT_USAGE
-        return EXIT_CHECK_FAILED if isinstance(exc, SnapshotInvalid) else EXIT_STORE_ERROR
+        return _report_error(args, exc)
     except KeyboardInterrupt:
+        if getattr(args, "json", False):
+            print(json.dumps({"ok": False, "error": {"code": "INTERRUPTED", "message": "interrupted", "detail": {}}}, sort_keys=True))
         return EXIT_INTERRUPTED
+    except (BrokenPipeError, _OutputFailed):
+        raise
+    except Exception as exc:
+        # Not an error the engine types (a bug, or a foreign error that escaped translation):
+        # exit 1 is reserved for a failed check, so report it as the store error it is
+        # translated to, with the traceback for the bug report.
+        import traceback
+        from .errors import translate
+
+        traceback.print_exc(file=sys.stderr)
+        return _report_error(args, translate(exc, context=args.command))
+
+
+def _report_error(args: argparse.Namespace, exc: MwpError) -> int:
+    from .errors import CursorTooOld, Rejection, SnapshotInvalid
+
+    if getattr(args, "json", False):
+        print(json.dumps({"ok": False, "error": exc.to_dict()}, default=_json_default, sort_keys=True))
+    print(f"mwpstore: {exc.code}: {exc.message}", file=sys.stderr)
+    # A Rejection (INVALID_COMMAND, NOT_FOUND, ...) refused the input and changed nothing; so
+    # did an open that found no store, and a `tail --after` below the Group's replay floor.
+    if isinstance(exc, (Rejection, StoreNotFound, CursorTooOld)):
+        return EXIT_USAGE
+    return EXIT_CHECK_FAILED if isinstance(exc, SnapshotInvalid) else EXIT_STORE_ERROR
+
+
+# -- standard streams -----------------------------------------------------------------------------
+
+
+class _ParserRefused(Exception):
+    """The command line did not parse: raised in place of argparse's exit so that it is answered
+    like any bad input (exit 2, and with --json the error document)."""
+
+    def __init__(self, parser: argparse.ArgumentParser, message: str) -> None:
+        super().__init__(message)
+        self.parser = parser
+        self.message = message
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise _ParserRefused(self, message)
+
+
+class _OutputFailed(Exception):
+    """Writing standard output failed for a reason other than a reader gone away."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _StandardOutput:
+    """``sys.stdout`` while a command runs: a write that fails (a full disk behind ``> file``, a
+    closed descriptor) is told apart from the command's own errors. A reader gone away stays a
+    BrokenPipeError (exit 141)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _OutputFailed(exc) from exc
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError as exc:
+            raise _OutputFailed(exc) from exc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+class _ClosedOutput:
+    """Standard output of a process started with descriptor 1 closed (``mwpstore inspect >&-``)."""
+
+    def write(self, text: str) -> int:
+        raise OSError(errno.EBADF, "standard output is closed")
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _protect_standard_streams() -> None:
+    """Put /dev/null on each of descriptors 0, 1 and 2 that the process was started without.
+
+    Otherwise the first files a store opens take those numbers, and a write meant for standard
+    output or error (the C core's assertion message) lands in a store file. Messages for a closed
+    standard error are dropped; output for a closed standard output is an error (exit 3)."""
+    closed = []
+    for descriptor in (0, 1, 2):
+        try:
+            os.fstat(descriptor)
+        except OSError:
+            opened = os.open(os.devnull, os.O_RDWR)
+            if opened != descriptor:
+                os.dup2(opened, descriptor)
+                os.close(opened)
+            closed.append(descriptor)
+    if sys.stderr is None or 2 in closed:
+        sys.stderr = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115 - lives as long as the process
+    if sys.stdout is None or 1 in closed:
+        sys.stdout = _ClosedOutput()
+
+
+def _discard_standard_output(stream: Any) -> None:
+    """Send later writes to standard output, the interpreter's own flush at exit included, to
+    /dev/null: what is still buffered cannot be delivered, and must not fail again at exit."""
+    try:
+        descriptor = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # a stream without a descriptor: nothing flushes it at exit
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, descriptor)
+    os.close(devnull)
 
 
 if __name__ == "__main__":  # pragma: no cover

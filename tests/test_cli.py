@@ -230,9 +230,8 @@ def test_tail_of_a_group_with_a_replay_floor_starts_at_the_floor(tmp_path, capsy
 
 def test_usage_errors(tmp_path, capsys):
     assert main(["inspect", "--store", str(tmp_path / "missing")]) == EXIT_USAGE
-    with pytest.raises(SystemExit) as caught:
-        main(["no-such-command"])
-    assert caught.value.code == 2
+    assert main(["no-such-command"]) == EXIT_USAGE
+    assert "invalid choice: 'no-such-command'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -305,6 +304,113 @@ def test_a_reader_that_goes_away_before_the_error_document_ends_the_command_quie
     assert b"Traceback" not in command.stderr, command.stderr.decode()
 
 
+
+def _mwpstore(argv, **options):
+    """``python -m mwpstore ARGV`` as a shell runs it: Python's default buffering (not the
+    unbuffered output a test environment may set), standard error captured."""
+    environment = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    environment["PYTHONPATH"] = os.pathsep.join(sys.path)
+    return subprocess.run([sys.executable, "-m", "mwpstore", *argv], stderr=subprocess.PIPE, timeout=120,
+                          env=environment, **options)
+
+
+@pytest.mark.parametrize("argv", [["inspect"], ["inspect", "--json"], ["keys", "list", "--json"], ["verify", "--json", "--store", "nowhere"]])
+def test_a_reader_gone_before_buffered_output_is_written_ends_the_command_quietly(tmp_path, monkeypatch, argv):
+    """The output stayed in Python's buffer until the interpreter's exit, whose failed flush
+    printed "Exception ignored ... BrokenPipeError" and exited 120 instead of 141 (the other tests
+    ran with PYTHONUNBUFFERED set, which hid it). The last case is an error document."""
+    monkeypatch.chdir(tmp_path)
+    open_with_group("store").close()
+    argv = [*argv, "--store", "store"] if "--store" not in argv else argv
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        completed = _mwpstore(argv, stdout=write_end)
+    finally:
+        os.close(write_end)
+    assert completed.returncode == EXIT_BROKEN_PIPE, completed.stderr.decode()
+    assert b"Exception ignored" not in completed.stderr and b"Traceback" not in completed.stderr
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+@pytest.mark.parametrize("json_flag", [[], ["--json"]])
+def test_standard_output_that_cannot_be_written_is_an_io_error(tmp_path, json_flag):
+    """`inspect > /dev/full` (a full disk behind the redirection) ended in a traceback, exit 1 (a
+    failed check) or 120."""
+    store = str(tmp_path / "store")
+    open_with_group(store).close()
+    with open("/dev/full", "w") as full:
+        completed = _mwpstore(["inspect", "--store", store, *json_flag], stdout=full)
+    assert completed.returncode == EXIT_STORE_ERROR
+    assert completed.stderr.decode().strip() == "mwpstore: cannot write standard output: No space left on device"
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_a_closed_standard_stream_is_not_reused_for_a_store_file(tmp_path):
+    """Started with descriptors 1 and 2 closed, the store's first files took those numbers (a
+    write meant for standard error, such as the C core's assertion message, would land in one);
+    with standard error closed every command exited 1 (sys.stderr was None); with standard
+    output closed the output was dropped and the command exited 0."""
+    store = str(tmp_path / "store")
+    open_with_group(store).close()
+    seen = str(tmp_path / "seen")
+    script = (
+        "import os, sys\n"
+        "import mwpstore.authority as module\n"
+        "from mwpstore.cli import main\n"
+        "original = module.Authority.info\n"
+        "def info(self):\n"
+        "    with open(sys.argv[1], 'w') as out:\n"
+        "        out.write(' '.join(os.readlink(f'/proc/self/fd/{fd}') for fd in (1, 2)))\n"
+        "    return original(self)\n"
+        "module.Authority.info = info\n"
+        "sys.exit(main(sys.argv[2:]))\n"
+    )
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def run(close):
+        return subprocess.run([sys.executable, "-c", script, seen, "inspect", "--store", store, "--json"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=environment, timeout=120,
+                              preexec_fn=lambda: [os.close(descriptor) for descriptor in close])
+
+    completed = run((1, 2))
+    assert completed.returncode == EXIT_STORE_ERROR  # the output could not be written (and its message had nowhere to go)
+    assert open(seen).read() == f"{os.devnull} {os.devnull}"
+    completed = run((2,))
+    assert completed.returncode == EXIT_OK
+    completed = run((1,))
+    assert completed.returncode == EXIT_STORE_ERROR
+    assert completed.stderr.decode().strip() == "mwpstore: cannot write standard output: standard output is closed"
+
+
+def test_an_interrupted_command_with_json_prints_a_json_document(store, capsys, monkeypatch):
+    """Ctrl-C (exit 130) left standard output empty: a script reading --json got nothing."""
+    from mwpstore.authority import Authority
+
+    def interrupted(self, progress=None):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Authority, "verify", interrupted)
+    assert main(["verify", "--store", store, "--json"]) == EXIT_INTERRUPTED
+    assert json.loads(capsys.readouterr().out) == {"ok": False, "error": {"code": "INTERRUPTED", "message": "interrupted", "detail": {}}}
+    assert main(["verify", "--store", store]) == EXIT_INTERRUPTED
+    assert capsys.readouterr().out == ""
+
+
+def test_an_error_the_engine_does_not_type_is_a_store_error_not_a_failed_check(store, capsys, monkeypatch):
+    """An untyped exception escaping a command ended in Python's traceback and exit 1, which
+    scripts read as "a check failed"."""
+    from mwpstore.authority import Authority
+
+    def broken(self):
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(Authority, "info", broken)
+    assert main(["inspect", "--store", store, "--json"]) == EXIT_STORE_ERROR
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["error"]["code"] == "STORAGE_FAILED"
+    assert "Traceback" in captured.err and "mwpstore: STORAGE_FAILED: I/O error (inspect)" in captured.err
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -315,10 +421,28 @@ def test_a_reader_that_goes_away_before_the_error_document_ends_the_command_quie
     ],
 )
 def test_bad_numbers_are_usage_errors(store, capsys, argv):
-    with pytest.raises(SystemExit) as caught:
-        main([*argv, *(["--store", store] if argv[0] == "tail" else [])])
-    assert caught.value.code == EXIT_USAGE
-    assert "error: argument" in capsys.readouterr().err
+    assert main([*argv, *(["--store", store] if argv[0] == "tail" else [])]) == EXIT_USAGE
+    captured = capsys.readouterr()
+    assert "error: argument" in captured.err and captured.out == ""
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "--agents", "1.5"], ["demo", "a", "b"], ["tail", "--store", "s", "-n", "x"], ["tail"],
+        ["snapshot", "verify", "f"], ["keys", "drop"], ["keys", "rotate", "extra"], ["torture", "--seed", "1e3"],
+        ["inspect", "--no-such-option"], ["snapshot"],
+    ],
+)
+def test_a_command_line_that_does_not_parse_with_json_prints_a_json_document(capsys, argv):
+    """argparse's refusals printed only usage on standard error (and main raised SystemExit): a
+    script reading --json got nothing on standard output."""
+    assert main([*argv, "--json"]) == EXIT_USAGE
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert document["ok"] is False and document["error"]["code"] == "INVALID_COMMAND"
+    assert document["error"]["detail"]["field"] == "arguments"
+    assert document["error"]["message"] in captured.err and "usage: mwpstore" in captured.err
 
 
 def test_a_cursor_beyond_any_sequence_is_a_usage_error_not_damage(store, capsys):
