@@ -389,7 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
     torture = commands.add_parser("torture", parents=[common], help="run the reliability suites (crash, power loss, corruption, fsync failure, fuzzing)")
     torture.add_argument("--suite", action="append", default=None, help="run only this suite (repeatable); default: all")
     torture.add_argument("--count", type=_count, default=None, help="iterations per suite (default: the suite's short CI count)")
-    torture.add_argument("--seconds", type=_seconds, default=None, help="time budget per suite instead of a count")
+    torture.add_argument("--seconds", type=_seconds, default=None, help="time budget per suite instead of a count: no iteration starts after it, so a suite "
+                         "ends within it plus the iteration under way (a fuzz input, a crash-suite child, a "
+                         "concurrency round of at least 4 s) and about a second to stop fuzz's atheris child")
     torture.add_argument("--seed", type=int, default=1, help="random seed (default %(default)s)")
     torture.set_defaults(handler=cmd_torture)
     return parser

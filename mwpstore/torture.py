@@ -2163,16 +2163,30 @@ def _hypothesis_inputs(target: str, samples: list[bytes], examples: int, seed: i
 
 
 ATHERIS_SCRIPT = """
-import sys
+import os, sys, time
 sys.path.insert(0, {root!r})
+deadline = {deadline!r}  # the wall-clock end of a time budget (None with a count of runs)
+runs = [0]
+
+def stop_at_the_deadline():
+    # libFuzzer's -max_total_time counts whole seconds from its own start, after the instrumented
+    # imports below: it alone would overrun a time budget by seconds.
+    if deadline is not None and time.time() >= deadline:
+        sys.stderr.write(f"Done {{runs[0]}} runs (the time budget ended)\\n")
+        sys.stderr.flush()
+        os._exit(0)
+
 import atheris
 with atheris.instrument_imports():
     import mwpstore.messages, mwpstore.segment_log, mwpstore.snapshot, mwpstore.audit_log, mwpstore.agent_store, mwpstore.canonical, mwpstore._lmdb_check, mwpstore.authority
 from mwpstore.errors import MwpError
 from mwpstore.torture import FUZZ_TARGETS, FuzzContext, fuzz_one
 context = FuzzContext({work!r})
+stop_at_the_deadline()
 
 def test(data):
+    stop_at_the_deadline()
+    runs[0] += 1
     if not data:
         return
     try:
@@ -2184,6 +2198,9 @@ atheris.Setup([sys.argv[0], "-runs={runs}", "-seed={seed}", "-timeout={timeout}"
                "-max_total_time={seconds}", {corpus!r}], test)
 atheris.Fuzz()
 """
+ATHERIS_STOP_SECONDS = 1.0
+"""How long past the end of a time budget the atheris child may take to stop before it is killed
+(it stops by itself at its first input after the end; this covers a child still importing)."""
 
 
 def atheris_available() -> bool:
@@ -2195,9 +2212,12 @@ def atheris_available() -> bool:
         return False
 
 
-def _run_atheris(context: FuzzContext, runs: int, seconds: int, seed: int, findings: Findings) -> int:
+def _run_atheris(context: FuzzContext, runs: int, seconds: int, seed: int, findings: Findings,
+                 until: float | None = None) -> int:
     """Coverage-guided fuzzing of every target in one child (libFuzzer exits the process when
-    done): an input's first byte chooses the target, the rest is the target's bytes."""
+    done): an input's first byte chooses the target, the rest is the target's bytes. ``until``
+    (monotonic) ends a time budget: the child stops at its first input after it, and is killed
+    if it is still starting ``ATHERIS_STOP_SECONDS`` later."""
     work = tempfile.mkdtemp(prefix="atheris-", dir=context.root)
     corpus = os.path.join(work, "corpus")
     os.makedirs(corpus)
@@ -2205,12 +2225,21 @@ def _run_atheris(context: FuzzContext, runs: int, seconds: int, seed: int, findi
         for index, sample in enumerate(context.samples[target]):
             with open(os.path.join(corpus, f"seed-{target}-{index}"), "wb") as handle:
                 handle.write(bytes([number]) + sample)
-    script = ATHERIS_SCRIPT.format(root=REPO_ROOT, work=os.path.join(work, "context"), runs=runs,
+    deadline = None if until is None else time.time() + (until - time.monotonic())
+    script = ATHERIS_SCRIPT.format(root=REPO_ROOT, work=os.path.join(work, "context"), runs=runs, deadline=deadline,
                                    seed=seed + 1, timeout=int(FUZZ_INPUT_SECONDS_MAX) + 1, max_len=FUZZ_INPUT_BYTES_MAX,
                                    seconds=max(1, seconds), corpus=corpus)
     os.makedirs(os.path.join(work, "context"))
-    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=work,
-                           timeout=seconds + 300, env=dict(os.environ, **{BOOT_ID_ENV: "fuzz"}))
+    wait = seconds + 300 if until is None else max(0.0, until - time.monotonic()) + ATHERIS_STOP_SECONDS
+    try:
+        child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=work,
+                               timeout=wait, env=dict(os.environ, **{BOOT_ID_ENV: "fuzz"}))
+    except subprocess.TimeoutExpired as stopped:
+        if until is None:
+            raise
+        # Killed at the end of the budget (still importing): whatever it ran counts, no verdict.
+        output = stopped.stderr or ""
+        child = subprocess.CompletedProcess(stopped.cmd, 0, "", output.decode(errors="replace") if isinstance(output, bytes) else output)
     done = 0
     for line in child.stderr.splitlines():
         if line.startswith("Done ") and " runs " in line:
@@ -2243,10 +2272,14 @@ def run_fuzz(count: int | None = None, seconds: float | None = None, seed: int =
     """Seeded mutations and hypothesis for every target; atheris too when it is installed.
 
     With a count, each target gets an equal share: half seeded mutations, half hypothesis, and
-    (with atheris) as many coverage-guided runs again. With a time budget the same shares of time.
+    (with atheris) as many coverage-guided runs again. With a time budget the same shares of time,
+    the set-up included: the run ends within ``seconds`` plus the input running at the end (a hang
+    is cut at ``FUZZ_INPUT_SECONDS_MAX``) and the time to stop the atheris child
+    (``ATHERIS_STOP_SECONDS``) and clean up.
     """
     started = time.monotonic()
     total = count if count is not None else (None if seconds is not None else DEFAULT_COUNTS["fuzz"])
+    budget_end = None if total is not None else started + float(seconds or 0)
     findings = Findings()
     tallies: dict[str, dict[str, dict[str, int]]] = {}
     inputs = 0
@@ -2258,35 +2291,41 @@ def run_fuzz(count: int | None = None, seconds: float | None = None, seed: int =
         context = FuzzContext(root)
         try:
             split = 3 if has_atheris else 2
-            share_seconds = (seconds or 0) / len(FUZZ_TARGETS) / split
+            # With a time budget every phase ends at a fixed point of it (what a phase overran,
+            # the next ones give back), and atheris has what is left of it.
+            phases_started = time.monotonic()
+            share_seconds = 0.0 if budget_end is None else max(0.0, budget_end - phases_started) / len(FUZZ_TARGETS) / split
             for number, target in enumerate(FUZZ_TARGETS):
                 tally = tallies.setdefault(target, {"mutation": {}, "hypothesis": {}})
                 samples = context.samples[target]
                 per_target = None if total is None else max(2, total // len(FUZZ_TARGETS) * 2 // split)
-                deadline = time.monotonic() + share_seconds
+                deadline = phases_started + (2 * number + 1) * share_seconds
                 done = 0
                 while (done < per_target // 2) if per_target is not None else time.monotonic() < deadline:
                     _run_input(target, mutate(rng.choice(samples), rng, samples), context, findings, tally["mutation"])
                     done += 1
                 inputs += done
                 examples = (per_target - per_target // 2) if per_target is not None else 10**9
-                stop_at = None if per_target is not None else time.monotonic() + share_seconds
-                ran = _hypothesis_inputs(target, samples, examples, seed + number,
-                                         lambda data: _run_input(target, data, context, findings, tally["hypothesis"]),
-                                         deadline=stop_at)
+                stop_at = None if per_target is not None else phases_started + (2 * number + 2) * share_seconds
+                if stop_at is not None and time.monotonic() >= stop_at:
+                    ran = 0  # its share is spent already: not even hypothesis's start-up
+                else:
+                    ran = _hypothesis_inputs(target, samples, examples, seed + number,
+                                             lambda data: _run_input(target, data, context, findings, tally["hypothesis"]),
+                                             deadline=stop_at)
                 if ran < 0:
                     hypothesis_missing = True
                 else:
                     inputs += ran
                 if progress:
                     progress(number + 1, len(FUZZ_TARGETS) + int(has_atheris))
-            if has_atheris:
+            if has_atheris and (budget_end is None or time.monotonic() < budget_end):
                 runs = max(1, total // split) if total is not None else 100_000_000
                 limit = int(share_seconds * len(FUZZ_TARGETS)) if total is None else 900
-                atheris_runs = _run_atheris(context, runs, limit, seed, findings)
+                atheris_runs = _run_atheris(context, runs, limit, seed, findings, until=budget_end)
                 inputs += atheris_runs
-                if progress:
-                    progress(len(FUZZ_TARGETS) + 1, len(FUZZ_TARGETS) + 1)
+            if has_atheris and progress:
+                progress(len(FUZZ_TARGETS) + 1, len(FUZZ_TARGETS) + 1)
         finally:
             context.close()
     notes = []
@@ -2294,6 +2333,9 @@ def run_fuzz(count: int | None = None, seconds: float | None = None, seed: int =
         notes.append("atheris is not installed: coverage-guided fuzzing skipped (pip install 'mwpstore[fuzz]')")
     if hypothesis_missing:
         notes.append("hypothesis is not installed: property-based inputs skipped (pip install 'mwpstore[test]')")
+    if has_atheris and budget_end is not None and atheris_runs == 0:
+        notes.append("atheris ran no input: its share of the time budget ended while it was starting "
+                     "(its instrumented imports take seconds); give more --seconds")
     for note in notes:
         print(f"fuzz: {note}", file=sys.stderr)
     return _result("fuzz", seed, inputs, started, findings, {

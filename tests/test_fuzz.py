@@ -143,6 +143,26 @@ def test_fuzz_short_run():
     assert result["details"]["hypothesis"]
 
 
+
+def test_a_time_budget_bounds_the_fuzz_run(capsys):
+    """`torture --suite fuzz --seconds 2` ran about 10 s: the atheris child got its share as
+    libFuzzer's -max_total_time, in whole seconds (at least 1, run to 2) counted from libFuzzer's
+    start, after seconds of instrumented imports. Now the budget ends at a fixed time, set-up
+    included, and the child stops (or is stopped) there."""
+    import time
+
+    seconds = 1.0
+    started = time.monotonic()
+    result = torture.run_fuzz(seconds=seconds, seed=3)
+    elapsed = time.monotonic() - started
+    # the stated margin: the input running at the end (milliseconds here) and stopping the child
+    assert elapsed < seconds + torture.ATHERIS_STOP_SECONDS + 1.5, elapsed
+    assert result["violations"] == 0, "\n".join(result["details"]["violation_messages"][:3])
+    assert result["iterations"] > 0
+    if result["details"]["atheris"] and result["details"]["atheris_runs"] == 0:
+        assert "atheris ran no input" in " ".join(result["details"]["notes"])
+    capsys.readouterr()
+
 def test_fuzz_without_atheris_says_so(monkeypatch, capsys):
     monkeypatch.setattr(torture, "atheris_available", lambda: False)
     result = torture.run_fuzz(count=60, seed=2)
