@@ -207,6 +207,15 @@ def cmd_snapshot_create(args: argparse.Namespace) -> int:
 def cmd_snapshot_verify(args: argparse.Namespace) -> int:
     from .snapshot import Keyring, read_snapshot_file, verify_snapshot
 
+    from . import canonical, limits
+
+    # A name that cannot be a Group's or an Organization's, or a high-water mark beyond every
+    # sequence, is bad input (exit 2); it is not a snapshot that failed its check (exit 1).
+    for name, value in (("group", args.group), ("org", args.org)):
+        if value is not None:
+            canonical.check_id(value, name)
+    if args.high_water > limits.INT_ABS_MAX:
+        raise InvalidCommand(f"--high-water must be at most {limits.INT_ABS_MAX}", field="high_water")
     keyring = Keyring()
     for key_path in args.trust:
         keyring.add_file(key_path)
@@ -388,8 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     torture = commands.add_parser("torture", parents=[common], help="run the reliability suites (crash, power loss, corruption, fsync failure, fuzzing)")
     torture.add_argument("--suite", action="append", default=None, help="run only this suite (repeatable); default: all")
-    torture.add_argument("--count", type=_count, default=None, help="iterations per suite (default: the suite's short CI count)")
-    torture.add_argument("--seconds", type=_seconds, default=None, help="time budget per suite instead of a count: no iteration starts after it, so a suite "
+    budget = torture.add_mutually_exclusive_group()  # given both, one would be ignored
+    budget.add_argument("--count", type=_count, default=None, help="iterations per suite (default: the suite's short CI count)")
+    budget.add_argument("--seconds", type=_seconds, default=None, help="time budget per suite instead of a count: no iteration starts after it, so a suite "
                          "ends within it plus the iteration under way (a fuzz input, a crash-suite child, a "
                          "concurrency round of at least 4 s) and about a second to stop fuzz's atheris child")
     torture.add_argument("--seed", type=int, default=1, help="random seed (default %(default)s)")

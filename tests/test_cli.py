@@ -270,6 +270,29 @@ def test_torture_refusing_its_options_with_json_prints_a_json_document(capsys, a
     assert document["error"]["detail"]["field"] == field
 
 
+
+def test_torture_refuses_a_count_and_a_time_budget_together(capsys):
+    """Given both, the count won and --seconds was ignored without a word."""
+    assert main(["torture", "--suite", "nosuch", "--count", "1", "--seconds", "1", "--json"]) == EXIT_USAGE
+    document = json.loads(capsys.readouterr().out)
+    assert document["error"]["detail"]["field"] == "arguments"
+    assert "not allowed with argument" in document["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "options, field",
+    [(["--group", "no/such group"], "group"), (["--org", ""], "org"), (["--high-water", str(2**63)], "high_water")],
+)
+def test_snapshot_verify_refuses_what_no_snapshot_could_match_as_bad_input(store, capsys, options, field):
+    """A --group or --org that is no valid name, or a --high-water mark beyond every sequence,
+    was reported as a snapshot failing its check (SNAPSHOT_INVALID, exit 1)."""
+    code, ref = run_json(capsys, ["snapshot", "create", GROUP, "--store", store, "--json"])
+    public_key = os.path.join(store, "keys", "snapshot-signing.pub")
+    code, document = run_json(capsys, ["snapshot", "verify", os.path.join(store, ref["location"]), "--trust", public_key,
+                                       *options, "--json"])
+    assert code == EXIT_USAGE
+    assert document["error"]["code"] == "INVALID_COMMAND" and document["error"]["detail"]["field"] == field
+
 def test_a_reader_that_goes_away_ends_the_command_quietly(tmp_path):
     store = str(tmp_path / "store")
     open_with_group(store).close()
