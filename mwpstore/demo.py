@@ -154,6 +154,18 @@ class _Agent:
 
 
 def _work(agent: _Agent, report: Report, lock: threading.Lock, stop: threading.Event, rng: random.Random) -> None:
+    """A worker thread's body. An error ends the worker as a failed check that carries it, in the
+    report (and its --json document), rather than as a traceback on standard error beside a
+    report that only counts the WorkItems left over."""
+    try:
+        _work_until_done(agent, report, lock, stop, rng)
+    except Exception as exc:
+        error = translate(exc, context=agent.name)
+        with lock:
+            report.check(f"{agent.name} worked to the end without an error", False, f"{error.code}: {error.message}")
+
+
+def _work_until_done(agent: _Agent, report: Report, lock: threading.Lock, stop: threading.Event, rng: random.Random) -> None:
     """Claim, start, renew ×3, publish, charge, submit — until no ready WorkItem is left."""
     idle_rounds = 0
     stale = True

@@ -112,6 +112,27 @@ def test_an_interrupted_demo_stops_its_workers_before_it_closes_the_stores(tmp_p
         thread.join(10)
     assert failures == [] and not [thread for thread in workers if thread.is_alive()]
 
+
+def test_a_worker_that_meets_an_error_fails_a_check_of_the_demo_report(tmp_path, capsys, monkeypatch):
+    """A worker thread ended by an error died with a traceback on standard error; the report only
+    said that some WorkItems were not submitted, and its --json document did not carry the error."""
+    import threading
+
+    from mwpstore.agent_store import AgentStore
+    from mwpstore.errors import StorageFailed
+
+    def failing(self, *arguments, **options):
+        raise StorageFailed("the disk went away", reason="test")
+
+    failures = []
+    monkeypatch.setattr(AgentStore, "work_queue", failing)  # only the worker threads ask for it
+    monkeypatch.setattr(threading, "excepthook", lambda args: failures.append(args.exc_value))
+    code, document = run_json(capsys, ["demo", str(tmp_path / "demo"), "--agents", "2", "--workitems", "10", "--json"])
+    assert code == EXIT_CHECK_FAILED and failures == []
+    failed = {check["name"]: check["detail"] for check in document["checks"] if not check["ok"]}
+    assert failed["agent-1 worked to the end without an error"] == "STORAGE_FAILED: the disk went away"
+    assert failed["agent-2 worked to the end without an error"] == "STORAGE_FAILED: the disk went away"
+
 @pytest.fixture
 def store(tmp_path):
     path = str(tmp_path / "store")
