@@ -205,9 +205,8 @@ def cmd_snapshot_create(args: argparse.Namespace) -> int:
 
 
 def cmd_snapshot_verify(args: argparse.Namespace) -> int:
-    from .snapshot import Keyring, read_snapshot_file, verify_snapshot
-
     from . import canonical, limits
+    from .snapshot import Keyring, read_snapshot_file, verify_snapshot
 
     # A name that cannot be a Group's or an Organization's, or a high-water mark beyond every
     # sequence, is bad input (exit 2); it is not a snapshot that failed its check (exit 1).
