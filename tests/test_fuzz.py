@@ -155,13 +155,15 @@ def test_a_time_budget_bounds_the_fuzz_run(capsys):
     started = time.monotonic()
     result = torture.run_fuzz(seconds=seconds, seed=3)
     elapsed = time.monotonic() - started
-    # the stated margin: the input running at the end (milliseconds here) and stopping the child
-    assert elapsed < seconds + torture.ATHERIS_STOP_SECONDS + 1.5, elapsed
+    # the stated margin (the input running at the end, milliseconds here, and stopping the
+    # child), with room for a loaded machine: the old overrun was several seconds past it
+    assert elapsed < seconds + torture.ATHERIS_STOP_SECONDS + 3.0, elapsed
     assert result["violations"] == 0, "\n".join(result["details"]["violation_messages"][:3])
     assert result["iterations"] > 0
     if result["details"]["atheris"] and result["details"]["atheris_runs"] == 0:
         assert "atheris ran no input" in " ".join(result["details"]["notes"])
     capsys.readouterr()
+
 
 def test_fuzz_without_atheris_says_so(monkeypatch, capsys):
     monkeypatch.setattr(torture, "atheris_available", lambda: False)
