@@ -278,6 +278,37 @@ def test_damage_before_the_seal_of_a_last_sealed_segment_is_corruption(scratch):
             assert len(file.read()) == len(original)  # nothing was cut
 
 
+def test_a_commit_frame_in_the_place_of_a_seal_is_not_a_seal(scratch):
+    """A sealed segment's last frame must be a seal. A commit frame there whose payload holds the
+    seal's two positions, with a checksum that holds, matches a seal field by field: only its kind
+    tells it apart. The open that inspects every segment and the first mapping of a segment a
+    clean close vouched for both check that frame, and both report the segment that should have
+    been sealed there (segment_missing, at the frame's offset)."""
+    source = os.path.join(scratch, "source")
+    build(source, [[bytes([index]) * 900] for index in range(80)])
+    paths = segment_paths(source)
+    assert len(paths) >= 2
+    with open(paths[0], "rb") as file:
+        content = file.read()
+    seal = content[-32:]
+    assert struct.unpack_from("<I", seal, 4)[0] >> 28 == 3
+    forged = seal[:4] + struct.pack("<I", (2 << 28) | 16) + seal[8:]
+    forged = struct.pack("<I", _frame_checksum(forged, content)) + forged[4:]
+    damage(paths[0], len(content) - 32, forged)
+    with pytest.raises(Corruption) as caught:  # vouched by the clean marker: found at first mapping
+        with SegmentLog.open(source, segment_bytes=SMALL, readonly=True) as log:
+            for _ in log.scan(0):
+                pass
+    detail = caught.value.detail
+    assert (detail["segment"], detail["offset"], detail["reason"]) == (paths[0], len(content) - 32, "segment_missing")
+    os.remove(os.path.join(source, CLEAN_FILE_NAME))
+    for readonly in (True, False):
+        with pytest.raises(Corruption) as caught:
+            SegmentLog.open(source, segment_bytes=SMALL, readonly=readonly)
+        detail = caught.value.detail
+    assert (detail["segment"], detail["offset"], detail["reason"]) == (paths[0], len(content) - 32, "segment_missing")
+
+
 def test_bit_flip_before_tail_is_corruption(scratch):
     rng = random.Random(5)
     source = os.path.join(scratch, "source")
