@@ -364,6 +364,20 @@ def test_every_sampled_bit_flip_in_a_sealed_segment_is_detected_by_the_c_verifie
     assert missed == [], f"{len(missed)} of {len(bits)} flips undetected"
 
 
+def test_a_sealed_segment_without_its_seal_fails_the_c_verifier(scratch):
+    """Cut right before its seal, a sealed segment ends cleanly after its last commit: a recovery
+    finds nothing torn, and only the missing seal tells that bytes are gone. The verifier of
+    sealed segments refuses it (seal_missing at the offset where the seal belongs)."""
+    path, content, _ = sealed_segment(scratch)
+    header = ffi.new("struct sl_header *")
+    fault = ffi.new("struct sl_fault *")
+    assert lib.sl_header_decode(content, len(content), header, fault) == lib.SL_OK
+    end = ffi.new("uint64_t *")
+    unsealed = content[:-32]
+    assert lib.sl_verify_sealed(unsealed, len(unsealed), header, end, fault) == lib.SL_E_CORRUPT
+    assert (fault.reason, fault.offset) == (lib.SL_REASON_SEAL_MISSING, len(unsealed))
+
+
 def test_bit_flips_in_a_sealed_segment_are_detected_through_the_api(scratch):
     source = os.path.join(scratch, "source")
     path, content, groups = sealed_segment(source)
