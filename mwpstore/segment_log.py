@@ -408,12 +408,18 @@ class SegmentLog:
             if not os.path.isdir(directory):
                 raise StorageFailed(f"there is no log at {directory}.", errno=errno.ENOENT, path=directory)
             return
-        if not os.path.isdir(directory):
+        missing = []  # the log directory and every missing parent, innermost first
+        path = directory
+        while not os.path.isdir(path) and os.path.dirname(path) != path:
+            missing.append(path)
+            path = os.path.dirname(path)
+        for path in reversed(missing):  # each new directory is an entry of its parent: sync that
             try:
-                os.makedirs(directory, exist_ok=True)
+                os.mkdir(path)
             except OSError as exc:
-                raise StorageFailed(f"cannot create the log directory {directory}: {exc}", errno=exc.errno) from exc
-            self._call(lib.sl_sync_directory, self._io, os.fsencode(os.path.dirname(directory)))
+                if not (isinstance(exc, FileExistsError) and os.path.isdir(path)):
+                    raise StorageFailed(f"cannot create the log directory {directory}: {exc}", errno=exc.errno) from exc
+            self._call(lib.sl_sync_directory, self._io, os.fsencode(os.path.dirname(path)))
         try:
             fd = os.open(os.path.join(directory, LOCK_FILE_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:

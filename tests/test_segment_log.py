@@ -221,6 +221,20 @@ def test_a_group_whose_sync_failed_is_never_visible_to_readers(tmp_path):
             log.read(end)
 
 
+def test_every_directory_a_new_log_creates_is_made_durable_in_its_parent(tmp_path):
+    """A log opened where several directories are missing creates each of them; each is an entry
+    of its own parent, so each parent is synced before the first segment is created. A sync of
+    the log directory's parent alone leaves the directories above it to a power cut, and the log
+    with them."""
+    recorder = RecordingIO()
+    with SegmentLog.open(tmp_path / "a" / "b" / "log", io=recorder) as log:
+        log.append([b"first"])
+    operations = recorder.operations
+    first_create = next(index for index, operation in enumerate(operations) if operation[0] == "create")
+    synced = [operation[1] for operation in operations[:first_create] if operation[0] == "dirsync"]
+    assert synced == [str(tmp_path), str(tmp_path / "a"), str(tmp_path / "a" / "b")]
+
+
 def test_readonly_does_not_lock_or_write(tmp_path):
     with SegmentLog.open(tmp_path) as writer:
         writer.append([b"one"])
