@@ -221,6 +221,28 @@ def test_a_group_whose_sync_failed_is_never_visible_to_readers(tmp_path):
             log.read(end)
 
 
+def test_a_segment_sealed_before_its_successor_failed_is_reported_sealed(tmp_path):
+    """A rollover whose seal is durable but whose next segment cannot be made fails the handle;
+    the segment it sealed is sealed all the same. The failed handle reports it so (sealed, used
+    up to the end of its seal, trimmed there), as the next open finds it."""
+    recorder = RecordingIO()
+    record = bytes(SMALL // 3)
+    with SegmentLog.open(tmp_path / "log", segment_bytes=SMALL, io=recorder) as log:
+        positions = log.append([record]) + log.append([record])
+        end = log.end
+        recorder.fail_sync_at = recorder.sync_calls + 3  # the groups, the seal, the trim; then the new segment
+        with pytest.raises(StorageFailed):
+            log.append([record])
+        assert recorder.failures == 1 and log.end == end
+        [info] = log.segments()
+        used = lib.SL_SEGMENT_HEADER_BYTES + end + lib.SL_SEAL_FRAME_BYTES
+        assert (info.sealed, info.used_bytes, info.size_bytes) == (True, used, used)
+        assert scan_all(log) == [(position, record) for position in positions]
+    with SegmentLog.open(tmp_path / "log", segment_bytes=SMALL) as log:
+        assert log.segments()[0] == info
+        assert scan_all(log) == [(position, record) for position in positions]
+
+
 def test_every_directory_a_new_log_creates_is_made_durable_in_its_parent(tmp_path):
     """A log opened where several directories are missing creates each of them; each is an entry
     of its own parent, so each parent is synced before the first segment is created. A sync of
