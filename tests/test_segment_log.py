@@ -112,6 +112,28 @@ def test_group_larger_than_a_segment_is_limit_exceeded(tmp_path):
         log.append([b"still fine"])
 
 
+def test_the_fit_of_a_group_at_its_edges(tmp_path):
+    """A group must fit with room left for the seal (header 64 bytes, a record frame 16 bytes and
+    its payload rounded up to 8, a commit frame 32, a seal 32). In an empty segment: a group that
+    leaves exactly the seal's room is accepted, one 8 bytes larger is LimitExceeded. In an active
+    segment with groups: a group that leaves exactly the seal's room is written there, not after
+    a rollover; the next group rolls over, and the seal fills the segment to its last byte."""
+    with SegmentLog.open(tmp_path / "empty", segment_bytes=SMALL) as log:
+        with pytest.raises(LimitExceeded):
+            log.append([bytes(SMALL - 64 - 16 - 32 - 32 + 8)])
+        assert log.end == 0
+        log.append([bytes(SMALL - 64 - 16 - 32 - 32)])
+        assert [(info.used_bytes, info.sealed) for info in log.segments()] == [(SMALL - 32, False)]
+    with SegmentLog.open(tmp_path / "active", segment_bytes=SMALL) as log:
+        log.append([b"a"])  # 24 + 32 bytes
+        log.append([bytes(SMALL - 64 - 56 - 16 - 32 - 32)])
+        assert [(info.used_bytes, info.sealed) for info in log.segments()] == [(SMALL - 32, False)]
+        log.append([b"b"])
+        infos = log.segments()
+        assert [(info.size_bytes, info.used_bytes, info.sealed) for info in infos[:1]] == [(SMALL, SMALL, True)]
+        assert infos[1].first_position == SMALL - 64 - 32 == log.end - 56
+
+
 def test_reopen_sees_everything(tmp_path):
     rng = random.Random(3)
     written = []
