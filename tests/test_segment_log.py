@@ -134,6 +134,34 @@ def test_the_fit_of_a_group_at_its_edges(tmp_path):
         assert infos[1].first_position == SMALL - 64 - 32 == log.end - 56
 
 
+def test_a_group_reaching_unwritten_space_is_written_with_zeros_ahead(tmp_path):
+    """Zero ahead (docs/format/segment.md): a group that reaches space not written since the open
+    goes out in its one pwrite together with 1 MiB of zeros after it (up to the segment's end at
+    most), so later groups overwrite zeros instead of converting unwritten extents in their
+    fdatasync. A group inside space already zeroed is written alone."""
+    mib = 1024 * 1024
+    recorder = RecordingIO()
+    path = tmp_path / "log"
+    log = SegmentLog.open(path, segment_bytes=4 * mib, io=recorder)
+
+    def written(records: list[bytes]) -> tuple[int, int]:
+        group = sum(8 * ((16 + len(record) + 7) // 8) for record in records) + 32
+        start = len(recorder.operations)
+        log.append(records)
+        [(_, _, offset, data)] = [operation for operation in recorder.operations[start:] if operation[0] == "write"]
+        assert data[group:] == bytes(len(data) - group)
+        return offset, len(data) - group  # where the group went, and the zeros after it
+
+    assert written([b"a"]) == (64, mib)  # 24 + 32 bytes, the first group of the segment
+    assert written([b"b"]) == (120, 0)
+    log.close()
+    log = SegmentLog.open(path, segment_bytes=4 * mib, io=recorder)  # zeroed space is counted from the open
+    assert written([b"c"]) == (176, mib)
+    assert written([bytes(mib - 40)]) == (232, mib)  # ends 8 bytes past the zeroed space
+    assert written([bytes(2 * mib - 48)]) == (mib + 240, 4 * mib - (3 * mib + 240))  # up to the end only
+    log.close()
+
+
 def test_reopen_sees_everything(tmp_path):
     rng = random.Random(3)
     written = []
