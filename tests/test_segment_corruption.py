@@ -481,6 +481,26 @@ def test_clean_open_does_not_scan_but_damage_is_still_never_served_or_truncated(
     assert os.path.exists(os.path.join(scratch, CLEAN_FILE_NAME))  # ... and a clean close writes it again
 
 
+def test_a_clean_marker_whose_end_has_no_commit_is_not_trusted(scratch):
+    """The active segment put back from an earlier copy after a clean close: the marker's end lies
+    past the copy's last group, where there are only zeros. Zeros after the end do not make the
+    marker fit; a commit frame must end there too. A log that took the marker's end would append
+    after a gap of zeros, which the next recovery reads as the end of the log: every group after
+    the gap would be cut as a torn tail."""
+    groups = build(scratch, [[b"one"], [b"two"]])
+    path = segment_paths(scratch)[0]
+    with open(path, "rb") as file:
+        earlier = file.read()
+    with SegmentLog.open(scratch, segment_bytes=SMALL) as log:
+        log.append([b"three"])
+    damage(path, 0, earlier)
+    with SegmentLog.open(scratch, segment_bytes=SMALL) as log:
+        assert log.end == groups[1][0][0] + frame_bytes(3) + 32
+        groups.append(list(zip(log.append([b"four"]), [b"four"])))
+    os.remove(os.path.join(scratch, CLEAN_FILE_NAME))  # as after a crash: the open scans
+    assert visible(scratch) == [record for group in groups for record in group]
+
+
 def test_a_damaged_or_foreign_clean_marker_means_a_full_recovery(scratch):
     groups = build(scratch, [[b"one"], [b"two"]])
     marker = os.path.join(scratch, CLEAN_FILE_NAME)
