@@ -684,6 +684,21 @@ def test_sealed_segments_swapped_under_each_other_s_names_are_corruption(tmp_pat
     assert error.detail["segment"] == first
 
 
+@pytest.mark.parametrize("clean", [True, False], ids=["clean_close", "crash"])
+def test_a_sealed_segment_of_another_log_under_the_same_name_is_corruption(tmp_path, clean):
+    """Another log written alike has segments with the same names, sizes and seals; only the log
+    id tells one of its sealed segments from this log's. Put in place of this log's, the marker's
+    list still matches: the first mapping refuses it after a clean close, the open after a crash
+    (log_id_mismatch)."""
+    infos, _ = _three_segments(tmp_path / "log")
+    others, _ = _three_segments(tmp_path / "other")
+    assert [(info.first_position, info.used_bytes) for info in others] == [(info.first_position, info.used_bytes) for info in infos]
+    os.replace(others[1].path, infos[1].path)
+    error = _damage_found(tmp_path / "log", True, clean)
+    assert isinstance(error, Corruption)
+    assert (error.detail["segment"], error.detail["reason"]) == (infos[1].path, "log_id_mismatch")
+
+
 @pytest.mark.parametrize("size, reason", [(0, "header_short"), (40, "header_short"), (None, "segment_missing")])
 @pytest.mark.parametrize("clean", [True, False], ids=["clean_close", "crash"])
 def test_a_sealed_segment_cut_short_is_corruption(tmp_path, size, reason, clean):
