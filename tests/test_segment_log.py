@@ -234,6 +234,19 @@ def test_close_in_bulk_mode_makes_every_group_durable(tmp_path):
             assert scan_all(reopened) == written
 
 
+def test_a_handle_whose_sync_failed_closes_without_a_clean_marker(tmp_path):
+    """The marker stands for a clean close (docs/format/segment.md: no failed sync, everything
+    durable): a handle whose sync failed closes without writing one, and the next open scans."""
+    recorder = RecordingIO()
+    with SegmentLog.open(tmp_path / "log", sync=False, io=recorder) as log:
+        log.append([b"one"])
+        recorder.fail_sync_at = recorder.sync_calls
+        with pytest.raises(StorageFailed):
+            log.sync()
+    assert recorder.failures == 1
+    assert not os.path.exists(tmp_path / "log" / CLEAN_FILE_NAME)
+
+
 def test_scan_end_and_next_position(tmp_path):
     with SegmentLog.open(tmp_path) as log:
         positions = [log.append([bytes([i]) * i])[0] for i in range(1, 20)]
