@@ -89,6 +89,8 @@ def test_rollover_seals_segments_and_keeps_positions_contiguous(tmp_path):
             assert later.first_position == earlier.first_position + earlier.used_bytes - 64 - 32
             assert os.path.basename(later.path) == segment_file_name(later.first_position)
         assert infos[-1].size_bytes == SMALL
+        # The active segment is used up to the end only, not to its preallocated size.
+        assert infos[-1].used_bytes == 64 + log.end - infos[-1].first_position < SMALL
         assert scan_all(log) == written
         # Scans starting at every record position, in small batches, across segment boundaries.
         for index in range(0, len(written), 37):
