@@ -92,3 +92,32 @@ def test_readers_agree_on_damaged_logs(scratch):
     # The draw covered both outcomes.
     assert sum(n for (_, outcome), n in kinds.items() if outcome == "corruption") > CASES // 5
     assert sum(n for (_, outcome), n in kinds.items() if outcome == "records") > CASES // 10
+
+
+def test_readers_agree_on_two_flipped_bits_in_the_last_commit_record(scratch):
+    """docs/format/segment.md: a last commit record within 2 flipped bits of the expected one is
+    commit_damaged, not a torn tail. The random damage above flips single bits or garbles whole
+    bytes, so the bound itself (2, not 1) is drawn here: pairs of bits of the last commit frame,
+    in both readers."""
+    rng = random.Random(43)
+    source = os.path.join(scratch, "source")
+    with SegmentLog.open(source, segment_bytes=SEGMENT_BYTES_MIN) as log:
+        log.append([b"first group"])
+        last = log.append([b"last group", b"x" * 50])
+    path = os.path.join(source, sorted(os.listdir(source))[0])
+    assert path.endswith(".seg")
+    commit = lib.SL_SEGMENT_HEADER_BYTES + last[-1] + (16 + 50 + 7) // 8 * 8
+    bits = range(commit * 8, (commit + 32) * 8)
+    target = os.path.join(scratch, "target")
+    for first_bit, second_bit in [tuple(rng.sample(bits, 2)) for _ in range(40)]:
+        shutil.copytree(source, target)
+        with open(os.path.join(target, os.path.basename(path)), "r+b") as file:
+            content = bytearray(file.read())
+            for bit in (first_bit, second_bit):
+                content[bit // 8] ^= 1 << (bit % 8)
+            file.seek(0)
+            file.write(content)
+        c_result, reference_result = c_read_recovered(target), reference_read(target)
+        assert c_result[:2] == ("corruption", "commit_damaged")
+        assert reference_result == c_result
+        shutil.rmtree(target)
