@@ -431,6 +431,29 @@ def test_a_commit_of_no_records_is_commit_mismatch_in_both_readers(scratch, seal
 
 
 @pytest.mark.parametrize("sealed", [False, True], ids=["active_segment", "sealed_segment"])
+def test_a_commit_naming_another_group_start_is_commit_mismatch_in_both_readers(scratch, sealed):
+    """A commit frame whose count and group checksum are its group's, and whose frame checksum
+    holds, but whose group start is 8 bytes off. The group checksum alone already ties the commit
+    to its records (their checksums cover their positions), so only the start field is wrong;
+    the format requires it to match, and the reference refuses it. The frame-by-frame draw has
+    this change, but its fixed examples passed with a C reader that ignored the field."""
+    first, position = _group(0, [b"one"])
+    frames, end = _group(position, [b"two", b"three"])
+    start, count, group_checksum = struct.unpack_from("<QII", frames, len(frames) - 16)
+    assert start == position
+    changed = frames[:-32] + _commit(end - 32, start + 8, count, group_checksum)
+    later, after = _group(end, [b"four"])
+    if sealed:
+        path = _write(scratch, 0, _header(0) + first + changed + later + _seal(after, 0), full=False)
+        _write(scratch, after, _header(after), full=True)
+    else:
+        path = _write(scratch, 0, _header(0) + first + changed + later, full=True)
+    expected = ("corruption", "commit_mismatch", path, 64 + end - 32)
+    assert reference_read(scratch) == expected
+    assert c_read_recovered(scratch) == expected
+
+
+@pytest.mark.parametrize("sealed", [False, True], ids=["active_segment", "sealed_segment"])
 def test_a_group_of_more_records_than_the_bound_is_group_too_many_in_both_readers(sealed):
     """GROUP_RECORDS_MAX + 1 empty record frames under a commit that counts them all, in a 2 MiB
     segment: every frame and the commit verify, but no writer makes such a group. Only the
