@@ -37,7 +37,7 @@ import msgspec
 from . import _canonical_c, _fork, canonical, failpoints, limits
 from ._apply_c import check_run as _check_run
 from ._apply_c import run as _apply_run
-from ._files import store_path
+from ._files import makedirs_durable, store_path
 from ._lmdb_check import check_before_open, check_map_size, check_option
 from ._sealed import KEY_SHOWN_BYTES, SealedTables, open_databases, typed_damage
 from .errors import ReconcileRequired, ProjectionFailed  # noqa: F401  (defined with the other errors; re-exported here)
@@ -470,8 +470,8 @@ class AgentStore:
         if len(set(names)) != len(names):
             raise InvalidCommand("projection names must be distinct", field="projections")
         _refuse_authority(path)
+        makedirs_durable(path)  # a new directory's entry synced in its parent, or a power loss can take it
         try:
-            os.makedirs(path, exist_ok=True)
             lock_fd = os.open(os.path.join(path, "agent.lock"), os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
             raise translate(exc, context="opening the agent store") from None

@@ -426,10 +426,9 @@ class Authority:
         if not _holds_store(self.path):
             if not create:
                 raise StoreNotFound(f"no store at {self.path!r}", path=self.path)
-            try:
-                os.makedirs(self.path, exist_ok=True)
-            except OSError as exc:
-                raise translate(exc, context=f"creating {self.path}") from None
+            # Each new directory's entry synced in its parent: with a bare makedirs a power loss
+            # could take the store directory, and every acknowledged Command in it, along.
+            makedirs_durable(self.path)
         self._lock_fd = _lock_store(self.path)
         try:
             from .compaction import recover_interrupted_compaction

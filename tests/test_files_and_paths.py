@@ -113,3 +113,26 @@ def test_directories_for_snapshots_and_keys_are_created_durably(tmp_path, monkey
     created = [os.path.join(store, "keys"), os.path.join(store, "snapshots"), os.path.dirname(os.path.join(store, ref.location))]
     for directory in created:  # each new directory's parent was fsynced after it was made
         assert os.path.dirname(directory) in synced, directory
+
+
+@pytest.mark.parametrize("kind", ["authority", "agent store"])
+def test_a_new_store_directory_is_made_durable_in_its_parent(tmp_path, monkeypatch, kind):
+    """Opening a store in a directory that does not exist yet creates it and every missing parent.
+    Each new entry must be synced in its parent: with a bare ``os.makedirs`` only the store's own
+    contents were synced, so a power loss could take the store directory's entry, and every
+    acknowledged Command or applied Event in it, along."""
+    from mwpstore import Authority
+    from mwpstore.agent_store import AgentStore
+
+    synced: list[str] = []
+    fsync_directory = _files.fsync_directory
+
+    def recording(path: str) -> None:
+        synced.append(os.path.abspath(path))
+        fsync_directory(path)
+
+    monkeypatch.setattr(_files, "fsync_directory", recording)
+    store = tmp_path / "a" / "b" / "store"
+    (Authority.open if kind == "authority" else AgentStore.open)(str(store)).close()
+    for created in (store, store.parent, store.parent.parent):
+        assert str(created.parent) in synced, f"{created} was created but {created.parent} never synced"
