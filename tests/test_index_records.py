@@ -122,6 +122,30 @@ def test_shapes_the_rules_rarely_make(index):
     assert index_bytes(c) == index_bytes(python)
 
 
+def test_c_indexes_every_width_the_engine_writes_in_one_call(index):
+    """Strings, binaries, integers, arrays and maps of every msgpack width the engine writes are
+    C's to index: a reader that misreads one width hands every such record back to Python, whose
+    entries are the same, so only the stop shows it (redo would run at Python's speed)."""
+    events = _history("g-1", 1)
+    _extend(events, effects=[Effect("workitem:gone", 3, None)])
+    _extend(events, effects=[], body={"late": True}, authoritative=False)
+    _extend(events, effects=[Effect("a:1", 1, {"s": "x" * 31, "m": "y" * 32, "l": "z" * 300, "xl": "w" * 70_000})])
+    _extend(events, effects=[Effect("a:2", 1, {"i": [0, 127, 128, 255, 256, 65535, 65536, 2**32, 2**63 - 1, -1, -32, -33, -129, -(2**63)]})])
+    _extend(events, effects=[Effect("a:3", 2, {"f": [0.5, -1e300], "n": None, "b": [True, False], "d": {"e": {"f": []}}})])
+    _extend(events, effects=[Effect("a:4", 1, {"list": list(range(20)), "long": list(range(70_000)), "map": {f"k{n}": n for n in range(20)},
+                                               "bin": b"\x00" * 300})])
+    _extend(events, effects=[Effect(f"k:{index}", 1, {"v": index}) for index in range(40)])  # an array16 of effects
+    _extend(events, effects=[Effect("u:\u00fc", 1, {"\u043a\u043b\u044e\u0447": "\u5024", "emoji": "\U0001f600"})], body=None)
+    records = _records(events)
+    writes = PendingWrites()
+    heads = {"g-1": (events[0].seq, events[0].hash)}
+    stop, last_ms = _index_c.index_events(records, list(range(0, 8 * len(records), 8)), 1, heads, (writes.items, writes.new), (1, 2, 3))
+    assert stop == len(records)
+    assert last_ms == events[-1].accepted_at_ms and heads["g-1"] == (events[-1].seq, events[-1].hash)
+    python, c = _both(index, records)
+    assert index_bytes(c) == index_bytes(python)
+
+
 def test_c_hands_back_what_it_does_not_handle(index):
     """Other tags, a Group without a known head, an extension type, depth past C's limit: C stops
     at that record (leaving it untouched) and the combined result is Python's."""
@@ -180,6 +204,50 @@ def test_damage_is_the_same_corruption_either_way(index):
 
 
 @pytest.mark.parametrize(
+    "bad",
+    [b"MARK\xc0\xaf", b"MARK\xc1\xbf", b"MAR\xe0\x80\xaf", b"MA\xf0\x80\x80\xaf", b"MA\xf4\x90\x80\x80", b"MARK\xf5\x80",
+     b"MARKE\xc3", b"MARKE\xe2", b"MARKE\x80", b"MARK\xe2\x28"],
+    ids=["overlong 2 bytes", "overlong C1", "overlong 3 bytes", "overlong 4 bytes", "above U+10FFFF", "F5 lead",
+         "cut at the end", "3-byte lead cut at the end", "lone continuation", "bad continuation"],
+)
+def test_invalid_utf8_in_a_state_is_the_same_corruption_either_way(index, bad):
+    """What Python's decoder refuses C refuses too, whatever follows the string: here the next
+    key's header (0xA1, a continuation byte's value) follows it, so a check that looked one byte
+    past the string would take a sequence cut at its end for a whole one."""
+    events = _history("g-1", 1)
+    _extend(events, effects=[Effect("a:1", 1, {"s": "MARKER", "k": 1})])
+    records = _records(events)
+    assert records[-1].count(b"MARKER\xa1k") == 1
+    records[-1] = records[-1].replace(b"MARKER", bad)
+    python, c = _both(index, records)
+    assert python == c and python[:2] == ("Corruption", "decode")
+
+
+@pytest.mark.parametrize("field", ["payload hash", "group", "state string"])
+def test_a_length_running_past_the_record_is_never_followed(index, field):
+    """A damaged length byte can declare gigabytes in a record of a few hundred bytes: C hands
+    the record back without reading past its end (a reader that followed the length would read
+    four gigabytes past it), and Python's decode makes it CORRUPTION."""
+    events = _history("g-1", 1)
+    _extend(events, effects=[Effect("a:1", 1, {"s": "MARKER"})])
+    records = _records(events)
+    last = events[-1]
+    old, new = {
+        "payload hash": (b"\xc4\x20" + last.payload_hash, b"\xc6\xff\xff\xff\xf0" + last.payload_hash),
+        "group": (b"\xa3g-1", b"\xdb\xff\xff\xff\xf0g-1"),
+        "state string": (b"\xa6MARKER", b"\xdb\xff\xff\xff\xf0MARKER"),
+    }[field]
+    assert records[-1].count(old) == 1
+    records[-1] = records[-1].replace(old, new)
+    writes = PendingWrites()
+    heads = {"g-1": (events[-2].seq, events[-2].hash)}
+    stop, _ = _index_c.index_events(records, [0] * len(records), len(records) - 1, heads, (writes.items, writes.new), (1, 2, 3))
+    assert stop == len(records) - 1 and not any(writes.items.values())
+    python, c = _both(index, records)
+    assert python == c and python[:2] == ("Corruption", "decode")
+
+
+@pytest.mark.parametrize(
     "forgery",
     [
         {"effects": [Effect("a:1", -3, {"v": 1})]},
@@ -190,9 +258,14 @@ def test_damage_is_the_same_corruption_either_way(index):
         {"actor": "own\x00er"},
         {"action_id": "-a"},
         {"actor": "o" * 129},
+        {"accepted_at_ms": -100},
+        {"accepted_at_ms": -100_000},
+        {"effects": [Effect("a:1", -40_000, {"v": 1})]},
+        {"authoritative": None},
     ],
     ids=["negative revision", "revision 0", "negative time", "short hash", "long content hash", "NUL in actor",
-         "action id starting with -", "actor too long"],
+         "action id starting with -", "actor too long", "negative int8 time", "negative int32 time",
+         "negative int16 revision", "nil for a bool"],
 )
 def test_impossible_values_are_corruption_either_way(index, forgery):
     """Values a well-framed record cannot hold (the fuzz suite found the first one raising
