@@ -419,6 +419,58 @@ def test_crash_between_log_sync_and_index_commit_is_redone(tmp_path):
         assert receipt.seq == 4  # its receipt survived the redo
 
 
+class _RedoInterrupted(Exception):
+    """Raised where a crash test's child would die: right after one of redo's commits."""
+
+
+def test_a_redo_interrupted_after_one_of_its_commits_resumes_from_that_commit(tmp_path, monkeypatch):
+    """Redo commits every REDO_COMMIT_RECORDS records (after a whole scan batch, here a segment),
+    each commit recording the log position and the Groups' heads it reflects. Interrupted right
+    after one, the next open redoes exactly the rest: a position recorded too far would lose the
+    Events past it, a commit without the heads would make the rest break the chain."""
+    import shutil
+
+    from mwpstore import authority as authority_module
+    from mwpstore import failpoints
+    from mwpstore.limits import SEGMENT_BYTES_MIN
+    from mwpstore.segment_log import SegmentLog
+
+    path = str(tmp_path / "store")
+    with Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN) as authority:
+        authority.accept(group_create())
+    saved = str(tmp_path / "index-after-create")
+    shutil.copytree(os.path.join(path, "index"), saved)  # a clean index, behind what follows
+    with Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN) as authority:
+        for batch in range(20):
+            assert all(result.receipt for result in authority.accept_many([mission_create(f"m-{batch}-{n}") for n in range(20)]))
+        head = authority.head(GROUP)
+    with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
+        batches = [len(batch.positions) for batch in log.scan(0)]
+    assert len(batches) >= 3 and sum(batches) == 401  # the first redo commit leaves more than one batch to do
+    shutil.rmtree(os.path.join(path, "index"))
+    shutil.copytree(saved, os.path.join(path, "index"))
+
+    monkeypatch.setattr(authority_module, "REDO_COMMIT_RECORDS", 1)
+    hit = failpoints.hit
+
+    def interrupt(name: str) -> None:
+        if name == "authority.mid_redo":
+            raise _RedoInterrupted
+        hit(name)
+
+    monkeypatch.setattr(failpoints, "hit", interrupt)
+    with pytest.raises(_RedoInterrupted):
+        Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN)
+    monkeypatch.setattr(failpoints, "hit", hit)
+    with Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN) as authority:
+        assert authority.open_report.mode == "redo"
+        assert authority.open_report.redo_records == sum(batches[1:])  # the first commit held batch 0 (less the create)
+        assert authority.head(GROUP) == head
+        assert authority.state(GROUP, "mission:m-19-19")[0] == 1
+        assert authority.verify().ok
+        assert authority.accept(mission_create("m-after")).seq == head[0] + 1
+
+
 def test_restart_of_machine_without_clean_close_rebuilds_index(tmp_path):
     path = str(tmp_path / "store")
     code = CHILD_ACCEPT.format(path=path).replace("a.close()", "import os; os._exit(0)")
