@@ -203,6 +203,27 @@ def test_damage_is_the_same_corruption_either_way(index):
     assert python == c and python[:2] == ("Corruption", "decode"), marker
 
 
+@pytest.mark.parametrize("forgery", ["prev hash", "repeated seq", "prev hash of a record C hands back"])
+def test_a_chain_that_does_not_link_is_the_same_corruption_either_way(index, forgery):
+    """An Event must carry its Group head's next sequence and that head's hash. C hands back the
+    record that does not link, so Python's check is the one that decides, for the chain's first
+    record after a head read from the index and for every record C does not parse."""
+    events = _history("g-1", 2)
+    last = events[-1]
+    if forgery == "prev hash":
+        events[-1] = msgspec.structs.replace(last, prev_hash=b"\x07" * 32)
+    elif forgery == "repeated seq":  # linked by hash to the head, but the head's own sequence
+        events[-1] = msgspec.structs.replace(last, seq=last.seq - 1, event_id=f"g-1:{last.seq - 1}")
+    else:
+        events[-1] = msgspec.structs.replace(last, prev_hash=b"\x07" * 32,
+                                             effects=[Effect("a:x", 1, {"ext": msgspec.msgpack.Ext(5, b"raw")})])
+    records = _records(events)
+    offset = (len(records) - 1) * 8
+    assert _both(index, records) == (("Corruption", "chain", offset),) * 2
+    heads = {"g-1": (events[-2].seq, events[-2].hash)}  # the head as a redo would read it from the index
+    assert _both(index, records[-1:], heads) == (("Corruption", "chain", 0),) * 2
+
+
 @pytest.mark.parametrize(
     "bad",
     [b"MARK\xc0\xaf", b"MARK\xc1\xbf", b"MAR\xe0\x80\xaf", b"MA\xf0\x80\x80\xaf", b"MA\xf4\x90\x80\x80", b"MARK\xf5\x80",
