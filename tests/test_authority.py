@@ -31,7 +31,7 @@ from mwpstore import (
     Unauthorized,
 )
 from mwpstore.errors import AlreadyExists, UnknownKind
-from mwpstore.index import receipt_key, remove_index, u64
+from mwpstore.index import Index, receipt_key, remove_index, u64
 from mwpstore.messages import encode_receipt
 from mwpstore.snapshot import SigningKey, SnapshotRef, verify_snapshot
 
@@ -368,6 +368,29 @@ def test_acceptance_time_never_moves_backwards_when_the_clock_does(tmp_path):
         assert [event.accepted_at_ms for event in reopened.read(GROUP, after=1)] == [first.accepted_at_ms] * 3 + [1_700_000_000_500]
 
 
+def test_a_redo_of_records_without_a_time_keeps_the_last_acceptance_time(tmp_path):
+    """The last acceptance time survives a redo that brings none: an ACK is logged without one,
+    and a redo of the ACK alone must keep the index's time, not set it to that of the redone
+    records (none: 0), or the next acceptance after a clock step back comes before the last."""
+    import shutil
+
+    clock = FakeClock(start_ms=1_700_000_000_000)
+    path = str(tmp_path / "store")
+    with open_with_group(path, clock=clock) as authority:
+        first = authority.accept(mission_create("m-1"))
+    saved = str(tmp_path / "index-before-ack")
+    shutil.copytree(os.path.join(path, "index"), saved)
+    with Authority.open(path, clock=clock) as authority:
+        assert authority.ack("consumer", GROUP, 2) == 2
+    shutil.rmtree(os.path.join(path, "index"))
+    shutil.copytree(saved, os.path.join(path, "index"))  # the ACK is in the log only
+    clock.now_ms = 1_600_000_000_000  # the wall clock stepped back
+    with Authority.open(path, clock=clock) as authority:
+        assert (authority.open_report.mode, authority.open_report.redo_records) == ("redo", 1)
+        assert authority.acked("consumer", GROUP) == 2
+        assert authority.accept(mission_create("m-2")).accepted_at_ms == first.accepted_at_ms
+
+
 def test_replay_floor_and_cursor_too_old_boundaries_are_exact(tmp_path):
     """The floor is the newest snapshot at most head - W (equal counts); a Cursor one below the
     floor is CURSOR_TOO_OLD, a Cursor at the floor reads on."""
@@ -502,13 +525,13 @@ def test_index_ahead_of_log_is_rebuilt(tmp_path):
     path = str(tmp_path / "store")
     with open_with_group(path) as authority:
         authority.accept(mission_create("m-1"))
-    env = lmdb.open(os.path.join(path, "index"), max_dbs=8)
-    meta = env.open_db(b"meta")
-    with env.begin(write=True, db=meta) as txn:
-        txn.put(b"log_position", u64(10**12))
-    env.close()
+    index = Index(os.path.join(path, "index"), map_size=64 * 1024 * 1024)
+    with index.begin(write=True) as txn:  # sealed: the position, not a failed seal, must decide
+        index.put(txn, b"meta", b"log_position", u64(10**12))
+    index.close()
     with Authority.open(path) as authority:
         assert authority.open_report.mode == "rebuild"
+        assert "outside the log" in authority.open_report.reason
         assert authority.head(GROUP)[0] == 2
         assert authority.verify().ok
 
