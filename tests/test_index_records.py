@@ -283,10 +283,11 @@ def test_a_length_running_past_the_record_is_never_followed(index, field):
         {"accepted_at_ms": -100_000},
         {"effects": [Effect("a:1", -40_000, {"v": 1})]},
         {"authoritative": None},
+        {"effects": [Effect("a:1", 1, {1: "x"})]},
     ],
     ids=["negative revision", "revision 0", "negative time", "short hash", "long content hash", "NUL in actor",
          "action id starting with -", "actor too long", "negative int8 time", "negative int32 time",
-         "negative int16 revision", "nil for a bool"],
+         "negative int16 revision", "nil for a bool", "int key in a state"],
 )
 def test_impossible_values_are_corruption_either_way(index, forgery):
     """Values a well-framed record cannot hold (the fuzz suite found the first one raising
