@@ -585,6 +585,56 @@ def test_verify_finds_an_index_that_differs_from_the_log(tmp_path):
         assert authority.state(GROUP, "mission:m-1")[0] == 1
 
 
+@pytest.mark.parametrize("change", ["an entry past the last", "the last entry lost", "a presence entry"])
+def test_verify_finds_entries_the_log_does_not_explain_or_that_it_lacks(tmp_path, change):
+    """verify compares every database, presence included, to its end on both sides: an entry
+    sorting after every other, or one missing at the end, is a difference like a changed value."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        index = authority.index
+        with index.env.begin(write=True) as txn:  # sealed and well-formed, but not what the log says
+            if change == "an entry past the last":
+                index.put(txn, b"states", b"zz\x00mission:m-9", u64(1) + b"\x80")
+            elif change == "the last entry lost":
+                last_key = [key for key, _ in index.iterate(b"states")][-1]
+                assert index.delete(txn, b"states", last_key)
+            else:
+                txn.put(b"s" + b"g-1\x00mission:m-9", b"", db=index.dbs[b"presence"])
+        report = authority.verify()
+        database = "presence" if change == "a presence entry" else "states"
+        assert not report.ok and any(f"index database {database} differs" in problem for problem in report.problems), report.problems
+        authority.rebuild()
+        assert authority.verify().ok
+
+
+@pytest.mark.parametrize("meanwhile", ["a commit", "a rebuild, then a commit"])
+def test_verify_compares_what_was_committed_while_it_rebuilt(tmp_path, monkeypatch, meanwhile):
+    """verify rebuilds an index from the log before it holds commits off: what is committed in the
+    meantime (into the index a rebuild meanwhile put in place) is caught up under the hold, and a
+    healthy store verifies clean."""
+    path = str(tmp_path / "store")
+    redo = Authority._redo
+    done: list[str] = []
+
+    def redo_then_change(self, index, progress, *args, **kwargs):
+        count = redo(self, index, progress, *args, **kwargs)
+        if os.path.basename(index.directory).startswith("index.verify-") and not done:
+            done.append(meanwhile)
+            if meanwhile != "a commit":
+                self.rebuild()
+            self.accept(mission_create("m-meanwhile"))
+        return count
+
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        monkeypatch.setattr(Authority, "_redo", redo_then_change)
+        report = authority.verify()
+        assert done == [meanwhile]
+        assert report.ok, report.problems
+        assert authority.state(GROUP, "mission:m-meanwhile")[0] == 1
+
+
 def test_a_batch_that_meets_index_damage_answers_every_command(tmp_path):
     path = str(tmp_path / "store")
     with open_with_group(path) as authority:
