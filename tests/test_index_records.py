@@ -196,6 +196,9 @@ def test_damage_is_the_same_corruption_either_way(index):
     torn = records[:5] + [records[5][:-3]] + records[6:]
     python, c = _both(index, torn)
     assert python == c and python[:2] == ("Corruption", "decode")
+    longer = records[:5] + [records[5] + b"\xc0"] + records[6:]  # a whole Event, then a byte more
+    python, c = _both(index, longer)
+    assert python == c == ("Corruption", "decode", 40)
     marker = _extend(events, effects=[Effect("a:1", 1, {"s": "MARKER"})])
     bad_utf8 = _records(events)
     bad_utf8[-1] = bad_utf8[-1].replace(b"MARKER", b"MA\xed\xa0\x80R")  # a surrogate: not UTF-8
