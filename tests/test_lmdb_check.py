@@ -222,6 +222,41 @@ def test_a_node_whose_key_grew_into_its_neighbour(tmp_path, sample):
     _check_fails(_damaged_copy(tmp_path, sample, change), "node_layout")
 
 
+def _node_bytes(lo: int, hi: int, flags: int, key_bytes: int) -> int:
+    """What a leaf node takes in its page: header, key, data (or an overflow page number), even."""
+    size = 8 + key_bytes + (8 if flags & F_BIGDATA else lo | hi << 16)
+    return size + (size & 1)
+
+
+def test_a_node_that_covers_its_neighbour(tmp_path, sample):
+    """The nodes still fill the page from `upper` to its end, but one of them now spans its
+    neighbour too: the offset naming the neighbour points inside another node."""
+    def change(d):
+        page = _leaf_with_nodes(d, 2)
+        nodes = sorted(_nodes(bytes(d), page))  # by place in the page
+        for (at, lo, hi, flags, key_bytes), (next_at, *next_node) in zip(nodes, nodes[1:]):
+            if next_at == at + _node_bytes(lo, hi, flags, key_bytes):
+                struct.pack_into("<H", d, at + 6, key_bytes + _node_bytes(*next_node))
+                return
+        raise AssertionError("no two neighbouring nodes")
+    _check_fails(_damaged_copy(tmp_path, sample, change), "node_layout")
+
+
+def test_a_node_moved_to_an_odd_offset(tmp_path, sample):
+    """LMDB keeps nodes at even offsets; a node of odd size moved up one byte (its offset with it)
+    still ends where its rounded size says, so only the offset's parity tells."""
+    def change(d):
+        page = _leaf_with_nodes(d, 2)
+        for index, (at, lo, hi, flags, key_bytes) in enumerate(_nodes(bytes(d), page)):
+            size = 8 + key_bytes + (lo | hi << 16)
+            if not flags & F_BIGDATA and size % 2:
+                d[at + 1 : at + 1 + size] = bytes(d[at : at + size])
+                struct.pack_into("<H", d, page * PAGE + 16 + 2 * index, at - page * PAGE + 1)  # `at` is in the file
+                return
+        raise AssertionError("no node of odd size")
+    _check_fails(_damaged_copy(tmp_path, sample, change), "node_layout")
+
+
 def _key(data, at: int, key_bytes: int) -> bytes:
     return bytes(data[at + 8 : at + 8 + key_bytes])
 
@@ -343,6 +378,36 @@ def test_a_free_list_naming_a_page_in_use(tmp_path, sample):
         assert not flags & F_BIGDATA and struct.unpack_from("<Q", d, count_at)[0] >= 1
         struct.pack_into("<Q", d, count_at + 8, in_use)
     _check_fails(_damaged_copy(tmp_path, sample, change), "free_list")
+
+
+def _free_record(d) -> tuple[int, int]:
+    """(offset of the count, data size) of the free database's first record (inline, two pages or more)."""
+    free_root, _, _ = _meta(bytes(d))
+    at, lo, hi, flags, key_bytes = next(_nodes(bytes(d), free_root))
+    count_at = at + 8 + key_bytes
+    assert not flags & F_BIGDATA and struct.unpack_from("<Q", d, count_at)[0] >= 2
+    return count_at, lo | hi << 16
+
+
+@pytest.mark.parametrize("damage", ["a meta page", "a page twice", "a count past the record"])
+def test_a_free_list_that_lmdb_would_hand_out_wrongly(tmp_path, sample, damage):
+    """LMDB reuses free pages: a meta page listed free would be overwritten by a commit, a page
+    listed twice handed out twice, a count past the record read from what follows it."""
+    wanted = {}
+
+    def change(d):
+        count_at, size = _free_record(d)
+        if damage == "a meta page":
+            struct.pack_into("<Q", d, count_at + 8, 1)
+        elif damage == "a page twice":
+            struct.pack_into("<Q", d, count_at + 16, struct.unpack_from("<Q", d, count_at + 8)[0])
+        else:
+            assert struct.unpack_from("<Q", d, count_at)[0] == size // 8 - 1
+            struct.pack_into("<Q", d, count_at, size // 8)
+            wanted["value"] = size // 8
+    error = _check_fails(_damaged_copy(tmp_path, sample, change), "free_list")
+    if wanted:
+        assert error.detail["value"] == wanted["value"]
 
 
 def test_a_named_database_with_a_flag(tmp_path, sample):
