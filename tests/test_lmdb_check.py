@@ -346,6 +346,44 @@ def test_an_overflow_value_longer_than_its_extent(tmp_path, sample):
     _check_fails(_damaged_copy(tmp_path, sample, change), "overflow")
 
 
+def _overflow_node(d):
+    """(offset of a leaf node holding its value on overflow pages, its first overflow page)."""
+    for page, flags in _reachable(bytes(d)).items():
+        if flags != P_LEAF:
+            continue
+        for at, lo, hi, node_flags, key_bytes in _nodes(bytes(d), page):
+            if node_flags & F_BIGDATA:
+                return at, struct.unpack_from("<Q", d, at + 8 + key_bytes)[0]
+    raise AssertionError("no overflow value")
+
+
+@pytest.mark.parametrize("damage", ["a value a few bytes past its extent", "an extent whose first page is a leaf"])
+def test_an_overflow_extent_that_does_not_hold_its_value(tmp_path, sample, damage):
+    """An extent's pages hold the value after the first page's header: a size within a header's
+    length of the extent's end already runs past it, and a first page that is no overflow page
+    is not one."""
+    def change(d):
+        at, first = _overflow_node(d)
+        if damage == "an extent whose first page is a leaf":
+            struct.pack_into("<H", d, first * PAGE + 10, P_LEAF)
+        else:
+            pages = struct.unpack_from("<I", d, first * PAGE + 12)[0]
+            size = pages * PAGE - 16 + 8
+            struct.pack_into("<HH", d, at, size & 0xFFFF, size >> 16)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "overflow")
+
+
+@pytest.mark.parametrize("flag", [0x04, 0x02], ids=["duplicates", "a database inside a named one"])
+def test_a_leaf_node_flag_lmdb_would_read_differently(tmp_path, sample, flag):
+    """mwpstore's databases hold plain values: a node flagged as holding duplicates, or (in a
+    named database) another database, would make LMDB read its data as a tree."""
+    def change(d):
+        page = _first(d, P_LEAF)
+        at, lo, hi, flags, key_bytes = next(node for node in _nodes(bytes(d), page) if not node[3])
+        struct.pack_into("<H", d, at + 4, flag)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "node_flags")
+
+
 def test_a_page_marked_dirty(tmp_path, sample):
     """LMDB would write into a page it believes dirty, through a read-only map."""
     def change(d):
