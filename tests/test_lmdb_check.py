@@ -457,6 +457,17 @@ def test_a_named_database_with_a_flag(tmp_path, sample):
     _check_fails(_damaged_copy(tmp_path, sample, change), "database")
 
 
+def test_a_database_record_one_byte_longer(tmp_path, sample):
+    """A named database's record is 48 bytes; with a name of odd length the node's rounding
+    leaves room for one more, so the nodes still fill the page and only the size tells."""
+    def change(d):
+        _, main_root, _ = _meta(bytes(d))
+        at, lo, hi, flags, key_bytes = next(node for node in _nodes(bytes(d), main_root) if node[3] & F_SUBDATA and node[4] % 2)
+        assert lo | hi << 16 == 48
+        struct.pack_into("<H", d, at, 49)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "database")
+
+
 def test_a_free_list_key_of_the_wrong_size(tmp_path, sample):
     def change(d):
         free_root, _, _ = _meta(bytes(d))
