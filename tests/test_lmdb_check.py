@@ -500,6 +500,44 @@ def test_a_root_that_lands_on_its_own_child_cuts_the_tree_short(tmp_path, sample
     _check_fails(_damaged_copy(tmp_path, sample, change), "page_lost")
 
 
+def _tree_depth(data, page: int) -> int:
+    depth = 1
+    while struct.unpack_from("<H", data, page * PAGE + 10)[0] == P_BRANCH:
+        at, lo, hi, flags, key_bytes = next(_nodes(bytes(data), page))
+        page, depth = lo | hi << 16 | flags << 32, depth + 1
+    return depth
+
+
+@pytest.mark.parametrize("depth", [32, 33])
+def test_a_tree_deeper_than_lmdbs_cursor_stack(tmp_path, sample, depth):
+    """LMDB's cursors hold 32 pages: a named database's root moved down under a chain of new
+    single-entry branch pages (sound pages, appended to the file) until its leaves sit at
+    ``depth``. 32 levels are a sound tree; 33 cannot be walked."""
+    data = bytearray(open(sample, "rb").read())
+    _, main_root, last_page = _meta(bytes(data))
+    at, lo, hi, flags, key_bytes = next(node for node in _nodes(bytes(data), main_root) if node[3] & F_SUBDATA)
+    root_at = at + 8 + key_bytes + 40
+    root = struct.unpack_from("<Q", data, root_at)[0]
+    added = depth - _tree_depth(data, root)
+    assert added > 0 and len(data) == (last_page + 1) * PAGE
+    for number in range(added):  # page last_page + 1 + number points at the next one; the last at the old root
+        page = last_page + 1 + number
+        child = root if number == added - 1 else page + 1
+        branch = bytearray(PAGE)
+        struct.pack_into("<QHHHH", branch, 0, page, 0, P_BRANCH, 16 + 2, PAGE - 8)
+        struct.pack_into("<H", branch, 16, PAGE - 8)
+        struct.pack_into("<HHHH", branch, PAGE - 8, child & 0xFFFF, child >> 16 & 0xFFFF, child >> 32, 0)
+        data += branch
+    struct.pack_into("<Q", data, root_at, last_page + 1)
+    picked = max((0, 1), key=lambda n: (struct.unpack_from("<Q", data, n * PAGE + 144)[0], -n))
+    struct.pack_into("<Q", data, picked * PAGE + 136, last_page + added)
+    path = _damaged_copy(tmp_path, sample, lambda d: d.__setitem__(slice(None), data))
+    if depth <= 32:
+        assert check_lmdb_file(path, label="test", remedy="-").pages_in_use >= added
+    else:
+        _check_fails(path, "depth")
+
+
 def test_a_file_cut_short(tmp_path, sample):
     data = open(sample, "rb").read()
     last_used = max(_reachable(data))
