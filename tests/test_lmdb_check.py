@@ -195,6 +195,24 @@ def _leaf_with_nodes(d, count: int) -> int:
                 if flags == P_LEAF and sum(1 for _ in _nodes(bytes(d), page)) >= count)
 
 
+@pytest.mark.parametrize(
+    "damage, check",
+    [("lower inside the header", "page_bounds"), ("lower one offset past upper", "page_bounds"),
+     ("a branch without entries", "branch_empty")],
+)
+def test_page_bounds_that_name_no_sound_node_area(tmp_path, sample, damage, check):
+    """A page's `lower` and `upper` bound its offsets and nodes: below the header the offsets
+    start inside it, past `upper` the last offset is read from a node, and a branch whose area
+    is empty (`lower` at the header, `upper` at the page's end) leads nowhere."""
+    def change(d):
+        page = _first(d, P_BRANCH if check == "branch_empty" else P_LEAF)
+        upper = struct.unpack_from("<H", d, page * PAGE + 14)[0]
+        lower, upper = {"lower inside the header": (14, upper), "lower one offset past upper": (upper + 2, upper),
+                        "a branch without entries": (16, PAGE)}[damage]
+        struct.pack_into("<HH", d, page * PAGE + 12, lower, upper)
+    _check_fails(_damaged_copy(tmp_path, sample, change), check)
+
+
 def test_a_leaf_whose_lower_bound_lost_its_last_offsets(tmp_path, sample):
     """A flipped bit in `lower` (the corruption suite's seed 75, on an AgentStore): four offsets
     fewer, the page still looks sound, and a range read would skip four entries without an error.
