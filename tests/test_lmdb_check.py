@@ -486,12 +486,16 @@ def test_a_database_record_one_byte_longer(tmp_path, sample):
     _check_fails(_damaged_copy(tmp_path, sample, change), "database")
 
 
-def test_a_free_list_key_of_the_wrong_size(tmp_path, sample):
+@pytest.mark.parametrize("key_bytes", [4, 16])
+def test_a_free_list_key_of_the_wrong_size(tmp_path, sample, key_bytes):
+    """LMDB reads 8 bytes of every free-list key, whatever its size: any other size is refused
+    as such (the value is the key's size), before the node's layout is looked at."""
     def change(d):
         free_root, _, _ = _meta(bytes(d))
         at, *_ = next(_nodes(bytes(d), free_root))
-        struct.pack_into("<H", d, at + 6, 4)
-    _check_fails(_damaged_copy(tmp_path, sample, change), "node_bounds")
+        struct.pack_into("<H", d, at + 6, key_bytes)
+    error = _check_fails(_damaged_copy(tmp_path, sample, change), "node_bounds")
+    assert error.detail["value"] == key_bytes
 
 
 def test_a_transaction_id_that_would_pick_the_older_meta(tmp_path, sample):
