@@ -312,11 +312,17 @@ def test_a_branch_key_above_its_childs_first_key(tmp_path, sample):
     _check_fails(_damaged_copy(tmp_path, sample, change), "key_order")
 
 
-def test_keys_out_of_order_in_a_leaf(tmp_path, sample):
+@pytest.mark.parametrize("order", ["below", "equal"])
+def test_keys_out_of_order_in_a_leaf(tmp_path, sample, order):
+    """Keys strictly ascend: a key below the one before it, or equal to it, is out of order."""
     def change(d):
         page = _leaf_with_nodes(d, 3)
-        at, lo, hi, flags, key_bytes = list(_nodes(bytes(d), page))[1]
-        d[at + 8 : at + 8 + key_bytes] = b"\x00" * key_bytes  # below the key before it
+        (before_at, _, _, _, before_bytes), (at, lo, hi, flags, key_bytes) = list(_nodes(bytes(d), page))[:2]
+        if order == "below":
+            d[at + 8 : at + 8 + key_bytes] = b"\x00" * key_bytes
+        else:
+            assert before_bytes == key_bytes
+            d[at + 8 : at + 8 + key_bytes] = d[before_at + 8 : before_at + 8 + key_bytes]
     _check_fails(_damaged_copy(tmp_path, sample, change), "key_order")
 
 
