@@ -312,6 +312,39 @@ def test_a_branch_key_above_its_childs_first_key(tmp_path, sample):
     _check_fails(_damaged_copy(tmp_path, sample, change), "key_order")
 
 
+@pytest.mark.parametrize("where", ["first child, equal", "second-to-last child, above"])
+def test_a_leafs_last_key_at_or_above_the_next_separator(tmp_path, sample, where):
+    """Every key under a branch entry sorts below the next entry's key: a search for that key
+    goes to the next child, so a leaf holding it (or one above it) has entries no search finds."""
+    def change(d):
+        for page, flags in _reachable(bytes(d), named_only=True).items():
+            nodes = list(_nodes(bytes(d), page))
+            if flags != P_BRANCH or len(nodes) < 3:
+                continue
+            index = 0 if where.startswith("first") else len(nodes) - 2
+            at, lo, hi, node_flags, _ = nodes[index]
+            child = lo | hi << 16 | node_flags << 32
+            next_at, *_, next_bytes = nodes[index + 1]
+            separator = bytearray(_key(d, next_at, next_bytes))
+            last_at, *_, last_bytes = list(_nodes(bytes(d), child))[-1]
+            if struct.unpack_from("<H", d, child * PAGE + 10)[0] != P_LEAF or last_bytes != len(separator):
+                continue
+            if where.endswith("above"):
+                separator[-1] += 1
+            d[last_at + 8 : last_at + 8 + last_bytes] = separator
+            return
+        raise AssertionError("no branch of three leaves")
+    _check_fails(_damaged_copy(tmp_path, sample, change), "key_order")
+
+
+def test_a_branch_child_number_past_two_to_the_32(tmp_path, sample):
+    """A branch entry's child page number has 48 bits, the top 16 in the node's flags field."""
+    def change(d):
+        at, *_ = next(_nodes(bytes(d), _first(d, P_BRANCH)))
+        struct.pack_into("<H", d, at + 4, 1)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "page_range")
+
+
 @pytest.mark.parametrize("order", ["below", "equal"])
 def test_keys_out_of_order_in_a_leaf(tmp_path, sample, order):
     """Keys strictly ascend: a key below the one before it, or equal to it, is out of order."""
@@ -504,13 +537,29 @@ def test_a_free_list_key_of_the_wrong_size(tmp_path, sample, key_bytes):
     assert error.detail["value"] == key_bytes
 
 
-def test_a_transaction_id_that_would_pick_the_older_meta(tmp_path, sample):
-    """LMDB opens the meta with the higher id: the older snapshot, consistent and sealed."""
+@pytest.mark.parametrize("step", [8, 3, "swapped"], ids=["parity of the other page", "right parity, not the next id", "ids swapped"])
+def test_a_transaction_id_that_would_pick_the_older_meta(tmp_path, sample, step):
+    """LMDB opens the meta with the higher id: the older snapshot, consistent and sealed. At
+    rest the two ids are consecutive, the newer on its parity's page: damage breaks one or both
+    (two ids swapped stay consecutive, on the wrong pages)."""
     def change(d):
         ids = [struct.unpack_from("<Q", d, meta * PAGE + 144)[0] for meta in (0, 1)]
         older = ids.index(min(ids))
-        struct.pack_into("<Q", d, older * PAGE + 144, max(ids) + 8)  # bit 3 (or higher): parity kept
+        if step == "swapped":
+            for meta in (0, 1):
+                struct.pack_into("<Q", d, meta * PAGE + 144, ids[1 - meta])
+        else:
+            struct.pack_into("<Q", d, older * PAGE + 144, max(ids) + step)
     _check_fails(_damaged_copy(tmp_path, sample, change), "meta")
+
+
+def test_a_free_database_without_integer_keys(tmp_path, sample):
+    """The free database's keys are transaction ids LMDB compares as integers: without the flag
+    it would compare them byte by byte, in another order."""
+    def change(d):
+        for meta in (0, 1):
+            struct.pack_into("<H", d, meta * PAGE + 40 + 4, 0)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "database")
 
 
 def test_a_root_that_lands_on_its_own_child_cuts_the_tree_short(tmp_path, sample):
