@@ -553,6 +553,17 @@ def test_a_transaction_id_that_would_pick_the_older_meta(tmp_path, sample, step)
     _check_fails(_damaged_copy(tmp_path, sample, change), "meta")
 
 
+def test_a_page_size_that_differs_in_the_meta_lmdb_picks(tmp_path, sample):
+    """LMDB takes the page size from meta 0, then uses the newer meta: when that is meta 1 its
+    own page size must agree (here meta 1 is made the newer one, with the next id)."""
+    def change(d):
+        ids = [struct.unpack_from("<Q", d, meta * PAGE + 144)[0] for meta in (0, 1)]
+        if ids[1] < ids[0]:
+            struct.pack_into("<Q", d, PAGE + 144, ids[0] + 1)
+        struct.pack_into("<I", d, PAGE + 40, 2 * PAGE)
+    _check_fails(_damaged_copy(tmp_path, sample, change), "page_size")
+
+
 def test_a_free_database_without_integer_keys(tmp_path, sample):
     """The free database's keys are transaction ids LMDB compares as integers: without the flag
     it would compare them byte by byte, in another order."""
@@ -771,6 +782,8 @@ def test_the_open_policy(tmp_path, monkeypatch):
     directory = os.path.dirname(path)
     assert check_before_open(directory, None, label="t", remedy="-") is not None
     assert check_before_open(directory, False, label="t", remedy="-") is None
+    monkeypatch.setattr(limits, "LMDB_CHECK_AT_OPEN_BYTES_MAX", os.path.getsize(path))
+    assert check_before_open(directory, None, label="t", remedy="-") is not None  # at the limit: checked
     monkeypatch.setattr(limits, "LMDB_CHECK_AT_OPEN_BYTES_MAX", os.path.getsize(path) - 1)
     assert check_before_open(directory, None, label="t", remedy="-") is None  # above the limit: not by default
     assert check_before_open(directory, True, label="t", remedy="-") is not None  # unless asked
