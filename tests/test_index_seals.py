@@ -221,3 +221,24 @@ def test_presence_survives_rebuild_for_keys_written_many_times(tmp_path):
             authority.state(GROUP, "mission:m-1")
         with pytest.raises(Corruption):
             authority.head(GROUP)
+
+
+@pytest.mark.parametrize("kept", [1, 8])
+def test_an_index_that_lost_some_of_its_databases_is_corruption_not_refilled(tmp_path, kept):
+    """An environment that holds some of the index's databases is an index that lost the others
+    (a damaged main database renamed them): refused, whether one or all but one remain, never
+    filled up with new empty ones."""
+    import lmdb
+
+    from mwpstore.index import DATABASE_NAMES, Index
+
+    directory = str(tmp_path / "index")
+    Index(directory, map_size=1 << 24).close()
+    env = lmdb.open(directory, max_dbs=len(DATABASE_NAMES) + 2)
+    with env.begin(write=True) as txn:
+        for name in DATABASE_NAMES[kept:]:
+            txn.drop(env.open_db(name, txn=txn), delete=True)
+    env.close()
+    with pytest.raises(Corruption) as caught:
+        Index(directory, map_size=1 << 24)
+    assert caught.value.detail["reason"] == "missing_database"
