@@ -494,6 +494,21 @@ def test_a_redo_interrupted_after_one_of_its_commits_resumes_from_that_commit(tm
         assert authority.accept(mission_create("m-after")).seq == head[0] + 1
 
 
+def test_leftovers_of_an_interrupted_rebuild_or_verify_are_removed_at_open(tmp_path):
+    """A rebuild or verify killed midway leaves its scratch index behind: the next open removes
+    it even when it trusts the index and builds nothing (the space would stay taken otherwise)."""
+    path = str(tmp_path / "store")
+    open_with_group(path).close()
+    leftovers = ["index.rebuild", "index.old", "index.verify", "index.verify-x1y2"]
+    for name in leftovers:
+        os.makedirs(os.path.join(path, name))
+        with open(os.path.join(path, name, "data.mdb"), "wb") as handle:
+            handle.write(b"\x00" * 4096)
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "clean"
+    assert [name for name in leftovers if os.path.exists(os.path.join(path, name))] == []
+
+
 def test_restart_of_machine_without_clean_close_rebuilds_index(tmp_path):
     path = str(tmp_path / "store")
     code = CHILD_ACCEPT.format(path=path).replace("a.close()", "import os; os._exit(0)")
