@@ -146,6 +146,21 @@ def test_c_indexes_every_width_the_engine_writes_in_one_call(index):
     assert index_bytes(c) == index_bytes(python)
 
 
+@pytest.mark.parametrize("calls", ["one C call", "two C calls"])
+def test_the_last_acceptance_time_is_the_largest_not_the_last(index, calls):
+    """Redo keeps the largest acceptance time it saw (the next one is never before it): C's
+    answer is the reference's even for a log whose times do not ascend, within one C call and
+    across the calls of one batch (an ACK after the largest is handed back, a second call takes
+    the rest)."""
+    events = _history("g-1", 1)
+    events[2] = msgspec.structs.replace(events[2], accepted_at_ms=events[-1].accepted_at_ms + 1_000)
+    records = _records(events)
+    if calls == "two C calls":
+        records.insert(3, ACK_TAG + msgspec.msgpack.encode(("consumer", "g-1", 1)))
+    python, c = _both(index, records)
+    assert python[2] == c[2] == events[2].accepted_at_ms
+
+
 def test_c_hands_back_what_it_does_not_handle(index):
     """Other tags, a Group without a known head, an extension type, depth past C's limit: C stops
     at that record (leaving it untouched) and the combined result is Python's."""
