@@ -242,3 +242,19 @@ def test_an_index_that_lost_some_of_its_databases_is_corruption_not_refilled(tmp
     with pytest.raises(Corruption) as caught:
         Index(directory, map_size=1 << 24)
     assert caught.value.detail["reason"] == "missing_database"
+
+
+@pytest.mark.parametrize("extra", [-1, 1])
+def test_a_sealed_head_of_the_wrong_length_is_corruption(tmp_path, extra):
+    """A head is a sequence and a 32-byte hash: a sealed value one byte shorter or longer (a bug
+    that wrote it, not a flipped bit) is CORRUPTION, not a head with a 31- or 33-byte hash."""
+    from mwpstore.index import encode_head
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        seq, digest = authority.head(GROUP)
+        value = encode_head(seq, digest)
+        with authority.index.begin(write=True) as txn:
+            authority.index.put(txn, b"heads", GROUP.encode(), value[:-1] if extra < 0 else value + b"\x00", new=False)
+        with pytest.raises(Corruption) as caught:
+            authority.head(GROUP)
+        assert caught.value.detail["reason"] == "index_head"
