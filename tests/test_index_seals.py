@@ -120,17 +120,23 @@ def test_verify_reports_damage_instead_of_raising(tmp_path):
         assert not report.ok and any("heads" in problem for problem in report.problems)
 
 
-def test_an_index_of_another_format_is_rebuilt_at_open(tmp_path):
+@pytest.mark.parametrize("written", ["format 1 (unsealed)", "a later format (sealed)"])
+def test_an_index_of_another_format_is_rebuilt_at_open(tmp_path, written):
     path = str(tmp_path / "store")
     with open_with_group(path) as authority:
         authority.accept(mission_create("m-1"))
         head = authority.head(GROUP)
     authority = Authority.open(path)
-    with authority.index.env.begin(write=True) as txn:  # an index written by format 1 (unsealed)
-        txn.put(b"format", b"1", db=authority.index.dbs[b"meta"])
+    with authority.index.env.begin(write=True) as txn:
+        if written == "format 1 (unsealed)":
+            txn.put(b"format", b"1", db=authority.index.dbs[b"meta"])
+        else:  # its seal holds: the format itself must decide
+            authority.index.put(txn, b"meta", b"format", b"3")
     authority.close()
     with Authority.open(path) as reopened:
         assert reopened.open_report.mode == "rebuild" and reopened.head(GROUP) == head
+        if written == "a later format (sealed)":
+            assert reopened.open_report.reason == "index format differs"
         with reopened.index.env.begin() as txn:
             assert reopened.index.get(txn, b"meta", b"format") == INDEX_FORMAT
 
