@@ -587,6 +587,39 @@ def test_verify_reports_a_broken_hash_chain_instead_of_raising(tmp_path):
     assert any(problem.startswith(f"chain break in group {GROUP} at seq 4") for problem in report.problems), report.problems
 
 
+def test_verify_reports_an_event_whose_content_no_longer_matches_its_hash(tmp_path):
+    """A log rewritten with one Event's body changed and its payload hash recomputed, the chain
+    hash left as it was: every frame, link and index entry holds (the body is in no index entry),
+    so only recomputing the Event's hash shows it."""
+    import shutil
+
+    import msgspec
+
+    from mwpstore.messages import decode_event, encode_event, payload_hash_of
+    from mwpstore.segment_log import SegmentLog
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        for number in range(3):
+            authority.accept(mission_create(f"m-{number}"))
+    with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
+        records = [(position, bytes(record)) for batch in log.scan(0) for position, record in zip(batch.positions, batch.records)]
+    forged = str(tmp_path / "forged")
+    with SegmentLog.open(forged) as log:
+        for position, record in records:
+            event = decode_event(memoryview(record)[1:])
+            if event.seq == 3:
+                body = dict(event.body or {}, title="changed")
+                event = msgspec.structs.replace(event, body=body, payload_hash=payload_hash_of(body))
+                record = record[:1] + encode_event(event)
+            assert log.append([record]) == [position]
+    shutil.rmtree(os.path.join(path, "log"))
+    shutil.move(forged, os.path.join(path, "log"))
+    with Authority.open(path) as authority:
+        report = authority.verify()
+    assert report.problems == [f"hash mismatch in group {GROUP} at seq 3 (position {records[2][0]})"]
+
+
 def test_verify_finds_an_index_that_differs_from_the_log(tmp_path):
     path = str(tmp_path / "store")
     with open_with_group(path) as authority:
