@@ -221,7 +221,7 @@ def test_damage_is_the_same_corruption_either_way(index):
     assert python == c and python[:2] == ("Corruption", "decode"), marker
 
 
-@pytest.mark.parametrize("forgery", ["prev hash", "repeated seq", "prev hash of a record C hands back", "prev hash one byte short"])
+@pytest.mark.parametrize("forgery", ["prev hash", "repeated seq", "skipped seq", "prev hash of a record C hands back", "prev hash one byte short"])
 def test_a_chain_that_does_not_link_is_the_same_corruption_either_way(index, forgery):
     """An Event must carry its Group head's next sequence and that head's hash. C hands back the
     record that does not link, so Python's check is the one that decides, for the chain's first
@@ -232,6 +232,8 @@ def test_a_chain_that_does_not_link_is_the_same_corruption_either_way(index, for
         events[-1] = msgspec.structs.replace(last, prev_hash=b"\x07" * 32)
     elif forgery == "repeated seq":  # linked by hash to the head, but the head's own sequence
         events[-1] = msgspec.structs.replace(last, seq=last.seq - 1, event_id=f"g-1:{last.seq - 1}")
+    elif forgery == "skipped seq":  # linked by hash to the head, one sequence too far
+        events[-1] = msgspec.structs.replace(last, seq=last.seq + 1, event_id=f"g-1:{last.seq + 1}")
     elif forgery == "prev hash of a record C hands back":
         events[-1] = msgspec.structs.replace(last, prev_hash=b"\x07" * 32,
                                              effects=[Effect("a:x", 1, {"ext": msgspec.msgpack.Ext(5, b"raw")})])
