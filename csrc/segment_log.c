@@ -1060,6 +1060,29 @@ static uint64_t log_write_bytes(const struct sl_log *log, uint64_t offset, uint6
     return target - offset;
 }
 
+/* Create an empty segment of next_segment_bytes starting at first_position (durably, renamed over
+ * any file of that name) and make it the active one. The active descriptor is closed already. */
+static int log_start_segment(struct sl_log *log, uint64_t first_position, struct sl_fault *fault) {
+    const struct sl_io *io = log->io;
+    int rc = sl_segment_create(io, log->directory, log->log_id, first_position, log->next_segment_bytes,
+                               fault);
+    if (rc != SL_OK) {
+        log->failed = 1;
+        return rc;
+    }
+    char path[SL_PATH_BYTES_MAX];
+    SL_ASSERT(segment_path(path, sizeof(path), log->directory, first_position, "") == SL_OK);
+    rc = io->open_file(io->context, path, &log->fd);
+    if (rc != 0) {
+        return log_fail(log, fault, rc);
+    }
+    log->first_position = first_position;
+    log->segment_bytes = log->next_segment_bytes;
+    log->zeroed_until = SL_SEGMENT_HEADER_BYTES;
+    log->sealed = 0;
+    return SL_OK;
+}
+
 /* Replace the empty active segment with an empty one of next_segment_bytes. A group that does not
  * fit an empty segment but fits the next size (the log was reopened with a larger segment_bytes)
  * lands here. Sealing instead would be wrong: a seal takes no position, so the next segment would
@@ -1072,21 +1095,7 @@ static int log_replace_empty(struct sl_log *log, struct sl_fault *fault) {
     if (rc != 0) {
         return log_fail(log, fault, rc);
     }
-    rc = sl_segment_create(io, log->directory, log->log_id, log->first_position,
-                           log->next_segment_bytes, fault);
-    if (rc != SL_OK) {
-        log->failed = 1;
-        return rc;
-    }
-    char path[SL_PATH_BYTES_MAX];
-    SL_ASSERT(segment_path(path, sizeof(path), log->directory, log->first_position, "") == SL_OK);
-    rc = io->open_file(io->context, path, &log->fd);
-    if (rc != 0) {
-        return log_fail(log, fault, rc);
-    }
-    log->segment_bytes = log->next_segment_bytes;
-    log->zeroed_until = SL_SEGMENT_HEADER_BYTES;
-    return SL_OK;
+    return log_start_segment(log, log->first_position, fault);
 }
 
 /* Seal the active segment and start the next one. Every step is durable before the next. An
@@ -1127,23 +1136,7 @@ static int log_roll(struct sl_log *log, struct sl_fault *fault) {
     if (rc != 0) {
         return log_fail(log, fault, rc);
     }
-    rc = sl_segment_create(io, log->directory, log->log_id, log->end_position,
-                           log->next_segment_bytes, fault);
-    if (rc != SL_OK) {
-        log->failed = 1;
-        return rc;
-    }
-    char path[SL_PATH_BYTES_MAX];
-    SL_ASSERT(segment_path(path, sizeof(path), log->directory, log->end_position, "") == SL_OK);
-    rc = io->open_file(io->context, path, &log->fd);
-    if (rc != 0) {
-        return log_fail(log, fault, rc);
-    }
-    log->first_position = log->end_position;
-    log->segment_bytes = log->next_segment_bytes;
-    log->zeroed_until = SL_SEGMENT_HEADER_BYTES;
-    log->sealed = 0;
-    return SL_OK;
+    return log_start_segment(log, log->end_position, fault);
 }
 
 int sl_log_append(struct sl_log *log, const uint8_t *data, uint64_t data_bytes,

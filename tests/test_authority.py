@@ -551,34 +551,47 @@ def test_index_ahead_of_log_is_rebuilt(tmp_path):
         assert authority.verify().ok
 
 
-def test_verify_reports_a_broken_hash_chain_instead_of_raising(tmp_path):
-    """A log rewritten with one Event re-chained (every frame intact, every Event's own hash
-    right, the same positions, so the clean index still opens): verify() returns a report that
-    names the chain break; it used to raise CORRUPTION from its rebuild comparison, dropping it."""
+def _store_with_one_event_rewritten(tmp_path, missions: int, rewrite) -> tuple[str, list[tuple[int, bytes]]]:
+    """A store of ``missions`` accepts whose log is copied record by record, one group a record as
+    each accept wrote it, with the Event of sequence 3 replaced by ``rewrite(event)`` (which must
+    keep its encoded length, so that every later position stays). Returns the path and the
+    original records."""
     import shutil
 
-    import msgspec
-
-    from mwpstore.messages import decode_event, encode_event, recompute_event_hash
+    from mwpstore.messages import decode_event, encode_event
     from mwpstore.segment_log import SegmentLog
 
     path = str(tmp_path / "store")
     with open_with_group(path) as authority:
-        for number in range(4):
+        for number in range(missions):
             authority.accept(mission_create(f"m-{number}"))
     with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
         records = [(position, bytes(record)) for batch in log.scan(0) for position, record in zip(batch.positions, batch.records)]
     forged = str(tmp_path / "forged")
     with SegmentLog.open(forged) as log:
-        for position, record in records:  # one record a group, as each accept wrote it
+        for position, record in records:
             event = decode_event(memoryview(record)[1:])
             if event.seq == 3:
-                event = msgspec.structs.replace(event, prev_hash=bytes(32))
-                event = msgspec.structs.replace(event, hash=recompute_event_hash(event))
-                record = record[:1] + encode_event(event)
+                record = record[:1] + encode_event(rewrite(event))
             assert log.append([record]) == [position]
     shutil.rmtree(os.path.join(path, "log"))
     shutil.move(forged, os.path.join(path, "log"))
+    return path, records
+
+
+def test_verify_reports_a_broken_hash_chain_instead_of_raising(tmp_path):
+    """A log rewritten with one Event re-chained (every frame intact, every Event's own hash
+    right, the same positions, so the clean index still opens): verify() returns a report that
+    names the chain break; it used to raise CORRUPTION from its rebuild comparison, dropping it."""
+    import msgspec
+
+    from mwpstore.messages import recompute_event_hash
+
+    def rechain(event):
+        event = msgspec.structs.replace(event, prev_hash=bytes(32))
+        return msgspec.structs.replace(event, hash=recompute_event_hash(event))
+
+    path, _ = _store_with_one_event_rewritten(tmp_path, 4, rechain)
     with Authority.open(path) as authority:
         assert authority.open_report.mode == "clean"
         report = authority.verify()
@@ -591,31 +604,16 @@ def test_verify_reports_an_event_whose_content_no_longer_matches_its_hash(tmp_pa
     """A log rewritten with one Event's body changed and its payload hash recomputed, the chain
     hash left as it was: every frame, link and index entry holds (the body is in no index entry),
     so only recomputing the Event's hash shows it."""
-    import shutil
-
     import msgspec
 
-    from mwpstore.messages import decode_event, encode_event, payload_hash_of
-    from mwpstore.segment_log import SegmentLog
+    from mwpstore.messages import payload_hash_of
 
-    path = str(tmp_path / "store")
-    with open_with_group(path) as authority:
-        for number in range(3):
-            authority.accept(mission_create(f"m-{number}"))
-    with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
-        records = [(position, bytes(record)) for batch in log.scan(0) for position, record in zip(batch.positions, batch.records)]
-    forged = str(tmp_path / "forged")
-    with SegmentLog.open(forged) as log:
-        for position, record in records:
-            event = decode_event(memoryview(record)[1:])
-            if event.seq == 3:
-                body = dict(event.body or {})
-                body["title"] = "x" * len(body["title"])  # the same length: every later position stays
-                event = msgspec.structs.replace(event, body=body, payload_hash=payload_hash_of(body))
-                record = record[:1] + encode_event(event)
-            assert log.append([record]) == [position]
-    shutil.rmtree(os.path.join(path, "log"))
-    shutil.move(forged, os.path.join(path, "log"))
+    def change_body(event):
+        body = dict(event.body or {})
+        body["title"] = "x" * len(body["title"])  # the same length: every later position stays
+        return msgspec.structs.replace(event, body=body, payload_hash=payload_hash_of(body))
+
+    path, records = _store_with_one_event_rewritten(tmp_path, 3, change_body)
     with Authority.open(path) as authority:
         report = authority.verify()
     assert report.problems == [f"hash mismatch in group {GROUP} at seq 3 (position {records[2][0]})"]

@@ -98,15 +98,21 @@ def test_reading_an_audit_log_header_that_is_not_a_file_is_storage_failed(tmp_pa
             read_audit_log_header(str(tmp_path / name))
 
 
-def test_directories_for_snapshots_and_keys_are_created_durably(tmp_path, monkeypatch):
-    synced: list[str] = []
-    real = _files.fsync_directory
+@pytest.fixture
+def synced(monkeypatch) -> list[str]:
+    """The directories fsynced through ``_files.fsync_directory`` (still synced), in order."""
+    paths: list[str] = []
+    fsync_directory = _files.fsync_directory
 
     def recording(directory: str) -> None:
-        synced.append(os.path.abspath(directory))
-        real(directory)
+        paths.append(os.path.abspath(directory))
+        fsync_directory(directory)
 
     monkeypatch.setattr(_files, "fsync_directory", recording)
+    return paths
+
+
+def test_directories_for_snapshots_and_keys_are_created_durably(tmp_path, synced):
     with open_with_group(str(tmp_path / "store")) as authority:
         ref = authority.snapshot(GROUP)
     store = os.path.abspath(str(tmp_path / "store"))
@@ -116,7 +122,7 @@ def test_directories_for_snapshots_and_keys_are_created_durably(tmp_path, monkey
 
 
 @pytest.mark.parametrize("kind", ["authority", "agent store"])
-def test_a_new_store_directory_is_made_durable_in_its_parent(tmp_path, monkeypatch, kind):
+def test_a_new_store_directory_is_made_durable_in_its_parent(tmp_path, synced, kind):
     """Opening a store in a directory that does not exist yet creates it and every missing parent.
     Each new entry must be synced in its parent: with a bare ``os.makedirs`` only the store's own
     contents were synced, so a power loss could take the store directory's entry, and every
@@ -124,14 +130,6 @@ def test_a_new_store_directory_is_made_durable_in_its_parent(tmp_path, monkeypat
     from mwpstore import Authority
     from mwpstore.agent_store import AgentStore
 
-    synced: list[str] = []
-    fsync_directory = _files.fsync_directory
-
-    def recording(path: str) -> None:
-        synced.append(os.path.abspath(path))
-        fsync_directory(path)
-
-    monkeypatch.setattr(_files, "fsync_directory", recording)
     store = tmp_path / "a" / "b" / "store"
     (Authority.open if kind == "authority" else AgentStore.open)(str(store)).close()
     for created in (store, store.parent, store.parent.parent):
