@@ -136,9 +136,11 @@ class Index(SealedTables):
             )
             self.dbs: dict[bytes, Any] = {}
             if readonly:
+                # Opened without a transaction of ours: a handle opened inside a read transaction
+                # that ends without a commit is closed with it, and every later read through it
+                # fails with EINVAL.
                 for name in DATABASE_NAMES:
-                    with self.env.begin() as txn:
-                        self.dbs[name] = self.env.open_db(name, txn=txn, create=False)
+                    self.dbs[name] = self.env.open_db(name, create=False)
             else:
                 try:
                     self.dbs = open_databases(self.env, DATABASE_NAMES, label="index", remedy=self.remedy)
