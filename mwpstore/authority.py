@@ -312,7 +312,8 @@ class Authority:
     """The authoritative store: ``accept``, ``read``, ``subscribe``, ``ack``, ``verify``, ``rebuild``.
 
     Open with :meth:`open`. One writer process per directory (``STORE_LOCKED`` otherwise); any
-    number of threads may call every method concurrently.
+    number of threads may call every method concurrently. ``open(path, readonly=True)`` is a
+    read-only view beside that writer, in any other process (see :meth:`open`).
     """
 
     def __init__(self) -> None:  # use Authority.open
@@ -346,6 +347,8 @@ class Authority:
     _closing: threading.Lock  # makes "not closed yet, close now" one step for concurrent close() calls
     _committer: int | None  # the thread holding the commit role (a leader, or rebuild/compact/verify's _exclusive)
     _fork_generation: int  # the process this handle belongs to (mwpstore._fork): none other may use it
+    _readonly: bool  # a read-only view (open(readonly=True)): no lock, no recovery, no write
+    _store_key: tuple[int, int] | None  # (device, inode) of the directory this handle writes, in _WRITERS_HERE
 
     @property
     def log(self) -> SegmentLog:
@@ -371,6 +374,7 @@ class Authority:
         progress: Callable[[int, int], None] | None = None,
         check_lmdb: bool | None = None,
         create: bool = True,
+        readonly: bool = False,
     ) -> Authority:
         """Open (creating on first use) the authority stored under ``path``.
 
@@ -383,6 +387,22 @@ class Authority:
         ``check_lmdb``: check the index's LMDB file structure before LMDB maps it (True always,
         False never, None when the file is at most ``limits.LMDB_CHECK_AT_OPEN_BYTES_MAX``
         bytes); a damaged index is rebuilt from the log (``open_report.reason`` says so).
+
+        ``readonly=True`` opens a read-only view of an existing store, beside the process that
+        holds it open for writing (or with none): it takes no lock, runs no recovery and writes
+        nothing (LMDB's reader table in ``index/lock.mdb`` aside, which is how LMDB lets readers
+        of other processes in). The view is the store as it was at this call: ``read``, ``head``,
+        ``state``, ``replay_floor`` and the other reads answer from one LMDB read transaction,
+        whose every position is in the log opened after it, so it shows only durable Events; open
+        a new view to see later ones. Every method that writes raises ``InvalidState`` (reason
+        ``readonly``). A store that needs what only a writer does first (no index yet, an index of
+        another format or from before a restart that was not closed cleanly, a compaction or a
+        rebuild switching files) is ``InvalidState`` (reason ``recovery_needed``); no store at
+        ``path`` is ``StoreNotFound``. In a process that holds the same store open for writing it
+        is ``InvalidCommand``: LMDB must not open one environment twice in a process (closing the
+        second would drop the first's locks). ``sync``, ``segment_bytes``, ``progress``,
+        ``check_lmdb`` and ``create`` do not apply (the LMDB structure check would race the
+        writer's commits; the writer checked the file when it opened it).
         """
         # Every option is checked before anything is created: a directory left with a lock file
         # holds a store as far as the next open (create=False too) is concerned.
@@ -391,6 +411,8 @@ class Authority:
             raise InvalidCommand("create must be True or False", field="create")
         if type(sync) is not bool:  # None or 0 would have meant the bulk-load mode, not durable
             raise InvalidCommand("sync must be True or False", field="sync")
+        if type(readonly) is not bool:  # a truthy non-bool must not decide between writing and not
+            raise InvalidCommand("readonly must be True or False", field="readonly")
         check_map_size(map_size)
         check_segment_bytes(segment_bytes)
         progress = checked_progress(progress)
@@ -422,7 +444,15 @@ class Authority:
         self._archive_lock = threading.Lock()
         self._segment_bytes = segment_bytes
         self._retired = []
+        self._readonly = readonly
+        self._store_key = None
         _refuse_agent_store(self.path)
+        if readonly:
+            if not _holds_store(self.path):
+                raise StoreNotFound(f"no store at {self.path!r}", path=self.path)
+            self._lock_fd = -1
+            self._open_view()
+            return self
         if not _holds_store(self.path):
             if not create:
                 raise StoreNotFound(f"no store at {self.path!r}", path=self.path)
@@ -455,7 +485,92 @@ class Authority:
         except BaseException:
             os.close(self._lock_fd)
             raise
+        self._store_key = _directory_key(self.path)
+        if self._store_key is not None:
+            _WRITERS_HERE[self._store_key] = self._fork_generation
         return self
+
+    def _open_view(self) -> None:
+        """Open the index, then the log, read-only (see :meth:`open`); retried while a compaction
+        or a rebuild by the writer switches files under the open."""
+        key = _directory_key(self.path)
+        if key is not None and _WRITERS_HERE.get(key) == _fork.generation:
+            raise InvalidCommand(
+                f"this process holds {self.path!r} open for writing: read through that handle "
+                "(a read-only view is for other processes)",
+                field="readonly",
+                path=self.path,
+            )
+        deadline = time.monotonic() + _VIEW_OPEN_SECONDS
+        while True:
+            try:
+                self._pair = self._view_pair()
+                break
+            except _Switched:
+                if time.monotonic() >= deadline:
+                    raise self._needs_writer("keeps switching its index or log (a compaction or rebuild is running)") from None
+                time.sleep(0.01)
+            except (OSError, lmdb.Error) as exc:
+                raise translate(exc, context=f"opening {self.path} read-only") from None
+        self.open_report = OpenReport(mode="readonly", reason="read-only view: nothing recovered or written", redo_records=0)
+
+    def _view_pair(self) -> tuple[SegmentLog, Index]:
+        """A log and an index that agree: the index's read transaction begins before the log is
+        opened, so the log holds every record it names (the writer commits LMDB only after the
+        log's fdatasync). ``_Switched`` when the files changed meanwhile (compaction: marker, log,
+        then index; rebuild: the index): the index opened may not belong to the log opened."""
+        from .compaction import MARKER
+
+        marker = os.path.join(self.path, MARKER)
+        index_file = os.path.join(self._index_dir(), "data.mdb")
+        if os.path.exists(marker):
+            raise self._needs_writer("has a compaction switching its log (running, or interrupted)")
+        before = _file_key(index_file)
+        if before is None:
+            if os.path.isdir(self._index_dir(".rebuild")):  # a rebuild between its two renames, or before them
+                raise _Switched()
+            raise self._needs_writer("has no index yet")
+        index = _IndexView(self._index_dir(), map_size=self._map_size)
+        try:
+            with index.begin() as txn:
+                fmt = index.get(txn, b"meta", b"format")
+                meta_boot = bytes(index.get(txn, b"meta", b"boot_id") or b"").decode("ascii", "replace")
+                clean = index.get(txn, b"meta", b"clean") == b"1"
+                position = index.log_position(txn)
+            if fmt != INDEX_FORMAT:
+                raise self._needs_writer("has an index of another format")
+            if meta_boot != current_boot_id() and not clean:
+                raise self._needs_writer("was not closed cleanly before the machine restarted")
+            log = SegmentLog.open(os.path.join(self.path, "log"), readonly=True)
+            try:
+                if os.path.exists(marker) or _file_key(index_file) != before:
+                    raise _Switched()
+                if not log.start <= position <= log.end:
+                    raise self._needs_writer(f"has an index at log position {position}, outside the log [{log.start}, {log.end}]")
+            except BaseException:
+                log.close()
+                raise
+        except BaseException:
+            index.close()
+            raise
+        return log, index
+
+    def _needs_writer(self, why: str) -> InvalidState:
+        return InvalidState(
+            f"the store at {self.path!r} {why}: it can be read read-only once a process has opened it "
+            "for writing (an application, or `mwpstore inspect`)",
+            reason="recovery_needed",
+            path=self.path,
+        )
+
+    def _refuse_readonly(self, what: str) -> None:
+        """``InvalidState`` (reason ``readonly``) for a method that writes, on a read-only view."""
+        if self._readonly:
+            raise InvalidState(
+                f"{what}: this authority was opened read-only; open it without readonly=True to write",
+                reason="readonly",
+                field="readonly",
+            )
 
     def _index_dir(self, suffix: str = "") -> str:
         return os.path.join(self.path, "index" + suffix)
@@ -612,7 +727,9 @@ class Authority:
         self._refuse_inside_commit("close")  # it would wait for the commit role its own thread holds
         with self._closing:  # held to the end: a concurrent close() returns once this one has
             self._closed = True  # from here no new read or commit starts (StoreClosed)
-            if self._lock_fd >= 0:
+            if self._readonly:
+                self._close_view()
+            elif self._lock_fd >= 0:
                 self._release()
 
     def _release(self) -> None:
@@ -644,10 +761,25 @@ class Authority:
                 except (OSError, lmdb.Error) as exc:
                     error = error or translate(exc, context="closing the authority")
             self._retired.clear()
+            if self._store_key is not None:
+                _WRITERS_HERE.pop(self._store_key, None)
             os.close(self._lock_fd)
             self._lock_fd = -1  # released: the number may be reused by any later open file
         if error is not None:
             raise error
+
+    def _close_view(self) -> None:
+        """A read-only view's close: its reads finish, then its handles close (nothing to sync)."""
+        while self._readers:
+            time.sleep(0.001)
+        log, index = self._pair
+        self._pair = (log, None)
+        if index is None:  # closed already
+            return
+        try:
+            index.close()
+        finally:
+            log.close()
 
     def __enter__(self) -> Authority:
         return self
@@ -657,6 +789,7 @@ class Authority:
 
     def sync(self) -> None:
         """Make everything accepted so far durable (needed only with ``sync=False``)."""
+        self._refuse_readonly("sync")
         self._check_open()
         self.log.sync()
 
@@ -667,6 +800,7 @@ class Authority:
 
         Raises the typed rejection (nothing changed) or ``StorageFailed``.
         """
+        self._refuse_readonly("accept")
         self._refuse_inside_commit("accept")
         return self._accept_one(self._prepare(command))
 
@@ -685,6 +819,7 @@ class Authority:
 
         A rejected Command leaves no trace and does not disturb the others.
         """
+        self._refuse_readonly("accept_many")
         self._refuse_inside_commit("accept_many")
         self._check_open()
         if isinstance(commands, (str, bytes)) or not isinstance(commands, Sequence):
@@ -778,6 +913,7 @@ class Authority:
         commit and wakes the next answered caller. So neither the leader role nor a wake-up is
         ever lost with the interrupted thread.
         """
+        self._refuse_readonly("commit")
         self._refuse_inside_commit("commit")
         self._check_open()  # before self._lock, which a parent thread may have held at a fork
         for request in unit.requests:
@@ -1101,6 +1237,7 @@ class Authority:
 
     def accept_trusted(self, command: Command) -> Receipt:
         """Accept a Command the engine issues itself (``system_only`` kinds such as ``lease.expire``)."""
+        self._refuse_readonly("accept_trusted")
         self._refuse_inside_commit("accept_trusted")
         return self._accept_one(self._prepare(command, trusted=True))
 
@@ -1109,6 +1246,7 @@ class Authority:
         """The lease sweep: a ``lease.expire`` Event for every lapsed lease in ``group``."""
         from . import work_model
 
+        self._refuse_readonly("expire_leases")
         canonical.check_id(group, "group")
         now = self._now() if now_ms is None else canonical.check_time_ms(now_ms, "now_ms")
         items = self.aggregates(group, prefix="workitem:")
@@ -1262,6 +1400,7 @@ class Authority:
     def signing_key(self) -> SigningKey:
         """The store's Ed25519 snapshot key, generated on first use under ``<path>/keys``."""
         self._check_closed()  # a closed handle no longer holds the store: it creates no key file there
+        self._refuse_readonly("signing_key")  # it creates the key on first use
         if self._signing_key is None:
             self._signing_key = SigningKey.load_or_create(os.path.join(self.path, "keys"))
         return self._signing_key
@@ -1283,6 +1422,7 @@ class Authority:
         """
         if type(retire) is not bool:  # a falsy non-bool (None, 0) would have dropped the old key
             raise InvalidCommand("retire must be True or False", field="retire")
+        self._refuse_readonly("rotate_signing_key")
         self._check_open()
         with self._snapshot_lock:  # no snapshot is signed while the key changes
             self._signing_key = None  # whatever happens below, the next use reads the key file
@@ -1295,6 +1435,7 @@ class Authority:
         snapshots of the Groups whose latest snapshot it signed (:meth:`snapshot` signs one at the
         same sequence with the current key), so agents behind their replay floor can restore.
         ``NotFound`` when no such key is retired."""
+        self._refuse_readonly("drop_retired_key")
         self._check_open()
         with self._snapshot_lock:
             drop_retired_key(os.path.join(self.path, "keys"), key_id)
@@ -1307,6 +1448,7 @@ class Authority:
         moves the Group's replay floor (see :meth:`replay_floor`).
         """
         canonical.check_id(group, "group")
+        self._refuse_readonly("snapshot")
         self._check_open()
         self._refuse_inside_commit("snapshot")  # before its file is written
         with self._snapshot_lock:  # one snapshot at a time: a sequence's file is written once
@@ -1403,6 +1545,7 @@ class Authority:
         ``key_provider`` supplies the Organization's audit-log key (default: a
         ``FileKeyProvider`` under ``<path>/keys/orgs``).
         """
+        self._refuse_readonly("archive")
         self._refuse_inside_commit("archive")
         with self._archive_lock:
             # Two archive() calls for one Group would both write its audit log (with different
@@ -1540,6 +1683,7 @@ class Authority:
         """Rewrite the log without redacted payloads and archived Groups' Events; see ``compaction``."""
         from .compaction import compact
 
+        self._refuse_readonly("compact")
         self._refuse_inside_commit("compact")
         return compact(self, progress)
 
@@ -1587,6 +1731,7 @@ class Authority:
         canonical.check_id(group, "group")
         if type(cursor) is not int or cursor < 0:
             raise InvalidCommand("cursor must be a non-negative integer", field="cursor")
+        self._refuse_readonly("ack")
         self._refuse_inside_commit("ack")
         self._check_open()
         request = _Request(None, ack=(consumer, group, cursor))
@@ -1634,6 +1779,7 @@ class Authority:
         index equals a rebuild, every snapshot against the store's key, and every kept audit log
         against its Group's signed final snapshot (``key_provider`` as for :meth:`archive`)."""
         progress = checked_progress(progress)
+        self._refuse_readonly("verify")  # it builds a scratch index in the store's directory
         self._refuse_inside_commit("verify")  # its comparison waits for the commit role
         log, index = self._pair  # one consistent pair, even if a compaction swaps them meanwhile
         assert index is not None
@@ -1780,6 +1926,7 @@ class Authority:
         Commits wait meanwhile; readers keep using the previous index until the new one is in place.
         """
         progress = checked_progress(progress)
+        self._refuse_readonly("rebuild")
         self._refuse_inside_commit("rebuild")
         self._check_open()
         with self._exclusive():
@@ -1793,6 +1940,7 @@ class Authority:
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
         """Hold the commit leader role: no commit runs until the block ends."""
+        self._refuse_readonly("commit")
         self._refuse_inside_commit("commit")
         with self._lock:
             self._exclusive_waiting += 1
@@ -2269,3 +2417,80 @@ def _fsync_directory(directory: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+# -- read-only views -------------------------------------------------------------------------------
+
+_WRITERS_HERE: dict[tuple[int, int], int] = {}
+"""(device, inode) of each store directory this process holds open for writing, with the fork
+generation that opened it: a read-only view of one of them is refused (see ``Authority.open``)."""
+
+_VIEW_OPEN_SECONDS = 2.0
+"""How long a read-only open retries while the writer switches files under it."""
+
+
+class _Switched(Exception):
+    """The index or the log was replaced while a read-only view opened them: try again."""
+
+
+class _IndexView(Index):
+    """A read-only index that answers every read from one LMDB read transaction, begun at open.
+
+    The log is opened after that transaction began, so every position it names is in the log;
+    a transaction begun later could name records appended since. Its reads take turns (an LMDB
+    transaction serves one thread at a time); a nested read in the same thread shares it."""
+
+    def __init__(self, directory: str, *, map_size: int) -> None:
+        super().__init__(directory, map_size=map_size, readonly=True)
+        self._turn = threading.RLock()
+        try:
+            self._txn = self.env.begin(buffers=True)
+        except BaseException:
+            self.env.close()
+            raise
+
+    def begin(self, *, write: bool = False) -> Any:
+        if write:
+            raise InvalidState("the index of a read-only view cannot be written", reason="readonly", field="readonly")
+        return _SharedTransaction(self._txn, self._turn)
+
+    def close(self) -> None:
+        try:
+            self._txn.abort()
+        finally:
+            self.env.close()
+
+
+class _SharedTransaction:
+    """``with index.begin() as txn`` for :class:`_IndexView`: the view's transaction, for one
+    thread at a time, neither committed nor aborted at the block's end."""
+
+    __slots__ = ("_txn", "_turn")
+
+    def __init__(self, txn: lmdb.Transaction, turn: threading.RLock) -> None:
+        self._txn = txn
+        self._turn = turn
+
+    def __enter__(self) -> lmdb.Transaction:
+        self._turn.acquire()
+        return self._txn
+
+    def __exit__(self, *exc: object) -> None:
+        self._turn.release()
+
+
+def _directory_key(path: str) -> tuple[int, int] | None:
+    try:
+        status = os.stat(path)
+    except (OSError, ValueError):
+        return None
+    return status.st_dev, status.st_ino
+
+
+def _file_key(path: str) -> tuple[int, int] | None:
+    """(device, inode) of a file, None when it is missing: a file replaced by rename gets another."""
+    try:
+        status = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return status.st_dev, status.st_ino
