@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from . import __version__
-from .errors import InvalidCommand, MwpError, StoreNotFound
+from .errors import InvalidCommand, InvalidState, MwpError, StoreNotFound
 
 EXIT_OK = 0
 EXIT_CHECK_FAILED = 1
@@ -110,34 +110,65 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+FOLLOW_POLL_SECONDS = 0.25
+"""How often ``tail -f`` looks for new Events."""
+
+
+def _open_view(args: argparse.Namespace) -> Any:
+    from .authority import Authority
+
+    return Authority.open(args.store, readonly=True)
+
+
 def cmd_tail(args: argparse.Namespace) -> int:
+    """Read through read-only views (``Authority.open(readonly=True)``): no lock, so it runs
+    beside the application that has the store open, and that application keeps appending while
+    ``-f`` follows. Each view shows the store as it was when it opened, durable Events only; ``-f``
+    opens a new one on each poll, so a segment rollover, a compaction or a rebuild by the writer
+    (which replace files by rename) never leaves it reading the files they replaced."""
     from .errors import NotFound
 
-    with _open_authority(args, progress=False) as authority:
-        head = authority.head(args.group)[0]
+    with _open_view(args) as view:
+        head = view.head(args.group)[0]
         if head == 0:  # every Group that exists has at least its group.create Event
             # `Authority.read` answers [] for a Group not created yet, so that a consumer in the
-            # process that will create it can start first. Here no one can: the command holds the
-            # store's lock, `-f` included. A mistyped name must not look like an empty Group
-            # (`snapshot create` of one is NOT_FOUND as well).
+            # process that will create it can start first. A mistyped name must not look like an
+            # empty Group, least of all one followed forever (`snapshot create` of one is
+            # NOT_FOUND as well).
             raise NotFound(f"group {args.group!r} does not exist", field="group")
         # The last N Events that are retained: a Group with a replay floor (a window, or archived
         # and compacted) serves nothing below it, and the default must not ask for that.
-        floor = authority.replay_floor(args.group)[0]
+        floor = view.replay_floor(args.group)[0]
         after = max(floor, head - args.lines) if args.after is None else args.after
-        subscription = authority.subscribe(args.group, after=after)
-        deadline = None if args.timeout is None else time.monotonic() + args.timeout
-        while True:
-            events = authority.read(args.group, after=subscription.cursor, limit=1000) if not args.follow else subscription.poll(timeout=0.5)
-            for event in events:
-                _print_event(args, event)
-            if events and not args.follow:
-                subscription.cursor = events[-1].seq
-                continue
-            if not args.follow:
-                return EXIT_OK
-            if deadline is not None and time.monotonic() >= deadline:
-                return EXIT_OK
+        cursor = _print_after(args, view, after)
+    if not args.follow:
+        return EXIT_OK
+    deadline = None if args.timeout is None else time.monotonic() + args.timeout
+    while True:
+        pause = FOLLOW_POLL_SECONDS if deadline is None else min(FOLLOW_POLL_SECONDS, deadline - time.monotonic())
+        if pause <= 0:
+            return EXIT_OK
+        time.sleep(pause)
+        try:
+            with _open_view(args) as view:
+                cursor = _print_after(args, view, cursor)
+        except InvalidState as exc:
+            # The writer is switching files (a compaction or a rebuild): the next poll sees the
+            # new ones. The first open above reports it instead, so a store that only a writer
+            # can recover is not followed in silence.
+            if exc.detail.get("reason") != "recovery_needed":
+                raise
+
+
+def _print_after(args: argparse.Namespace, view: Any, cursor: int) -> int:
+    """Print every Event of the view after ``cursor``; the last sequence printed (or ``cursor``)."""
+    while True:
+        events = view.read(args.group, after=cursor, limit=1000)
+        if not events:
+            return cursor
+        for event in events:
+            _print_event(args, event)
+        cursor = events[-1].seq
 
 
 def _print_event(args: argparse.Namespace, event: Any) -> None:
@@ -353,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("group")
     tail.add_argument("-n", "--lines", type=_count, default=20, help="last N Events (default %(default)s)")
     tail.add_argument("--after", type=_count, default=None, help="start after this sequence instead")
-    tail.add_argument("-f", "--follow", action="store_true", help="then keep waiting for new Events (the command holds the store's lock: no other process appends meanwhile)")
+    tail.add_argument("-f", "--follow", action="store_true", help="then keep printing new Events as they become durable (read-only: the application that has the store open keeps writing)")
     tail.add_argument("--timeout", type=_seconds, default=None, help="stop following after this many seconds")
     tail.set_defaults(handler=cmd_tail)
 
