@@ -1634,6 +1634,7 @@ class Authority:
     def redact(self, group: str, seq: int, *, actor: str, action_id: str, reason: str) -> Receipt:
         """Accept ``event.redact`` for Event ``seq``: from now on every read returns it without
         its payload; compaction removes the payload from disk."""
+        self._refuse_readonly("redact")
         return self.accept(Command(actor=actor, action_id=action_id, group=group, kind="event.redact", target=str(seq), body={"reason": reason}))
 
     def delete_audit_log(self, group: str, *, actor: str, action_id: str, reason: str = "", basis: str = "retention") -> Receipt:
@@ -1641,6 +1642,7 @@ class Authority:
         retention has passed; "legal": a legal deletion). The file is deleted once the Event is
         durable — by whatever path the Command was accepted — and again at open if a crash came
         between the two."""
+        self._refuse_readonly("delete_audit_log")
         body: dict[str, Any] = {"basis": basis}
         if reason:
             body["reason"] = reason
