@@ -1,0 +1,259 @@
+"""Read-only views (``Authority.open(readonly=True)``) and ``mwpstore tail`` beside a writer.
+
+The writer is another process (``readonly_child.py``): LMDB refuses one environment opened twice
+in a process, and the point is reading what another process writes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from authority_helpers import GROUP, mission_create, open_with_group
+from mwpstore import Authority, InvalidCommand, InvalidState, StoreNotFound, limits
+from mwpstore.cli import EXIT_OK, EXIT_USAGE, main
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CHILD = os.path.join(REPO, "tests", "readonly_child.py")
+ENV = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests") + os.pathsep + REPO)
+
+
+class Writer:
+    """The child process that holds the store open for writing and accepts on request."""
+
+    def __init__(self, path: str, segment_bytes: int = limits.SEGMENT_BYTES_DEFAULT) -> None:
+        self.process = subprocess.Popen([sys.executable, CHILD, path, str(segment_bytes)], env=ENV, stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, text=True)
+        self.head = self._answer("READY")
+
+    def _answer(self, word: str) -> int:
+        assert self.process.stdout is not None
+        line = self.process.stdout.readline().split()
+        assert line and line[0] == word, f"the writer answered {line}"
+        return int(line[1])
+
+    def do(self, instruction: str) -> int:
+        assert self.process.stdin is not None
+        self.process.stdin.write(instruction + "\n")
+        self.process.stdin.flush()
+        self.head = self._answer("DONE")
+        return self.head
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            assert self.process.stdin is not None
+            self.process.stdin.write("quit\n")
+            self.process.stdin.close()
+            self.process.wait(timeout=10)
+        assert self.process.returncode == 0
+
+
+@pytest.fixture
+def writer(tmp_path) -> Iterator[tuple[str, Writer]]:
+    path = str(tmp_path / "store")
+    child = Writer(path)
+    try:
+        yield path, child
+    finally:
+        child.close()
+
+
+def tail(path: str, *arguments: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mwpstore", "tail", GROUP, "--store", path, "--json", *arguments],
+                          env=ENV, capture_output=True, text=True, timeout=30)
+
+
+class Follower:
+    """``mwpstore tail -f`` in a process of its own, its output lines gathered as they come."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "mwpstore", "tail", GROUP, "--store", path, "--json", "-f", "--timeout", str(timeout)],
+            env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        self.seqs: list[int] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.seqs.append(json.loads(line)[1])
+
+    def wait_for(self, seq: int, seconds: float = 10) -> None:
+        deadline = time.monotonic() + seconds
+        while seq not in self.seqs:
+            assert time.monotonic() < deadline, f"tail -f printed {self.seqs}, never {seq}"
+            assert self.process.poll() is None or self._reader.is_alive(), f"tail -f ended: {self.process.stderr.read()}"  # type: ignore[union-attr]
+            time.sleep(0.02)
+
+    def finish(self) -> int:
+        code = self.process.wait(timeout=30)
+        self._reader.join(timeout=10)
+        return code
+
+
+def test_tail_follow_prints_events_the_writer_accepts_meanwhile(writer):
+    """`tail -f` opened the store for writing: beside the application that had it open it exited
+    3 (STORE_LOCKED), and while it ran no other process could append, so it never printed a new
+    Event."""
+    path, child = writer
+    follower = Follower(path, timeout=3)
+    follower.wait_for(child.head)  # following before the Events below exist
+    head = child.do("accept 3")
+    follower.wait_for(head)
+    assert follower.finish() == EXIT_OK
+    assert follower.seqs == list(range(1, head + 1))  # each once, in order
+
+
+def test_tail_works_while_another_process_holds_the_store(writer):
+    path, child = writer
+    head = child.do("accept 4")
+    done = tail(path, "-n", "3")
+    assert done.returncode == EXIT_OK, done.stderr
+    assert [json.loads(line)[1] for line in done.stdout.splitlines()] == [head - 2, head - 1, head]
+
+
+def test_a_view_is_the_store_as_it_was_when_it_opened(writer):
+    path, child = writer
+    with Authority.open(path, readonly=True) as view:
+        head = view.head(GROUP)[0]
+        later = child.do("accept 2")
+        assert view.head(GROUP)[0] == head and [event.seq for event in view.read(GROUP)] == list(range(1, head + 1))
+    with Authority.open(path, readonly=True) as view:
+        assert view.head(GROUP)[0] == later
+        assert [event.seq for event in view.read(GROUP)] == list(range(1, later + 1))
+
+
+def test_tail_follow_continues_across_log_rollovers(tmp_path):
+    """A view opened once knows the segments that existed then; each poll opens a new one."""
+    path = str(tmp_path / "store")
+    child = Writer(path, segment_bytes=limits.SEGMENT_BYTES_MIN)
+    try:
+        follower = Follower(path, timeout=3)
+        follower.wait_for(child.head)
+        segments = len(os.listdir(os.path.join(path, "log")))
+        head = child.do("accept 120")  # about 1 KB each in 64 KiB segments
+        assert len(os.listdir(os.path.join(path, "log"))) > segments
+        follower.wait_for(head)
+        assert follower.finish() == EXIT_OK
+        assert follower.seqs == list(range(1, head + 1))
+    finally:
+        child.close()
+
+
+def test_tail_follow_continues_across_a_compaction(writer):
+    """A view opened once would keep reading the log and the index that the compaction replaced
+    by rename; each poll opens a new one."""
+    path, child = writer
+    follower = Follower(path, timeout=3)
+    child.do("accept 3")
+    follower.wait_for(child.head)
+    old_log = os.stat(os.path.join(path, "log")).st_ino
+    child.do("compact")
+    assert os.stat(os.path.join(path, "log")).st_ino != old_log
+    head = child.do("accept 3")
+    follower.wait_for(head)
+    assert follower.finish() == EXIT_OK
+    assert follower.seqs == list(range(1, head + 1))
+
+
+def _contents(path: str) -> dict[str, tuple[int, int, str]]:
+    """Every file under ``path``: (mode, mtime, content hash). LMDB's lock file holds its reader
+    table, which readers of every process write by design: only its presence counts."""
+    found = {}
+    for directory, subdirectories, files in os.walk(path):
+        for name in subdirectories + files:
+            full = os.path.join(directory, name)
+            status = os.lstat(full)
+            relative = os.path.relpath(full, path)
+            if name == "lock.mdb" or os.path.isdir(full):
+                found[relative] = (status.st_mode, 0, "")
+                continue
+            with open(full, "rb") as handle:
+                found[relative] = (status.st_mode, status.st_mtime_ns, hashlib.sha256(handle.read()).hexdigest())
+    return found
+
+
+def test_a_view_refuses_writes_and_leaves_the_store_unchanged(tmp_path):
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.snapshot(GROUP)
+    before = _contents(path)
+    with Authority.open(path, readonly=True) as view:
+        assert view.head(GROUP)[0] == 2 and [event.seq for event in view.read(GROUP)] == [1, 2]
+        assert view.state(GROUP, "mission:m-1")[0] == 1
+        assert view.replay_floor(GROUP) == (0, None) and len(view.snapshots(GROUP)) == 1
+        assert view.info()["open"]["mode"] == "readonly"
+        writes = {
+            "accept": lambda: view.accept(mission_create("m-2")),
+            "accept_many": lambda: view.accept_many([mission_create("m-3")]),
+            "ack": lambda: view.ack("consumer", GROUP, 1),
+            "snapshot": lambda: view.snapshot(GROUP),
+            "compact": lambda: view.compact(),
+            "rebuild": lambda: view.rebuild(),
+            "verify": lambda: view.verify(),
+            "sync": lambda: view.sync(),
+            "expire_leases": lambda: view.expire_leases(GROUP),
+            "rotate_signing_key": lambda: view.rotate_signing_key(),
+            "signing_key": lambda: view.signing_key,
+            "redact": lambda: view.redact(GROUP, 2, actor="owner", action_id="r-1", reason="test"),
+            "delete_audit_log": lambda: view.delete_audit_log(GROUP, actor="owner", action_id="d-1"),
+            "archive": lambda: view.archive(GROUP, actor="owner", action_id="a-1"),
+            "drop_retired_key": lambda: view.drop_retired_key("0" * 16),
+            "accept_trusted": lambda: view.accept_trusted(mission_create("m-4")),
+        }
+        for what, write in writes.items():
+            with pytest.raises(InvalidState) as refused:
+                write()
+            assert refused.value.detail["reason"] == "readonly" and what in refused.value.message
+    assert _contents(path) == before
+
+
+def test_a_view_of_a_directory_without_a_store_is_store_not_found(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for path in (empty, tmp_path / "missing"):
+        with pytest.raises(StoreNotFound):
+            Authority.open(str(path), readonly=True)
+    assert os.listdir(empty) == [] and not (tmp_path / "missing").exists()
+    assert main(["tail", GROUP, "--store", str(empty), "--json"]) == EXIT_USAGE
+    assert json.loads(capsys.readouterr().out)["error"]["code"] == "STORE_NOT_FOUND"
+
+
+def test_a_view_of_a_store_only_a_writer_can_recover_is_refused(tmp_path, capsys):
+    """No index (removed, or never built), or an interrupted compaction: a view would read what
+    recovery has not made consistent yet."""
+    path = str(tmp_path / "store")
+    with open_with_group(path):
+        pass
+    os.rename(os.path.join(path, "index"), os.path.join(path, "index.away"))
+    with pytest.raises(InvalidState) as refused:
+        Authority.open(path, readonly=True)
+    assert refused.value.detail["reason"] == "recovery_needed" and "no index" in refused.value.message
+    os.rename(os.path.join(path, "index.away"), os.path.join(path, "index"))
+    with open(os.path.join(path, "COMPACT-SWITCH"), "wb"):
+        pass
+    assert main(["tail", GROUP, "--store", path, "-f", "--timeout", "0.2", "--json"]) == EXIT_USAGE
+    assert json.loads(capsys.readouterr().out)["error"]["detail"]["reason"] == "recovery_needed"
+
+
+def test_a_view_in_the_process_that_writes_the_store_is_refused(tmp_path):
+    """LMDB must not open one environment twice in a process: the second's close would drop the
+    first's locks."""
+    path = str(tmp_path / "store")
+    with open_with_group(path):
+        with pytest.raises(InvalidCommand) as refused:
+            Authority.open(path, readonly=True)
+        assert refused.value.detail["field"] == "readonly"
+    with Authority.open(path, readonly=True) as view:  # once the writer closed
+        assert view.head(GROUP)[0] == 1
