@@ -3,10 +3,14 @@
 Exit codes (stable, for scripts): 0 success; 1 a check failed (verify, demo, torture found a
 violation); 2 bad usage or bad input; 3 a store error (locked, corrupt, I/O: the message says
 which), standard output that cannot be written (a full disk, a closed descriptor) and any error
-the engine does not type; 130 interrupted; 141 the reader of standard output went away.
+the engine does not type, and a store that a read-only ``tail`` cannot read until a writer has
+opened it; 130 interrupted; 141 the reader of standard output went away.
 ``--json`` prints one JSON document on standard output instead of tables; when the command fails
 (a command line that does not parse and an interrupt included) that document is
 ``{"ok": false, "error": {"code", "message", "detail"}}``. Messages go to standard error.
+
+``tail`` reads through read-only views and runs beside the process that has the store open;
+every other store command takes the store's lock.
 """
 
 from __future__ import annotations
@@ -510,7 +514,11 @@ def _report_error(args: argparse.Namespace, exc: MwpError) -> int:
         print(json.dumps({"ok": False, "error": exc.to_dict()}, default=_json_default, sort_keys=True))
     print(f"mwpstore: {exc.code}: {exc.message}", file=sys.stderr)
     # A Rejection (INVALID_COMMAND, NOT_FOUND, ...) refused the input and changed nothing; so
-    # did an open that found no store, and a `tail --after` below the Group's replay floor.
+    # did an open that found no store, and a `tail --after` below the Group's replay floor. A
+    # store that needs a writer's recovery before a read-only view can read it is a store error
+    # (like one that is locked), though the view refused it as InvalidState.
+    if exc.detail.get("reason") == "recovery_needed":
+        return EXIT_STORE_ERROR
     if isinstance(exc, (Rejection, StoreNotFound, CursorTooOld)):
         return EXIT_USAGE
     return EXIT_CHECK_FAILED if isinstance(exc, SnapshotInvalid) else EXIT_STORE_ERROR

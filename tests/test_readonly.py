@@ -19,7 +19,7 @@ import pytest
 
 from authority_helpers import GROUP, mission_create, open_with_group
 from mwpstore import Authority, InvalidCommand, InvalidState, StoreNotFound, limits
-from mwpstore.cli import EXIT_OK, EXIT_USAGE, main
+from mwpstore.cli import EXIT_OK, EXIT_STORE_ERROR, EXIT_USAGE, main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHILD = os.path.join(REPO, "tests", "readonly_child.py")
@@ -243,7 +243,7 @@ def test_a_view_of_a_store_only_a_writer_can_recover_is_refused(tmp_path, capsys
     os.rename(os.path.join(path, "index.away"), os.path.join(path, "index"))
     with open(os.path.join(path, "COMPACT-SWITCH"), "wb"):
         pass
-    assert main(["tail", GROUP, "--store", path, "-f", "--timeout", "0.2", "--json"]) == EXIT_USAGE
+    assert main(["tail", GROUP, "--store", path, "-f", "--timeout", "0.2", "--json"]) == EXIT_STORE_ERROR
     assert json.loads(capsys.readouterr().out)["error"]["detail"]["reason"] == "recovery_needed"
 
 
