@@ -42,7 +42,7 @@ from . import failpoints
 from ._files import open_regular
 from .errors import MwpError, StorageFailed, translate
 from .messages import Effect, decode_event, encode_event, encode_receipt, receipt_for
-from .segment_log import SegmentLog
+from .segment_log import COMMIT_FRAME_BYTES, SegmentLog, framed_bytes, group_bytes_max
 
 if TYPE_CHECKING:
     from .authority import Authority
@@ -174,24 +174,32 @@ def _copy(authority: Authority, target: str, progress: Callable[[int, int], None
     if os.path.isdir(target):
         shutil.rmtree(target)
     new_log = SegmentLog.open(target, segment_bytes=authority._segment_bytes, sync=True)
+    # A group must fit an empty segment: with small segments, FLUSH_BYTES of records would not.
+    group_room = group_bytes_max(authority._segment_bytes)
     pending: list[bytes] = []
     pending_bytes = 0
+    pending_framed = COMMIT_FRAME_BYTES  # what the pending group takes in a segment
     counts = {"before": 0, "after": 0, "payloads": 0, "dropped": 0}
 
     def emit(record: bytes) -> None:
-        nonlocal pending_bytes
+        nonlocal pending_bytes, pending_framed
+        framed = framed_bytes(len(record))
+        if pending and pending_framed + framed > group_room:
+            flush()
         pending.append(record)
         pending_bytes += len(record)
+        pending_framed += framed
         counts["after"] += 1
         if len(pending) >= FLUSH_RECORDS or pending_bytes >= FLUSH_BYTES:
             flush()
 
     def flush() -> None:
-        nonlocal pending_bytes
+        nonlocal pending_bytes, pending_framed
         if pending:
             new_log.append(pending)
             pending.clear()
             pending_bytes = 0
+            pending_framed = COMMIT_FRAME_BYTES
 
     try:
         start, end = old_log.start, old_log.end

@@ -79,6 +79,7 @@ _CLEAN_TEMPORARY_NAME = re.compile(r"CLEAN(\.[0-9a-f]{16})?\.tmp\Z")  # a clean-
 _HEADER_BYTES = lib.SL_SEGMENT_HEADER_BYTES
 _ALIGN_BYTES = lib.SL_FRAME_ALIGN_BYTES
 _SEAL_BYTES = lib.SL_SEAL_FRAME_BYTES
+COMMIT_FRAME_BYTES = lib.SL_COMMIT_FRAME_BYTES
 _PAGE_BYTES = mmap.PAGESIZE
 
 # C reason codes -> the stable ``reason`` strings carried by Corruption errors.
@@ -125,6 +126,18 @@ def _commit_frame_ends_at(mapped: Any, tail: int, end: int, log_id: int) -> bool
         return False
     seed = log_id.to_bytes(8, "little")
     return int(lib.sl_crc32c(0, seed + frame[4:], 8 + len(frame) - 4)) == checksum
+
+
+def framed_bytes(record_bytes: int) -> int:
+    """What a record of ``record_bytes`` takes in a segment, with its frame and padding."""
+    return int(lib.sl_frame_bytes(record_bytes))
+
+
+def group_bytes_max(segment_bytes: int) -> int:
+    """The largest group (its records' framed bytes and its commit frame) that a log with
+    ``segment_bytes`` segments takes: what fits an empty segment with room for its seal.
+    A writer batching many records per group flushes before it would pass this."""
+    return segment_bytes - _HEADER_BYTES - _SEAL_BYTES
 
 
 def check_segment_bytes(segment_bytes: object) -> int:

@@ -610,3 +610,19 @@ def test_verify_reports_a_payload_removed_from_the_log_without_a_tombstone(tmp_p
         assert authority.read(GROUP)[receipt.seq - 1].body is None
         problems = authority.verify().problems
         assert len(problems) == 1 and f"seq {receipt.seq}" in problems[0] and "tombstone" in problems[0]
+
+
+def test_compaction_of_a_store_with_small_segments_writes_groups_that_fit_them(tmp_path):
+    """The copy batches many records a group; with segments smaller than a batch it asked the log
+    for a group no segment could hold (``LIMIT_EXCEEDED``, ``group_too_large``), and a store
+    opened with small segments could never be compacted."""
+    with Authority.open(str(tmp_path / "s"), segment_bytes=64 * 1024) as authority:
+        authority.accept(group_create(GROUP))
+        for first in range(0, 400, 100):
+            authority.accept_many([mission_create(f"m-{number}") for number in range(first, first + 100)])
+        events = authority.read(GROUP, after=0, limit=1000)
+        report = authority.compact()
+        assert report.records_after == report.records_before == 401
+        assert len(authority.log.segments()) > 1  # the copy spans segments, as the original did
+        assert authority.read(GROUP, after=0, limit=1000) == events
+        assert authority.verify().ok
