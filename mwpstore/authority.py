@@ -789,8 +789,7 @@ class Authority:
 
     def sync(self) -> None:
         """Make everything accepted so far durable (needed only with ``sync=False``)."""
-        self._refuse_readonly("sync")
-        self._check_open()
+        self._check_writable("sync")
         self.log.sync()
 
     # -- accepting -------------------------------------------------------------------------------
@@ -800,8 +799,7 @@ class Authority:
 
         Raises the typed rejection (nothing changed) or ``StorageFailed``.
         """
-        self._refuse_readonly("accept")
-        self._refuse_inside_commit("accept")
+        self._check_writable("accept")
         return self._accept_one(self._prepare(command))
 
     def _accept_one(self, request: _Request) -> Receipt:
@@ -819,9 +817,7 @@ class Authority:
 
         A rejected Command leaves no trace and does not disturb the others.
         """
-        self._refuse_readonly("accept_many")
-        self._refuse_inside_commit("accept_many")
-        self._check_open()
+        self._check_writable("accept_many")
         if isinstance(commands, (str, bytes)) or not isinstance(commands, Sequence):
             raise InvalidCommand("accept_many takes a sequence of Commands", field="commands")
         if len(commands) > limits.ACCEPT_MANY_COMMANDS_MAX:
@@ -855,8 +851,8 @@ class Authority:
 
     @_index_errors_typed
     def _lookup_receipt(self, request: _Request) -> Receipt | None:
-        """Fast path for replays: the stored receipt, without joining a commit."""
-        self._check_not_failed()  # closed and forked: checked by the read wrapper already
+        """Fast path for replays: the stored receipt, without joining a commit (the caller
+        passed ``_check_writable``)."""
         command = request.command
         assert command is not None
         index = self.index
@@ -868,6 +864,16 @@ class Authority:
             if content_hash != request.content_hash:
                 raise _collision(command)
             return receipt
+
+    def _check_writable(self, what: str) -> None:
+        """The gate of every method that writes, called once where it is entered: ``StoreClosed``
+        (closed, or a forked child), ``InvalidState`` on a read-only view, ``InvalidCommand`` from
+        inside a callback of this thread's running commit (it would wait for itself), and
+        ``StorageFailed`` once a storage failure refuses writes. ``what`` names the method."""
+        self._check_closed()
+        self._refuse_readonly(what)
+        self._refuse_inside_commit(what)
+        self._check_not_failed()
 
     def _check_open(self) -> None:
         """``_check_closed``, and ``StorageFailed`` once a storage failure refuses writes."""
@@ -913,9 +919,9 @@ class Authority:
         commit and wakes the next answered caller. So neither the leader role nor a wake-up is
         ever lost with the interrupted thread.
         """
-        self._refuse_readonly("commit")
-        self._refuse_inside_commit("commit")
-        self._check_open()  # before self._lock, which a parent thread may have held at a fork
+        # The caller passed _check_writable: closed, forked (before self._lock, which a parent
+        # thread may have held at a fork), read-only, inside a commit, failed. A failure since is
+        # answered by _commit, a close since under the lock below.
         for request in unit.requests:
             _decide_on_what_was_hashed(request)
         with self._lock:
@@ -1237,8 +1243,7 @@ class Authority:
 
     def accept_trusted(self, command: Command) -> Receipt:
         """Accept a Command the engine issues itself (``system_only`` kinds such as ``lease.expire``)."""
-        self._refuse_readonly("accept_trusted")
-        self._refuse_inside_commit("accept_trusted")
+        self._check_writable("accept_trusted")
         return self._accept_one(self._prepare(command, trusted=True))
 
     @_index_errors_typed
@@ -1246,7 +1251,7 @@ class Authority:
         """The lease sweep: a ``lease.expire`` Event for every lapsed lease in ``group``."""
         from . import work_model
 
-        self._refuse_readonly("expire_leases")
+        self._check_writable("expire_leases")
         canonical.check_id(group, "group")
         now = self._now() if now_ms is None else canonical.check_time_ms(now_ms, "now_ms")
         items = self.aggregates(group, prefix="workitem:")
@@ -1422,8 +1427,7 @@ class Authority:
         """
         if type(retire) is not bool:  # a falsy non-bool (None, 0) would have dropped the old key
             raise InvalidCommand("retire must be True or False", field="retire")
-        self._refuse_readonly("rotate_signing_key")
-        self._check_open()
+        self._check_writable("rotate_signing_key")
         with self._snapshot_lock:  # no snapshot is signed while the key changes
             self._signing_key = None  # whatever happens below, the next use reads the key file
             self._signing_key = SigningKey.rotate(os.path.join(self.path, "keys"), retire=retire)
@@ -1435,8 +1439,7 @@ class Authority:
         snapshots of the Groups whose latest snapshot it signed (:meth:`snapshot` signs one at the
         same sequence with the current key), so agents behind their replay floor can restore.
         ``NotFound`` when no such key is retired."""
-        self._refuse_readonly("drop_retired_key")
-        self._check_open()
+        self._check_writable("drop_retired_key")
         with self._snapshot_lock:
             drop_retired_key(os.path.join(self.path, "keys"), key_id)
 
@@ -1448,9 +1451,7 @@ class Authority:
         moves the Group's replay floor (see :meth:`replay_floor`).
         """
         canonical.check_id(group, "group")
-        self._refuse_readonly("snapshot")
-        self._check_open()
-        self._refuse_inside_commit("snapshot")  # before its file is written
+        self._check_writable("snapshot")  # before its file is written
         with self._snapshot_lock:  # one snapshot at a time: a sequence's file is written once
             return self._snapshot(group)
 
@@ -1545,8 +1546,7 @@ class Authority:
         ``key_provider`` supplies the Organization's audit-log key (default: a
         ``FileKeyProvider`` under ``<path>/keys/orgs``).
         """
-        self._refuse_readonly("archive")
-        self._refuse_inside_commit("archive")
+        self._check_writable("archive")
         with self._archive_lock:
             # Two archive() calls for one Group would both write its audit log (with different
             # nonces) and both log a record: the record logged last need not name the file left.
@@ -1634,7 +1634,7 @@ class Authority:
     def redact(self, group: str, seq: int, *, actor: str, action_id: str, reason: str) -> Receipt:
         """Accept ``event.redact`` for Event ``seq``: from now on every read returns it without
         its payload; compaction removes the payload from disk."""
-        self._refuse_readonly("redact")
+        self._check_writable("redact")
         return self.accept(Command(actor=actor, action_id=action_id, group=group, kind="event.redact", target=str(seq), body={"reason": reason}))
 
     def delete_audit_log(self, group: str, *, actor: str, action_id: str, reason: str = "", basis: str = "retention") -> Receipt:
@@ -1642,7 +1642,7 @@ class Authority:
         retention has passed; "legal": a legal deletion). The file is deleted once the Event is
         durable — by whatever path the Command was accepted — and again at open if a crash came
         between the two."""
-        self._refuse_readonly("delete_audit_log")
+        self._check_writable("delete_audit_log")
         body: dict[str, Any] = {"basis": basis}
         if reason:
             body["reason"] = reason
@@ -1685,9 +1685,7 @@ class Authority:
         """Rewrite the log without redacted payloads and archived Groups' Events; see ``compaction``."""
         from .compaction import compact
 
-        self._refuse_readonly("compact")
-        self._refuse_inside_commit("compact")
-        return compact(self, progress)
+        return compact(self, progress)  # which passes _check_writable("compact") first
 
     @_index_errors_typed
     def replay_floor(self, group: str) -> tuple[int, SnapshotRef | None]:
@@ -1733,9 +1731,7 @@ class Authority:
         canonical.check_id(group, "group")
         if type(cursor) is not int or cursor < 0:
             raise InvalidCommand("cursor must be a non-negative integer", field="cursor")
-        self._refuse_readonly("ack")
-        self._refuse_inside_commit("ack")
-        self._check_open()
+        self._check_writable("ack")
         request = _Request(None, ack=(consumer, group, cursor))
         self._submit(_Unit([request]))
         if request.error is not None:
@@ -1928,9 +1924,7 @@ class Authority:
         Commits wait meanwhile; readers keep using the previous index until the new one is in place.
         """
         progress = checked_progress(progress)
-        self._refuse_readonly("rebuild")
-        self._refuse_inside_commit("rebuild")
-        self._check_open()
+        self._check_writable("rebuild")
         with self._exclusive():
             try:
                 count = self._build_index(self._index_dir(), progress)
@@ -1941,9 +1935,9 @@ class Authority:
 
     @contextlib.contextmanager
     def _exclusive(self) -> Iterator[None]:
-        """Hold the commit leader role: no commit runs until the block ends."""
-        self._refuse_readonly("commit")
-        self._refuse_inside_commit("commit")
+        """Hold the commit leader role: no commit runs until the block ends (its callers passed
+        ``_check_writable``, or, for ``verify``, refused a read-only view and a call from inside a
+        commit)."""
         with self._lock:
             self._exclusive_waiting += 1
             try:

@@ -114,7 +114,7 @@ def compact(authority: Authority, progress: Callable[[int, int], None] | None = 
     from .authority import checked_progress
 
     progress = checked_progress(progress)
-    authority._check_open()
+    authority._check_writable("compact")
     started = time.perf_counter()
     path = authority.path
     with authority._exclusive():
