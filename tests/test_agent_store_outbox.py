@@ -164,12 +164,14 @@ def test_a_lookup_that_answers_late_does_not_undo_what_happened_meanwhile(tmp_pa
     agent.close()
 
 
-def test_record_receipt_is_its_own_call(tmp_path):
+def test_record_receipt_is_its_own_call_and_a_second_receipt_never_replaces_the_first(tmp_path):
     agent = AgentStore.open(tmp_path / "a")
     intent = record(agent)
     agent.mark_dispatched(intent.key)
     done = agent.record_receipt(intent.key, {"ref": "ext-1"})
     assert done.state is IntentState.DONE and done.receipt == {"ref": "ext-1"}
+    again = agent.record_receipt(intent.key, {"ref": "second"})
+    assert again == done and agent.intent(intent.key).receipt == {"ref": "ext-1"}
     with pytest.raises(InvalidCommand):
         agent.record_receipt("no-such-key", {"ref": "x"})
     agent.close()
@@ -243,16 +245,6 @@ def test_only_an_intended_or_reconciled_intent_can_be_marked_dispatched(tmp_path
     # a done intent needs no reconciling: the message says not to dispatch it again
     assert ("do not dispatch it again" in caught.value.message) == (state == "done")
     assert ("reconcile it" in caught.value.message) == (state != "done")
-    agent.close()
-
-
-def test_a_second_receipt_never_replaces_the_recorded_one(tmp_path):
-    agent = AgentStore.open(tmp_path / "a")
-    intent = record(agent)
-    agent.mark_dispatched(intent.key)
-    first = agent.record_receipt(intent.key, {"ref": "first"})
-    again = agent.record_receipt(intent.key, {"ref": "second"})
-    assert again == first and agent.intent(intent.key).receipt == {"ref": "first"}
     agent.close()
 
 
