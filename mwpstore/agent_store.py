@@ -54,6 +54,7 @@ from .errors import (
     translate,
 )
 from .messages import HASHING, ZERO_HASH, Effect, Event, check_event, decode_event, encode_event
+from .workitems import claim_refused
 
 FORMAT_VERSION = 2
 
@@ -689,7 +690,7 @@ class AgentStore:
                 workitem = bytes(suffix[16:]).decode()
                 data = tables.get(txn, b"state", prefix + b"workitem:" + suffix[16:])
                 state = None if data is None else _STATE_DECODER.decode(data)[1]
-                if state is not None and (_claim_refused(state, now_ms) or not mission_open(state.get("mission"))):
+                if state is not None and (claim_refused(state, now_ms) or not mission_open(state.get("mission"))):
                     continue
                 priority = _INT64 - 1 - int.from_bytes(suffix[:8], "big")
                 result.append(QueueEntry(workitem, priority, not_before_ms))
@@ -1605,24 +1606,6 @@ def _queue_suffix_for(workitem: str, state: dict[str, Any] | None) -> bytes | No
     if not -_INT64 < priority < _INT64 or not -_INT64 <= not_before_ms < _INT64:
         return None
     return _queue_suffix(workitem, priority, not_before_ms)
-
-
-def _claim_refused(state: dict[str, Any], now_ms: int) -> bool:
-    """Whether the mirrored state of a queued WorkItem shows that the authority would refuse any
-    claim at ``now_ms``: its attempts are used up, its cost budget is spent or its deadline has
-    passed (the checks of ``workitems._decide_claim``). A field that is missing or not an int
-    proves nothing: the WorkItem stays listed."""
-    contract = state.get("contract")
-    if type(contract) is not dict:
-        return False
-    attempt, max_attempts = state.get("attempt"), contract.get("max_attempts")
-    if type(attempt) is int and type(max_attempts) is int and attempt >= max_attempts:
-        return True
-    spent, cost_limit = state.get("cost_spent"), contract.get("cost_limit")
-    if type(spent) is int and type(cost_limit) is int and spent >= cost_limit:
-        return True
-    deadline_ms = contract.get("deadline_ms")
-    return type(deadline_ms) is int and now_ms >= deadline_ms
 
 
 def _load_head(tables: _Tables, txn: lmdb.Transaction, group: str) -> GroupHead:

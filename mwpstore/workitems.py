@@ -169,6 +169,40 @@ def _evolve_create(view: StateView, event: Event) -> dict[str, dict[str, Any] | 
     }
 
 
+# -- what ends a WorkItem's chances (claim, failure, and the AgentStore's work queue) -----------
+
+
+def attempts_used_up(item: dict[str, Any]) -> bool:
+    """Every attempt the Work Contract allows is used (each claim is one)."""
+    attempt, most = item.get("attempt"), _contract_field(item, "max_attempts")
+    return type(attempt) is int and type(most) is int and attempt >= most
+
+
+def budget_spent(item: dict[str, Any]) -> bool:
+    """The WorkItem's cost budget is spent (``cost_spent >= cost_limit``)."""
+    spent, limit = item.get("cost_spent"), _contract_field(item, "cost_limit")
+    return type(spent) is int and type(limit) is int and spent >= limit
+
+
+def deadline_passed(item: dict[str, Any], now_ms: int) -> bool:
+    """The Work Contract's deadline, if it has one, is at or before ``now_ms``."""
+    deadline_ms = _contract_field(item, "deadline_ms")
+    return type(deadline_ms) is int and now_ms >= deadline_ms
+
+
+def claim_refused(item: dict[str, Any], now_ms: int) -> bool:
+    """Whether any claim of ``item`` at ``now_ms`` is refused whoever makes it: deadline passed,
+    attempts used up, budget spent (``_decide_claim``'s checks on the WorkItem alone). Used by the
+    AgentStore's work queue on mirrored states, so a field that is missing or not an int proves
+    nothing (False); the authority's states always have them."""
+    return deadline_passed(item, now_ms) or attempts_used_up(item) or budget_spent(item)
+
+
+def _contract_field(item: dict[str, Any], name: str) -> Any:
+    contract = item.get("contract")
+    return contract.get(name) if type(contract) is dict else None
+
+
 # -- workitem.claim (compare-and-set: first ownership) ------------------------------------------
 
 
@@ -198,15 +232,15 @@ def _decide_claim(view: StateView, command: Command, context: Context) -> Decisi
     if mission is None or mission["status"] != "open":
         raise InvalidState(f"mission {item['mission']!r} is not open", state="mission_closed")
     contract = item["contract"]
-    if contract["deadline_ms"] is not None and now >= contract["deadline_ms"]:
+    if deadline_passed(item, now):
         raise DeadlinePassed(
             f"the WorkItem's deadline ({contract['deadline_ms']}) has passed", deadline_ms=contract["deadline_ms"]
         )
-    if item["attempt"] >= contract["max_attempts"]:
+    if attempts_used_up(item):
         raise AttemptsExhausted(
             f"all {contract['max_attempts']} attempts are used", attempt=item["attempt"]
         )
-    if item["cost_spent"] >= contract["cost_limit"]:
+    if budget_spent(item):
         raise BudgetExceeded("the WorkItem's cost budget is spent", scope="workitem", cost_spent=item["cost_spent"])
     if now < item["not_before_ms"]:
         raise NotReady(f"the WorkItem is not ready before {item['not_before_ms']}", not_before_ms=item["not_before_ms"])
@@ -384,7 +418,7 @@ def retry_outcome(item: dict[str, Any], now_ms: int, *, retryable: bool = True) 
     left, and the retry's not-before time still before the deadline (MWP-WRK-018).
     """
     contract = item["contract"]
-    if not retryable or item["attempt"] >= contract["max_attempts"] or item["cost_spent"] >= contract["cost_limit"]:
+    if not retryable or attempts_used_up(item) or budget_spent(item):
         return "failed", None
     not_before = time_after(now_ms, backoff_ms(contract, max(item["attempt"], 1)))
     if contract["deadline_ms"] is not None and not_before >= contract["deadline_ms"]:
