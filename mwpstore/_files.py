@@ -17,6 +17,7 @@ import os
 import re
 import secrets
 import stat
+from collections.abc import Callable
 
 from .errors import InvalidCommand, KeyFileInvalid, MwpError, StorageFailed, translate  # noqa: F401
 
@@ -96,12 +97,15 @@ def _remove_quietly(path: str) -> None:
         pass
 
 
-def makedirs_durable(directory: str, mode: int = 0o755) -> None:
+def makedirs_durable(directory: str, mode: int = 0o755, *, sync_directory: Callable[[str], None] | None = None) -> None:
     """Create ``directory`` and any missing parents, fsyncing each parent after a creation.
 
     ``os.makedirs`` alone is not enough before an atomic write: after a power loss the new
-    directory entry itself may be gone, taking the renamed file with it.
+    directory entry itself may be gone, taking the renamed file with it. ``sync_directory``
+    replaces :func:`fsync_directory` (the segment log syncs through its I/O seam). A path that
+    exists and is no directory is ``StorageFailed`` (``EEXIST``).
     """
+    sync = fsync_directory if sync_directory is None else sync_directory
     directory = store_path(directory)
     directory = os.path.abspath(directory)
     missing = []
@@ -116,8 +120,9 @@ def makedirs_durable(directory: str, mode: int = 0o755) -> None:
             try:
                 os.mkdir(path, mode)
             except FileExistsError:
-                pass
-            fsync_directory(os.path.dirname(path))
+                if not os.path.isdir(path):
+                    raise
+            sync(os.path.dirname(path))
     except OSError as exc:
         raise translate(exc, context=f"creating {path}") from None
 

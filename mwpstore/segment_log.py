@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mwpstore import _fork
-from mwpstore._files import open_regular, open_regular_fd, store_path
+from mwpstore._files import makedirs_durable, open_regular, open_regular_fd, store_path
 from mwpstore._segment_log_c import ffi, lib
 from mwpstore.errors import (
     Corruption,
@@ -421,18 +421,9 @@ class SegmentLog:
             if not os.path.isdir(directory):
                 raise StorageFailed(f"there is no log at {directory}.", errno=errno.ENOENT, path=directory)
             return
-        missing = []  # the log directory and every missing parent, innermost first
-        path = directory
-        while not os.path.isdir(path) and os.path.dirname(path) != path:
-            missing.append(path)
-            path = os.path.dirname(path)
-        for path in reversed(missing):  # each new directory is an entry of its parent: sync that
-            try:
-                os.mkdir(path)
-            except OSError as exc:
-                if not (isinstance(exc, FileExistsError) and os.path.isdir(path)):
-                    raise StorageFailed(f"cannot create the log directory {directory}: {exc}", errno=exc.errno) from exc
-            self._call(lib.sl_sync_directory, self._io, os.fsencode(os.path.dirname(path)))
+        # each new directory (the log's and any missing parent) is an entry of its parent: synced
+        # there, through the I/O seam so that a simulated power loss sees it
+        makedirs_durable(directory, sync_directory=lambda parent: self._call(lib.sl_sync_directory, self._io, os.fsencode(parent)))
         try:
             fd = os.open(os.path.join(directory, LOCK_FILE_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         except OSError as exc:
