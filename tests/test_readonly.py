@@ -257,3 +257,26 @@ def test_a_view_in_the_process_that_writes_the_store_is_refused(tmp_path):
         assert refused.value.detail["field"] == "readonly"
     with Authority.open(path, readonly=True) as view:  # once the writer closed
         assert view.head(GROUP)[0] == 1
+
+
+@pytest.mark.parametrize("meta", ["log_position", "format"])
+def test_a_view_of_an_index_ahead_of_the_log_or_of_another_format_is_refused(tmp_path, meta):
+    """LMDB is never ahead of the log (DESIGN §3): an index that names a log position past the
+    log's end, or has another format, is what a writer's open rebuilds. A view must not read it."""
+    from mwpstore.index import INDEX_FORMAT, Index, u64
+
+    path = str(tmp_path / "store")
+    with open_with_group(path):
+        pass
+    index = Index(os.path.join(path, "index"), map_size=64 * 1024 * 1024)
+    with index.begin(write=True) as txn:  # sealed values: the rule, not a failed seal, must decide
+        index.put(txn, b"meta", meta.encode(), u64(10**12) if meta == "log_position" else INDEX_FORMAT + b"x")
+    index.close()
+    with pytest.raises(InvalidState) as refused:
+        Authority.open(path, readonly=True)
+    assert refused.value.detail["reason"] == "recovery_needed"
+    assert ("outside the log" if meta == "log_position" else "another format") in refused.value.message
+    with Authority.open(path) as authority:  # the writer's open rebuilds it
+        assert authority.open_report.mode == "rebuild"
+    with Authority.open(path, readonly=True) as view:
+        assert view.head(GROUP)[0] == 1
