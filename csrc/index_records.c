@@ -571,14 +571,30 @@ static PyObject *list_of(PyObject *dict, const char *name) {
     return Py_NewRef(list); /* held: Python code may run while entries are appended */
 }
 
+/* A database seed argument: a CRC-32; -1 with a Python error otherwise. */
+static int seed_arg(PyObject *arg, uint32_t *seed) {
+    unsigned long value = PyLong_AsUnsignedLong(arg);
+    if (value == (unsigned long)-1 && PyErr_Occurred()) return -1;
+    if (value > 0xFFFFFFFFul) {
+        PyErr_SetString(PyExc_ValueError, "seed must be a CRC-32");
+        return -1;
+    }
+    *seed = (uint32_t)value;
+    return 0;
+}
+
 static PyObject *ir_index_events(PyObject *module, PyObject *args) {
     (void)module;
     PyObject *records, *positions, *heads, *items, *new_keys;
     Py_ssize_t start;
-    unsigned int events_seed, states_seed, receipts_seed;
-    if (!PyArg_ParseTuple(args, "O!O!nO!(O!O!)(III)", &PyList_Type, &records, &PyList_Type, &positions, &start,
-                          &PyDict_Type, &heads, &PyDict_Type, &items, &PyDict_Type, &new_keys, &events_seed,
-                          &states_seed, &receipts_seed)) {
+    PyObject *seed_args[3];
+    uint32_t events_seed, states_seed, receipts_seed;
+    /* the seeds are taken as objects and range-checked: "I" would wrap a value past 32 bits */
+    if (!PyArg_ParseTuple(args, "O!O!nO!(O!O!)(OOO)", &PyList_Type, &records, &PyList_Type, &positions, &start,
+                          &PyDict_Type, &heads, &PyDict_Type, &items, &PyDict_Type, &new_keys, &seed_args[0],
+                          &seed_args[1], &seed_args[2]) ||
+        seed_arg(seed_args[0], &events_seed) < 0 || seed_arg(seed_args[1], &states_seed) < 0 ||
+        seed_arg(seed_args[2], &receipts_seed) < 0) {
         return NULL;
     }
     Py_ssize_t count = PyList_Size(records);
@@ -636,18 +652,6 @@ done:
     Py_XDECREF(out.states_new);
     Py_XDECREF(out.receipts_new);
     return result;
-}
-
-/* A database seed argument: a CRC-32; -1 with a Python error otherwise. */
-static int seed_arg(PyObject *arg, uint32_t *seed) {
-    unsigned long value = PyLong_AsUnsignedLong(arg);
-    if (value == (unsigned long)-1 && PyErr_Occurred()) return -1;
-    if (value > 0xFFFFFFFFul) {
-        PyErr_SetString(PyExc_ValueError, "seed must be a CRC-32");
-        return -1;
-    }
-    *seed = (uint32_t)value;
-    return 0;
 }
 
 /* unseal(stored, key, seed, size_max) -> bytes | None: the value inside a sealed entry, or None

@@ -203,6 +203,22 @@ def test_a_head_c_cannot_read_is_left_to_python():
     assert not any(writes.items.values())
 
 
+@pytest.mark.parametrize("seed", [2**32, 2**32 + 1, -1, 2**64])
+def test_a_seed_that_is_no_crc32_is_refused_before_anything_is_written(seed):
+    """A database seed is a CRC-32: one past 32 bits (or below 0) is refused, not wrapped into
+    another seed that would seal every entry under the wrong database."""
+    events = _history("g-1", 2)
+    records = _records(events)
+    writes = PendingWrites()
+    heads = {"g-1": (events[0].seq, events[0].hash)}
+    for at in range(3):
+        seeds = [1, 2, 3]
+        seeds[at] = seed
+        with pytest.raises((ValueError, OverflowError)):
+            _index_c.index_events(records, [0] * len(records), 1, heads, (writes.items, writes.new), tuple(seeds))
+    assert not any(writes.items.values()) and heads["g-1"] == (events[0].seq, events[0].hash)
+
+
 def test_damage_is_the_same_corruption_either_way(index):
     events = _history("g-1", 2)
     records = _records(events)
