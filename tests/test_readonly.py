@@ -166,6 +166,48 @@ def test_tail_follow_continues_across_a_compaction(writer):
     assert follower.seqs == list(range(1, head + 1))
 
 
+def _all_events(view: Authority, group: str) -> list:
+    events: list = []
+    while batch := view.read(group, after=events[-1].seq if events else 0):
+        events += batch
+    return events
+
+
+def test_views_opened_while_the_writer_appends_show_a_prefix_of_each_group(tmp_path):
+    """The other tests open views between the writer's acknowledged commits. Here views open and
+    read while the writer appends to the active segment, rolls it over and commits groups of
+    several records: each view must open (its index names only records of the log it opened) and
+    show each Group as Events 1..head, whole, chained and ending at the head's hash, never behind
+    a view opened before it; the last one shows every acknowledged Event."""
+    other = "g-2"  # readonly_child.py's second Group
+    path = str(tmp_path / "store")
+    child = Writer(path, segment_bytes=limits.SEGMENT_BYTES_MIN)
+    try:
+        streaming = threading.Thread(target=child.do, args=("stream 100",))
+        streaming.start()
+        seen = {GROUP: 0, other: 0}
+        while True:
+            writing = streaming.is_alive()  # before the open: the last view opens after the writer's answer
+            with Authority.open(path, readonly=True) as view:
+                for group in seen:
+                    head, head_hash = view.head(group)
+                    events = _all_events(view, group)
+                    assert [event.seq for event in events] == list(range(1, head + 1)), group
+                    assert head >= seen[group], f"{group}: a later view shows {head} Events, an earlier one {seen[group]}"
+                    seen[group] = head
+                    for earlier, event in zip(events, events[1:]):
+                        assert event.group == group and event.prev_hash == earlier.hash
+                        assert event.kind == "mission.create" and event.body["title"] == "x" * 1000
+                    assert not events or events[-1].hash == head_hash
+            if not writing:
+                break
+        streaming.join()
+        assert seen == {GROUP: child.head, other: 1 + 100 * 2}  # child.head: the Group's head once the stream was durable
+        assert child.head == 1 + 100 * 2
+    finally:
+        child.close()
+
+
 def _contents(path: str) -> dict[str, tuple[int, int, str]]:
     """Every file under ``path``: (mode, mtime, content hash). LMDB's lock file holds its reader
     table, which readers of every process write by design: only its presence counts."""
