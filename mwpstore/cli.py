@@ -132,6 +132,10 @@ def cmd_tail(args: argparse.Namespace) -> int:
     (which replace files by rename) never leaves it reading the files they replaced."""
     from .errors import NotFound
 
+    if args.timeout is not None and not args.follow:
+        # It bounds only the following: without -f it would be ignored without a word, and a
+        # script that meant `-f --timeout N` would get one read and take it for N seconds' worth.
+        raise InvalidCommand("--timeout applies only with -f (--follow)", field="timeout")
     with _open_view(args) as view:
         head = view.head(args.group)[0]
         if head == 0:  # every Group that exists has at least its group.create Event
@@ -389,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     tail.add_argument("-n", "--lines", type=_count, default=20, help="last N Events (default %(default)s)")
     tail.add_argument("--after", type=_count, default=None, help="start after this sequence instead")
     tail.add_argument("-f", "--follow", action="store_true", help="then keep printing new Events as they become durable (read-only: the application that has the store open keeps writing)")
-    tail.add_argument("--timeout", type=_seconds, default=None, help="stop following after this many seconds")
+    tail.add_argument("--timeout", type=_seconds, default=None, help="with -f: stop following after this many seconds")
     tail.set_defaults(handler=cmd_tail)
 
     verify = commands.add_parser("verify", parents=[common, store], help="check frames, hash chains, snapshots and that the index equals a rebuild")

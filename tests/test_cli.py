@@ -222,6 +222,19 @@ def test_tail_of_a_group_that_does_not_exist_is_not_found(store, capsys, follow)
     assert main(["tail", GROUP, "--store", store, "--after", "6", "--json"]) == EXIT_OK  # exists, nothing after 6
     assert capsys.readouterr().out == ""
 
+def test_tail_timeout_without_follow_is_a_usage_error(store, capsys):
+    """--timeout bounds only the following: without -f it was ignored without a word (the last
+    Events printed, exit 0), so a script that left out -f took one read for N seconds of them."""
+    assert main(["tail", GROUP, "--store", store, "--timeout", "1", "--json"]) == EXIT_USAGE
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)  # the error document alone: no Event printed before it
+    assert document["ok"] is False and document["error"]["code"] == "INVALID_COMMAND"
+    assert document["error"]["detail"]["field"] == "timeout"
+    assert "--timeout applies only with -f" in captured.err
+    assert main(["tail", GROUP, "--store", str(store) + "-missing", "--timeout", "1"]) == EXIT_USAGE  # before the store is opened
+    assert "INVALID_COMMAND" in capsys.readouterr().err
+
+
 def test_tail_of_a_group_with_a_replay_floor_starts_at_the_floor(tmp_path, capsys):
     """`tail GROUP` (the last 20) of a Group with a replay window asked for Events below its
     floor: CURSOR_TOO_OLD, exit 3, though the store was fine and the retained Events readable."""
