@@ -322,3 +322,153 @@ def test_a_view_of_an_index_ahead_of_the_log_or_of_another_format_is_refused(tmp
         assert authority.open_report.mode == "rebuild"
     with Authority.open(path, readonly=True) as view:
         assert view.head(GROUP)[0] == 1
+
+
+@pytest.mark.parametrize("value", [1, "yes", None])
+def test_readonly_must_be_a_bool(tmp_path, value):
+    """A truthy non-bool must not decide between a view and a writer's open (which recovers and
+    writes), nor a falsy one pass for a writer's."""
+    path = str(tmp_path / "store")
+    open_with_group(path).close()
+    with pytest.raises(InvalidCommand) as refused:
+        Authority.open(path, readonly=value)
+    assert refused.value.detail["field"] == "readonly"
+
+
+def test_a_view_that_opens_while_a_rebuild_renames_the_index_waits_for_the_new_one(tmp_path, monkeypatch):
+    """Between a rebuild's renames there is no index/, only index.rebuild/: the open retries
+    (for up to 2 s) instead of refusing a store that is only switching files; one that keeps
+    switching past that is recovery_needed."""
+    import mwpstore.authority as module
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+    index, rebuilt = os.path.join(path, "index"), os.path.join(path, "index.rebuild")
+    os.rename(index, rebuilt)
+    pauses = []
+
+    def sleep(seconds: float) -> None:  # the retry's pause: the rebuild's second rename lands meanwhile
+        pauses.append(seconds)
+        if os.path.isdir(rebuilt):
+            os.rename(rebuilt, index)
+
+    monkeypatch.setattr(time, "sleep", sleep)
+    with Authority.open(path, readonly=True) as view:
+        assert view.head(GROUP)[0] == 2
+    assert pauses  # it did wait
+    os.rename(index, rebuilt)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)  # the rename never comes
+    monkeypatch.setattr(module, "_VIEW_OPEN_SECONDS", 0.0)
+    with pytest.raises(InvalidState) as refused:
+        Authority.open(path, readonly=True)
+    assert refused.value.detail["reason"] == "recovery_needed" and "keeps switching" in refused.value.message
+
+
+@pytest.mark.parametrize("switch", ["index", "marker"])
+def test_a_view_checks_after_opening_the_log_that_the_index_was_not_switched(tmp_path, monkeypatch, switch):
+    """A rebuild that renames its index into place, or a compaction that starts, between the
+    view's index and its log: the pair may not belong together. The view opens again (and reads
+    the index now in place) or, for a compaction, refuses; it does not read the replaced index."""
+    import shutil
+
+    import mwpstore.authority as module
+
+    path = str(tmp_path / "store")
+    open_with_group(path).close()
+    index = os.path.join(path, "index")
+    older = str(tmp_path / "older-index")
+    shutil.copytree(index, older)  # the index at head 1, closed cleanly
+    with Authority.open(path) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.accept(mission_create("m-2"))
+    real_open = module.SegmentLog.open
+    opened = []
+
+    def open_log(directory, **options):
+        if not opened:
+            if switch == "index":  # a new inode under index/data.mdb, as a rebuild's rename leaves
+                shutil.copyfile(os.path.join(older, "data.mdb"), os.path.join(index, "data.mdb.new"))
+                os.rename(os.path.join(index, "data.mdb.new"), os.path.join(index, "data.mdb"))
+            else:
+                open(os.path.join(path, "COMPACT-SWITCH"), "wb").close()
+        opened.append(directory)
+        return real_open(directory, **options)
+
+    monkeypatch.setattr(module.SegmentLog, "open", staticmethod(open_log))
+    if switch == "index":
+        with Authority.open(path, readonly=True) as view:
+            assert view.head(GROUP)[0] == 1  # the index in place now, not the one renamed away (head 3)
+        assert len(opened) == 2
+    else:
+        with pytest.raises(InvalidState) as refused:
+            Authority.open(path, readonly=True)
+        assert refused.value.detail["reason"] == "recovery_needed" and "compaction" in refused.value.message
+
+
+@pytest.mark.parametrize("clean", [False, True])
+def test_a_view_refuses_an_index_left_unclean_before_a_restart(tmp_path, clean):
+    """An index not closed cleanly under another boot may be ahead of what the log kept through
+    the power loss: only a writer's open can redo or rebuild it. Closed cleanly, it is as good
+    after a restart as before."""
+    from mwpstore.index import Index
+
+    path = str(tmp_path / "store")
+    open_with_group(path).close()
+    index = Index(os.path.join(path, "index"), map_size=64 * 1024 * 1024)
+    with index.begin(write=True) as txn:
+        index.put(txn, b"meta", b"boot_id", b"a-boot-before-this-one")
+        index.put(txn, b"meta", b"clean", b"1" if clean else b"0")
+    index.close()
+    if clean:
+        with Authority.open(path, readonly=True) as view:
+            assert view.head(GROUP)[0] == 1
+        return
+    with pytest.raises(InvalidState) as refused:
+        Authority.open(path, readonly=True)
+    assert refused.value.detail["reason"] == "recovery_needed" and "restarted" in refused.value.message
+
+
+def test_the_index_of_a_view_refuses_a_write_transaction(tmp_path):
+    """``Authority.index`` is reachable: a write through a view's index must be refused there,
+    not reach LMDB with the view's read transaction."""
+    path = str(tmp_path / "store")
+    open_with_group(path).close()
+    with Authority.open(path, readonly=True) as view:
+        with pytest.raises(InvalidState) as refused:
+            view.index.begin(write=True)
+        assert refused.value.detail["reason"] == "readonly"
+        assert view.head(GROUP)[0] == 1
+
+
+def _store_files_open(path: str) -> list[str]:
+    """The files under ``path`` this process holds open or mapped (Linux /proc)."""
+    prefix = os.path.join(os.path.realpath(path), "")
+    found = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        found += [target] if target.startswith(prefix) else []
+    with open("/proc/self/maps") as maps:
+        found += [line.split()[-1] for line in maps if line.rstrip().split()[-1].startswith(prefix)]
+    return found
+
+
+def test_closing_a_view_releases_its_files_and_can_be_repeated(tmp_path):
+    """A view holds the index and the log open; once closed, none of the store's files (which a
+    compaction by the writer replaces) stays open or mapped, and a second close does nothing."""
+    from mwpstore import StoreClosed
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+    view = Authority.open(path, readonly=True)
+    assert [event.seq for event in view.read(GROUP)] == [1, 2]
+    assert _store_files_open(path)
+    view.close()
+    assert _store_files_open(path) == []
+    view.close()
+    with pytest.raises(StoreClosed):
+        view.head(GROUP)
