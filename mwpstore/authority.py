@@ -541,7 +541,9 @@ class Authority:
                 raise self._needs_writer("has an index of another format")
             if meta_boot != current_boot_id() and not clean:
                 raise self._needs_writer("was not closed cleanly before the machine restarted")
-            log = SegmentLog.open(os.path.join(self.path, "log"), readonly=True)
+            # Read up to the index's position only: past it the writer may be writing a group, or
+            # sealing and trimming the segment under the view's map.
+            log = SegmentLog.open(os.path.join(self.path, "log"), readonly=True, known_end=position)
             try:
                 if os.path.exists(marker) or _file_key(index_file) != before:
                     raise _Switched()

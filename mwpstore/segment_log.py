@@ -369,6 +369,7 @@ class SegmentLog:
         self._log_id = 0
         self._seed = 0  # where every frame checksum of this log starts (from the log id)
         self._marker_lists_segments = False  # the CLEAN on disk has the segment list (not the first form)
+        self._known_end: int | None = None  # open(known_end=): where a read-only recovery stops reading
         self._fork_generation = _fork.generation  # the process it is used in (mwpstore._fork)
 
     # -- opening ------------------------------------------------------------------------------
@@ -382,6 +383,7 @@ class SegmentLog:
         sync: bool = True,
         readonly: bool = False,
         io: Any = None,
+        known_end: int | None = None,
     ) -> SegmentLog:
         """Open (creating if missing, unless ``readonly``) the log in ``directory``.
 
@@ -391,6 +393,13 @@ class SegmentLog:
         are written but not fdatasync'ed, so they are not durable until :meth:`sync` or
         :meth:`close` returns. ``readonly`` takes no lock and never writes. ``io`` replaces the
         file operations (tests pass a recorder from :mod:`mwpstore.io_seam`).
+
+        ``known_end`` (with ``readonly`` only): a position where a group the writer has written
+        ends, such as a read-only view's index position. Recovery then reads the active segment
+        only up to it, and the log ends there: the bytes past it may be a group the writer is still
+        writing (which can look like damage), or the tail of a segment it is about to seal and
+        trim (reading a trimmed page through the map is a SIGBUS). Damage before it is still
+        ``Corruption``; a log that ends before it is opened with its own end.
         """
         try:
             directory = store_path(directory)
@@ -399,7 +408,10 @@ class SegmentLog:
         check_segment_bytes(segment_bytes)
         if io is not None and not hasattr(io, "io_struct"):
             raise InvalidCommand("io must come from mwpstore.io_seam (or be None).", field="io")
+        if known_end is not None and (not readonly or type(known_end) is not int or known_end < 0):
+            raise InvalidCommand("known_end must be None, or a position (an int >= 0) with readonly=True.", field="known_end")
         self = cls(_OPEN_TOKEN)
+        self._known_end = known_end
         self._directory = os.path.abspath(os.fspath(directory))
         self._readonly = bool(readonly)
         self._sync = bool(sync)
@@ -463,6 +475,9 @@ class SegmentLog:
         if segments is None:
             segments = self._inspected_segments(directory, numbered)
             clean_end = _clean_end(marker, segments[-1]) if marker is not None and segments else None
+            if self._known_end is not None and clean_end is None:
+                # the segments the writer started after the known end: neither scanned nor read
+                segments = [segment for segment in segments if segment.first_position <= self._known_end] or segments[:1]
         self._segments = tuple(segments)
         if segments:
             self._log_id = int(segments[-1].header.log_id)
@@ -627,6 +642,8 @@ class SegmentLog:
         segment = self._segments[-1]
         data, mapped = segment.mapping()
         size = len(mapped)
+        if self._known_end is not None:  # nothing past it is read (see open)
+            size = min(size, _HEADER_BYTES + max(self._known_end - segment.first_position, 0))
         recovery = ffi.new("struct sl_recovery *")
         fault = self._fault()
         rc = lib.sl_recover(data, size, segment.header, recovery, fault)

@@ -472,3 +472,33 @@ def test_closing_a_view_releases_its_files_and_can_be_repeated(tmp_path):
     view.close()
     with pytest.raises(StoreClosed):
         view.head(GROUP)
+
+
+def test_a_view_does_not_read_the_log_past_its_index_position(tmp_path):
+    """Past the index's position the writer may be writing a group (its commit frame half copied
+    looks like damage) or sealing and trimming the active segment (a trimmed page read through
+    the view's map was a SIGBUS, killing the reader). The view's recovery scanned all of it: a
+    group in flight made the open CORRUPTION. It reads the log up to the index's position only."""
+    from mwpstore import Corruption
+    from mwpstore.segment_log import _HEADER_BYTES, CLEAN_FILE_NAME, SegmentLog
+
+    path = str(tmp_path / "store")
+    open_with_group(path).close()
+    log_directory = os.path.join(path, "log")
+    with SegmentLog.open(log_directory) as log:  # a group past what the index names, as in flight
+        indexed = log.end
+        log.append([b"a group the writer is still writing"])
+        end, active = log.end, log.segments()[-1]
+    os.remove(os.path.join(log_directory, CLEAN_FILE_NAME))  # a writer that has appended since its open has none
+    with open(active.path, "r+b") as segment:  # the commit frame's last byte not copied yet
+        offset = _HEADER_BYTES + end - active.first_position - 1
+        segment.seek(offset)
+        byte = segment.read(1)[0]
+        segment.seek(offset)
+        segment.write(bytes([byte ^ 0x01]))
+    with Authority.open(path, readonly=True) as view:
+        assert view.head(GROUP)[0] == 1 and [event.seq for event in view.read(GROUP)] == [1]
+    with pytest.raises(Corruption):  # a reader without the index's word sees damage
+        SegmentLog.open(log_directory, readonly=True).close()
+    with SegmentLog.open(log_directory, readonly=True, known_end=indexed) as log:
+        assert log.end == indexed

@@ -348,6 +348,19 @@ def test_readonly_does_not_lock_or_write(tmp_path):
             reader.sync()
 
 
+def test_known_end_is_a_position_for_a_readonly_open_only(tmp_path):
+    with SegmentLog.open(tmp_path) as writer:
+        writer.append([b"one"])
+        end = writer.end
+        writer.append([b"two"])
+        for options in ({"known_end": end}, {"readonly": True, "known_end": -1}, {"readonly": True, "known_end": True}):
+            with pytest.raises(InvalidCommand) as refused:
+                SegmentLog.open(tmp_path, **options)
+            assert refused.value.detail["field"] == "known_end"
+        with SegmentLog.open(tmp_path, readonly=True, known_end=end) as reader:
+            assert reader.end == end and scan_all(reader) == [(0, b"one")]
+
+
 def test_readonly_on_missing_directory_is_storage_failed(tmp_path):
     with pytest.raises(StorageFailed):
         SegmentLog.open(tmp_path / "absent", readonly=True)
