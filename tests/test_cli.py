@@ -11,6 +11,7 @@ import time
 import pytest
 
 from authority_helpers import GROUP, mission_create, open_with_group
+from mwpstore import InvalidState
 from mwpstore.cli import EXIT_BROKEN_PIPE, EXIT_CHECK_FAILED, EXIT_INTERRUPTED, EXIT_OK, EXIT_STORE_ERROR, EXIT_USAGE, main
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -233,6 +234,103 @@ def test_tail_timeout_without_follow_is_a_usage_error(store, capsys):
     assert "--timeout applies only with -f" in captured.err
     assert main(["tail", GROUP, "--store", str(store) + "-missing", "--timeout", "1"]) == EXIT_USAGE  # before the store is opened
     assert "INVALID_COMMAND" in capsys.readouterr().err
+
+
+class _FollowClock:
+    """``time`` for ``mwpstore.cli`` while ``tail -f`` runs in this process: the clock moves only
+    when it sleeps, and ``on_pause(n)`` runs at the n-th pause (the writer's work between two
+    polls). A loop that never sleeps, or never stops sleeping, is stopped."""
+
+    def __init__(self, on_pause=None) -> None:
+        self.now = 1000.0
+        self.pauses: list[float] = []
+        self.on_pause = on_pause
+        self.readings = 0
+
+    def monotonic(self) -> float:
+        self.readings += 1
+        if self.readings > 1000:
+            raise RuntimeError("tail -f reads the clock without sleeping")
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        if len(self.pauses) >= 1000:
+            raise RuntimeError("tail -f keeps following past its timeout")
+        self.pauses.append(seconds)
+        self.now += seconds
+        if self.on_pause is not None:
+            self.on_pause(len(self.pauses))
+
+
+def _accept_in_between(store: str, missions: list[str]) -> None:
+    """A writer's turn between two polls, in this process (no view is open between polls)."""
+    from mwpstore import Authority
+
+    with Authority.open(store) as authority:
+        for mission in missions:
+            authority.accept(mission_create(mission))
+
+
+def test_tail_follow_pauses_between_polls_and_stops_when_its_timeout_has_passed(store, capsys, monkeypatch):
+    """A poll every 0.25 s, the last pause cut to what is left of --timeout: it stops when the
+    timeout has passed, not up to a poll later, and never polls without pausing."""
+    from mwpstore import cli
+
+    clock = _FollowClock()
+    monkeypatch.setattr(cli, "time", clock)
+    assert main(["tail", GROUP, "--store", store, "-f", "--timeout", "0.6", "--json"]) == EXIT_OK
+    assert clock.pauses == [0.25, 0.25, pytest.approx(0.1)]
+    assert [json.loads(line)[1] for line in capsys.readouterr().out.splitlines()] == [1, 2, 3, 4, 5, 6]
+
+
+def test_tail_follow_skips_a_poll_that_meets_a_switch_and_prints_each_new_event_once(store, capsys, monkeypatch):
+    """A poll whose view is refused as recovery_needed (a compaction or rebuild switching files)
+    is skipped and the next one prints what came meanwhile; each poll starts after the last Event
+    printed and closes its view. Any other refusal ends tail -f with its error."""
+    from mwpstore import StoreClosed, cli
+
+    real_open_view = cli._open_view
+    views = []
+
+    def open_view(args):
+        if len(views) == 1:  # the first poll meets a switch
+            views.append(None)
+            raise InvalidState("the store has a compaction switching its log", reason="recovery_needed")
+        views.append(real_open_view(args))
+        return views[-1]
+
+    monkeypatch.setattr(cli, "_open_view", open_view)
+    clock = _FollowClock(lambda pause: _accept_in_between(store, {1: ["m-a"], 3: ["m-b", "m-c"]}.get(pause, [])))
+    monkeypatch.setattr(cli, "time", clock)
+    assert main(["tail", GROUP, "--store", store, "--after", "4", "-f", "--timeout", "1", "--json"]) == EXIT_OK
+    assert [json.loads(line)[1] for line in capsys.readouterr().out.splitlines()] == [5, 6, 7, 8, 9]
+    assert len(views) == 5 and views[1] is None  # the first open, the skipped poll, three more
+    for view in views[:1] + views[2:]:
+        with pytest.raises(StoreClosed):
+            view.head(GROUP)
+
+    calls = []
+
+    def refused_when_polled(args):
+        calls.append(args)
+        if len(calls) > 1:
+            raise InvalidState("a refusal other than a switch", reason="readonly")
+        return real_open_view(args)
+
+    monkeypatch.setattr(cli, "_open_view", refused_when_polled)
+    monkeypatch.setattr(cli, "time", _FollowClock())
+    assert main(["tail", GROUP, "--store", store, "-f", "--timeout", "1", "--json"]) != EXIT_OK
+    printed = capsys.readouterr().out.splitlines()
+    assert json.loads(printed[-1])["error"]["detail"]["reason"] == "readonly" and len(printed) == 10
+
+
+def test_tail_follow_after_a_cursor_beyond_the_head_prints_only_what_passes_it(store, capsys, monkeypatch):
+    """`--after 8 -f` of a Group at 6 prints nothing at first, then only the Events after 8."""
+    from mwpstore import cli
+
+    monkeypatch.setattr(cli, "time", _FollowClock(lambda pause: _accept_in_between(store, ["m-a", "m-b", "m-c"] if pause == 1 else [])))
+    assert main(["tail", GROUP, "--store", store, "--after", "8", "-f", "--timeout", "0.5", "--json"]) == EXIT_OK
+    assert [json.loads(line)[1] for line in capsys.readouterr().out.splitlines()] == [9]
 
 
 def test_tail_of_a_group_with_a_replay_floor_starts_at_the_floor(tmp_path, capsys):
