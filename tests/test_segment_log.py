@@ -552,9 +552,18 @@ def test_leftover_temporary_segment_is_removed(tmp_path):
         log.append([b"x"])
     leftover = tmp_path / (segment_file_name(4096) + ".tmp")
     leftover.write_bytes(b"half-made")
+    with SegmentLog.open(tmp_path, readonly=True) as log:  # it may be the writer's segment in the making
+        assert leftover.exists()
+        assert scan_all(log) == [(0, b"x")]
     with SegmentLog.open(tmp_path) as log:
         assert not leftover.exists()
         assert scan_all(log) == [(0, b"x")]
+
+
+def test_readonly_open_of_an_empty_directory_creates_no_segment(tmp_path):
+    with SegmentLog.open(tmp_path, readonly=True) as log:
+        assert log.end == 0 and scan_all(log) == []
+    assert os.listdir(tmp_path) == []
 
 
 def test_misnamed_segment_is_corruption(tmp_path):
@@ -845,6 +854,7 @@ def test_reopen_after_seal_without_next_segment(tmp_path):
     with SegmentLog.open(tmp_path, readonly=True) as reader:
         assert reader.end == last.first_position
         assert scan_all(reader) == kept
+        assert reader.segments()[-1].sealed  # what `mwpstore inspect` reports
     with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
         assert log.end == last.first_position
         assert scan_all(log) == kept
