@@ -285,6 +285,9 @@ def test_a_view_of_a_store_only_a_writer_can_recover_is_refused(tmp_path, capsys
     os.rename(os.path.join(path, "index.away"), os.path.join(path, "index"))
     with open(os.path.join(path, "COMPACT-SWITCH"), "wb"):
         pass
+    with pytest.raises(InvalidState) as refused:  # at once: running and interrupted look alike without the lock
+        Authority.open(path, readonly=True)
+    assert refused.value.detail["reason"] == "recovery_needed" and "(running, or interrupted)" in refused.value.message
     assert main(["tail", GROUP, "--store", path, "-f", "--timeout", "0.2", "--json"]) == EXIT_STORE_ERROR
     assert json.loads(capsys.readouterr().out)["error"]["detail"]["reason"] == "recovery_needed"
 
@@ -301,23 +304,28 @@ def test_a_view_in_the_process_that_writes_the_store_is_refused(tmp_path):
         assert view.head(GROUP)[0] == 1
 
 
-@pytest.mark.parametrize("meta", ["log_position", "format"])
+@pytest.mark.parametrize("meta", ["log_position", "log_position_one_past", "format"])
 def test_a_view_of_an_index_ahead_of_the_log_or_of_another_format_is_refused(tmp_path, meta):
     """LMDB is never ahead of the log (DESIGN §3): an index that names a log position past the
-    log's end, or has another format, is what a writer's open rebuilds. A view must not read it."""
+    log's end (far, or by one), or has another format, is what a writer's open rebuilds. A view
+    must not read it."""
     from mwpstore.index import INDEX_FORMAT, Index, u64
+    from mwpstore.segment_log import SegmentLog
 
     path = str(tmp_path / "store")
     with open_with_group(path):
         pass
+    with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
+        end = log.end
+    value = {"log_position": u64(10**12), "log_position_one_past": u64(end + 1), "format": INDEX_FORMAT + b"x"}[meta]
     index = Index(os.path.join(path, "index"), map_size=64 * 1024 * 1024)
     with index.begin(write=True) as txn:  # sealed values: the rule, not a failed seal, must decide
-        index.put(txn, b"meta", meta.encode(), u64(10**12) if meta == "log_position" else INDEX_FORMAT + b"x")
+        index.put(txn, b"meta", meta.removesuffix("_one_past").encode(), value)
     index.close()
     with pytest.raises(InvalidState) as refused:
         Authority.open(path, readonly=True)
     assert refused.value.detail["reason"] == "recovery_needed"
-    assert ("outside the log" if meta == "log_position" else "another format") in refused.value.message
+    assert ("another format" if meta == "format" else "outside the log") in refused.value.message
     with Authority.open(path) as authority:  # the writer's open rebuilds it
         assert authority.open_report.mode == "rebuild"
     with Authority.open(path, readonly=True) as view:
@@ -502,3 +510,69 @@ def test_a_view_does_not_read_the_log_past_its_index_position(tmp_path):
         SegmentLog.open(log_directory, readonly=True).close()
     with SegmentLog.open(log_directory, readonly=True, known_end=indexed) as log:
         assert log.end == indexed
+
+
+def test_a_view_of_a_store_whose_index_is_no_directory_is_storage_failed(tmp_path):
+    """What the open meets on the file system is typed like every storage error (exit 3 for
+    `tail`), not an OSError from deep inside the open."""
+    from mwpstore import StorageFailed
+
+    path = str(tmp_path / "store")
+    open_with_group(path).close()
+    index = os.path.join(path, "index")
+    for name in os.listdir(index):
+        os.remove(os.path.join(index, name))
+    os.rmdir(index)
+    with open(index, "wb"):
+        pass
+    with pytest.raises(StorageFailed):
+        Authority.open(path, readonly=True)
+
+
+def test_closing_a_view_waits_for_a_read_in_flight(tmp_path, monkeypatch):
+    """close() from another thread while a read is between the index and the log: the read's
+    log access finishes on open files (the read may then stop with StoreClosed at its next step),
+    then the view closes."""
+    from mwpstore import StoreClosed
+
+    import mwpstore.authority as module
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+    view = Authority.open(path, readonly=True)
+    inside, go_on = threading.Event(), threading.Event()
+    real_records_at = module._records_at
+
+    failures = []
+
+    def records_at(log, positions):
+        inside.set()
+        go_on.wait(10)
+        try:
+            return real_records_at(log, positions)
+        except BaseException as exc:
+            failures.append(exc)
+            raise
+
+    monkeypatch.setattr(module, "_records_at", records_at)
+    outcome = []
+
+    def read():
+        try:
+            outcome.append([event.seq for event in view.read(GROUP)])
+        except BaseException as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert inside.wait(10)
+    closer = threading.Thread(target=view.close)
+    closer.start()
+    closer.join(0.5)  # a close that does not wait is done by now; one that waits is not
+    go_on.set()
+    reader.join(10)
+    closer.join(10)
+    assert failures == [] and not closer.is_alive()
+    assert outcome == [[1, 2]] or (len(outcome) == 1 and isinstance(outcome[0], StoreClosed))
+    assert _store_files_open(path) == []
