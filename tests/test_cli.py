@@ -223,6 +223,17 @@ def test_tail_of_a_group_that_does_not_exist_is_not_found(store, capsys, follow)
     assert main(["tail", GROUP, "--store", store, "--after", "6", "--json"]) == EXIT_OK  # exists, nothing after 6
     assert capsys.readouterr().out == ""
 
+def test_tail_prints_every_event_asked_for_past_one_read(tmp_path, capsys):
+    """A read returns at most 1000 Events: `tail --after 0` of a longer Group prints them all,
+    not the first read's worth."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        for start in (0, 600):
+            authority.accept_many([mission_create(f"m-{number}") for number in range(start, start + 600)])
+    assert main(["tail", GROUP, "--store", path, "--after", "0", "--json"]) == EXIT_OK
+    assert [json.loads(line)[1] for line in capsys.readouterr().out.splitlines()] == list(range(1, 1202))
+
+
 def test_tail_timeout_without_follow_is_a_usage_error(store, capsys):
     """--timeout bounds only the following: without -f it was ignored without a word (the last
     Events printed, exit 0), so a script that left out -f took one read for N seconds of them."""
