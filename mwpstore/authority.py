@@ -1213,8 +1213,9 @@ class Authority:
             value = batch.index.get(batch.txn, b"acks", key)
             previous = 0 if value is None else read_u64(value)
         if cursor <= previous:
+            # Nothing to write: ACKs never move backwards. The request stays an ACK: a batch
+            # withdrawn before its log append is decided again by the next leader.
             request.ack_result = previous
-            request.ack = None  # nothing to write: ACKs never move backwards
             return
         batch.acks[key] = cursor
         batch.records.append(ACK_TAG + _ACK_ENCODER.encode((consumer, group, cursor)))
