@@ -9,21 +9,30 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
+import errno
+
 import pytest
 
 from authority_helpers import GROUP, mission_create, open_with_group
-from mwpstore import failpoints
+from mwpstore import Authority, failpoints, torture
+from mwpstore.errors import ActionIdCollision, AlreadyExists, InvalidCommand, MwpError, SequenceGap, StorageFailed, StoreClosed
+from mwpstore.io_seam import RecordingIO
+from mwpstore.messages import encode_receipt
 
 
 class AppendGate:
     """Scripts the commits that reach ``authority.before_log_append``, one step per commit in
     order: ``"hold"`` (stop there until :meth:`release`), ``"interrupt"`` (raise
-    KeyboardInterrupt there, before anything reaches the log) or ``"pass"``."""
+    KeyboardInterrupt there, before anything reaches the log), ``"pass"``, or a callable run
+    there (what it raises is raised there). ``after_sync``
+    is raised at ``authority.after_log_sync`` of the first commit that gets there once
+    :meth:`release` was called (the log holds the batch, the index does not)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch, *steps: str) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, *steps: str | Callable[[], None], after_sync: BaseException | None = None) -> None:
         self.steps = list(steps)
         self.held = threading.Event()
         self._go = threading.Event()
+        self._after_sync = after_sync
         original = failpoints.hit
 
         def hit(name: str) -> None:
@@ -34,6 +43,11 @@ class AppendGate:
                     assert self._go.wait(30)
                 elif step == "interrupt":
                     raise KeyboardInterrupt
+                elif callable(step):
+                    step()
+            if name == "authority.after_log_sync" and self._go.is_set() and self._after_sync is not None:
+                raised, self._after_sync = self._after_sync, None
+                raise raised
             original(name)
 
         monkeypatch.setattr(failpoints, "hit", hit)
@@ -71,9 +85,9 @@ def wait_for_queue(authority, length: int) -> None:
     raise AssertionError(f"the commit queue never reached {length}")
 
 
-def held_leader(monkeypatch, authority, *steps: str) -> tuple[AppendGate, Caller]:
+def held_leader(monkeypatch, authority, *steps: str | Callable[[], None], after_sync: BaseException | None = None) -> tuple[AppendGate, Caller]:
     """A first commit (mission m-lead) held before its log append; ``steps`` script the commits after it."""
-    gate = AppendGate(monkeypatch, "hold", *steps)
+    gate = AppendGate(monkeypatch, "hold", *steps, after_sync=after_sync)
     leader = Caller(lambda: authority.accept(mission_create("m-lead")))
     assert gate.held.wait(30)
     return gate, leader
@@ -101,3 +115,239 @@ def test_an_ack_with_nothing_to_write_in_a_withdrawn_batch_is_decided_again_as_a
         assert authority.acked("consumer-1", GROUP) == 1
         assert authority.accept(mission_create("m-after")).seq == 3  # not failed, nothing of the withdrawn batch kept
         assert authority.state(GROUP, "mission:m-interrupted") == (0, None)
+
+
+def test_the_units_of_a_withdrawn_batch_go_back_to_the_front_of_the_queue_in_their_order(tmp_path, monkeypatch):
+    """A batch interrupted before its log append: its other units are decided again before any
+    unit that queued up meanwhile, in the order they were queued."""
+
+    callers: dict[str, Caller] = {}
+
+    def interrupt_once_another_caller_queued() -> None:
+        callers["late"] = Caller(lambda: authority.accept(mission_create("m-late")))
+        wait_for_queue(authority, 1)  # "late" queued while this batch was being decided
+        raise KeyboardInterrupt
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        gate, leader = held_leader(monkeypatch, authority, interrupt_once_another_caller_queued)
+        for length, name in enumerate(["interrupted", "first", "second"], start=1):
+            callers[name] = Caller(lambda name=name: authority.accept(mission_create(f"m-{name}")))
+            wait_for_queue(authority, length)
+        gate.release()  # m-lead commits; the next batch (interrupted, first, second) is withdrawn
+        assert leader.outcome().seq == 2
+        assert isinstance(callers["interrupted"].outcome(), KeyboardInterrupt)
+        assert [callers[name].outcome().seq for name in ("first", "second", "late")] == [3, 4, 5]
+        assert authority.state(GROUP, "mission:m-interrupted") == (0, None)
+
+
+# -- a commit that fails answers every caller of its batch and of the batches behind it ----------
+
+
+def _failing_next_sync(path: str) -> tuple[RecordingIO, Authority]:
+    recorder = RecordingIO()
+    with torture.recorded_log(recorder):
+        authority = open_with_group(path)
+    return recorder, authority
+
+
+def _close_failed(authority: Authority) -> None:
+    try:
+        authority.close()
+    except MwpError:
+        pass  # a failed handle may refuse to mark its index clean
+
+
+def test_a_commit_failing_after_its_log_sync_fails_the_batch_queued_behind_it(tmp_path, monkeypatch):
+    """The log holds the failed batch, the index does not: a batch that was waiting behind it is
+    refused (STORAGE_FAILED), never decided against the stale index and appended after it (its
+    Events would repeat the failed batch's sequences in the log)."""
+    path = str(tmp_path / "store")
+    authority = open_with_group(path)
+    try:
+        gate, leader = held_leader(monkeypatch, authority, after_sync=OSError(errno.EIO, "index write failed"))
+        behind = Caller(lambda: authority.accept_many([mission_create("m-1"), mission_create("m-2")]))
+        wait_for_queue(authority, 1)
+        gate.release()
+        assert isinstance(leader.outcome(), StorageFailed)
+        assert [result.error_code for result in behind.outcome()] == [StorageFailed.code] * 2
+        with pytest.raises(StorageFailed):
+            authority.accept(mission_create("m-3"))
+    finally:
+        _close_failed(authority)
+    with Authority.open(path) as reopened:  # the failed batch is redone from the log, nothing after it
+        assert [event.aggregate for event in reopened.read(GROUP)] == [f"group:{GROUP}", "mission:m-lead"]
+        assert reopened.verify().ok
+
+
+def test_an_interrupt_after_the_log_append_answers_every_caller_and_fails_the_authority(tmp_path, monkeypatch):
+    """KeyboardInterrupt once the batch is in the log (here: after its fdatasync, before the
+    index commit): it is not withdrawn and decided again (the log holds it already); the
+    authority refuses writes, the callers behind it are refused, the interrupt reaches its caller."""
+    path = str(tmp_path / "store")
+    authority = open_with_group(path)
+    try:
+        gate, leader = held_leader(monkeypatch, authority, after_sync=KeyboardInterrupt())
+        behind = Caller(lambda: authority.accept(mission_create("m-behind")))
+        wait_for_queue(authority, 1)
+        gate.release()
+        assert isinstance(leader.outcome(), KeyboardInterrupt)
+        assert isinstance(behind.outcome(), StorageFailed)
+        assert authority.head(GROUP)[0] == 1
+    finally:
+        _close_failed(authority)
+    with Authority.open(path) as reopened:
+        assert [event.aggregate for event in reopened.read(GROUP)] == [f"group:{GROUP}", "mission:m-lead"]
+        assert reopened.verify().ok
+
+
+def test_a_failed_log_sync_refuses_an_in_batch_duplicate_too(tmp_path):
+    """Two identical Commands in one batch: the second is answered from the first's receipt,
+    which is only as durable as the batch. When the batch's fdatasync fails both are refused."""
+    path = str(tmp_path / "store")
+    recorder, authority = _failing_next_sync(path)
+    command = mission_create("m-1", action_id="same")
+    try:
+        recorder.fail_sync_at = recorder.sync_calls  # the next fdatasync: this batch's
+        results = authority.accept_many([command, command])
+        assert recorder.failures == 1
+        assert [result.error_code for result in results] == [StorageFailed.code] * 2
+        assert authority.head(GROUP)[0] == 1
+    finally:
+        _close_failed(authority)
+
+
+def test_a_failed_log_sync_still_answers_a_replay_of_a_durable_receipt(tmp_path):
+    """A Command accepted in an earlier commit, sent again in a batch whose fdatasync fails, gets
+    its original receipt (durable already); the batch's new Command is refused."""
+    path = str(tmp_path / "store")
+    recorder, authority = _failing_next_sync(path)
+    command = mission_create("m-1", action_id="earlier")
+    try:
+        original = encode_receipt(authority.accept(command))
+        recorder.fail_sync_at = recorder.sync_calls
+        replay, new = authority.accept_many([command, mission_create("m-2")])
+        assert recorder.failures == 1
+        assert replay.ok and encode_receipt(replay.receipt) == original
+        assert new.error_code == StorageFailed.code
+    finally:
+        _close_failed(authority)
+
+
+# -- ACKs decided in one batch --------------------------------------------------------------------
+
+
+def test_acks_in_one_batch_see_the_batch_head_and_each_other(tmp_path, monkeypatch):
+    """An ACK decided in the batch that also accepts the Event it names is within the head; a
+    lower ACK of the same consumer decided after it in that batch does not move it backwards."""
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept_many([mission_create(f"m-{i}") for i in range(5)])  # head 6
+        gate, leader = held_leader(monkeypatch, authority)  # m-lead: 7
+        calls = [
+            lambda: authority.accept(mission_create("m-8")),
+            lambda: authority.ack("consumer-1", GROUP, 8),
+            lambda: authority.ack("consumer-1", GROUP, 5),
+            lambda: authority.ack("consumer-1", GROUP, 9),
+        ]
+        queued = []
+        for call in calls:  # queued one after the other, in this order
+            queued.append(Caller(call))
+            wait_for_queue(authority, len(queued))
+        gate.release()
+        assert leader.outcome().seq == 7
+        receipt, higher, lower, beyond = (caller.outcome() for caller in queued)
+        assert receipt.seq == 8
+        assert (higher, lower) == (8, 8)
+        assert isinstance(beyond, SequenceGap) and beyond.detail == {"cursor": 9, "head": 8}
+        assert authority.acked("consumer-1", GROUP) == 8
+
+
+# -- subscribe and wait_for --------------------------------------------------------------------
+
+
+def test_wait_for_is_true_only_once_the_head_passes_the_cursor(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        head = authority.head(GROUP)[0]
+        assert authority.wait_for(GROUP, head - 1, 0) is True
+        assert authority.wait_for(GROUP, head, 0) is False
+        assert authority.wait_for("g-unknown", 0, 0) is False
+
+
+def _subscriber_waiting(monkeypatch, authority) -> threading.Event:
+    """Set once a caller of ``authority.wait_for`` sleeps on its condition (it holds the
+    condition's lock until then, so no commit or close can notify it in between)."""
+    waiting = threading.Event()
+
+    class Recorded(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            waiting.set()
+            return super().wait(timeout)
+
+    monkeypatch.setattr(authority, "_published", Recorded(threading.Lock()))
+    return waiting
+
+
+def test_a_waiting_subscriber_is_woken_with_the_events_accepted_meanwhile(tmp_path, monkeypatch):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        subscription = authority.subscribe(GROUP, after=1)
+        waiting = _subscriber_waiting(monkeypatch, authority)
+        polled = Caller(lambda: subscription.poll(timeout=30))
+        assert waiting.wait(30)  # it read nothing new before this accept and sleeps
+        receipt = authority.accept(mission_create("m-1"))
+        assert [event.seq for event in polled.outcome()] == [receipt.seq]
+        assert subscription.cursor == receipt.seq
+
+
+def test_close_wakes_a_subscriber_waiting_without_a_timeout(tmp_path, monkeypatch):
+    authority = open_with_group(str(tmp_path / "store"))
+    subscription = authority.subscribe(GROUP, after=1)
+    waiting = _subscriber_waiting(monkeypatch, authority)
+    polled = Caller(lambda: subscription.poll(timeout=None))
+    assert waiting.wait(30)
+    authority.close()
+    assert isinstance(polled.outcome(), StoreClosed)
+    assert list(subscription) == []  # iterating a subscription of a closed store ends at once
+
+
+# -- close against a caller on its way into the commit queue -----------------------------------
+
+
+def test_a_command_that_reaches_the_queue_after_close_is_store_closed(tmp_path, monkeypatch):
+    """accept() passed its checks, then close() ran to its end before the Command was queued: it
+    is refused (STORE_CLOSED) instead of being committed to the closed log and index."""
+    from mwpstore import authority as authority_module
+
+    path = str(tmp_path / "store")
+    authority = open_with_group(path)
+    on_the_way, closed = threading.Event(), threading.Event()
+    prepare = authority_module._decide_on_what_was_hashed
+
+    def held(request) -> None:  # the first step of _submit, before the queue's lock
+        on_the_way.set()
+        assert closed.wait(30)
+        prepare(request)
+
+    monkeypatch.setattr(authority_module, "_decide_on_what_was_hashed", held)
+    late = Caller(lambda: authority.accept(mission_create("m-late")))
+    assert on_the_way.wait(30)
+    authority.close()
+    closed.set()
+    assert isinstance(late.outcome(), StoreClosed)
+    monkeypatch.undo()
+    with Authority.open(path) as reopened:
+        assert reopened.open_report.mode == "clean"
+        assert reopened.head(GROUP)[0] == 1
+
+
+# -- accept_many: one result per Command, in order ---------------------------------------------
+
+
+def test_accept_many_answers_each_command_in_its_place_around_refused_ones(tmp_path):
+    """Commands refused before the commit (invalid) and in it (a rejection) keep their places;
+    the accepted ones around them get their own receipts."""
+    with open_with_group(str(tmp_path / "store")) as authority:
+        invalid = mission_create("m-x")
+        invalid = type(invalid)(**{**{field: getattr(invalid, field) for field in invalid.__struct_fields__}, "group": "not a group!"})
+        results = authority.accept_many([invalid, mission_create("m-1"), mission_create("m-1"), invalid, mission_create("m-2")])
+        assert [result.error_code for result in results] == [InvalidCommand.code, None, AlreadyExists.code, InvalidCommand.code, None]
+        assert [result.receipt.aggregate for result in results if result.ok] == ["mission:m-1", "mission:m-2"]
+        assert [result.receipt.seq for result in results if result.ok] == [2, 3]
