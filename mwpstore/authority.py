@@ -1038,7 +1038,8 @@ class Authority:
             return
         batch = _Batch(index=index, txn=txn)
         # Every request whose answer depends on this batch reaching the disk: new Events, notes,
-        # ACKs, and duplicates answered from a receipt decided earlier in this same batch.
+        # ACKs, duplicates answered from a receipt decided earlier in this same batch, and
+        # rejections decided over its earlier Events (see _decide).
         pending: list[_Request] = []
         appending = False
         try:
@@ -1112,7 +1113,8 @@ class Authority:
             request.error = error
 
     def _decide(self, batch: _Batch, request: _Request, now_ms: int) -> bool:
-        """Decide one Command into the batch. True: its answer depends on this batch's commit."""
+        """Decide one Command into the batch. True: its answer depends on this batch's commit (a
+        new Event, a receipt decided earlier in the batch, a rejection that rests on the batch)."""
         command = request.command
         assert command is not None
         key = receipt_key(command.actor, command.action_id)
@@ -1130,6 +1132,10 @@ class Authority:
                 request.receipt = receipt
             return stored is not None  # a receipt from this batch is only as durable as the batch
         seq, head_hash = batch.head(command.group)
+        # A rejection decided over earlier Events of this batch in the Group (the aggregate it
+        # found, the revision it compared, the Event it would redact) is only as durable as the
+        # batch: when the commit fails, the Command is refused with it.
+        rests_on_batch = command.group in batch.heads
         view = _GroupView(batch, command.group)
         try:
             event = run_transition(
@@ -1144,15 +1150,15 @@ class Authority:
             )
         except MwpError as exc:
             request.error = exc
-            return False
+            return rests_on_batch
         except Exception as exc:  # a bug in a kind's decide/evolve must not take the batch down
             request.error = MwpError(f"internal error deciding {command.kind}: {type(exc).__name__}: {exc}")
-            return False
+            return rests_on_batch
         # What event.redact's pure decide cannot see, asked only once decide has accepted it (the
         # actor may redact, the Group is live, the target is an existing sequence).
         if command.kind == "event.redact" and not self._redactable(batch, command):
             request.error = InvalidCommand("a tombstone (event.redact or audit.delete) is never itself redacted", field="target")
-            return False
+            return rests_on_batch
         record = EVENT_TAG + encode_event(event)
         if len(record) > limits.RECORD_BYTES_MAX:
             request.error = LimitExceeded(

@@ -15,7 +15,7 @@ import pytest
 
 from authority_helpers import GROUP, mission_create, open_with_group
 from mwpstore import Authority, failpoints, torture
-from mwpstore.errors import ActionIdCollision, AlreadyExists, InvalidCommand, MwpError, SequenceGap, StorageFailed, StoreClosed
+from mwpstore.errors import ActionIdCollision, AlreadyExists, InvalidCommand, MwpError, NotAMember, SequenceGap, StorageFailed, StoreClosed
 from mwpstore.io_seam import RecordingIO
 from mwpstore.messages import encode_receipt
 
@@ -212,6 +212,24 @@ def test_a_failed_log_sync_refuses_an_in_batch_duplicate_too(tmp_path):
         assert recorder.failures == 1
         assert [result.error_code for result in results] == [StorageFailed.code] * 2
         assert authority.head(GROUP)[0] == 1
+    finally:
+        _close_failed(authority)
+
+
+def test_a_failed_log_sync_refuses_a_rejection_that_rests_on_the_failed_batch(tmp_path):
+    """A Command rejected because of an earlier Command of the same batch (the mission it
+    creates exists only in that batch) is refused with the batch when its fdatasync fails: the
+    mission may never exist. A rejection against the durable state alone stays a rejection."""
+    path = str(tmp_path / "store")
+    recorder, authority = _failing_next_sync(path)
+    stranger = mission_create("m-9")
+    stranger = type(stranger)(**{**{field: getattr(stranger, field) for field in stranger.__struct_fields__}, "actor": "stranger"})
+    try:
+        recorder.fail_sync_at = recorder.sync_calls
+        results = authority.accept_many([stranger, mission_create("m-1"), mission_create("m-1")])
+        assert recorder.failures == 1
+        assert [result.error_code for result in results] == [NotAMember.code, StorageFailed.code, StorageFailed.code]
+        assert authority.state(GROUP, "mission:m-1") == (0, None)
     finally:
         _close_failed(authority)
 
