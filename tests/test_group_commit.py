@@ -59,9 +59,9 @@ class AppendGate:
 class Caller:
     """A call run in its own thread; ``outcome()`` is what it returned or raised."""
 
-    def __init__(self, call: Callable[[], object]) -> None:
+    def __init__(self, call: Callable[[], object], name: str | None = None) -> None:
         self._outcome: list[object] = []
-        self._thread = threading.Thread(target=self._run, args=(call,), daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(call,), name=name, daemon=True)
         self._thread.start()
 
     def _run(self, call: Callable[[], object]) -> None:
@@ -138,6 +138,43 @@ def test_the_units_of_a_withdrawn_batch_go_back_to_the_front_of_the_queue_in_the
         assert isinstance(callers["interrupted"].outcome(), KeyboardInterrupt)
         assert [callers[name].outcome().seq for name in ("first", "second", "late")] == [3, 4, 5]
         assert authority.state(GROUP, "mission:m-interrupted") == (0, None)
+
+
+def test_a_caller_arriving_while_a_rebuild_waits_for_the_role_queues_behind_the_rebuild(tmp_path, monkeypatch):
+    """The leader gives the role up when rebuild (or compact, verify) waits for it. A Command
+    that arrives in the moment between that and the rebuild taking the role must queue, not
+    lead: a steady stream of such callers would keep the rebuild waiting for ever."""
+    with open_with_group(str(tmp_path / "store")) as authority:
+        gate, leader = held_leader(monkeypatch, authority)
+        late: list[Caller] = []
+
+        class Hooked(threading.Condition):
+            def wait(self, timeout: float | None = None) -> bool:
+                woken = super().wait(timeout)
+                if threading.current_thread().name == "rebuild" and not authority._leader and not late:
+                    # the role was just given up for the rebuild, which has not taken it yet
+                    authority._lock.release()
+                    try:
+                        late.append(Caller(lambda: authority.accept(mission_create("m-late"))))
+                        for _ in range(3000):  # until it sleeps in the queue, or it committed
+                            if (len(authority._queue) == 1 and not authority._leader) or late[0]._outcome:
+                                break
+                            threading.Event().wait(0.005)
+                    finally:
+                        authority._lock.acquire()
+                return woken
+
+        monkeypatch.setattr(authority, "_wake", Hooked(authority._lock))
+        rebuild = Caller(authority.rebuild, name="rebuild")
+        for _ in range(3000):
+            if authority._exclusive_waiting:
+                break
+            threading.Event().wait(0.005)
+        assert authority._exclusive_waiting == 1
+        gate.release()
+        assert leader.outcome().seq == 2
+        assert rebuild.outcome() == 2  # the group.create and m-lead records: m-late came after it
+        assert late and late[0].outcome().seq == 3
 
 
 # -- a commit that fails answers every caller of its batch and of the batches behind it ----------
