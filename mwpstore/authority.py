@@ -1955,7 +1955,10 @@ class Authority:
             finally:
                 self._exclusive_waiting -= 1
             if self._closed:  # closed while this waited for the running commit
-                self._wake.notify_all()
+                # The commit gave the role up for this call: hand it on to the callers queued
+                # behind that commit (close() waits for them), or give it up (and wake close()).
+                self._leader = True
+                self._pass_leadership()
                 raise StoreClosed("the authority is closed; open it again")
             self._leader = True
             self._committer = get_ident()

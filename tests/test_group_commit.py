@@ -177,6 +177,39 @@ def test_a_caller_arriving_while_a_rebuild_waits_for_the_role_queues_behind_the_
         assert late and late[0].outcome().seq == 3
 
 
+def test_close_while_a_rebuild_waits_for_the_role_still_commits_the_callers_queued_behind_it(tmp_path, monkeypatch):
+    """close() runs while a rebuild waits for the leader role and a Command waits behind the
+    running commit. The commit gives the role up for the rebuild, which finds the store closed
+    and raises StoreClosed; it must hand the role on to the queued Command, which close() waits
+    for. Before, nobody woke that caller and close() waited for it for ever."""
+    path = str(tmp_path / "store")
+    authority = open_with_group(path)
+    gate, leader = held_leader(monkeypatch, authority)
+    behind = Caller(lambda: authority.accept(mission_create("m-behind")))
+    wait_for_queue(authority, 1)
+    rebuild = Caller(authority.rebuild)
+    for _ in range(3000):
+        if authority._exclusive_waiting:
+            break
+        threading.Event().wait(0.005)
+    assert authority._exclusive_waiting == 1
+    closer = Caller(authority.close)
+    for _ in range(3000):
+        if authority._closed:
+            break
+        threading.Event().wait(0.005)
+    assert authority._closed
+    gate.release()
+    assert leader.outcome().seq == 2
+    assert isinstance(rebuild.outcome(), StoreClosed)
+    assert behind.outcome().seq == 3  # queued before close(): committed, as close() promises
+    assert closer.outcome() is None
+    monkeypatch.undo()
+    with Authority.open(path) as reopened:
+        assert reopened.open_report.mode == "clean"
+        assert reopened.head(GROUP)[0] == 3
+
+
 # -- a commit that fails answers every caller of its batch and of the batches behind it ----------
 
 
