@@ -11,11 +11,12 @@ from collections.abc import Callable
 
 import errno
 
+import lmdb
 import pytest
 
 from authority_helpers import GROUP, mission_create, open_with_group
 from mwpstore import Authority, failpoints, torture
-from mwpstore.errors import ActionIdCollision, AlreadyExists, InvalidCommand, MwpError, NotAMember, SequenceGap, StorageFailed, StoreClosed
+from mwpstore.errors import ActionIdCollision, AlreadyExists, InvalidCommand, LimitExceeded, MwpError, NotAMember, SequenceGap, StorageFailed, StoreClosed
 from mwpstore.io_seam import RecordingIO
 from mwpstore.messages import encode_receipt
 
@@ -119,9 +120,11 @@ def test_an_ack_with_nothing_to_write_in_a_withdrawn_batch_is_decided_again_as_a
 
 def test_the_units_of_a_withdrawn_batch_go_back_to_the_front_of_the_queue_in_their_order(tmp_path, monkeypatch):
     """A batch interrupted before its log append: its other units are decided again before any
-    unit that queued up meanwhile, in the order they were queued."""
+    unit that queued up meanwhile, in the order they were queued; nothing decided in it is kept
+    (the interrupted Command sent again is decided afresh)."""
 
     callers: dict[str, Caller] = {}
+    commands = {name: mission_create(f"m-{name}") for name in ("interrupted", "first", "second")}
 
     def interrupt_once_another_caller_queued() -> None:
         callers["late"] = Caller(lambda: authority.accept(mission_create("m-late")))
@@ -131,13 +134,15 @@ def test_the_units_of_a_withdrawn_batch_go_back_to_the_front_of_the_queue_in_the
     with open_with_group(str(tmp_path / "store")) as authority:
         gate, leader = held_leader(monkeypatch, authority, interrupt_once_another_caller_queued)
         for length, name in enumerate(["interrupted", "first", "second"], start=1):
-            callers[name] = Caller(lambda name=name: authority.accept(mission_create(f"m-{name}")))
+            callers[name] = Caller(lambda name=name: authority.accept(commands[name]))
             wait_for_queue(authority, length)
         gate.release()  # m-lead commits; the next batch (interrupted, first, second) is withdrawn
         assert leader.outcome().seq == 2
         assert isinstance(callers["interrupted"].outcome(), KeyboardInterrupt)
         assert [callers[name].outcome().seq for name in ("first", "second", "late")] == [3, 4, 5]
         assert authority.state(GROUP, "mission:m-interrupted") == (0, None)
+        again = authority.accept(commands["interrupted"])
+        assert (again.seq, again.aggregate) == (6, "mission:m-interrupted")
 
 
 def test_a_caller_arriving_while_a_rebuild_waits_for_the_role_queues_behind_the_rebuild(tmp_path, monkeypatch):
@@ -270,6 +275,49 @@ def test_an_interrupt_after_the_log_append_answers_every_caller_and_fails_the_au
         assert reopened.verify().ok
 
 
+def test_a_failed_commit_keeps_the_sequence_gap_of_an_ack_beyond_every_head(tmp_path, monkeypatch):
+    """An ACK beyond the Group's head is refused whatever becomes of the batch it was decided in:
+    the batch failing leaves it SEQUENCE_GAP (its Commands are STORAGE_FAILED)."""
+
+    def fail_with_eio() -> None:
+        raise OSError(errno.EIO, "the log append failed")
+
+    authority = open_with_group(str(tmp_path / "store"))
+    try:
+        gate, leader = held_leader(monkeypatch, authority, fail_with_eio)
+        beyond = Caller(lambda: authority.ack("consumer-1", GROUP, 99))
+        wait_for_queue(authority, 1)
+        accepted = Caller(lambda: authority.accept(mission_create("m-1")))
+        wait_for_queue(authority, 2)
+        gate.release()  # m-lead commits; the next batch (the ACK, m-1) fails before its append
+        assert leader.outcome().seq == 2
+        assert isinstance(beyond.outcome(), SequenceGap)
+        assert isinstance(accepted.outcome(), StorageFailed)
+    finally:
+        _close_failed(authority)
+
+
+def test_an_index_transaction_that_cannot_begin_fails_the_batch_and_the_authority(tmp_path, monkeypatch):
+    authority = open_with_group(str(tmp_path / "store"))
+    try:
+        begin = authority.index.begin
+
+        def failing(*, write: bool = False):
+            if write:
+                raise lmdb.Error("the index cannot begin a write transaction")
+            return begin(write=write)
+
+        monkeypatch.setattr(authority.index, "begin", failing)
+        with pytest.raises(StorageFailed):
+            authority.accept(mission_create("m-1"))
+        monkeypatch.undo()
+        with pytest.raises(StorageFailed):  # refused until reopened, though the index works again
+            authority.accept(mission_create("m-2"))
+        assert authority.head(GROUP)[0] == 1
+    finally:
+        _close_failed(authority)
+
+
 def test_a_failed_log_sync_refuses_an_in_batch_duplicate_too(tmp_path):
     """Two identical Commands in one batch: the second is answered from the first's receipt,
     which is only as durable as the batch. When the batch's fdatasync fails both are refused."""
@@ -317,8 +365,30 @@ def test_a_failed_log_sync_still_answers_a_replay_of_a_durable_receipt(tmp_path)
         assert recorder.failures == 1
         assert replay.ok and encode_receipt(replay.receipt) == original
         assert new.error_code == StorageFailed.code
+        with pytest.raises(StorageFailed):  # the handle refuses writes until reopened, a replay too
+            authority.accept(command)
     finally:
         _close_failed(authority)
+
+
+def test_a_commit_takes_events_up_to_exactly_group_bytes_max(tmp_path, monkeypatch):
+    """The per-commit byte cap is inclusive: Events that fill it exactly share one commit."""
+    from mwpstore import limits
+    from mwpstore.authority import EVENT_TAG
+    from mwpstore.messages import encode_event
+
+    from authority_helpers import FakeClock
+
+    commands = [mission_create("m-1", action_id="a-1"), mission_create("m-2", action_id="a-2")]
+    with open_with_group(str(tmp_path / "measure"), clock=FakeClock()) as authority:
+        authority.accept_many(commands)
+        sizes = [len(EVENT_TAG + encode_event(event)) for event in authority.read(GROUP, after=1)]
+    with open_with_group(str(tmp_path / "store"), clock=FakeClock()) as authority:  # the same Events again
+        monkeypatch.setattr(limits, "GROUP_BYTES_MAX", sum(sizes))
+        assert [result.ok for result in authority.accept_many(commands)] == [True, True]
+        monkeypatch.setattr(limits, "GROUP_BYTES_MAX", sum(sizes) - 1)
+        results = authority.accept_many([mission_create("m-3", action_id="a-3"), mission_create("m-4", action_id="a-4")])
+        assert [result.error_code for result in results] == [None, LimitExceeded.code]
 
 
 # -- ACKs decided in one batch --------------------------------------------------------------------
@@ -347,6 +417,15 @@ def test_acks_in_one_batch_see_the_batch_head_and_each_other(tmp_path, monkeypat
         assert (higher, lower) == (8, 8)
         assert isinstance(beyond, SequenceGap) and beyond.detail == {"cursor": 9, "head": 8}
         assert authority.acked("consumer-1", GROUP) == 8
+
+
+def test_an_ack_at_the_stored_cursor_writes_nothing(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        assert authority.ack("consumer-1", GROUP, 1) == 1
+        end = authority.info()["log_end"]
+        assert authority.ack("consumer-1", GROUP, 1) == 1
+        assert authority.ack("consumer-1", GROUP, 0) == 1
+        assert authority.info()["log_end"] == end
 
 
 # -- subscribe and wait_for --------------------------------------------------------------------
@@ -378,7 +457,7 @@ def test_a_waiting_subscriber_is_woken_with_the_events_accepted_meanwhile(tmp_pa
     with open_with_group(str(tmp_path / "store")) as authority:
         subscription = authority.subscribe(GROUP, after=1)
         waiting = _subscriber_waiting(monkeypatch, authority)
-        polled = Caller(lambda: subscription.poll(timeout=30))
+        polled = Caller(lambda: subscription.poll(timeout=120))  # woken by the commit, long before that
         assert waiting.wait(30)  # it read nothing new before this accept and sleeps
         receipt = authority.accept(mission_create("m-1"))
         assert [event.seq for event in polled.outcome()] == [receipt.seq]
@@ -394,6 +473,15 @@ def test_close_wakes_a_subscriber_waiting_without_a_timeout(tmp_path, monkeypatc
     authority.close()
     assert isinstance(polled.outcome(), StoreClosed)
     assert list(subscription) == []  # iterating a subscription of a closed store ends at once
+
+
+def test_a_closed_subscription_refuses_to_poll_and_stops_iterating(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        subscription = authority.subscribe(GROUP)
+        subscription.close()
+        with pytest.raises(StoreClosed):
+            subscription.poll(timeout=0)
+        assert list(subscription) == []
 
 
 # -- close against a caller on its way into the commit queue -----------------------------------
