@@ -182,6 +182,25 @@ def test_a_caller_arriving_while_a_rebuild_waits_for_the_role_queues_behind_the_
         assert late and late[0].outcome().seq == 3
 
 
+def test_a_rebuild_waiting_for_the_role_goes_before_the_callers_queued_behind_the_commit(tmp_path, monkeypatch):
+    """A commit ends with Commands queued behind it and a rebuild waiting for the leader role:
+    the role goes to the rebuild first, then to the queued Commands."""
+    with open_with_group(str(tmp_path / "store")) as authority:
+        gate, leader = held_leader(monkeypatch, authority)
+        behind = Caller(lambda: authority.accept(mission_create("m-behind")))
+        wait_for_queue(authority, 1)
+        rebuild = Caller(authority.rebuild)
+        for _ in range(3000):
+            if authority._exclusive_waiting:
+                break
+            threading.Event().wait(0.005)
+        assert authority._exclusive_waiting == 1
+        gate.release()
+        assert leader.outcome().seq == 2
+        assert rebuild.outcome() == 2  # the group.create and m-lead records: m-behind came after it
+        assert behind.outcome().seq == 3
+
+
 def test_close_while_a_rebuild_waits_for_the_role_still_commits_the_callers_queued_behind_it(tmp_path, monkeypatch):
     """close() runs while a rebuild waits for the leader role and a Command waits behind the
     running commit. The commit gives the role up for the rebuild, which finds the store closed
