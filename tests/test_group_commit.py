@@ -410,7 +410,55 @@ def test_a_commit_takes_events_up_to_exactly_group_bytes_max(tmp_path, monkeypat
         assert [result.error_code for result in results] == [None, LimitExceeded.code]
 
 
-# -- ACKs decided in one batch --------------------------------------------------------------------
+def test_a_command_refused_by_the_byte_cap_leaves_no_trace_for_the_commands_after_it(tmp_path, monkeypatch):
+    """A Command refused because its Event would pass the per-commit byte cap takes no sequence:
+    a smaller Command after it in the same commit gets the next one, chained to the last Event."""
+    from mwpstore import limits
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        monkeypatch.setattr(limits, "GROUP_BYTES_MAX", 1_000)  # two Events of about 350 B, not a third of 1.3 KB
+        big = mission_create("m-big", action_id="a-big")
+        big = type(big)(**{**{field: getattr(big, field) for field in big.__struct_fields__}, "body": {"title": "x" * 1_000, "cost_limit": 1}})
+        results = authority.accept_many([mission_create("m-1", action_id="a-1"), big, mission_create("m-2", action_id="a-2")])
+        assert [result.error_code for result in results] == [None, LimitExceeded.code, None]
+        assert [results[0].receipt.seq, results[2].receipt.seq] == [2, 3]
+        monkeypatch.undo()
+        assert authority.verify().ok
+
+
+def test_a_command_refused_as_too_large_leaves_no_state_for_the_commands_after_it(tmp_path, monkeypatch):
+    from mwpstore import limits
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        monkeypatch.setattr(limits, "RECORD_BYTES_MAX", 1_000)
+        big = mission_create("m-1", action_id="a-big")
+        big = type(big)(**{**{field: getattr(big, field) for field in big.__struct_fields__}, "body": {"title": "x" * 1_000, "cost_limit": 1}})
+        results = authority.accept_many([big, mission_create("m-1", action_id="a-small")])
+        assert [result.error_code for result in results] == [LimitExceeded.code, None]
+        assert results[1].receipt.seq == 2 and authority.state(GROUP, "mission:m-1")[0] == 1
+
+
+def test_a_kind_whose_decide_raises_refuses_only_its_command(tmp_path, monkeypatch):
+    """An exception that is no typed error, raised while deciding one Command (a bug in a kind's
+    decide), refuses that Command alone; the batch and the authority carry on."""
+    from mwpstore import authority as authority_module
+
+    run_transition = authority_module.run_transition
+
+    def buggy(view, command, **options):
+        if command.target == "m-bug":
+            raise RuntimeError("a bug in decide")
+        return run_transition(view, command, **options)
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        monkeypatch.setattr(authority_module, "run_transition", buggy)
+        results = authority.accept_many([mission_create("m-1"), mission_create("m-bug"), mission_create("m-2")])
+        assert [result.ok for result in results] == [True, False, True]
+        assert results[1].error_code == MwpError.code and "RuntimeError" in results[1].message
+        assert authority.accept(mission_create("m-3")).seq == 4
+
+
+# -- ACKs decided in one batch# -- ACKs decided in one batch --------------------------------------------------------------------
 
 
 def test_acks_in_one_batch_see_the_batch_head_and_each_other(tmp_path, monkeypatch):
