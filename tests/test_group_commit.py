@@ -145,6 +145,34 @@ def test_the_units_of_a_withdrawn_batch_go_back_to_the_front_of_the_queue_in_the
         assert (again.seq, again.aggregate) == (6, "mission:m-interrupted")
 
 
+def test_a_withdrawn_command_refused_when_decided_again_gets_no_answer_from_the_withdrawn_batch(tmp_path, monkeypatch):
+    """The next commit after a withdrawal refuses the Commands put back (here: the clock gives a
+    bad reading): each caller gets that refusal, not the receipt decided in the withdrawn batch,
+    whose Event was never written."""
+    readings: list[object] = []
+
+    def clock() -> object:
+        return readings.pop() if readings else 1_700_000_000_000
+
+    def interrupt_and_break_the_clock() -> None:
+        readings.append("not a time")  # the next commit's reading
+        raise KeyboardInterrupt
+
+    with open_with_group(str(tmp_path / "store"), clock=clock) as authority:
+        gate, leader = held_leader(monkeypatch, authority, interrupt_and_break_the_clock)
+        interrupted = Caller(lambda: authority.accept(mission_create("m-interrupted")))
+        wait_for_queue(authority, 1)
+        behind = Caller(lambda: authority.accept(mission_create("m-behind")))
+        wait_for_queue(authority, 2)
+        gate.release()
+        assert leader.outcome().seq == 2
+        assert isinstance(interrupted.outcome(), KeyboardInterrupt)
+        refused = behind.outcome()
+        assert isinstance(refused, InvalidCommand) and refused.detail["field"] == "clock"
+        assert authority.head(GROUP)[0] == 2
+        assert authority.accept(mission_create("m-after")).seq == 3
+
+
 def test_a_caller_arriving_while_a_rebuild_waits_for_the_role_queues_behind_the_rebuild(tmp_path, monkeypatch):
     """The leader gives the role up when rebuild (or compact, verify) waits for it. A Command
     that arrives in the moment between that and the rebuild taking the role must queue, not
@@ -484,6 +512,15 @@ def test_acks_in_one_batch_see_the_batch_head_and_each_other(tmp_path, monkeypat
         assert (higher, lower) == (8, 8)
         assert isinstance(beyond, SequenceGap) and beyond.detail == {"cursor": 9, "head": 8}
         assert authority.acked("consumer-1", GROUP) == 8
+
+
+@pytest.mark.parametrize("cursor", [-1, True, 1.0])
+def test_an_ack_of_an_impossible_cursor_is_refused_before_the_commit(tmp_path, cursor):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        with pytest.raises(InvalidCommand) as caught:
+            authority.ack("consumer-1", GROUP, cursor)
+        assert caught.value.detail["field"] == "cursor"
+        assert authority.acked("consumer-1", GROUP) == 0
 
 
 def test_an_ack_at_the_stored_cursor_writes_nothing(tmp_path):
