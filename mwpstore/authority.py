@@ -1423,6 +1423,7 @@ class Authority:
         """A keyring trusting this store's snapshot key and the keys it retired
         (``rotate_signing_key``); add others as needed."""
         self._check_closed()
+        self._refuse_readonly("keyring")  # through signing_key, it creates the key on first use
         return Keyring([self.signing_key.public_key, *retired_public_keys(os.path.join(self.path, "keys"))])
 
     def rotate_signing_key(self, *, retire: bool = True) -> SigningKey:

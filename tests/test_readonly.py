@@ -248,6 +248,7 @@ def test_a_view_refuses_writes_and_leaves_the_store_unchanged(tmp_path):
             "expire_leases": lambda: view.expire_leases(GROUP),
             "rotate_signing_key": lambda: view.rotate_signing_key(),
             "signing_key": lambda: view.signing_key,
+            "keyring": lambda: view.keyring(),
             "redact": lambda: view.redact(GROUP, 2, actor="owner", action_id="r-1", reason="test"),
             "delete_audit_log": lambda: view.delete_audit_log(GROUP, actor="owner", action_id="d-1"),
             "archive": lambda: view.archive(GROUP, actor="owner", action_id="a-1"),
