@@ -77,7 +77,7 @@ def check_lmdb_file(path: str, *, label: str, remedy: str) -> LmdbCheck:
 
 def check_option(check: object) -> None:
     """``InvalidCommand`` unless ``check`` is a valid ``check_lmdb`` option of an open."""
-    if check not in (None, True, False):
+    if check is not None and type(check) is not bool:  # 0 == False and 1 == True, but 0 checked every file
         raise InvalidCommand("check_lmdb must be True, False or None (check files up to the size limit)", field="check_lmdb")
 
 

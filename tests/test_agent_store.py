@@ -422,6 +422,8 @@ def test_open_refuses_a_path_that_is_not_a_text_path(path):
         ("verify", []),
         ("verify", None),
         ("check_lmdb", "yes"),
+        ("check_lmdb", 0),  # equal to False, but it checked the file at every open, as True does
+        ("check_lmdb", 1),
     ],
 )
 def test_open_refuses_a_bad_option_before_anything_is_written(tmp_path, option, value):

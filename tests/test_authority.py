@@ -867,6 +867,8 @@ def test_a_relative_path_keeps_naming_the_store_after_the_process_changes_direct
         ("segment_bytes", -1),  # refused only after authority.lock was created
         ("segment_bytes", 2**40),
         ("clock", 5),
+        ("check_lmdb", 0),  # equal to False, but it checked the file at every open, as True does
+        ("check_lmdb", 1.0),
     ],
 )
 def test_open_refuses_a_bad_option_before_anything_is_written(tmp_path, option, value):
