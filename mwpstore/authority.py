@@ -84,7 +84,7 @@ from .messages import (
     recompute_event_hash,
 )
 from .registry import ENGINE_ACTOR, run_transition
-from .segment_log import SegmentLog, check_segment_bytes
+from .segment_log import COMMIT_FRAME_BYTES, SegmentLog, check_segment_bytes, framed_bytes, group_bytes_max
 from .snapshot import (
     KEY_ID_CHARS,
     Keyring,
@@ -276,7 +276,23 @@ class _Batch:
     notes: list[tuple[bytes, bytes, bytes]] = field(default_factory=list)
     records: list[bytes] = field(default_factory=list)
     events: list[Event] = field(default_factory=list)
-    record_bytes: int = 0
+    record_bytes: int = 0  # the records' payload bytes: at most limits.GROUP_BYTES_MAX per commit
+    # What the records take in a segment, framed, with the commit frame: a log group must fit an
+    # empty segment (segment_log.group_bytes_max), which with small segments is the tighter bound.
+    framed_bytes: int = COMMIT_FRAME_BYTES
+    framed_bytes_max: int = limits.GROUP_BYTES_MAX
+
+    def room_for(self, record: bytes) -> bool:
+        """Whether ``record`` still fits this commit's one log group."""
+        return (
+            self.record_bytes + len(record) <= limits.GROUP_BYTES_MAX
+            and self.framed_bytes + framed_bytes(len(record)) <= self.framed_bytes_max
+        )
+
+    def add_record(self, record: bytes) -> None:
+        self.records.append(record)
+        self.record_bytes += len(record)
+        self.framed_bytes += framed_bytes(len(record))
 
     def head(self, group: str) -> tuple[int, bytes]:
         head = self.heads.get(group)
@@ -1036,7 +1052,7 @@ class Authority:
             self._failure = translate(exc, context="beginning an index transaction")
             self._fail_all(requests, self._failure)
             return
-        batch = _Batch(index=index, txn=txn)
+        batch = _Batch(index=index, txn=txn, framed_bytes_max=group_bytes_max(self._segment_bytes))
         # Every request whose answer depends on this batch reaching the disk: new Events, notes,
         # ACKs, duplicates answered from a receipt decided earlier in this same batch, and
         # rejections decided over its earlier Events (see _decide).
@@ -1046,8 +1062,12 @@ class Authority:
             now_ms = self._now()
             for request in requests:
                 if request.note is not None:
+                    record = request.note[0] + request.note[2]
+                    if not batch.room_for(record):
+                        request.error = _commit_full(batch, "call it again")
+                        continue
                     batch.notes.append(request.note)
-                    batch.records.append(request.note[0] + request.note[2])
+                    batch.add_record(record)
                     pending.append(request)
                     continue
                 if request.ack is not None:
@@ -1165,13 +1185,19 @@ class Authority:
                 f"the Event would be {len(record)} bytes, more than {limits.RECORD_BYTES_MAX}", field="body"
             )
             return False
-        if batch.record_bytes + len(record) > limits.GROUP_BYTES_MAX:
-            # The log takes at most GROUP_BYTES_MAX per commit: this Command alone is refused
-            # (nothing of it is written) instead of the whole batch failing at the append.
+        if COMMIT_FRAME_BYTES + framed_bytes(len(record)) > batch.framed_bytes_max:
+            # No log group of this store's segments holds it, in any commit.
             request.error = LimitExceeded(
-                f"this commit already holds {batch.record_bytes} bytes of Events; accept the Command again",
-                field="commands",
+                f"the Event would take {framed_bytes(len(record))} bytes of a log segment, more than a segment of "
+                f"{self._segment_bytes} bytes holds; open the store with a larger segment_bytes",
+                field="body",
             )
+            return False
+        if not batch.room_for(record):
+            # One commit is one log group, at most GROUP_BYTES_MAX bytes and what fits an empty
+            # segment: this Command alone is refused (nothing of it is written) instead of the
+            # whole batch failing at the append.
+            request.error = _commit_full(batch)
             return False
         receipt = receipt_for(event)
         prefix = command.group.encode() + b"\x00"
@@ -1181,9 +1207,8 @@ class Authority:
             batch.dirty_states[full_key] = encode_state(effect.revision, effect.state)
         batch.heads[command.group] = (event.seq, event.hash)
         batch.receipts[key] = (request.content_hash, receipt, encode_receipt(receipt))
-        batch.records.append(record)
+        batch.add_record(record)
         batch.events.append(event)
-        batch.record_bytes += len(record)
         request.receipt = receipt
         return True
 
@@ -1223,8 +1248,12 @@ class Authority:
             # withdrawn before its log append is decided again by the next leader.
             request.ack_result = previous
             return
+        record = ACK_TAG + _ACK_ENCODER.encode((consumer, group, cursor))
+        if not batch.room_for(record):
+            request.error = _commit_full(batch, "ack again")
+            return
         batch.acks[key] = cursor
-        batch.records.append(ACK_TAG + _ACK_ENCODER.encode((consumer, group, cursor)))
+        batch.add_record(record)
         request.ack_result = cursor
 
     def _write_batch(self, batch: _Batch, positions: list[int]) -> None:
@@ -2150,6 +2179,16 @@ def _stored_receipt(value: bytes | memoryview) -> tuple[bytes, Receipt]:
     if receipt.content_hash != content_hash:
         raise Corruption("a stored receipt disagrees with its own content hash; run `mwpstore rebuild`", reason="index")
     return content_hash, receipt
+
+
+def _commit_full(batch: _Batch, again: str = "accept the Command again") -> LimitExceeded:
+    """The refusal of a request whose record would take the commit's log group past its bound
+    (``limits.GROUP_BYTES_MAX``, or what an empty segment holds): retryable, it goes into a
+    later commit (docs/api.md, "The per-commit byte cap")."""
+    return LimitExceeded(
+        f"this commit already holds {batch.record_bytes} bytes of records, as much as one log group takes; {again}",
+        field="commands",
+    )
 
 
 def _collision(command: Command) -> ActionIdCollision:

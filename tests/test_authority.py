@@ -1340,6 +1340,39 @@ def test_a_commit_that_would_exceed_the_log_group_bound_refuses_only_the_overflo
         assert authority.verify().ok
 
 
+def test_with_small_segments_a_commit_refuses_only_the_commands_one_segment_cannot_hold(tmp_path):
+    """A commit is one log group, and a group must fit an empty segment. With 64 KiB segments an
+    accept_many whose Events together passed that was refused whole at the log's append
+    (LIMIT_EXCEEDED, field group_too_large, every Command of the commit), instead of the
+    documented per-Command refusal (field commands) that a retry gets past."""
+    path = str(tmp_path / "store")
+    Authority.open(path, segment_bytes=64 * 1024).close()
+    with Authority.open(path, segment_bytes=64 * 1024) as authority:
+        authority.accept(group_create())
+        wide = {"title": "t" * 1024, "cost_limit": 1}  # about 2 KiB an Event: 32 of them pass 64 KiB
+        commands = [Command(actor=OWNER, action_id=f"w-{i}", group=GROUP, kind="mission.create", target=f"m-{i}", body=wide)
+                    for i in range(40)]
+        results = authority.accept_many(commands)
+        accepted = [result for result in results if result.ok]
+        refused = [command for command, result in zip(commands, results) if not result.ok]
+        assert accepted and refused
+        assert {(result.error_code, result.error.detail["field"]) for result in results if not result.ok} == {
+            (LimitExceeded.code, "commands")
+        }
+        assert authority.head(GROUP)[0] == 1 + len(accepted)
+        again = authority.accept_many(refused)  # retryable: they go into a later commit
+        assert all(result.ok for result in again)
+        assert authority.head(GROUP)[0] == 41
+        # One Event that no segment of this size holds is refused on its own, for good.
+        huge = Command(actor=OWNER, action_id="huge", group=GROUP, kind="mission.create", target="m-huge",
+                       body={"title": "t", "cost_limit": 1, "approval_required": [f"op-{i:06}" for i in range(8000)]})
+        with pytest.raises(LimitExceeded) as caught:
+            authority.accept(huge)
+        assert caught.value.field == "body" and "segment_bytes" in caught.value.message
+        assert authority.accept(mission_create("m-after")).seq == 42  # the handle keeps working
+        assert authority.verify().ok
+
+
 def test_the_event_carries_the_content_its_receipt_hashes_even_if_the_caller_changes_the_body(tmp_path):
     """The body is the caller's dict. Changed after accept() hashed it (here by a clock the commit
     calls; another thread of the application does the same), it was recorded in the Event while
