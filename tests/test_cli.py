@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -207,6 +208,18 @@ def test_tail_prints_events(store, capsys):
     assert main(["tail", GROUP, "--store", store, "-n", "3", "--json"]) == EXIT_OK
     lines = capsys.readouterr().out.strip().splitlines()
     assert [json.loads(line)[1] for line in lines] == [4, 5, 6]
+    # docs/operations.md: each line is the Event as a JSON array of its fields in order, its byte
+    # fields in base64 (a script reads them by position)
+    from mwpstore import Authority, Event
+
+    fields = Event.__struct_fields__
+    with Authority.open(store) as authority:
+        events = authority.read(GROUP, after=3)
+    for line, event in zip(lines, events):
+        row = json.loads(line)
+        assert len(row) == len(fields) and row[fields.index("event_id")] == event.event_id
+        for name in ("content_hash", "payload_hash", "prev_hash", "hash"):
+            assert base64.b64decode(row[fields.index(name)]) == getattr(event, name)
 
 
 
