@@ -757,6 +757,27 @@ def test_read_and_wait_for_refuse_impossible_cursors_and_timeouts(tmp_path):
         assert authority.wait_for(GROUP, 0, 0.01) and not authority.wait_for(GROUP, 1, 0.01)
 
 
+def test_wait_for_without_a_timeout_raises_store_closed_when_the_authority_closes_meanwhile(tmp_path):
+    """docs/api.md: wait_for raises StoreClosed if the authority is closed while it waits; with no
+    timeout it must not wait for ever (Subscription iteration ends on it)."""
+    authority = open_with_group(str(tmp_path / "store"))
+    outcome: list[object] = []
+
+    def waiter() -> None:
+        try:
+            outcome.append(authority.wait_for(GROUP, 5, None))
+        except StoreClosed as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    while not authority._published._waiters:  # type: ignore[attr-defined]  # the waiter sleeps in wait_for
+        thread.join(0.01)
+    authority.close()
+    thread.join(30)
+    assert not thread.is_alive() and len(outcome) == 1 and isinstance(outcome[0], StoreClosed)
+
+
 @pytest.mark.parametrize("body", [{"title": "a\ud800b", "cost_limit": 1}, {"title": "t", "cost_limit": 1, "\udc00": 1},
                                   {"title": "t", "cost_limit": 1, "x": [{"y": "\udfff"}]}])
 def test_a_lone_surrogate_in_a_body_is_an_invalid_command(tmp_path, body):
