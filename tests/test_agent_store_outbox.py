@@ -104,6 +104,7 @@ def test_only_a_dispatched_intent_can_be_marked_uncertain(tmp_path):
         agent.mark_uncertain(intent.key, "timeout")
     agent.mark_dispatched(intent.key)
     assert agent.mark_uncertain(intent.key, "timeout").state is IntentState.UNCERTAIN
+    assert agent.mark_uncertain(intent.key, "x" * 5000).error == "x" * 1000  # the first 1,000 characters kept
     agent.record_receipt(intent.key, {"id": 7})
     done = agent.mark_uncertain(intent.key, "late timeout")  # a recorded receipt stays recorded
     assert done.state is IntentState.DONE and done.receipt == {"id": 7}
