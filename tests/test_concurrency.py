@@ -536,7 +536,13 @@ def test_a_close_interrupted_while_it_waits_for_a_read_is_finished_by_the_next_c
 
 
 @pytest.mark.parametrize("outer", ["rebuild", "compact"])
-@pytest.mark.parametrize("inner", ["accept", "accept_many", "ack", "snapshot", "archive", "rebuild", "compact", "verify", "close"])
+@pytest.mark.parametrize(
+    "inner",
+    [
+        "accept", "accept_many", "accept_trusted", "expire_leases", "ack", "redact", "delete_audit_log", "snapshot",
+        "archive", "rotate_signing_key", "sync", "rebuild", "compact", "verify", "close",
+    ],
+)
 def test_a_write_from_a_callback_of_rebuild_or_compact_is_refused_not_a_hang(tmp_path, outer, inner):
     """rebuild() and compact() hold the commit role while they call ``progress``: a commit, a
     verify or a close() asked for from inside it waited for that role (held by its own thread)
@@ -549,9 +555,15 @@ def test_a_write_from_a_callback_of_rebuild_or_compact_is_refused_not_a_hang(tmp
     calls = {
         "accept": lambda: authority.accept(mission_create("m-2")),
         "accept_many": lambda: authority.accept_many([mission_create("m-3")]),
+        "accept_trusted": lambda: authority.accept_trusted(mission_create("m-4")),
+        "expire_leases": lambda: authority.expire_leases(GROUP),
         "ack": lambda: authority.ack("agent-1", GROUP, 1),
+        "redact": lambda: authority.redact(GROUP, 2, actor="owner", action_id="redact-1", reason="test"),
+        "delete_audit_log": lambda: authority.delete_audit_log(GROUP, actor="owner", action_id="delete-1", basis="legal"),
         "snapshot": lambda: authority.snapshot(GROUP),
         "archive": lambda: authority.archive(GROUP, actor="owner", action_id="archive-1"),
+        "rotate_signing_key": lambda: authority.rotate_signing_key(),
+        "sync": lambda: authority.sync(),
         "rebuild": lambda: authority.rebuild(),
         "compact": lambda: authority.compact(),
         "verify": lambda: authority.verify(),
