@@ -79,7 +79,7 @@ def lease_id_for(group_id: str, workitem_id: str, ownership_epoch: int) -> str:
     return (
         blake3.blake3(
             DOMAIN_LEASE
-            + _text_part(group_id, "group")
+            + _text_part(group_id, "group_id")
             + _text_part(workitem_id, "workitem_id")
             + _count_part(ownership_epoch, "ownership_epoch")
         )

@@ -148,6 +148,22 @@ def test_wrk_031_key_rejects_bad_parts(args: tuple[Any, ...], field: str) -> Non
     assert caught.value.field == field
 
 
+@pytest.mark.parametrize(
+    "function, args, field",
+    [
+        (attempt_key, ("m1", "", 1), "workitem_id"),
+        (attempt_key, ("m1", "wi1", -1), "attempt"),
+        (lease_id_for, ("", "wi1", 1), "group_id"),
+        (lease_id_for, ("g1", "wi1", 1.0), "ownership_epoch"),
+    ],
+)
+def test_attempt_and_lease_keys_reject_bad_parts_naming_the_parameter(function: Any, args: tuple[Any, ...], field: str) -> None:
+    """docs/work-model.md: bad parts raise INVALID_COMMAND naming the parameter."""
+    with pytest.raises(InvalidCommand) as caught:
+        function(*args)
+    assert caught.value.field == field
+
+
 _part = st.text(min_size=1, max_size=8)
 
 
