@@ -890,6 +890,9 @@ def test_a_relative_path_keeps_naming_the_store_after_the_process_changes_direct
         ("clock", 5),
         ("check_lmdb", 0),  # equal to False, but it checked the file at every open, as True does
         ("check_lmdb", 1.0),
+        ("create", 0),  # docs/api.md: True or False, not a falsy or truthy stand-in
+        ("readonly", None),
+        ("readonly", 1),
     ],
 )
 def test_open_refuses_a_bad_option_before_anything_is_written(tmp_path, option, value):
