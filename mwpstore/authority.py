@@ -279,20 +279,20 @@ class _Batch:
     record_bytes: int = 0  # the records' payload bytes: at most limits.GROUP_BYTES_MAX per commit
     # What the records take in a segment, framed, with the commit frame: a log group must fit an
     # empty segment (segment_log.group_bytes_max), which with small segments is the tighter bound.
-    framed_bytes: int = COMMIT_FRAME_BYTES
-    framed_bytes_max: int = limits.GROUP_BYTES_MAX
+    group_bytes: int = COMMIT_FRAME_BYTES
+    group_room: int = limits.GROUP_BYTES_MAX
 
     def room_for(self, record: bytes) -> bool:
         """Whether ``record`` still fits this commit's one log group."""
         return (
             self.record_bytes + len(record) <= limits.GROUP_BYTES_MAX
-            and self.framed_bytes + framed_bytes(len(record)) <= self.framed_bytes_max
+            and self.group_bytes + framed_bytes(len(record)) <= self.group_room
         )
 
     def add_record(self, record: bytes) -> None:
         self.records.append(record)
         self.record_bytes += len(record)
-        self.framed_bytes += framed_bytes(len(record))
+        self.group_bytes += framed_bytes(len(record))
 
     def head(self, group: str) -> tuple[int, bytes]:
         head = self.heads.get(group)
@@ -1052,7 +1052,7 @@ class Authority:
             self._failure = translate(exc, context="beginning an index transaction")
             self._fail_all(requests, self._failure)
             return
-        batch = _Batch(index=index, txn=txn, framed_bytes_max=group_bytes_max(self._segment_bytes))
+        batch = _Batch(index=index, txn=txn, group_room=group_bytes_max(self._segment_bytes))
         # Every request whose answer depends on this batch reaching the disk: new Events, notes,
         # ACKs, duplicates answered from a receipt decided earlier in this same batch, and
         # rejections decided over its earlier Events (see _decide).
@@ -1185,7 +1185,7 @@ class Authority:
                 f"the Event would be {len(record)} bytes, more than {limits.RECORD_BYTES_MAX}", field="body"
             )
             return False
-        if COMMIT_FRAME_BYTES + framed_bytes(len(record)) > batch.framed_bytes_max:
+        if COMMIT_FRAME_BYTES + framed_bytes(len(record)) > batch.group_room:
             # No log group of this store's segments holds it, in any commit.
             request.error = LimitExceeded(
                 f"the Event would take {framed_bytes(len(record))} bytes of a log segment, more than a segment of "
