@@ -20,8 +20,8 @@ TEST_REF = re.compile(r"(tests/[A-Za-z0-9_]+\.py)::(test_[A-Za-z0-9_]+)")
 
 
 def seed_path() -> str | None:
-    """The protocol section: ``shared/seed/`` beside the repository (or ``$MWPSTORE_SEED``)."""
-    candidates = [os.environ.get("MWPSTORE_SEED", "")]
+    """The protocol section: ``shared/seed/`` beside the repository (or ``$MWPSTORE_SEED_FILE``)."""
+    candidates = [os.environ.get("MWPSTORE_SEED_FILE", "")]
     for shared in (os.path.join(os.path.dirname(ROOT), "shared"), os.path.join(ROOT, "shared")):
         candidates += sorted(glob.glob(os.path.join(shared, "seed", "000_*.txt")))
     return next((path for path in candidates if path and os.path.isfile(path)), None)
