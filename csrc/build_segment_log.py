@@ -123,6 +123,8 @@ uint64_t sl_frame_bytes(uint64_t payload_bytes);
 
 int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                struct sl_recovery *out, struct sl_fault *fault);
+int sl_recover_readonly(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+                        struct sl_recovery *out, struct sl_fault *fault);
 int sl_verify_sealed(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                      uint64_t *end_position_out, struct sl_fault *fault);
 #define SL_NO_SEAL_CHECK ...

@@ -304,7 +304,7 @@ static int commit_distance(const uint8_t *data, uint64_t data_bytes, uint64_t of
  * corruption rather than a torn tail. Candidates sit at multiples of the frame alignment. */
 static int completed_write_follows(const uint8_t *data, uint64_t data_bytes,
                                    const struct sl_header *header, uint64_t from_offset,
-                                   uint64_t group_start) {
+                                   uint64_t group_start, int any_group) {
     const uint32_t commit_word = (uint32_t)SL_KIND_COMMIT << SL_FRAME_LENGTH_BITS | SL_COMMIT_PAYLOAD_BYTES;
     const uint32_t seal_word = (uint32_t)SL_KIND_SEAL << SL_FRAME_LENGTH_BITS | SL_SEAL_PAYLOAD_BYTES;
     uint64_t candidate = (from_offset + SL_FRAME_ALIGN_BYTES - 1) & ~(uint64_t)(SL_FRAME_ALIGN_BYTES - 1);
@@ -322,7 +322,7 @@ static int completed_write_follows(const uint8_t *data, uint64_t data_bytes,
         if (frame_parse(data, data_bytes, header, candidate, position, &f) != FRAME_OK) {
             continue;
         }
-        if (f.kind == SL_KIND_COMMIT && load_u64(f.payload) == group_start) {
+        if (f.kind == SL_KIND_COMMIT && (any_group || load_u64(f.payload) == group_start)) {
             return 1;
         }
         if (f.kind == SL_KIND_SEAL && seal_matches(&f, header, position)) {
@@ -332,8 +332,9 @@ static int completed_write_follows(const uint8_t *data, uint64_t data_bytes,
     return 0;
 }
 
-int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
-               struct sl_recovery *out, struct sl_fault *fault) {
+/* Recovery of sl_recover and sl_recover_readonly; `readonly` selects the latter's rules. */
+static int recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+                   int readonly, struct sl_recovery *out, struct sl_fault *fault) {
     SL_ASSERT(data != NULL && header != NULL && out != NULL);
     fault_clear(fault);
     memset(out, 0, sizeof(*out));
@@ -375,7 +376,8 @@ int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header 
             out->sealed = 1;
             out->end_position = position; /* the seal takes no position: the next segment's first */
             out->used_bytes = offset + SL_SEAL_FRAME_BYTES;
-            out->torn = !all_zero(data + out->used_bytes, data_bytes - out->used_bytes);
+            /* read-only: what follows the seal is the writer's to trim, never read */
+            out->torn = !readonly && !all_zero(data + out->used_bytes, data_bytes - out->used_bytes);
             return SL_OK;
         }
         if (status == FRAME_OK) { /* a record group larger than any writer makes */
@@ -390,19 +392,38 @@ int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header 
             /* Intact bytes that are wrong here were written wrong or moved: never a tear. */
             return fault_set(fault, SL_E_CORRUPT, f.reason, offset, position);
         }
-        if (records >= 1) {
+        /* Read-only (beside a live writer), a group is damage only once a later write is seen
+         * complete: any intact commit frame at its own position, or an intact seal. Without one,
+         * the bytes may be a group the writer is still copying in, whatever they look like (a
+         * half-copied commit frame can be within two bits of the whole one). */
+        const int proven = !readonly ||
+                           completed_write_follows(data, data_bytes, header,
+                                                   offset + SL_FRAME_ALIGN_BYTES, group_start, 1);
+        if (records >= 1 && proven) {
             uint8_t expected[SL_COMMIT_FRAME_BYTES];
             commit_encode(expected, position, group_start, records, group_checksum, header->seed);
             if (commit_distance(data, data_bytes, offset, expected) <= SL_COMMIT_DAMAGE_BITS_MAX) {
                 return fault_set(fault, SL_E_CORRUPT, SL_REASON_COMMIT_DAMAGED, offset, position);
             }
         }
-        if (completed_write_follows(data, data_bytes, header, offset + SL_FRAME_ALIGN_BYTES, group_start)) {
+        if (readonly ? proven
+                     : completed_write_follows(data, data_bytes, header,
+                                               offset + SL_FRAME_ALIGN_BYTES, group_start, 0)) {
             return fault_set(fault, SL_E_CORRUPT, SL_REASON_GROUP_DAMAGED, offset, position);
         }
         out->torn = 1;
         return SL_OK;
     }
+}
+
+int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+               struct sl_recovery *out, struct sl_fault *fault) {
+    return recover(data, data_bytes, header, 0, out, fault);
+}
+
+int sl_recover_readonly(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+                        struct sl_recovery *out, struct sl_fault *fault) {
+    return recover(data, data_bytes, header, 1, out, fault);
 }
 
 /* Can a segment with this header end with a seal at `end_position`? */

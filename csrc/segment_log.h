@@ -126,6 +126,13 @@ uint64_t sl_frame_bytes(uint64_t payload_bytes);
 /* -- reading a mapped segment (data = file bytes from offset 0, data_bytes readable) -- */
 int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                struct sl_recovery *out, struct sl_fault *fault);
+/* sl_recover for a read-only open beside a live writer, over bytes read from the file while the
+ * writer may be appending: the first incomplete group is damage (commit_damaged, group_damaged)
+ * only if an intact commit frame at its own position (of any group) or an intact seal follows
+ * it; otherwise it is taken as a group in flight (torn = 1, the end before it). Bytes after a
+ * seal are not looked at (torn = 0). The other checks are sl_recover's. */
+int sl_recover_readonly(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+                        struct sl_recovery *out, struct sl_fault *fault);
 int sl_verify_sealed(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                      uint64_t *end_position_out, struct sl_fault *fault);
 

@@ -115,12 +115,11 @@ _COMMIT_FRAME = struct.Struct("<IIQQII")  # checksum, length|kind, position, gro
 _COMMIT_KIND = 2
 
 
-def _commit_frame_ends_at(mapped: Any, tail: int, end: int, log_id: int) -> bool:
-    """True if an intact commit frame (docs/format/segment.md, kind 2) ends exactly at ``end``."""
-    start = tail - _COMMIT_FRAME.size
-    if start < _HEADER_BYTES:
+def _commit_frame_ends_at(frame: bytes, tail: int, end: int, log_id: int) -> bool:
+    """True if ``frame``, the bytes of a segment before file offset ``tail``, is an intact commit
+    frame (docs/format/segment.md, kind 2) ending exactly at position ``end``."""
+    if tail - _COMMIT_FRAME.size < _HEADER_BYTES or len(frame) != _COMMIT_FRAME.size:
         return False
-    frame = bytes(mapped[start:tail])
     checksum, length_kind, position, _, count, _ = _COMMIT_FRAME.unpack(frame)
     if length_kind != (_COMMIT_KIND << 28) | 16 or position != end - _COMMIT_FRAME.size or count < 1:
         return False
@@ -270,6 +269,8 @@ class _Segment:
                     pass  # a scan in another thread still uses it: the map goes with it
 
 
+_RECOVERY_READ_BYTES = 1 << 20  # a read-only recovery reads the last segment in pieces from this size
+_READONLY_RECOVERY_ATTEMPTS = 16  # readings of it before damage that keeps moving is reported
 _RELEASE_BYTES = 8 << 20  # a long scan hands mapped pages back every this many bytes
 
 
@@ -308,17 +309,63 @@ def _clean_end(marker: _CleanMarker, segment: _Segment) -> int | None:
     first_position, end = marker.first_position, marker.end
     if marker.log_id != header.log_id or first_position != segment.first_position:
         return None
-    _, mapped = segment.mapping()
-    size = len(mapped)
-    if size != header.segment_bytes or end < first_position or _HEADER_BYTES + end - first_position > size:
-        return None
-    tail = _HEADER_BYTES + end - first_position
-    window = mapped[tail : tail + _CLEAN_ZERO_CHECK_BYTES]
-    if window.count(0) != len(window):
-        return None  # written to after the clean close
-    if end > first_position and not _commit_frame_ends_at(mapped, tail, end, int(header.log_id)):
+    # Read with pread, not through a map: beside a live writer (a read-only open) the window after
+    # the end may be the tail of a segment the writer seals and trims meanwhile, and a trimmed page
+    # read through a map is a SIGBUS; pread just returns fewer bytes.
+    try:
+        fd = open_regular_fd(segment.path)
+    except OSError:
+        return None  # mapping() will say why, when something reads the segment
+    try:
+        size = os.fstat(fd).st_size
+        if size != header.segment_bytes or end < first_position or _HEADER_BYTES + end - first_position > size:
+            return None
+        tail = _HEADER_BYTES + end - first_position
+        start = max(tail - _COMMIT_FRAME.size, 0)
+        raw = _pread_all(fd, tail + _CLEAN_ZERO_CHECK_BYTES - start, start)
+    finally:
+        os.close(fd)
+    window = raw[tail - start :]
+    if window.count(0) != len(window) or len(window) < min(_CLEAN_ZERO_CHECK_BYTES, size - tail):
+        return None  # written to (or trimmed) after the clean close
+    if end > first_position and not _commit_frame_ends_at(raw[: tail - start], tail, end, int(header.log_id)):
         return None  # the last group's commit record is not intact: recovery will say why
     return end
+
+
+def _writer_holds_lock(directory: str) -> bool:
+    """Does a writer hold the log in ``directory`` now (its flock on ``LOCK``)? Read from
+    ``/proc/locks``, so that the check takes no lock itself: a read-only open must never make a
+    writer's open fail with StoreLocked. True when it cannot tell (no ``/proc``: the rules for a
+    live writer are the safe ones); False when there is no ``LOCK`` (no writer ever opened it)."""
+    try:
+        status = os.stat(os.path.join(directory, LOCK_FILE_NAME))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    key = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as file:
+            text = file.read()
+    except OSError:
+        return True
+    # "1: FLOCK  ADVISORY  WRITE 8067 fe:00:2146869 0 EOF"; a waiter's line has "->" second
+    return any(
+        len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == key for fields in map(str.split, text.splitlines())
+    )
+
+
+def _pread_all(fd: int, length: int, offset: int) -> bytes:
+    """Up to ``length`` bytes of ``fd`` from ``offset``: fewer only where the file ends."""
+    parts, got = [], 0
+    while got < length:
+        part = os.pread(fd, length - got, offset + got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 def _misnamed_segment(path: str, header_first_position: int, number: int) -> Corruption:
@@ -391,8 +438,13 @@ class SegmentLog:
         ``readonly``); damage anywhere else raises :class:`Corruption` naming the segment, the
         offset and the reason, and nothing is changed. ``sync=False`` is bulk-load mode: groups
         are written but not fdatasync'ed, so they are not durable until :meth:`sync` or
-        :meth:`close` returns. ``readonly`` takes no lock and never writes. ``io`` replaces the
-        file operations (tests pass a recorder from :mod:`mwpstore.io_seam`).
+        :meth:`close` returns. ``readonly`` takes no lock and never writes; it may run beside a
+        live writer (another process) that appends, seals and trims segments: its recovery reads
+        the last segment with pread (a map of it could be trimmed under it), it serves only whole
+        checked groups up to the end of a commit frame it saw whole, and while a writer holds the
+        log a last group without its whole commit frame is taken for one in flight, not damage
+        (docs/format/segment.md). ``io`` replaces the file operations (tests pass a recorder from
+        :mod:`mwpstore.io_seam`).
 
         ``known_end`` (with ``readonly`` only): a position where a group the writer has written
         ends, such as a read-only view's index position. Recovery then reads the active segment
@@ -640,10 +692,15 @@ class SegmentLog:
         """Find the end of the active segment by scanning it (after a crash, or without a marker
         that fits); cut off a torn tail that was never acknowledged (not when read-only)."""
         segment = self._segments[-1]
+        if self._readonly:
+            recovery = self._recover_readonly(segment)
+            self._end = int(recovery.end_position)
+            if recovery.sealed:
+                segment.sealed = True
+                segment.sealed_used_bytes = int(recovery.used_bytes)
+            return
         data, mapped = segment.mapping()
         size = len(mapped)
-        if self._known_end is not None:  # nothing past it is read (see open)
-            size = min(size, _HEADER_BYTES + max(self._known_end - segment.first_position, 0))
         recovery = ffi.new("struct sl_recovery *")
         fault = self._fault()
         rc = lib.sl_recover(data, size, segment.header, recovery, fault)
@@ -651,11 +708,6 @@ class SegmentLog:
             raise self._error(rc, fault, segment=segment)
         self._end = int(recovery.end_position)
         used = int(recovery.used_bytes)
-        if self._readonly:
-            if recovery.sealed:
-                segment.sealed = True
-                segment.sealed_used_bytes = used
-            return
         segment_bytes = int(segment.header.segment_bytes)
         if recovery.sealed:
             segment.sealed = True
@@ -680,6 +732,86 @@ class SegmentLog:
         if needs_repair:
             segment.unmap()
             self._call(lib.sl_segment_truncate, self._io, os.fsencode(segment.path), used, segment_bytes, segment=segment)
+
+    def _recover_readonly(self, segment: _Segment) -> Any:
+        """The recovery (``struct sl_recovery``) of the last segment for a read-only open, which
+        may run beside a live writer: its bytes are read with pread, never through a map.
+
+        The writer may be copying a group in (any prefix of its bytes visible, in any order within
+        a page), and may seal the segment and trim the file to just past the seal at any moment:
+        a map read of a trimmed page is a SIGBUS, where pread returns fewer bytes. The file is read
+        from its start in growing pieces until the walk over the groups stops at a clean end (a
+        zero frame header where a group would begin) or a seal, or the file (or ``known_end``)
+        ends: the end is then where the last whole group's commit frame ends.
+
+        With ``known_end`` every byte before it is written already, and sl_recover's rules apply,
+        as for the writer's open. Without it, while a writer holds the log (``_writer_holds_lock``),
+        ``sl_recover_readonly`` takes a group that does not end in its commit frame for one in
+        flight (not there) unless an intact commit frame or seal follows it; with no writer, the
+        writer's rules apply (a damaged last group is reported, as the writer's open would).
+        Either way damage is reported only when a second reading, by the same rules and made after
+        the first, finds it at the same offset: the bytes the first reading saw before the later
+        intact frame may be older than it (a page read before the writer copied into it, the next
+        one after), but a write is copied in file order, so by the second reading everything
+        before that frame is written; and a writer that started after the check (the rules were
+        the writer's) has been seen by the check before the second reading.
+
+        Why the reads through a map afterwards are safe: they stop at the end found here (the
+        end of a commit frame, or the seal), and the writer never cuts a segment below its own
+        end: sealing trims to just past the seal, written at the writer's end, and a writer's open
+        cuts a torn tail only after the last whole group, never a group a reader saw whole."""
+        known_end = self._known_end
+        limit = int(segment.header.segment_bytes)
+        if known_end is not None:  # nothing past it is read (see open)
+            limit = min(limit, _HEADER_BYTES + max(known_end - segment.first_position, 0))
+        try:
+            fd = open_regular_fd(segment.path)
+        except OSError as exc:
+            code = exc.errno or errno.EIO
+            raise StorageFailed(
+                f"cannot read segment {segment.path}: {os.strerror(code)}", errno=code, path=segment.path
+            ) from None
+        try:
+            seen = None
+            for _ in range(_READONLY_RECOVERY_ATTEMPTS):
+                live = known_end is None and _writer_holds_lock(self._directory)
+                recover = lib.sl_recover_readonly if live else lib.sl_recover
+                rc, recovery, fault = self._read_and_recover(fd, segment, limit, recover)
+                if rc == lib.SL_OK:
+                    return recovery
+                if rc != lib.SL_E_CORRUPT or known_end is not None:
+                    break
+                damage = (live, int(fault.reason), int(fault.offset))
+                if damage == seen:
+                    break  # the same damage, by the same rules, in a reading made after the first: real
+                seen = damage
+        finally:
+            os.close(fd)
+        raise self._error(rc, fault, segment=segment)
+
+    @staticmethod
+    def _read_and_recover(fd: int, segment: _Segment, limit: int, recover: Any) -> tuple[int, Any, Any]:
+        """One reading of the segment for ``_recover_readonly``: (rc, recovery, fault)."""
+        recovery = ffi.new("struct sl_recovery *")
+        fault = ffi.new("struct sl_fault *")
+        data = bytearray()
+        want = min(limit, _RECOVERY_READ_BYTES)
+        while True:
+            while len(data) < want:
+                part = os.pread(fd, want - len(data), len(data))
+                if not part:
+                    break
+                data += part
+            got = len(data)
+            buffer = ffi.from_buffer("uint8_t[]", data if got else bytearray(1))
+            try:
+                rc = recover(buffer, got, segment.header, recovery, fault)
+            finally:
+                ffi.release(buffer)
+            clean_end = not recovery.torn and int(recovery.used_bytes) + lib.SL_FRAME_HEADER_BYTES <= got
+            if rc != lib.SL_OK or recovery.sealed or clean_end or got < want or want >= limit:
+                return rc, recovery, fault
+            want = min(limit, want * 4)
 
     def _read_clean_marker(self) -> _CleanMarker | None:
         """The clean close's marker, if present, intact and of a known form; None otherwise (the
@@ -918,6 +1050,9 @@ class SegmentLog:
 
     @staticmethod
     def _readable_bytes(segment: _Segment, end: int) -> int:
+        # What a read, scan or verify may touch of the segment's map: below the end a recovery
+        # found (the end of a commit frame) or the seal. The writer never trims a segment below
+        # its own end, so a read-only handle beside it never touches a page cut off the file.
         if segment.sealed:
             return segment.sealed_used_bytes
         return _HEADER_BYTES + max(0, end - segment.first_position)

@@ -577,3 +577,87 @@ def test_closing_a_view_waits_for_a_read_in_flight(tmp_path, monkeypatch):
     assert failures == [] and not closer.is_alive()
     assert outcome == [[1, 2]] or (len(outcome) == 1 and isinstance(outcome[0], StoreClosed))
     assert _store_files_open(path) == []
+
+
+_SEAL_UNDER_THE_MAP = r'''
+import mmap, sys
+from mwpstore import segment_log
+from mwpstore.segment_log import SegmentLog
+
+writer = SegmentLog.open(sys.argv[1], segment_bytes=65536)
+records = [b"record %d " % index + b"." * 1000 for index in range(20)]
+positions = [writer.append([record])[0] for record in records]
+real_mmap, sealed = mmap.mmap, []
+
+
+class Mmap:
+    """mmap, except that the first map made is followed at once by the writer's seal."""
+
+    def __getattr__(self, name):
+        return getattr(mmap, name)
+
+    @staticmethod
+    def mmap(*arguments, **keywords):
+        mapped = real_mmap(*arguments, **keywords)
+        if not sealed:  # a group the active segment cannot hold: seal, trim, next segment
+            sealed.append(writer.append([b"y" * 50000]))
+        return mapped
+
+
+segment_log.mmap = Mmap()
+with SegmentLog.open(sys.argv[1], readonly=True) as reader:
+    assert [bytes(record) for batch in reader.scan(0) for record in batch.records] == records
+    assert [reader.read(position) for position in positions] == records
+    assert reader.end == positions[-1] + segment_log.framed_bytes(len(records[-1])) + segment_log.COMMIT_FRAME_BYTES
+assert sealed and len(writer.segments()) == 2 and writer.segments()[0].sealed
+print("SERVED", flush=True)
+'''
+
+
+def test_a_segment_sealed_under_a_read_only_open_never_kills_the_reader(tmp_path):
+    """The writer seals the active segment (trimming its preallocated tail) right after a bare
+    read-only open maps it. The open's recovery read the whole map, past the trim: a SIGBUS that
+    killed the reading process. It now reads the last segment with pread, and maps a segment only
+    for reads that stay below the end it found, which the writer never trims."""
+    directory = str(tmp_path / "log")
+    done = subprocess.run([sys.executable, "-c", _SEAL_UNDER_THE_MAP, directory], env=ENV, capture_output=True,
+                          text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (0, "SERVED\n"), done.stderr
+
+
+def test_a_group_in_flight_is_not_there_for_a_read_only_open_beside_a_writer(tmp_path):
+    """While a writer holds the log, a last group whose commit frame is not whole may be one it is
+    still copying in: a bare read-only open ends the log before it (it was CORRUPTION). Damage
+    before a complete commit frame is still CORRUPTION, and with no writer the read-only open
+    reports a damaged last group as the writer's open does."""
+    from mwpstore import Corruption
+    from mwpstore.segment_log import _HEADER_BYTES, SegmentLog
+
+    directory = str(tmp_path / "log")
+    with SegmentLog.open(directory, segment_bytes=65536) as writer:
+        writer.append([b"first", b"group"])
+        kept = writer.end
+        writer.append([b"a group", b"in flight"])
+        end, active = writer.end, writer.segments()[-1]
+        with open(active.path, "r+b") as segment:  # the commit frame's last byte not copied yet
+            segment.seek(_HEADER_BYTES + end - active.first_position - 1)
+            last = segment.read(1)
+            segment.seek(-1, os.SEEK_CUR)
+            segment.write(bytes([last[0] ^ 0x01]))
+        with SegmentLog.open(directory, readonly=True) as reader:
+            assert reader.end == kept
+            assert [bytes(record) for batch in reader.scan(0) for record in batch.records] == [b"first", b"group"]
+        with open(active.path, "r+b") as segment:  # and a damaged record in the first group
+            segment.seek(_HEADER_BYTES + 16)
+            segment.write(b"F")
+        with pytest.raises(Corruption) as caught:
+            SegmentLog.open(directory, readonly=True)
+        assert caught.value.detail["reason"] == "frame_checksum" or caught.value.detail["reason"] == "group_damaged"
+        writer._failed = True  # no clean-close marker over the damage
+    with open(active.path, "r+b") as segment:
+        segment.seek(_HEADER_BYTES + 16)
+        segment.write(b"f")
+    with pytest.raises(Corruption) as caught:  # no writer: the damaged last group is reported
+        SegmentLog.open(directory, readonly=True)
+    assert caught.value.detail["reason"] == "commit_damaged"
+
