@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -579,6 +580,7 @@ def test_closing_a_view_waits_for_a_read_in_flight(tmp_path, monkeypatch):
     assert _store_files_open(path) == []
 
 
+SEGMENT_WRITER = os.path.join(REPO, "tests", "segment_writer_child.py")
 _SEAL_UNDER_THE_MAP = r'''
 import mmap, sys
 from mwpstore import segment_log
@@ -661,3 +663,67 @@ def test_a_group_in_flight_is_not_there_for_a_read_only_open_beside_a_writer(tmp
         SegmentLog.open(directory, readonly=True)
     assert caught.value.detail["reason"] == "commit_damaged"
 
+
+def _writer_groups(records: int) -> set[int]:
+    """How many records the child writer has written after each of its groups (its rng's draws)."""
+    import random
+
+    rng, written, ends = random.Random(records), 0, {0}
+    while written < records:
+        written += min(rng.randint(1, 4), records - written)
+        ends.add(written)
+    return ends
+
+
+def _check_served(log, group_ends: set[int], rounds: int) -> int:
+    """Every record a read-only open serves (scan, and read at every position) is the child
+    writer's record of that index, and they end where one of its groups ends."""
+    from segment_writer_child import record_bytes
+
+    positions = []
+    for batch in log.scan(0, batch_records=97):
+        for position, record in zip(batch.positions, batch.records):
+            assert record == record_bytes(len(positions)), (rounds, position)
+            positions.append(position)
+    assert len(positions) in group_ends, (rounds, len(positions))
+    for index in range(rounds % 5, len(positions), 5):
+        assert log.read(positions[index]) == record_bytes(index)
+    assert list(log.scan(log.end)) == []
+    return len(positions)
+
+
+def test_bare_read_only_opens_beside_a_writer_that_rolls_over_serve_whole_checked_groups(tmp_path):
+    """A writer in another process appends groups to a log of 64 KiB segments (sealing and
+    trimming one every few dozen groups) while this process opens the log read-only again and
+    again without known_end, scans and reads all of it. Each open was at risk of a SIGBUS (the
+    recovery read the active segment through a map the seal trimmed) or of CORRUPTION (a group
+    half copied in); every open now serves a prefix of whole groups, each record as written."""
+    from mwpstore.segment_log import SegmentLog
+
+    directory, records = str(tmp_path / "log"), 3000
+    group_ends = _writer_groups(records)
+    writer = subprocess.Popen([sys.executable, SEGMENT_WRITER, directory, "65536", str(records)], env=ENV,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert writer.stdout is not None and writer.stdin is not None
+        assert writer.stdout.readline() == "READY\n"
+        seen, rounds = 0, 0
+        while not select.select([writer.stdout], [], [], 0)[0]:  # until the writer is done
+            with SegmentLog.open(directory, readonly=True) as log:
+                served = _check_served(log, group_ends, rounds)
+            assert served >= seen  # the writer's log only grows
+            seen, rounds = served, rounds + 1
+        done = writer.stdout.readline().split()
+        assert done == ["DONE", str(records)]
+        writer.stdin.write("quit\n")
+        writer.stdin.flush()
+        assert writer.wait(timeout=60) == 0
+        written = records
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    with SegmentLog.open(directory, readonly=True) as log:
+        assert _check_served(log, group_ends, rounds) == written
+        assert log.verify() == written
+    assert len(os.listdir(directory)) > 3  # it rolled over
