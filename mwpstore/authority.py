@@ -590,6 +590,18 @@ class Authority:
                 field="readonly",
             )
 
+    def _refuse_waiting_on_view(self, what: str) -> None:
+        """``InvalidState`` (reason ``readonly``) for ``subscribe`` and ``wait_for`` on a view: a
+        view answers from the one read transaction it began at open, so the Events they would wait
+        for never appear in it; they refuse at once instead of waiting for ever."""
+        if self._readonly:
+            raise InvalidState(
+                f"{what}: a read-only view is a snapshot of the store as it was when it opened and never sees "
+                "later Events; open a new view to see them (as `mwpstore tail -f` does)",
+                reason="readonly",
+                field="readonly",
+            )
+
     def _index_dir(self, suffix: str = "") -> str:
         return os.path.join(self.path, "index" + suffix)
 
@@ -1758,6 +1770,7 @@ class Authority:
         canonical.check_id(group, "group")
         _check_after(after)
         self._check_closed()
+        self._refuse_waiting_on_view("subscribe")
         return Subscription(self, group, after)
 
     def ack(self, consumer: str, group: str, cursor: int) -> int:
@@ -1796,6 +1809,7 @@ class Authority:
             raise InvalidCommand(f"timeout must be None or a number of seconds in 0..{threading.TIMEOUT_MAX:g}", field="timeout")
         deadline = None if timeout is None else time.monotonic() + timeout
         self._check_closed()  # before self._published, which a parent thread may have held at a fork
+        self._refuse_waiting_on_view("wait_for")
         with self._published:
             while True:
                 if self.head(group)[0] > after:

@@ -580,6 +580,27 @@ def test_closing_a_view_waits_for_a_read_in_flight(tmp_path, monkeypatch):
     assert _store_files_open(path) == []
 
 
+def test_a_view_refuses_subscribe_and_wait_for_at_once(tmp_path):
+    """A view answers from the read transaction it began at open, so it never sees a later Event:
+    subscribe and wait_for on one waited for what could never come (a poll or wait_for without a
+    timeout, for ever). They refuse at once, as a view's write methods do, and say to open a new
+    view (as tail -f does)."""
+    path = str(tmp_path / "store")
+    open_with_group(path).close()
+    with Authority.open(path, readonly=True) as view:
+        head = view.head(GROUP)[0]
+        for what, call in (("subscribe", lambda: view.subscribe(GROUP, after=head)),
+                           ("wait_for", lambda: view.wait_for(GROUP, head, 0.01))):
+            with pytest.raises(InvalidState) as refused:
+                call()
+            assert refused.value.detail["reason"] == "readonly", what
+            assert refused.value.message.startswith(what) and "snapshot" in refused.value.message
+            assert "open a new view" in refused.value.message
+        assert [event.seq for event in view.read(GROUP)] == list(range(1, head + 1))  # reads still answer
+        with pytest.raises(InvalidCommand):  # the arguments are checked first, as everywhere
+            view.wait_for(GROUP, -1, 0)
+
+
 SEGMENT_WRITER = os.path.join(REPO, "tests", "segment_writer_child.py")
 _SEAL_UNDER_THE_MAP = r'''
 import mmap, sys
