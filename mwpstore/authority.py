@@ -1801,7 +1801,8 @@ class Authority:
 
     @_damage_typed
     def wait_for(self, group: str, after: int, timeout: float | None) -> bool:
-        """Block until ``group``'s head passes ``after`` (True) or the timeout ends (False)."""
+        """Block until ``group``'s head passes ``after`` (True) or the timeout ends (False);
+        ``StoreClosed`` if the authority is closed (before or while it waits)."""
         canonical.check_id(group, "group")
         if type(after) is not int or after < 0:
             raise InvalidCommand("after must be a non-negative integer", field="after")
@@ -1814,8 +1815,8 @@ class Authority:
             while True:
                 if self.head(group)[0] > after:
                     return True
-                if self._closed:
-                    return False
+                if self._closed:  # close() began after head() read: closed while waiting, as head() would say
+                    raise StoreClosed("the authority is closed; open it again")
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
@@ -2066,7 +2067,10 @@ class Subscription:
         self._closed = False
 
     def poll(self, timeout: float | None = None) -> list[Event]:
-        """Events after the cursor (waiting up to ``timeout`` seconds for some); advances the cursor."""
+        """Events after the cursor (waiting up to ``timeout`` seconds for some); advances the cursor.
+
+        ``StoreClosed`` if the subscription is closed, or the authority is closed before the poll or
+        while it waits (iterating the subscription then just ends)."""
         if self._closed:
             raise StoreClosed("the subscription is closed")
         events = self._authority.read(self.group, after=self.cursor, limit=self._batch)
