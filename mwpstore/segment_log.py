@@ -227,13 +227,7 @@ class _Segment:
         if self._map is None:
             with self._lock:
                 if self._map is None:
-                    try:
-                        fd = open_regular_fd(self.path)
-                    except OSError as exc:
-                        code = exc.errno or errno.EIO
-                        raise StorageFailed(
-                            f"cannot read segment {self.path}: {os.strerror(code)}", errno=code, path=self.path
-                        ) from None
+                    fd = _open_segment_fd(self.path)
                     try:
                         for attempt in range(8):
                             size = os.fstat(fd).st_size
@@ -664,8 +658,7 @@ class SegmentLog:
             number, name = numbered[int(stopped_at[0])]
             path = prefix + name
             if rc == lib.SL_E_IO:
-                code = int(fault.sys_errno)
-                raise StorageFailed(f"cannot read segment {path}: {os.strerror(code)}", errno=code, path=path)
+                raise _unreadable_segment(path, int(fault.sys_errno))
             raise self._error(rc, fault, path=path, position=number)
         if count < len(numbered):
             path = prefix + numbered[count][1]
@@ -764,13 +757,7 @@ class SegmentLog:
         limit = int(segment.header.segment_bytes)
         if known_end is not None:  # nothing past it is read (see open)
             limit = min(limit, _HEADER_BYTES + max(known_end - segment.first_position, 0))
-        try:
-            fd = open_regular_fd(segment.path)
-        except OSError as exc:
-            code = exc.errno or errno.EIO
-            raise StorageFailed(
-                f"cannot read segment {segment.path}: {os.strerror(code)}", errno=code, path=segment.path
-            ) from None
+        fd = _open_segment_fd(segment.path)
         try:
             seen = None
             for _ in range(_READONLY_RECOVERY_ATTEMPTS):
@@ -1335,3 +1322,16 @@ class SegmentLog:
 
 
 _OPEN_TOKEN = object()
+
+
+def _unreadable_segment(path: str, code: int) -> StorageFailed:
+    return StorageFailed(f"cannot read segment {path}: {os.strerror(code)}", errno=code, path=path)
+
+
+def _open_segment_fd(path: str) -> int:
+    """A descriptor of the segment file at ``path`` (a regular file only: a FIFO must not block);
+    ``StorageFailed`` naming the file if it cannot be opened."""
+    try:
+        return open_regular_fd(path)
+    except OSError as exc:
+        raise _unreadable_segment(path, exc.errno or errno.EIO) from None

@@ -86,6 +86,15 @@ def wait_for_queue(authority, length: int) -> None:
     raise AssertionError(f"the commit queue never reached {length}")
 
 
+def wait_for_exclusive(authority) -> None:
+    """Until a rebuild, compaction or verify waits for the leader role (polled, as above)."""
+    for _ in range(3000):
+        if authority._exclusive_waiting:
+            break
+        threading.Event().wait(0.005)
+    assert authority._exclusive_waiting == 1
+
+
 def held_leader(monkeypatch, authority, *steps: str | Callable[[], None], after_sync: BaseException | None = None) -> tuple[AppendGate, Caller]:
     """A first commit (mission m-lead) held before its log append; ``steps`` script the commits after it."""
     gate = AppendGate(monkeypatch, "hold", *steps, after_sync=after_sync)
@@ -199,11 +208,7 @@ def test_a_caller_arriving_while_a_rebuild_waits_for_the_role_queues_behind_the_
 
         monkeypatch.setattr(authority, "_wake", Hooked(authority._lock))
         rebuild = Caller(authority.rebuild, name="rebuild")
-        for _ in range(3000):
-            if authority._exclusive_waiting:
-                break
-            threading.Event().wait(0.005)
-        assert authority._exclusive_waiting == 1
+        wait_for_exclusive(authority)
         gate.release()
         assert leader.outcome().seq == 2
         assert rebuild.outcome() == 2  # the group.create and m-lead records: m-late came after it
@@ -218,11 +223,7 @@ def test_a_rebuild_waiting_for_the_role_goes_before_the_callers_queued_behind_th
         behind = Caller(lambda: authority.accept(mission_create("m-behind")))
         wait_for_queue(authority, 1)
         rebuild = Caller(authority.rebuild)
-        for _ in range(3000):
-            if authority._exclusive_waiting:
-                break
-            threading.Event().wait(0.005)
-        assert authority._exclusive_waiting == 1
+        wait_for_exclusive(authority)
         gate.release()
         assert leader.outcome().seq == 2
         assert rebuild.outcome() == 2  # the group.create and m-lead records: m-behind came after it
@@ -240,11 +241,7 @@ def test_close_while_a_rebuild_waits_for_the_role_still_commits_the_callers_queu
     behind = Caller(lambda: authority.accept(mission_create("m-behind")))
     wait_for_queue(authority, 1)
     rebuild = Caller(authority.rebuild)
-    for _ in range(3000):
-        if authority._exclusive_waiting:
-            break
-        threading.Event().wait(0.005)
-    assert authority._exclusive_waiting == 1
+    wait_for_exclusive(authority)
     closer = Caller(authority.close)
     for _ in range(3000):
         if authority._closed:
