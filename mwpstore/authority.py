@@ -282,17 +282,14 @@ class _Batch:
     group_bytes: int = COMMIT_FRAME_BYTES
     group_room: int = limits.GROUP_BYTES_MAX
 
-    def room_for(self, record: bytes) -> bool:
-        """Whether ``record`` still fits this commit's one log group."""
-        return (
-            self.record_bytes + len(record) <= limits.GROUP_BYTES_MAX
-            and self.group_bytes + framed_bytes(len(record)) <= self.group_room
-        )
+    def room_for(self, record: bytes, framed: int) -> bool:
+        """Whether ``record`` (``framed`` bytes in a segment) still fits this commit's log group."""
+        return self.record_bytes + len(record) <= limits.GROUP_BYTES_MAX and self.group_bytes + framed <= self.group_room
 
-    def add_record(self, record: bytes) -> None:
+    def add_record(self, record: bytes, framed: int) -> None:
         self.records.append(record)
         self.record_bytes += len(record)
-        self.group_bytes += framed_bytes(len(record))
+        self.group_bytes += framed
 
     def head(self, group: str) -> tuple[int, bytes]:
         head = self.heads.get(group)
@@ -581,26 +578,10 @@ class Authority:
             path=self.path,
         )
 
-    def _refuse_readonly(self, what: str) -> None:
-        """``InvalidState`` (reason ``readonly``) for a method that writes, on a read-only view."""
+    def _refuse_readonly(self, what: str, why: str = "this authority was opened read-only; open it without readonly=True to write") -> None:
+        """``InvalidState`` (reason ``readonly``) for a method a read-only view cannot serve."""
         if self._readonly:
-            raise InvalidState(
-                f"{what}: this authority was opened read-only; open it without readonly=True to write",
-                reason="readonly",
-                field="readonly",
-            )
-
-    def _refuse_waiting_on_view(self, what: str) -> None:
-        """``InvalidState`` (reason ``readonly``) for ``subscribe`` and ``wait_for`` on a view: a
-        view answers from the one read transaction it began at open, so the Events they would wait
-        for never appear in it; they refuse at once instead of waiting for ever."""
-        if self._readonly:
-            raise InvalidState(
-                f"{what}: a read-only view is a snapshot of the store as it was when it opened and never sees "
-                "later Events; open a new view to see them (as `mwpstore tail -f` does)",
-                reason="readonly",
-                field="readonly",
-            )
+            raise InvalidState(f"{what}: {why}", reason="readonly", field="readonly")
 
     def _index_dir(self, suffix: str = "") -> str:
         return os.path.join(self.path, "index" + suffix)
@@ -1075,11 +1056,12 @@ class Authority:
             for request in requests:
                 if request.note is not None:
                     record = request.note[0] + request.note[2]
-                    if not batch.room_for(record):
+                    framed = framed_bytes(len(record))
+                    if not batch.room_for(record, framed):
                         request.error = _commit_full(batch, "call it again")
                         continue
                     batch.notes.append(request.note)
-                    batch.add_record(record)
+                    batch.add_record(record, framed)
                     pending.append(request)
                     continue
                 if request.ack is not None:
@@ -1197,15 +1179,16 @@ class Authority:
                 f"the Event would be {len(record)} bytes, more than {limits.RECORD_BYTES_MAX}", field="body"
             )
             return False
-        if COMMIT_FRAME_BYTES + framed_bytes(len(record)) > batch.group_room:
+        framed = framed_bytes(len(record))
+        if COMMIT_FRAME_BYTES + framed > batch.group_room:
             # No log group of this store's segments holds it, in any commit.
             request.error = LimitExceeded(
-                f"the Event would take {framed_bytes(len(record))} bytes of a log segment, more than a segment of "
+                f"the Event would take {framed} bytes of a log segment, more than a segment of "
                 f"{self._segment_bytes} bytes holds; open the store with a larger segment_bytes",
                 field="body",
             )
             return False
-        if not batch.room_for(record):
+        if not batch.room_for(record, framed):
             # One commit is one log group, at most GROUP_BYTES_MAX bytes and what fits an empty
             # segment: this Command alone is refused (nothing of it is written) instead of the
             # whole batch failing at the append.
@@ -1219,7 +1202,7 @@ class Authority:
             batch.dirty_states[full_key] = encode_state(effect.revision, effect.state)
         batch.heads[command.group] = (event.seq, event.hash)
         batch.receipts[key] = (request.content_hash, receipt, encode_receipt(receipt))
-        batch.add_record(record)
+        batch.add_record(record, framed)
         batch.events.append(event)
         request.receipt = receipt
         return True
@@ -1261,11 +1244,12 @@ class Authority:
             request.ack_result = previous
             return
         record = ACK_TAG + _ACK_ENCODER.encode((consumer, group, cursor))
-        if not batch.room_for(record):
+        framed = framed_bytes(len(record))
+        if not batch.room_for(record, framed):
             request.error = _commit_full(batch, "ack again")
             return
         batch.acks[key] = cursor
-        batch.add_record(record)
+        batch.add_record(record, framed)
         request.ack_result = cursor
 
     def _write_batch(self, batch: _Batch, positions: list[int]) -> None:
@@ -1770,7 +1754,7 @@ class Authority:
         canonical.check_id(group, "group")
         _check_after(after)
         self._check_closed()
-        self._refuse_waiting_on_view("subscribe")
+        self._refuse_readonly("subscribe", _VIEW_NEVER_CHANGES)
         return Subscription(self, group, after)
 
     def ack(self, consumer: str, group: str, cursor: int) -> int:
@@ -1810,7 +1794,7 @@ class Authority:
             raise InvalidCommand(f"timeout must be None or a number of seconds in 0..{threading.TIMEOUT_MAX:g}", field="timeout")
         deadline = None if timeout is None else time.monotonic() + timeout
         self._check_closed()  # before self._published, which a parent thread may have held at a fork
-        self._refuse_waiting_on_view("wait_for")
+        self._refuse_readonly("wait_for", _VIEW_NEVER_CHANGES)
         with self._published:
             while True:
                 if self.head(group)[0] > after:
@@ -2197,6 +2181,14 @@ def _stored_receipt(value: bytes | memoryview) -> tuple[bytes, Receipt]:
     if receipt.content_hash != content_hash:
         raise Corruption("a stored receipt disagrees with its own content hash; run `mwpstore rebuild`", reason="index")
     return content_hash, receipt
+
+
+# Why subscribe and wait_for refuse on a view rather than wait: a view answers from the one read
+# transaction it began at open, so the Events they would wait for never appear in it.
+_VIEW_NEVER_CHANGES = (
+    "a read-only view is a snapshot of the store as it was when it opened and never sees later Events; "
+    "open a new view to see them (as `mwpstore tail -f` does)"
+)
 
 
 def _commit_full(batch: _Batch, again: str = "accept the Command again") -> LimitExceeded:

@@ -317,6 +317,8 @@ def _clean_end(marker: _CleanMarker, segment: _Segment) -> int | None:
         tail = _HEADER_BYTES + end - first_position
         start = max(tail - _COMMIT_FRAME.size, 0)
         raw = _pread_all(fd, tail + _CLEAN_ZERO_CHECK_BYTES - start, start)
+    except OSError:
+        return None  # unread: the open then scans the segment, and that read says why it fails
     finally:
         os.close(fd)
     window = raw[tail - start :]
@@ -784,11 +786,10 @@ class SegmentLog:
         data = bytearray()
         want = min(limit, _RECOVERY_READ_BYTES)
         while True:
-            while len(data) < want:
-                part = os.pread(fd, want - len(data), len(data))
-                if not part:
-                    break
-                data += part
+            try:
+                data += _pread_all(fd, want - len(data), len(data))
+            except OSError as exc:
+                raise _unreadable_segment(segment.path, exc.errno or errno.EIO) from None
             got = len(data)
             buffer = ffi.from_buffer("uint8_t[]", data if got else bytearray(1))
             try:

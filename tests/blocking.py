@@ -1,4 +1,4 @@
-"""Running a call that must not block (not a test module)."""
+"""Running a call that must not block, and waiting for an authority's commit queue (not a test module)."""
 
 from __future__ import annotations
 
@@ -22,3 +22,13 @@ def outcome_within(seconds: float, action: Callable[[], object]) -> object:
     thread.join(seconds)
     assert not thread.is_alive(), "it blocked"
     return outcome[0]
+
+
+def wait_for_queue(authority: object, length: int) -> None:
+    """Until ``length`` units wait behind the running commit of ``authority`` (polled: no sleep
+    decides anything); fails the test if the queue never gets there."""
+    for _ in range(3000):
+        if len(authority._queue) == length:  # type: ignore[attr-defined]
+            return
+        threading.Event().wait(0.005)
+    raise AssertionError(f"the commit queue never reached {length}")

@@ -12,6 +12,7 @@ import time
 import pytest
 
 from authority_helpers import GROUP, mission_create, open_with_group
+from blocking import wait_for_queue
 from mwpstore import torture
 from mwpstore.authority import Authority
 from mwpstore.errors import StoreClosed
@@ -116,14 +117,6 @@ def _leader_held_at_append(monkeypatch, authority):
     return leader, go
 
 
-def _wait_for_queue(authority, length: int) -> None:
-    for _ in range(1000):
-        if len(authority._queue) == length:
-            return
-        threading.Event().wait(0.01)
-    raise AssertionError(f"the commit queue never reached {length}")
-
-
 def test_an_interrupted_waiting_caller_withdraws_and_the_next_one_still_commits(tmp_path, monkeypatch):
     """KeyboardInterrupt while the main thread waits behind a running commit: its Command is
     withdrawn (not written), the leader role passes to the next waiting caller, close() returns."""
@@ -137,14 +130,14 @@ def test_an_interrupted_waiting_caller_withdraws_and_the_next_one_still_commits(
     results: dict[str, object] = {}
 
     def third() -> None:
-        _wait_for_queue(authority, 1)  # the main thread's unit is queued first
+        wait_for_queue(authority, 1)  # the main thread's unit is queued first
         waiter = threading.Thread(
             target=lambda: results.setdefault("third", authority.accept(torture._mission_create(group, "m-third", "a-third"))),
             daemon=True,
         )
         waiter.start()
         results["waiter"] = waiter
-        _wait_for_queue(authority, 2)
+        wait_for_queue(authority, 2)
         signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
 
     # A process started in the background by a non-interactive shell inherits SIGINT ignored, and
@@ -251,13 +244,13 @@ def test_a_caller_interrupted_inside_a_running_commit_still_wakes_the_next(tmp_p
         return thread
 
     def arrange() -> None:
-        _wait_for_queue(authority, 2)  # the second caller, then the main thread, then the third
+        wait_for_queue(authority, 2)  # the second caller, then the main thread, then the third
         results["third_thread"] = caller("third")
-        _wait_for_queue(authority, 3)
+        wait_for_queue(authority, 3)
         go.set()
 
     before = caller("second")
-    _wait_for_queue(authority, 1)
+    wait_for_queue(authority, 1)
     threading.Thread(target=arrange, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
         authority._submit(unit)

@@ -6,15 +6,15 @@ or interrupted there) while other callers queue behind it, never by sleeping."""
 
 from __future__ import annotations
 
+import errno
 import threading
 from collections.abc import Callable
-
-import errno
 
 import lmdb
 import pytest
 
 from authority_helpers import GROUP, mission_create, open_with_group
+from blocking import wait_for_queue
 from mwpstore import Authority, failpoints, torture
 from mwpstore.errors import ActionIdCollision, AlreadyExists, InvalidCommand, LimitExceeded, MwpError, NotAMember, SequenceGap, StorageFailed, StoreClosed
 from mwpstore.io_seam import RecordingIO
@@ -75,15 +75,6 @@ class Caller:
         self._thread.join(30)
         assert not self._thread.is_alive(), "the caller was never woken"
         return self._outcome[0]
-
-
-def wait_for_queue(authority, length: int) -> None:
-    """Until ``length`` units wait behind the running commit (polled: no sleep decides anything)."""
-    for _ in range(3000):
-        if len(authority._queue) == length:
-            return
-        threading.Event().wait(0.005)
-    raise AssertionError(f"the commit queue never reached {length}")
 
 
 def wait_for_exclusive(authority) -> None:

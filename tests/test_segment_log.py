@@ -566,6 +566,28 @@ def test_readonly_open_of_an_empty_directory_creates_no_segment(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("closed", [True, False], ids=["clean close", "after a crash"])
+def test_a_readonly_open_whose_read_of_the_last_segment_fails_is_storage_failed(tmp_path, monkeypatch, closed):
+    """A read-only open reads the last segment with pread (its clean-close check and its
+    recovery): an I/O error there is StorageFailed naming the segment, never a raw OSError."""
+    log = SegmentLog.open(tmp_path)
+    log.append([b"r" * 100])
+    last = log.segments()[-1].path
+    if closed:
+        log.close()
+    try:
+        def failing_pread(fd, length, offset):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+        monkeypatch.setattr(os, "pread", failing_pread)
+        with pytest.raises(StorageFailed) as caught:
+            SegmentLog.open(tmp_path, readonly=True)
+        monkeypatch.undo()
+        assert caught.value.detail["errno"] == errno.EIO and caught.value.detail["path"] == last
+    finally:
+        log.close()
+
+
 def test_misnamed_segment_is_corruption(tmp_path):
     with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
         for _ in range(100):
