@@ -1524,7 +1524,13 @@ class Authority:
         makedirs_durable(os.path.dirname(path))  # the reference logged next must not outlive the directory
         write_snapshot_file(path, data)
         ref = snapshot_ref(data, location=location)
-        self._log_note(SNAPSHOT_TAG, event_key(group, seq), _NOTE_ENCODER.encode(ref))
+        try:
+            self._log_note(SNAPSHOT_TAG, event_key(group, seq), _NOTE_ENCODER.encode(ref))
+        except LimitExceeded:
+            # Refused before anything reached the log (a full commit): no reference names this
+            # file, nor ever will, so it goes. Any other failure may have logged the reference.
+            os.unlink(path)
+            raise
         return ref
 
     def _log_note(self, tag: bytes, key: bytes, value: bytes) -> None:
@@ -1644,7 +1650,14 @@ class Authority:
             last_seq=info.last_seq,
             archived_at_ms=self._now(),
         )
-        self._log_note(ARCHIVE_TAG, group.encode(), _NOTE_ENCODER.encode(record))
+        try:
+            self._log_note(ARCHIVE_TAG, group.encode(), _NOTE_ENCODER.encode(record))
+        except LimitExceeded:
+            # Refused before anything reached the log (a full commit): no record names the
+            # file; a retry writes it again.
+            os.remove(path)
+            _fsync_directory(os.path.dirname(path))
+            raise
         return record
 
     @_index_errors_typed

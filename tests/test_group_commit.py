@@ -7,6 +7,7 @@ or interrupted there) while other callers queue behind it, never by sleeping."""
 from __future__ import annotations
 
 import errno
+import os
 import threading
 from collections.abc import Callable
 
@@ -646,3 +647,92 @@ def test_accept_many_answers_each_command_in_its_place_around_refused_ones(tmp_p
         assert [result.error_code for result in results] == [InvalidCommand.code, None, AlreadyExists.code, InvalidCommand.code, None]
         assert [result.receipt.aggregate for result in results if result.ok] == ["mission:m-1", "mission:m-2"]
         assert [result.receipt.seq for result in results if result.ok] == [2, 3]
+
+
+# -- an ACK or a snapshot's record that meets a full commit ------------------------------------
+
+
+def _commit_bytes_of(tmp_path, monkeypatch, commands: list) -> int:
+    """The record bytes that ``commands``, accepted in one commit after a commit of one Command,
+    take on a store like the tests below (same clock, same sequences): a spy on the batch, which
+    changes nothing."""
+    from mwpstore import authority as authority_module
+
+    sizes: list[int] = []
+    add_record = authority_module._Batch.add_record
+
+    def spy(batch, record: bytes, framed: int) -> None:
+        sizes.append(len(record))
+        add_record(batch, record, framed)
+
+    with open_with_group(str(tmp_path / "measure"), clock=lambda: 1_700_000_000_000) as authority:
+        authority.accept(mission_create("m-first"))
+        monkeypatch.setattr(authority_module._Batch, "add_record", spy)
+        assert all(result.ok for result in authority.accept_many(commands))
+        monkeypatch.undo()
+    return sum(sizes)
+
+
+@pytest.mark.parametrize("late", ["ack", "snapshot"])
+def test_an_ack_or_a_snapshot_record_that_meets_a_full_commit_is_refused_retryably(tmp_path, monkeypatch, late):
+    """docs/api.md: an ack, or the record a snapshot writes, that meets a commit already full is
+    refused like a Command past the bound (LIMIT_EXCEEDED, field commands), retryably; the
+    Commands of that commit stay accepted and a second call succeeds."""
+    from mwpstore import limits
+
+    commands = [mission_create("m-1"), mission_create("m-2")]
+    full = _commit_bytes_of(tmp_path, monkeypatch, commands)
+    with open_with_group(str(tmp_path / "store"), clock=lambda: 1_700_000_000_000) as authority:
+        monkeypatch.setattr(limits, "GROUP_BYTES_MAX", full)  # exactly the two Commands' records
+        gate = AppendGate(monkeypatch, "hold")
+        first = Caller(lambda: authority.accept(mission_create("m-first")))
+        assert gate.held.wait(30)
+        many = Caller(lambda: authority.accept_many(commands))
+        wait_for_queue(authority, 1)
+        second = Caller(lambda: authority.ack("c-1", GROUP, 1) if late == "ack" else authority.snapshot(GROUP))
+        wait_for_queue(authority, 2)
+        gate.release()
+        assert first.outcome().seq == 2
+        assert [result.receipt.seq for result in many.outcome()] == [3, 4]
+        refused = second.outcome()
+        assert isinstance(refused, LimitExceeded) and refused.field == "commands", refused
+        assert "again" in refused.message
+        assert authority.acked("c-1", GROUP) == 0 and authority.snapshots(GROUP) == []
+        snapshot_files = [name for _, _, names in os.walk(os.path.join(authority.path, "snapshots")) for name in names]
+        assert snapshot_files == []  # a refused snapshot leaves no file that no reference names
+        monkeypatch.undo()
+        if late == "ack":
+            assert authority.ack("c-1", GROUP, 1) == 1
+        else:
+            assert authority.snapshot(GROUP).seq == 4
+            assert [ref.seq for ref in authority.snapshots(GROUP)] == [4]
+        assert authority.verify().ok
+
+
+def test_an_archive_whose_record_meets_a_full_commit_leaves_no_audit_log_and_a_retry_archives(tmp_path, monkeypatch):
+    """The archive record is logged after the audit log is written: refused by a full commit
+    (here a commit bound below the record's size while it is logged), archive() raised the
+    retryable LIMIT_EXCEEDED and left the audit log that no record names; now the file goes and
+    a second archive() writes it again and logs its record."""
+    from mwpstore import authority as authority_module, limits
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        log_note = authority._log_note
+
+        def full_for_the_record(tag: bytes, key: bytes, value: bytes) -> None:
+            if tag != authority_module.ARCHIVE_TAG:
+                return log_note(tag, key, value)
+            with monkeypatch.context() as patch:
+                patch.setattr(limits, "GROUP_BYTES_MAX", len(tag) + len(value) - 1)
+                return log_note(tag, key, value)
+
+        monkeypatch.setattr(authority, "_log_note", full_for_the_record)
+        with pytest.raises(LimitExceeded) as caught:
+            authority.archive(GROUP, actor="owner", action_id="archive-1")
+        assert caught.value.field == "commands"
+        assert authority.archive_record(GROUP) is None
+        assert os.listdir(os.path.join(authority.path, "archive", GROUP)) == []
+        monkeypatch.undo()
+        record = authority.archive(GROUP, actor="owner", action_id="archive-1")
+        assert os.path.isfile(os.path.join(authority.path, record.audit_location))
+        assert authority.archive_record(GROUP) == record and authority.verify().ok
