@@ -372,7 +372,7 @@ def _seconds(text: str) -> float:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="mwpstore", description="mwpstore: an embedded storage engine for the Mission Work Protocol.")
-    parser.add_argument("--version", action="version", version=f"mwpstore {__version__}")
+    parser.add_argument("--version", action=_VersionAction, help="print the version and exit (with --json, as a JSON document)")
     common = _Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON document instead of tables")
     store = _Parser(add_help=False)
@@ -476,11 +476,17 @@ def _parse_and_run(arguments: list[str]) -> int:
     except _ParserRefused as refused:
         refused.parser.print_usage(sys.stderr)
         print(f"{refused.parser.prog}: error: {refused.message}", file=sys.stderr)
-        if "--json" in (arguments[: arguments.index("--")] if "--" in arguments else arguments):
+        if _json_asked(arguments):
             error = InvalidCommand(refused.message, field="arguments", command=refused.parser.prog)
             print(json.dumps({"ok": False, "error": error.to_dict()}, sort_keys=True))
         return EXIT_USAGE
-    except SystemExit as done:  # --help, --version: printed, and flushed by main like any output
+    except _VersionAsked:
+        if _json_asked(arguments):
+            print(json.dumps({"ok": True, "version": __version__}, sort_keys=True))
+        else:
+            print(f"mwpstore {__version__}")
+        return EXIT_OK
+    except SystemExit as done:  # --help: printed (always as text), and flushed by main like any output
         return done.code if isinstance(done.code, int) else EXIT_USAGE
     return _run(args)
 
@@ -529,6 +535,24 @@ def _report_error(args: argparse.Namespace, exc: MwpError) -> int:
 
 
 # -- standard streams -----------------------------------------------------------------------------
+
+
+def _json_asked(arguments: list[str]) -> bool:
+    """Whether ``--json`` is among the options (before a ``--``), for answers given before the
+    command line is parsed to its end."""
+    return "--json" in (arguments[: arguments.index("--")] if "--" in arguments else arguments)
+
+
+class _VersionAsked(Exception):
+    """``--version`` was given: answered by _parse_and_run, as text or, with --json, as JSON."""
+
+
+class _VersionAction(argparse.Action):
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> NoReturn:
+        raise _VersionAsked
 
 
 class _ParserRefused(Exception):

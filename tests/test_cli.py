@@ -639,6 +639,19 @@ def test_locked_store_is_a_store_error(store, capsys):
     assert "STORE_LOCKED" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv", [["--version"], ["--json", "--version"], ["--version", "--json"]])
+def test_version_is_text_and_with_json_one_json_document(capsys, argv):
+    """--version printed its text also under --json, where a script expects one JSON document."""
+    from mwpstore import __version__
+
+    assert main(argv) == EXIT_OK
+    out = capsys.readouterr().out
+    if "--json" in argv:
+        assert json.loads(out) == {"ok": True, "version": __version__}
+    else:
+        assert out == f"mwpstore {__version__}\n"
+
+
 def test_console_script_and_module_entry_points(tmp_path):
     result = subprocess.run([sys.executable, "-m", "mwpstore", "--help"], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0 and "demo" in result.stdout and "torture" in result.stdout
