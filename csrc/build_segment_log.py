@@ -121,10 +121,12 @@ int sl_header_decode(const uint8_t *data, size_t length, struct sl_header *out,
                      struct sl_fault *fault);
 uint64_t sl_frame_bytes(uint64_t payload_bytes);
 
-int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header, int bulk,
                struct sl_recovery *out, struct sl_fault *fault);
 int sl_recover_readonly(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                         struct sl_recovery *out, struct sl_fault *fault);
+int sl_check_after_end(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+                       uint64_t end_offset, uint64_t from_offset, struct sl_fault *fault);
 int sl_verify_sealed(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                      uint64_t *end_position_out, struct sl_fault *fault);
 #define SL_NO_SEAL_CHECK ...
@@ -155,6 +157,8 @@ int sl_segment_truncate(const struct sl_io *io, const char *path, uint64_t keep_
                         uint64_t allocate_bytes, struct sl_fault *fault);
 int sl_remove_file(const struct sl_io *io, const char *directory, const char *path,
                    struct sl_fault *fault);
+int sl_create_empty_file(const struct sl_io *io, const char *directory, const char *path,
+                         struct sl_fault *fault);
 int sl_sync_directory(const struct sl_io *io, const char *path, struct sl_fault *fault);
 
 int sl_log_open(const struct sl_io *io, const char *directory, const struct sl_header *active,

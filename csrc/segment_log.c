@@ -299,9 +299,11 @@ static int commit_distance(const uint8_t *data, uint64_t data_bytes, uint64_t of
     return distance;
 }
 
-/* Is there, after `from_offset`, an intact commit frame naming `group_start`, or an intact seal?
- * Either proves the write that began at group_start completed, so damage before it is
- * corruption rather than a torn tail. Candidates sit at multiples of the frame alignment. */
+/* Is there, after `from_offset`, an intact commit frame at its own position naming `group_start`
+ * (with `any_group`: naming any group), or an intact seal? Either proves the write that began at
+ * group_start completed, so damage before it is corruption rather than a torn tail: the writer
+ * writes a group only after the one before it is durable (outside bulk mode), and syncs before
+ * every seal. Candidates sit at multiples of the frame alignment. */
 static int completed_write_follows(const uint8_t *data, uint64_t data_bytes,
                                    const struct sl_header *header, uint64_t from_offset,
                                    uint64_t group_start, int any_group) {
@@ -332,9 +334,11 @@ static int completed_write_follows(const uint8_t *data, uint64_t data_bytes,
     return 0;
 }
 
-/* Recovery of sl_recover and sl_recover_readonly; `readonly` selects the latter's rules. */
+/* Recovery of sl_recover and sl_recover_readonly; `readonly` selects the latter's rules, `bulk`
+ * the former's for a log written in bulk mode (groups not synced one by one, so a later group can
+ * reach the disk before an earlier one: only a group's own commit frame or a seal proves it). */
 static int recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
-                   int readonly, struct sl_recovery *out, struct sl_fault *fault) {
+                   int readonly, int bulk, struct sl_recovery *out, struct sl_fault *fault) {
     SL_ASSERT(data != NULL && header != NULL && out != NULL);
     fault_clear(fault);
     memset(out, 0, sizeof(*out));
@@ -386,7 +390,10 @@ static int recover(const uint8_t *data, uint64_t data_bytes, const struct sl_hea
         out->end_position = group_start;
         out->used_bytes = offset_of(header, group_start);
         if (status == FRAME_END && records == 0) {
-            return SL_OK; /* the clean end: zeros where the next group would start */
+            /* The clean end: zeros where the next group would start. What follows them is looked
+             * at by sl_check_after_end, where the caller finds bytes that are not zero (a scan
+             * here would touch every page of a preallocated segment at every recovery). */
+            return SL_OK;
         }
         if (status == FRAME_BAD && f.checksum_ok) {
             /* Intact bytes that are wrong here were written wrong or moved: never a tear. */
@@ -408,7 +415,7 @@ static int recover(const uint8_t *data, uint64_t data_bytes, const struct sl_hea
         }
         if (readonly ? proven
                      : completed_write_follows(data, data_bytes, header,
-                                               offset + SL_FRAME_ALIGN_BYTES, group_start, 0)) {
+                                               offset + SL_FRAME_ALIGN_BYTES, group_start, !bulk)) {
             return fault_set(fault, SL_E_CORRUPT, SL_REASON_GROUP_DAMAGED, offset, position);
         }
         out->torn = 1;
@@ -416,14 +423,33 @@ static int recover(const uint8_t *data, uint64_t data_bytes, const struct sl_hea
     }
 }
 
-int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header, int bulk,
                struct sl_recovery *out, struct sl_fault *fault) {
-    return recover(data, data_bytes, header, 0, out, fault);
+    return recover(data, data_bytes, header, 0, bulk != 0, out, fault);
 }
 
 int sl_recover_readonly(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                         struct sl_recovery *out, struct sl_fault *fault) {
-    return recover(data, data_bytes, header, 1, out, fault);
+    return recover(data, data_bytes, header, 1, 0, out, fault);
+}
+
+int sl_check_after_end(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+                       uint64_t end_offset, uint64_t from_offset, struct sl_fault *fault) {
+    SL_ASSERT(data != NULL && header != NULL);
+    fault_clear(fault);
+    if (end_offset < SL_SEGMENT_HEADER_BYTES || end_offset >= data_bytes ||
+        data_bytes - end_offset < SL_FRAME_HEADER_BYTES ||
+        !all_zero(data + end_offset, SL_FRAME_HEADER_BYTES)) {
+        return SL_OK; /* no clean end here (a writer has appended since): nothing to judge */
+    }
+    if (from_offset < end_offset + SL_FRAME_ALIGN_BYTES) {
+        from_offset = end_offset + SL_FRAME_ALIGN_BYTES;
+    }
+    const uint64_t end_position = position_of(header, end_offset);
+    if (completed_write_follows(data, data_bytes, header, from_offset, end_position, 1)) {
+        return fault_set(fault, SL_E_CORRUPT, SL_REASON_GROUP_DAMAGED, end_offset, end_position);
+    }
+    return SL_OK;
 }
 
 /* Can a segment with this header end with a seal at `end_position`? */
@@ -717,7 +743,7 @@ int sl_verify_sealed(const uint8_t *data, uint64_t data_bytes, const struct sl_h
                      uint64_t *end_position_out, struct sl_fault *fault) {
     SL_ASSERT(data != NULL && header != NULL && end_position_out != NULL);
     struct sl_recovery recovery;
-    int rc = sl_recover(data, data_bytes, header, &recovery, fault);
+    int rc = sl_recover(data, data_bytes, header, 0, &recovery, fault);
     if (rc != SL_OK) {
         return rc;
     }
@@ -975,6 +1001,23 @@ int sl_remove_file(const struct sl_io *io, const char *directory, const char *pa
     SL_ASSERT(io != NULL && directory != NULL && path != NULL);
     fault_clear(fault);
     int rc = io->remove_file(io->context, path);
+    if (rc == 0) {
+        rc = io->sync_directory(io->context, directory);
+    }
+    return rc == 0 ? SL_OK : fault_io(fault, rc);
+}
+
+int sl_create_empty_file(const struct sl_io *io, const char *directory, const char *path,
+                         struct sl_fault *fault) {
+    SL_ASSERT(io != NULL && directory != NULL && path != NULL);
+    fault_clear(fault);
+    int fd = -1;
+    int rc = io->create_file(io->context, path, &fd);
+    if (rc == -EEXIST) {
+        rc = 0; /* there already: only its name counts */
+    } else if (rc == 0) {
+        rc = io->close_file(io->context, fd);
+    }
     if (rc == 0) {
         rc = io->sync_directory(io->context, directory);
     }

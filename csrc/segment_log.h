@@ -124,7 +124,12 @@ int sl_header_decode(const uint8_t *data, size_t length, struct sl_header *out,
 uint64_t sl_frame_bytes(uint64_t payload_bytes);
 
 /* -- reading a mapped segment (data = file bytes from offset 0, data_bytes readable) -- */
-int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+/* The walk over the last segment's groups (docs/format/segment.md, "Opening and the torn tail").
+ * Damage followed by an intact commit frame at its own position or an intact seal is corruption
+ * (group_damaged); with `bulk` (a log a bulk-mode writer had open) only the damaged group's own
+ * commit frame or a seal counts. Zeros where a group would start end the walk (the clean end);
+ * what follows them is sl_check_after_end's to judge. */
+int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header, int bulk,
                struct sl_recovery *out, struct sl_fault *fault);
 /* sl_recover for a read-only open beside a live writer, over bytes read from the file while the
  * writer may be appending: the first incomplete group is damage (commit_damaged, group_damaged)
@@ -133,6 +138,13 @@ int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header 
  * seal are not looked at (torn = 0). The other checks are sl_recover's. */
 int sl_recover_readonly(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                         struct sl_recovery *out, struct sl_fault *fault);
+/* After a clean end at `end_offset` (zeros where a group would start) in a log not written in bulk
+ * mode: an intact commit frame at its own position (of any group) or an intact seal at or after
+ * `from_offset` (aligned up; a caller passes where it found bytes that are not zero) means the zeros
+ * lie over written groups: SL_E_CORRUPT, group_damaged, at end_offset. SL_OK when the 16 bytes at
+ * end_offset are not zero (no clean end there any more) or nothing completed follows. */
+int sl_check_after_end(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
+                       uint64_t end_offset, uint64_t from_offset, struct sl_fault *fault);
 int sl_verify_sealed(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                      uint64_t *end_position_out, struct sl_fault *fault);
 
@@ -177,6 +189,9 @@ int sl_segment_truncate(const struct sl_io *io, const char *path, uint64_t keep_
                         uint64_t allocate_bytes, struct sl_fault *fault);
 int sl_remove_file(const struct sl_io *io, const char *directory, const char *path,
                    struct sl_fault *fault);
+/* Create an empty file (nothing if the name exists: only the name counts), then sync the directory. */
+int sl_create_empty_file(const struct sl_io *io, const char *directory, const char *path,
+                         struct sl_fault *fault);
 int sl_sync_directory(const struct sl_io *io, const char *path, struct sl_fault *fault);
 
 /* -- the writer -- */

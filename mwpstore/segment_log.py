@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import errno
 import fcntl
+import functools
 import mmap
 import os
 import re
@@ -63,6 +64,12 @@ LOCK_FILE_NAME = "LOCK"
 CLEAN_FILE_NAME = "CLEAN"
 """Written at a clean close: the durable end, so the next open need not scan the active segment.
 Removed (durably) before the first append after an open; see docs/format/segment.md."""
+BULK_FILE_NAME = "BULK"
+"""Present while a bulk-mode writer (``sync=False``) has the log open, and after a crash until a
+writer's open has recovered the log: groups were not synced one by one, so a later group may be
+on disk while an earlier one is not, and recovery takes only a group's own commit frame or a seal
+as proof that a damaged group's write completed. Without it, any later intact commit frame is
+proof too (docs/format/segment.md, "Bulk mode")."""
 _CLEAN = struct.Struct("<8sQQQ")  # magic, log id, active segment's first position, end
 _CLEAN_MAGIC = b"MWPCLEAN"
 # The marker since 2026-12-03 adds what the close saw of the segment files: their count and a
@@ -329,6 +336,11 @@ def _clean_end(marker: _CleanMarker, segment: _Segment) -> int | None:
     return end
 
 
+def _sl_recover_with(bulk: int, data: Any, data_bytes: int, header: Any, out: Any, fault: Any) -> int:
+    """sl_recover with its ``bulk`` argument bound, called like sl_recover_readonly."""
+    return int(lib.sl_recover(data, data_bytes, header, bulk, out, fault))
+
+
 def _writer_holds_lock(directory: str) -> bool:
     """Does a writer hold the log in ``directory`` now (its flock on ``LOCK``)? Read from
     ``/proc/locks``, so that the check takes no lock itself: a read-only open must never make a
@@ -513,6 +525,7 @@ class SegmentLog:
                     with contextlib.suppress(OSError):  # only ever a leftover: never read
                         os.unlink(os.path.join(directory, name))
         numbered = sorted((int(m.group(1)), name) for name in names if (m := _SEGMENT_NAME.match(name)))
+        self._bulk_written = BULK_FILE_NAME in names
         marker = self._read_clean_marker()
         segments, clean_end = None, None
         if marker is not None:
@@ -544,6 +557,28 @@ class SegmentLog:
                 1 if self._sync else 0, handle, segment=active,
             )
             self._handle = handle[0]
+            if not self._sync:
+                self._mark_bulk()
+            elif self._bulk_written:
+                # recovered under the bulk-mode rules (any repair is durable): from here on every
+                # group is synced before the next is written
+                self._unmark_bulk()
+
+    def _mark_bulk(self) -> None:
+        """A bulk-mode writer: the BULK file durable before its first append."""
+        if self._bulk_written:
+            return
+        path = os.path.join(self._directory, BULK_FILE_NAME)
+        self._call(lib.sl_create_empty_file, self._io, os.fsencode(self._directory), os.fsencode(path))
+        self._bulk_written = True
+
+    def _unmark_bulk(self) -> None:
+        """Every group is durable (recovered, or synced by a bulk-mode close): BULK goes, durably.
+        A failure is ``StorageFailed`` (a directory that cannot be synced is a failing disk); BULK
+        may then stay, and the next open recovers under the bulk-mode rules, which is safe."""
+        path = os.path.join(self._directory, BULK_FILE_NAME)
+        self._call(lib.sl_remove_file, self._io, os.fsencode(self._directory), os.fsencode(path))
+        self._bulk_written = False
 
     def _inspected_segments(self, directory: str, numbered: list[tuple[int, str]]) -> list[_Segment]:
         """Every segment's header and seal read and checked (after a crash, or without a marker
@@ -698,7 +733,7 @@ class SegmentLog:
         size = len(mapped)
         recovery = ffi.new("struct sl_recovery *")
         fault = self._fault()
-        rc = lib.sl_recover(data, size, segment.header, recovery, fault)
+        rc = lib.sl_recover(data, size, segment.header, 1 if self._bulk_written else 0, recovery, fault)
         if rc != lib.SL_OK:
             raise self._error(rc, fault, segment=segment)
         self._end = int(recovery.end_position)
@@ -724,6 +759,11 @@ class SegmentLog:
             finally:
                 os.close(fd)
             needs_repair = found[0] < size
+            if needs_repair and not self._bulk_written:
+                # what is not zero after the clean end may be groups a zeroed block cut off
+                rc = lib.sl_check_after_end(data, size, segment.header, used, found[0] & ~(_ALIGN_BYTES - 1), fault)
+                if rc != lib.SL_OK:
+                    raise self._error(rc, fault, segment=segment)
         if needs_repair:
             segment.unmap()
             self._call(lib.sl_segment_truncate, self._io, os.fsencode(segment.path), used, segment_bytes, segment=segment)
@@ -764,8 +804,10 @@ class SegmentLog:
             seen = None
             for _ in range(_READONLY_RECOVERY_ATTEMPTS):
                 live = known_end is None and _writer_holds_lock(self._directory)
-                recover = lib.sl_recover_readonly if live else lib.sl_recover
+                recover = lib.sl_recover_readonly if live else functools.partial(_sl_recover_with, 1 if self._bulk_written else 0)
                 rc, recovery, fault = self._read_and_recover(fd, segment, limit, recover)
+                if rc == lib.SL_OK and not live and known_end is None and not self._bulk_written:
+                    rc, fault = self._check_readonly_after_end(fd, segment, limit, recovery)
                 if rc == lib.SL_OK:
                     return recovery
                 if rc != lib.SL_E_CORRUPT or known_end is not None:
@@ -777,6 +819,31 @@ class SegmentLog:
         finally:
             os.close(fd)
         raise self._error(rc, fault, segment=segment)
+
+    @staticmethod
+    def _check_readonly_after_end(fd: int, segment: _Segment, limit: int, recovery: Any) -> tuple[int, Any]:
+        """sl_check_after_end for a read-only open that found a clean end with no writer: the bytes
+        after it are read only where the file holds any that are not zero. (rc, fault)"""
+        fault = ffi.new("struct sl_fault *")
+        if recovery.sealed or recovery.torn:
+            return lib.SL_OK, fault
+        used = int(recovery.used_bytes)
+        found = ffi.new("uint64_t *")
+        rc = lib.sl_find_nonzero(fd, used, limit, found, fault)
+        if rc != lib.SL_OK:
+            raise _unreadable_segment(segment.path, int(fault.sys_errno) or errno.EIO)
+        if found[0] >= limit:
+            return lib.SL_OK, fault
+        try:
+            data = _pread_all(fd, limit, 0)
+        except OSError as exc:
+            raise _unreadable_segment(segment.path, exc.errno or errno.EIO) from None
+        buffer = ffi.from_buffer("uint8_t[]", data)
+        try:
+            rc = lib.sl_check_after_end(buffer, len(data), segment.header, used, found[0] & ~(_ALIGN_BYTES - 1), fault)
+        finally:
+            ffi.release(buffer)
+        return rc, fault
 
     @staticmethod
     def _read_and_recover(fd: int, segment: _Segment, limit: int, recover: Any) -> tuple[int, Any, Any]:
@@ -1282,6 +1349,11 @@ class SegmentLog:
                 rc = lib.sl_log_sync(self._handle, fault)
                 if rc != lib.SL_OK:
                     error = self._error(rc, fault)
+            if self._handle is not None and not self._sync and not self._failed and error is None:
+                try:
+                    self._unmark_bulk()  # everything is synced: the next open recovers by the usual rules
+                except MwpError as exc:
+                    error = exc
             current = self._clean_marker and self._marker_lists_segments
             if self._handle is not None and not self._failed and error is None and not current:
                 try:

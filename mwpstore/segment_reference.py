@@ -35,6 +35,7 @@ SEGMENT_BYTES_MIN = 64 * 1024
 SEGMENT_BYTES_MAX = 1024 * 1024 * 1024
 FIRST_POSITION_MAX = 2**63 - 1
 _SEGMENT_NAME = re.compile(r"([0-9]{20})\.seg\Z")  # 20 ASCII digits, then ".seg" and nothing more
+BULK_FILE_NAME = "BULK"  # in the log's directory while a bulk-mode writer has (or had, before a crash) the log open
 
 
 def _make_table() -> list[int]:
@@ -160,8 +161,11 @@ class _Recovery:
     records: list[tuple[int, bytes]]
 
 
-def recover(data: bytes, header: _Header) -> _Recovery:
-    """Find where the committed frames of a segment end ("Torn tail"), or raise _Damage."""
+def recover(data: bytes, header: _Header, bulk: bool = False) -> _Recovery:
+    """Find where the committed frames of a segment end ("Torn tail"), or raise _Damage.
+
+    ``bulk``: the log's directory holds the bulk-mode file, and only a damaged group's own commit
+    frame or a seal proves its write completed ("Bulk mode")."""
     limit = min(len(data), header.segment_bytes)
     position, records = header.first_position, []
     while True:
@@ -187,6 +191,10 @@ def recover(data: bytes, header: _Header) -> _Recovery:
         if status == "ok":
             raise _Damage("group_too_many", offset, position)
         if status == "end" and not group:
+            # zeros where a group would start: the end, unless a later group's commit (or a seal) shows
+            # that groups were written there
+            if not bulk and _completed_write_follows(data, limit, header, offset + FRAME_ALIGN_BYTES, group_start, any_group=True):
+                raise _Damage("group_damaged", offset, position)
             return _Recovery(group_start, False, records)
         if status == "bad" and checksum_ok:
             raise _Damage(reason, offset, position)
@@ -196,18 +204,18 @@ def recover(data: bytes, header: _Header) -> _Recovery:
             distance = sum(bin(a ^ b).count("1") for a, b in zip(actual, expected)) + 8 * (COMMIT_FRAME_BYTES - len(actual))
             if distance <= COMMIT_DAMAGE_BITS_MAX:
                 raise _Damage("commit_damaged", offset, position)
-        if _completed_write_follows(data, limit, header, offset + FRAME_ALIGN_BYTES, group_start):
+        if _completed_write_follows(data, limit, header, offset + FRAME_ALIGN_BYTES, group_start, any_group=not bulk):
             raise _Damage("group_damaged", offset, position)
         return _Recovery(group_start, False, records)
 
 
-def _completed_write_follows(data: bytes, limit: int, header: _Header, start: int, group_start: int) -> bool:
+def _completed_write_follows(data: bytes, limit: int, header: _Header, start: int, group_start: int, *, any_group: bool) -> bool:
     candidate = (start + FRAME_ALIGN_BYTES - 1) // FRAME_ALIGN_BYTES * FRAME_ALIGN_BYTES
     while candidate + COMMIT_FRAME_BYTES <= limit:
         position = header.first_position + candidate - SEGMENT_HEADER_BYTES
         if struct.unpack_from("<Q", data, candidate + 8)[0] == position:
             status, frame, _, _ = _parse(data, limit, header, candidate, position)
-            if status == "ok" and frame.kind == KIND_COMMIT and struct.unpack_from("<Q", frame.payload)[0] == group_start:
+            if status == "ok" and frame.kind == KIND_COMMIT and (any_group or struct.unpack_from("<Q", frame.payload)[0] == group_start):
                 return True
             if status == "ok" and frame.kind == KIND_SEAL and _seal_matches(frame, header, position):
                 return True
@@ -264,7 +272,7 @@ def read_log(directory: str) -> ReferenceLog:
             )
     last_path, last_header, last_data = segments[-1]
     try:
-        tail = recover(last_data, last_header)
+        tail = recover(last_data, last_header, bulk=os.path.lexists(os.path.join(directory, BULK_FILE_NAME)))
     except _Damage as damage:
         raise _corruption(last_path, damage) from None
     records: list[tuple[int, bytes]] = []

@@ -576,7 +576,7 @@ def test_the_c_readers_stay_inside_damaged_buffers(scratch):
         size = len(content) if rng.random() < 0.3 else max(0, min(len(content), cut))
         data = _exact_copy(bytes(content[:size]))
         assert lib.sl_header_decode(data, size, decoded, fault) in codes
-        assert lib.sl_recover(data, size, header, recovery, fault) in codes
+        assert lib.sl_recover(data, size, header, case % 2, recovery, fault) in codes
         assert lib.sl_verify_sealed(data, size, header, end, fault) in codes
         near = seal_position + rng.choice((-16, -8, 0, 8, 4096))
         assert lib.sl_segment_check_mapped(data, size, near, decoded, status, seal_fault, fault) in codes
@@ -591,3 +591,78 @@ def test_the_c_readers_stay_inside_damaged_buffers(scratch):
                 if rc != lib.SL_OK or count[0] == 0:
                     break
                 assert all(begins[i] <= stops[i] <= size for i in range(count[0]))
+
+
+# -- damage in the middle of the active segment, before intact groups ----------------------------
+
+
+def _four_groups(scratch: str, sync: bool = True):
+    """Four groups of one 100-byte record each; returns the groups and each group's file offset."""
+    records = [bytes([65 + index]) * 100 for index in range(4)]
+    with SegmentLog.open(scratch, segment_bytes=SMALL, sync=sync) as log:
+        groups = [list(zip(log.append([record]), [record])) for record in records]
+    return groups, [HEADER + group[0][0] for group in groups]
+
+
+def _files_of(directory: str) -> dict[str, bytes]:
+    contents = {}
+    for name in sorted(os.listdir(directory)):
+        if name != "LOCK":
+            with open(os.path.join(directory, name), "rb") as file:
+                contents[name] = file.read()
+    return contents
+
+
+@pytest.mark.parametrize("zeroed", ["group", "records_and_commit_garbled"])
+def test_damage_over_a_whole_group_before_intact_groups_is_corruption_not_a_clean_end(scratch, zeroed):
+    """A zeroed block over the second of four durable groups (its record and commit frame): the
+    walk found zeros where a group starts, took them for the clean end, and the writer's open
+    zeroed the two intact groups after them, which had been acknowledged; a garbled group whose
+    own commit frame was damaged too was cut the same way. An intact commit frame at its own
+    position after the damage proves those groups were written (each only after the one before
+    was durable): it is corruption, and nothing is changed."""
+    groups, offsets = _four_groups(scratch)
+    os.remove(os.path.join(scratch, CLEAN_FILE_NAME))  # as after a crash: the walk runs
+    path = segment_paths(scratch)[0]
+    length = offsets[2] - offsets[1]
+    damage(path, offsets[1], bytes(length) if zeroed == "group" else bytes([0x5A]) * length)
+    before = _files_of(scratch)
+    for readonly in (True, False):
+        with pytest.raises(Corruption) as caught:
+            visible(scratch, readonly=readonly)
+        assert caught.value.detail["reason"] == "group_damaged"
+        assert caught.value.detail["offset"] == offsets[1] and caught.value.detail["segment"] == path
+        assert _files_of(scratch) == before
+
+
+def test_a_log_a_bulk_mode_writer_had_open_cuts_such_damage_as_a_torn_tail(scratch):
+    """In bulk mode groups are not synced one by one, so after a power loss a later group may be on
+    disk and an earlier one not (read back as zeros): while BULK is there, only a group's own
+    commit frame or a seal proves it, and the open cuts back to the last whole group as the
+    documented bulk-mode loss. A writer's open without bulk mode then removes BULK, so the strict
+    rules hold from there on."""
+    groups, offsets = _four_groups(scratch, sync=False)
+    assert not os.path.exists(os.path.join(scratch, "BULK"))  # a bulk-mode close syncs, then removes it
+    os.remove(os.path.join(scratch, CLEAN_FILE_NAME))
+    with open(os.path.join(scratch, "BULK"), "wb"):  # as after a crash of a bulk-mode writer
+        pass
+    damage(segment_paths(scratch)[0], offsets[1], bytes(offsets[2] - offsets[1]))
+    assert visible(scratch) == groups[0]  # read-only: the same rules, nothing changed
+    assert os.path.exists(os.path.join(scratch, "BULK"))
+    assert visible(scratch, readonly=False) == groups[0]
+    assert not os.path.exists(os.path.join(scratch, "BULK"))
+
+
+def test_bulk_mode_marks_the_log_while_open_and_a_crash_leaves_the_mark(scratch):
+    log = SegmentLog.open(scratch, segment_bytes=SMALL, sync=False)
+    assert os.path.exists(os.path.join(scratch, "BULK"))  # durable before the first append
+    log.append([b"one"])
+    log._close_quietly()  # a crash: no sync, no marker, BULK stays
+    assert os.path.exists(os.path.join(scratch, "BULK"))
+    with SegmentLog.open(scratch, segment_bytes=SMALL, sync=False) as reopened:  # still bulk: kept
+        assert os.path.exists(os.path.join(scratch, "BULK"))
+        reopened.append([b"two"])
+    assert not os.path.exists(os.path.join(scratch, "BULK"))
+    with SegmentLog.open(scratch, segment_bytes=SMALL) as synced:
+        assert [bytes(r) for batch in synced.scan(0) for r in batch.records][-1] == b"two"
+    assert not os.path.exists(os.path.join(scratch, "BULK"))
