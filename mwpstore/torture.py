@@ -900,17 +900,20 @@ def run_power(count: int | None = None, seconds: float | None = None, seed: int 
 # -- corruption: cut, zeroed and garbled tails; bit flips; missing, duplicated, reordered files -----
 
 CORRUPTION_FAMILIES = (
-    "tail_cut", "tail_zero", "tail_garble", "tail_flip", "sealed_flip", "header_flip",
+    "tail_cut", "tail_zero", "tail_garble", "tail_flip", "active_block", "sealed_flip", "header_flip",
     "segment_files", "snapshot_flip", "audit_flip", "lmdb_flip", "agent_lmdb_flip",
 )
+ACTIVE_BYTES_MIN = 16 * 1024
+"""The fixture's active segment holds at least this much, so a damaged block has groups after it."""
 TAIL_RECORDS = 3
 """The sweep covers every byte of the last frames: the last few records and their commit frame."""
 LMDB_BATCH = 5
 TAIL_OFFSETS_PER_TURN = 8
 CORRUPTION_SCHEDULE = ("tail_cut", "tail_zero", "tail_garble", "tail_flip") * 3 + (
-    "sealed_flip", "header_flip", "segment_files", "snapshot_flip", "audit_flip", "lmdb_flip", "agent_lmdb_flip")
+    "active_block", "sealed_flip", "header_flip", "segment_files", "snapshot_flip", "audit_flip", "lmdb_flip",
+    "agent_lmdb_flip")
 """One turn of the round robin: the tail sweep gets most cases (8 offsets a turn); an LMDB turn
-(the authority's index or an AgentStore's file) is a batch of 5 in a child. A cycle is 111 cases;
+(the authority's index or an AgentStore's file) is a batch of 5 in a child. A cycle is 112 cases;
 every tail offset is covered after (tail region bytes / 8) cycles."""
 
 
@@ -946,7 +949,8 @@ def _build_fixture(root: str, rng: random.Random) -> _Fixture:
         authority = Authority.open(store, segment_bytes=POWER_SEGMENT_BYTES)
         ensure_groups(authority)
         step = 0
-        while len(authority.log.segments()) < 4:
+        # four segments, the active one with groups enough for active_block's damage before its tail
+        while len(authority.log.segments()) < 4 or authority.log.segments()[-1].used_bytes < ACTIVE_BYTES_MIN:
             step += 1
             commands = workload_commands(authority, rng, f"c{step}")
             results = authority.accept_many(commands)
@@ -1083,6 +1087,30 @@ def _corruption_case(family: str, fixture: _Fixture, rng: random.Random, work: s
         # enough); a single flipped bit inside committed frames must be reported (DESIGN.md §4).
         outcome, violation = _judge_log(log, fixture.records, must_keep_all=family == "tail_flip")
         where = f"{name} offset {offset} (tail {fixture.tail_region[0]}..{fixture.tail_region[1]})"
+        return outcome, f"{where}: {violation}" if violation else ""
+    if family == "active_block":
+        # A block zeroed or garbled inside the active segment's committed groups, before its last
+        # records (so intact groups follow it): never a clean end or a torn tail, whatever group
+        # boundary it covers.
+        name, _, _, _ = fixture.segments[-1]
+        start_min, start_max = lib.SL_SEGMENT_HEADER_BYTES, fixture.tail_region[0]
+        length = rng.choice((16, 64, 512, 4096))
+        if start_max - start_min < length:
+            length = max(8, (start_max - start_min) // 8 * 8)
+        if start_max - start_min < length:
+            return "skipped", ""
+        offset = start_min + rng.randrange((start_max - start_min - length) // 8 + 1) * 8
+        zeroed = rng.random() < 0.5
+        log = _copy_log(fixture, work)
+        filler = bytes(length) if zeroed else bytes(rng.randrange(256) for _ in range(length))
+        _mutate_file(os.path.join(log, name), offset, lambda content, at: content.__setitem__(slice(at, at + length), filler))
+        crashed = rng.random() < 0.5
+        if crashed:
+            from .segment_log import CLEAN_FILE_NAME
+
+            os.remove(os.path.join(log, CLEAN_FILE_NAME))
+        outcome, violation = _judge_log(log, fixture.records, must_keep_all=True)
+        where = f"{name} offset {offset}, {length} bytes {'zeroed' if zeroed else 'garbled'}{' (no CLEAN marker)' if crashed else ''}"
         return outcome, f"{where}: {violation}" if violation else ""
     if family in ("sealed_flip", "header_flip"):
         log = _copy_log(fixture, work)

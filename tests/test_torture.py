@@ -53,6 +53,7 @@ def test_corruption_short_run_of_the_log_snapshot_and_audit_families():
     outcomes = result["details"]["outcomes"]
     assert set(outcomes["sealed_flip"]) == {"detected"}
     assert set(outcomes["header_flip"]) == {"detected"}
+    assert set(outcomes["active_block"]) <= {"detected", "intact"} and outcomes["active_block"].get("detected", 0) > 0
     assert all(outcome.startswith("rejected:") for outcome in outcomes["snapshot_flip"])
     assert all(outcome.startswith("rejected:") for outcome in outcomes["audit_flip"])
 
