@@ -750,7 +750,7 @@ class SegmentLog:
             self._segments = self._segments + (self._load_header(path, self._end),)
             return
         needs_repair = bool(recovery.torn) or size < segment_bytes
-        if not needs_repair:
+        if not recovery.torn:
             # Bytes after the end must be zero, so no stale frame can ever look committed.
             found = ffi.new("uint64_t *")
             fd = os.open(segment.path, os.O_RDONLY | os.O_CLOEXEC)
@@ -758,12 +758,13 @@ class SegmentLog:
                 self._call(lib.sl_find_nonzero, fd, used, size, found, segment=segment)
             finally:
                 os.close(fd)
-            needs_repair = found[0] < size
-            if needs_repair and not self._bulk_written:
-                # what is not zero after the clean end may be groups a zeroed block cut off
-                rc = lib.sl_check_after_end(data, size, segment.header, used, found[0] & ~(_ALIGN_BYTES - 1), fault)
-                if rc != lib.SL_OK:
-                    raise self._error(rc, fault, segment=segment)
+            if found[0] < size:
+                if not self._bulk_written:
+                    # what is not zero after the clean end may be groups a zeroed block cut off
+                    rc = lib.sl_check_after_end(data, size, segment.header, used, found[0] & ~(_ALIGN_BYTES - 1), fault)
+                    if rc != lib.SL_OK:
+                        raise self._error(rc, fault, segment=segment)
+                needs_repair = True
         if needs_repair:
             segment.unmap()
             self._call(lib.sl_segment_truncate, self._io, os.fsencode(segment.path), used, segment_bytes, segment=segment)

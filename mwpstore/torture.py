@@ -1061,6 +1061,17 @@ def _judge_log(directory: str, original: list[tuple[int, bytes]], *, must_keep_a
     return "wrong", "the log returned records that differ from what was written"
 
 
+def _maybe_as_after_a_crash(log: str, rng: random.Random) -> bool:
+    """Half the copies as after a crash: without the clean close's marker, open reads every sealed
+    header and seal and walks the active segment itself; with it, reads and scans find damage."""
+    from .segment_log import CLEAN_FILE_NAME
+
+    crashed = rng.random() < 0.5
+    if crashed:
+        os.remove(os.path.join(log, CLEAN_FILE_NAME))
+    return crashed
+
+
 def _corruption_case(family: str, fixture: _Fixture, rng: random.Random, work: str, sweep: dict[str, list[int]]) -> tuple[str, str]:
     """One damaged copy of one family; returns (outcome, violation or "")."""
     from ._segment_log_c import lib
@@ -1104,11 +1115,7 @@ def _corruption_case(family: str, fixture: _Fixture, rng: random.Random, work: s
         log = _copy_log(fixture, work)
         filler = bytes(length) if zeroed else bytes(rng.randrange(256) for _ in range(length))
         _mutate_file(os.path.join(log, name), offset, lambda content, at: content.__setitem__(slice(at, at + length), filler))
-        crashed = rng.random() < 0.5
-        if crashed:
-            from .segment_log import CLEAN_FILE_NAME
-
-            os.remove(os.path.join(log, CLEAN_FILE_NAME))
+        crashed = _maybe_as_after_a_crash(log, rng)
         outcome, violation = _judge_log(log, fixture.records, must_keep_all=True)
         where = f"{name} offset {offset}, {length} bytes {'zeroed' if zeroed else 'garbled'}{' (no CLEAN marker)' if crashed else ''}"
         return outcome, f"{where}: {violation}" if violation else ""
@@ -1122,13 +1129,7 @@ def _corruption_case(family: str, fixture: _Fixture, rng: random.Random, work: s
             offset = rng.randrange(lib.SL_SEGMENT_HEADER_BYTES)
         bit = rng.randrange(8)
         _mutate_file(os.path.join(log, name), offset, lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
-        # Half the copies as after a crash: without the clean close's marker, open reads every
-        # sealed header and seal itself; with it, the first mapping of the segment does.
-        crashed = rng.random() < 0.5
-        if crashed:
-            from .segment_log import CLEAN_FILE_NAME
-
-            os.remove(os.path.join(log, CLEAN_FILE_NAME))
+        crashed = _maybe_as_after_a_crash(log, rng)
         outcome, violation = _judge_log(log, fixture.records, must_keep_all=True)
         where = f"{name} offset {offset} bit {bit}{' (no CLEAN marker)' if crashed else ''}"
         return outcome, f"{where}: {violation}" if violation else ""

@@ -39,6 +39,16 @@ def reference_read(directory: str):
         return ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"])
 
 
+def files_of(directory: str) -> dict[str, bytes]:
+    """Every file of a log directory but its LOCK, by name: to check that nothing was changed."""
+    contents = {}
+    for name in sorted(os.listdir(directory)):
+        if name != "LOCK":
+            with open(os.path.join(directory, name), "rb") as file:
+                contents[name] = file.read()
+    return contents
+
+
 def scratch_directory(prefix: str = "mwpstore-segments-") -> str:
     """A new directory for segment files, in memory (/dev/shm) where that is writable."""
     return tempfile.mkdtemp(prefix=prefix, dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)

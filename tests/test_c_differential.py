@@ -49,7 +49,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from agent_store_support import workload
-from segment_readers import c_read, c_read_recovered, reference_read, scratch_directory
+from segment_readers import c_read, c_read_recovered, files_of, reference_read, scratch_directory
 from mwpstore import _canonical_c, _index_c, agent_store, limits, segment_reference
 from mwpstore._apply_c import check_run
 from mwpstore.agent_store import _CHECK_CONTEXT, _fully_valid_run, admit_trusted_event
@@ -274,15 +274,6 @@ def test_after_a_clean_close_the_log_serves_what_the_reference_reads_or_refuses(
         shutil.rmtree(directory, ignore_errors=True)
 
 
-def _files(directory: str) -> dict[str, bytes]:
-    contents = {}
-    for name in sorted(os.listdir(directory)):
-        if name != "LOCK":
-            with open(os.path.join(directory, name), "rb") as file:
-                contents[name] = file.read()
-    return contents
-
-
 @differential(100)
 @given(layout=segments, damage=DAMAGE)
 def test_a_writer_recovers_what_the_reference_reads_and_changes_nothing_it_refuses(layout, damage):
@@ -293,13 +284,13 @@ def test_a_writer_recovers_what_the_reference_reads_and_changes_nothing_it_refus
     try:
         _build(directory, layout, damage)
         expected = reference_read(directory)
-        before = _files(directory)
+        before = files_of(directory)
         try:
             log = SegmentLog.open(directory, segment_bytes=SEGMENT_BYTES)
         except Corruption as exc:
             assert expected[0] == "corruption"
             assert ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"]) == expected
-            assert _files(directory) == before
+            assert files_of(directory) == before
             return
         with log:
             try:
