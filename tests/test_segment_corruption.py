@@ -630,7 +630,8 @@ def test_damage_over_a_whole_group_before_intact_groups_is_corruption_not_a_clea
         assert files_of(scratch) == before
 
 
-def test_a_log_a_bulk_mode_writer_had_open_cuts_such_damage_as_a_torn_tail(scratch):
+@pytest.mark.parametrize("zeroed", ["group", "records_and_commit_garbled"])
+def test_a_log_a_bulk_mode_writer_had_open_cuts_such_damage_as_a_torn_tail(scratch, zeroed):
     """In bulk mode groups are not synced one by one, so after a power loss a later group may be on
     disk and an earlier one not (read back as zeros): while BULK is there, only a group's own
     commit frame or a seal proves it, and the open cuts back to the last whole group as the
@@ -641,7 +642,8 @@ def test_a_log_a_bulk_mode_writer_had_open_cuts_such_damage_as_a_torn_tail(scrat
     os.remove(os.path.join(scratch, CLEAN_FILE_NAME))
     with open(os.path.join(scratch, "BULK"), "wb"):  # as after a crash of a bulk-mode writer
         pass
-    damage(segment_paths(scratch)[0], offsets[1], bytes(offsets[2] - offsets[1]))
+    length = offsets[2] - offsets[1]
+    damage(segment_paths(scratch)[0], offsets[1], bytes(length) if zeroed == "group" else bytes([0x5A]) * length)
     assert visible(scratch) == groups[0]  # read-only: the same rules, nothing changed
     assert os.path.exists(os.path.join(scratch, "BULK"))
     assert visible(scratch, readonly=False) == groups[0]
