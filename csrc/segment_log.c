@@ -299,14 +299,18 @@ static int commit_distance(const uint8_t *data, uint64_t data_bytes, uint64_t of
     return distance;
 }
 
-/* Is there, after `from_offset`, an intact commit frame at its own position naming `group_start`
- * (with `any_group`: naming any group), or an intact seal? Either proves the write that began at
- * group_start completed, so damage before it is corruption rather than a torn tail: the writer
- * writes a group only after the one before it is durable (outside bulk mode), and syncs before
- * every seal. Candidates sit at multiples of the frame alignment. */
+/* Which commit frames completed_write_follows counts: the group's own (naming group_start), any
+ * group's, or only a later group's. */
+enum follows { FOLLOWS_OWN = 0, FOLLOWS_ANY = 1, FOLLOWS_LATER = 2 };
+
+/* Is there, after `from_offset`, an intact commit frame at its own position of the groups `which`
+ * selects, or an intact seal? Either proves the write that began at group_start completed, so
+ * damage before it is corruption rather than a torn tail: the writer writes a group only after
+ * the one before it is durable (outside bulk mode), and syncs before every seal. Candidates sit
+ * at multiples of the frame alignment. */
 static int completed_write_follows(const uint8_t *data, uint64_t data_bytes,
                                    const struct sl_header *header, uint64_t from_offset,
-                                   uint64_t group_start, int any_group) {
+                                   uint64_t group_start, enum follows which) {
     const uint32_t commit_word = (uint32_t)SL_KIND_COMMIT << SL_FRAME_LENGTH_BITS | SL_COMMIT_PAYLOAD_BYTES;
     const uint32_t seal_word = (uint32_t)SL_KIND_SEAL << SL_FRAME_LENGTH_BITS | SL_SEAL_PAYLOAD_BYTES;
     uint64_t candidate = (from_offset + SL_FRAME_ALIGN_BYTES - 1) & ~(uint64_t)(SL_FRAME_ALIGN_BYTES - 1);
@@ -324,7 +328,8 @@ static int completed_write_follows(const uint8_t *data, uint64_t data_bytes,
         if (frame_parse(data, data_bytes, header, candidate, position, &f) != FRAME_OK) {
             continue;
         }
-        if (f.kind == SL_KIND_COMMIT && (any_group || load_u64(f.payload) == group_start)) {
+        const uint64_t named = f.kind == SL_KIND_COMMIT ? load_u64(f.payload) : 0;
+        if (f.kind == SL_KIND_COMMIT && (which == FOLLOWS_ANY || (which == FOLLOWS_OWN) == (named == group_start))) {
             return 1;
         }
         if (f.kind == SL_KIND_SEAL && seal_matches(&f, header, position)) {
@@ -405,7 +410,7 @@ static int recover(const uint8_t *data, uint64_t data_bytes, const struct sl_hea
          * half-copied commit frame can be within two bits of the whole one). */
         const int proven = !readonly ||
                            completed_write_follows(data, data_bytes, header,
-                                                   offset + SL_FRAME_ALIGN_BYTES, group_start, 1);
+                                                   offset + SL_FRAME_ALIGN_BYTES, group_start, FOLLOWS_ANY);
         if (records >= 1 && proven) {
             uint8_t expected[SL_COMMIT_FRAME_BYTES];
             commit_encode(expected, position, group_start, records, group_checksum, header->seed);
@@ -415,7 +420,8 @@ static int recover(const uint8_t *data, uint64_t data_bytes, const struct sl_hea
         }
         if (readonly ? proven
                      : completed_write_follows(data, data_bytes, header,
-                                               offset + SL_FRAME_ALIGN_BYTES, group_start, !bulk)) {
+                                               offset + SL_FRAME_ALIGN_BYTES, group_start,
+                                               bulk ? FOLLOWS_OWN : FOLLOWS_ANY)) {
             return fault_set(fault, SL_E_CORRUPT, SL_REASON_GROUP_DAMAGED, offset, position);
         }
         out->torn = 1;
@@ -446,7 +452,10 @@ int sl_check_after_end(const uint8_t *data, uint64_t data_bytes, const struct sl
         from_offset = end_offset + SL_FRAME_ALIGN_BYTES;
     }
     const uint64_t end_position = position_of(header, end_offset);
-    if (completed_write_follows(data, data_bytes, header, from_offset, end_position, 1)) {
+    /* The group that would start at the end may be a torn last write whose own commit frame
+     * reached the disk before its first bytes (the repair cuts it, as before); a later group's
+     * commit frame proves that group was durable. */
+    if (completed_write_follows(data, data_bytes, header, from_offset, end_position, FOLLOWS_LATER)) {
         return fault_set(fault, SL_E_CORRUPT, SL_REASON_GROUP_DAMAGED, end_offset, end_position);
     }
     return SL_OK;

@@ -139,7 +139,8 @@ int sl_recover(const uint8_t *data, uint64_t data_bytes, const struct sl_header 
 int sl_recover_readonly(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                         struct sl_recovery *out, struct sl_fault *fault);
 /* After a clean end at `end_offset` (zeros where a group would start) in a log not written in bulk
- * mode: an intact commit frame at its own position (of any group) or an intact seal at or after
+ * mode: an intact commit frame at its own position of a later group (one not starting at the end)
+ * or an intact seal at or after
  * `from_offset` (aligned up; a caller passes where it found bytes that are not zero) means the zeros
  * lie over written groups: SL_E_CORRUPT, group_damaged, at end_offset. SL_OK when the 16 bytes at
  * end_offset are not zero (no clean end there any more) or nothing completed follows. */

@@ -193,7 +193,7 @@ def recover(data: bytes, header: _Header, bulk: bool = False) -> _Recovery:
         if status == "end" and not group:
             # zeros where a group would start: the end, unless a later group's commit (or a seal) shows
             # that groups were written there
-            if not bulk and _completed_write_follows(data, limit, header, offset + FRAME_ALIGN_BYTES, group_start, any_group=True):
+            if not bulk and _completed_write_follows(data, limit, header, offset + FRAME_ALIGN_BYTES, group_start, which="later"):
                 raise _Damage("group_damaged", offset, position)
             return _Recovery(group_start, False, records)
         if status == "bad" and checksum_ok:
@@ -204,18 +204,21 @@ def recover(data: bytes, header: _Header, bulk: bool = False) -> _Recovery:
             distance = sum(bin(a ^ b).count("1") for a, b in zip(actual, expected)) + 8 * (COMMIT_FRAME_BYTES - len(actual))
             if distance <= COMMIT_DAMAGE_BITS_MAX:
                 raise _Damage("commit_damaged", offset, position)
-        if _completed_write_follows(data, limit, header, offset + FRAME_ALIGN_BYTES, group_start, any_group=not bulk):
+        if _completed_write_follows(data, limit, header, offset + FRAME_ALIGN_BYTES, group_start, which="own" if bulk else "any"):
             raise _Damage("group_damaged", offset, position)
         return _Recovery(group_start, False, records)
 
 
-def _completed_write_follows(data: bytes, limit: int, header: _Header, start: int, group_start: int, *, any_group: bool) -> bool:
+def _completed_write_follows(data: bytes, limit: int, header: _Header, start: int, group_start: int, *, which: str) -> bool:
+    """An intact commit record at its own position ("own": naming group_start, "later": naming
+    another group, "any") or an intact seal after ``start``."""
     candidate = (start + FRAME_ALIGN_BYTES - 1) // FRAME_ALIGN_BYTES * FRAME_ALIGN_BYTES
     while candidate + COMMIT_FRAME_BYTES <= limit:
         position = header.first_position + candidate - SEGMENT_HEADER_BYTES
         if struct.unpack_from("<Q", data, candidate + 8)[0] == position:
             status, frame, _, _ = _parse(data, limit, header, candidate, position)
-            if status == "ok" and frame.kind == KIND_COMMIT and (any_group or struct.unpack_from("<Q", frame.payload)[0] == group_start):
+            named = struct.unpack_from("<Q", frame.payload)[0] if status == "ok" and frame.kind == KIND_COMMIT else None
+            if named is not None and (which == "any" or (which == "own") == (named == group_start)):
                 return True
             if status == "ok" and frame.kind == KIND_SEAL and _seal_matches(frame, header, position):
                 return True

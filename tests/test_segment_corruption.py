@@ -663,3 +663,16 @@ def test_bulk_mode_marks_the_log_while_open_and_a_crash_leaves_the_mark(scratch)
     with SegmentLog.open(scratch, segment_bytes=SMALL) as synced:
         assert [bytes(r) for batch in synced.scan(0) for r in batch.records][-1] == b"two"
     assert not os.path.exists(os.path.join(scratch, "BULK"))
+
+
+def test_a_last_group_whose_start_is_zero_and_whose_own_commit_is_intact_is_cut_as_a_torn_write(scratch):
+    """Zeros at the start of the last group, its own commit frame intact, nothing after it: the
+    shape of a last write whose later page reached the disk before its first one. Only a later
+    group's commit frame (or a seal) proves a zeroed group durable, so this one is cut as a torn
+    tail, as before; the groups before it stay."""
+    groups, offsets = _four_groups(scratch)
+    os.remove(os.path.join(scratch, CLEAN_FILE_NAME))
+    damage(segment_paths(scratch)[0], offsets[3], bytes(16))  # the last group's first frame header
+    expected = [record for group in groups[:3] for record in group]
+    assert visible(scratch) == expected
+    assert visible(scratch, readonly=False) == expected
