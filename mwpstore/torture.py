@@ -1102,8 +1102,8 @@ def _corruption_case(family: str, fixture: _Fixture, rng: random.Random, work: s
     if family == "active_block":
         # A block zeroed or garbled inside the active segment's committed groups, before its last
         # records (so intact groups follow it): never a clean end or a torn tail, whatever group
-        # boundary it covers. The fixture's last groups hold one record each (a snapshot's
-        # reference, ACKs), so the block never reaches the start of the last group, where zeros
+        # boundary it covers. The fixture's last group is a snapshot's reference (one record),
+        # so the block never reaches the start of the last group, where zeros
         # followed only by that group's own commit frame are cut as a torn write.
         name, _, _, _ = fixture.segments[-1]
         start_min, start_max = lib.SL_SEGMENT_HEADER_BYTES, fixture.tail_region[0]
