@@ -363,14 +363,12 @@ _lmdb_damage_typed = typed_damage("agent store", _Tables.remedy, "agent", (lmdb.
 
 
 def _options_tuple(value: object, field: str) -> tuple[Any, ...]:
-    """An iterable option (keys, projections) as a tuple; ``InvalidCommand`` for anything else
-    (None, a number; a str or bytes would be taken apart into characters or ints)."""
-    if isinstance(value, (str, bytes, bytearray, memoryview)):
+    """A list or tuple option (keys, projections) as a tuple; ``InvalidCommand`` for anything else:
+    a str or bytes would be taken apart into characters or ints, a set or a dict has no order of
+    its own to apply projections in, and a generator would be used up by a failed open."""
+    if not isinstance(value, (list, tuple)):
         raise InvalidCommand(f"{field} must be a list or tuple, not {type(value).__name__}", field=field)
-    try:
-        return tuple(value)  # type: ignore[arg-type]
-    except TypeError:
-        raise InvalidCommand(f"{field} must be a list or tuple, not {type(value).__name__}", field=field) from None
+    return tuple(value)
 
 
 _AUTHORITY_FILES = ("authority.lock", "log", "index")
@@ -432,8 +430,8 @@ class AgentStore:
         cls,
         path: str | os.PathLike[str],
         *,
-        projections: Iterable[Projection] = (),
-        trusted_keys: Iterable[Any] = (),
+        projections: Sequence[Projection] = (),
+        trusted_keys: Sequence[Any] = (),
         map_size: int = limits.AGENT_LMDB_MAP_BYTES_DEFAULT,
         clock: Callable[[], int] = _wall_clock_ms,
         verify: str = "full",

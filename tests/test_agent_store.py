@@ -419,6 +419,8 @@ def test_open_refuses_a_path_that_is_not_a_text_path(path):
         ("trusted_keys", None),
         ("trusted_keys", 5),
         ("trusted_keys", b"k" * 32),
+        ("trusted_keys", {b"k" * 32}),  # a set: documented as a list or tuple, as the message says
+        ("projections", (projection for projection in ())),
         ("verify", []),
         ("verify", None),
         ("check_lmdb", "yes"),
