@@ -676,3 +676,34 @@ def test_a_last_group_whose_start_is_zero_and_whose_own_commit_is_intact_is_cut_
     expected = [record for group in groups[:3] for record in group]
     assert visible(scratch) == expected
     assert visible(scratch, readonly=False) == expected
+
+
+def test_what_follows_a_clean_end_is_judged_by_which_commit_frames_come_after(scratch):
+    """sl_check_after_end on the bytes of four groups: zeros over the second group are damage
+    when the third group's commit frame follows, but not when only the zeroed group's own commit
+    frame is left; and bytes that are no longer zero at the end (a writer appended there since
+    a read-only reading saw the end) are nothing to judge."""
+    _, offsets = _four_groups(scratch)
+    with open(segment_paths(scratch)[0], "rb") as file:
+        content = bytearray(file.read())
+    header = ffi.new("struct sl_header *")
+    fault = ffi.new("struct sl_fault *")
+    assert lib.sl_header_decode(bytes(content), len(content), header, fault) == lib.SL_OK
+
+    def judge(data: bytearray, end: int, start: int) -> tuple[int, int]:
+        rc = lib.sl_check_after_end(bytes(data), len(data), header, end, start, fault)
+        return rc, fault.reason if rc != lib.SL_OK else 0
+
+    second = offsets[2] - offsets[1]
+    zeroed = bytearray(content)
+    zeroed[offsets[1] : offsets[2]] = bytes(second)
+    assert judge(zeroed, offsets[1], offsets[1] + 8) == (lib.SL_E_CORRUPT, lib.SL_REASON_GROUP_DAMAGED)
+    assert fault.offset == offsets[1]
+    assert judge(content, offsets[1], offsets[1] + 8) == (lib.SL_OK, 0)  # a frame at the end: not a clean end
+    last = bytearray(content)
+    last[offsets[3] : offsets[3] + 16] = bytes(16)  # the last group's start, its own commit after it
+    assert judge(last, offsets[3], offsets[3] + 16) == (lib.SL_OK, 0)
+    only_own = bytearray(zeroed)
+    only_own[offsets[2] :] = bytes(len(only_own) - offsets[2])  # nothing after the zeroed group's own commit
+    only_own[offsets[1] + 16 : offsets[2]] = content[offsets[1] + 16 : offsets[2]]
+    assert judge(only_own, offsets[1], offsets[1] + 16) == (lib.SL_OK, 0)
