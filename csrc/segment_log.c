@@ -724,8 +724,8 @@ static size_t decimal(char *out, uint64_t value) {
     return n;
 }
 
-int sl_batch_format(const uint64_t *starts, const uint64_t *stops, uint32_t count, char *out,
-                    size_t out_bytes, size_t *written_out) {
+int sl_batch_format(const uint64_t *starts, const uint64_t *stops, uint32_t count, int split_tag,
+                    char *out, size_t out_bytes, size_t *written_out) {
     SL_ASSERT(starts != NULL && stops != NULL && out != NULL && written_out != NULL);
     *written_out = 0;
     if (out_bytes < 1 + (size_t)count * SL_BATCH_FORMAT_RECORD_BYTES_MAX) {
@@ -740,7 +740,16 @@ int sl_batch_format(const uint64_t *starts, const uint64_t *stops, uint32_t coun
             n += decimal(out + n, starts[i] - previous);
             out[n++] = 'x';
         }
-        n += decimal(out + n, stops[i] - starts[i]);
+        if (split_tag && stops[i] == starts[i]) { /* no tag byte: two empty objects */
+            out[n++] = '0';
+            out[n++] = 's';
+            out[n++] = '0';
+        } else if (split_tag) {
+            out[n++] = 'c';
+            n += decimal(out + n, stops[i] - starts[i] - 1);
+        } else {
+            n += decimal(out + n, stops[i] - starts[i]);
+        }
         out[n++] = 's';
         previous = stops[i];
     }

@@ -1377,7 +1377,7 @@ class Authority:
     def _read_events(self, group: str, after: int, limit: int) -> list[Event]:
         """Decoded Events with tombstones applied: a redacted Event keeps everything but its body."""
         with _gc.paused():
-            events = decode_events(self._read_records(group, after, limit), 1)
+            events = decode_events(self._read_bodies(group, after, limit))
         for offset, event in enumerate(events):  # the index pointed at these records: check it was right
             if event.group != group or event.seq != after + 1 + offset:
                 raise Corruption(
@@ -1403,7 +1403,9 @@ class Authority:
         return out
 
     @_index_errors_typed
-    def _read_records(self, group: str, after: int, limit: int) -> list[bytes]:
+    def _read_bodies(self, group: str, after: int, limit: int) -> list[bytes]:
+        """The Event records of ``group`` after ``after`` (at most ``limit``) without their tag
+        byte, which is checked: what ``decode_events`` takes."""
         log, index = self._pair
         assert index is not None
         positions: list[int] = []
@@ -1418,9 +1420,9 @@ class Authority:
                 first = index.get(txn, b"events", event_key(group, after + 1))
                 last = index.get(txn, b"events", event_key(group, after + wanted))
                 if first is not None and last is not None:
-                    between = _records_between(log, read_u64(first), read_u64(last), wanted)
-                    if between is not None and len(between[1]) == wanted:
-                        return between[1]
+                    bodies = _event_bodies_between(log, read_u64(first), read_u64(last), wanted)
+                    if bodies is not None and len(bodies) == wanted:
+                        return bodies
             for _, value in index.range(txn, b"events", prefix, event_key(group, after + 1)):
                 positions.append(read_u64(value))
                 if len(positions) >= limit:
@@ -1431,7 +1433,16 @@ class Authority:
                         f"the index lost Events of group {group} after {after + len(positions)} (head {head}); run `mwpstore rebuild`",
                         reason="index_missing",
                     )
-        return _records_at(log, positions)
+        bodies = []
+        for offset, record in enumerate(_records_at(log, positions)):
+            if record[:1] != EVENT_TAG:
+                raise Corruption(
+                    f"the index points {group}:{after + 1 + offset} at a log record that is not an Event; "
+                    "run `mwpstore rebuild`",
+                    reason="index",
+                )
+            bodies.append(record[1:])
+        return bodies
 
     # -- snapshots and retention -----------------------------------------------------------------
 
@@ -2369,6 +2380,22 @@ def _records_between(log: SegmentLog, first: int, last: int, most: int) -> tuple
         if len(records) > most:
             return None
     return positions, records
+
+
+def _event_bodies_between(log: SegmentLog, first: int, last: int, most: int) -> list[bytes] | None:
+    """The records from ``first`` to ``last`` inclusive without their tag bytes, in one framed,
+    checksummed scan; None as soon as there are more than ``most`` of them or one is not an
+    Event (the caller then reads the positions the index names, and says which one is not)."""
+    bodies: list[bytes] = []
+    if last < first:
+        return bodies
+    for batch in log.scan(first, end=last + 1, batch_records=min(most + 1, 4096), split_tags=True):
+        if batch.tags != EVENT_TAG * len(batch.records):
+            return None
+        bodies.extend(batch.records)
+        if len(bodies) > most:
+            return None
+    return bodies
 
 
 def _records_at(log: SegmentLog, positions: list[int]) -> list[bytes]:

@@ -961,7 +961,7 @@ def _build_fixture(root: str, rng: random.Random) -> _Fixture:
         ref = authority.snapshot(GROUPS[0])
         oracle.snapshots.add((ref.group, ref.seq))
         snapshot = authority.read_snapshot(ref)
-        events = [bytes(memoryview(record)[1:]) for record in authority._read_records(GROUPS[1], 0, 100_000)]
+        events = authority._read_bodies(GROUPS[1], 0, 100_000)
         agent_path = os.path.join(root, "agent")
         agent_dump = _build_agent_fixture(agent_path, authority)
         authority.close()
@@ -1689,8 +1689,8 @@ class FuzzContext:
         ref = self.authority.snapshot(GROUPS[0])
         self.keyring = self.authority.keyring()
         snapshot = self.authority.read_snapshot(ref)
-        events = [bytes(memoryview(record)[1:]) for record in self.authority._read_records(GROUPS[1], 0, 1000)]
-        self.events = [bytes(memoryview(record)[1:]) for record in self.authority._read_records(GROUPS[0], 0, 1000)]
+        events = self.authority._read_bodies(GROUPS[1], 0, 1000)
+        self.events = self.authority._read_bodies(GROUPS[0], 0, 1000)
         self.provider = FileKeyProvider(os.path.join(root, "org-keys"))
         audit = os.path.join(root, "audit.log")
         write_audit_log(audit, org=ORG, group=GROUPS[1], events=events, key_provider=self.provider, chunk_bytes=2048)

@@ -1303,6 +1303,39 @@ def test_an_index_entry_pointing_at_the_wrong_record_is_corruption(tmp_path):
         assert authority.read(GROUP, limit=2)[-1].seq == 2
 
 
+@pytest.mark.parametrize("tag", [b"A", b"X"])
+def test_a_log_record_that_is_not_an_event_is_never_read_as_one(tmp_path, tag):
+    """A read checks each record's tag byte. Here the log is written anew with Event 6's record
+    relabelled (as an ACK record, or as no known kind), every frame and commit checksum sound, and
+    the index left pointing at it: a read that takes the Group's run of records in one scan (8 or
+    more) and one that reads the records one by one (fewer) both say CORRUPTION; the Events before
+    it still read. (Reads once decoded what followed the tag without looking at it.)"""
+    import shutil
+
+    from mwpstore import Corruption
+    from mwpstore.segment_log import SegmentLog
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept_many([mission_create(f"m-{i}") for i in range(12)])
+    with SegmentLog.open(os.path.join(path, "log")) as log:
+        (batch,) = list(log.scan(log.start))
+    records = list(batch.records)
+    records[5] = tag + records[5][1:]
+    with SegmentLog.open(str(tmp_path / "relabelled")) as log:  # the same two commit groups
+        assert log.append(records[:1]) + log.append(records[1:]) == batch.positions
+    shutil.rmtree(os.path.join(path, "log"))
+    shutil.copytree(str(tmp_path / "relabelled"), os.path.join(path, "log"))
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "clean"
+        for after, limit in ((0, 1000), (3, 4), (5, 1)):
+            with pytest.raises(Corruption) as caught:
+                authority.read(GROUP, after=after, limit=limit)
+            assert caught.value.detail["reason"] == "index" and f"{GROUP}:6" in caught.value.message
+        assert [event.seq for event in authority.read(GROUP, limit=5)] == [1, 2, 3, 4, 5]
+        assert [event.seq for event in authority.read(GROUP, after=6, limit=8)] == list(range(7, 14))
+
+
 def test_accept_many_takes_at_most_accept_many_commands_max_commands(tmp_path, monkeypatch):
     from mwpstore import limits
 

@@ -272,6 +272,25 @@ def test_scanned_records_are_bytes_the_caller_keeps(tmp_path):
     assert kept == b"first"
 
 
+def test_a_scan_with_split_tags_hands_each_first_byte_apart(tmp_path):
+    """split_tags: each record without its first byte, the first bytes in ``tags``; an empty
+    record has no first byte, so ``tags`` is then shorter than ``records`` (a caller that
+    compares the tags with what it expects sees it)."""
+    with SegmentLog.open(tmp_path) as log:
+        log.append([b"Efirst", b"A", b"Xthird"])
+        log.append([b"", b"Elast"])
+        (whole,) = list(log.scan(0))
+        (split,) = list(log.scan(0, split_tags=True))
+        assert whole.tags is None
+        assert split.positions == whole.positions and split.next_position == whole.next_position
+        assert split.records == [b"first", b"", b"third", b"", b"last"]
+        assert split.tags == b"EAXE"
+        assert all(type(record) is bytes for record in split.records)
+        with pytest.raises(InvalidCommand) as caught:
+            log.scan(0, split_tags=1)
+        assert caught.value.field == "split_tags"
+
+
 def test_a_new_log_directory_is_made_durable_in_its_parent(tmp_path):
     """The directory a new log creates is an entry of its parent: without a sync of the parent, a
     power cut can take the directory, and every acknowledged group in it, away. The crash model
@@ -971,6 +990,11 @@ def test_scan_round_trip_property(groups, batch_records, start_index):
             assert [pair for batch in batches for pair in zip(batch.positions, batch.records)] == expected
             assert all(batch.next_position > batch.positions[-1] for batch in batches)
             assert all(log.read(position) == record for position, record in expected[:5])
+            split = list(log.scan(start, batch_records=batch_records, split_tags=True))
+            assert [(batch.positions, batch.records, batch.tags, batch.next_position) for batch in split] == [
+                (batch.positions, [record[1:] for record in batch.records], b"".join(record[:1] for record in batch.records), batch.next_position)
+                for batch in batches
+            ]
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
