@@ -457,7 +457,8 @@ class SegmentLog:
         the last segment with pread (a map of it could be trimmed under it), it serves only whole
         checked groups up to the end of a commit frame it saw whole, and while a writer holds the
         log a last group without its whole commit frame is taken for one in flight, not damage
-        (docs/format/segment.md). ``io`` replaces the file operations (tests pass a recorder from
+        (docs/format/segment.md); it maps every segment as it opens, so that it keeps reading the
+        files it found when a compaction replaces the directory. ``io`` replaces the file operations (tests pass a recorder from
         :mod:`mwpstore.io_seam`).
 
         ``known_end`` (with ``readonly`` only): a position where a group the writer has written
@@ -488,10 +489,23 @@ class SegmentLog:
         try:
             self._open_directory()
             self._load_segments()
+            if self._readonly:
+                self._hold_files()
         except BaseException:
             self._close_quietly()
             raise
         return self
+
+    def _hold_files(self) -> None:
+        """Map every segment now (a read-only open): the maps keep the files this open found, which
+        a later read would otherwise open by name. Beside a live writer the name may by then be
+        another file: a compaction renames the log directory away, puts a new log with new
+        segments in its place, and deletes the old one (docs/format/segment.md). A file that cannot
+        be mapped (not a regular file, empty) is left to the first read that needs it, which says
+        why, as before: a clean open reads no sealed segment."""
+        for segment in self._segments:
+            with contextlib.suppress(StorageFailed, Corruption):
+                segment.mapping()
 
     def _open_directory(self) -> None:
         directory = self._directory

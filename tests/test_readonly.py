@@ -209,6 +209,33 @@ def test_views_opened_while_the_writer_appends_show_a_prefix_of_each_group(tmp_p
         child.close()
 
 
+def test_a_view_opened_before_a_compaction_reads_what_it_opened_after_the_switch(tmp_path):
+    """The writer compacts while a view is open: the log directory the view opened is renamed away
+    and deleted, and a new log (a new log id, other segment boundaries) takes its name. The view
+    opened a segment file by its name at its first read of it: the new log's file there failed
+    its frame checksums (CORRUPTION, frame_checksum), or no file had that name any more
+    (STORAGE_FAILED). A read-only open now maps every segment as it opens."""
+    path = str(tmp_path / "store")
+    child = Writer(path, segment_bytes=limits.SEGMENT_BYTES_MIN)
+    try:
+        head = child.do("accept 150")  # about 1 KB each: a few 64 KiB segments
+        with Authority.open(path, readonly=True) as view:
+            assert len(os.listdir(os.path.join(path, "log"))) > 3
+            log_before = os.stat(os.path.join(path, "log")).st_ino
+            child.do("compact")
+            later = child.do("accept 60")
+            assert os.stat(os.path.join(path, "log")).st_ino != log_before
+            events = _all_events(view, GROUP)
+            assert [event.seq for event in events] == list(range(1, head + 1))
+            assert all(event.prev_hash == earlier.hash for earlier, event in zip(events, events[1:]))
+            assert events[-1].hash == view.head(GROUP)[1]
+        with Authority.open(path, readonly=True) as view:
+            assert [(event.seq, event.hash) for event in _all_events(view, GROUP)[:head]] == [(e.seq, e.hash) for e in events]
+            assert view.head(GROUP)[0] == later
+    finally:
+        child.close()
+
+
 def _contents(path: str) -> dict[str, tuple[int, int, str]]:
     """Every file under ``path``: (mode, mtime, content hash). LMDB's lock file holds its reader
     table, which readers of every process write by design: only its presence counts."""

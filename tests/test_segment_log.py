@@ -380,6 +380,30 @@ def test_known_end_is_a_position_for_a_readonly_open_only(tmp_path):
             assert reader.end == end and scan_all(reader) == [(0, b"one")]
 
 
+def test_a_readonly_open_keeps_reading_the_files_it_opened_after_its_directory_is_replaced(tmp_path):
+    """What a compaction does to a log beside a reader: the directory renamed away, a new log of
+    other records (another log id) under the old name, the old directory deleted. The reader
+    opened its sealed segments by name at their first read: it got the new log's files (their
+    frame checksums fail: CORRUPTION) or no file (STORAGE_FAILED)."""
+    import shutil
+
+    directory, old, rng = str(tmp_path / "log"), str(tmp_path / "log.old"), random.Random(7)
+    with SegmentLog.open(directory, segment_bytes=SMALL) as writer:
+        for group in random_groups(rng, 150, sizes=(700, 2000)):
+            writer.append(group)
+        expected = scan_all(writer)
+        assert len(writer.segments()) > 2
+    with SegmentLog.open(directory, readonly=True) as reader:
+        os.rename(directory, old)
+        with SegmentLog.open(directory, segment_bytes=SMALL) as replacement:
+            for group in random_groups(rng, 150, sizes=(700, 2000)):
+                replacement.append(group)
+        shutil.rmtree(old)
+        assert scan_all(reader) == expected
+        assert [bytes(reader.read(position)) for position, _ in expected] == [record for _, record in expected]
+        assert reader.verify() == len(expected)
+
+
 def test_readonly_on_missing_directory_is_storage_failed(tmp_path):
     with pytest.raises(StorageFailed):
         SegmentLog.open(tmp_path / "absent", readonly=True)
