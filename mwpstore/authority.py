@@ -556,7 +556,15 @@ class Authority:
                 raise self._needs_writer("was not closed cleanly before the machine restarted")
             # Read up to the index's position only: past it the writer may be writing a group, or
             # sealing and trimming the segment under the view's map.
-            log = SegmentLog.open(os.path.join(self.path, "log"), readonly=True, known_end=position)
+            try:
+                log = SegmentLog.open(os.path.join(self.path, "log"), readonly=True, known_end=position)
+            except (Corruption, StorageFailed):
+                # A compaction switching the log directory under this open (it writes its marker
+                # first and replaces the index before removing it): the files read by name may be
+                # two logs' (segment_replaced), or gone. Not damage: open again.
+                if os.path.exists(marker) or _file_key(index_file) != before:
+                    raise _Switched() from None
+                raise
             try:
                 if os.path.exists(marker) or _file_key(index_file) != before:
                     raise _Switched()

@@ -88,6 +88,8 @@ _ALIGN_BYTES = lib.SL_FRAME_ALIGN_BYTES
 _SEAL_BYTES = lib.SL_SEAL_FRAME_BYTES
 COMMIT_FRAME_BYTES = lib.SL_COMMIT_FRAME_BYTES
 _PAGE_BYTES = mmap.PAGESIZE
+_HEADER_NAMES = struct.Struct("<QQ")  # log id, first position: adjacent in the header
+assert lib.SL_HEADER_OFFSET_FIRST_POSITION == lib.SL_HEADER_OFFSET_LOG_ID + 8
 
 # C reason codes -> the stable ``reason`` strings carried by Corruption errors.
 REASONS: dict[int, str] = {
@@ -405,6 +407,23 @@ def _unsealed_segment(path: str, next_first_position: int, fault: Any) -> Corrup
     )
 
 
+def _check_same_file(header: bytes, segment: _Segment) -> None:
+    """``Corruption`` unless ``header`` (the first bytes of the file now at ``segment.path``) names
+    the log id and first position of the header read from that path earlier in this open. A
+    read-only open beside a writer reads a segment by name more than once (its header, then its
+    bytes): a compaction's switch between the two puts another log's file under the name, whose
+    frames fail their checksums under this header; beside a live writer the recovery would take
+    that for a group in flight and serve a log that ends before it (docs/format/segment.md)."""
+    expected = (int(segment.header.log_id), segment.first_position)
+    if len(header) < _HEADER_BYTES or _HEADER_NAMES.unpack_from(header, lib.SL_HEADER_OFFSET_LOG_ID) != expected:
+        raise Corruption(
+            f"segment {segment.path} is not the file this open read its header from: the log was "
+            "replaced meanwhile (a compaction); open it again.",
+            segment=segment.path, offset=lib.SL_HEADER_OFFSET_LOG_ID, position=segment.first_position,
+            reason="segment_replaced",
+        )
+
+
 def _check_position(value: Any, field: str) -> int:
     if type(value) is not int:
         raise InvalidCommand(f"{field} must be an int, not {type(value).__name__}.", field=field)
@@ -504,8 +523,12 @@ class SegmentLog:
         be mapped (not a regular file, empty) is left to the first read that needs it, which says
         why, as before: a clean open reads no sealed segment."""
         for segment in self._segments:
-            with contextlib.suppress(StorageFailed, Corruption):
-                segment.mapping()
+            try:
+                _, mapped = segment.mapping()
+            except (StorageFailed, Corruption):
+                continue
+            if segment.header is not None:  # a vouched one's header is checked on these bytes at its first read
+                _check_same_file(mapped[:_HEADER_BYTES], segment)
 
     def _open_directory(self) -> None:
         directory = self._directory
@@ -822,6 +845,11 @@ class SegmentLog:
             limit = min(limit, _HEADER_BYTES + max(known_end - segment.first_position, 0))
         fd = _open_segment_fd(segment.path)
         try:
+            try:
+                header = _pread_all(fd, _HEADER_BYTES, 0)
+            except OSError as exc:
+                raise _unreadable_segment(segment.path, exc.errno or errno.EIO) from None
+            _check_same_file(header, segment)
             seen = None
             for _ in range(_READONLY_RECOVERY_ATTEMPTS):
                 live = known_end is None and _writer_holds_lock(self._directory)

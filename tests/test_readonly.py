@@ -236,6 +236,36 @@ def test_a_view_opened_before_a_compaction_reads_what_it_opened_after_the_switch
         child.close()
 
 
+@pytest.mark.parametrize("segment_bytes", [limits.SEGMENT_BYTES_DEFAULT, limits.SEGMENT_BYTES_MIN], ids=["name_reused", "name_gone"])
+def test_a_view_whose_open_meets_a_compaction_switch_opens_again(tmp_path, monkeypatch, segment_bytes):
+    """The writer compacts after the view's log open read the last segment's header by name and
+    before it read the segment. With one segment the new log's file has that name (the open finds
+    it is another log's: ``segment_replaced``); with many, the new log's segments begin elsewhere
+    and no file has it (the open was refused with STORAGE_FAILED). A switch met inside the log
+    open is a switch like one met after it: the view opens again."""
+    import mwpstore.segment_log as module
+
+    path = str(tmp_path / "store")
+    child = Writer(path, segment_bytes=segment_bytes)
+    try:
+        head = child.do("accept 150")
+        real, switched = module._open_segment_fd, []
+
+        def open_segment_fd(segment_path):
+            if not switched:
+                child.do("compact")
+                switched.append(os.path.exists(segment_path))
+            return real(segment_path)
+
+        monkeypatch.setattr(module, "_open_segment_fd", open_segment_fd)
+        with Authority.open(path, readonly=True) as view:
+            assert switched == [segment_bytes == limits.SEGMENT_BYTES_DEFAULT]
+            events = _all_events(view, GROUP)
+            assert [event.seq for event in events] == list(range(1, head + 1)) and events[-1].hash == view.head(GROUP)[1]
+    finally:
+        child.close()
+
+
 def _contents(path: str) -> dict[str, tuple[int, int, str]]:
     """Every file under ``path``: (mode, mtime, content hash). LMDB's lock file holds its reader
     table, which readers of every process write by design: only its presence counts."""

@@ -404,6 +404,42 @@ def test_a_readonly_open_keeps_reading_the_files_it_opened_after_its_directory_i
         assert reader.verify() == len(expected)
 
 
+def test_a_readonly_open_whose_directory_is_replaced_while_it_opens_is_corruption_not_an_empty_log(tmp_path, monkeypatch):
+    """The directory is replaced (as by a compaction) after the open read the last segment's header
+    and before it read the segment's bytes, and a writer holds the new log: the recovery read the
+    new log's file with the old header, whose log id seeds the frame checksums, took its first
+    group for one in flight and served a log of no records. Each read of a file by name now checks
+    that its header is the one the open read there."""
+    import mwpstore.segment_log as module
+
+    directory, old = str(tmp_path / "log"), str(tmp_path / "log.old")
+    with SegmentLog.open(directory) as first:
+        for index in range(20):
+            first.append([b"first %d" % index])
+    os.remove(os.path.join(directory, CLEAN_FILE_NAME))  # the open recovers the segment (reads it by name)
+    real, writers, switched = module._open_segment_fd, [], []
+
+    def open_segment_fd(path):
+        if not switched:
+            switched.append(path)
+            os.rename(directory, old)
+            writers.append(SegmentLog.open(directory))  # holds the new log: a live writer
+            writers[0].append([b"second"])
+        return real(path)
+
+    monkeypatch.setattr(module, "_open_segment_fd", open_segment_fd)
+    try:
+        with pytest.raises(Corruption) as caught:
+            SegmentLog.open(directory, readonly=True).close()
+        assert caught.value.detail["reason"] == "segment_replaced"
+        monkeypatch.undo()
+        with SegmentLog.open(directory, readonly=True) as reader:  # opened again: the new log, whole
+            assert scan_all(reader) == scan_all(writers[0])
+    finally:
+        for writer in writers:
+            writer.close()
+
+
 def test_readonly_on_missing_directory_is_storage_failed(tmp_path):
     with pytest.raises(StorageFailed):
         SegmentLog.open(tmp_path / "absent", readonly=True)
