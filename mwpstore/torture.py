@@ -19,8 +19,10 @@ invariants (each one is described in ``details["violation_messages"]``, first on
                   the I/O seam's recorder.
 - ``fuzz``        every decoder and entry point that takes outside bytes: seeded mutations,
                   hypothesis (when installed) and coverage-guided atheris (when installed).
-- ``concurrency`` many threads mixing accept, read, subscribe, ack, snapshot, verify and
-                  AgentStore delivery under a watchdog.
+- ``concurrency`` many threads mixing accept, read, subscribe, ack, snapshot, verify, compaction
+                  and AgentStore delivery under a watchdog, with reader processes beside them
+                  (read-only views and bare read-only logs) whose every read must be a prefix of
+                  the final store.
 
 The invariant checks (:func:`check_authority`, :func:`check_agent`) are public so that tests can
 show they fail on a store that lost an acknowledged result.
@@ -2382,6 +2384,312 @@ def run_fuzz(count: int | None = None, seconds: float | None = None, seed: int =
 
 
 
+# -- concurrency readers: other processes reading beside the writer --------------------------------
+
+READER_KINDS = ("view-reader", "log-reader")
+"""What a reader child opens in turn: a read-only view of the store, and a bare read-only log."""
+READER_CHILDREN = 2
+READER_READY_SECONDS = 60.0
+READER_STOP_SECONDS = 60.0
+READER_LOG_SAMPLES = 8
+"""Records of each bare log open read again by position, and reported with their position."""
+CONCURRENCY_SMALL_SEGMENT_BYTES = 64 * 1024
+"""Segments of the concurrency rounds (but every fourth seed's): the writer seals one and rolls
+over every few dozen commits, under the readers' opens."""
+
+
+def _record_digest(record: bytes | memoryview) -> bytes:
+    import blake3
+
+    return blake3.blake3(record).digest(length=16)
+
+
+def _read_view_once(path: str, rng: random.Random, problems: list[str]) -> dict[str, Any]:
+    """Open a read-only view, read every Group in pages and check it; what it showed, per Group
+    ``[head seq, hash at that seq]``."""
+    from .authority import Authority
+    from .messages import ZERO_HASH
+
+    heads: dict[str, list[Any]] = {}
+    with Authority.open(path, readonly=True) as view:
+        for group in GROUPS:
+            page = rng.choice((7, 100, 1000))
+            after, previous = 0, ZERO_HASH
+            while batch := view.read(group, after=after, limit=page):
+                for event in batch:
+                    if event.group != group or event.seq != after + 1 or event.prev_hash != previous:
+                        problems.append(f"view of {group}: Event {event.seq} of {event.group} after {after} "
+                                        f"({'chained' if event.prev_hash == previous else 'chain broken'})")
+                        return {"heads": heads}
+                    after, previous = event.seq, event.hash
+            head_seq, head_hash = view.head(group)
+            if (head_seq, head_hash) != (after, previous if after else head_hash):
+                problems.append(f"view of {group}: read Events 1..{after}, but its head is {head_seq}")
+            heads[group] = [after, previous.hex()]
+    return {"heads": heads}
+
+
+def _read_log_once(path: str, rng: random.Random, problems: list[str]) -> dict[str, Any]:
+    """Open the store's log bare and read-only, scan every record and read some again by position;
+    what it showed: its log id, end, record count, a digest of all its records in order, and
+    samples ``[ordinal, position, record digest]``."""
+    import blake3
+
+    from .segment_log import SegmentLog
+
+    digests: list[bytes] = []
+    positions: list[int] = []
+    with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
+        log_id, end = log.log_id, log.end
+        for batch in log.scan(log.start, batch_records=rng.choice((1, 64, 4096))):
+            positions.extend(batch.positions)
+            digests.extend(_record_digest(record) for record in batch.records)
+        chosen = sorted(rng.sample(range(len(positions)), min(READER_LOG_SAMPLES, len(positions))))
+        if positions and len(positions) - 1 not in chosen:
+            chosen.append(len(positions) - 1)
+        for ordinal in chosen:
+            if _record_digest(log.read(positions[ordinal])) != digests[ordinal]:
+                problems.append(f"bare log: read({positions[ordinal]}) differs from the record the scan served there")
+    whole = blake3.blake3()
+    for digest in digests:
+        whole.update(digest)
+    return {
+        "log_id": log_id,
+        "end": end,
+        "records": len(digests),
+        "digest": whole.hexdigest(),
+        "samples": [[ordinal, positions[ordinal], digests[ordinal].hex()] for ordinal in chosen],
+    }
+
+
+def concurrency_reader_child(argv: list[str]) -> None:
+    """A reader beside the concurrency round's writer: ``STORE OUTPUT SEED KINDS``.
+
+    Prints ``READY``, then until its standard input ends (and at least once) opens, in turn, each of ``KINDS``
+    (comma-separated :data:`READER_KINDS`): a read-only view, read whole and checked (each Group's
+    Events contiguous from 1, hash-chained, ending at the view's head), and a bare read-only
+    ``SegmentLog`` of the store's log, scanned whole. Each open is noted with its
+    ``time.monotonic()`` interval (one clock for every process of the machine) and what it showed
+    (:func:`_read_view_once`, :func:`_read_log_once`); each refusal with its code and reason. At
+    the end it writes all of it as JSON to ``OUTPUT`` (a temporary name, then a rename).
+    """
+    path, output, seed, kinds = argv[0], argv[1], argv[2], argv[3].split(",")
+    done = threading.Event()
+
+    def watch_input() -> None:
+        for _ in sys.stdin:
+            pass
+        done.set()
+
+    threading.Thread(target=watch_input, daemon=True).start()
+    rng = random.Random(f"reader-{seed}")
+    document: dict[str, Any] = {"views": [], "logs": [], "refusals": [], "errors": [], "problems": []}
+    print("READY", flush=True)
+    turn = 0
+    while turn < len(kinds) or not done.is_set():  # each kind at least once
+        kind = kinds[turn % len(kinds)]
+        turn += 1
+        started = time.monotonic()
+        try:
+            if kind == "view-reader":
+                seen = _read_view_once(path, rng, document["problems"])
+                document["views"].append({"t": [started, time.monotonic()], **seen})
+            else:
+                seen = _read_log_once(path, rng, document["problems"])
+                document["logs"].append({"t": [started, time.monotonic()], **seen})
+        except MwpError as exc:
+            document["refusals"].append({"kind": kind, "t": [started, time.monotonic()], "code": exc.code,
+                                         "reason": exc.detail.get("reason"), "message": exc.message[:400]})
+        except Exception as exc:
+            document["errors"].append({"kind": kind, "t": [started, time.monotonic()],
+                                       "error": f"{_describe(exc)}\n{traceback.format_exc()[-1500:]}"})
+        time.sleep(0.002)  # lets the writer's threads in on a loaded machine
+    temporary = output + ".tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        json.dump(document, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.rename(temporary, output)
+
+
+@dataclasses.dataclass
+class FinalStore:
+    """What the round's store holds once it is closed and reopened, for :func:`check_reader`."""
+
+    event_hashes: dict[str, list[bytes]]  # group -> the hash of each Event, seq 1 first
+    log_positions: list[int]  # every record of the log, in order
+    log_digests: list[bytes]  # _record_digest of each
+    log_id: int
+    log_ids: set[int]  # the log ids the store had during the round (each compaction makes a new log)
+
+    @classmethod
+    def of(cls, authority: Any, log_ids: set[int]) -> FinalStore:
+        positions: list[int] = []
+        digests: list[bytes] = []
+        log = authority.log
+        for batch in log.scan(log.start):
+            positions.extend(batch.positions)
+            digests.extend(_record_digest(record) for record in batch.records)
+        hashes = {group: [event.hash for event in read_group(authority, group)] for group in GROUPS}
+        return cls(hashes, positions, digests, log.log_id, set(log_ids) | {log.log_id})
+
+
+def _overlaps(interval: list[float], spans: list[tuple[float, float]]) -> bool:
+    return any(interval[0] <= stop and start <= interval[1] for start, stop in spans)
+
+
+_SWITCHED_LOG = {("CORRUPTION", "segment_replaced"), ("CORRUPTION", "log_id_mismatch")}
+"""What a bare read-only open says when a compaction switches the log directory while it opens:
+a file it read by name again is another log's (docs/format/segment.md)."""
+
+
+def _expected_refusal(refusal: dict[str, Any], compactions: list[tuple[float, float]]) -> bool:
+    """A refusal the reader may meet: only while a compaction switched the store's files under
+    it. A view says so (``INVALID_STATE``, reason ``recovery_needed``); a bare log open knows
+    nothing of compactions: its directory is replaced under it (``_SWITCHED_LOG``), or gone for a
+    moment (``STORAGE_FAILED``)."""
+    if not _overlaps(refusal["t"], compactions):
+        return False
+    if refusal["kind"] == "view-reader":
+        return refusal["code"] == "INVALID_STATE" and refusal["reason"] == "recovery_needed"
+    return refusal["code"] == "STORAGE_FAILED" or (refusal["code"], refusal["reason"]) in _SWITCHED_LOG
+
+
+def check_reader(document: dict[str, Any], final: FinalStore, compactions: list[tuple[float, float]]) -> list[str]:
+    """What one reader child saw (:func:`concurrency_reader_child`'s document) against the final
+    store; returns the violations found.
+
+    - whatever it raised or found wrong while reading, and every refusal (``CORRUPTION``,
+      ``STORAGE_FAILED``, anything typed) but those a compaction in flight explains
+      (:func:`_expected_refusal`);
+    - each view showed a prefix of each Group: its head's seq is in the final store, with the same
+      Event hash (the chain the reader checked makes that the whole prefix);
+    - each bare log open showed a prefix of the log: as many records as it served, the final log's
+      first ones with the same digests (a compaction keeps every record, in order, when nothing is
+      redacted or archived, as in these rounds); the log id of a log the store had; and when it is
+      the final log's, each sampled record at the same position and exactly the final records
+      below its end;
+    - what a reader saw never shrank from one open to its next.
+    """
+    import bisect
+
+    import blake3
+
+    problems = [f"reader check failed: {problem}" for problem in document.get("problems", [])]
+    problems += [f"reader raised ({error['kind']}): {error['error']}" for error in document.get("errors", [])]
+    for refusal in document.get("refusals", []):
+        if not _expected_refusal(refusal, compactions):
+            during = "during a compaction" if _overlaps(refusal["t"], compactions) else "while the writer was appending"
+            problems.append(f"{refusal['kind']} refused with {refusal['code']} ({refusal['reason']}) {during}: {refusal['message']}")
+    previous: dict[str, int] = {}
+    for view in document.get("views", []):
+        for group, (seq, digest) in view["heads"].items():
+            hashes = final.event_hashes.get(group, [])
+            if seq > len(hashes):
+                problems.append(f"a view showed {group} up to {seq}; the final store ends at {len(hashes)}")
+            elif seq and hashes[seq - 1].hex() != digest:
+                problems.append(f"a view showed {group} Event {seq} with hash {digest[:16]}...; the final store's is {hashes[seq - 1].hex()[:16]}...")
+            if seq < previous.get(group, 0):
+                problems.append(f"a view showed {group} up to {seq} after an earlier one showed {previous[group]}")
+            previous[group] = max(seq, previous.get(group, 0))
+    logs = document.get("logs", [])
+    whole, counted = blake3.blake3(), 0
+    for seen in sorted(logs, key=lambda seen: seen["records"]):  # the digests of the final log's prefixes, in one pass
+        records = seen["records"]
+        if records > len(final.log_digests):
+            problems.append(f"a bare log open served {records} records; the final log holds {len(final.log_digests)}")
+            continue
+        for digest in final.log_digests[counted:records]:
+            whole.update(digest)
+        counted = max(counted, records)
+        if whole.hexdigest() != seen["digest"]:
+            problems.append(f"a bare log open served {records} records that are not the final log's first {records}")
+    most = 0
+    for seen in logs:
+        if seen["log_id"] not in final.log_ids:
+            problems.append(f"a bare log open read log id {seen['log_id']}, which the store never had")
+        if seen["records"] < most:
+            problems.append(f"a bare log open served {seen['records']} records after an earlier one served {most}")
+        most = max(most, seen["records"])
+        same_log = seen["log_id"] == final.log_id
+        for ordinal, position, digest in seen["samples"]:
+            if ordinal >= len(final.log_digests) or final.log_digests[ordinal].hex() != digest:
+                problems.append(f"a bare log open served record {ordinal} (position {position}) unlike the final log's")
+            elif same_log and final.log_positions[ordinal] != position:
+                problems.append(f"a bare log open served record {ordinal} at position {position}; the final log has it at {final.log_positions[ordinal]}")
+        if same_log and bisect.bisect_left(final.log_positions, seen["end"]) != seen["records"]:
+            problems.append(f"a bare log open ended at {seen['end']} with {seen['records']} records; the final log "
+                            f"holds {bisect.bisect_left(final.log_positions, seen['end'])} below that end")
+    return problems
+
+
+def judge_reader_exit(returncode: int | None, stderr: str, output: str) -> tuple[dict[str, Any] | None, str]:
+    """(document, "") for a reader child that stopped when told and wrote its document; (None,
+    the violation) for one killed by a signal, that exited otherwise or whose document is missing
+    or unreadable."""
+    if returncode is None:
+        return None, f"did not stop within {READER_STOP_SECONDS:.0f} s of being told to"
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = str(-returncode)
+        return None, f"died of signal {name}: {stderr[-1500:]}"
+    if returncode != 0:
+        return None, f"exited with {returncode}: {stderr[-1500:]}"
+    try:
+        with open(output, encoding="utf-8") as handle:
+            document = json.load(handle)
+    except (OSError, ValueError) as exc:
+        return None, f"left no readable document ({type(exc).__name__}: {exc})"
+    if not isinstance(document, dict):
+        return None, "left a document that is not an object"
+    return document, ""
+
+
+class _ReaderChild:
+    """One reader child process of a concurrency round, and how it is started and stopped."""
+
+    def __init__(self, store: str, output: str, seed: str, kinds: list[str]) -> None:
+        self.output = output
+        self.errors = tempfile.TemporaryFile(mode="w+")
+        command = _python_command("concurrency_reader_child", store, output, seed, ",".join(kinds))
+        self.process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errors, text=True)
+        self.lines = _LineReader(self.process.stdout)
+        self.lines.start()
+
+    def wait_ready(self) -> bool:
+        waited = time.monotonic() + READER_READY_SECONDS
+        while not self.lines.ready.wait(timeout=0.02):
+            if self.process.poll() is not None or time.monotonic() > waited:
+                return False
+        return True
+
+    def stop(self) -> tuple[dict[str, Any] | None, str]:
+        """Tell it to stop (its standard input ends), wait; (document, violation)."""
+        assert self.process.stdin is not None
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
+        try:
+            self.process.wait(timeout=READER_STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return judge_reader_exit(None, "", self.output)
+        self.errors.seek(0)
+        stderr = self.errors.read()
+        self.errors.close()
+        return judge_reader_exit(self.process.returncode, stderr, self.output)
+
+    def kill(self) -> None:
+        """End it at once if it still runs (a round that stopped early); idempotent."""
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()  # type: ignore[union-attr]
+        self.errors.close()
+
+
 # -- concurrency: many threads, every operation, a watchdog ----------------------------------------
 
 CONCURRENCY_ROUND_SECONDS = 4.0
@@ -2394,19 +2702,24 @@ def _concurrency_round(path: str, round_seconds: float, seed: int, findings: Fin
     from .agent_store import AgentStore
     from .authority import Authority
     from .delivery import Delivery
-    from .errors import Rejection
+    from .errors import Rejection, StoreClosed
+    from .limits import SEGMENT_BYTES_DEFAULT
     from .snapshot import verify_snapshot
 
     context = f"round {os.path.basename(path)} (seed {seed}): "
-    authority = Authority.open(os.path.join(path, "authority"))
+    store = os.path.join(path, "authority")
+    segment_bytes = SEGMENT_BYTES_DEFAULT if seed % 4 == 3 else CONCURRENCY_SMALL_SEGMENT_BYTES
+    authority = Authority.open(store, segment_bytes=segment_bytes)
     ensure_groups(authority)
     oracle = Acknowledged()
     lock = threading.Lock()
     stop = threading.Event()
-    deadline = time.monotonic() + round_seconds
     duplicates: dict[str, list[Any]] = {}
     seen_by_subscriber: dict[str, list[int]] = {group: [] for group in GROUPS}
     agents = [AgentStore.open(os.path.join(path, f"agent-{index}"), projections=[CountingProjection()]) for index in range(2)]
+    compactions: list[tuple[float, float]] = []  # time.monotonic() spans, which the reader children share
+    log_ids = {authority.log.log_id}
+    rollovers: list[tuple[float, float]] = []  # a new segment appeared between these two moments
 
     def count(name: str, amount: int = 1) -> None:
         with lock:
@@ -2417,11 +2730,18 @@ def _concurrency_round(path: str, round_seconds: float, seed: int, findings: Fin
             findings.add(context + message)
 
     def guarded(name: str, body: Callable[[random.Random], None], index: int) -> Callable[[], None]:
+        until_stopped = name.startswith("subscriber-")  # past the deadline too: the round's close stops it
+
         def run() -> None:
             rng = random.Random(f"{seed}-{name}-{index}")
             try:
-                while not stop.is_set() and time.monotonic() < deadline:
+                while not stop.is_set() and (until_stopped or time.monotonic() < deadline):
                     body(rng)
+            except StoreClosed as exc:
+                if stop.is_set():  # the round closed the authority under a poll: the end, expected
+                    count("stopped_by_close")
+                    return
+                problem(f"{name}-{index} raised {_describe(exc)} before the round closed the authority\n{traceback.format_exc()[-1200:]}")
             except Exception as exc:
                 problem(f"{name}-{index} raised {_describe(exc)}\n{traceback.format_exc()[-1200:]}")
         return run
@@ -2477,7 +2797,8 @@ def _concurrency_round(path: str, round_seconds: float, seed: int, findings: Fin
         subscription = authority.subscribe(group, after=0)
 
         def body(rng: random.Random) -> None:
-            events = subscription.poll(timeout=0.1)
+            # Past the deadline no timeout: once the writers stop, only the round's close ends that poll.
+            events = subscription.poll(timeout=None if time.monotonic() >= deadline else rng.choice((None, 0.05, 0.5)))
             seen = seen_by_subscriber[group]
             for event in events:
                 if event.seq != (seen[-1] if seen else 0) + 1:
@@ -2516,7 +2837,14 @@ def _concurrency_round(path: str, round_seconds: float, seed: int, findings: Fin
         time.sleep(0.3)
 
     def compact(rng: random.Random) -> None:
-        authority.compact()
+        started = time.monotonic()
+        try:
+            authority.compact()
+        finally:  # the readers' refusals in this span are the compaction's
+            with lock:
+                compactions.append((started, time.monotonic()))
+        with lock:
+            log_ids.add(authority.log.log_id)
         count("compact")
         time.sleep(0.5)
 
@@ -2528,59 +2856,125 @@ def _concurrency_round(path: str, round_seconds: float, seed: int, findings: Fin
                 count("delivered", max(0, delivery.pull_once(group)))
         return body
 
-    plan: list[tuple[str, Callable[[random.Random], None], int]] = []
-    plan += [("writer", write, index) for index in range(6)]
-    plan += [("same_action", same_action, index) for index in range(2)]
-    plan += [("reader", read, index) for index in range(2)]
-    plan += [(f"subscriber-{group}", subscribe(group), 0) for group in GROUPS]
-    plan += [("acker", ack, 0), ("snapshotter", snapshot, 0), ("verifier", verify, 0), ("compactor", compact, 0)]
-    plan += [("agent", deliver(index), index) for index in range(2)]
-    plan = [entry for entry in plan if entry[0] not in skipped]
-    threads = [threading.Thread(target=guarded(name, body, index), name=f"{name}-{index}", daemon=True) for name, body, index in plan]
-    for thread in threads:
-        thread.start()
-    watchdog = time.monotonic() + round_seconds + CONCURRENCY_WATCHDOG_SECONDS
-    for thread in threads:
-        thread.join(timeout=max(0.0, watchdog - time.monotonic()))
-    stuck = [thread for thread in threads if thread.is_alive()]
-    if stuck:
+    def watch_segments() -> None:
+        """Note each rollover of the writer's log (a new segment file), with when it happened."""
+        log_id, segments, looked = None, 0, time.monotonic()
+        while not stop.is_set() and time.monotonic() < deadline:
+            log = authority._pair[0]  # the writer's handle, read without a lock: a tuple swapped whole
+            now, current = time.monotonic(), len(log._segments)
+            if log._log_id != log_id:  # a compaction's new log: its segments are its copy's, not rollovers
+                log_id, segments = log._log_id, current
+            elif current > segments:
+                with lock:
+                    rollovers.extend([(looked, now)] * (current - segments))
+                segments = current
+            looked = now
+            time.sleep(0.005)
+
+    reader_kinds = [kind for kind in READER_KINDS if kind not in skipped]
+    readers = [
+        _ReaderChild(store, os.path.join(path, f"reader-{index}.json"), f"{seed}-{index}", reader_kinds[index:] + reader_kinds[:index])
+        for index in range(READER_CHILDREN if reader_kinds else 0)
+    ]
+    try:
+        for index, reader in enumerate(readers):  # reading before the load starts: the round overlaps them whole
+            if not reader.wait_ready():
+                problem(f"reader-{index} did not start")
+        deadline = time.monotonic() + round_seconds
+        plan: list[tuple[str, Callable[[random.Random], None], int]] = []
+        plan += [("writer", write, index) for index in range(6)]
+        plan += [("same_action", same_action, index) for index in range(2)]
+        plan += [("reader", read, index) for index in range(2)]
+        plan += [(f"subscriber-{group}", subscribe(group), 0) for group in GROUPS]
+        plan += [("acker", ack, 0), ("snapshotter", snapshot, 0), ("verifier", verify, 0), ("compactor", compact, 0)]
+        plan += [("agent", deliver(index), index) for index in range(2)]
+        plan = [entry for entry in plan if entry[0] not in skipped]
+        threads = [threading.Thread(target=guarded(name, body, index), name=f"round-{seed}-{name}-{index}", daemon=True)
+                   for name, body, index in plan]
+        watcher = threading.Thread(target=watch_segments, name=f"round-{seed}-segments", daemon=True)
+        for thread in [*threads, watcher]:
+            thread.start()
+        watchdog = time.monotonic() + round_seconds + CONCURRENCY_WATCHDOG_SECONDS
+        subscribers = [thread for thread in threads if "-subscriber-" in thread.name]  # the round's close stops them
+        waited = [thread for thread in [*threads, watcher] if thread not in subscribers]
+        for thread in waited:
+            thread.join(timeout=max(0.0, watchdog - time.monotonic()))
         stop.set()
-        frames = sys._current_frames()
-        stacks = "".join(
-            f"\n--- {thread.name}:\n" + "".join(traceback.format_stack(frames[thread.ident])[-6:])
-            for thread in stuck if thread.ident in frames
-        )
-        problem(f"deadlock: {len(stuck)} thread(s) still running {CONCURRENCY_WATCHDOG_SECONDS:.0f} s after the round ended{stacks[-4000:]}")
-        return  # the store is left open: closing it could hang on the same lock
-    ops["threads"] = len(threads)
-    for action, receipts in duplicates.items():
-        if any(receipt != receipts[0] for receipt in receipts):
-            problem(f"the same action {action} from two threads got different receipts")
-    for group in GROUPS:  # drain each subscriber's view to the head: exactly 1..head, in order
-        seen = seen_by_subscriber[group]
-        rest = authority.read(group, after=seen[-1] if seen else 0, limit=100_000)
-        if seen + [event.seq for event in rest] != list(range(1, authority.head(group)[0] + 1)):
-            problem(f"subscriber of {group} saw a gap or a repeat")
-    for index, agent in enumerate(agents):
-        delivery = Delivery(agent, authority, consumer=f"agent-{index}")
-        for group in GROUPS:
-            delivery.catch_up(group)
-        findings.extend(check_agent(agent, authority, consumer=f"agent-{index}"), context + f"agent-{index}: ")
-        if any(agent.cursor(group) != authority.head(group)[0] for group in GROUPS):
-            problem(f"agent-{index} did not catch up to the heads")
-        agent.close()
-    findings.extend(check_authority(authority, oracle, full_verify=True), context)
-    authority.close()
-    with _boot_id("concurrency-reopen"), Authority.open(os.path.join(path, "authority")) as reopened:
+        stuck = [thread for thread in waited if thread.is_alive()]
+        if stuck:
+            frames = sys._current_frames()
+            stacks = "".join(
+                f"\n--- {thread.name}:\n" + "".join(traceback.format_stack(frames[thread.ident])[-6:])
+                for thread in stuck if thread.ident in frames
+            )
+            problem(f"deadlock: {len(stuck)} thread(s) still running {CONCURRENCY_WATCHDOG_SECONDS:.0f} s after the round ended{stacks[-4000:]}")
+            return  # the store is left open: closing it could hang on the same lock
+        ops["threads"] = len(threads)
+        ops["segment_rollovers"] = ops.get("segment_rollovers", 0) + len(rollovers)
+        documents = []
+        for index, reader in enumerate(readers):
+            document, failure = reader.stop()
+            if failure:
+                problem(f"reader-{index} {failure}")
+            documents.append(document)
+    finally:
+        for reader in readers:
+            reader.kill()
+    try:
+        for action, receipts in duplicates.items():
+            if any(receipt != receipts[0] for receipt in receipts):
+                problem(f"the same action {action} from two threads got different receipts")
+        for index, agent in enumerate(agents):
+            delivery = Delivery(agent, authority, consumer=f"agent-{index}")
+            for group in GROUPS:
+                delivery.catch_up(group)
+            findings.extend(check_agent(agent, authority, consumer=f"agent-{index}"), context + f"agent-{index}: ")
+            if any(agent.cursor(group) != authority.head(group)[0] for group in GROUPS):
+                problem(f"agent-{index} did not catch up to the heads")
+            agent.close()
+        findings.extend(check_authority(authority, oracle, full_verify=True), context)
+    finally:  # what a subscriber still waits in poll() for meets the close: StoreClosed, and it stops
+        authority.close()
+    watchdog = time.monotonic() + CONCURRENCY_WATCHDOG_SECONDS
+    for thread in subscribers:
+        thread.join(timeout=max(0.0, watchdog - time.monotonic()))
+    if any(thread.is_alive() for thread in subscribers):
+        problem(f"deadlock: a subscriber still waits in poll() {CONCURRENCY_WATCHDOG_SECONDS:.0f} s after the authority closed")
+        return
+    with _boot_id("concurrency-reopen"), Authority.open(store, segment_bytes=segment_bytes) as reopened:
         findings.extend(check_authority(reopened, oracle, full_verify=True), context + "after reopen: ")
+        for group in GROUPS:  # each subscriber saw exactly 1..head, in order, up to where it stopped
+            seen = seen_by_subscriber[group]
+            rest = reopened.read(group, after=seen[-1] if seen else 0, limit=100_000)
+            if seen + [event.seq for event in rest] != list(range(1, reopened.head(group)[0] + 1)):
+                problem(f"subscriber of {group} saw a gap or a repeat")
+        if readers:
+            final = FinalStore.of(reopened, log_ids)
+            for index, document in enumerate(documents):
+                if document is None:
+                    continue
+                findings.extend(check_reader(document, final, compactions), context + f"reader-{index}: ")
+                opens = document["views"] + document["logs"]
+                count("view_reader_opens", len(document["views"]))
+                count("log_reader_opens", len(document["logs"]))
+                count("reader_refusals_during_compaction", sum(_expected_refusal(refusal, compactions) for refusal in document["refusals"]))
+                count("reader_opens_across_rollover", sum(_overlaps(seen["t"], rollovers) for seen in opens))
+                count("reader_opens_across_compaction", sum(_overlaps(seen["t"], compactions) for seen in opens))
 
 
 def run_concurrency(count: int | None = None, seconds: float | None = None, seed: int = 1,
                     progress: Progress | None = None, *, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     """Rounds of 18 threads mixing every operation; each round checked, with a watchdog.
 
+    Beside the threads, :data:`READER_CHILDREN` processes read the store as other processes do
+    (:func:`concurrency_reader_child`: read-only views and bare read-only logs, opened again and
+    again), and what they saw must be a prefix of the final store (:func:`check_reader`). Most
+    rounds use 64 KiB segments, so the writer seals one and rolls over under the readers' opens;
+    ``operations`` counts the rollovers and the reader opens that spanned one.
+
     ``skip`` leaves out thread kinds (``writer``, ``same_action``, ``reader``, ``acker``,
-    ``snapshotter``, ``verifier``, ``compactor``, ``agent``, ``subscriber-<group>``), to bisect
+    ``snapshotter``, ``verifier``, ``compactor``, ``agent``, ``subscriber-<group>``) and reader
+    kinds (``view-reader``, ``log-reader``; both: no reader child), to bisect
     a failure; the environment variable ``MWPSTORE_CONCURRENCY_SKIP`` (comma-separated) does the
     same from the command line.
     """

@@ -26,6 +26,10 @@ def test_concurrency_short_run_without_compaction():
     operations = result["details"]["operations"]
     for name in ("accepted", "read", "subscribe_events", "ack", "snapshot", "verify", "delivered", "same_action"):
         assert operations.get(name, 0) > 0, name
+    # Reader processes opened views and bare logs while the writer rolled its 64 KiB segments
+    # over, and each round's close stopped a subscriber waiting in poll().
+    for name in ("view_reader_opens", "log_reader_opens", "segment_rollovers", "reader_opens_across_rollover", "stopped_by_close"):
+        assert operations.get(name, 0) > 0, (name, operations)
 
 
 def test_concurrency_short_run_with_compaction():
@@ -80,6 +84,23 @@ def test_watchdog_reports_a_stuck_thread(monkeypatch):
     assert result["violations"] >= 1
     assert "deadlock" in result["details"]["violation_messages"][0]
     assert "stuck_verify" in result["details"]["violation_messages"][0]
+
+
+def test_a_subscriber_that_meets_a_closed_store_before_the_round_ends_is_a_violation(monkeypatch):
+    """The round's close stops the subscribers (StoreClosed once the round is over is their end,
+    counted as stopped_by_close); a StoreClosed while the round runs is a violation."""
+    from mwpstore.authority import Subscription
+
+    def closed(self, timeout=None):
+        raise StoreClosed("the authority is closed")
+
+    monkeypatch.setattr(torture, "CONCURRENCY_ROUND_SECONDS", 1.0)
+    monkeypatch.setattr(Subscription, "poll", closed)
+    skip = ("compactor", "verifier", "snapshotter", "agent", "view-reader", "log-reader")
+    result = torture.run_concurrency(count=1, seed=5, skip=skip)
+    messages = result["details"]["violation_messages"]
+    assert len(messages) == 2 and all("STORE_CLOSED" in m and "before the round closed the authority" in m for m in messages), messages
+    assert "stopped_by_close" not in result["details"]["operations"]
 
 
 def test_skip_from_the_environment(monkeypatch):

@@ -225,6 +225,121 @@ def test_a_suite_that_breaks_reports_it_as_a_violation(monkeypatch):
     assert result["violations"] == 1 and "harness bug" in result["details"]["violation_messages"][0]
 
 
+# -- readers in other processes: the prefix check, and the end of a reader child ------------------
+
+
+def _reader_fixture(path: str) -> tuple[Authority, torture.FinalStore, dict]:
+    """A store, its FinalStore, and the document of a reader that saw it whole, as the reader
+    child writes it (a view, then a bare log open)."""
+    import random
+
+    authority, _ = _store_with_receipts(path)
+    final = torture.FinalStore.of(authority, set())
+    heads = {group: [len(hashes), hashes[-1].hex()] for group, hashes in final.event_hashes.items()}  # a view of it whole
+    problems: list[str] = []
+    log = torture._read_log_once(path, random.Random(1), problems)
+    assert problems == []
+    document = {"views": [{"t": [1.0, 2.0], "heads": heads}], "logs": [{"t": [3.0, 4.0], **log}],
+                "refusals": [], "errors": [], "problems": []}
+    return authority, final, document
+
+
+def test_the_reader_check_passes_on_what_a_reader_of_the_store_saw(tmp_path):
+    authority, final, document = _reader_fixture(str(tmp_path / "store"))
+    with authority:
+        assert document["logs"][0]["records"] == len(final.log_digests) > 0
+        assert torture.check_reader(document, final, []) == []
+
+
+def test_the_reader_check_catches_a_view_whose_event_differs_from_the_store_s(tmp_path):
+    authority, final, document = _reader_fixture(str(tmp_path / "store"))
+    with authority:
+        seq, digest = document["views"][0]["heads"]["g-1"]
+        document["views"][0]["heads"]["g-1"] = [seq - 1, digest]  # the hash of seq, said of seq - 1
+        problems = torture.check_reader(document, final, [])
+    assert len(problems) == 1 and f"g-1 Event {seq - 1} with hash" in problems[0], problems
+
+
+def test_the_reader_check_catches_a_view_past_the_store_or_behind_an_earlier_one(tmp_path):
+    authority, final, document = _reader_fixture(str(tmp_path / "store"))
+    with authority:
+        seq, digest = document["views"][0]["heads"]["g-1"]
+        document["views"].append({"t": [5.0, 6.0], "heads": {"g-1": [seq + 1, digest]}})
+        document["views"].append({"t": [7.0, 8.0], "heads": {"g-1": [1, final.event_hashes["g-1"][0].hex()]}})
+        problems = torture.check_reader(document, final, [])
+    assert any(f"up to {seq + 1}; the final store ends at {seq}" in problem for problem in problems), problems
+    assert any(f"up to 1 after an earlier one showed {seq + 1}" in problem for problem in problems), problems
+
+
+def test_the_reader_check_catches_a_bare_log_record_unlike_the_final_log_s(tmp_path):
+    authority, final, document = _reader_fixture(str(tmp_path / "store"))
+    with authority:
+        seen = document["logs"][0]
+        ordinal, position, digest = seen["samples"][0]
+        moved = dict(seen, samples=[[ordinal, position + 8, digest]])
+        changed = dict(seen, samples=[[ordinal, position, "00" * 16]], digest="00" * 32)
+        assert torture.check_reader(dict(document, logs=[moved]), final, []) == [
+            f"a bare log open served record {ordinal} at position {position + 8}; the final log has it at {position}"]
+        problems = torture.check_reader(dict(document, logs=[changed]), final, [])
+    assert any("are not the final log's first" in problem for problem in problems), problems
+    assert any(f"served record {ordinal} (position {position}) unlike the final log's" in problem for problem in problems), problems
+
+
+def test_a_reader_refusal_is_a_violation_unless_a_compaction_explains_it(tmp_path):
+    authority, final, document = _reader_fixture(str(tmp_path / "store"))
+    with authority:
+        corruption = {"kind": "view-reader", "t": [10.0, 10.5], "code": "CORRUPTION", "reason": "frame_checksum", "message": "damaged"}
+        needs_writer = dict(corruption, code="INVALID_STATE", reason="recovery_needed")
+        replaced = dict(corruption, kind="log-reader", reason="segment_replaced")
+        compaction = [(10.2, 10.3)]
+        for refusal, compactions, violations in ((corruption, [], 1), (corruption, compaction, 1), (needs_writer, [], 1),
+                                                 (needs_writer, compaction, 0), (replaced, [], 1), (replaced, compaction, 0)):
+            problems = torture.check_reader(dict(document, refusals=[refusal]), final, compactions)
+            assert len(problems) == violations, (refusal, compactions, problems)
+        problems = torture.check_reader(dict(document, errors=[{"kind": "log-reader", "t": [1, 2], "error": "KeyError: 3"}]), final, [])
+    assert problems == ["reader raised (log-reader): KeyError: 3"]
+
+
+def test_a_reader_child_killed_by_a_signal_is_a_violation(tmp_path):
+    import signal
+
+    path = str(tmp_path / "store")
+    _store_with_receipts(path)[0].close()
+    reader = torture._ReaderChild(path, str(tmp_path / "reader.json"), "1", list(torture.READER_KINDS))
+    try:
+        assert reader.wait_ready()
+        reader.process.send_signal(signal.SIGSEGV)
+        reader.process.wait(timeout=60)
+        document, failure = reader.stop()
+    finally:
+        reader.kill()
+    assert document is None and failure.startswith("died of signal SIGSEGV"), failure
+
+
+def test_a_reader_child_told_to_stop_leaves_what_it_saw(tmp_path):
+    path = str(tmp_path / "store")
+    authority, _ = _store_with_receipts(path)
+    authority.close()
+    reader = torture._ReaderChild(path, str(tmp_path / "reader.json"), "1", list(torture.READER_KINDS))
+    try:
+        assert reader.wait_ready()
+        document, failure = reader.stop()
+    finally:
+        reader.kill()
+    assert failure == "" and document is not None
+    assert len(document["views"]) == len(document["logs"]) == 1  # each kind once, however soon it is told
+    with Authority.open(path) as reopened:
+        assert torture.check_reader(document, torture.FinalStore.of(reopened, set()), []) == []
+    assert document["refusals"] == document["errors"] == document["problems"] == []
+
+
+def test_a_reader_exit_without_a_document_is_a_violation(tmp_path):
+    missing = str(tmp_path / "none.json")
+    assert torture.judge_reader_exit(0, "", missing)[1].startswith("left no readable document")
+    assert torture.judge_reader_exit(1, "Traceback: boom", missing)[1] == "exited with 1: Traceback: boom"
+    assert torture.judge_reader_exit(None, "", missing)[1].startswith("did not stop")
+
+
 # -- the command ----------------------------------------------------------------------------------
 
 
