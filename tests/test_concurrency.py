@@ -78,7 +78,8 @@ def test_watchdog_reports_a_stuck_thread(monkeypatch):
 
     monkeypatch.setattr(Authority, "verify", stuck_verify)
     try:
-        result = torture.run_concurrency(count=1, seed=3, skip=("compactor",))
+        # No reader processes: on two busy cores they could hold the verifier back past a 0.3 s round.
+        result = torture.run_concurrency(count=1, seed=3, skip=("compactor", "view-reader", "log-reader"))
     finally:
         release.set()
     assert result["violations"] >= 1
