@@ -485,7 +485,9 @@ class SegmentLog:
         only up to it, and the log ends there: the bytes past it may be a group the writer is still
         writing (which can look like damage), or the tail of a segment it is about to seal and
         trim (reading a trimmed page through the map is a SIGBUS). Damage before it is still
-        ``Corruption``; a log that ends before it is opened with its own end.
+        ``Corruption``; a log that ends before it is opened with its own end. A clean-close marker
+        that fits still gives the log its end, past ``known_end`` or not: the writer removes it
+        before its first append, so nothing past that end is in flight.
         """
         try:
             directory = store_path(directory)
@@ -580,7 +582,8 @@ class SegmentLog:
             segments = self._inspected_segments(directory, numbered)
             clean_end = _clean_end(marker, segments[-1]) if marker is not None and segments else None
             if self._known_end is not None and clean_end is None:
-                # the segments the writer started after the known end: neither scanned nor read
+                # the segments the writer started after the known end: not scanned, not served (their
+                # headers and seals were checked with the others')
                 segments = [segment for segment in segments if segment.first_position <= self._known_end] or segments[:1]
         self._segments = tuple(segments)
         if segments:
