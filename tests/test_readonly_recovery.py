@@ -105,6 +105,8 @@ class Readings:
         monkeypatch.setattr(segment_log, "_pread_all", self)
 
     def __call__(self, fd: int, length: int, offset: int) -> bytes:
+        if offset == 0 and length <= _HEADER_BYTES:
+            return self._real(fd, length, offset)  # the check that the file is the one opened
         if offset == 0:
             self.count += 1
         data = bytearray(self._real(fd, length, offset))
@@ -156,7 +158,8 @@ def test_the_recovery_stops_reading_at_the_clean_end(tmp_path, monkeypatch, writ
     with writer_lock(directory) if writer else contextlib.nullcontext():
         with SegmentLog.open(directory, readonly=True) as log:
             assert log.end == ends[-1]
-    assert reads == [(0, segment_log._RECOVERY_READ_BYTES)]
+    # after the check that the file is still the one whose header the open read
+    assert reads == [(0, _HEADER_BYTES), (0, segment_log._RECOVERY_READ_BYTES)]
 
 
 # -- known_end -----------------------------------------------------------------------------------
@@ -267,16 +270,23 @@ def test_known_end_before_a_clean_close_s_end_serves_the_log_the_close_left(tmp_
 def test_a_damaged_commit_frame_followed_by_a_whole_group_is_corruption_beside_a_writer(tmp_path):
     """A live writer copies its groups in file order: an intact commit frame of any later group
     proves the write of an earlier one completed, so a commit frame missing before it is damage.
-    With no writer the writer's rules apply: only the group's own commit frame, or a seal, proves
-    it (in bulk mode a power cut can keep a later group and lose an earlier one), so the log ends
-    before it, as the writer's open would cut it."""
+    With no writer the writer's rules apply, and they say the same: each group is written only
+    after the one before it is durable. Only in a log a bulk-mode writer had open (BULK) does a
+    later group prove nothing (a power cut can keep it and lose an earlier one), so the log ends
+    before the damaged group, as the writer's open would cut it."""
     directory = str(tmp_path)
     ends, path = four_groups(directory)
     overwrite(path, commit_offset(ends[1]), bytes(COMMIT_FRAME_BYTES))
+    expected = ("group_damaged", commit_offset(ends[1]))
     with writer_lock(directory):
         with pytest.raises(Corruption) as caught:
             SegmentLog.open(directory, readonly=True)
-        assert (caught.value.detail["reason"], caught.value.detail["offset"]) == ("group_damaged", commit_offset(ends[1]))
+        assert (caught.value.detail["reason"], caught.value.detail["offset"]) == expected
+    with pytest.raises(Corruption) as caught:
+        SegmentLog.open(directory, readonly=True)
+    assert (caught.value.detail["reason"], caught.value.detail["offset"]) == expected
+    with open(os.path.join(directory, segment_log.BULK_FILE_NAME), "wb"):
+        pass
     with SegmentLog.open(directory, readonly=True) as log:
         assert log.end == ends[0]
 
