@@ -1548,7 +1548,8 @@ class Authority:
         except LimitExceeded:
             # Refused before anything reached the log (a full commit): no reference names this
             # file, nor ever will, so it goes. Any other failure may have logged the reference.
-            os.unlink(path)
+            os.remove(path)
+            _fsync_directory(os.path.dirname(path))
             raise
         return ref
 
