@@ -2043,6 +2043,7 @@ class Authority:
         self._pair = (log or old_log, index)
         self._retired.append(old_index)
         if log is not None:
+            old_log.detach()  # log/ is the new log's now: the old handle's close must not write there
             self._retired.append(old_log)
 
     @_index_errors_typed

@@ -449,6 +449,8 @@ class SegmentLog:
         self._log_id = 0
         self._seed = 0  # where every frame checksum of this log starts (from the log id)
         self._marker_lists_segments = False  # the CLEAN on disk has the segment list (not the first form)
+        self._detached = False  # detach(): the directory holds another log now; close() leaves it alone
+        self._bulk_written = False  # BULK is in the directory (read at open; see BULK_FILE_NAME)
         self._known_end: int | None = None  # open(known_end=): where a read-only recovery stops reading
         self._fork_generation = _fork.generation  # the process it is used in (mwpstore._fork)
 
@@ -1389,6 +1391,13 @@ class SegmentLog:
 
     # -- closing ------------------------------------------------------------------------------
 
+    def detach(self) -> None:
+        """The log's directory now holds another log (a compaction switched it while this handle
+        stays open for the readers still using it): from here on nothing is written there by name,
+        so ``close()`` neither writes a clean-close marker nor removes ``BULK`` — both would be the
+        other log's. Its maps and descriptors keep serving reads of this log's files."""
+        self._detached = True
+
     def close(self) -> None:
         """Release the lock and the maps. Idempotent. Groups appended in bulk mode are synced first.
 
@@ -1409,13 +1418,13 @@ class SegmentLog:
                 rc = lib.sl_log_sync(self._handle, fault)
                 if rc != lib.SL_OK:
                     error = self._error(rc, fault)
-            if self._handle is not None and not self._sync and not self._failed and error is None:
+            if self._handle is not None and not self._sync and not self._failed and error is None and not self._detached:
                 try:
                     self._unmark_bulk()  # everything is synced: the next open recovers by the usual rules
                 except MwpError as exc:
                     error = exc
             current = self._clean_marker and self._marker_lists_segments
-            if self._handle is not None and not self._failed and error is None and not current:
+            if self._handle is not None and not self._failed and error is None and not current and not self._detached:
                 try:
                     self._write_clean_marker()
                 except (OSError, MwpError):

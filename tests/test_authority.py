@@ -33,6 +33,7 @@ from mwpstore import (
 from mwpstore.errors import AlreadyExists, UnknownKind
 from mwpstore.index import Index, receipt_key, remove_index, u64
 from mwpstore.messages import encode_receipt
+from mwpstore.segment_log import SegmentLog
 from mwpstore.snapshot import SigningKey, SnapshotRef, verify_snapshot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -442,6 +443,62 @@ def test_crash_between_log_sync_and_index_commit_is_redone(tmp_path):
         assert receipt.seq == 4  # its receipt survived the redo
 
 
+CHILD_BULK = """
+import os, signal, sys
+from authority_helpers import group_create, mission_create
+from mwpstore import Authority
+a = Authority.open({path!r}, sync=False, segment_bytes=64 * 1024)
+print(os.path.exists(os.path.join({path!r}, "log", "BULK")), flush=True)
+a.accept(group_create())
+for i in range(200):
+    a.accept(mission_create(f"m-{{i}}", action_id=f"a-{{i}}"))
+a.sync()
+print(a.head("g-1")[0], flush=True)
+for i in range(200, 230):
+    a.accept(mission_create(f"m-{{i}}", action_id=f"a-{{i}}"))
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_bulk_mode_store_marks_its_log_and_a_crash_keeps_what_sync_made_durable(tmp_path):
+    """sync=False: the log carries BULK while the handle is open (and after its crash); the next
+    open without bulk mode recovers (under the bulk-mode rule), keeps every Event that sync()
+    made durable, and removes BULK; a bulk-mode close removes it too, compaction included."""
+    path = str(tmp_path / "store")
+    result = _run_child(path, CHILD_BULK.format(path=path), {})
+    assert result.returncode == -9, result.stderr
+    marked, synced = result.stdout.split()
+    assert marked == "True" and int(synced) == 201
+    assert os.path.exists(os.path.join(path, "log", "BULK"))
+    with Authority.open(path, segment_bytes=64 * 1024) as authority:
+        assert authority.head(GROUP)[0] >= 201  # the page cache outlived the process: maybe all 231
+        assert authority.verify().ok
+        assert not os.path.exists(os.path.join(path, "log", "BULK"))
+    with Authority.open(path, segment_bytes=64 * 1024, sync=False) as bulk:
+        assert os.path.exists(os.path.join(path, "log", "BULK"))
+        bulk.accept(mission_create("m-bulk", action_id="a-bulk"))
+        bulk.compact()
+        assert os.path.exists(os.path.join(path, "log", "BULK"))  # the compacted log's writer is bulk too
+    assert not os.path.exists(os.path.join(path, "log", "BULK"))
+    with Authority.open(path, segment_bytes=64 * 1024) as authority:
+        assert authority.open_report.mode == "clean" and authority.verify().ok
+
+
+@pytest.mark.parametrize("sync", [True, False])
+def test_after_a_compaction_the_clean_close_marks_the_new_log_not_the_retired_one(tmp_path, sync):
+    """The log handle a compaction retired stays open for readers until close(); its close wrote
+    its own clean-close marker (the old log id) into log/, the new log's directory, over the new
+    log's marker, so the next open never took its end on the marker's word; in bulk mode it
+    also removed the new log's BULK (StorageFailed at close when the new log had removed it)."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) if sync else Authority.open(path, sync=False) as authority:
+        if not sync:
+            authority.accept(group_create())
+        authority.accept(mission_create("m-1"))
+        authority.compact()
+        authority.accept(mission_create("m-2"))
+    with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
+        assert log._clean_marker  # the end came from the marker the new log's close wrote
 class _RedoInterrupted(Exception):
     """Raised where a crash test's child would die: right after one of redo's commits."""
 
