@@ -630,6 +630,25 @@ def test_damage_over_a_whole_group_before_intact_groups_is_corruption_not_a_clea
         assert files_of(scratch) == before
 
 
+def test_a_later_commit_frame_that_is_the_first_byte_not_zero_after_the_end_is_seen(scratch):
+    """Zeros from the second group's start through the third group's record, the third group's
+    commit frame intact and nothing but zeros after it: the first byte that is not zero after the
+    clean end is that commit frame's own first byte, and the judgement starts there, not one
+    alignment step past it (which would find no commit frame and cut an acknowledged group)."""
+    _, offsets = _four_groups(scratch)
+    os.remove(os.path.join(scratch, CLEAN_FILE_NAME))
+    path = segment_paths(scratch)[0]
+    third_commit = offsets[2] + frame_bytes(100)
+    damage(path, offsets[1], bytes(third_commit - offsets[1]))
+    damage(path, third_commit + lib.SL_COMMIT_FRAME_BYTES, bytes(SMALL - third_commit - lib.SL_COMMIT_FRAME_BYTES))
+    before = files_of(scratch)
+    for readonly in (True, False):
+        with pytest.raises(Corruption) as caught:
+            visible(scratch, readonly=readonly)
+        assert (caught.value.detail["reason"], caught.value.detail["offset"]) == ("group_damaged", offsets[1])
+        assert files_of(scratch) == before
+
+
 @pytest.mark.parametrize("zeroed", ["group", "records_and_commit_garbled"])
 def test_a_log_a_bulk_mode_writer_had_open_cuts_such_damage_as_a_torn_tail(scratch, zeroed):
     """In bulk mode groups are not synced one by one, so after a power loss a later group may be on
@@ -663,6 +682,21 @@ def test_bulk_mode_marks_the_log_while_open_and_a_crash_leaves_the_mark(scratch)
     with SegmentLog.open(scratch, segment_bytes=SMALL) as synced:
         assert [bytes(r) for batch in synced.scan(0) for r in batch.records][-1] == b"two"
     assert not os.path.exists(os.path.join(scratch, "BULK"))
+
+
+def test_the_judgement_after_a_clean_end_never_looks_before_it(scratch):
+    """sl_check_after_end takes candidates only from one alignment step past the end, whatever
+    from_offset says: the commit frames of the groups before the end name other groups than the
+    one that would start there, and would be taken for a later group's."""
+    _, offsets = _four_groups(scratch)
+    with open(segment_paths(scratch)[0], "rb") as file:
+        content = bytearray(file.read())
+    content[offsets[3] : offsets[3] + 16] = bytes(16)  # the last group's start, its own commit after it
+    header = ffi.new("struct sl_header *")
+    fault = ffi.new("struct sl_fault *")
+    assert lib.sl_header_decode(bytes(content), len(content), header, fault) == lib.SL_OK
+    for start in (0, HEADER, offsets[0], offsets[3]):
+        assert lib.sl_check_after_end(bytes(content), len(content), header, offsets[3], start, fault) == lib.SL_OK
 
 
 def test_a_last_group_whose_start_is_zero_and_whose_own_commit_is_intact_is_cut_as_a_torn_write(scratch):
