@@ -236,6 +236,23 @@ def test_close_in_bulk_mode_makes_every_group_durable(tmp_path):
             assert scan_all(reopened) == written
 
 
+def test_the_bulk_mark_is_created_once_and_an_existing_one_is_kept(tmp_path):
+    """sl_create_empty_file makes BULK an empty file, durably, and closes what it opened; a file
+    already there under that name is success and is left as it is (only the name counts)."""
+    directory = str(tmp_path)
+    path = os.path.join(directory, "BULK")
+    fault = ffi.new("struct sl_fault *")
+    descriptors = sorted(os.listdir("/proc/self/fd"))
+    assert lib.sl_create_empty_file(lib.sl_io_default(), os.fsencode(directory), os.fsencode(path), fault) == lib.SL_OK
+    assert os.path.getsize(path) == 0
+    assert sorted(os.listdir("/proc/self/fd")) == descriptors  # the new file's descriptor is closed
+    with open(path, "wb") as file:
+        file.write(b"left by someone")
+    assert lib.sl_create_empty_file(lib.sl_io_default(), os.fsencode(directory), os.fsencode(path), fault) == lib.SL_OK
+    with open(path, "rb") as file:
+        assert file.read() == b"left by someone"
+
+
 def test_a_handle_whose_sync_failed_closes_without_a_clean_marker(tmp_path):
     """The marker stands for a clean close (docs/format/segment.md: no failed sync, everything
     durable): a handle whose sync failed closes without writing one, and the next open scans."""
