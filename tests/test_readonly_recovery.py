@@ -148,6 +148,22 @@ def test_a_last_segment_longer_than_the_first_piece_is_read_to_its_end(tmp_path,
             assert records_of(log) == [record for group in groups for record in group]
 
 
+def test_a_zeroed_block_reaching_past_the_first_piece_is_judged_on_the_whole_segment(tmp_path):
+    """With no writer, the bytes after a clean end are judged where they are not zero, to the
+    segment's end: zeros from a group inside the first piece to past its end, whole groups after
+    them, are the corruption the writer's open reports, not the log's end."""
+    directory = str(tmp_path)
+    groups = [[bytes([index]) * 65536] for index in range(30)]
+    ends, path = build(directory, groups, segment_bytes=4 << 20)
+    start, stop = _HEADER_BYTES + ends[7], _HEADER_BYTES + ends[20]
+    assert start < segment_log._RECOVERY_READ_BYTES < stop
+    overwrite(path, start, bytes(stop - start))
+    for readonly in (True, False):
+        with pytest.raises(Corruption) as caught:
+            SegmentLog.open(directory, readonly=readonly)
+        assert (caught.value.detail["reason"], caught.value.detail["offset"]) == ("group_damaged", start)
+
+
 @pytest.mark.parametrize("writer", [False, True], ids=["no writer", "writer holds the log"])
 def test_the_recovery_stops_reading_at_the_clean_end(tmp_path, monkeypatch, writer):
     """Zeros where the next group would begin end the reading: a log that ends early in a large
