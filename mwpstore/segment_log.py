@@ -829,7 +829,8 @@ class SegmentLog:
         ends: the end is then where the last whole group's commit frame ends.
 
         With ``known_end`` every byte before it is written already, and sl_recover's rules apply,
-        as for the writer's open. Without it, while a writer holds the log (``_writer_holds_lock``),
+        with the judgement of the bytes after a clean end (up to ``known_end``), as for the writer's
+        open. Without it, while a writer holds the log (``_writer_holds_lock``),
         ``sl_recover_readonly`` takes a group that does not end in its commit frame for one in
         flight (not there) unless an intact commit frame or seal follows it; with no writer, the
         writer's rules apply (a damaged last group is reported, as the writer's open would).
@@ -860,7 +861,7 @@ class SegmentLog:
                 live = known_end is None and _writer_holds_lock(self._directory)
                 recover = lib.sl_recover_readonly if live else functools.partial(_sl_recover_with, 1 if self._bulk_written else 0)
                 rc, recovery, fault = self._read_and_recover(fd, segment, limit, recover)
-                if rc == lib.SL_OK and not live and known_end is None and not self._bulk_written:
+                if rc == lib.SL_OK and not live and not self._bulk_written:
                     rc, fault = self._check_readonly_after_end(fd, segment, limit, recovery)
                 if rc == lib.SL_OK:
                     return recovery
@@ -876,8 +877,9 @@ class SegmentLog:
 
     @staticmethod
     def _check_readonly_after_end(fd: int, segment: _Segment, limit: int, recovery: Any) -> tuple[int, Any]:
-        """sl_check_after_end for a read-only open that found a clean end with no writer: the bytes
-        after it are read only where the file holds any that are not zero. (rc, fault)"""
+        """sl_check_after_end for a read-only open that found a clean end by the writer's rules (no
+        writer, or before ``known_end``, which ``limit`` then stops at): the bytes after it are read
+        only where the file holds any that are not zero. (rc, fault)"""
         fault = ffi.new("struct sl_fault *")
         if recovery.sealed or recovery.torn:
             return lib.SL_OK, fault

@@ -210,6 +210,25 @@ def test_damage_in_the_last_group_before_known_end_is_corruption_beside_a_writer
         assert caught.value.detail["segment"] == path
 
 
+@pytest.mark.parametrize("writer", [False, True], ids=["no writer", "writer holds the log"])
+def test_zeros_over_a_group_before_known_end_with_whole_groups_after_them_are_corruption(tmp_path, writer):
+    """Every byte before ``known_end`` is written, so the writer's rules apply up to it, including
+    the judgement of what follows a clean end: zeros over a group followed by a later group's
+    intact commit frame, all before ``known_end``, are group_damaged, as the writer's open reports
+    them. (The open served a log that ended at the zeros, and a view of the store then asked for
+    a writer's recovery, which found the corruption.)"""
+    directory = str(tmp_path)
+    ends, path = four_groups(directory)
+    overwrite(path, _HEADER_BYTES + ends[0], bytes(ends[1] - ends[0]))
+    with writer_lock(directory) if writer else contextlib.nullcontext():
+        with pytest.raises(Corruption) as caught:
+            SegmentLog.open(directory, readonly=True, known_end=ends[3])
+    assert (caught.value.detail["reason"], caught.value.detail["offset"]) == ("group_damaged", _HEADER_BYTES + ends[0])
+    with pytest.raises(Corruption) as caught:
+        SegmentLog.open(directory)
+    assert (caught.value.detail["reason"], caught.value.detail["offset"]) == ("group_damaged", _HEADER_BYTES + ends[0])
+
+
 def test_a_damaged_group_whose_commit_frame_ends_at_known_end_is_corruption(tmp_path):
     """The intact commit frame that proves a damaged group's write completed may be the last bytes
     the recovery reads (it ends at ``known_end``): it still counts."""
