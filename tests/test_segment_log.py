@@ -266,6 +266,26 @@ def test_a_handle_whose_sync_failed_closes_without_a_clean_marker(tmp_path):
     assert not os.path.exists(tmp_path / "log" / CLEAN_FILE_NAME)
 
 
+@pytest.mark.parametrize("failed", ["sync", "close"])
+def test_a_bulk_mode_handle_whose_sync_failed_leaves_the_bulk_mark(tmp_path, failed):
+    """BULK goes only once every group is durable: after a failed sync (a call to sync(), or the
+    one close() makes), groups may not be on disk while later ones are, so the next open must
+    still recover under the bulk-mode rules."""
+    recorder = RecordingIO()
+    log = SegmentLog.open(tmp_path / "log", sync=False, io=recorder)
+    log.append([b"one"])
+    recorder.fail_sync_at = recorder.sync_calls
+    if failed == "sync":
+        with pytest.raises(StorageFailed):
+            log.sync()
+        log.close()
+    else:
+        with pytest.raises(StorageFailed):
+            log.close()
+    assert recorder.failures == 1
+    assert os.path.exists(tmp_path / "log" / "BULK")
+
+
 def test_scan_end_and_next_position(tmp_path):
     with SegmentLog.open(tmp_path) as log:
         positions = [log.append([bytes([i]) * i])[0] for i in range(1, 20)]
