@@ -435,6 +435,29 @@ def test_a_record_whose_group_a_seal_cuts_off_is_never_served(scratch, clean_mar
     assert c_read(scratch) == expected
 
 
+@pytest.mark.parametrize("later", [False, True], ids=["only_its_own_commit_after", "a_later_group_after"])
+def test_zeros_at_a_group_start_are_judged_alike_by_both_readers(scratch, later):
+    """Zeros over the first frame header of a group: followed only by that group's own intact
+    commit frame they are a torn last write, cut (the log ends before the group); followed by a
+    later group's commit frame they are group_damaged. Both readers say so."""
+    with SegmentLog.open(scratch, segment_bytes=SEGMENT_BYTES) as log:
+        ends = []
+        for record in (b"a" * 100, b"b" * 100, b"c" * 100):
+            log.append([record])
+            ends.append(log.end)
+    os.remove(os.path.join(scratch, CLEAN_FILE_NAME))
+    zeroed = ends[1 if later else 2] - (ends[1] - ends[0])  # the start of the group that ends there
+    with open(os.path.join(scratch, f"{0:020d}.seg"), "r+b") as file:
+        file.seek(64 + zeroed)
+        file.write(bytes(16))
+    expected = reference_read(scratch)
+    if later:
+        assert expected == ("corruption", "group_damaged", os.path.join(scratch, f"{0:020d}.seg"), 64 + zeroed)
+    else:
+        assert expected[0] == "records" and expected[2] == ends[1]
+    assert c_read_recovered(scratch) == expected
+
+
 @pytest.mark.parametrize("sealed", [False, True], ids=["active_segment", "sealed_segment"])
 def test_a_commit_of_no_records_is_commit_mismatch_in_both_readers(scratch, sealed):
     """A commit frame that names itself as its group's start, with a count of zero and the
