@@ -283,24 +283,28 @@ def test_a_writer_recovers_what_the_reference_reads_and_changes_nothing_it_refus
     directory = scratch_directory("mwpstore-differential-")
     try:
         _build(directory, layout, damage)
-        expected = reference_read(directory)
-        before = files_of(directory)
-        try:
-            log = SegmentLog.open(directory, segment_bytes=SEGMENT_BYTES)
-        except Corruption as exc:
-            assert expected[0] == "corruption"
-            assert ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"]) == expected
-            assert files_of(directory) == before
-            return
-        with log:
-            try:
-                records = [(p, bytes(r)) for batch in log.scan(0) for p, r in zip(batch.positions, batch.records)]
-                served = ("records", records, log.end)
-            except Corruption as exc:
-                served = ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"])
-        assert served == expected
+        _assert_the_writer_recovers(directory, reference_read(directory))
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def _assert_the_writer_recovers(directory: str, expected: tuple) -> None:
+    """A writer's open of ``directory`` serves ``expected`` (the reference's reading) from its
+    recovered end, or refuses with the same Corruption and leaves every file as it was."""
+    before = files_of(directory)
+    try:
+        log = SegmentLog.open(directory, segment_bytes=SEGMENT_BYTES)
+    except Corruption as exc:
+        assert ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"]) == expected
+        assert files_of(directory) == before
+        return
+    with log:
+        try:
+            records = [(p, bytes(r)) for batch in log.scan(0) for p, r in zip(batch.positions, batch.records)]
+            served = ("records", records, log.end)
+        except Corruption as exc:  # damage in a sealed segment, found by the scan that reaches it
+            served = ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"])
+    assert served == expected
 
 
 @differential(150)
@@ -318,20 +322,7 @@ def test_readers_agree_on_logs_a_bulk_mode_writer_had_open(layout, damage):
             pass
         expected = reference_read(directory)
         assert c_read_recovered(directory) == expected
-        before = files_of(directory)
-        try:
-            log = SegmentLog.open(directory, segment_bytes=SEGMENT_BYTES)
-        except Corruption as exc:
-            assert ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"]) == expected
-            assert files_of(directory) == before
-            return
-        with log:
-            try:
-                records = [(p, bytes(r)) for batch in log.scan(0) for p, r in zip(batch.positions, batch.records)]
-                served = ("records", records, log.end)
-            except Corruption as exc:  # damage in a sealed segment, found by the scan that reaches it
-                served = ("corruption", exc.detail["reason"], exc.detail["segment"], exc.detail["offset"])
-        assert served == expected
+        _assert_the_writer_recovers(directory, expected)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
