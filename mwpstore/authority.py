@@ -1548,8 +1548,7 @@ class Authority:
         except LimitExceeded:
             # Refused before anything reached the log (a full commit): no reference names this
             # file, nor ever will, so it goes. Any other failure may have logged the reference.
-            os.remove(path)
-            _fsync_directory(os.path.dirname(path))
+            _discard_unrecorded(path)
             raise
         return ref
 
@@ -1652,9 +1651,7 @@ class Authority:
         except BaseException:
             # A file that failed its check, or whose deletion was ordered meanwhile, is no
             # archive: remove it (a retry writes it again, unless it was deleted).
-            with contextlib.suppress(OSError):
-                os.remove(path)
-                _fsync_directory(os.path.dirname(path))
+            _discard_unrecorded(path)
             raise
         file_hash = info.file_hash
         record = ArchiveRecord(
@@ -1675,8 +1672,7 @@ class Authority:
         except LimitExceeded:
             # Refused before anything reached the log (a full commit): no record names the
             # file; a retry writes it again.
-            os.remove(path)
-            _fsync_directory(os.path.dirname(path))
+            _discard_unrecorded(path)
             raise
         return record
 
@@ -2517,6 +2513,15 @@ def _lock_store(path: str) -> int:
         os.close(fd)
         raise StoreLocked(f"{path} is open in another process or handle; close it first", path=path) from None
     return fd
+
+
+def _discard_unrecorded(path: str) -> None:
+    """Remove, durably, a file written for a record that was never logged (a snapshot's or an audit
+    log). A failure to remove it is not raised over the error that made it unrecorded: a file no
+    record names is only clutter, never read as part of the store."""
+    with contextlib.suppress(OSError):
+        os.remove(path)
+        _fsync_directory(os.path.dirname(path))
 
 
 def _fsync_directory(directory: str) -> None:

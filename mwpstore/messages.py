@@ -216,15 +216,11 @@ def decode_event(data: bytes | memoryview) -> Event:
         raise EventInvalid(f"bytes are not an Event: {exc}", reason="decode") from None
 
 
-def decode_events(records: Iterable[bytes], skip: int = 0) -> list[Event]:
-    """``decode_event`` of each record after its first ``skip`` bytes (a log record's tag), as
-    one list: the same checks and errors, without a Python call per Event (and, with ``skip``
-    0, without a view per Event: a read hands over records already without their tag)."""
-    decode = _EVENT_DECODER.decode
+def decode_events(records: Iterable[bytes]) -> list[Event]:
+    """``decode_event`` of each record (an Event record without its tag byte, as a read hands it
+    over), as one list: the same checks and errors, without a Python call per Event."""
     try:
-        if not skip:
-            return list(map(decode, records))
-        return [decode(memoryview(record)[skip:]) for record in records]
+        return list(map(_EVENT_DECODER.decode, records))
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise EventInvalid(f"bytes are not an Event: {exc}", reason="decode") from None
 

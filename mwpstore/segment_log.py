@@ -344,6 +344,12 @@ def _clean_end(marker: _CleanMarker, segment: _Segment) -> int | None:
     return end
 
 
+def _judge_after_end(data: Any, data_bytes: int, header: Any, end_offset: int, first_nonzero: int, fault: Any) -> int:
+    """sl_check_after_end from the frame slot holding the first byte that is not zero after a
+    clean end at ``end_offset`` (the writer's open and a read-only one judge alike)."""
+    return int(lib.sl_check_after_end(data, data_bytes, header, end_offset, first_nonzero & ~(_ALIGN_BYTES - 1), fault))
+
+
 def _sl_recover_with(bulk: int, data: Any, data_bytes: int, header: Any, out: Any, fault: Any) -> int:
     """sl_recover with its ``bulk`` argument bound, called like sl_recover_readonly."""
     return int(lib.sl_recover(data, data_bytes, header, bulk, out, fault))
@@ -809,7 +815,7 @@ class SegmentLog:
             if found[0] < size:
                 if not self._bulk_written:
                     # what is not zero after the clean end may be groups a zeroed block cut off
-                    rc = lib.sl_check_after_end(data, size, segment.header, used, found[0] & ~(_ALIGN_BYTES - 1), fault)
+                    rc = _judge_after_end(data, size, segment.header, used, found[0], fault)
                     if rc != lib.SL_OK:
                         raise self._error(rc, fault, segment=segment)
                 needs_repair = True
@@ -896,7 +902,7 @@ class SegmentLog:
             raise _unreadable_segment(segment.path, exc.errno or errno.EIO) from None
         buffer = ffi.from_buffer("uint8_t[]", data)
         try:
-            rc = lib.sl_check_after_end(buffer, len(data), segment.header, used, found[0] & ~(_ALIGN_BYTES - 1), fault)
+            rc = _judge_after_end(buffer, len(data), segment.header, used, found[0], fault)
         finally:
             ffi.release(buffer)
         return rc, fault
