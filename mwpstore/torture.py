@@ -10,7 +10,8 @@ invariants (each one is described in ``details["violation_messages"]``, first on
 - ``power``       simulated power loss: the log's I/O seam records every write and sync
                   (:mod:`mwpstore.io_seam`), crash states are drawn from the recording, the LMDB
                   index is deleted or rolled back to an image taken at a synced point, and the
-                  machine's boot id changes; some recoveries are themselves cut by a second loss.
+                  machine's boot id changes; some recoveries are themselves cut by a second loss;
+                  every second workload runs in bulk mode (``sync=False``).
 - ``corruption``  every byte offset of the last frames cut, zeroed and garbled; single bit flips
                   in sealed segments, segment headers, the LMDB file, snapshots and audit logs;
                   missing, duplicated and reordered segment files.
@@ -718,9 +719,14 @@ POWER_WORKLOAD_STEPS = 90
 POWER_STATES_PER_WORKLOAD = 250
 
 
-def _power_workload(source: str, rng: random.Random, steps: int) -> _PowerRecording:
+def _power_workload(source: str, rng: random.Random, steps: int, *, bulk: bool = False) -> _PowerRecording:
     """Run accepts, ACKs and clean reopens against a recorder; mark every acknowledgement and
-    keep images of the LMDB index taken when everything it reflects was synced."""
+    keep images of the LMDB index taken when everything it reflects was synced.
+
+    ``bulk``: the store runs in bulk mode (``sync=False``), where a result is promised only once a
+    later ``sync()`` or clean close has returned: the marks of the results since the last one are
+    written after it. Index images are then also taken between syncs (an index ahead of the
+    log's durable end, as LMDB's own writes may reach the disk before the log's)."""
     from .authority import Authority
     from .io_seam import RecordingIO
 
@@ -728,28 +734,47 @@ def _power_workload(source: str, rng: random.Random, steps: int) -> _PowerRecord
     images: list[tuple[int, dict[str, bytes]]] = []
     attempted: set[str] = set()
     index_dir = os.path.join(source, "index")
+    unsynced: list[tuple[str, tuple[Any, ...]]] = []  # bulk mode: results not yet promised
 
     def image() -> None:
         images.append((len(recorder.operations), _read_tree(index_dir)))
 
+    def promise(kind: str, value: tuple[Any, ...]) -> None:
+        if bulk:
+            unsynced.append((kind, value))
+        else:
+            recorder.mark(kind, value)
+
+    def synced() -> None:  # a sync() or clean close returned: every result before it is promised
+        for kind, value in unsynced:
+            recorder.mark(kind, value)
+        unsynced.clear()
+
     with _boot_id(f"power-workload-{rng.random()}"), recorded_log(recorder):
-        authority = Authority.open(source, segment_bytes=POWER_SEGMENT_BYTES)
+        authority = Authority.open(source, segment_bytes=POWER_SEGMENT_BYTES, sync=not bulk)
         for group in GROUPS:
             receipt = authority.accept(group_create_command(group))
-            recorder.mark("receipt", (receipt.action_id, receipt.group, receipt.seq, receipt.event_id))
+            promise("receipt", (receipt.action_id, receipt.group, receipt.seq, receipt.event_id))
+        if bulk:
+            authority.sync()
+            synced()
         image()
         for step in range(steps):
             choice = rng.random()
             if choice < 0.05:
                 authority.close()  # a clean close: the index is synced and marked clean
+                synced()
                 image()
-                authority = Authority.open(source, segment_bytes=POWER_SEGMENT_BYTES)
+                authority = Authority.open(source, segment_bytes=POWER_SEGMENT_BYTES, sync=not bulk)
                 image()
             elif choice < 0.12:
                 group = rng.choice(GROUPS)
                 cursor = rng.randint(0, authority.head(group)[0])
                 stored = authority.ack("agent-p", group, cursor)
-                recorder.mark("ack", ("agent-p", group, stored))
+                promise("ack", ("agent-p", group, stored))
+            elif bulk and choice < 0.22:
+                authority.sync()
+                synced()
             else:
                 commands = workload_commands(authority, rng, f"p{step}")
                 attempted.update(command.action_id for command in commands)
@@ -762,10 +787,11 @@ def _power_workload(source: str, rng: random.Random, steps: int) -> _PowerRecord
                 except MwpError:
                     receipts = []
                 for receipt in receipts:
-                    recorder.mark("receipt", (receipt.action_id, receipt.group, receipt.seq, receipt.event_id))
+                    promise("receipt", (receipt.action_id, receipt.group, receipt.seq, receipt.event_id))
             if rng.random() < 0.25:
                 image()
         authority.close()
+        synced()
     return _PowerRecording(recorder.operations, images, attempted)
 
 
@@ -784,15 +810,16 @@ def _oracle_before(operations: list[tuple[Any, ...]], crash_at: int, attempted: 
 
 
 def _check_power_state(target: str, oracle: Acknowledged, acks: dict[tuple[str, str], int], boot: str,
-                       full_verify: bool, modes: dict[str, int], recorder: Any = None) -> tuple[list[str], int]:
+                       full_verify: bool, modes: dict[str, int], recorder: Any = None, *,
+                       sync: bool = True) -> tuple[list[str], int]:
     """Open a crash state after a "reboot" and check it; returns (problems, operations recorded
-    while opening, when a recorder is given)."""
+    while opening, when a recorder is given). ``sync=False`` opens it as a bulk-mode writer."""
     from .authority import Authority
 
     opened_at = 0
     try:
         with _boot_id(boot), (recorded_log(recorder) if recorder is not None else contextlib.nullcontext()):
-            authority = Authority.open(target, segment_bytes=POWER_SEGMENT_BYTES)
+            authority = Authority.open(target, segment_bytes=POWER_SEGMENT_BYTES, sync=sync)
             opened_at = len(recorder.operations) if recorder is not None else 0
             try:
                 modes[authority.open_report.mode] = modes.get(authority.open_report.mode, 0) + 1
@@ -822,25 +849,29 @@ def run_power(count: int | None = None, seconds: float | None = None, seed: int 
               progress: Progress | None = None, *, verify_every: int = 1) -> dict[str, Any]:
     """Simulated power loss: crash states of the log from the I/O seam's recording, the index
     deleted or rolled back to an earlier synced image, a new boot id; one in six recoveries is
-    itself cut by a second power loss and recovered again."""
+    itself cut by a second power loss and recovered again. Every second workload runs in bulk mode
+    (``sync=False``), where only what a ``sync()`` or clean close covered is promised, and half
+    of its crash states are opened by a bulk-mode writer again."""
     from .io_seam import RecordingIO, crash_state, write_crash_state
 
     started = time.monotonic()
     budget = Budget(count, seconds, DEFAULT_COUNTS["power"])
     rng = random.Random(seed)
     findings = Findings()
-    states = workloads = second_losses = 0
+    states = workloads = second_losses = bulk_states = 0
     index_choices: dict[str, int] = {}
     modes: dict[str, int] = {}
     acknowledged_checked = 0
     with _scratch("power") as root:
         recording: _PowerRecording | None = None
         source = ""
+        bulk = False
         while budget.more(states):
             if recording is None or states // POWER_STATES_PER_WORKLOAD >= workloads:
                 source = os.path.join(root, f"source-{workloads}")
                 shutil.rmtree(os.path.join(root, f"source-{workloads - 1}"), ignore_errors=True)
-                recording = _power_workload(source, random.Random(rng.random()), POWER_WORKLOAD_STEPS)
+                bulk = workloads % 2 == 1
+                recording = _power_workload(source, random.Random(rng.random()), POWER_WORKLOAD_STEPS, bulk=bulk)
                 workloads += 1
             operations = recording.operations
             crash_at = rng.randint(0, len(operations))
@@ -862,10 +893,14 @@ def run_power(count: int | None = None, seconds: float | None = None, seed: int 
             second = rng.random() < 1 / 6
             recorder = RecordingIO(directory=os.path.join(target, "log")) if second else None
             index_before = _read_tree(os.path.join(target, "index")) if second else {}
-            problems, opened_at = _check_power_state(target, oracle, acks, f"power-{seed}-{states}", full, modes, recorder)
+            reopen_sync = not (bulk and rng.random() < 0.5)
+            problems, opened_at = _check_power_state(target, oracle, acks, f"power-{seed}-{states}", full, modes, recorder,
+                                                     sync=reopen_sync)
             states += 1
+            bulk_states += bulk
             acknowledged_checked += len(oracle.receipts)
-            findings.extend(problems, f"state {states} (seed {seed}, crash at operation {crash_at}, index {choice}): ")
+            findings.extend(problems, f"state {states} (seed {seed}, crash at operation {crash_at}, index {choice}"
+                                      f"{', bulk mode' if bulk else ''}): ")
             if second and recorder is not None and not problems:
                 # The recovery itself loses power part-way; the next boot must recover again.
                 second_at = rng.randint(0, opened_at)
@@ -879,8 +914,10 @@ def run_power(count: int | None = None, seconds: float | None = None, seed: int 
                     _write_tree(os.path.join(again, "index.rebuild"), {"data.mdb": rng.randbytes(8192)})
                     if index_before:
                         _write_tree(os.path.join(again, "index"), index_before)
-                problems, _ = _check_power_state(again, oracle, acks, f"power-{seed}-{states}-again", full, modes)
+                problems, _ = _check_power_state(again, oracle, acks, f"power-{seed}-{states}-again", full, modes,
+                                                 sync=reopen_sync)
                 states += 1
+                bulk_states += bulk
                 second_losses += 1
                 findings.extend(problems, f"state {states} (second loss during recovery at operation {second_at}, {pick}): ")
                 shutil.rmtree(again, ignore_errors=True)
@@ -889,6 +926,7 @@ def run_power(count: int | None = None, seconds: float | None = None, seed: int 
     return _result("power", seed, states, started, findings, {
         "crash_states": states,
         "workloads": workloads,
+        "bulk_mode_states": bulk_states,
         "operations_per_workload": len(recording.operations) if recording else 0,
         "losses_during_recovery": second_losses,
         "index_after_loss": index_choices,

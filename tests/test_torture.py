@@ -44,6 +44,23 @@ def test_power_short_run():
     _assert_clean(result)
     assert result["details"]["losses_during_recovery"] > 0
     assert set(result["details"]["index_after_loss"]) >= {"deleted", "last_synced_image"}
+    assert result["details"]["bulk_mode_states"] > 0  # the second workload runs with sync=False
+
+
+def test_the_power_suite_catches_a_bulk_mode_writer_that_leaves_no_mark(monkeypatch):
+    """In bulk mode a later group may reach the disk before an earlier one; only the BULK file
+    tells the next open to cut there instead of refusing the log. Without it the suite's bulk-mode
+    crash states fail to open, and without a working sync() promised results are lost."""
+    monkeypatch.setattr(SegmentLog, "_mark_bulk", lambda self: setattr(self, "_bulk_written", True))
+    monkeypatch.setattr(SegmentLog, "_unmark_bulk", lambda self: setattr(self, "_bulk_written", False))
+    result = torture.run_power(count=500, seed=7)
+    assert result["violations"] > 0
+    assert all("bulk mode" in message and "group_damaged" in message
+               for message in result["details"]["violation_messages"])
+    monkeypatch.undo()
+    monkeypatch.setattr(Authority, "sync", lambda self: None)
+    result = torture.run_power(count=500, seed=7)
+    assert any("is lost" in message and "bulk mode" in message for message in result["details"]["violation_messages"])
 
 
 def test_corruption_short_run_of_the_log_snapshot_and_audit_families():
