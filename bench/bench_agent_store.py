@@ -12,9 +12,10 @@ so most Events carry a full WorkItem state (and a claim also the Membership's) i
 
 Rows (Events/s, higher is better):
 
-- ``agent_apply_1000``: ``tx.apply`` of every Event (full ``check_event`` validation: types, IDs,
-  payload hash, chain link, hash), mirrored state, work queue, inbox, then ``advance_cursor`` and
-  a durable commit (LMDB ``sync=True``) every 1000 Events. ``mwpstore_trusted`` is the same with
+- ``agent_apply_1000``: ``tx.apply_many`` of each run of 1000 Events (full validation, the checks
+  of ``check_event`` made for the whole run in one C call: types, IDs, payload hash, chain link,
+  hash), mirrored state, work queue, inbox, then ``advance_cursor`` and a durable commit (LMDB
+  ``sync=True``) per run. ``mwpstore_trusted`` is the same with
   ``verify="trusted"`` (Events from an in-process Authority: types, IDs, sequence and chain link
   by comparison; no hash recomputation, no content walk). Peers in the same run:
   ``validate_only`` — the same Events through ``admit_event`` + ``check_event`` alone, no storage
