@@ -166,6 +166,8 @@ def _index_errors_typed(method: _F) -> _F:
             raise damage_of(*_INDEX_DAMAGE, exc) from None
         finally:
             readers.remove(reader)
+            if self._retired:  # handles a compaction or rebuild replaced: this read may have been their last
+                self._release_retired()
 
     return reading  # type: ignore[return-value]
 
@@ -354,7 +356,8 @@ class Authority:
     _signing_key: SigningKey | None
     _snapshot_lock: threading.Lock
     _archive_lock: threading.Lock  # one archive() at a time: each Group's record is logged once
-    _retired: list[Any]
+    _retired: list[tuple[set[int], list[Any]]]  # replaced handles, with the threads whose reads may still use them
+    _retire_lock: threading.Lock  # one release of replaced handles at a time (readers' and close())
     _lock_fd: int
     _readers: list[int]  # the thread of each index read in flight, which close() waits for
     _closing: threading.Lock  # makes "not closed yet, close now" one step for concurrent close() calls
@@ -457,6 +460,7 @@ class Authority:
         self._archive_lock = threading.Lock()
         self._segment_bytes = segment_bytes
         self._retired = []
+        self._retire_lock = threading.Lock()
         self._readonly = readonly
         self._store_key = None
         _refuse_agent_store(self.path)
@@ -772,14 +776,16 @@ class Authority:
         except (OSError, lmdb.Error) as exc:  # not marked clean: the next open redoes or rebuilds
             error = translate(exc, context="closing the authority")
         finally:
-            for handle in [self.index, self.log, *self._retired]:
+            with self._retire_lock:  # after a reader's release under way, which closes what it took
+                retired = [handle for _, handles in self._retired for handle in handles]
+                self._retired = []
+            for handle in [self.index, self.log, *retired]:
                 try:
                     handle.close()
                 except MwpError as exc:
                     error = error or exc
                 except (OSError, lmdb.Error) as exc:
                     error = error or translate(exc, context="closing the authority")
-            self._retired.clear()
             if self._store_key is not None:
                 _WRITERS_HERE.pop(self._store_key, None)
             os.close(self._lock_fd)
@@ -2037,10 +2043,36 @@ class Authority:
         index.sync()
         old_log, old_index = self._pair
         self._pair = (log or old_log, index)
-        self._retired.append(old_index)
+        replaced: list[Any] = [old_index]
         if log is not None:
             old_log.detach()  # log/ is the new log's now: the old handle's close must not write there
-            self._retired.append(old_log)
+            replaced.append(old_log)
+        # A read takes the pair once, after it registers: only the reads registered now can be
+        # using the old handles. They are closed as soon as each of those threads has been seen
+        # outside any read (below, and at the end of every read), so the replaced files' space
+        # (a compaction's redacted payloads among them) is given back then, not at close().
+        with self._retire_lock:
+            self._retired.append((set(self._readers), replaced))
+        self._release_retired()
+
+    def _release_retired(self) -> None:
+        """Close the replaced handles that no read in flight can be using any more. Never raises
+        (it runs at the end of reads): what closing them reports concerns files no longer the
+        store's, which are gone once their descriptors and maps are."""
+        with self._retire_lock:
+            if not self._retired:
+                return
+            present = set(self._readers)  # one atomic copy: the threads inside a read now
+            kept = []
+            for waiting, handles in self._retired:
+                waiting &= present  # a thread seen outside every read has finished the read it had
+                if waiting:
+                    kept.append((waiting, handles))
+                    continue
+                for handle in handles:
+                    with contextlib.suppress(MwpError, OSError, lmdb.Error):
+                        handle.close()
+            self._retired = kept
 
     @_index_errors_typed
     def info(self) -> dict[str, Any]:

@@ -115,6 +115,103 @@ def test_compaction_removes_redacted_payloads_from_disk_and_keeps_everything_els
         assert authority.head(GROUP)[0] == 15 and authority.verify().ok
 
 
+def _held_files(path: str) -> list[str]:
+    """The files under ``path`` this process holds open or mapped (Linux /proc), each with its
+    kernel name (a removed file's ends in " (deleted)")."""
+    held = []
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            held.append(os.readlink(f"/proc/self/fd/{name}"))
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        held.extend(line.split(None, 5)[5].rstrip("\n") for line in maps if len(line.split(None, 5)) == 6)
+    return sorted({name for name in held if name.startswith(path)})
+
+
+def _held_bytes(path: str) -> bytes:
+    """Everything the files under ``path`` that this process holds open contain, removed ones too
+    (read through /proc/self/fd: what is still on the disk until the descriptor is closed)."""
+    contents = []
+    for name in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            if os.readlink(f"/proc/self/fd/{name}").startswith(path):
+                with open(f"/proc/self/fd/{name}", "rb") as handle:
+                    contents.append(handle.read())
+    return b"".join(contents)
+
+
+def _fill_in_commits(authority: Authority, count: int, start: int = 0) -> None:
+    for first in range(start, start + count, 50):  # a 64 KiB segment's group holds fewer than 300
+        _fill(authority, count=min(50, start + count - first), start=first)
+
+
+def _small_segments(path: str) -> Authority:
+    authority = Authority.open(path, segment_bytes=64 * 1024)
+    authority.accept(group_create(GROUP))
+    return authority
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the process's open files from /proc")
+def test_compaction_and_rebuild_give_back_the_replaced_files_at_once(tmp_path):
+    """The log and index a compaction or rebuild replaced are closed as soon as no read uses them,
+    not when the authority closes: before, every compaction kept the old segments and index open
+    and mapped (removed files whose space was never given back, a redacted payload among their
+    bytes) and their descriptors added up for as long as the store stayed open."""
+    path = str(tmp_path / "s")
+    with _small_segments(path) as authority:
+        open_mission(authority)
+        receipt = authority.accept(secret_command())
+        _fill_in_commits(authority, 300)
+        assert len(authority.read(GROUP, limit=1000)) == 303  # every segment mapped by a read
+        authority.redact(GROUP, receipt.seq, actor=OWNER, action_id="redact-1", reason="legal")
+        assert SECRET.encode() in _held_bytes(path)
+        held_before = len(_held_files(path))
+        for round in range(3):
+            authority.compact()
+            authority.rebuild()
+            held = _held_files(path)
+            assert not [name for name in held if name.endswith("(deleted)") or ".old" in name], held
+            assert SECRET.encode() not in _held_bytes(path)
+            assert len(held) <= held_before + 2, held  # nothing piles up from round to round
+            _fill(authority, count=5, start=1000 + 5 * round)
+        assert len(authority.read(GROUP, limit=1000)) == 319 and authority.verify().ok
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the process's open files from /proc")
+def test_a_read_in_flight_keeps_the_replaced_files_until_it_ends(tmp_path, monkeypatch):
+    """A read that took the log and index before a compaction switched them finishes on them (they
+    stay open meanwhile); the first moment no read from before the switch is running, they close."""
+    import mwpstore.authority as authority_module
+
+    path = str(tmp_path / "s")
+    original = authority_module._event_bodies_between
+    inside, go_on = threading.Event(), threading.Event()
+    results: list = []
+
+    def held_up(log, first, last, count):  # the read has its pair: hold it there once
+        if not inside.is_set():
+            inside.set()
+            assert go_on.wait(30)
+        return original(log, first, last, count)
+
+    with _small_segments(path) as authority:
+        _fill_in_commits(authority, 300)
+        expected = [(event.seq, event.hash) for event in authority.read(GROUP, limit=1000)]
+        monkeypatch.setattr(authority_module, "_event_bodies_between", held_up)
+        reader = threading.Thread(target=lambda: results.append(authority.read(GROUP, limit=1000)))
+        reader.start()
+        assert inside.wait(30)
+        authority.compact()
+        assert authority._retired  # the held-up read may still need them
+        assert [name for name in _held_files(path) if name.endswith("(deleted)")]
+        assert authority.read(GROUP, after=299, limit=10)[-1].seq == 301  # another read uses the new log
+        go_on.set()
+        reader.join(30)
+        assert [(event.seq, event.hash) for event in results[0]] == expected  # served whole from the old log
+        assert not authority._retired
+        assert not [name for name in _held_files(path) if name.endswith("(deleted)")]
+        assert authority.verify().ok
+
+
 @pytest.mark.parametrize("target, actor, group", [("0", "mallory", "nope"), ("0", OWNER, GROUP), ("00", "mallory", GROUP)])
 def test_a_redaction_of_no_event_is_a_rejection_and_the_handle_keeps_writing(tmp_path, target, actor, group):
     with open_with_group(str(tmp_path / "s")) as authority:
