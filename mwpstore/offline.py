@@ -164,6 +164,13 @@ class OfflineGuard:
         lease for, before the grace deadline; anything else raises ``OfflineRefused``.
         """
         canonical.check_time_ms(now_ms, "now_ms")
+        # the binding stores ``reversible`` as a bool: anything else would be written and then
+        # fail to decode, making every buffered record of the Group unreadable
+        for name, flag in (("reversible", reversible), ("externally_visible", externally_visible)):
+            if type(flag) is not bool:
+                raise InvalidCommand(f"{name} must be a bool", field=name)
+        if kind is not None and type(kind) is not str:
+            raise InvalidCommand("kind must be a str or None", field="kind")
         outage = self.outage()
         lease = self._held_lease(workitem)
         if outage is None:

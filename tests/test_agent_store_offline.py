@@ -333,3 +333,32 @@ def test_reset_group_keeps_the_agents_own_records(setup):
     assert stored.command == command and stored.binding == record.binding
     setup.sync()
     assert setup.agent.projection_digest() == digest
+
+
+@pytest.mark.parametrize("options,field", [
+    (dict(reversible="yes"), "reversible"),
+    (dict(reversible=1), "reversible"),
+    (dict(reversible=True, externally_visible="no"), "externally_visible"),
+    (dict(reversible=True, kind=["workitem.start"]), "kind"),
+])
+def test_guard_options_of_the_wrong_type_are_refused_before_anything_is_stored(setup, options, field):
+    """``reversible`` and ``externally_visible`` are bools and ``kind`` a str or None: anything
+    else is ``INVALID_COMMAND`` online and offline, and ``buffer`` stores nothing (a binding with a
+    non-bool ``reversible`` would be stored and then fail to decode, taking every buffered Command
+    of the Group with it)."""
+    with pytest.raises(InvalidCommand) as caught:
+        setup.guard.permit("wi1", now_ms=now(setup), **options)
+    assert caught.value.detail["field"] == field
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    kept = setup.guard.buffer(setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 1}},
+                                                    action="cp-ok"), now_ms=now(setup) + 1, reversible=True)
+    with pytest.raises(InvalidCommand) as caught:
+        setup.guard.permit("wi1", now_ms=now(setup) + 1, **options)
+    assert caught.value.detail["field"] == field
+    if field != "kind":  # buffer() takes the kind from the Command
+        command = setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 2}}, action="cp-bad")
+        with pytest.raises(InvalidCommand) as caught:
+            setup.guard.buffer(command, now_ms=now(setup) + 1, **options)
+        assert caught.value.detail["field"] == field
+    assert setup.guard.buffered() == [kept]
