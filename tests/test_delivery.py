@@ -537,3 +537,78 @@ def test_catch_up_gives_up_after_exactly_reconnects_max_reconnects_in_a_row(tmp_
         delivery.catch_up("g-a", reconnects_max=3)
     assert Down.reads == 4 and delivery.stats.disconnects == 4  # the first read, then 3 reconnects
     agent.close()
+
+
+def test_reconnects_max_counts_disconnects_in_a_row_only(tmp_path, clean_dump):
+    """``reconnects_max`` bounds disconnects *in a row*: a source that drops every other read
+    still gets the Group delivered with ``reconnects_max=1``, since each successful read resets
+    the count."""
+
+    class Flaky(ListSource):
+        reads = 0
+
+        def read(self, group, after=0, limit=1000):
+            Flaky.reads += 1
+            if Flaky.reads % 2:
+                raise TransportDisconnected("every other read")
+            return super().read(group, after, limit)
+
+    agent = open_agent(tmp_path / "agent")
+    delivery = Delivery(agent, Flaky(ALL_EVENTS), batch_events=5)
+    assert delivery.catch_up("g-a", reconnects_max=1) == len(HISTORIES["g-a"])
+    assert delivery.stats.disconnects > 2
+    agent.close()
+
+
+def test_a_round_that_moves_the_cursor_resets_the_stalled_count(tmp_path):
+    """``stalled_max`` counts rounds *in a row* that return Events without moving the Cursor: a
+    source that serves a refused Event every other round, and the genuine next batch in between,
+    is delivered to the end with ``stalled_max=2``."""
+    genuine = workload("g-x", 12, seed=1)
+    other = workload("g-x", 12, seed=2)  # the same Group, another history: refused at the link
+
+    class Alternating:
+        reads = 0
+
+        def read(self, group, after=0, limit=1000):
+            Alternating.reads += 1
+            if after >= len(genuine):
+                return []
+            if Alternating.reads % 2 and after > 0:
+                return [other[after]]
+            return genuine[after : after + min(limit, 2)]
+
+    agent = AgentStore.open(tmp_path / "agent", map_size=MAP_BYTES)
+    delivery = Delivery(agent, Alternating())
+    assert delivery.catch_up("g-x", stalled_max=2) == len(genuine)
+    assert delivery.stats.rejected >= 3
+    agent.close()
+
+
+def test_list_source_reads_at_most_limit_events_after_the_position():
+    """``ListSource.read(group, after, limit)`` returns the Events with sequences after ``after``,
+    at most ``limit`` of them, in order; an unknown Group has none."""
+    source = ListSource(ALL_EVENTS)
+    assert [event.seq for event in source.read("g-a", after=2, limit=3)] == [3, 4, 5]
+    assert [event.seq for event in source.read("g-a", after=22, limit=5)] == [23, 24]
+    assert source.read("g-a", after=24, limit=5) == [] and source.read("g-none", after=0, limit=5) == []
+
+
+def test_list_source_acks_never_move_backwards():
+    """``ListSource.ack`` keeps the highest ACK per consumer and Group, as an Authority does."""
+    source = ListSource(ALL_EVENTS)
+    assert source.ack("agent-7", "g-a", 10) == 10
+    assert source.ack("agent-7", "g-a", 4) == 10
+    assert source.acks[("agent-7", "g-a")] == 10
+    assert source.ack("agent-8", "g-a", 4) == 4
+
+
+def test_faulty_transport_never_answers_empty_while_events_remain():
+    """Dropping every Event would read as "caught up": the transport then delivers one of the
+    Events it read, so an empty answer means the source had nothing."""
+    transport = FaultyTransport(ListSource(ALL_EVENTS), seed=1, drop=1.0, duplicate=0.0, disconnect=0.0, replay=0)
+    history = HISTORIES["g-a"]
+    for after in range(len(history)):
+        delivered = transport.read("g-a", after=after, limit=4)
+        assert len(delivered) == 1 and delivered[0] in history[after : after + 4]
+    assert transport.read("g-a", after=len(history), limit=4) == []
