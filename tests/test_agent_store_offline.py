@@ -335,6 +335,131 @@ def test_reset_group_keeps_the_agents_own_records(setup):
     assert setup.agent.projection_digest() == digest
 
 
+@pytest.mark.parametrize("kind", sorted(["workitem.claim", "workitem.start", "workitem.submit", "workitem.publish",
+                                         "approval.request"]))
+def test_every_kind_that_starts_new_work_or_shows_outside_is_refused_offline(setup, kind):
+    """Pins the documented list of kinds refused offline on an active, held, reversible lease:
+    each of the five, publication included, is refused with reason ``kind``."""
+    setup.guard.service_unreachable(now(setup))
+    assert setup.guard.permit("wi1", now_ms=now(setup) + 1, reversible=True) is not None
+    with pytest.raises(OfflineRefused) as info:
+        setup.guard.permit("wi1", now_ms=now(setup) + 1, reversible=True, kind=kind)
+    assert info.value.detail["reason"] == "kind"
+
+
+def test_a_lease_held_by_another_agent_is_not_this_agents_work(setup):
+    """A WorkItem leased to another agent (started, live) is new work for this one: refused offline
+    (``new_work``) and, online, no current lease for an irreversible operation."""
+    setup.harness.claim_and_start("w2", "wi2")
+    setup.sync()
+    with pytest.raises(OfflineRefused) as info:
+        setup.guard.permit("wi2", now_ms=now(setup), reversible=False)
+    assert info.value.detail["reason"] == "no_current_lease"
+    setup.guard.service_unreachable(now(setup))
+    with pytest.raises(OfflineRefused) as info:
+        setup.guard.permit("wi2", now_ms=now(setup) + 1, reversible=True)
+    assert info.value.detail["reason"] == "new_work"
+
+
+def test_online_a_claimed_lease_past_its_start_deadline_is_not_current(setup):
+    """Online, a claimed lease whose work never started stops being current at its start-by time
+    (the claim lapses there), though it has not expired."""
+    lease = setup.harness.claim(AGENT, "wi2")
+    setup.sync()
+    lease = setup.harness.lease("wi2")
+    assert not lease["started"] and lease["start_by_ms"] < lease["expires_at_ms"]
+    assert setup.guard.permit("wi2", now_ms=lease["start_by_ms"] - 1, reversible=False) is None
+    with pytest.raises(OfflineRefused) as info:
+        setup.guard.permit("wi2", now_ms=lease["start_by_ms"], reversible=False)
+    assert info.value.detail["reason"] == "no_current_lease"
+
+
+def test_a_second_unreachable_report_keeps_the_outage_start(setup):
+    """The outage starts at the first report: later reports during it do not move the start, so
+    they cannot extend the grace period."""
+    start = now(setup)
+    guard = OfflineGuard(setup.agent, GROUP, AGENT, grace_ms=300)
+    guard.service_unreachable(start)
+    guard.service_unreachable(start + 200)
+    assert guard.outage().since_ms == start
+    with pytest.raises(OfflineRefused) as info:
+        guard.permit("wi1", now_ms=start + 300, reversible=True)
+    assert info.value.detail["reason"] == "grace_expired"
+
+
+def test_the_grace_period_is_the_one_recorded_when_the_outage_began(setup):
+    """A guard made later (after a restart, say) with a longer ``grace_ms`` does not lengthen an
+    outage already under way: the deadline uses the grace stored with the outage."""
+    start = now(setup)
+    short = 300
+    assert start + short < setup.harness.lease("wi1")["expires_at_ms"]  # the grace, not the lease, binds
+    OfflineGuard(setup.agent, GROUP, AGENT, grace_ms=short).service_unreachable(start)
+    longer = OfflineGuard(setup.agent, GROUP, AGENT, grace_ms=GRACE_MS)
+    assert longer.outage().grace_ms == short
+    assert longer.permit("wi1", now_ms=start + 1, reversible=True).grace_deadline_ms == start + short
+    with pytest.raises(OfflineRefused) as info:
+        longer.permit("wi1", now_ms=start + short, reversible=True)
+    assert info.value.detail["reason"] == "grace_expired"
+
+
+def test_another_agents_command_is_not_buffered(setup):
+    """``buffer`` keeps only this agent's Commands in this Group: one whose actor is another agent
+    is ``INVALID_COMMAND`` (field ``command``) and nothing is stored."""
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    command = Command(actor="w2", action_id="cp-w2", group=GROUP, kind="workitem.checkpoint", target="wi1",
+                      body={**fence, "checkpoint": {"step": 1}})
+    with pytest.raises(InvalidCommand) as caught:
+        setup.guard.buffer(command, now_ms=now(setup) + 1, reversible=True)
+    assert caught.value.detail["field"] == "command" and setup.guard.buffered() == []
+
+
+def test_derived_action_id_depends_on_the_changed_fields(setup):
+    """``derive_action_id(old, changed)`` is ``rb-`` + 40 hex of a domain-separated blake3 of the
+    old ID and the changed fields: a different change gives a different ID, the same change the
+    same one."""
+    import blake3
+
+    from mwpstore import canonical
+    from mwpstore.offline import DOMAIN_REBASE
+
+    first = derive_action_id("renew-2", {"expected_revision": 4})
+    assert first == derive_action_id("renew-2", {"expected_revision": 4})
+    assert first != derive_action_id("renew-2", {"expected_revision": 5})
+    assert first != derive_action_id("renew-3", {"expected_revision": 4})
+    data = canonical.canonical_bytes({"action_id": "renew-2", "changed": {"expected_revision": 4}})
+    assert first == "rb-" + blake3.blake3(DOMAIN_REBASE + data).hexdigest()[:40]
+
+
+def test_a_rebased_command_whose_send_arrived_is_resent_unchanged_though_the_group_moved_on(setup):
+    """A send that reached the authority but whose answer was lost: the next reconnect resends the
+    stored bytes (same Action ID, same expected revision), never rebases it again onto the revision
+    its own acceptance moved, which would make it a second, new renewal."""
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    setup.guard.buffer(setup.offline_command("lease.renew", dict(fence), cas=True, action="renew-1"),
+                       now_ms=now(setup) + 1, reversible=True)
+    revision = setup.harness.group.revision("workitem:wi1")
+
+    def arrives_then_drops(command):
+        setup.submit(command)
+        raise ConnectionError("answer lost")
+
+    with pytest.raises(ConnectionError):
+        setup.guard.reconnect(arrives_then_drops, signing_key=setup.key, sync=setup.sync)
+    first = setup.submitted[-1]
+    assert setup.harness.group.revision("workitem:wi1") == revision + 1
+    resent = []
+
+    def idempotent(command):
+        resent.append(command)
+        return None
+
+    [outcome] = setup.guard.reconnect(idempotent, signing_key=setup.key, sync=setup.sync)
+    assert outcome.state is BufferedState.SUBMITTED
+    assert resent == [first] and first.action_id == "renew-1" and first.expected_revision == revision
+
+
 @pytest.mark.parametrize("options,field", [
     (dict(reversible="yes"), "reversible"),
     (dict(reversible=1), "reversible"),
