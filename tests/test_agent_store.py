@@ -91,6 +91,28 @@ def test_buffered_duplicate_is_reported_as_duplicate(store, events):
     assert store.head(GROUP).buffered == 1
 
 
+def test_a_second_different_event_for_a_buffered_sequence_replaces_the_first(store, events):
+    """A forgery buffered first (self-consistent, linked to nothing) does not shut out the genuine
+    Event delivered after it for the same sequence: the later one replaces it, the count stays one,
+    and when the gap fills the genuine Event applies."""
+    forged = _rehash(events[2], prev_hash=bytes(32))
+    assert apply_all(store, [events[0], forged]) == [ApplyStatus.APPLIED, ApplyStatus.BUFFERED]
+    assert apply_all(store, [events[2]]) == [ApplyStatus.BUFFERED]
+    assert store.buffered_seqs(GROUP) == [3] and store.head(GROUP).buffered == 1
+    assert apply_all(store, [events[1]]) == [ApplyStatus.APPLIED]
+    assert store.cursor(GROUP) == 3 and store.head(GROUP).applied_hash == events[2].hash
+    assert store.buffered_seqs(GROUP) == []
+
+
+def test_ack_position_is_the_durable_cursor_not_the_applied_sequence(store, events):
+    """What to ACK is the Cursor: Events applied in a commit that did not advance it are not
+    ACKed yet."""
+    apply_all(store, events[:4])
+    apply_all(store, events[4:9], advance=False)
+    assert store.head(GROUP).applied_seq == 9
+    assert store.ack_position(GROUP) == store.cursor(GROUP) == 4
+
+
 def test_advance_cursor_is_a_separate_call(store, events, tmp_path):
     apply_all(store, events[:5], advance=False)
     assert store.cursor(GROUP) == 0
@@ -684,6 +706,46 @@ def test_restore_refuses_a_snapshot_below_the_applied_sequence_even_above_the_cu
         store.restore_verified(_snapshot_at(events, 15), group=GROUP)
     assert info.value.check == "sequence"
     assert store.projection_dump() == dump and store.inbox_seqs(GROUP) == list(range(1, 21))
+
+
+def test_restore_verified_refuses_a_snapshot_one_below_the_applied_sequence(store, events):
+    """The rollback bound is exact: a snapshot one sequence below what is applied is refused
+    (``sequence``) and changes nothing; one at the applied sequence with its head hash is taken."""
+    apply_all(store, events[:20])
+    dump = store.projection_dump()
+    with pytest.raises(SnapshotInvalid) as info:
+        store.restore_verified(_snapshot_at(events, 19), group=GROUP)
+    assert info.value.check == "sequence"
+    assert store.projection_dump() == dump and store.head(GROUP).applied_seq == 20
+    assert store.restore_verified(_snapshot_at(events, 20), group=GROUP) == 20
+    assert store.cursor(GROUP) == 20 and store.head(GROUP).floor_seq == 20
+
+
+def test_restore_runs_an_application_projections_restore_hook(tmp_path, events):
+    """An application projection with ``restore(view, snapshot)`` is called on a restore, inside
+    the restoring commit and with a view of the Group (what it writes is there afterwards); one
+    without it starts empty for the Group."""
+
+    class Restoring:
+        name = "restoring"
+        calls: list = []
+
+        def apply(self, view, event):
+            view.put(f"e{event.seq}", b"x")
+
+        def restore(self, view, snapshot):
+            Restoring.calls.append(snapshot.seq)
+            view.put("restored-at", str(snapshot.seq).encode())
+
+    agent = AgentStore.open(tmp_path / "a", projections=[Restoring(), CountingProjection()])
+    apply_all(agent, events[:5])
+    agent.restore_verified(_snapshot_at(events, 30), group=GROUP)
+    assert Restoring.calls == [30]
+    assert agent.projection_items(GROUP, "restoring") == [(b"restored-at", b"30")]
+    assert agent.projection_items(GROUP, "counter") == []
+    apply_all(agent, events[30:32])
+    assert agent.projection_get(GROUP, "restoring", "e31") == b"x"
+    agent.close()
 
 
 def test_restore_keeps_buffered_events_after_the_snapshot(tmp_path, events):
