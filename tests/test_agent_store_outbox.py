@@ -196,6 +196,51 @@ def test_uncertain_outcome_must_be_reconciled_before_retry(tmp_path):
     agent.close()
 
 
+def test_reconcile_asks_nothing_about_an_intent_whose_outcome_is_known(tmp_path):
+    """``reconcile`` settles only an unknown outcome: an INTENDED (never dispatched), RECONCILED or
+    DONE intent is returned as it is, without calling ``lookup``."""
+    agent = AgentStore.open(tmp_path / "a")
+    asked = []
+
+    def lookup(intent):
+        asked.append(intent.key)
+        return {"ref": "seen outside"}
+
+    intended = record(agent, operation="intended")
+    assert agent.reconcile(intended.key, lookup) == intended
+    reconciled = record(agent, operation="reconciled")
+    agent.mark_dispatched(reconciled.key)
+    agent.mark_uncertain(reconciled.key, "timeout")
+    reconciled = agent.reconcile(reconciled.key, lambda _: None)
+    assert reconciled.state is IntentState.RECONCILED
+    assert agent.reconcile(reconciled.key, lookup) == reconciled
+    done = record(agent, operation="done")
+    agent.mark_dispatched(done.key)
+    done = agent.record_receipt(done.key, {"ref": "first"})
+    assert agent.reconcile(done.key, lookup) == done
+    assert asked == []
+    assert [agent.intent(key).state for key in (intended.key, reconciled.key, done.key)] == [
+        IntentState.INTENDED, IntentState.RECONCILED, IntentState.DONE]
+    agent.close()
+
+
+def test_pending_intents_are_every_one_without_a_receipt(tmp_path):
+    """``intents(pending_only=True)`` is what is left to do after a restart: INTENDED, DISPATCHED,
+    UNCERTAIN and RECONCILED (not happened: to be dispatched again) intents; only DONE is left out."""
+    agent = AgentStore.open(tmp_path / "a")
+    keys = {state: record(agent, operation=state.value).key for state in IntentState}
+    for state in (IntentState.DISPATCHED, IntentState.UNCERTAIN, IntentState.RECONCILED, IntentState.DONE):
+        agent.mark_dispatched(keys[state])
+    for state in (IntentState.UNCERTAIN, IntentState.RECONCILED):
+        agent.mark_uncertain(keys[state], "timeout")
+    agent.reconcile(keys[IntentState.RECONCILED], lambda _: None)
+    agent.record_receipt(keys[IntentState.DONE], {"ref": "r"})
+    assert {intent.key: intent.state for intent in agent.intents()} == {key: state for state, key in keys.items()}
+    pending = {intent.state for intent in agent.intents(GROUP, pending_only=True)}
+    assert pending == {IntentState.INTENDED, IntentState.DISPATCHED, IntentState.UNCERTAIN, IntentState.RECONCILED}
+    agent.close()
+
+
 def test_reconciled_as_not_done_is_retried_with_the_same_key(tmp_path):
     agent = AgentStore.open(tmp_path / "a")
     service = ExternalService()
