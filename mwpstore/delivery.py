@@ -12,7 +12,7 @@ replays Events from before the requested position, and disconnects now and then.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -58,13 +58,15 @@ class DeliveryStats:
             self.buffered += 1
 
 
-def deliver_batch(agent: AgentStore, group: str, events: list[Any], stats: DeliveryStats | None = None) -> int:
+def deliver_batch(agent: AgentStore, group: str, events: Iterable[Any], stats: DeliveryStats | None = None) -> int:
     """Apply one batch in one local transaction, advance the Cursor, commit; return the Cursor.
 
     An Event that fails validation is counted as rejected and skipped (nothing of it is written);
-    the rest of the batch still applies. An Event of another Group is rejected.
+    the rest of the batch still applies. An Event of another Group is rejected. ``events`` may be
+    any iterable of Events (a source's answer); it is taken as a list.
     """
     stats = stats if stats is not None else DeliveryStats()
+    events = _as_batch(events)
     with agent.begin() as tx:
         if all(type(event) is Event and event.group == group for event in events):
             _apply_skipping_rejected(tx, events, stats)  # the common case: apply_many's C runs
@@ -83,6 +85,16 @@ def deliver_batch(agent: AgentStore, group: str, events: list[Any], stats: Deliv
                     stats.rejections.append(exc)
         cursor = tx.advance_cursor(group)
     return cursor
+
+
+def _as_batch(events: Any) -> list[Any]:
+    """A source's answer as a list: the C runs behind ``apply_many`` take exactly a list, and a
+    generator would be used up by a first look (and is true even when empty)."""
+    if type(events) is list:
+        return events
+    if isinstance(events, (str, bytes, bytearray, memoryview)) or not isinstance(events, Iterable):
+        raise InvalidCommand("a batch is an iterable of Events (or their bytes)", field="events")
+    return list(events)
 
 
 def _apply_skipping_rejected(tx: Any, events: list[Event], stats: DeliveryStats) -> None:
@@ -141,7 +153,7 @@ class Delivery:
         Events the source returned (0: caught up)."""
         after = self.agent.cursor(group)
         try:
-            events = self.source.read(group, after=after, limit=self.batch_events)
+            events = _as_batch(self.source.read(group, after=after, limit=self.batch_events))
         except CursorTooOld as exc:
             if self.restore_snapshot is None:
                 raise

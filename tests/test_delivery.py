@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from agent_store_support import CountingProjection, seen_counts, workload
 from mwpstore.agent_store import AgentStore
 from mwpstore.delivery import Delivery, DeliveryStats, FaultyTransport, ListSource, TransportDisconnected, deliver_batch
-from mwpstore.errors import EventInvalid
+from mwpstore.errors import EventInvalid, InvalidCommand
 from mwpstore.messages import Event
 
 MAP_BYTES = 64 * 1024 * 1024
@@ -612,3 +612,33 @@ def test_faulty_transport_never_answers_empty_while_events_remain():
         delivered = transport.read("g-a", after=after, limit=4)
         assert len(delivered) == 1 and delivered[0] in history[after : after + 4]
     assert transport.read("g-a", after=len(history), limit=4) == []
+
+
+@pytest.mark.parametrize("shape", ["tuple", "generator", "list subclass"])
+def test_a_batch_that_is_not_a_list_is_delivered_like_the_list(tmp_path, clean_dump, shape):
+    """A source may answer with any sequence of Events (a tuple, a generator, a list subclass):
+    ``deliver_batch`` and ``Delivery`` take it as the list of the same Events (the C runs behind
+    ``apply_many`` take exactly a list), and a str or bytes is no batch (``INVALID_COMMAND``)."""
+
+    class Items(list):
+        pass
+
+    make = {"tuple": tuple, "generator": lambda events: (event for event in events), "list subclass": Items}[shape]
+
+    class Shaped(ListSource):
+        def read(self, group, after=0, limit=1000):
+            return make(super().read(group, after, limit))
+
+    agent = open_agent(tmp_path / "agent")
+    stats = DeliveryStats()
+    assert deliver_batch(agent, "g-a", make(HISTORIES["g-a"][:5]), stats) == 5
+    assert stats.applied == stats.received == 5
+    delivery = Delivery(agent, Shaped(ALL_EVENTS), batch_events=7)
+    for group, history in HISTORIES.items():
+        assert delivery.catch_up(group) == len(history)
+    assert agent.projection_dump() == clean_dump
+    for wrong in (b"events", "events", 7):
+        with pytest.raises(InvalidCommand) as caught:
+            deliver_batch(agent, "g-a", wrong)
+        assert caught.value.detail["field"] == "events"
+    agent.close()
