@@ -183,6 +183,10 @@ class Delivery:
         returned Events but did not move the Cursor: the Event after it is refused every time
         (a source serving another history of the Group), and more rounds would not change that.
         """
+        for name, value, least in (("rounds_max", rounds_max, 0), ("reconnects_max", reconnects_max, 0),
+                                   ("stalled_max", stalled_max, 1)):
+            if type(value) is not int or value < least:
+                raise InvalidCommand(f"{name} must be an integer of at least {least}", field=name)
         in_a_row = 0
         stalled = 0
         for _ in range(rounds_max):

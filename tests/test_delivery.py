@@ -642,3 +642,32 @@ def test_a_batch_that_is_not_a_list_is_delivered_like_the_list(tmp_path, clean_d
             deliver_batch(agent, "g-a", wrong)
         assert caught.value.detail["field"] == "events"
     agent.close()
+
+
+@pytest.mark.parametrize("options,field", [
+    (dict(stalled_max=0), "stalled_max"),
+    (dict(stalled_max=None), "stalled_max"),
+    (dict(stalled_max=1.5), "stalled_max"),
+    (dict(rounds_max="5"), "rounds_max"),
+    (dict(rounds_max=-1), "rounds_max"),
+    (dict(reconnects_max=None), "reconnects_max"),
+    (dict(reconnects_max=True), "reconnects_max"),
+])
+def test_catch_up_refuses_bounds_that_are_not_counts_before_reading(tmp_path, options, field):
+    """``rounds_max`` and ``reconnects_max`` are ints from 0 and ``stalled_max`` an int from 1:
+    anything else is ``INVALID_COMMAND`` before the first read (``stalled_max=0`` used to report
+    ``no_progress`` after a round that had moved the Cursor; ``None`` or a str a ``TypeError``)."""
+
+    class Counting(ListSource):
+        reads = 0
+
+        def read(self, group, after=0, limit=1000):
+            Counting.reads += 1
+            return super().read(group, after, limit)
+
+    agent = AgentStore.open(tmp_path / "agent", map_size=MAP_BYTES)
+    with pytest.raises(InvalidCommand) as caught:
+        Delivery(agent, Counting(ALL_EVENTS), batch_events=3).catch_up("g-a", **options)
+    assert caught.value.detail["field"] == field
+    assert Counting.reads == 0 and agent.cursor("g-a") == 0
+    agent.close()
