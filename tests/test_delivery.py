@@ -671,3 +671,28 @@ def test_catch_up_refuses_bounds_that_are_not_counts_before_reading(tmp_path, op
     assert caught.value.detail["field"] == field
     assert Counting.reads == 0 and agent.cursor("g-a") == 0
     agent.close()
+
+
+def test_pull_once_reads_after_the_durable_cursor_not_the_applied_sequence(tmp_path):
+    """A round reads after the Cursor (what was ACKed), not after what happens to be applied: Events
+    applied in a commit that did not advance the Cursor come back and are counted as duplicates."""
+
+    class Recording(ListSource):
+        afters: list = []
+
+        def read(self, group, after=0, limit=1000):
+            Recording.afters.append(after)
+            return super().read(group, after, limit)
+
+    history = HISTORIES["g-a"]
+    agent = AgentStore.open(tmp_path / "agent", map_size=MAP_BYTES)
+    deliver_batch(agent, "g-a", history[:4])
+    with agent.begin() as tx:
+        tx.apply_many(history[4:9])  # committed without advance_cursor
+    assert agent.cursor("g-a") == 4 and agent.head("g-a").applied_seq == 9
+    delivery = Delivery(agent, Recording(ALL_EVENTS), consumer="agent-7")
+    assert delivery.pull_once("g-a") == len(history) - 4
+    assert Recording.afters == [4]
+    assert delivery.stats.duplicates == 5 and delivery.stats.applied == len(history) - 9
+    assert agent.cursor("g-a") == len(history)
+    agent.close()
