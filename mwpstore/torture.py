@@ -1624,13 +1624,16 @@ def run_disk(count: int | None = None, seconds: float | None = None, seed: int =
             if os.path.exists(fault_log):
                 with open(fault_log) as handle:
                     calls = handle.read().splitlines()
+                os.remove(fault_log)
             return path, child.stdout.splitlines(), calls
 
         # A clean run counts the sync and write calls: the points to fail.
-        _, _, calls = run_child({}, -1)
+        counted, _, calls = run_child({}, -1)
+        shutil.rmtree(counted, ignore_errors=True)
         sync_points = sum(1 for call in calls if call.split()[0] in ("fsync", "fdatasync"))
         write_points = sum(1 for call in calls if call.split()[0] in ("write", "pwrite"))
         _, seam_syncs = _seam_case(os.path.join(root, "seam-count"), -1, seed, boot)
+        shutil.rmtree(os.path.join(root, "seam-count"), ignore_errors=True)
         sweep = {mode: 0 for mode in DISK_MODES}
         points = {"sync_once": sync_points, "sync_from": sync_points, "enospc": write_points,
                   "short_write": write_points, "seam_sync": seam_syncs}
@@ -1644,7 +1647,9 @@ def run_disk(count: int | None = None, seconds: float | None = None, seed: int =
             iterations += 1
             cases[mode]["cases"] += 1
             if mode == "seam_sync":
-                problems, _ = _seam_case(os.path.join(root, f"seam-{iterations}"), point - 1, seed, boot)
+                seam_path = os.path.join(root, f"seam-{iterations}")
+                problems, _ = _seam_case(seam_path, point - 1, seed, boot)
+                shutil.rmtree(seam_path, ignore_errors=True)  # each store holds a 64 MiB segment
                 cases[mode]["faults_injected"] += 1
             else:
                 variable = {"sync_once": "MWPSTORE_FAIL_SYNC_AT", "sync_from": "MWPSTORE_FAIL_SYNC_FROM",
