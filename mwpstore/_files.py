@@ -65,7 +65,8 @@ def _write_all(fd: int, data: bytes | memoryview) -> None:
 def write_file_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` atomically: temp file, fsync, rename over ``path``, dir fsync.
 
-    Raises ``StorageFailed`` on any I/O error; the temporary file is removed on failure.
+    Raises ``StorageFailed`` on any I/O error; the temporary file is removed on any failure,
+    an interrupt included.
     """
     path = store_path(path)
     _check_data(data)
@@ -79,9 +80,11 @@ def write_file_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
             os.close(fd)
         os.replace(temp, path)
         fsync_directory(os.path.dirname(os.path.abspath(path)))
-    except OSError as exc:
-        _remove_quietly(temp)
-        raise translate(exc, context=f"writing {path}") from None
+    except BaseException as exc:
+        _remove_quietly(temp)  # an interrupt too: the contents may be a secret (a rotated key's seed)
+        if isinstance(exc, OSError):
+            raise translate(exc, context=f"writing {path}") from None
+        raise
 
 
 def _check_data(data: object) -> None:

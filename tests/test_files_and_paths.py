@@ -134,3 +134,25 @@ def test_a_new_store_directory_is_made_durable_in_its_parent(tmp_path, synced, k
     (Authority.open if kind == "authority" else AgentStore.open)(str(store)).close()
     for created in (store, store.parent, store.parent.parent):
         assert str(created.parent) in synced, f"{created} was created but {created.parent} never synced"
+
+
+@pytest.mark.parametrize("write", ["atomic", "secret"])
+def test_an_interrupted_write_leaves_no_temporary_copy(tmp_path, monkeypatch, write):
+    """An interrupt (``KeyboardInterrupt``, or any exception that is no ``OSError``) while the
+    temporary file is being written removes it before propagating: ``write_file_atomic`` writes
+    the new seed of a key rotation, and a copy of a secret must not outlive the call, nor a stray
+    temporary file the writer of a snapshot."""
+    directory = tmp_path / "d"
+    directory.mkdir()
+
+    def interrupted(fd: int) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "fsync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        if write == "atomic":
+            _files.write_file_atomic(str(directory / "f"), b"secret seed")
+        else:
+            _files.create_secret_file(str(directory / "f"), b"secret seed")
+    monkeypatch.undo()
+    assert os.listdir(directory) == []
