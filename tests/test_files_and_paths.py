@@ -136,6 +136,230 @@ def test_a_new_store_directory_is_made_durable_in_its_parent(tmp_path, synced, k
         assert str(created.parent) in synced, f"{created} was created but {created.parent} never synced"
 
 
+# -- The durable file helpers, one promise each ----------------------------------------------------
+
+
+@pytest.fixture
+def fsynced(monkeypatch) -> list[tuple[int, int]]:
+    """``(st_dev, st_ino)`` of every descriptor passed to ``os.fsync`` (still synced), in order."""
+    seen: list[tuple[int, int]] = []
+    fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        info = os.fstat(fd)
+        seen.append((info.st_dev, info.st_ino))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    return seen
+
+
+def _identity(path) -> tuple[int, int]:
+    info = os.stat(path)
+    return info.st_dev, info.st_ino
+
+
+def test_fsync_directory_fsyncs_the_directory_itself(tmp_path, fsynced):
+    """``fsync_directory`` is what makes a rename, link or unlink durable: it must hand the
+    directory's descriptor to ``fsync``, not merely open and close it."""
+    _files.fsync_directory(str(tmp_path))
+    assert fsynced == [_identity(tmp_path)]
+
+
+@pytest.mark.parametrize("write", ["atomic", "secret"])
+def test_file_contents_are_fsynced_before_publishing_and_the_directory_after(tmp_path, fsynced, synced, write):
+    """``write_file_atomic`` and ``create_secret_file`` fsync the file's own descriptor (the
+    published name keeps the inode, so its identity is among the synced ones) and then fsync the
+    directory holding the new name."""
+    directory = tmp_path / "d"
+    directory.mkdir()
+    path = directory / "f"
+    if write == "atomic":
+        _files.write_file_atomic(str(path), b"contents")
+    else:
+        assert _files.create_secret_file(str(path), b"contents") is True
+    assert path.read_bytes() == b"contents"
+    assert _identity(path) in fsynced, "the file's data was never fsynced"
+    assert str(directory) in synced, "the directory holding the new name was never fsynced"
+    assert os.listdir(directory) == ["f"]
+
+
+@pytest.mark.parametrize("write", ["atomic", "secret"])
+def test_short_writes_are_continued_until_every_byte_is_written(tmp_path, monkeypatch, write):
+    """``os.write`` may write fewer bytes than asked (a signal, a nearly full disk): the helpers
+    loop until everything is written instead of publishing a truncated file."""
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, bytes(data[:3])))
+    path = tmp_path / "f"
+    contents = bytes(range(40))
+    if write == "atomic":
+        _files.write_file_atomic(str(path), contents)
+    else:
+        _files.create_secret_file(str(path), contents)
+    monkeypatch.undo()
+    assert path.read_bytes() == contents
+
+
+@pytest.mark.parametrize("write", ["atomic", "secret"])
+def test_the_temporary_file_lives_beside_the_target(tmp_path, monkeypatch, write):
+    """The temporary name is in the target's own directory (same file system, so the final
+    rename or link is atomic, and ``remove_with_temp_copies`` finds a copy left there), whatever
+    the working directory is."""
+    elsewhere = tmp_path / "cwd"
+    elsewhere.mkdir()
+    target = tmp_path / "target"
+    target.mkdir()
+    monkeypatch.chdir(elsewhere)
+    published: list[str] = []
+    real_replace, real_link = os.replace, os.link
+    monkeypatch.setattr(os, "replace", lambda src, dst: (published.append(os.path.abspath(src)), real_replace(src, dst))[1])
+    monkeypatch.setattr(os, "link", lambda src, dst: (published.append(os.path.abspath(src)), real_link(src, dst))[1])
+    if write == "atomic":
+        _files.write_file_atomic(str(target / "f"), b"x")
+    else:
+        _files.create_secret_file(str(target / "f"), b"x")
+    monkeypatch.undo()
+    assert len(published) == 1 and os.path.dirname(published[0]) == str(target)
+    assert os.listdir(elsewhere) == []
+
+
+def test_a_failed_atomic_write_is_storage_failed_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """An I/O error while publishing is reported (``StorageFailed``), never swallowed, and the
+    temporary copy is removed."""
+    import errno
+
+    directory = tmp_path / "d"
+    directory.mkdir()
+
+    def failing(src, dst):
+        raise OSError(errno.EIO, "injected")
+
+    monkeypatch.setattr(os, "replace", failing)
+    with pytest.raises(StorageFailed):
+        _files.write_file_atomic(str(directory / "f"), b"contents")
+    monkeypatch.undo()
+    assert os.listdir(directory) == []
+
+
+def test_makedirs_durable_refuses_a_file_in_place_of_the_directory(tmp_path):
+    """A path that exists and is no directory is ``StorageFailed`` (``EEXIST``), not taken for a
+    directory that was just created."""
+    (tmp_path / "plain").write_bytes(b"x")
+    with pytest.raises(StorageFailed):
+        _files.makedirs_durable(str(tmp_path / "plain"))
+    with pytest.raises(StorageFailed):
+        _files.ensure_private_directory(str(tmp_path / "plain"))
+    assert (tmp_path / "plain").read_bytes() == b"x"
+
+
+def test_a_secret_file_is_mode_0600_whatever_the_umask(tmp_path):
+    """A umask may remove bits from the mode ``open`` is given: ``create_secret_file`` sets 0600
+    exactly, so an owner-only umask such as 0o277 still leaves the owner able to write it."""
+    import stat
+
+    previous = os.umask(0o277)
+    try:
+        _files.create_secret_file(str(tmp_path / "k.key"), b"k" * 32)
+    finally:
+        os.umask(previous)
+    assert stat.S_IMODE(os.stat(tmp_path / "k.key").st_mode) == 0o600
+
+
+def test_removing_a_secret_removes_only_its_own_temporary_copies_and_syncs(tmp_path, synced):
+    """``remove_with_temp_copies`` deletes the file and ``.<name>.<16 hex>.tmp`` copies, durably
+    (the directory is fsynced), and nothing else: not a name that merely starts like a copy, nor
+    one where the dots of the file's name are other characters."""
+    directory = tmp_path / "d"
+    directory.mkdir()
+    name = "k1.key"
+    (directory / name).write_bytes(b"k")
+    (directory / f".{name}.0123456789abcdef.tmp").write_bytes(b"k")
+    keep = [f".{name}.0123456789abcdef.tmpx", ".k1Xkey.0123456789abcdef.tmp", f".{name}.0123456789abcdef.tmp.bak"]
+    for other in keep:
+        (directory / other).write_bytes(b"not a copy")
+    assert _files.remove_with_temp_copies(str(directory / name)) is True
+    assert sorted(os.listdir(directory)) == sorted(keep)
+    assert str(directory) in synced
+    assert _files.remove_with_temp_copies(str(directory / name)) is False
+
+
+def test_open_regular_fd_names_a_directory_and_leaks_no_descriptor(tmp_path):
+    """A directory is ``IsADirectoryError`` and a FIFO ``OSError`` (``EINVAL``); either way the
+    descriptor opened to look at it is closed again."""
+    import errno
+
+    os.mkfifo(tmp_path / "fifo")
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(20):
+        with pytest.raises(IsADirectoryError):
+            _files.open_regular_fd(str(tmp_path))
+        with pytest.raises(OSError) as caught:
+            _files.open_regular_fd(str(tmp_path / "fifo"))
+        assert caught.value.errno == errno.EINVAL
+    assert len(os.listdir("/proc/self/fd")) < before + 20
+
+
+def test_a_key_file_owned_by_another_user_is_refused(tmp_path, monkeypatch):
+    """The owner check: a key file whose owner is not this process's user is ``KeyFileInvalid``
+    with reason ``owner`` (shown by letting the process claim another user id)."""
+    from mwpstore.errors import KeyFileInvalid
+
+    path = tmp_path / "k.key"
+    _files.create_secret_file(str(path), b"k" * 32)
+    assert _files.read_secret_file(str(path), 32) == b"k" * 32
+    real = os.geteuid()
+    monkeypatch.setattr(os, "geteuid", lambda: real + 1)
+    with pytest.raises(KeyFileInvalid) as caught:
+        _files.read_secret_file(str(path), 32)
+    assert caught.value.detail["reason"] == "owner"
+
+
+def test_a_key_file_too_large_names_its_size(tmp_path):
+    """A key file with more bytes than a key is refused up front, with its size in the error."""
+    from mwpstore.errors import KeyFileInvalid
+
+    path = tmp_path / "k.key"
+    _files.create_secret_file(str(path), b"k" * 33)
+    with pytest.raises(KeyFileInvalid) as caught:
+        _files.read_secret_file(str(path), 32)
+    assert caught.value.detail["reason"] == "size" and caught.value.detail["size"] == 33
+
+
+def test_a_file_growing_between_stat_and_read_is_not_taken_truncated(tmp_path, monkeypatch):
+    """The reads ask for one byte more than the size seen by ``fstat``: a file that grew meanwhile
+    (shown by an ``fstat`` reporting the old size) is refused, not returned cut to size."""
+    from mwpstore.errors import KeyFileInvalid
+
+    secret = tmp_path / "k.key"
+    _files.create_secret_file(str(secret), b"k" * 33)
+    capped = tmp_path / "c"
+    capped.write_bytes(b"c" * 11)
+    real_fstat = os.fstat
+
+    def stale(fd):
+        info = real_fstat(fd)
+        return os.stat_result((info.st_mode, info.st_ino, info.st_dev, info.st_nlink, info.st_uid, info.st_gid, info.st_size - 1,
+                               info.st_atime, info.st_mtime, info.st_ctime))
+
+    monkeypatch.setattr(os, "fstat", stale)
+    with pytest.raises(KeyFileInvalid) as caught:
+        _files.read_secret_file(str(secret), 32)
+    assert caught.value.detail["reason"] == "size"
+    assert _files.read_file_capped(str(capped), 10) is None
+
+
+def test_read_file_capped_bounds_and_missing_files(tmp_path):
+    """At most ``bytes_max`` bytes are read whole (exactly ``bytes_max`` included); a larger file
+    reads as None; a missing file is None only with ``missing_ok``, ``StorageFailed`` otherwise."""
+    path = tmp_path / "f"
+    path.write_bytes(b"x" * 10)
+    assert _files.read_file_capped(str(path), 10) == b"x" * 10
+    assert _files.read_file_capped(str(path), 9) is None
+    assert _files.read_file_capped(str(tmp_path / "missing"), 10, missing_ok=True) is None
+    with pytest.raises(StorageFailed):
+        _files.read_file_capped(str(tmp_path / "missing"), 10)
+
+
 @pytest.mark.parametrize("write", ["atomic", "secret"])
 def test_an_interrupted_write_leaves_no_temporary_copy(tmp_path, monkeypatch, write):
     """An interrupt (``KeyboardInterrupt``, or any exception that is no ``OSError``) while the
