@@ -725,3 +725,70 @@ def test_fifos_in_place_of_snapshot_and_key_files_are_refused_without_blocking(t
     error = outcome_within(10, lambda: SigningKey.load_or_create(str(tmp_path)))
     assert isinstance(error, KeyFileInvalid)
     assert error.detail["reason"] == "type"
+
+
+# -- Keys from outside: typed refusals, one promise each ---------------------------------------------
+
+
+@pytest.mark.parametrize("public_key", ["k" * 32, "public key of 32 characters ....", 32])
+def test_keyring_refuses_a_public_key_that_is_not_bytes(public_key):
+    """A key is 32 raw ``bytes``: text of that length (or anything else) is ``InvalidCommand``
+    (``public_key``), never a ``TypeError`` from the Ed25519 library."""
+    with pytest.raises(InvalidCommand) as caught:
+        Keyring().add(public_key)
+    assert caught.value.detail["field"] == "public_key"
+    with pytest.raises(InvalidCommand):
+        Keyring().add(bytearray(SigningKey.generate().public_key))
+
+
+@pytest.mark.parametrize("seed", [b"s" * 31, b"s" * 33, b"", "s" * 32, bytearray(32), None])
+def test_a_signing_key_seed_is_exactly_32_bytes(seed):
+    """``SigningKey.from_seed`` takes 32 ``bytes``: another length or type is ``InvalidCommand``
+    (``seed``), not a ``ValueError`` or ``TypeError`` from the library."""
+    with pytest.raises(InvalidCommand) as caught:
+        SigningKey.from_seed(seed)
+    assert caught.value.detail["field"] == "seed"
+
+
+@pytest.mark.parametrize("name", ["../outside", "a/b", "", ".hidden/../x"])
+def test_a_key_name_that_is_no_id_is_refused_before_any_file_is_created(tmp_path, name):
+    """``load_or_create(name=)`` takes an id: a name with a slash or ``..`` would put the key
+    file outside the key directory. Refused, and nothing is created."""
+    directory = tmp_path / "keys"
+    with pytest.raises(InvalidCommand):
+        SigningKey.load_or_create(str(directory), name=name)
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+def test_the_loser_of_a_key_creation_race_uses_the_winners_key(tmp_path, monkeypatch):
+    """Two processes creating the key at once end up with the same key: when another process
+    publishes its key file first, ``load_or_create`` returns the key in that file, not the seed it
+    generated itself (which signs nothing anyone trusts)."""
+    from mwpstore import snapshot as snapshot_module
+
+    winner = SigningKey.from_seed(b"w" * 32)
+    real = snapshot_module.create_secret_file
+
+    def racing(path, data):
+        real(path, b"w" * 32)  # the other process links its file first
+        return real(path, data)
+
+    monkeypatch.setattr(snapshot_module, "create_secret_file", racing)
+    key = SigningKey.load_or_create(str(tmp_path))
+    assert key.public_key == winner.public_key
+    assert (tmp_path / "snapshot-signing.pub").read_bytes() == winner.public_key.hex().encode() + b"\n"
+
+
+def test_the_public_key_file_is_readable_by_verifiers(tmp_path):
+    """``snapshot-signing.pub`` is handed to verifiers: mode 0644 (docs/operations.md), unlike
+    the 0600 seed beside it."""
+    SigningKey.load_or_create(str(tmp_path))
+    assert stat.S_IMODE(os.stat(tmp_path / "snapshot-signing.pub").st_mode) == 0o644
+    assert stat.S_IMODE(os.stat(tmp_path / "snapshot-signing.key").st_mode) == 0o600
+
+
+def test_keyring_add_file_of_a_directory_is_storage_failed(tmp_path):
+    """``Keyring.add_file`` reads through the capped, regular-file-only reader: a directory is a
+    typed ``StorageFailed``, not an ``IsADirectoryError``."""
+    with pytest.raises(StorageFailed):
+        Keyring().add_file(str(tmp_path))
