@@ -248,3 +248,141 @@ def test_rotating_a_closed_authority_is_refused(tmp_path):
     with pytest.raises(Exception) as caught:
         authority.rotate_signing_key()
     assert caught.value.code == "STORE_CLOSED"
+
+
+# -- The retired-key trust store, one promise each --------------------------------------------------
+
+
+@pytest.fixture
+def synced_dirs(monkeypatch) -> list[str]:
+    """The directories fsynced by the key code (through ``_files`` or ``snapshot``), still synced."""
+    from mwpstore import _files
+    from mwpstore import snapshot as snapshot_module
+
+    paths: list[str] = []
+    real = _files.fsync_directory
+
+    def recording(directory: str) -> None:
+        paths.append(os.path.abspath(directory))
+        real(directory)
+
+    monkeypatch.setattr(_files, "fsync_directory", recording)
+    monkeypatch.setattr(snapshot_module, "fsync_directory", recording)
+    return paths
+
+
+def test_rotation_syncs_the_key_directory_before_replacing_the_key(tmp_path, synced_dirs, monkeypatch):
+    """A ``retired/`` directory left by a crash between its ``mkdir`` and the sync of its parent is
+    made durable by the next rotation before the key file is replaced: otherwise a power loss
+    could keep the new key and lose the directory holding the retired one."""
+    directory = str(tmp_path / "keys")
+    SigningKey.load_or_create(directory)
+    os.mkdir(os.path.join(directory, RETIRED_DIRECTORY), 0o700)
+    synced_dirs.clear()
+    real_replace = os.replace
+
+    def recording(src, dst):
+        synced_dirs.append(f"replace {os.path.basename(dst)}")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", recording)
+    SigningKey.rotate(directory)
+    replaced = synced_dirs.index("replace snapshot-signing.key")
+    assert os.path.abspath(directory) in synced_dirs[:replaced]
+
+
+def test_dropping_a_retired_key_syncs_the_retired_directory(tmp_path, synced_dirs):
+    """``drop_retired_key`` deletes durably: the ``retired/`` directory is fsynced after the unlink."""
+    from mwpstore.snapshot import drop_retired_key
+
+    directory, path, old = _retired_dir_with_one_key(tmp_path)
+    synced_dirs.clear()
+    drop_retired_key(directory, old.key_id)
+    assert not os.path.exists(path)
+    assert os.path.dirname(os.path.abspath(path)) in synced_dirs
+
+
+def test_a_retired_directory_that_is_a_symbolic_link_is_refused(tmp_path):
+    """``retired/`` itself must not be a symbolic link: the trust store would be read from
+    wherever it points."""
+    directory, path, old = _retired_dir_with_one_key(tmp_path)
+    retired = os.path.dirname(path)
+    elsewhere = str(tmp_path / "elsewhere")
+    os.rename(retired, elsewhere)
+    os.symlink(elsewhere, retired)
+    with pytest.raises(KeyFileInvalid) as caught:
+        retired_public_keys(directory)
+    assert caught.value.detail["reason"] == "type"
+
+
+@pytest.mark.parametrize("stray", ["notes.tmp", ".hidden", "{key_id}-copy.pub", "{key_id}.pub.pub", "{key_id}.PUB"])
+def test_only_interrupted_writes_are_skipped_in_the_retired_directory(tmp_path, stray):
+    """Only ``.<name>.tmp`` files are skipped; a name that only ends in ``.tmp`` or only starts
+    with a dot, or a ``.pub`` file not named exactly ``<key id>.pub`` (even holding that key), is
+    refused (reason ``name``)."""
+    directory, path, old = _retired_dir_with_one_key(tmp_path)
+    with open(path, "rb") as handle:
+        line = handle.read()
+    name = stray.format(key_id=old.key_id)
+    with open(os.open(os.path.join(os.path.dirname(path), name), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as handle:
+        handle.write(line)
+    with pytest.raises(KeyFileInvalid) as caught:
+        retired_public_keys(directory)
+    assert caught.value.detail["reason"] == "name"
+
+
+def test_a_retired_key_in_uppercase_hex_is_refused(tmp_path):
+    """A retired file holds exactly the 65 bytes ``rotate`` writes (lowercase hex, newline): the
+    same key spelled in uppercase is refused (reason ``content``)."""
+    directory, path, old = _retired_dir_with_one_key(tmp_path)
+    with open(path, "wb") as handle:
+        handle.write(old.public_key.hex().upper().encode() + b"\n")
+    with pytest.raises(KeyFileInvalid) as caught:
+        retired_public_keys(directory)
+    assert caught.value.detail["reason"] == "content"
+
+
+def test_retired_keys_are_listed_by_key_id_and_one_removed_meanwhile_is_skipped(tmp_path, monkeypatch):
+    """``retired_public_keys`` lists the keys in key-id order; a file removed between the listing
+    and its read is skipped and the others are still returned."""
+    from mwpstore import snapshot as snapshot_module
+
+    directory = str(tmp_path / "keys")
+    keys = [SigningKey.load_or_create(directory)]
+    for _ in range(3):
+        SigningKey.rotate(directory)
+        keys.append(SigningKey.load_or_create(directory))
+    retired = sorted(keys[:3], key=lambda key: key.key_id)
+    assert retired_public_keys(directory) == [key.public_key for key in retired]
+
+    real = snapshot_module.read_secret_file
+    first = os.path.join(directory, RETIRED_DIRECTORY, f"{retired[0].key_id}.pub")
+    monkeypatch.setattr(snapshot_module, "read_secret_file", lambda path, size: None if path == first else real(path, size))
+    assert retired_public_keys(directory) == [key.public_key for key in retired[1:]]
+
+
+def test_a_rotation_that_fails_after_replacing_the_key_never_signs_with_the_old_one(tmp_path, monkeypatch):
+    """If ``rotate_signing_key`` fails after the new seed replaced the key file (here: rewriting
+    ``snapshot-signing.pub`` fails), the Authority does not keep signing with the old key it had
+    cached: the next use reads the key file, so snapshots are signed with the new key."""
+    from mwpstore import snapshot as snapshot_module
+    from mwpstore.errors import StorageFailed
+
+    with open_with_group(str(tmp_path / "s")) as authority:
+        old = authority.signing_key
+        real = snapshot_module.write_file_atomic
+
+        def failing(path, data, *, mode=0o600):
+            if os.path.basename(path) == "snapshot-signing.pub":
+                raise StorageFailed("injected")
+            return real(path, data, mode=mode)
+
+        monkeypatch.setattr(snapshot_module, "write_file_atomic", failing)
+        with pytest.raises(StorageFailed):
+            authority.rotate_signing_key()
+        monkeypatch.undo()
+        with open(os.path.join(_keys(authority), "snapshot-signing.key"), "rb") as handle:
+            on_disk = SigningKey.from_seed(handle.read())
+        assert on_disk.key_id != old.key_id
+        assert authority.signing_key.key_id == on_disk.key_id
+        assert authority.snapshot(GROUP).key_id == on_disk.key_id
