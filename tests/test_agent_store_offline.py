@@ -487,3 +487,14 @@ def test_guard_options_of_the_wrong_type_are_refused_before_anything_is_stored(s
             setup.guard.buffer(command, now_ms=now(setup) + 1, **options)
         assert caught.value.detail["field"] == field
     assert setup.guard.buffered() == [kept]
+
+
+def test_a_rebased_action_id_depends_on_the_old_id_and_on_what_changed():
+    """``derive_action_id`` is a pure function of both inputs: the same rebase gives the same id
+    (a resend is a duplicate), another buffered Command or another new revision gives another one
+    (two different rebased Commands never share an Action ID)."""
+    rebased = derive_action_id("renew-2", {"expected_revision": 4})
+    assert rebased == derive_action_id("renew-2", {"expected_revision": 4})
+    assert rebased != derive_action_id("renew-3", {"expected_revision": 4})
+    assert rebased != derive_action_id("renew-2", {"expected_revision": 5})
+    assert rebased.startswith("rb-")

@@ -373,6 +373,79 @@ def test_membership_change_rotates_and_clears_the_public_key(new_harness: Callab
     h.accept("w3", "session.replace", "w3")
 
 
+
+_SIGNED_FIELD_CHANGES = [
+    ("action_id", "a-other"),
+    ("actor", "w9"),
+    ("group", "g-other"),
+    ("kind", "workitem.start"),
+    ("target", "wi9"),
+    ("body", {"session_epoch": 2}),
+    ("expected_revision", 4),
+    ("expected_revision", None),
+]
+
+
+@pytest.mark.parametrize("field, value", _SIGNED_FIELD_CHANGES, ids=[f"{f}={v}" for f, v in _SIGNED_FIELD_CHANGES])
+def test_a_command_signature_covers_every_field_but_the_signature(field: str, value: Any) -> None:
+    """The signed bytes are the canonical bytes of every Command field except the signature: a
+    signature made for one Command does not verify for the same Command with any one field
+    changed (an intercepted signed claim cannot be replayed at another revision, target, kind,
+    Group or actor)."""
+    import msgspec
+
+    from mwpstore.messages import Command, command_bytes
+    from mwpstore.offline import sign_command
+    from mwpstore.registry import verify_signature
+
+    key = Ed25519PrivateKey.generate()
+    public_key = key.public_key().public_bytes_raw()
+    signed = sign_command(
+        Command(actor="w3", action_id="a-1", group="g-1", kind="workitem.claim", target="wi1",
+                body={"session_epoch": 1}, expected_revision=3),
+        key,
+    )
+    verify_signature(public_key, command_bytes(signed), signed.signature)
+    changed = msgspec.structs.replace(signed, **{field: value})
+    with pytest.raises(SignatureInvalid):
+        verify_signature(public_key, command_bytes(changed), changed.signature)
+
+
+@pytest.mark.parametrize("field, value", [("target", "wi2"), ("expected_revision", 0), ("action_id", "replayed")])
+def test_a_signed_command_with_a_field_changed_is_refused(new_harness: Callable[[], Harness], field: str, value: Any) -> None:
+    """Through the Group: a member with a registered key has its signed claim refused
+    (``SignatureInvalid``) once the target, the expected revision or the Action ID is changed
+    after signing; the unchanged Command is accepted."""
+    import msgspec
+
+    h = new_harness().setup(workers=())
+    key = Ed25519PrivateKey.generate()
+    h.accept("owner", "membership.add", "w3", {"role": "worker", "public_key": _public_hex(key)}, cas=True)
+    h.signing_keys["w3"] = key
+    signed = h.command("w3", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+    h.reject_command(SignatureInvalid, msgspec.structs.replace(signed, **{field: value}), field="signature")
+    assert h.accept_command(signed).authoritative
+
+
+@pytest.mark.parametrize("public_key", ["zz" * 32, " " + "ab" * 31 + "a", "01" + "00" * 31, "00" * 32, 7])
+def test_membership_change_checks_the_new_public_key(h: Harness, public_key: Any) -> None:
+    """``membership.change`` checks a new key like ``membership.add``: 64 hex digits of a usable
+    Ed25519 point, else ``InvalidCommand`` (``body.public_key``) and nothing changes."""
+    h.reject(InvalidCommand, "owner", "membership.change", "w1", {"public_key": public_key}, cas=True,
+             field="body.public_key")
+
+
+@pytest.mark.parametrize("kind", ["membership.add", "membership.change"])
+def test_a_public_key_given_in_uppercase_is_stored_in_lowercase(new_harness: Callable[[], Harness], kind: str) -> None:
+    """Member keys are stored in one spelling, lowercase hex, whatever case they were given in."""
+    h = new_harness().setup(workers=("w1",))
+    key = _public_hex(Ed25519PrivateKey.generate())
+    target = "w3" if kind == "membership.add" else "w1"
+    body = {"role": "worker", "public_key": key.upper()} if kind == "membership.add" else {"public_key": key.upper()}
+    h.accept("owner", kind, target, body, cas=True)
+    assert h.member(target)["public_key"] == key
+
+
 # -- MWP-EVT-007: compare-and-set ---------------------------------------------------------------
 
 
