@@ -30,3 +30,24 @@ def sigint_raises() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+@pytest.fixture
+def synced_directories(monkeypatch) -> list[str]:
+    """The directories fsynced through ``_files.fsync_directory`` (as ``snapshot`` imports it too),
+    in order; each is still synced."""
+    import os
+
+    from mwpstore import _files
+    from mwpstore import snapshot as snapshot_module
+
+    paths: list[str] = []
+    real = _files.fsync_directory
+
+    def recording(directory: str) -> None:
+        paths.append(os.path.abspath(directory))
+        real(directory)
+
+    monkeypatch.setattr(_files, "fsync_directory", recording)
+    monkeypatch.setattr(snapshot_module, "fsync_directory", recording)
+    return paths

@@ -98,31 +98,17 @@ def test_reading_an_audit_log_header_that_is_not_a_file_is_storage_failed(tmp_pa
             read_audit_log_header(str(tmp_path / name))
 
 
-@pytest.fixture
-def synced(monkeypatch) -> list[str]:
-    """The directories fsynced through ``_files.fsync_directory`` (still synced), in order."""
-    paths: list[str] = []
-    fsync_directory = _files.fsync_directory
-
-    def recording(directory: str) -> None:
-        paths.append(os.path.abspath(directory))
-        fsync_directory(directory)
-
-    monkeypatch.setattr(_files, "fsync_directory", recording)
-    return paths
-
-
-def test_directories_for_snapshots_and_keys_are_created_durably(tmp_path, synced):
+def test_directories_for_snapshots_and_keys_are_created_durably(tmp_path, synced_directories):
     with open_with_group(str(tmp_path / "store")) as authority:
         ref = authority.snapshot(GROUP)
     store = os.path.abspath(str(tmp_path / "store"))
     created = [os.path.join(store, "keys"), os.path.join(store, "snapshots"), os.path.dirname(os.path.join(store, ref.location))]
     for directory in created:  # each new directory's parent was fsynced after it was made
-        assert os.path.dirname(directory) in synced, directory
+        assert os.path.dirname(directory) in synced_directories, directory
 
 
 @pytest.mark.parametrize("kind", ["authority", "agent store"])
-def test_a_new_store_directory_is_made_durable_in_its_parent(tmp_path, synced, kind):
+def test_a_new_store_directory_is_made_durable_in_its_parent(tmp_path, synced_directories, kind):
     """Opening a store in a directory that does not exist yet creates it and every missing parent.
     Each new entry must be synced in its parent: with a bare ``os.makedirs`` only the store's own
     contents were synced, so a power loss could take the store directory's entry, and every
@@ -133,7 +119,7 @@ def test_a_new_store_directory_is_made_durable_in_its_parent(tmp_path, synced, k
     store = tmp_path / "a" / "b" / "store"
     (Authority.open if kind == "authority" else AgentStore.open)(str(store)).close()
     for created in (store, store.parent, store.parent.parent):
-        assert str(created.parent) in synced, f"{created} was created but {created.parent} never synced"
+        assert str(created.parent) in synced_directories, f"{created} was created but {created.parent} never synced"
 
 
 # -- The durable file helpers, one promise each ----------------------------------------------------
@@ -167,7 +153,7 @@ def test_fsync_directory_fsyncs_the_directory_itself(tmp_path, fsynced):
 
 
 @pytest.mark.parametrize("write", ["atomic", "secret"])
-def test_file_contents_are_fsynced_before_publishing_and_the_directory_after(tmp_path, fsynced, synced, write):
+def test_file_contents_are_fsynced_before_publishing_and_the_directory_after(tmp_path, fsynced, synced_directories, write):
     """``write_file_atomic`` and ``create_secret_file`` fsync the file's own descriptor (the
     published name keeps the inode, so its identity is among the synced ones) and then fsync the
     directory holding the new name."""
@@ -180,7 +166,7 @@ def test_file_contents_are_fsynced_before_publishing_and_the_directory_after(tmp
         assert _files.create_secret_file(str(path), b"contents") is True
     assert path.read_bytes() == b"contents"
     assert _identity(path) in fsynced, "the file's data was never fsynced"
-    assert str(directory) in synced, "the directory holding the new name was never fsynced"
+    assert str(directory) in synced_directories, "the directory holding the new name was never fsynced"
     assert os.listdir(directory) == ["f"]
 
 
@@ -265,7 +251,7 @@ def test_a_secret_file_is_mode_0600_whatever_the_umask(tmp_path):
     assert stat.S_IMODE(os.stat(tmp_path / "k.key").st_mode) == 0o600
 
 
-def test_removing_a_secret_removes_only_its_own_temporary_copies_and_syncs(tmp_path, synced):
+def test_removing_a_secret_removes_only_its_own_temporary_copies_and_syncs(tmp_path, synced_directories):
     """``remove_with_temp_copies`` deletes the file and ``.<name>.<16 hex>.tmp`` copies, durably
     (the directory is fsynced), and nothing else: not a name that merely starts like a copy, nor
     one where the dots of the file's name are other characters."""
@@ -279,7 +265,7 @@ def test_removing_a_secret_removes_only_its_own_temporary_copies_and_syncs(tmp_p
         (directory / other).write_bytes(b"not a copy")
     assert _files.remove_with_temp_copies(str(directory / name)) is True
     assert sorted(os.listdir(directory)) == sorted(keep)
-    assert str(directory) in synced
+    assert str(directory) in synced_directories
     assert _files.remove_with_temp_copies(str(directory / name)) is False
 
 

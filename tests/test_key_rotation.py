@@ -253,53 +253,35 @@ def test_rotating_a_closed_authority_is_refused(tmp_path):
 # -- The retired-key trust store, one promise each --------------------------------------------------
 
 
-@pytest.fixture
-def synced_dirs(monkeypatch) -> list[str]:
-    """The directories fsynced by the key code (through ``_files`` or ``snapshot``), still synced."""
-    from mwpstore import _files
-    from mwpstore import snapshot as snapshot_module
-
-    paths: list[str] = []
-    real = _files.fsync_directory
-
-    def recording(directory: str) -> None:
-        paths.append(os.path.abspath(directory))
-        real(directory)
-
-    monkeypatch.setattr(_files, "fsync_directory", recording)
-    monkeypatch.setattr(snapshot_module, "fsync_directory", recording)
-    return paths
-
-
-def test_rotation_syncs_the_key_directory_before_replacing_the_key(tmp_path, synced_dirs, monkeypatch):
+def test_rotation_syncs_the_key_directory_before_replacing_the_key(tmp_path, synced_directories, monkeypatch):
     """A ``retired/`` directory left by a crash between its ``mkdir`` and the sync of its parent is
     made durable by the next rotation before the key file is replaced: otherwise a power loss
     could keep the new key and lose the directory holding the retired one."""
     directory = str(tmp_path / "keys")
     SigningKey.load_or_create(directory)
     os.mkdir(os.path.join(directory, RETIRED_DIRECTORY), 0o700)
-    synced_dirs.clear()
+    synced_directories.clear()
     real_replace = os.replace
 
     def recording(src, dst):
-        synced_dirs.append(f"replace {os.path.basename(dst)}")
+        synced_directories.append(f"replace {os.path.basename(dst)}")
         real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", recording)
     SigningKey.rotate(directory)
-    replaced = synced_dirs.index("replace snapshot-signing.key")
-    assert os.path.abspath(directory) in synced_dirs[:replaced]
+    replaced = synced_directories.index("replace snapshot-signing.key")
+    assert os.path.abspath(directory) in synced_directories[:replaced]
 
 
-def test_dropping_a_retired_key_syncs_the_retired_directory(tmp_path, synced_dirs):
+def test_dropping_a_retired_key_syncs_the_retired_directory(tmp_path, synced_directories):
     """``drop_retired_key`` deletes durably: the ``retired/`` directory is fsynced after the unlink."""
     from mwpstore.snapshot import drop_retired_key
 
     directory, path, old = _retired_dir_with_one_key(tmp_path)
-    synced_dirs.clear()
+    synced_directories.clear()
     drop_retired_key(directory, old.key_id)
     assert not os.path.exists(path)
-    assert os.path.dirname(os.path.abspath(path)) in synced_dirs
+    assert os.path.dirname(os.path.abspath(path)) in synced_directories
 
 
 def test_a_retired_directory_that_is_a_symbolic_link_is_refused(tmp_path):
