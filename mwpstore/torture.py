@@ -1561,7 +1561,15 @@ def _reopen_and_check(path: str, oracle: Acknowledged, boot: str) -> list[str]:
 
 def _seam_case(path: str, fail_at: int, seed: int, boot: str) -> tuple[list[str], int]:
     """The same workload in-process with the log's syncs going through the recorder, the
-    ``fail_at``-th one failing with EIO. Returns (violations, sync calls seen)."""
+    ``fail_at``-th one failing with EIO, in a store at ``path`` that is removed afterwards (each
+    holds a 64 MiB segment). Returns (violations, sync calls seen)."""
+    try:
+        return _seam_case_in(path, fail_at, seed, boot)
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _seam_case_in(path: str, fail_at: int, seed: int, boot: str) -> tuple[list[str], int]:
     from .authority import Authority
     from .io_seam import RecordingIO
 
@@ -1633,7 +1641,6 @@ def run_disk(count: int | None = None, seconds: float | None = None, seed: int =
         sync_points = sum(1 for call in calls if call.split()[0] in ("fsync", "fdatasync"))
         write_points = sum(1 for call in calls if call.split()[0] in ("write", "pwrite"))
         _, seam_syncs = _seam_case(os.path.join(root, "seam-count"), -1, seed, boot)
-        shutil.rmtree(os.path.join(root, "seam-count"), ignore_errors=True)
         sweep = {mode: 0 for mode in DISK_MODES}
         points = {"sync_once": sync_points, "sync_from": sync_points, "enospc": write_points,
                   "short_write": write_points, "seam_sync": seam_syncs}
@@ -1647,9 +1654,7 @@ def run_disk(count: int | None = None, seconds: float | None = None, seed: int =
             iterations += 1
             cases[mode]["cases"] += 1
             if mode == "seam_sync":
-                seam_path = os.path.join(root, f"seam-{iterations}")
-                problems, _ = _seam_case(seam_path, point - 1, seed, boot)
-                shutil.rmtree(seam_path, ignore_errors=True)  # each store holds a 64 MiB segment
+                problems, _ = _seam_case(os.path.join(root, f"seam-{iterations}"), point - 1, seed, boot)
                 cases[mode]["faults_injected"] += 1
             else:
                 variable = {"sync_once": "MWPSTORE_FAIL_SYNC_AT", "sync_from": "MWPSTORE_FAIL_SYNC_FROM",

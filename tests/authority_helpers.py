@@ -108,3 +108,18 @@ def close_interrupted_while_it_waits(close: Callable[[], object], use: Callable[
         use()
     with pytest.raises(StoreLocked):
         reopen()  # not released yet
+
+
+def store_files_held(path: str) -> list[str]:
+    """The files under ``path`` this process holds open or mapped (Linux /proc), sorted, each by
+    its kernel name: a removed file's ends in " (deleted)"."""
+    prefix = os.path.join(os.path.realpath(path), "")
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            held.append(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            continue
+    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        held += [fields[5].rstrip("\n") for fields in (line.split(None, 5) for line in maps) if len(fields) == 6]
+    return sorted({name for name in held if name.startswith(prefix)})

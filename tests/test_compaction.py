@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from authority_helpers import GROUP, OWNER, FakeClock, group_create, mission_create, open_with_group
+from authority_helpers import GROUP, OWNER, FakeClock, group_create, mission_create, open_with_group, store_files_held
 from mwpstore import Authority, Command, CursorTooOld, InvalidCommand
 from mwpstore.compaction import MARKER
 from mwpstore.errors import AlreadyExists, GroupArchived, InvalidState, MwpError, StorageFailed, Unauthorized
@@ -115,18 +115,6 @@ def test_compaction_removes_redacted_payloads_from_disk_and_keeps_everything_els
         assert authority.head(GROUP)[0] == 15 and authority.verify().ok
 
 
-def _held_files(path: str) -> list[str]:
-    """The files under ``path`` this process holds open or mapped (Linux /proc), each with its
-    kernel name (a removed file's ends in " (deleted)")."""
-    held = []
-    for name in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            held.append(os.readlink(f"/proc/self/fd/{name}"))
-    with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-        held.extend(line.split(None, 5)[5].rstrip("\n") for line in maps if len(line.split(None, 5)) == 6)
-    return sorted({name for name in held if name.startswith(path)})
-
-
 def _held_bytes(path: str) -> bytes:
     """Everything the files under ``path`` that this process holds open contain, removed ones too
     (read through /proc/self/fd: what is still on the disk until the descriptor is closed)."""
@@ -164,11 +152,11 @@ def test_compaction_and_rebuild_give_back_the_replaced_files_at_once(tmp_path):
         assert len(authority.read(GROUP, limit=1000)) == 303  # every segment mapped by a read
         authority.redact(GROUP, receipt.seq, actor=OWNER, action_id="redact-1", reason="legal")
         assert SECRET.encode() in _held_bytes(path)
-        held_before = len(_held_files(path))
+        held_before = len(store_files_held(path))
         for round in range(3):
             authority.compact()
             authority.rebuild()
-            held = _held_files(path)
+            held = store_files_held(path)
             assert not [name for name in held if name.endswith("(deleted)") or ".old" in name], held
             assert SECRET.encode() not in _held_bytes(path)
             assert len(held) <= held_before + 2, held  # nothing piles up from round to round
@@ -202,13 +190,13 @@ def test_a_read_in_flight_keeps_the_replaced_files_until_it_ends(tmp_path, monke
         assert inside.wait(30)
         authority.compact()
         assert authority._retired  # the held-up read may still need them
-        assert [name for name in _held_files(path) if name.endswith("(deleted)")]
+        assert [name for name in store_files_held(path) if name.endswith("(deleted)")]
         assert authority.read(GROUP, after=299, limit=10)[-1].seq == 301  # another read uses the new log
         go_on.set()
         reader.join(30)
         assert [(event.seq, event.hash) for event in results[0]] == expected  # served whole from the old log
         assert not authority._retired
-        assert not [name for name in _held_files(path) if name.endswith("(deleted)")]
+        assert not [name for name in store_files_held(path) if name.endswith("(deleted)")]
         assert authority.verify().ok
 
 

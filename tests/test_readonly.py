@@ -18,7 +18,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from authority_helpers import GROUP, mission_create, open_with_group
+from authority_helpers import GROUP, mission_create, open_with_group, store_files_held
 from mwpstore import Authority, InvalidCommand, InvalidState, StoreNotFound, limits
 from mwpstore.cli import EXIT_OK, EXIT_STORE_ERROR, EXIT_USAGE, main
 
@@ -508,21 +508,6 @@ def test_the_index_of_a_view_refuses_a_write_transaction(tmp_path):
         assert view.head(GROUP)[0] == 1
 
 
-def _store_files_open(path: str) -> list[str]:
-    """The files under ``path`` this process holds open or mapped (Linux /proc)."""
-    prefix = os.path.join(os.path.realpath(path), "")
-    found = []
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:
-            continue
-        found += [target] if target.startswith(prefix) else []
-    with open("/proc/self/maps") as maps:
-        found += [line.split()[-1] for line in maps if line.rstrip().split()[-1].startswith(prefix)]
-    return found
-
-
 def test_closing_a_view_releases_its_files_and_can_be_repeated(tmp_path):
     """A view holds the index and the log open; once closed, none of the store's files (which a
     compaction by the writer replaces) stays open or mapped, and a second close does nothing."""
@@ -533,9 +518,9 @@ def test_closing_a_view_releases_its_files_and_can_be_repeated(tmp_path):
         authority.accept(mission_create("m-1"))
     view = Authority.open(path, readonly=True)
     assert [event.seq for event in view.read(GROUP)] == [1, 2]
-    assert _store_files_open(path)
+    assert store_files_held(path)
     view.close()
-    assert _store_files_open(path) == []
+    assert store_files_held(path) == []
     view.close()
     with pytest.raises(StoreClosed):
         view.head(GROUP)
@@ -634,7 +619,7 @@ def test_closing_a_view_waits_for_a_read_in_flight(tmp_path, monkeypatch):
     closer.join(10)
     assert failures == [] and not closer.is_alive()
     assert outcome == [[1, 2]] or (len(outcome) == 1 and isinstance(outcome[0], StoreClosed))
-    assert _store_files_open(path) == []
+    assert store_files_held(path) == []
 
 
 def test_a_view_refuses_subscribe_and_wait_for_at_once(tmp_path):
