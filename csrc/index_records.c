@@ -33,7 +33,8 @@
  * ``writes`` is a PendingWrites' (items, new) pair of dicts of lists: sealed (key, value) tuples
  * are appended to items[b"events"], items[b"states"], items[b"receipts"], and keys that need a
  * presence entry (a state at revision 1, every receipt) to new[b"states"], new[b"receipts"].
- * ``heads`` maps a Group (str) to (seq, hash) and is updated here. ``seeds`` is the CRC-32 of the
+ * ``heads`` maps a Group (str) to (seq, hash) and is updated here (by the time index_events
+ * returns; after an error it may lag the entries appended, and the caller drops the redo). ``seeds`` is the CRC-32 of the
  * three database names (events, states, receipts). Limited API (abi3, Python >= 3.11).
  *
  * The module also checks seals on the way out: unseal(stored, key, seed, size_max) is the check
@@ -126,6 +127,12 @@ static uint64_t be(const unsigned char *p, int size) {
 static int utf8_ok(const unsigned char *s, size_t size) {
     size_t i = 0;
     while (i < size) {
+        /* ASCII, eight bytes at a time: IDs, kinds and most state text are ASCII */
+        uint64_t word;
+        while (size - i >= 8 && (memcpy(&word, s + i, 8), (word & 0x8080808080808080ull) == 0)) {
+            i += 8;
+        }
+        if (i == size) break;
         unsigned char c = s[i];
         if (c < 0x80) {
             i++;
@@ -554,6 +561,56 @@ static int advance_head(PyObject *heads, const event_t *e) {
     return result;
 }
 
+/* The head of the Group of the last Event handled, kept here instead of in ``heads`` while the
+ * next Events extend the same Group: a record names its Group as bytes, and looking that up in
+ * ``heads`` meant a str, a hash, a dict lookup and a new tuple per record. ``heads`` gets the
+ * cached head back (flush_head) when another Group comes, and before index_events returns. */
+typedef struct {
+    int valid, dirty;
+    unsigned char group[IR_ID_CHARS_MAX]; /* an ID (id_ok): at most IR_ID_CHARS_MAX bytes */
+    size_t group_size;
+    uint64_t seq;
+    unsigned char hash[IR_HASH_BYTES];
+} head_cache_t;
+
+/* Put the cached head into ``heads`` if it moved since it was taken; 0, or -1 with a Python error. */
+static int flush_head(PyObject *heads, head_cache_t *cache) {
+    if (!cache->valid || !cache->dirty) return 0;
+    PyObject *group = PyUnicode_DecodeUTF8((const char *)cache->group, (Py_ssize_t)cache->group_size, "strict");
+    PyObject *seq = PyLong_FromUnsignedLongLong(cache->seq);
+    PyObject *hash = PyBytes_FromStringAndSize((const char *)cache->hash, IR_HASH_BYTES);
+    PyObject *head = (group && seq && hash) ? PyTuple_Pack(2, seq, hash) : NULL;
+    int rc = (head != NULL && PyDict_SetItem(heads, group, head) == 0) ? 0 : -1;
+    Py_XDECREF(group);
+    Py_XDECREF(seq);
+    Py_XDECREF(hash);
+    Py_XDECREF(head);
+    cache->dirty = 0;
+    return rc;
+}
+
+/* advance_head through the cache: the same answer, and ``heads`` as advance_head leaves it once
+ * flush_head has run. */
+static int advance_cached_head(PyObject *heads, head_cache_t *cache, const event_t *e) {
+    int cached = cache->valid && e->group_size == cache->group_size && memcmp(e->group, cache->group, e->group_size) == 0;
+    if (cached) {
+        if (e->seq != cache->seq + 1 || memcmp(e->prev_hash, cache->hash, IR_HASH_BYTES) != 0) return 0;
+        cache->dirty = 1;
+    } else {
+        if (flush_head(heads, cache) < 0) return -1;
+        cache->valid = 0;
+        int linked = advance_head(heads, e);
+        if (linked <= 0) return linked;
+        memcpy(cache->group, e->group, e->group_size); /* parse_event checked id_ok: it fits */
+        cache->group_size = e->group_size;
+        cache->valid = 1;
+        cache->dirty = 0; /* advance_head put this Event's head into ``heads`` */
+    }
+    cache->seq = e->seq;
+    memcpy(cache->hash, e->hash, IR_HASH_BYTES);
+    return 1;
+}
+
 /* The list writes[name] (a new reference); NULL with a Python error. */
 static PyObject *list_of(PyObject *dict, const char *name) {
     PyObject *key = PyBytes_FromString(name);
@@ -606,6 +663,7 @@ static PyObject *ir_index_events(PyObject *module, PyObject *args) {
     PyObject *result = NULL;
     event_t *e = NULL;
     uint64_t last_ms = 0;
+    head_cache_t cache = {.valid = 0};
     Py_ssize_t i = start;
     /* one at a time: no call with an exception already set */
     if ((out.events = list_of(items, "events")) == NULL || (out.states = list_of(items, "states")) == NULL ||
@@ -636,13 +694,15 @@ static PyObject *ir_index_events(PyObject *module, PyObject *args) {
         if (PyBytes_AsStringAndSize(record, &data, &size) < 0) goto done;
         if (parse_event((const unsigned char *)data, (size_t)size, e) < 0) break;
         Py_INCREF(record);
-        int linked = advance_head(heads, e);
+        int linked = advance_cached_head(heads, &cache, e);
         if (linked > 0 && emit(e, position, &out) < 0) linked = -1; /* the head moved: a Python error ends the redo */
         Py_DECREF(record);
         if (linked < 0) goto done;
         if (linked == 0) break;
         if (e->accepted_at_ms > last_ms) last_ms = e->accepted_at_ms;
     }
+    /* on an error ``heads`` may lag the entries appended: the caller drops the whole redo */
+    if (flush_head(heads, &cache) < 0) goto done;
     result = Py_BuildValue("(nK)", i, (unsigned long long)last_ms);
 done:
     PyMem_Free(e);
