@@ -19,6 +19,7 @@ import secrets
 import stat
 from collections.abc import Callable
 
+from . import failpoints
 from .errors import InvalidCommand, KeyFileInvalid, MwpError, StorageFailed, translate  # noqa: F401
 
 
@@ -78,6 +79,7 @@ def write_file_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+        failpoints.hit("files.before_rename")
         os.replace(temp, path)
         fsync_directory(os.path.dirname(os.path.abspath(path)))
     except BaseException as exc:
@@ -171,11 +173,30 @@ def create_secret_file(path: str, data: bytes) -> bool:
 def remove_with_temp_copies(path: str) -> bool:
     """Delete ``path`` and the temporary copies ``create_secret_file`` may have left of it (a kill
     between its ``link`` and its ``unlink``), durably. True if anything was removed."""
+    return _remove_durably(path, keep=False)
+
+
+def remove_temp_copies(path: str) -> bool:
+    """Delete, durably, the temporary files a killed ``write_file_atomic`` or ``create_secret_file``
+    of ``path`` left beside it, and not ``path`` itself. Only for a directory this process alone
+    writes (a store's, under its lock): another writer's file in mid-write would go too. True if
+    anything was removed; a missing directory has none."""
+    return _remove_durably(path, keep=True)
+
+
+def _remove_durably(path: str, *, keep: bool) -> bool:
     path = store_path(path)
     directory, name = os.path.split(os.path.abspath(path))
     temps = re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{16}}\.tmp")
     try:
-        victims = [path] + [os.path.join(directory, entry) for entry in os.listdir(directory) if temps.fullmatch(entry)]
+        try:
+            entries = os.listdir(directory)
+        except FileNotFoundError:
+            if keep:
+                return False
+            raise
+        victims = [] if keep else [path]
+        victims += [os.path.join(directory, entry) for entry in entries if temps.fullmatch(entry)]
         removed = False
         for victim in victims:
             try:
@@ -183,6 +204,10 @@ def remove_with_temp_copies(path: str) -> bool:
                 removed = True
             except FileNotFoundError:
                 pass
+            except IsADirectoryError:
+                if not keep:
+                    raise
+                # a directory under a temporary file's name is no write of ours: left alone
         if removed:
             fsync_directory(directory)
         return removed

@@ -45,7 +45,7 @@ from .errors import (
     StoreNotFound,
     translate,
 )
-from ._files import makedirs_durable, store_path
+from ._files import makedirs_durable, remove_temp_copies, store_path
 from ._lmdb_check import check_before_open, check_lmdb_file, check_map_size, check_option
 from ._sealed import DAMAGE_ERRORS, KEY_SHOWN_BYTES, damage_of, typed_damage
 from .index import (
@@ -87,6 +87,7 @@ from .registry import ENGINE_ACTOR, run_transition
 from .segment_log import COMMIT_FRAME_BYTES, SegmentLog, check_segment_bytes, framed_bytes, group_bytes_max
 from .snapshot import (
     KEY_ID_CHARS,
+    SIGNING_KEY_NAME,
     Keyring,
     SigningKey,
     SnapshotRef,
@@ -488,6 +489,10 @@ class Authority:
                     remove_index(self._index_dir())
                 self.open_report = self._open_index(progress)
                 self._finish_audit_deletions()
+                # A kill inside rotate_signing_key between writing the new seed and renaming it
+                # leaves the seed in a temporary file: a secret that never became the key. The lock
+                # makes this process the only writer of keys/, so such a file is a dead write's.
+                remove_temp_copies(os.path.join(self.path, "keys", f"{SIGNING_KEY_NAME}.key"))
             except BaseException:
                 index = self._pair[1]
                 if index is not None:

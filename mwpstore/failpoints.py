@@ -13,6 +13,8 @@ Names used by the engine:
 - ``authority.mid_rebuild`` — while rebuilding the index;
 - ``keys.after_retire`` — a signing key rotation: the old public key retired, the new key not
   yet written;
+- ``files.before_rename`` — ``write_file_atomic``: the temporary file written and synced, not yet
+  renamed over the file (every atomic file write hits it: count the hits);
 - ``agent.*`` — the AgentStore's apply cycle (see ``docs/agent-store.md``);
 - ``lmdb.databases_created`` — a new index or AgentStore environment: its named databases made
   in one write transaction, not yet committed.

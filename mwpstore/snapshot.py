@@ -219,6 +219,10 @@ class Keyring:
         return len(self._keys)
 
 
+SIGNING_KEY_NAME = "snapshot-signing"
+"""A store's signing key file is ``keys/<this>.key``, its public key ``keys/<this>.pub``."""
+
+
 class SigningKey:
     """An Ed25519 key that signs snapshots. ``load_or_create`` keeps it in a 0600 file."""
 
@@ -238,7 +242,7 @@ class SigningKey:
         return cls(Ed25519PrivateKey.from_private_bytes(seed))
 
     @classmethod
-    def load_or_create(cls, directory: str, *, name: str = "snapshot-signing") -> SigningKey:
+    def load_or_create(cls, directory: str, *, name: str = SIGNING_KEY_NAME) -> SigningKey:
         """Load ``directory/<name>.key``, generating it on first use.
 
         The key file holds the raw 32-byte seed, mode 0600, created atomically and never replaced
@@ -264,7 +268,7 @@ class SigningKey:
         return key
 
     @classmethod
-    def rotate(cls, directory: str, *, retire: bool = True, name: str = "snapshot-signing") -> SigningKey:
+    def rotate(cls, directory: str, *, retire: bool = True, name: str = SIGNING_KEY_NAME) -> SigningKey:
         """Replace ``directory/<name>.key`` with a new key; return the new key.
 
         With ``retire`` (the default) the old public key is first written, durably, to

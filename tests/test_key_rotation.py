@@ -150,15 +150,21 @@ with Authority.open(sys.argv[1]) as authority:
 """
 
 
-def test_a_crash_after_retiring_leaves_the_old_key_current_and_rotation_can_run_again(tmp_path):
-    path = str(tmp_path / "s")
+def _rotation_killed_at(path: str, failpoint: str):
+    """A snapshot signed, then a child process's rotation killed at ``failpoint``: (the snapshot's
+    reference, the key id the child signed with)."""
     with open_with_group(path) as authority:
         authority.accept(mission_create("m-1"))
         ref = authority.snapshot(GROUP)
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests") + os.pathsep + REPO, MWPSTORE_FAILPOINT="keys.after_retire")
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests") + os.pathsep + REPO, MWPSTORE_FAILPOINT=failpoint)
     result = subprocess.run([sys.executable, "-c", CHILD_ROTATE, path], env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == -9, result.stderr
-    old_id = result.stdout.split()[0]
+    return ref, result.stdout.split()[0]
+
+
+def test_a_crash_after_retiring_leaves_the_old_key_current_and_rotation_can_run_again(tmp_path):
+    path = str(tmp_path / "s")
+    ref, old_id = _rotation_killed_at(path, "keys.after_retire")
     with Authority.open(path) as authority:
         assert authority.signing_key.key_id == old_id == ref.key_id  # not replaced: still signs
         assert authority.keyring().key_ids == [old_id]  # retired and current: the same key, trusted once
@@ -166,6 +172,43 @@ def test_a_crash_after_retiring_leaves_the_old_key_current_and_rotation_can_run_
         new = authority.rotate_signing_key()
         assert set(authority.keyring().key_ids) == {old_id, new.key_id}
         assert authority.verify().ok
+
+
+def test_the_seed_a_rotation_killed_before_its_rename_left_is_removed_at_the_next_open(tmp_path):
+    """The second atomic write of a rotation is the new seed (the first retires the old public
+    key): killed after writing it and before the rename, the seed stays in a temporary file, a
+    secret that never became the key. The next open removes it; the old key is still current."""
+    path = str(tmp_path / "s")
+    ref, old_id = _rotation_killed_at(path, "files.before_rename:2")
+    keys = os.path.join(path, "keys")
+    left = [name for name in os.listdir(keys) if name.startswith(".snapshot-signing.key.") and name.endswith(".tmp")]
+    assert len(left) == 1  # the kill came in that window
+    with Authority.open(path) as authority:
+        assert sorted(os.listdir(keys)) == [RETIRED_DIRECTORY, "snapshot-signing.key", "snapshot-signing.pub"]
+        assert authority.signing_key.key_id == old_id == ref.key_id
+        assert authority.verify().ok
+
+
+def test_only_temporary_files_of_the_signing_key_are_removed_at_open(tmp_path):
+    """What open removes is exactly ``.snapshot-signing.key.<16 hex>.tmp``: other names beside it
+    stay, and a directory under that name is no write of the store's and is left alone."""
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.signing_key  # noqa: B018 - creates keys/
+    keys = os.path.join(path, "keys")
+    kept = [".snapshot-signing.key.0123456789abcdeg.tmp", ".snapshot-signing.key.0123456789abcde.tmp",
+            ".snapshot-signing.pub.0123456789abcdef.tmp", "snapshot-signing.key.0123456789abcdef.tmp"]
+    for name in kept:
+        with open(os.path.join(keys, name), "wb") as file:
+            file.write(b"x")
+    os.mkdir(os.path.join(keys, ".snapshot-signing.key.fedcba9876543210.tmp"))
+    removed = os.path.join(keys, ".snapshot-signing.key.0123456789abcdef.tmp")
+    with open(removed, "wb") as file:
+        file.write(b"s" * 32)
+    with Authority.open(path):
+        assert not os.path.exists(removed)
+        assert all(os.path.exists(os.path.join(keys, name)) for name in kept)
+        assert os.path.isdir(os.path.join(keys, ".snapshot-signing.key.fedcba9876543210.tmp"))
 
 
 def _retired_dir_with_one_key(tmp_path) -> tuple[str, str, SigningKey]:
