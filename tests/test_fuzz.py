@@ -199,6 +199,25 @@ def test_a_time_budget_bounds_the_fuzz_run(monkeypatch, capsys):
     capsys.readouterr()
 
 
+def test_an_input_generated_again_after_the_budget_ended_is_no_finding():
+    """Hypothesis can generate an input a second time. Once the budget is spent the second try
+    ends in ``_BudgetSpent`` where the first ran, and hypothesis raises ``FlakyFailure`` holding
+    it (a 1,200 s fuzz run stopped on that, reported as a violation). That is the budget's end;
+    a group holding anything else is still raised."""
+    from hypothesis.errors import FlakyFailure
+
+    def spent() -> None:
+        raise FlakyFailure("Inconsistent results from replaying a test case!", [torture._BudgetSpent()])
+
+    def found() -> None:
+        raise FlakyFailure("Inconsistent results from replaying a test case!", [torture._BudgetSpent(), ValueError("x")])
+
+    torture._until_budget_spent(spent)
+    with pytest.raises(FlakyFailure) as caught:
+        torture._until_budget_spent(found)
+    assert any(isinstance(exc, ValueError) for exc in caught.value.exceptions)
+
+
 def test_fuzz_without_atheris_says_so(monkeypatch, capsys):
     monkeypatch.setattr(torture, "atheris_available", lambda: False)
     result = torture.run_fuzz(count=60, seed=2)
