@@ -4,10 +4,13 @@ with their Python definitions is in test_canonical.py and test_c_differential.py
 
 from __future__ import annotations
 
+import msgspec
 import pytest
+from agent_store_support import ChainBuilder
 
-from mwpstore import Command, InvalidCommand, LimitExceeded, limits
-from mwpstore.canonical import check_aggregate_key, check_content
+from mwpstore import Command, EventInvalid, InvalidCommand, LimitExceeded, _canonical_c, limits
+from mwpstore.canonical import _ID_PATTERN, _KIND_PATTERN, check_aggregate_key, check_content, check_id, check_kind, content_hash
+from mwpstore.messages import Effect, Event, check_command, check_event, command_bytes, recompute_event_hash
 
 NAN = float("nan")
 
@@ -100,3 +103,136 @@ def test_an_aggregate_key_is_an_exact_str():
     with pytest.raises(InvalidCommand) as raised:
         check_aggregate_key(_Text("mission:m-1"), "key")
     assert raised.value.field == "key"
+
+
+# -- Commands: the content hash covers every field but the signature; bounds inclusive -----------
+
+_FIELDS = dict(actor="alice", action_id="a-1", group="g-1", kind="mission.create", target="m-1", body={"n": 1})
+
+
+def _command(**changes: object) -> Command:
+    return Command(**{**_FIELDS, **changes})  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"actor": "bob"},
+        {"action_id": "a-2"},
+        {"group": "g-2"},
+        {"kind": "mission.update"},
+        {"target": "m-2"},
+        {"target": "g-1"},  # the target spelled like the Group is still its own field
+        {"body": {"n": 2}},
+        {"body": {"n": 1.0}},
+        {"body": {"n": True}},
+        {"body": {"n": "1"}},
+        {"expected_revision": 0},
+    ],
+)
+def test_changing_any_one_field_of_a_command_changes_its_content_hash(changes):
+    """Two Commands are "the same Command" exactly when their content hashes are equal, so every
+    field but the signature is in the hashed bytes, under its own name."""
+    assert content_hash(command_bytes(_command(**changes))) != content_hash(command_bytes(_command()))
+
+
+@pytest.mark.parametrize("revision", [0, limits.INT_ABS_MAX])
+def test_an_expected_revision_from_zero_to_int_abs_max_is_accepted(revision):
+    assert check_command(_command(expected_revision=revision)).expected_revision == revision
+    with pytest.raises(InvalidCommand) as raised:
+        check_command(_command(expected_revision=limits.INT_ABS_MAX + 1))
+    assert raised.value.field == "expected_revision"
+
+
+@pytest.mark.parametrize(
+    "signature",
+    [bytes(limits.SIGNATURE_BYTES - 1), bytes(limits.SIGNATURE_BYTES + 1), bytearray(limits.SIGNATURE_BYTES),
+     memoryview(bytes(limits.SIGNATURE_BYTES))],
+    ids=["one-short", "one-over", "bytearray", "memoryview"],
+)
+def test_a_signature_is_exactly_signature_bytes_of_bytes(signature):
+    check_command(_command(signature=bytes(limits.SIGNATURE_BYTES)))
+    with pytest.raises(InvalidCommand) as raised:
+        check_command(_command(signature=signature))
+    assert raised.value.field == "signature"
+
+
+# -- IDs and kinds: every character, at every place, against the documented patterns ------------
+
+_ASCII = [chr(code) for code in range(128)] + ["\u00e9", "\u212a", "\u0660", "\U0001f600"]
+
+
+def test_the_id_and_kind_checks_take_exactly_the_documented_characters():
+    """Each ASCII character (and a few beyond) first, after a valid first character, and at the
+    start of a kind's second part: the C checks and check_id / check_kind agree with the patterns
+    of docs/format/canonical.md, including the ends of each range ('A', 'Z', 'a', 'z', '0', '9')."""
+    for char in _ASCII:
+        for value in (char, "x" + char, char + "x", "a." + char):
+            documented_id = _ID_PATTERN.match(value) is not None
+            documented_kind = _KIND_PATTERN.match(value) is not None
+            assert (_canonical_c.id_ok(value), _canonical_c.kind_ok(value)) == (documented_id, documented_kind), value
+            for check, documented in ((lambda v: check_id(v, "x"), documented_id), (check_kind, documented_kind)):
+                if documented:
+                    assert check(value) is value
+                else:
+                    with pytest.raises(InvalidCommand):
+                        check(value)
+    assert _ID_PATTERN.match("Az09_.@+=-") and _ID_PATTERN.match("zZ9") and _KIND_PATTERN.match("z9_.z")
+
+
+# -- Events from outside: check_event ------------------------------------------------------------
+
+
+def _genuine_event() -> Event:
+    chain = ChainBuilder("g-1")
+    return chain.event("group.create", "group:g-1", {"group:g-1": {"org": "acme"}}, {"org": "acme"})
+
+
+def _event(**changes: object) -> Event:
+    """The genuine first Event with ``changes``, its hash recomputed so that only they are wrong."""
+    changed = msgspec.structs.replace(_genuine_event(), **changes)
+    return msgspec.structs.replace(changed, hash=recompute_event_hash(changed))
+
+
+def _event_refusal(event: Event) -> EventInvalid:
+    with pytest.raises(EventInvalid) as raised:
+        check_event(event)
+    return raised.value
+
+
+def test_a_genuine_event_passes_check_event():
+    event = _genuine_event()
+    assert check_event(event) is event
+
+
+@pytest.mark.parametrize(
+    ("changes", "field"),
+    [({"group": "../x", "event_id": "../x:1"}, "group"), ({"actor": "a/b"}, "actor"), ({"action_id": ""}, "action_id"),
+     ({"kind": "Group.Create"}, "kind")],
+)
+def test_an_event_field_that_is_no_id_or_kind_is_refused_naming_it(changes, field):
+    refused = _event_refusal(_event(**changes))
+    assert (refused.detail["reason"], refused.detail["field"]) == ("field", field)
+
+
+@pytest.mark.parametrize("seq", [0, -1, limits.INT_ABS_MAX + 1])
+def test_an_event_sequence_is_from_one_to_int_abs_max(seq):
+    assert check_event(_event(seq=limits.INT_ABS_MAX, event_id=f"g-1:{limits.INT_ABS_MAX}")).seq == limits.INT_ABS_MAX
+    assert _event_refusal(_event(seq=seq, event_id=f"g-1:{seq}")).detail["reason"] == "seq"
+
+
+@pytest.mark.parametrize("name", ["content_hash", "payload_hash", "prev_hash", "hash"])
+def test_every_hash_of_an_event_is_exactly_32_bytes(name):
+    """A hash one byte short is refused even when the Event hash is computed over it."""
+    short = _genuine_event().hash[:-1]
+    event = msgspec.structs.replace(_event(**({} if name == "hash" else {name: short})), **({"hash": short} if name == "hash" else {}))
+    assert _event_refusal(event).detail["reason"] == name
+
+
+@pytest.mark.parametrize(
+    "effect",
+    [Effect(7, 1, {}), Effect("group:g-1", 0, {}), Effect("group:g-1", True, {}), Effect("group:g-1", 1, {"x": float("nan")})],
+    ids=["aggregate-not-str", "revision-zero", "revision-bool", "state-nan"],
+)
+def test_a_malformed_effect_is_refused_by_check_event(effect):
+    assert _event_refusal(_event(effects=[effect])).detail["reason"] == "effects"
