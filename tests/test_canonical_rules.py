@@ -4,13 +4,25 @@ with their Python definitions is in test_canonical.py and test_c_differential.py
 
 from __future__ import annotations
 
+import pathlib
+import re
+
 import msgspec
 import pytest
 from agent_store_support import ChainBuilder
 
 from mwpstore import Command, EventInvalid, InvalidCommand, LimitExceeded, _canonical_c, limits
 from mwpstore.canonical import _ID_PATTERN, _KIND_PATTERN, check_aggregate_key, check_content, check_id, check_kind, content_hash
-from mwpstore.messages import Effect, Event, check_command, check_event, command_bytes, recompute_event_hash
+from mwpstore.messages import (
+    Effect,
+    Event,
+    check_command,
+    check_event,
+    command_bytes,
+    decode_event,
+    decode_events,
+    recompute_event_hash,
+)
 
 NAN = float("nan")
 
@@ -236,3 +248,34 @@ def test_every_hash_of_an_event_is_exactly_32_bytes(name):
 )
 def test_a_malformed_effect_is_refused_by_check_event(effect):
     assert _event_refusal(_event(effects=[effect])).detail["reason"] == "effects"
+
+
+@pytest.mark.parametrize("decode", [decode_event, lambda data: decode_events([data])[0]], ids=["one", "many"])
+@pytest.mark.parametrize(
+    "data",
+    [b"\xc1", msgspec.msgpack.encode([1, 2, 3]), msgspec.msgpack.encode({"group": "g-1"}), b""],
+    ids=["not-msgpack", "array-of-the-wrong-shape", "map", "empty"],
+)
+def test_bytes_that_are_no_event_are_event_invalid_whatever_the_decoder_says(decode, data):
+    """Bad msgpack and well-formed msgpack of the wrong shape alike (msgspec's DecodeError and
+    ValidationError) are EVENT_INVALID, reason decode: no msgspec error reaches the caller."""
+    with pytest.raises(EventInvalid) as raised:
+        decode(data)
+    assert raised.value.detail["reason"] == "decode"
+
+
+# -- The bounds docs/format/canonical.md states are the code's ------------------------------------
+
+_CANONICAL_PAGE = pathlib.Path(__file__).resolve().parent.parent / "docs" / "format" / "canonical.md"
+
+
+def test_the_bounds_the_canonical_format_page_states_are_the_code_s():
+    """The page writes a bound as its number followed by its name in parentheses ("more than
+    100,000 values in all (`BODY_ITEMS_MAX`)"); each must be the value in mwpstore/limits.py, and
+    the ID and kind lengths are stated as numbers."""
+    text = " ".join(_CANONICAL_PAGE.read_text().split())
+    stated = {name: int(number.replace(",", "")) for number, name in re.findall(r"(\d[\d,]*)[a-z ]* \(`([A-Z_]+_MAX)`", text)}
+    assert set(stated) == {"BODY_DEPTH_MAX", "BODY_ITEMS_MAX", "STRING_BYTES_MAX", "BODY_BYTES_MAX"}
+    assert stated == {name: getattr(limits, name) for name in stated}
+    assert f"1 to {limits.ID_CHARS_MAX} characters" in text
+    assert f"at most {limits.KIND_CHARS_MAX} characters" in text
