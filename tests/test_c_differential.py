@@ -698,6 +698,19 @@ ids = st.one_of(
 def test_id_and_kind_checks_agree_with_the_patterns(value):
     """The C checks equal the documented patterns (canonical._ID_PATTERN, _KIND_PATTERN, their
     bounds), and check_id / check_kind raise InvalidCommand exactly when the C check says no."""
+    _assert_id_and_kind_checks_agree(value)
+
+
+@pytest.mark.parametrize("char", [chr(code) for code in range(128)] + ["\u00e9", "\u212a", "\u0660", "\U0001f600"])
+def test_id_and_kind_checks_agree_with_the_patterns_on_every_character(char):
+    """Each ASCII character (and a few beyond) alone, after and before a valid character, and at
+    the start of a kind's second part: the ends of every range ('A', 'Z', 'a', 'z', '0', '9') and
+    their neighbours included, which drawn IDs may miss."""
+    for value in (char, "x" + char, char + "x", "a." + char):
+        _assert_id_and_kind_checks_agree(value)
+
+
+def _assert_id_and_kind_checks_agree(value) -> None:
     is_str = type(value) is str
     id_ok = is_str and 0 < len(value) <= limits.ID_CHARS_MAX and _ID_PATTERN.match(value) is not None
     kind_ok = is_str and 0 < len(value) <= limits.KIND_CHARS_MAX and _KIND_PATTERN.match(value) is not None

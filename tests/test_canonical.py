@@ -94,7 +94,7 @@ def test_ids_are_bounded_printable_and_never_paths(bad):
         check_id(bad, "group")
 
 
-@pytest.mark.parametrize("good", ["g-1", "agent_7", "x.y", "a@b", "A" * 128, "_engine"])
+@pytest.mark.parametrize("good", ["g-1", "agent_7", "x.y", "a@b", "A" * 128, "_engine", "zZ09+=", "9a"])
 def test_valid_ids(good):
     assert check_id(good, "group") == good
 
