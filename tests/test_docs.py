@@ -310,8 +310,8 @@ _UNITS = {"": 1, "KiB": 1024, "MiB": 1024**2, "GiB": 1024**3, "days": 86_400_000
 
 def _quoted_bounds() -> list[tuple[str, str, str]]:
     """(page, name, value text) for every `NAME` (or `limits.NAME`, or a code span ending in it,
-    `1 ≤ H ≤ NAME`) the pages follow with ` = value` or ` (value)`, where NAME is a bound in
-    mwpstore/limits.py or a module's own."""
+    `1 ≤ H ≤ NAME`) the pages follow with ` = value` or ` (value)`, or put after a value and up to
+    three words (`100,000 values in all (`NAME`)`), where NAME is a bound in mwpstore/limits.py or a module's own."""
     from mwpstore import agent_store, delivery, limits
 
     known = {name for name in vars(limits) if name.isupper()} | {"BUFFERED_EVENTS_MAX", "STALLED_ROUNDS_MAX"}
@@ -323,6 +323,10 @@ def _quoted_bounds() -> list[tuple[str, str, str]]:
         for match in re.finditer(r"`(?:[^`\n]*? )?(?:limits\.)?([A-Z][A-Z0-9_]+)`(?: = | \()((?:2\*\*\d+|[\d,_]+)(?: (?:KiB|MiB|GiB|days))?)", text):
             if match.group(1) in known:
                 found.append((os.path.relpath(path, ROOT), match.group(1), match.group(2)))
+        # the other order: value, up to three words, (`NAME`) or (`NAME`: ...)
+        for match in re.finditer(r"(?<![\w.,])((?:2\*\*\d+|\d[\d,_]*)(?: (?:KiB|MiB|GiB|days))?)(?:\s+[A-Za-z]+){0,3}\**\s+\(`(?:limits\.)?([A-Z][A-Z0-9_]+)`[:)]", text):
+            if match.group(2) in known:
+                found.append((os.path.relpath(path, ROOT), match.group(2), match.group(1)))
     return found
 
 
