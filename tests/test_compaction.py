@@ -220,15 +220,25 @@ def test_redacting_an_archived_and_compacted_event_is_group_archived_not_index_d
         authority.accept(group_create("other"))  # the handle still writes
 
 
-def test_a_stray_log_old_stops_compaction_before_it_changes_anything(tmp_path):
+@pytest.mark.parametrize("stray_kind", ["directory", "dangling symlink"])
+def test_a_stray_log_old_stops_compaction_before_it_changes_anything(tmp_path, stray_kind):
+    """A symbolic link to nothing is in the way too: the switch's rename of log/ onto it fails
+    after the marker, and the open that finishes the switch would meet it again."""
     with open_with_group(str(tmp_path / "s")) as authority:
         stray = os.path.join(authority.path, "log.old")
-        os.makedirs(os.path.join(stray, "copy"))
+        if stray_kind == "directory":
+            os.makedirs(os.path.join(stray, "copy"))
+        else:
+            os.symlink(str(tmp_path / "gone"), stray)
         with pytest.raises(StorageFailed) as caught:
             authority.compact()
         assert caught.value.detail["reason"] == "compaction_obstacle"
         assert not os.path.exists(os.path.join(authority.path, MARKER))
-        assert os.listdir(stray) == ["copy"]  # the operator's directory is left alone
+        assert not os.path.exists(os.path.join(authority.path, "log.compact"))
+        if stray_kind == "directory":
+            assert os.listdir(stray) == ["copy"]  # the operator's directory is left alone
+        else:
+            assert os.readlink(stray) == str(tmp_path / "gone")
         assert authority.accept(mission_create("m-after")).seq == 2  # and the handle writes
 
 
@@ -256,18 +266,22 @@ def test_a_failure_while_copying_leaves_the_store_as_it_was(tmp_path):
         assert authority.verify().ok
 
 
-def test_a_failure_after_the_switch_point_refuses_writes_until_reopen_finishes_it(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt()], ids=["enospc", "interrupt"])
+def test_a_failure_after_the_switch_point_refuses_writes_until_reopen_finishes_it(tmp_path, monkeypatch, failure):
+    """An interrupt (KeyboardInterrupt) after the marker is raised as it is, and refuses writes
+    all the same: the next open finishes the switch whatever stopped it."""
     path = str(tmp_path / "s")
     with open_with_group(path) as authority:
         receipts = _fill(authority, GROUP, 3)
 
         def full_disk(*args, **kwargs):
-            raise OSError(28, "No space left on device")
+            raise failure
 
         monkeypatch.setattr(Authority, "_build_index", full_disk)
-        with pytest.raises(StorageFailed) as caught:
+        with pytest.raises(KeyboardInterrupt if isinstance(failure, KeyboardInterrupt) else StorageFailed) as caught:
             authority.compact()
-        assert caught.value.detail["reason"] == "compaction_interrupted"
+        if isinstance(failure, OSError):
+            assert caught.value.detail["reason"] == "compaction_interrupted"
         # the next open deletes the old log: nothing more may be acknowledged on it
         with pytest.raises(StorageFailed):
             authority.accept(mission_create("m-lost"))
