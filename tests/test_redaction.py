@@ -62,6 +62,8 @@ def test_redact_accepts_a_matching_body_seq():
         ("g1", {"reason": "r"}),
         ("2", {"seq": 3, "reason": "r"}),
         ("2", {"seq": True, "reason": "r"}),
+        ("1", {"seq": True, "reason": "r"}),  # equal to 1, but not an int sequence
+        ("2", {"seq": 2.0, "reason": "r"}),
         ("2", {}),
         ("2", {"reason": ""}),
         ("2", {"reason": "r", "payload": "x"}),
@@ -153,3 +155,15 @@ def test_audit_delete_refuses_malformed_commands(target, body):
     memory = archived({"audit_retention_days": 1})
     with pytest.raises(InvalidCommand):
         memory.accept(command("audit.delete", target, body), now_ms=10_000 + 2 * DAY_MS)
+
+
+def test_redacted_sequences_are_the_tombstones_present_in_order():
+    """From any order of aggregates: only ``tombstone:<seq>`` keys count, one whose state is gone
+    (None) does not, and the sequences come back sorted."""
+    items = [
+        ("tombstone:9", 1, {"seq": 9}),
+        ("group:g1", 3, {"tombstones": 3}),
+        ("tombstone:12", 2, None),
+        ("tombstone:2", 1, {"seq": 2}),
+    ]
+    assert redacted_sequences(items) == [2, 9]
