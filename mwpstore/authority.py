@@ -2040,7 +2040,8 @@ class Authority:
 
     def _install_index(self, log: SegmentLog | None = None) -> None:
         """Open the freshly built index and switch to it (with ``log`` when the log changes too);
-        the old handles stay valid for readers still using them and are closed at close()."""
+        the old handles stay valid for reads that began before the switch and are closed as soon as
+        none of those is running (``_release_retired``)."""
         index = Index(self._index_dir(), map_size=self._map_size)
         with index.begin(write=True) as txn:
             index.put(txn, b"meta", b"boot_id", current_boot_id().encode())

@@ -21,9 +21,9 @@ Crash safety, step by step (each step is a named fail point ``compaction.<step>`
 
 :func:`recover_interrupted_compaction` runs at open, before the log is opened: without the marker
 an unfinished ``log.compact`` is deleted (the old log is intact); with it, the switch is completed
-and the index is rebuilt. Readers in this process keep using the old log and index handles until
-the switch; those handles stay valid (the files stay open) and are closed when the store closes.
-Commits wait while a compaction runs.
+and the index is rebuilt. Reads in this process that began before the switch finish on the old
+log and index handles, which stay valid until then; the old pair is closed as soon as no such read
+is running (at the switch itself when none is). Commits wait while a compaction runs.
 """
 
 from __future__ import annotations
