@@ -24,6 +24,7 @@ from mwpstore.snapshot import (
     MAGIC,
     PREFIX_BYTES,
     SCHEMA_VERSION,
+    SNAPSHOT_FILE_BYTES_MAX,
     Keyring,
     SigningKey,
     SnapshotHeader,
@@ -181,6 +182,7 @@ def test_deleted_aggregate_keeps_its_revision():
     states, revisions = verified.states_and_revisions()
     assert states == {"group:g1": {"status": "active"}}
     assert revisions == {"group:g1": 1, "workitem:gone": 4}
+    assert aggregates_from(states, revisions) == verified.aggregates  # an engine's maps give the same rows back
 
 
 def test_empty_group_at_sequence_zero():
@@ -405,6 +407,15 @@ def test_snapshot_file_is_written_atomically_and_read_back(tmp_path, good):
     assert read_snapshot_file(nested) == good
 
 
+def test_a_snapshot_file_above_the_cap_is_refused_before_it_is_read(tmp_path):
+    path = tmp_path / "huge.snap"
+    with open(path, "wb") as handle:
+        handle.truncate(SNAPSHOT_FILE_BYTES_MAX + 1)  # sparse: nothing is written
+    with pytest.raises(SnapshotInvalid) as info:
+        read_snapshot_file(str(path))
+    assert info.value.check == "size"
+
+
 def test_snapshot_ref_names_the_file_and_checks_it(good):
     ref = snapshot_ref(good, location="snapshots/g1/3.snap")
     assert (ref.org, ref.group, ref.seq, ref.key_id, ref.file_bytes) == ("acme", "g1", 3, SIGNER.key_id, len(good))
@@ -588,6 +599,15 @@ def test_oversize_state_length_is_size(good):
     assert check_of(data) == "size"
 
 
+def test_a_header_length_at_the_cap_is_not_refused_as_size(good):
+    """The cap is inclusive: a file whose prefix declares a header of exactly the cap, and which has
+    that many bytes, passes the size check and fails only at the signature."""
+    prefix, _, signature, state = split(good)
+    claimed = limits.SNAPSHOT_HEADER_BYTES_MAX
+    data = _PREFIX.pack(*prefix[:3], claimed, *prefix[4:]) + b" " * claimed + signature + state
+    assert check_of(data) == "signature"
+
+
 def test_zero_length_header_is_size(good):
     prefix, _, signature, state = split(good)
     assert check_of(_PREFIX.pack(*prefix[:3], 0, *prefix[4:]) + signature + state) == "size"
@@ -598,6 +618,8 @@ def test_zero_length_header_is_size(good):
     [
         lambda f: f.update(org="../etc"),
         lambda f: f.update(seq=-1),
+        lambda f: f.update(seq=limits.INT_ABS_MAX + 1),
+        lambda f: f.update(created_at_ms=limits.INT_ABS_MAX + 1),
         lambda f: f.update(head_hash="zz" * 32),
         lambda f: f.update(aggregates=10**9),
         lambda f: f.update(created_at_ms="now"),
@@ -638,6 +660,7 @@ def _signed_with_state(state: bytes, count: int) -> bytes:
         ([["a", 0, {}]], 1),  # revision 0
         ([["a", 1, [1]]], 1),  # state not a dict
         ([["a", 1, {}]], 2),  # count differs
+        ([["", 1, {}], ["a", 1, {}]], 2),  # an empty key, sorted first
         ("not a list", 0),
     ],
 )
