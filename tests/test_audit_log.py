@@ -17,8 +17,10 @@ from hypothesis import strategies as st
 
 from blocking import outcome_within
 from mwpstore._files import KeyFileInvalid, makedirs_durable
+from mwpstore import limits
 from mwpstore.audit_log import (
     FRAME_BYTES,
+    TAG_BYTES,
     _FRAME,
     _HEADER,
     AuditLogInfo,
@@ -30,7 +32,7 @@ from mwpstore.audit_log import (
     write_audit_log,
 )
 from mwpstore.errors import ArchiveInvalid, InvalidCommand, StorageFailed
-from mwpstore.messages import ZERO_HASH, Command, encode_event
+from mwpstore.messages import ZERO_HASH, Command, encode_event, recompute_event_hash
 from mwpstore.registry import MemoryGroup
 from mwpstore.snapshot import Keyring, SigningKey, aggregates_from, create_snapshot, verify_snapshot
 
@@ -208,11 +210,17 @@ def test_makedirs_durable_creates_missing_parents(tmp_path):
     assert target.is_dir()
 
 
-def test_writer_refuses_bad_ids(tmp_path, provider):
+def test_writer_refuses_bad_ids_and_chunk_sizes_outside_the_format(tmp_path, provider):
     with pytest.raises(InvalidCommand):
         write_audit_log(str(tmp_path / "x"), org="../acme", group="g1", events=[], key_provider=provider)
     with pytest.raises(InvalidCommand):
         write_audit_log(str(tmp_path / "x"), org="acme", group="g1", events=[], key_provider=provider, chunk_bytes=0)
+    largest = limits.AUDIT_CHUNK_BYTES_MAX - TAG_BYTES  # a sealed chunk must fit the reader's cap
+    with pytest.raises(InvalidCommand):
+        write_audit_log(str(tmp_path / "x"), org="acme", group="g1", events=[], key_provider=provider, chunk_bytes=largest + 1)
+    assert not os.path.exists(tmp_path / "x")
+    write_audit_log(str(tmp_path / "x"), org="acme", group="g1", events=[], key_provider=provider, chunk_bytes=largest)
+    assert read_all(str(tmp_path / "x"), provider) == []
 
 
 # -- Organization keys ----------------------------------------------------------------------------------
@@ -249,6 +257,11 @@ def test_file_key_provider_unknown_key_and_path_like_org(tmp_path):
         provider.key_for("acme", "00" * 8)
     with pytest.raises(KeyError):
         provider.key_for("acme", "../../etc/passwd")
+    provider.current_key("acme")
+    other_id, _ = provider.current_key("other-org")
+    for path_like in (f"../other-org/{other_id}", f"{other_id}\n"):  # another Organization's key file, a near key id
+        with pytest.raises(KeyError):
+            provider.key_for("acme", path_like)
     with pytest.raises(InvalidCommand):
         provider.current_key("../escape")
 
@@ -350,6 +363,17 @@ def test_missing_or_foreign_key_is_refused(log, tmp_path, provider):
     key_id = read_audit_log_header(log)["key_id"]
     os.unlink(tmp_path / "org-keys" / "acme" / f"{key_id}.key")  # crypto-shredding
     assert check_of(log, provider) == "key"
+
+
+    class WrongLength:  # an application's provider answering with an AES-128 key, or a str
+        def __init__(self, key):
+            self.key = key
+
+        def key_for(self, org, key_id):
+            return self.key
+
+    for key in (bytes(16), "k" * 32):
+        assert check_of(log, WrongLength(key)) == "key"
 
 
 def test_same_key_id_with_other_key_material_fails_tag(log, tmp_path, provider):
@@ -546,14 +570,17 @@ def test_snapshot_of_another_organization_is_binding(log, provider, memory):
     assert info.value.detail["check"] == "binding"
 
 
-def test_event_with_broken_chain_is_refused(tmp_path, provider, memory):
+@pytest.mark.parametrize("rehashed", [False, True], ids=["own_hash_wrong", "link_to_the_next_broken"])
+def test_event_with_broken_chain_is_refused(tmp_path, provider, memory, rehashed):
     events = list(memory.events)
     events[3] = msgspec.structs.replace(events[3], accepted_at_ms=events[3].accepted_at_ms + 1)  # hash no longer verifies
+    if rehashed:  # its own hash made right again: only the next Event's link to it is wrong
+        events[3] = msgspec.structs.replace(events[3], hash=recompute_event_hash(events[3]))
     path = str(tmp_path / "forged.audit")
     write_audit_log(path, org="acme", group="g1", events=[encode_event(e) for e in events], key_provider=provider)
     with pytest.raises(ArchiveInvalid) as info:
         verify_audit_log_against_snapshot(path, final_snapshot(memory), provider)
-    assert info.value.detail["check"] == "event" and info.value.detail["seq"] == 4
+    assert info.value.detail["check"] == "event" and info.value.detail["seq"] == (5 if rehashed else 4)
 
 
 def redacted_group() -> MemoryGroup:
