@@ -2772,7 +2772,9 @@ def _concurrency_round(path: str, round_seconds: float, seed: int, findings: Fin
     authority = Authority.open(store, segment_bytes=segment_bytes)
     ensure_groups(authority)
     oracle = Acknowledged()
-    lock = threading.Lock()
+    # Reentrant: a check made under the lock reports what it finds through problem(), which takes
+    # it too (a plain Lock hung the acker, and then the watchdog's report, on the first violation).
+    lock = threading.RLock()
     stop = threading.Event()
     duplicates: dict[str, list[Any]] = {}
     seen_by_subscriber: dict[str, list[int]] = {group: [] for group in GROUPS}
@@ -2785,9 +2787,15 @@ def _concurrency_round(path: str, round_seconds: float, seed: int, findings: Fin
         with lock:
             ops[name] = ops.get(name, 0) + amount
 
-    def problem(message: str) -> None:
-        with lock:
-            findings.add(context + message)
+    def problem(message: str, *, wait: float = -1) -> None:
+        """Record a finding; with ``wait`` (the watchdog's report) give up on the lock after that
+        many seconds, since a stuck thread may hold it, and record the finding all the same."""
+        locked = lock.acquire(timeout=wait)
+        try:
+            findings.add(context + message + ("" if locked else " (the harness lock was held by a stuck thread)"))
+        finally:
+            if locked:
+                lock.release()
 
     def guarded(name: str, body: Callable[[random.Random], None], index: int) -> Callable[[], None]:
         until_stopped = name.startswith("subscriber-")  # past the deadline too: the round's close stops it
@@ -2967,7 +2975,8 @@ def _concurrency_round(path: str, round_seconds: float, seed: int, findings: Fin
                 f"\n--- {thread.name}:\n" + "".join(traceback.format_stack(frames[thread.ident])[-6:])
                 for thread in stuck if thread.ident in frames
             )
-            problem(f"deadlock: {len(stuck)} thread(s) still running {CONCURRENCY_WATCHDOG_SECONDS:.0f} s after the round ended{stacks[-4000:]}")
+            problem(f"deadlock: {len(stuck)} thread(s) still running {CONCURRENCY_WATCHDOG_SECONDS:.0f} s after the round ended{stacks[-4000:]}",
+                    wait=5.0)
             return  # the store is left open: closing it could hang on the same lock
         ops["threads"] = len(threads)
         ops["segment_rollovers"] = ops.get("segment_rollovers", 0) + len(rollovers)

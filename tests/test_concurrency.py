@@ -68,7 +68,9 @@ def test_verify_while_compacting_reports_no_problem(tmp_path):
 def test_watchdog_reports_a_stuck_thread(monkeypatch):
     """A round whose threads never finish is a violation with their stacks, not a hung suite."""
     monkeypatch.setattr(torture, "CONCURRENCY_WATCHDOG_SECONDS", 0.5)
-    monkeypatch.setattr(torture, "CONCURRENCY_ROUND_SECONDS", 0.3)
+    # Long enough for the verifier to make its first call on two busy cores: with 0.3 s it
+    # sometimes started after the round's end, called nothing, and no thread was stuck.
+    monkeypatch.setattr(torture, "CONCURRENCY_ROUND_SECONDS", 3.0)
     release = threading.Event()
     original = Authority.verify
 
@@ -85,6 +87,30 @@ def test_watchdog_reports_a_stuck_thread(monkeypatch):
     assert result["violations"] >= 1
     assert "deadlock" in result["details"]["violation_messages"][0]
     assert "stuck_verify" in result["details"]["violation_messages"][0]
+
+
+def test_a_violation_found_under_the_harness_lock_is_reported_not_a_hang(monkeypatch):
+    """The acker checks what ``ack`` returned while it holds the round's lock, and reports through
+    ``problem``, which takes that lock too: with a plain lock the first wrong ACK hung the acker,
+    then the watchdog's own report, and the suite never ended (seen with compaction dropping ACK
+    records). A store whose ``ack`` stores less than it was given must come out as violations."""
+    original = Authority.ack
+
+    def short_ack(self, consumer, group, cursor):
+        stored = original(self, consumer, group, cursor)
+        return stored - 1 if stored > 0 else stored
+
+    monkeypatch.setattr(torture, "CONCURRENCY_ROUND_SECONDS", 1.0)
+    monkeypatch.setattr(torture, "CONCURRENCY_WATCHDOG_SECONDS", 5.0)
+    monkeypatch.setattr(Authority, "ack", short_ack)
+    skip = ("same_action", "reader", "snapshotter", "verifier", "compactor", "agent", "view-reader", "log-reader")
+    results: list[dict] = []
+    runner = threading.Thread(target=lambda: results.append(torture.run_concurrency(count=1, seed=6, skip=skip)), daemon=True)
+    runner.start()
+    runner.join(timeout=60)
+    assert results, "the suite hung on its own lock"
+    messages = results[0]["details"]["violation_messages"]
+    assert results[0]["violations"] >= 1 and all("ack(" in message for message in messages), messages[:3]
 
 
 def test_a_subscriber_that_meets_a_closed_store_before_the_round_ends_is_a_violation(monkeypatch):
