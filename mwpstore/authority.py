@@ -492,7 +492,10 @@ class Authority:
                 # A kill inside rotate_signing_key between writing the new seed and renaming it
                 # leaves the seed in a temporary file: a secret that never became the key. The lock
                 # makes this process the only writer of keys/, so such a file is a dead write's.
-                remove_temp_copies(os.path.join(self.path, "keys", f"{SIGNING_KEY_NAME}.key"))
+                # A sweep that cannot run (keys/ unreadable, or no directory) does not stop the
+                # open: the key's own use reports that, and the next open sweeps again.
+                with contextlib.suppress(MwpError):
+                    remove_temp_copies(os.path.join(self.path, "keys", f"{SIGNING_KEY_NAME}.key"))
             except BaseException:
                 index = self._pair[1]
                 if index is not None:

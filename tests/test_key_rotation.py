@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from authority_helpers import GROUP, OWNER, mission_create, open_with_group
-from mwpstore import Authority, Command, InvalidCommand
+from mwpstore import Authority, Command, InvalidCommand, MwpError
 from mwpstore._files import KeyFileInvalid
 from mwpstore.snapshot import RETIRED_DIRECTORY, SigningKey, key_id_of, retired_public_keys, verify_snapshot
 
@@ -209,6 +209,20 @@ def test_only_temporary_files_of_the_signing_key_are_removed_at_open(tmp_path):
         assert not os.path.exists(removed)
         assert all(os.path.exists(os.path.join(keys, name)) for name in kept)
         assert os.path.isdir(os.path.join(keys, ".snapshot-signing.key.fedcba9876543210.tmp"))
+
+
+def test_a_keys_path_that_is_no_directory_does_not_stop_the_open(tmp_path):
+    """The sweep of killed key writes is housekeeping: a ``keys`` that is a file opens as it did
+    before the sweep existed, and the key's first use reports it."""
+    path = str(tmp_path / "s")
+    with open_with_group(path):
+        pass
+    with open(os.path.join(path, "keys"), "wb") as file:
+        file.write(b"not a directory")
+    with Authority.open(path) as authority:
+        assert authority.head(GROUP)[0] >= 1
+        with pytest.raises(MwpError):
+            authority.signing_key  # noqa: B018
 
 
 def _retired_dir_with_one_key(tmp_path) -> tuple[str, str, SigningKey]:
