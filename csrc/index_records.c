@@ -34,8 +34,9 @@
  * are appended to items[b"events"], items[b"states"], items[b"receipts"], and keys that need a
  * presence entry (a state at revision 1, every receipt) to new[b"states"], new[b"receipts"].
  * ``heads`` maps a Group (str) to (seq, hash) and is updated here (by the time index_events
- * returns; after an error it may lag the entries appended, and the caller drops the redo). ``seeds`` is the CRC-32 of the
- * three database names (events, states, receipts). Limited API (abi3, Python >= 3.11).
+ * returns; after an error it may lag the entries appended, and the caller drops the redo).
+ * ``seeds`` is the CRC-32 of the three database names (events, states, receipts). Limited API
+ * (abi3, Python >= 3.11).
  *
  * The module also checks seals on the way out: unseal(stored, key, seed, size_max) is the check
  * behind every sealed read of both LMDB stores (mwpstore/_sealed.py), done here because in Python

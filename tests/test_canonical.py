@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mwpstore import Command, InvalidCommand, LimitExceeded, _canonical_c, limits
-from mwpstore.canonical import _ID_PATTERN, _KIND_PATTERN, _content_ok, canonical_bytes, check_content, check_id, check_kind, content_hash
+from mwpstore.canonical import _content_ok, canonical_bytes, check_content, check_id, content_hash
 from mwpstore.messages import check_command, command_bytes
 
 scalars = st.none() | st.booleans() | st.integers(-(2**63) + 1, 2**63 - 1) | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20)
@@ -208,27 +208,6 @@ def test_c_content_check_stops_on_a_cycle():
     assert _canonical_c.content_ok(cycle) is False
     with pytest.raises(LimitExceeded):
         check_content(cycle)
-
-
-id_like = st.text(alphabet="aZ09_.@+=-:/\\ é\n\x00", min_size=0, max_size=6) | st.sampled_from(
-    ["x" * 128, "x" * 129, "a" * 64, "a" * 65, "\ud800", "a\n", "workitem.claim", "a..b", "a.", ".a", "a.1"]
-)
-
-
-@given(id_like | st.integers() | st.none() | st.builds(_Text, st.text(max_size=3)))
-@settings(max_examples=500, deadline=None)
-def test_c_id_and_kind_checks_agree_with_python(value):
-    is_str = type(value) is str
-    id_ok = is_str and 0 < len(value) <= limits.ID_CHARS_MAX and _ID_PATTERN.match(value) is not None
-    kind_ok = is_str and 0 < len(value) <= limits.KIND_CHARS_MAX and _KIND_PATTERN.match(value) is not None
-    assert _canonical_c.id_ok(value) is id_ok
-    assert _canonical_c.kind_ok(value) is kind_ok
-    if not id_ok:
-        with pytest.raises(InvalidCommand):
-            check_id(value, "x")
-    if not kind_ok:
-        with pytest.raises(InvalidCommand):
-            check_kind(value)
 
 
 @pytest.mark.parametrize("revision", [1.0, 0.0, True, -1, 2**64, "1"])

@@ -189,9 +189,10 @@ def test_the_seed_a_rotation_killed_before_its_rename_left_is_removed_at_the_nex
         assert authority.verify().ok
 
 
-def test_only_temporary_files_of_the_signing_key_are_removed_at_open(tmp_path):
-    """What open removes is exactly ``.snapshot-signing.key.<16 hex>.tmp``: other names beside it
-    stay, and a directory under that name is no write of the store's and is left alone."""
+def test_only_temporary_files_of_the_signing_key_are_removed_at_open(tmp_path, synced_directories):
+    """What open removes is exactly ``.snapshot-signing.key.<16 hex>.tmp``, durably (``keys/``
+    synced after): other names beside it stay, and a directory under that name is no write of the
+    store's and is left alone."""
     path = str(tmp_path / "s")
     with open_with_group(path) as authority:
         authority.signing_key  # noqa: B018 - creates keys/
@@ -205,8 +206,10 @@ def test_only_temporary_files_of_the_signing_key_are_removed_at_open(tmp_path):
     removed = os.path.join(keys, ".snapshot-signing.key.0123456789abcdef.tmp")
     with open(removed, "wb") as file:
         file.write(b"s" * 32)
+    synced_directories.clear()
     with Authority.open(path):
         assert not os.path.exists(removed)
+        assert os.path.abspath(keys) in synced_directories
         assert all(os.path.exists(os.path.join(keys, name)) for name in kept)
         assert os.path.isdir(os.path.join(keys, ".snapshot-signing.key.fedcba9876543210.tmp"))
 
