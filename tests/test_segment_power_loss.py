@@ -254,3 +254,141 @@ def test_the_crash_model_loses_only_what_was_not_made_durable(tmp_path):
     assert outcomes == {"name lost", "kept", "dropped", "torn"}
     for descriptor in (durable_fd, pending_fd):
         recorder.close_file(descriptor)
+
+
+def _draws(operations, crash_at=None, count=300):
+    """The crash states of ``operations`` drawn with seeds 0..count-1."""
+    at = len(operations) if crash_at is None else crash_at
+    return [crash_state(operations, at, random.Random(seed)) for seed in range(count)]
+
+
+def test_a_torn_write_keeps_whole_sectors_and_leaves_the_rest_zero_garbage_or_as_it_was(tmp_path):
+    """A write torn by the power loss reached the disk up to some sector boundary inside it (not
+    only at its start), and the rest is zeros, garbage or the bytes that were there before: a model
+    that tore only at the start, or only into zeros, would never show a reader half a record over
+    old bytes."""
+    recorder = RecordingIO()
+    path = str(tmp_path / "f")
+    old, new = b"\xaa" * (4 * SECTOR_BYTES), b"\xbb" * (4 * SECTOR_BYTES)
+    _, fd = recorder.create_file(path)
+    recorder.write_at(fd, old, 0)
+    recorder.sync_file_data(fd, False)
+    recorder.sync_directory(str(tmp_path))
+    recorder.write_at(fd, new, 0)
+    recorder.close_file(fd)
+    rests = set()
+    for state in _draws(recorder.operations, count=600):
+        content = state[path]
+        if content in (old, new):
+            continue
+        kept = len(content) - len(content.lstrip(b"\xbb"))
+        assert kept % SECTOR_BYTES == 0 and 0 <= kept < len(new) and len(content) == len(new)
+        rest = content[kept:]
+        kind = "old" if rest == old[kept:] else "zero" if rest == bytes(len(rest)) else "garbage"
+        rests.add((kind, 0 < kept))
+    assert rests == {("old", True), ("zero", False), ("zero", True), ("garbage", False), ("garbage", True)}  # ("old", False): dropped
+
+
+def test_a_name_is_durable_once_its_directory_is_synced_and_only_then(tmp_path):
+    """Creations, renames and removals not yet synced in their directory may each be undone, in
+    order (a prefix of them survives); those synced never are."""
+    directory = str(tmp_path)
+    recorder = RecordingIO()
+    first, second, temporary, final = (str(tmp_path / name) for name in ("first", "second", "temporary", "final"))
+    for path in (first, temporary):
+        _, fd = recorder.create_file(path)
+        recorder.write_at(fd, b"x", 0)
+        recorder.sync_file_data(fd, False)
+        recorder.close_file(fd)
+    recorder.sync_directory(directory)
+    synced = len(recorder.operations)
+    _, fd = recorder.create_file(second)
+    recorder.close_file(fd)
+    recorder.rename_file(temporary, final)
+    recorder.remove_file(first)
+    names = {tuple(sorted(os.path.basename(path) for path in state)) for state in _draws(recorder.operations)}
+    assert names == {("first", "temporary"), ("first", "second", "temporary"), ("final", "first", "second"), ("final", "second")}
+    recorder.sync_directory(directory)
+    assert {tuple(sorted(state)) for state in _draws(recorder.operations)} == {(final, second)}
+    assert {tuple(sorted(state)) for state in _draws(recorder.operations, crash_at=synced)} == {(first, temporary)}
+
+
+def test_a_synced_truncation_or_allocation_is_durable(tmp_path):
+    """Made on the real file as well as in the recording, like every recorded call."""
+    recorder = RecordingIO()
+    path = str(tmp_path / "f")
+    _, fd = recorder.create_file(path)
+    recorder.sync_directory(str(tmp_path))
+    recorder.write_at(fd, b"a" * 100, 0)
+    recorder.truncate_file(fd, 40)
+    recorder.sync_file_data(fd, False)
+    shrunk = len(recorder.operations)
+    recorder.allocate_file(fd, 4096)
+    recorder.sync_file_data(fd, True)
+    grown = len(recorder.operations)
+    recorder.allocate_file(fd, 100)  # never shrinks a file
+    recorder.sync_file_data(fd, False)
+    recorder.close_file(fd)
+    with open(path, "rb") as file:  # the recorder did each call on the real file too
+        assert file.read() == b"a" * 40 + bytes(4096 - 40)
+    assert {state[path] for state in _draws(recorder.operations, crash_at=shrunk, count=20)} == {b"a" * 40}
+    expected = b"a" * 40 + bytes(4096 - 40)
+    assert {state[path] for state in _draws(recorder.operations, crash_at=grown, count=20)} == {expected}
+    assert {state[path] for state in _draws(recorder.operations, count=20)} == {expected}
+
+
+def test_files_there_before_recording_began_are_durable_with_their_content(tmp_path):
+    """Given ``directory``, the recorder takes its files as durable; a file it first meets when
+    it is removed is also taken as durable first, so that a crash may undo the removal."""
+    (tmp_path / "listed").write_bytes(b"listed content")
+    recorder = RecordingIO(directory=str(tmp_path))
+    (tmp_path / "unseen").write_bytes(b"unseen content")  # there before the recorded calls began
+    listed, unseen = str(tmp_path / "listed"), str(tmp_path / "unseen")
+    assert crash_state(recorder.operations, 0, random.Random(1)) == {listed: b"listed content"}
+    recorder.remove_file(unseen)
+    states = _draws(recorder.operations)
+    assert {state.get(unseen) for state in states} == {b"unseen content", None}
+    assert all(state[listed] == b"listed content" for state in states)
+
+
+def test_a_failed_sync_returns_the_chosen_errno_once(tmp_path):
+    """``fail_sync_at`` counts data, file and directory syncs alike; the chosen call alone fails,
+    with ``fail_errno``, and is not recorded as a sync."""
+    directory, path = str(tmp_path), str(tmp_path / "f")
+    recorder = RecordingIO(fail_sync_at=1, fail_errno=errno.ENOSPC)
+    _, fd = recorder.create_file(path)
+    assert recorder.sync_directory(directory) == 0
+    assert recorder.sync_file_data(fd, False) == -errno.ENOSPC
+    assert recorder.sync_file_data(fd, True) == 0 and recorder.sync_directory(directory) == 0
+    assert recorder.failures == 1 and recorder.sync_calls == 4
+    assert recorder.operations == [("create", path, 0), ("dirsync", directory), ("sync", 0), ("dirsync", directory)]
+    recorder.close_file(fd)
+    recorder = RecordingIO(fail_sync_at=0, fail_errno=errno.EROFS)
+    assert recorder.sync_directory(directory) == -errno.EROFS and recorder.failures == 1
+    with pytest.raises(StorageFailed) as failed:
+        SegmentLog.open(str(tmp_path / "log"), segment_bytes=SEGMENT_BYTES_MIN, io=RecordingIO(fail_sync_at=0, fail_errno=errno.ENOSPC))
+    assert failed.value.detail["errno"] == errno.ENOSPC
+
+
+def test_an_os_error_in_a_recorded_call_reaches_the_log_with_its_errno(tmp_path):
+    """The seam's callbacks return an OSError's own errno to the C log (EIO only for an error
+    without one), as the real I/O does: a full disk stays ENOSPC in the StorageFailed."""
+
+    class FullDisk(RecordingIO):
+        def allocate_file(self, fd: int, length: int) -> int:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(StorageFailed) as failed:
+        SegmentLog.open(str(tmp_path / "log"), segment_bytes=SEGMENT_BYTES_MIN, io=FullDisk())
+    assert failed.value.detail["errno"] == errno.ENOSPC
+
+
+def test_a_crash_state_is_written_only_below_its_target(tmp_path):
+    """Paths of the state outside the recorded directory are left out, never written beside the
+    target (where they would land on real files)."""
+    source, target, outside = tmp_path / "source", tmp_path / "target", tmp_path / "outside"
+    outside.mkdir()
+    (outside / "file").write_bytes(b"real file")
+    write_crash_state({str(source / "kept"): b"crash state", str(outside / "file"): b"from the crash"}, str(source), str(target))
+    assert os.listdir(target) == ["kept"] and (target / "kept").read_bytes() == b"crash state"
+    assert (outside / "file").read_bytes() == b"real file"
