@@ -329,6 +329,7 @@ def test_readers_agree_on_logs_a_bulk_mode_writer_had_open(layout, damage):
 
 HEADER_FORGERIES = {
     "version": dict(version=2),
+    "version_zero": dict(version=0),  # below the format's version, not only above it
     "header_bytes": dict(header_bytes=65),
     "segment_bytes_small": dict(segment_bytes=4096),
     "segment_bytes_unaligned": dict(segment_bytes=SEGMENT_BYTES + 8),
@@ -538,17 +539,119 @@ def test_a_file_named_almost_like_a_segment_is_ignored_by_both_readers(scratch, 
     assert c_read_recovered(scratch) == reference_read(scratch) == ("records", [], 0)
 
 
+@pytest.mark.parametrize("number", [2**63, 99999999999999999992], ids=["first_past_max", "largest_name"])
 @pytest.mark.parametrize("content", [b"", _header(0), _header(2**63)], ids=["empty", "header_of_0", "header_past_max"])
-def test_a_segment_named_past_every_position_is_segment_name_in_both_readers(scratch, content):
+def test_a_segment_named_past_every_position_is_segment_name_in_both_readers(scratch, content, number):
     """Found here: for a name above 2**63 - 1 the reference decoded the file first (header_short,
     header_field, or segment_name at offset 24), where the C side refuses the name itself
-    (docs/format/segment.md: segment_name)."""
+    (docs/format/segment.md: segment_name). 2**63 is the first such name."""
     group, _ = _group(0, [b"kept"])
     _write(scratch, 0, _header(0) + group, full=True)
-    name = os.path.join(scratch, "99999999999999999992.seg")
+    name = os.path.join(scratch, f"{number:020d}.seg")
     with open(name, "wb") as file:
         file.write(content)
     expected = ("corruption", "segment_name", name, 0)
+    assert reference_read(scratch) == expected
+    assert c_read_recovered(scratch) == expected
+
+
+
+def test_a_segment_whose_header_names_another_position_is_segment_name_in_both_readers(scratch):
+    """The name and the header's first position must agree: segment 0 whose header says 4096
+    (aligned, checksum holding) is segment_name at the header's field (offset 24)."""
+    group, _ = _group(4096, [b"misplaced"])
+    path = _write(scratch, 0, _header(4096) + group, full=True)
+    expected = ("corruption", "segment_name", path, 24)
+    assert reference_read(scratch) == expected
+    assert c_read_recovered(scratch) == expected
+
+
+def test_a_record_of_the_largest_length_is_served_by_both_readers():
+    """RECORD_BYTES_MAX is a record's largest length, not the first refused (frame_length is
+    for lengths above it): one group of one such record, in a 32 MiB segment."""
+    directory = scratch_directory()
+    try:
+        with SegmentLog.open(directory, segment_bytes=2 * limits.RECORD_BYTES_MAX) as log:
+            log.append([b"\x5a" * limits.RECORD_BYTES_MAX])
+        os.remove(os.path.join(directory, CLEAN_FILE_NAME))
+        expected = reference_read(directory)
+        assert expected[0] == "records" and [len(record) for _, record in expected[1]] == [limits.RECORD_BYTES_MAX]
+        assert c_read_recovered(directory) == expected
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _log_with_a_damaged_group_then_a_later_one(directory: str, *, own_commit: bool, cut_after: bool) -> tuple[str, int, int]:
+    """Three groups in segment 0; the second's record frame damaged (and its commit frame too,
+    unless ``own_commit``); the third intact. With ``cut_after`` the file ends right after the
+    third group's commit frame (its last 32 bytes). Returns the path, the second group's start
+    and the first's records' end position."""
+    first, second_start = _group(0, [b"first"])
+    second, third_start = _group(second_start, [b"second"])
+    third, end = _group(third_start, [b"third"])
+    damaged = bytearray(second)
+    damaged[20] ^= 0x01  # inside the record frame's payload: its checksum fails
+    if not own_commit:
+        damaged[-32:] = bytes(32)
+    data = _header(0) + first + bytes(damaged) + third
+    path = os.path.join(directory, f"{0:020d}.seg")
+    with open(path, "wb") as file:
+        file.write(data if cut_after else data + bytes(SEGMENT_BYTES - len(data)))
+    return path, second_start, end
+
+
+@pytest.mark.parametrize("bulk", [False, True], ids=["one_by_one", "bulk_mode"])
+def test_a_damaged_group_that_only_a_later_commit_follows_is_damage_unless_in_bulk_mode(scratch, bulk):
+    """docs/format/segment.md: a later group's intact commit proves the damaged group was written
+    (group_damaged); in bulk mode (BULK present) only the damaged group's own commit counts, so
+    the damage is a torn tail and cut. The random draws rarely build a damaged group whose own
+    commit is gone while a later one stands."""
+    path, second_start, _ = _log_with_a_damaged_group_then_a_later_one(scratch, own_commit=False, cut_after=False)
+    if bulk:
+        with open(os.path.join(scratch, segment_reference.BULK_FILE_NAME), "wb"):
+            pass
+        expected = ("records", [(0, b"first")], second_start)
+    else:
+        expected = ("corruption", "group_damaged", path, 64 + second_start)
+    assert reference_read(scratch) == expected
+    assert c_read_recovered(scratch) == expected
+
+
+def test_a_commit_that_ends_where_the_segment_s_bytes_end_still_proves_the_write(scratch):
+    """The proof of a completed write may be the last 32 bytes of the file: a damaged group whose
+    only later commit frame ends exactly at the file's end is group_damaged, not a torn tail."""
+    path, second_start, end = _log_with_a_damaged_group_then_a_later_one(scratch, own_commit=False, cut_after=True)
+    assert os.path.getsize(path) == 64 + end
+    expected = ("corruption", "group_damaged", path, 64 + second_start)
+    assert reference_read(scratch) == expected
+    assert c_read_recovered(scratch) == expected
+
+
+def test_a_seal_at_the_last_position_a_segment_holds_is_read_by_both_readers(scratch):
+    """A segment of S bytes holds positions up to S - 64 - 32, the seal's 32 bytes then ending at
+    the file's end: a group filling the segment up to there, sealed, and a next segment."""
+    room = SEGMENT_BYTES - 64 - 32  # where the seal goes
+    payload = b"\x11" * (room - 32 - 16)  # one record frame and its commit frame fill the room
+    group, seal_at = _group(0, [payload])
+    assert seal_at == room
+    _write(scratch, 0, _header(0) + group + _seal(seal_at, 0), full=False)
+    later, end = _group(seal_at, [b"next"])
+    _write(scratch, seal_at, _header(seal_at) + later, full=True)
+    expected = ("records", [(0, payload), (seal_at, b"next")], end)
+    assert reference_read(scratch) == expected
+    assert c_read_recovered(scratch) == expected
+
+
+def test_bytes_past_a_segment_s_size_are_not_read_by_either_reader(scratch):
+    """The header's segment_bytes bounds what is read of the file: a commit frame written past
+    it (the file grown beyond its size) proves nothing about the zeros before it, and is no
+    group of the log."""
+    group, end = _group(0, [b"kept"])
+    data = _header(0) + group
+    data += bytes(SEGMENT_BYTES - len(data))
+    data += _group(SEGMENT_BYTES - 64, [b"past the end"])[0]
+    _write(scratch, 0, data, full=False)
+    expected = ("records", [(0, b"kept")], end)
     assert reference_read(scratch) == expected
     assert c_read_recovered(scratch) == expected
 
