@@ -607,6 +607,7 @@ def test_an_error_the_engine_does_not_type_is_a_store_error_not_a_failed_check(s
         ["snapshot", "verify", "f", "--trust", "k", "--high-water", "-1"],
     ],
 )
+@pytest.mark.timeout(120)  # a bound taken by mistake (--timeout inf) would follow forever: fail in minutes
 def test_bad_numbers_are_usage_errors(store, capsys, argv):
     assert main([*argv, *(["--store", store] if argv[0] == "tail" else [])]) == EXIT_USAGE
     captured = capsys.readouterr()
