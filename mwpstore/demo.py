@@ -303,7 +303,12 @@ def _scenario(
     report.figures["work phase transitions per second"] = transitions / seconds if seconds else 0.0
     report.counts["work phase transitions"] = transitions
     submitted = sum(1 for _, _, state in authority.aggregates(GROUP, prefix="workitem:wi-") if state and state["state"] == "submitted")
-    report.check("every WorkItem was submitted exactly once", submitted == workitems and report.counts.get("WorkItems submitted") == workitems, f"{submitted}/{workitems}")
+    counted = report.counts.get("WorkItems submitted", 0)
+    report.check(
+        "every WorkItem was submitted exactly once",
+        submitted == workitems and counted == workitems,
+        f"{submitted}/{workitems} in the store, {counted} submissions counted by the workers",
+    )
     report.check("no submission was demoted to Evidence by accident", report.counts.get("unexpected evidence", 0) == 0)
 
     # the stopped agent's lease lapses; the engine's sweep expires it; a worker takes over

@@ -411,7 +411,10 @@ def test_a_submission_the_workers_counted_twice_fails_the_demo(tmp_path, capsys,
     monkeypatch.setattr(demo.Report, "count", count)
     code, document = run_json(capsys, ["demo", str(tmp_path / "demo"), "--agents", "2", "--workitems", "10"])
     assert code == EXIT_CHECK_FAILED and document["counts"]["WorkItems submitted"] == 11
-    assert list(_failed_checks(document)) == ["every WorkItem was submitted exactly once"]
+    failed = _failed_checks(document)
+    assert list(failed) == ["every WorkItem was submitted exactly once"]
+    # the detail shows both sides, not only the store's count (which is right here)
+    assert failed["every WorkItem was submitted exactly once"] == "10/10 in the store, 11 submissions counted by the workers"
 
 
 def test_a_reopen_that_is_not_clean_fails_the_demo(tmp_path, capsys, monkeypatch):
