@@ -1521,7 +1521,11 @@ def _judge_disk_lines(lines: list[str], fault_paths: list[str]) -> tuple[Acknowl
     oracle = Acknowledged()
     problems: list[str] = []
     log_failed = False
-    first_fault_on_log = bool(fault_paths) and "/log" in fault_paths[0]
+    # a segment file (<store>/log/<name>) or the log directory itself (the I/O seam's cases)
+    first_fault_on_log = bool(fault_paths) and "log" in (
+        os.path.basename(fault_paths[0]),
+        os.path.basename(os.path.dirname(fault_paths[0])),
+    )
     for line in lines:
         parts = line.split()
         kind = parts[0]

@@ -520,6 +520,10 @@ def test_the_disk_judge_allows_success_after_a_failure_outside_the_log():
     lines = ["FAIL STORAGE_FAILED 0 1", "OK d2 g-1 3 g-1:3 1 1"]
     assert torture._judge_disk_lines(lines, ["/s/index/data.mdb"])[1] == []
     assert torture._judge_disk_lines(lines, ["/s/log/00000000000000000000.seg"])[1] != []
+    # the store's own log directory decides, not "/log" anywhere in the path (a scratch root under /var/log)
+    assert torture._judge_disk_lines(lines, ["/var/log/t/s/index/data.mdb"])[1] == []
+    assert torture._judge_disk_lines(lines, ["/var/log/t/s/log/00000000000000000000.seg"])[1] != []
+    assert torture._judge_disk_lines(lines, ["/var/log/t/s/log"])[1] != []  # the seam's cases name the directory
 
 
 def test_a_short_write_is_forgiven_only_on_a_success():
