@@ -283,7 +283,8 @@ def test_read_pages_are_the_same_whether_the_log_holds_one_group_or_interleaves_
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"after": -1}, "after"), ({"after": "1"}, "after"), ({"limit": 0}, "limit"), ({"limit": 10**9}, "limit")],
+    [({"after": -1}, "after"), ({"after": "1"}, "after"), ({"limit": 0}, "limit"), ({"limit": 10**9}, "limit"),
+     ({"limit": True}, "limit"), ({"limit": 5.0}, "limit")],
 )
 def test_read_rejects_bad_arguments(store, kwargs, field):
     with pytest.raises(InvalidCommand) as caught:
@@ -406,7 +407,7 @@ def test_replay_floor_and_cursor_too_old_boundaries_are_exact(tmp_path):
         assert authority.head(GROUP)[0] == 8 and authority.replay_floor(GROUP) == (6, ref)  # 6 <= 8 - 2
         with pytest.raises(CursorTooOld) as caught:
             authority.read(GROUP, after=5)
-        assert caught.value.detail["floor"] == 6 and caught.value.detail["cursor"] == 5
+        assert caught.value.detail == {"group": GROUP, "cursor": 5, "floor": 6, "snapshot_ref": ref.to_dict()}
         assert [event.seq for event in authority.read(GROUP, after=6)] == [7, 8]
 
 
@@ -807,10 +808,13 @@ def test_read_and_wait_for_refuse_impossible_cursors_and_timeouts(tmp_path):
                 authority.read(GROUP, after=after)
             assert caught.value.detail["field"] == "after"
         for timeout in (float("nan"), float("inf"), -1, "1", True, 1e10):
-            with pytest.raises(InvalidCommand):
+            with pytest.raises(InvalidCommand) as caught:
                 authority.wait_for(GROUP, 0, timeout)
-        with pytest.raises(InvalidCommand):
-            authority.wait_for(GROUP, -1, 0)
+            assert caught.value.detail["field"] == "timeout"
+        for after in (-1, True, 1.0, "1", None):
+            with pytest.raises(InvalidCommand) as caught:
+                authority.wait_for(GROUP, after, 0)
+            assert caught.value.detail["field"] == "after"
         assert authority.wait_for(GROUP, 0, 0.01) and not authority.wait_for(GROUP, 1, 0.01)
 
 
@@ -1351,9 +1355,12 @@ def test_an_index_entry_pointing_at_the_wrong_record_is_corruption(tmp_path):
 
     with open_with_group(str(tmp_path / "store")) as authority:
         authority.accept_many([mission_create(f"m-{i}") for i in range(3)])
-        with authority.index.env.begin(write=True, db=authority.index.dbs[b"events"]) as txn:
-            other = txn.get(event_key(GROUP, 2))
-            txn.put(event_key(GROUP, 3), other)  # seq 3 now points at seq 2's record
+        index = authority.index
+        # sealed as the index seals its values: a sound entry that points at the wrong record (an
+        # unsealed value failed the seal check and never reached the read's own sequence check)
+        with index.begin(write=True) as txn:
+            other = bytes(index.get(txn, b"events", event_key(GROUP, 2)))
+            index.put(txn, b"events", event_key(GROUP, 3), other, new=False)  # seq 3 now points at seq 2's record
             assert read_u64(other) >= 0
         with pytest.raises(Corruption):
             authority.read(GROUP)

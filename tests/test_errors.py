@@ -89,8 +89,11 @@ def test_translate_without_context_has_no_empty_parentheses() -> None:
     assert "()" not in translate(OSError(errno.EIO, "x")).message
 
 
-def test_enospc_message_says_no_space() -> None:
-    assert "no space left" in translate(OSError(errno.ENOSPC, "x")).message
+@pytest.mark.parametrize("number", [errno.ENOSPC, errno.EDQUOT], ids=errno.errorcode.get)
+def test_a_full_disk_or_quota_message_says_no_space(number: int) -> None:
+    # docs/recovery.md: free space (ENOSPC, EDQUOT); an exhausted quota is no plain I/O error
+    translated = translate(OSError(number, "x"))
+    assert "no space left" in translated.message and translated.detail == {"errno": number}
 
 
 def test_lmdb_damage_message_says_to_rebuild() -> None:
@@ -137,6 +140,7 @@ def test_error_from_unknown_code_keeps_the_code() -> None:
     assert type(rebuilt) is MwpError
     assert rebuilt.code == "SOMETHING_NEW"
     assert rebuilt.detail == {"x": 1}
+    assert rebuilt.to_dict() == {"code": "SOMETHING_NEW", "message": "from a newer peer", "detail": {"x": 1}}
     assert MwpError.code == "MWP_ERROR"  # the class attribute is untouched
     copy = pickle.loads(pickle.dumps(rebuilt))  # e.g. through multiprocessing: it was MWP_ERROR after
     assert copy.code == "SOMETHING_NEW" and copy.to_dict() == rebuilt.to_dict()
@@ -174,6 +178,15 @@ def test_error_from_code_without_detail() -> None:
     assert error_from_code("CORRUPTION", "bad").detail == {}
 
 
+def test_error_from_code_keeps_its_own_copy_of_the_detail() -> None:
+    # the detail comes from outside (a decoded AcceptResult the caller may reuse or change)
+    detail = {"field": "group"}
+    rebuilt = error_from_code("NOT_FOUND", "gone", detail)
+    detail["field"] = "changed"
+    detail["more"] = 1
+    assert rebuilt.detail == {"field": "group"}
+
+
 @pytest.mark.parametrize("code", sorted(ERROR_CLASSES))
 def test_every_error_pickles(code: str) -> None:
     cls = ERROR_CLASSES[code]
@@ -191,6 +204,8 @@ def test_typed_accessors_survive_pickling() -> None:
     assert pickle.loads(pickle.dumps(SnapshotInvalid("m", check="binding"))).check == "binding"
     ref = {"group": "g-1", "seq": 40}
     assert pickle.loads(pickle.dumps(CursorTooOld("m", snapshot_ref=ref))).snapshot_ref == ref
+    # without the fact: an empty name (no field or check is called "None"), no reference
+    assert (InvalidCommand("m").field, SnapshotInvalid("m").check, CursorTooOld("m").snapshot_ref) == ("", "", None)
 
 
 def test_rejections_are_rejections() -> None:

@@ -568,12 +568,13 @@ def test_close_wakes_a_subscriber_waiting_without_a_timeout(tmp_path, monkeypatc
     assert list(subscription) == []  # iterating a subscription of a closed store ends at once
 
 
-@pytest.mark.parametrize("timeout", [None, 120.0])
+@pytest.mark.parametrize("timeout", [None, 120.0, 0])
 def test_a_poll_the_close_meets_between_its_head_read_and_its_sleep_raises_store_closed(tmp_path, monkeypatch, timeout):
     """close() marks the store closed, then wakes the waiters once it gets the condition's lock. A
     poll whose wait_for had read the head just before (holding that lock, so close() could not wake
     it yet) saw the store closed and returned [], where a poll woken by close() raises StoreClosed:
-    it raises StoreClosed too. A poll after the close raises it; iterating just ends."""
+    it raises StoreClosed too, also when its timeout has run out by then (0: it returned [] as if
+    no Event had come). A poll after the close raises it; iterating just ends."""
     authority = open_with_group(str(tmp_path / "store"))
     subscription = authority.subscribe(GROUP, after=1)
     read_head, closing = authority.head, []

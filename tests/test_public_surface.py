@@ -55,7 +55,13 @@ def test_every_error_code_and_its_class_appear_in_the_api_errors_table(code: str
     table = _api_section("Errors")
     rows = [line for line in table.splitlines() if line.startswith("| ") and f"`{code}`" in line.split(" | ")[0]]
     assert rows, f"{code} has no row in docs/api.md's Errors table"
-    assert f"`{errors.ERROR_CLASSES[code].__name__}`" in rows[0]
+    cls = errors.ERROR_CLASSES[code]
+    assert f"`{cls.__name__}`" in rows[0]
+    # "A class in parentheses is the one it derives from besides MwpError": `except` that parent
+    # catches it, and no other class of the table does (e.g. a Rejection is no SEQUENCE_GAP)
+    named = re.search(r"\((?:all )?`(\w+)`\)", rows[0].split(" | ")[1])
+    parent = errors.MwpError if named is None else getattr(errors, named.group(1))
+    assert cls.__bases__ == ((Exception,) if cls is errors.MwpError else (parent,)), f"docs/api.md: {cls.__name__}({parent.__name__})"
 
 
 def test_all_is_sorted_and_every_name_resolves() -> None:

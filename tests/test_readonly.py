@@ -639,8 +639,11 @@ def test_a_view_refuses_subscribe_and_wait_for_at_once(tmp_path):
             assert refused.value.message.startswith(what) and "snapshot" in refused.value.message
             assert "open a new view" in refused.value.message
         assert [event.seq for event in view.read(GROUP)] == list(range(1, head + 1))  # reads still answer
-        with pytest.raises(InvalidCommand):  # the arguments are checked first, as everywhere
-            view.wait_for(GROUP, -1, 0)
+        for call, field in ((lambda: view.wait_for(GROUP, -1, 0), "after"), (lambda: view.wait_for("bad id", 0, 0), "group"),
+                            (lambda: view.subscribe(GROUP, after=-1), "after"), (lambda: view.subscribe("bad id"), "group")):
+            with pytest.raises(InvalidCommand) as caught:  # the arguments are checked first, as everywhere
+                call()
+            assert caught.value.field == field
 
 
 SEGMENT_WRITER = os.path.join(REPO, "tests", "segment_writer_child.py")
