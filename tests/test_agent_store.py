@@ -169,6 +169,7 @@ def test_projection_writes_are_scoped_to_group_and_name(store):
     assert store.projection_get("g-a", "counter", "total") == struct.pack(">Q", 8)
     assert store.projection_get("g-b", "counter", "total") == struct.pack(">Q", 8)
     assert store.projection_get("g-a", "other", "total") is None
+    assert store.projection_items("g-a", "count") == []  # a name that is a prefix of another's reads none of its keys
 
 
 def test_groups_have_distinct_cursors_and_buffers(store):
