@@ -24,6 +24,10 @@ def _rehash(event: Event, **changes) -> Event:
     return msgspec.structs.replace(changed, hash=recompute_event_hash(changed))
 
 
+class _SubEffect(Effect):
+    pass
+
+
 def _spoiled(event: Event, how: int) -> Event:
     """A malformed copy of ``event`` (trusted mode refuses all but ``how == 8``)."""
     if how == 0:
@@ -46,6 +50,12 @@ def _spoiled(event: Event, how: int) -> Event:
         return msgspec.structs.replace(event, effects=[Effect("workitem:x", 1, [1])])  # a state that is no dict
     if how == 10:
         return msgspec.structs.replace(event, hash=event.hash[:31])
+    if how == 11:  # the right Event ID with one more digit
+        return msgspec.structs.replace(event, event_id=f"{event.group}:{event.seq}0")
+    if how == 12:  # the link to the right previous hash, but for its last byte
+        return msgspec.structs.replace(event, prev_hash=event.prev_hash[:31] + bytes([event.prev_hash[31] ^ 1]))
+    if how == 13:  # the same effects, as instances of a subclass of Effect
+        return msgspec.structs.replace(event, effects=[_SubEffect(e.aggregate, e.revision, e.state) for e in event.effects])
     # the same hash over a changed body: only full validation (the payload hash) refuses it
     return msgspec.structs.replace(event, body={"forged": True})
 
@@ -60,7 +70,7 @@ def schedules(draw):
         count = draw(st.integers(1, len(events)))
         items.extend(("ok", event) for event in events[:count])
     items = draw(st.permutations(items)) if draw(st.booleans()) else sorted(items, key=lambda item: item[1].seq)
-    extra = draw(st.lists(st.tuples(st.integers(0, len(items)), st.sampled_from(GROUPS), st.integers(0, 39), st.integers(-1, 10)), max_size=8))
+    extra = draw(st.lists(st.tuples(st.integers(0, len(items)), st.sampled_from(GROUPS), st.integers(0, 39), st.integers(-1, 13)), max_size=8))
     for position, group, seq_index, how in extra:
         event = EVENTS[group][seq_index]
         items.insert(position, ("ok", event) if how < 0 else ("spoiled", _spoiled(event, how)))
@@ -237,7 +247,7 @@ def test_the_c_run_survives_predicates_that_change_its_list():
 def test_the_c_run_stops_at_the_first_event_apply_must_decide():
     events = EVENTS["g-1"]
     context = (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok)
-    for how in [*range(8), 9, 10]:
+    for how in [*range(8), *range(9, 14)]:
         spoiled = events[:5] + [_spoiled(events[5], how)] + events[6:]
         inbox: dict = {}
         states: dict = {}
