@@ -16,9 +16,8 @@
  * hashes are 32 bytes and whose prev_hash is the previous Event's hash (``prev_hash`` first), and
  * whose effects are ``effect_type`` objects with a dict or None as state, naming valid aggregate
  * keys: one already in the set ``checked`` (the keys agent_store has validated), or "<kind>:<id>"
- * where mwpstore._canonical_c's kind_ok(kind) and id_ok(id) hold (a stricter rule than
- * _check_aggregate's, which does not bound the two parts apart; a key only it accepts is left to
- * apply()), which is then added to ``checked`` while it holds fewer than ``checked_max``. For
+ * where mwpstore._canonical_c's kind_ok(kind) and id_ok(id) hold (_check_aggregate's rule), which
+ * is then added to ``checked`` while it holds fewer than ``checked_max``. For
  * each Event taken it does what _apply_next does for the built-in projection:
  * inbox_writes[prefix + seq (u64 BE)] = hash, and state_writes[prefix + aggregate (UTF-8)] =
  * (revision, state) for each effect. It returns the index of the first Event it did not take

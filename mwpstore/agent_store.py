@@ -64,7 +64,9 @@ BUFFERED_EVENTS_MAX = 100_000
 PROJECTION_KEY_BYTES_MAX = 256
 """Bound on an application projection's own key (LMDB keys are at most 511 bytes in all)."""
 
-AGGREGATE_CHARS_MAX = 2 * limits.ID_CHARS_MAX + 1
+AGGREGATE_CHARS_MAX = limits.KIND_CHARS_MAX + 1 + limits.ID_CHARS_MAX
+"""Bound on an aggregate key, ``<type>:<id>`` with a type that is a valid kind and a valid ID:
+what ``AgentStore.aggregate`` and ``state`` take (``canonical.check_aggregate_key``)."""
 
 _FAILPOINT_ARMED = failpoints.armed().startswith("agent.")
 """Whether an ``agent.*`` fail point is armed in this process (read once, like ``failpoints``)."""
@@ -239,8 +241,10 @@ def _check_aggregate(aggregate: object) -> None:
 def _check_aggregate_slow(aggregate: object) -> None:
     if type(aggregate) is not str or not 0 < len(aggregate) <= AGGREGATE_CHARS_MAX:
         raise EventInvalid("Event effect names no valid aggregate", reason="effects")
+    # Each part bounded on its own (kind_ok, id_ok), as the C run checks them: a key of a longer
+    # type would be stored yet refused when read by key.
     kind, sep, ident = aggregate.partition(":")
-    if not sep or canonical._KIND_PATTERN.match(kind) is None or canonical._ID_PATTERN.match(ident) is None:
+    if not sep or not canonical.kind_ok(kind) or not canonical.id_ok(ident):
         raise EventInvalid(f"Event effect aggregate {aggregate[:80]!r} is not '<type>:<id>'", reason="effects")
 
 

@@ -165,23 +165,28 @@ def test_apply_many_takes_in_order_runs_without_calling_apply(tmp_path, monkeypa
     _assert_same_as_one_by_one(agent, tmp_path / "r", events, apply=original)
 
 
-def test_an_aggregate_key_only_apply_accepts_is_left_to_apply(tmp_path, monkeypatch):
+def test_an_aggregate_key_the_c_run_refuses_is_left_to_apply_which_refuses_it_too(tmp_path, monkeypatch):
+    """The C run bounds an aggregate key's type as a kind (kind_ok) and leaves a key it does not
+    take to apply(), which applies the same rule: the Event is refused, whichever path sees it.
+    (apply() once bounded only the whole key, and took this one.)"""
     chain = ChainBuilder("g-3")
     chain.event("group.create", "group:g-3", {"group:g-3": {"org": "o"}})
     chain.event("mission.create", "mission:m1", {"mission:m1": {"n": 1}})
-    long_kind = "k" * 100 + ":x"  # apply()'s rule bounds only the whole key; the C rule bounds the kind
-    chain.event("custom.kind", long_kind, {long_kind: {"n": 2}})
-    chain.event("mission.update", "mission:m1", {"mission:m1": {"n": 3}})
+    long_type = "k" * 100 + ":x"
+    chain.event("custom.kind", long_type, {long_type: {"n": 2}})
     calls = []
     original = agent_store.AgentTransaction.apply
     monkeypatch.setattr(agent_store.AgentTransaction, "apply", lambda self, event: calls.append(event.seq) or original(self, event))
-    agent = AgentStore.open(tmp_path / "a", verify="trusted")
-    with agent.begin() as tx:
-        assert tx.apply_many(chain.events) == [ApplyStatus.APPLIED] * 4
-        tx.advance_cursor("g-3")
-    assert calls == [1, 3]
-    assert agent.state("g-3", long_kind) == {"n": 2} and agent.state("g-3", "mission:m1") == {"n": 3}
-    agent.close()
+    with AgentStore.open(tmp_path / "a", verify="trusted") as agent:
+        with agent.begin() as tx:
+            with pytest.raises(EventInvalid) as caught:
+                tx.apply_many(chain.events)
+            tx.advance_cursor("g-3")
+        assert caught.value.detail["reason"] == "effects"
+        assert calls == [1, 3]  # a new Group's first Event is apply()'s; the C run took 2 and stopped before 3
+        # the transaction commits what came before the refused Event, and nothing of it
+        assert agent.states("g-3") == {"group:g-3": {"org": "o"}, "mission:m1": {"n": 1}}
+        assert agent.cursor("g-3") == 2
 
 
 def test_apply_many_flushes_when_the_write_cache_fills(tmp_path, monkeypatch):

@@ -421,26 +421,31 @@ def test_an_event_with_a_field_of_the_wrong_type_is_refused_before_anything_is_w
         assert apply_all(agent, events[1:]) == [ApplyStatus.APPLIED] * 2
 
 
-def test_an_aggregate_key_is_bounded_as_a_whole(tmp_path):
-    """``<kind>:<id>`` of at most ``AGGREGATE_CHARS_MAX`` characters is taken; one more is
-    ``EVENT_INVALID`` (reason ``effects``) in both modes, however the parts split it."""
-    longest = "k" * (AGGREGATE_CHARS_MAX - 1 - limits.ID_CHARS_MAX) + ":" + "x" * limits.ID_CHARS_MAX
+def test_an_aggregate_key_is_bounded_as_the_readers_bound_it(tmp_path):
+    """``<kind>:<id>`` with a valid kind and a valid ID, each within its own bound, is taken; a
+    type one character longer than a kind may be is ``EVENT_INVALID`` (reason ``effects``) in
+    both modes, whatever the whole key's length. Before, apply bounded only the whole key (257
+    characters), so a key with a longer type was stored, listed by ``states()``, and refused
+    when read by key (``AgentStore.aggregate`` takes at most ``AGGREGATE_CHARS_MAX``)."""
+    longest = "k" * limits.KIND_CHARS_MAX + ":" + "x" * limits.ID_CHARS_MAX
     assert len(longest) == AGGREGATE_CHARS_MAX
+    long_type = "k" * (limits.KIND_CHARS_MAX + 1) + ":x"
     for verify in ("full", "trusted"):
+        for refused in ("k" + longest, long_type):
+            over = ChainBuilder(GROUP)
+            over.event("custom.kind", refused, {refused: {"n": 1}})
+            with AgentStore.open(tmp_path / f"{verify}-over-{len(refused)}", verify=verify) as agent:
+                with agent.begin() as tx:
+                    with pytest.raises(EventInvalid) as caught:
+                        tx.apply(over.events[0])
+                assert caught.value.detail["reason"] == "effects"
+                assert agent.projection_dump() == []
         chain = ChainBuilder(GROUP)
         chain.event("custom.kind", longest, {longest: {"n": 1}})
-        over = ChainBuilder(GROUP)
-        over.event("custom.kind", "k" + longest, {"k" + longest: {"n": 1}})
-        with AgentStore.open(tmp_path / f"{verify}-over", verify=verify) as agent:
-            with agent.begin() as tx:
-                with pytest.raises(EventInvalid) as caught:
-                    tx.apply(over.events[0])
-            assert caught.value.detail["reason"] == "effects"
-            assert agent.projection_dump() == []
         with AgentStore.open(tmp_path / verify, verify=verify) as agent:
             apply_all(agent, chain.events)
-            # (agent.state() takes keys of at most KIND_CHARS_MAX + ID_CHARS_MAX + 1 characters)
             assert agent.states(GROUP) == {longest: {"n": 1}}
+            assert agent.aggregate(GROUP, longest) == (1, {"n": 1})  # every stored key reads back
 
 
 @pytest.mark.parametrize("name", ["seq_zero", "seq_2_63", "prev_hash_short", "prev_hash_str", "hash_long"])
