@@ -402,7 +402,13 @@ class Row:
         )
 
     def medians(self) -> dict[str, float]:
-        return {name: measurement.median for name, measurement in self.measurements.items() if measurement.values}
+        """Each subject's median; a subject that failed has none (so no ratio or verdict rests on a
+        broken run, even when rounds before the failure were measured)."""
+        return {
+            name: measurement.median
+            for name, measurement in self.measurements.items()
+            if measurement.values and name not in self.errors
+        }
 
     def ratios(self) -> dict[str, float]:
         """primary ÷ each other subject, on medians (for seconds rows: lower is better, read accordingly)."""

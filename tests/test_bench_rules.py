@@ -163,6 +163,28 @@ def test_each_round_s_directory_is_removed_after_the_round(bench: harness.Bench,
     assert len(seen) == 3 and not any(directory.exists() for directory in seen)
 
 
+def test_a_subject_that_fails_is_not_run_again_and_gets_no_ratio_or_verdict(bench: harness.Bench, fake_time: FakeTime) -> None:
+    calls: list[int] = []
+    good = _subject(fake_time, [1.0] * 4, count=300)
+    peer_ok = _subject(fake_time, [1.0] * 4, count=100, calls=calls)
+
+    def flaky(ctx: harness.RoundContext) -> int:
+        if ctx.round == 1:
+            raise RuntimeError("a replay returned a different receipt")
+        return peer_ok(ctx)
+
+    row = bench.row("r", "rate", unit="ops/s", target=harness.Target("≥ 1.5× SQLite", ratio_min={"sqlite": 1.5}))
+    row.compare({"mwpstore": good, "sqlite": flaky})
+    assert calls == [0]  # failed in round 1: rounds 2 and 3 are not run
+    assert row.errors["sqlite"].startswith("RuntimeError")
+    assert row.ratios() == {}  # one round before the failure is no figure to compare against
+    met, reasons = row.verdict()
+    assert met is None and reasons == ["sqlite not measured"]
+    table = harness.markdown_table(bench.to_json())
+    assert "| sqlite | failed: RuntimeError: a replay returned a different receipt |" in table
+    assert "| n/a |" in table and "| met |" not in table
+
+
 @pytest.mark.parametrize(
     ("target", "medians", "met"),
     [
