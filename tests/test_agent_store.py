@@ -449,6 +449,8 @@ def test_open_refuses_a_path_that_is_not_a_text_path(path):
         ("check_lmdb", "yes"),
         ("check_lmdb", 0),  # equal to False, but it checked the file at every open, as True does
         ("check_lmdb", 1),
+        ("clock", 5),
+        ("clock", None),  # the wall clock is the default; None is no clock
     ],
 )
 def test_open_refuses_a_bad_option_before_anything_is_written(tmp_path, option, value):
@@ -517,9 +519,13 @@ def test_a_handle_used_in_a_forked_child_is_store_closed_and_the_store_stays_int
     assert agent.head(GROUP).applied_seq == 1
     apply_all(agent, events[1:3])
     assert agent.head(GROUP).applied_seq == agent.cursor(GROUP) == 3
+    with agent.begin() as tx:  # forked while this thread's transaction is open: close() in the child still returns at once
+        tx.apply(events[3])
+        assert in_a_forked_child([agent.close]) == ["ok"]
+    assert agent.head(GROUP).applied_seq == 4
     agent.close()
     with AgentStore.open(tmp_path / "a") as again:
-        assert again.head(GROUP).applied_seq == 3
+        assert again.head(GROUP).applied_seq == 4
 
 
 def test_closed_store_refuses_use(tmp_path, events):

@@ -865,6 +865,7 @@ def test_open_without_create_refuses_a_directory_that_holds_no_store(tmp_path):
         with pytest.raises(StoreNotFound) as caught:
             Authority.open(path, create=False)
         assert caught.value.code == "STORE_NOT_FOUND"
+        assert caught.value.detail["path"] == str(path)  # the directory it looked in, absolute
     assert sorted(os.listdir(empty)) == ["notes.txt"]  # nothing written: no lock file, no log
     assert not (tmp_path / "missing").exists()
     store = str(tmp_path / "store")
@@ -1142,6 +1143,8 @@ def test_a_handle_used_in_a_forked_child_is_store_closed_and_the_store_stays_int
         lambda: authority.close(),
     ])
     assert outcomes == ["StoreClosed"] * 6 + ["ok"]  # close() in the child touches nothing
+    with authority.index.begin() as txn:  # the child's close() did not mark the index clean
+        assert bytes(authority.index.get(txn, b"meta", b"clean")) == b"0"
     receipt = authority.accept(mission_create("m-2"))
     assert receipt.seq == 3 and [event.seq for event in authority.read(GROUP)] == [1, 2, 3]
     assert authority.verify().ok and not os.path.exists(os.path.join(store, "snapshots"))

@@ -23,6 +23,7 @@ import pytest
 from mwpstore import torture
 from mwpstore.authority import Authority
 from mwpstore.errors import MwpError, StorageFailed
+from mwpstore.index import Index
 from mwpstore.io_seam import RecordingIO
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None, reason="needs a C compiler")
@@ -120,6 +121,12 @@ def test_accept_fails_when_its_log_sync_fails(tmp_path):
         finally:
             assert recorder.failures == 1
             authority.close()
+    index = Index(os.path.join(path, "index"), map_size=64 * 1024 * 1024)
+    try:
+        with index.begin() as txn:  # a close after a storage failure leaves the index to be judged again
+            assert bytes(index.get(txn, b"meta", b"clean")) == b"0"
+    finally:
+        index.close()
 
 
 def test_a_batch_whose_log_sync_failed_is_never_visible_to_readers(tmp_path):

@@ -735,6 +735,7 @@ def test_a_structurally_damaged_index_is_rebuilt_from_the_log_at_open(tmp_path):
     with Authority.open(store) as authority:
         assert authority.open_report.mode == "rebuild"
         assert "node_bounds" in authority.open_report.reason
+        assert authority.open_report.reason.endswith(f" on page {page})")  # where the damage is
         assert authority.state(GROUP, "mission:m-7") == expected
         assert authority.accept(commands[7]) == receipts[7].unwrap()  # receipts survived
         assert authority.verify().ok

@@ -1,0 +1,360 @@
+"""The authority's and the AgentStore's lifecycle: what open() checks and chooses, what a failed
+open leaves held, what close() releases (rules pinned by a mutation round over open/close)."""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from authority_helpers import GROUP, group_create, in_a_forked_child, mission_create, open_with_group, store_files_held
+from mwpstore import Authority, Corruption, InvalidCommand, MwpError, StorageFailed, StoreLocked, StoreNotFound
+from mwpstore.index import Index
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+CHILD = """
+import os, sys
+from authority_helpers import group_create, mission_create
+from mwpstore import Authority
+a = Authority.open({path!r})
+if a.head("g-1")[0] == 0:
+    a.accept(group_create())
+for i in range(3):
+    a.accept(mission_create(f"m-{{i}}-{{os.getpid()}}"))
+{end}
+"""
+
+
+def _run_child(path: str, end: str, env_extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests") + os.pathsep + REPO, **env_extra)
+    code = CHILD.format(path=path, end=end)
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_failed_open_releases_the_lock_and_every_file_it_opened(tmp_path):
+    """An open that fails after it took the lock (an I/O error, a progress callable that raises
+    mid-redo) closes the lock file, the log and the index it opened: nothing of the store stays
+    held by this process, and the next open in the same process is not STORE_LOCKED."""
+    path = str(tmp_path / "store")
+    # the log's last commit dies after its fdatasync, before the index commit: the next open redoes it
+    result = _run_child(path, "", {"MWPSTORE_FAILPOINT": "authority.after_log_sync:4"})
+    assert result.returncode == -9, result.stderr
+
+    def progress(done: int, total: int) -> None:
+        raise RuntimeError("cancelled")
+
+    with pytest.raises(InvalidCommand) as caught:
+        Authority.open(path, progress=progress)  # raised in the redo, with the index open
+    assert caught.value.field == "progress"
+    assert store_files_held(path) == []
+    with Authority.open(path) as authority:  # not STORE_LOCKED
+        assert authority.head(GROUP)[0] == 4
+    log = os.path.join(path, "log")
+    os.rename(log, str(tmp_path / "log-aside"))
+    with open(log, "wb"):  # a file where the log directory belongs: OSError once the lock is taken
+        pass
+    with pytest.raises(StorageFailed):
+        Authority.open(path)
+    assert store_files_held(path) == []
+    os.remove(log)
+    os.rename(str(tmp_path / "log-aside"), log)
+    with Authority.open(path) as authority:
+        assert authority.head(GROUP)[0] == 4 and authority.verify().ok
+
+
+def test_an_open_after_a_crash_on_another_boot_rebuilds_even_if_the_close_before_was_clean(tmp_path):
+    """open() marks the index not clean until its own close: a store closed cleanly, opened again,
+    then lost with the machine (no close) must be rebuilt on the next boot, not trusted on the
+    strength of the earlier clean close."""
+    path = str(tmp_path / "store")
+    result = _run_child(path, "a.close()", {"MWPSTORE_BOOT_ID": "boot-1"})
+    assert result.returncode == 0, result.stderr
+    result = _run_child(path, "os._exit(0)", {"MWPSTORE_BOOT_ID": "boot-1"})  # no close this time
+    assert result.returncode == 0, result.stderr
+    os.environ["MWPSTORE_BOOT_ID"] = "boot-2"
+    try:
+        with Authority.open(path) as authority:
+            assert authority.open_report.mode == "rebuild"
+            assert "restarted" in authority.open_report.reason
+            assert authority.head(GROUP)[0] == 7
+    finally:
+        del os.environ["MWPSTORE_BOOT_ID"]
+
+
+def test_a_store_opened_in_a_forked_child_is_usable_there(tmp_path):
+    """A handle belongs to the process that opened it: one opened after a fork, in the child, works
+    in the child (only a handle that crossed the fork is refused), and the child's own handle is
+    refused in a grandchild forked from it in turn."""
+    path = str(tmp_path / "child-store")
+
+    def use() -> None:
+        with Authority.open(path) as authority:
+            authority.accept(group_create())
+            authority.accept(mission_create("m-1"))
+            assert authority.head(GROUP)[0] == 2
+            assert in_a_forked_child([lambda: authority.accept(mission_create("m-2"))]) == ["StoreClosed"]
+            assert authority.head(GROUP)[0] == 2
+
+    assert in_a_forked_child([use]) == ["ok"]
+    with Authority.open(path, create=False) as authority:
+        assert authority.head(GROUP)[0] == 2
+
+
+@pytest.mark.parametrize("keep", ["authority.lock", "log", "log.compact", "index", "keys"])
+def test_a_directory_holding_any_part_of_a_store_is_a_store(tmp_path, keep):
+    """Whatever part of a store is left (a first open that made only its lock file, a log without
+    its index, an index or keys whose log is gone, a compaction's log.compact), the directory is
+    a store to every later open: create=False opens it or reports the damage, and a read-only
+    open never says STORE_NOT_FOUND."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.signing_key  # keys/ too
+    os.makedirs(os.path.join(path, "log.compact"))
+    for name in os.listdir(path):
+        if name != keep:
+            full = os.path.join(path, name)
+            shutil.rmtree(full) if os.path.isdir(full) else os.remove(full)
+    with pytest.raises(MwpError) as caught:
+        Authority.open(path, readonly=True)
+    assert not isinstance(caught.value, StoreNotFound)
+    if keep in ("index", "keys"):
+        with pytest.raises(Corruption) as caught:
+            Authority.open(path, create=False)
+        assert caught.value.detail["reason"] == "log_missing" and caught.value.detail["path"] == path
+        assert sorted(os.listdir(path)) == ["authority.lock", keep]  # no new empty log
+        return
+    with Authority.open(path, create=False) as authority:
+        assert authority.head(GROUP)[0] == (2 if keep == "log" else 0)
+        assert authority.verify().ok
+
+
+def test_a_directory_holding_an_authority_lock_and_an_agent_lock_opens_as_the_authority(tmp_path):
+    path = tmp_path / "store"
+    path.mkdir()
+    (path / "authority.lock").write_bytes(b"")
+    (path / "agent.lock").write_bytes(b"")
+    with Authority.open(str(path), create=False) as authority:
+        authority.accept(group_create())
+    assert sorted(os.listdir(path)) == ["agent.lock", "authority.lock", "index", "log"]
+
+
+def test_reopening_a_store_that_never_accepted_anything_trusts_its_index(tmp_path):
+    """An empty store's index is at log position 0, the log's start: inside the log, so a clean
+    reopen keeps it (mode clean), as for any other store."""
+    path = str(tmp_path / "store")
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "rebuild" and authority.open_report.reason == "no index yet"
+    with Authority.open(path) as authority:
+        assert (authority.open_report.mode, authority.open_report.reason) == ("clean", "index trusted")
+        assert authority.open_report.redo_records == 0
+
+
+def test_open_makes_the_not_clean_mark_durable_before_any_commit_and_close_the_clean_one(tmp_path, monkeypatch):
+    """The index records clean=0 at open and syncs it before the first commit can change the
+    index (a power loss must not leave the earlier close's clean=1 standing over newer writes);
+    close() syncs the index after it marked it clean=1."""
+    path = str(tmp_path / "store")
+    open_with_group(path).close()
+    seen: list[bytes] = []
+    real_sync = Index.sync
+
+    def sync(self, *args, **kwargs):
+        with self.begin() as txn:
+            seen.append(bytes(self.get(txn, b"meta", b"clean") or b""))
+        return real_sync(self, *args, **kwargs)
+
+    monkeypatch.setattr(Index, "sync", sync)
+    authority = Authority.open(path)
+    assert seen == [b"0"]
+    authority.accept(mission_create("m-1"))
+    authority.close()
+    assert seen[-1] == b"1"
+
+
+@pytest.mark.parametrize("left", ["agent.lock", "lmdb"])
+def test_open_refuses_a_directory_with_either_mark_of_an_agent_store(tmp_path, left):
+    """agent.lock alone (an AgentStore's first open that died before LMDB made its file) or lmdb/
+    alone (its lock file removed) is an AgentStore's directory still: refused, nothing written."""
+    from mwpstore.agent_store import AgentStore
+
+    path = tmp_path / "agent"
+    AgentStore.open(str(path)).close()
+    for name in os.listdir(path):
+        if name != left:
+            full = path / name
+            shutil.rmtree(full) if full.is_dir() else full.unlink()
+    for create in (True, False):
+        with pytest.raises(InvalidCommand) as caught:
+            Authority.open(str(path), create=create)
+        assert caught.value.field == "path" and caught.value.detail["path"] == str(path)
+    assert os.listdir(path) == [left]
+
+
+def test_an_index_file_lmdb_cannot_open_is_rebuilt_when_the_structure_check_is_off(tmp_path):
+    """check_lmdb=False skips the structure check, not the judgement: an index whose file LMDB
+    refuses to open (no valid meta page) is rebuilt from the log, and open says why."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+    data = os.path.join(path, "index", "data.mdb")
+    size = os.path.getsize(data)
+    with open(data, "wb") as handle:
+        handle.write(b"\x5a" * size)
+    with Authority.open(path, check_lmdb=False) as authority:
+        assert authority.open_report.mode == "rebuild"
+        assert authority.open_report.reason == "index unreadable (CORRUPTION)"
+        assert authority.head(GROUP)[0] == 2 and authority.verify().ok
+
+
+# -- the AgentStore's own open and close -----------------------------------------------------------
+
+
+def test_an_agent_store_open_refused_by_another_handle_or_by_damage_keeps_nothing_of_it_held(tmp_path):
+    """STORE_LOCKED, and an open that fails once it took the lock (a damaged LMDB file, a store of
+    another format), leave no descriptor or map of the store behind: the holder's close() is the
+    only thing between the next open and the store."""
+    from mwpstore.agent_store import AgentStore
+
+    path = tmp_path / "agent"
+    holder = AgentStore.open(str(path))
+    held = store_files_held(str(path))
+    with pytest.raises(StoreLocked):
+        AgentStore.open(str(path))
+    assert store_files_held(str(path)) == held
+    with holder._env.begin(write=True) as txn:  # a store of another format: refused after LMDB opened
+        txn.put(b"format", b"1", db=holder._tables.dbs[b"meta"])
+    holder.close()
+    with pytest.raises(Corruption) as caught:
+        AgentStore.open(str(path))
+    assert caught.value.detail["reason"] == "format"
+    assert store_files_held(str(path)) == []
+    data = path / "lmdb" / "data.mdb"
+    data.write_bytes(b"\x5a" * data.stat().st_size)  # refused by the structure check, before LMDB
+    with pytest.raises(Corruption):
+        AgentStore.open(str(path), check_lmdb=True)
+    assert store_files_held(str(path)) == []
+    shutil.rmtree(path / "lmdb")
+    AgentStore.open(str(path)).close()  # not STORE_LOCKED: nothing of the failed opens holds the lock
+
+
+def test_an_agent_store_commits_durably(tmp_path):
+    """The agent's LMDB environment syncs its data and meta pages at each commit: an applied Event
+    and its Cursor survive a power loss (the store has no log to redo them from)."""
+    from mwpstore.agent_store import AgentStore
+
+    with AgentStore.open(str(tmp_path / "agent")) as agent:
+        flags = agent._env.flags()
+        assert flags["sync"] and flags["metasync"]
+
+
+def test_without_a_clock_events_are_stamped_with_wall_clock_milliseconds(tmp_path):
+    from mwpstore.authority import default_clock
+
+    before = time.time_ns() // 1_000_000
+    reading = default_clock()
+    with Authority.open(str(tmp_path / "store")) as authority:
+        authority.accept(group_create())
+        stamped = authority.read(GROUP)[0].accepted_at_ms
+    after = time.time_ns() // 1_000_000
+    assert type(reading) is int and before <= reading <= after
+    assert before <= stamped <= after
+
+
+def _descriptors_on(path: str) -> int:
+    """How many of this process's descriptors name ``path`` (Linux /proc)."""
+    real = os.path.realpath(path)
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            count += os.readlink(f"/proc/self/fd/{fd}") == real
+        except OSError:
+            continue
+    return count
+
+
+def test_a_second_open_refused_by_the_lock_touches_nothing_of_the_running_writer(tmp_path):
+    """The writer lock is taken before anything else of the store is looked at: a second open
+    (this process or another) must not run recovery under the writer, whose compaction may be
+    copying the log into log.compact/ at that moment (recovery removes an unmarked copy)."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        copy = os.path.join(path, "log.compact")
+        os.makedirs(copy)  # as the writer's compaction has it while it copies
+        with open(os.path.join(copy, "00000000000000000000.seg"), "wb") as handle:
+            handle.write(b"\x00" * 4096)
+        before = sorted(os.listdir(path))
+        held = _descriptors_on(os.path.join(path, "authority.lock"))
+        with pytest.raises(StoreLocked) as caught:
+            Authority.open(path)
+        assert caught.value.detail["path"] == path
+        assert sorted(os.listdir(path)) == before
+        assert _descriptors_on(os.path.join(path, "authority.lock")) == held == 1  # the writer's own
+        assert os.listdir(copy) == ["00000000000000000000.seg"]
+        shutil.rmtree(copy)
+        assert authority.head(GROUP)[0] == 1
+
+
+def test_a_lock_file_that_cannot_be_opened_is_storage_failed(tmp_path):
+    path = tmp_path / "store"
+    (path / "authority.lock").mkdir(parents=True)  # a directory where the lock file belongs
+    with pytest.raises(StorageFailed) as caught:
+        Authority.open(str(path))
+    assert caught.value.detail["errno"] == errno.EISDIR
+    assert os.listdir(path) == ["authority.lock"]
+
+
+def test_an_index_that_never_recorded_a_clean_close_or_a_boot_is_rebuilt(tmp_path):
+    """An index built and renamed into place by an open that died before it marked it (no
+    clean, no boot_id in its meta) cannot say it was closed cleanly on this boot: rebuilt."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+    index = Index(os.path.join(path, "index"), map_size=64 * 1024 * 1024)
+    with index.env.begin(write=True) as txn:
+        for key in (b"clean", b"boot_id"):
+            assert txn.delete(key, db=index.dbs[b"meta"])
+    index.close()
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "rebuild" and "restarted" in authority.open_report.reason
+        assert authority.head(GROUP)[0] == 2 and authority.verify().ok
+
+
+def test_closing_a_bulk_mode_store_syncs_its_log_before_marking_the_index_clean(tmp_path, monkeypatch):
+    """sync=False defers durability to sync() or close(): close() fdatasyncs the log, and does so
+    before the index is marked clean (an index clean over a log that is not durable would be
+    trusted after a power loss)."""
+    from mwpstore.segment_log import SegmentLog
+
+    calls: list[str] = []
+    real_log_sync, real_index_sync = SegmentLog.sync, Index.sync
+    monkeypatch.setattr(SegmentLog, "sync", lambda self, *a, **k: (calls.append("log"), real_log_sync(self, *a, **k))[1])
+    monkeypatch.setattr(Index, "sync", lambda self, *a, **k: (calls.append("index"), real_index_sync(self, *a, **k))[1])
+    authority = Authority.open(str(tmp_path / "store"), sync=False)
+    authority.accept(group_create())
+    calls.clear()
+    authority.close()
+    assert calls == ["log", "index"]
+
+
+def test_a_close_whose_index_sync_fails_raises_it_and_still_releases_the_store(tmp_path, monkeypatch):
+    path = str(tmp_path / "store")
+    authority = open_with_group(path)
+
+    def failing(self, *args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(Index, "sync", failing)
+    with pytest.raises(StorageFailed) as caught:
+        authority.close()
+    assert caught.value.detail["errno"] == errno.EIO
+    monkeypatch.undo()
+    assert store_files_held(path) == []
+    with Authority.open(path) as reopened:  # released: not STORE_LOCKED
+        assert reopened.head(GROUP)[0] == 1
