@@ -184,3 +184,14 @@ def seen_counts(agent, group: str) -> dict[int, int]:
         if key.startswith(b"seen:"):
             counts[int(key[5:])] = struct.unpack(">Q", value)[0]
     return counts
+
+
+def apply_all(agent, events, advance=True):
+    """Apply ``events`` one by one in one local transaction; advance each Group's Cursor unless
+    ``advance`` is False. Returns the statuses."""
+    with agent.begin() as tx:
+        statuses = [tx.apply(event) for event in events]
+        if advance:
+            for group in {event.group for event in events}:
+                tx.advance_cursor(group)
+    return statuses

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from agent_store_support import ChainBuilder, CountingProjection, lease_record, workitem_state, workload
+from agent_store_support import ChainBuilder, CountingProjection, apply_all, lease_record, workitem_state, workload
 from mwpstore import limits
 from mwpstore.agent_store import AgentStore, ApplyStatus, ProjectionFailed
 from mwpstore.delivery import ListSource, rebuild_group, Delivery
@@ -42,15 +42,6 @@ def store(tmp_path):
     agent = AgentStore.open(tmp_path / "agent", projections=[CountingProjection()])
     yield agent
     agent.close()
-
-
-def apply_all(agent, events, advance=True):
-    with agent.begin() as tx:
-        statuses = [tx.apply(event) for event in events]
-        if advance:
-            for group in {event.group for event in events}:
-                tx.advance_cursor(group)
-    return statuses
 
 
 def test_in_order_events_apply_and_cursor_advances(store, events):

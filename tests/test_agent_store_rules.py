@@ -7,7 +7,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from agent_store_support import ChainBuilder, workitem_state, workload
+from agent_store_support import ChainBuilder, apply_all, workitem_state, workload
 from mwpstore import limits
 from mwpstore.agent_store import AGGREGATE_CHARS_MAX, PROJECTION_KEY_BYTES_MAX, AgentStore, ApplyStatus, ProjectionFailed, QueueEntry
 from mwpstore.errors import EventInvalid, InvalidCommand, LimitExceeded, StoreClosed
@@ -21,15 +21,6 @@ def agent(tmp_path):
     store = AgentStore.open(tmp_path / "agent")
     yield store
     store.close()
-
-
-def apply_all(agent, events, advance=True):
-    with agent.begin() as tx:
-        statuses = [tx.apply(event) for event in events]
-        if advance:
-            for group in {event.group for event in events}:
-                tx.advance_cursor(group)
-    return statuses
 
 
 def _rehash(event: Event, **changes) -> Event:

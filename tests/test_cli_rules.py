@@ -16,6 +16,7 @@ import pytest
 from authority_helpers import GROUP, OWNER, group_create, mission_create, open_with_group
 from mwpstore import Authority, cli, limits
 from mwpstore.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_STORE_ERROR, EXIT_USAGE, main
+from test_cli import store  # noqa: F401  (the fixture: a store with a Group and five Missions)
 
 
 def run_json(capsys, argv):
@@ -28,14 +29,6 @@ def run_text(capsys, argv):
     code = main(argv)
     captured = capsys.readouterr()
     return code, captured.out.splitlines(), captured.err
-
-
-@pytest.fixture
-def store(tmp_path):
-    path = str(tmp_path / "store")
-    with open_with_group(path) as authority:
-        authority.accept_many([mission_create(f"m-{i}") for i in range(5)])
-    return path
 
 
 # -- progress and tables ---------------------------------------------------------------------------

@@ -68,7 +68,7 @@ def test_a_failed_open_releases_the_lock_and_every_file_it_opened(tmp_path):
         assert authority.head(GROUP)[0] == 4 and authority.verify().ok
 
 
-def test_an_open_after_a_crash_on_another_boot_rebuilds_even_if_the_close_before_was_clean(tmp_path):
+def test_an_open_after_a_crash_on_another_boot_rebuilds_even_if_the_close_before_was_clean(tmp_path, monkeypatch):
     """open() marks the index not clean until its own close: a store closed cleanly, opened again,
     then lost with the machine (no close) must be rebuilt on the next boot, not trusted on the
     strength of the earlier clean close."""
@@ -77,14 +77,10 @@ def test_an_open_after_a_crash_on_another_boot_rebuilds_even_if_the_close_before
     assert result.returncode == 0, result.stderr
     result = _run_child(path, "os._exit(0)", {"MWPSTORE_BOOT_ID": "boot-1"})  # no close this time
     assert result.returncode == 0, result.stderr
-    os.environ["MWPSTORE_BOOT_ID"] = "boot-2"
-    try:
-        with Authority.open(path) as authority:
-            assert authority.open_report.mode == "rebuild"
-            assert "restarted" in authority.open_report.reason
-            assert authority.head(GROUP)[0] == 7
-    finally:
-        del os.environ["MWPSTORE_BOOT_ID"]
+    monkeypatch.setenv("MWPSTORE_BOOT_ID", "boot-2")
+    with Authority.open(path) as authority:
+        assert (authority.open_report.mode, authority.head(GROUP)[0]) == ("rebuild", 7)
+        assert "restarted" in authority.open_report.reason
 
 
 def test_a_store_opened_in_a_forked_child_is_usable_there(tmp_path):
