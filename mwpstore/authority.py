@@ -1344,6 +1344,7 @@ class Authority:
 
     @_index_errors_typed
     def groups(self) -> list[str]:
+        """The IDs of every Group this store holds, sorted (byte order: IDs are ASCII)."""
         index = self.index
         with index.begin() as txn:
             return [key.decode() for key, _ in index.range(txn, b"heads", b"")]

@@ -237,3 +237,17 @@ def test_an_interrupt_raised_by_a_progress_callable_passes_unchanged(tmp_path):
             assert caught.value is interrupt
         assert authority.read(GROUP) == events and authority.verify().ok
         assert authority.accept(mission_create("m-after")).seq == 22
+
+
+def test_groups_lists_every_group_sorted_by_id_whatever_the_order_they_were_created_in(tmp_path):
+    """``groups()`` is sorted by ID (byte order of the ASCII IDs, so ``g-10`` before ``g-2``),
+    not in creation order, in the writer, after a reopen and in a read-only view."""
+    path = str(tmp_path / "store")
+    with Authority.open(path) as authority:
+        for group in ("g-2", "g-10", "g-1", "a-9"):
+            authority.accept(group_create(group))
+        assert authority.groups() == ["a-9", "g-1", "g-10", "g-2"]
+    with Authority.open(path) as authority:
+        assert authority.groups() == ["a-9", "g-1", "g-10", "g-2"]
+    with Authority.open(path, readonly=True) as view:
+        assert view.groups() == ["a-9", "g-1", "g-10", "g-2"]
