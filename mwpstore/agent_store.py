@@ -64,9 +64,9 @@ BUFFERED_EVENTS_MAX = 100_000
 PROJECTION_KEY_BYTES_MAX = 256
 """Bound on an application projection's own key (LMDB keys are at most 511 bytes in all)."""
 
-AGGREGATE_CHARS_MAX = limits.KIND_CHARS_MAX + 1 + limits.ID_CHARS_MAX
-"""Bound on an aggregate key, ``<type>:<id>`` with a type that is a valid kind and a valid ID:
-what ``AgentStore.aggregate`` and ``state`` take (``canonical.check_aggregate_key``)."""
+AGGREGATE_CHARS_MAX = limits.AGGREGATE_CHARS_MAX
+"""Bound on an aggregate key an Event brings in: the one ``AgentStore.aggregate`` and ``state``
+take (``canonical.check_aggregate_key``)."""
 
 _FAILPOINT_ARMED = failpoints.armed().startswith("agent.")
 """Whether an ``agent.*`` fail point is armed in this process (read once, like ``failpoints``)."""

@@ -66,7 +66,7 @@ def clock_reading(clock: Callable[[], object]) -> int:
 def check_aggregate_key(value: object, field: str, *, empty: bool = False) -> str:
     """Return ``value`` if it can be an aggregate key (``"workitem:wi-3"``: a printable str of at
     most a kind's and an ID's length), or a prefix of one when ``empty``; else ``InvalidCommand``."""
-    most = limits.ID_CHARS_MAX + limits.KIND_CHARS_MAX + 1
+    most = limits.AGGREGATE_CHARS_MAX
     if type(value) is not str or (not value and not empty) or len(value) > most or not value.isprintable():
         raise InvalidCommand(f"{field} must be a printable str of at most {most} characters", field=field)
     return value

@@ -18,6 +18,7 @@ SCAN_BATCH_RECORDS_MAX = 65536
 # -- IDs and Commands ---------------------------------------------------------------------------
 ID_CHARS_MAX = 128
 KIND_CHARS_MAX = 64
+AGGREGATE_CHARS_MAX = KIND_CHARS_MAX + 1 + ID_CHARS_MAX  # an aggregate key, "<type>:<id>" with a kind as its type
 BODY_BYTES_MAX = 1024 * 1024
 BODY_DEPTH_MAX = 32
 BODY_ITEMS_MAX = 100_000

@@ -23,13 +23,18 @@ GROUP = "g-1"
 class FailingProjection:
     name = "failing"
 
-    def __init__(self, fail_seq):
+    def __init__(self, fail_seq, error=RuntimeError):
         self.fail_seq = fail_seq
+        self.error = error
 
     def apply(self, view, event):
         view.put(f"e{event.seq}", b"x")
         if event.seq == self.fail_seq:
-            raise RuntimeError("application projection failed")
+            raise self.error("application projection failed")
+
+
+class _Stop(BaseException):
+    """Not an Exception: what a KeyboardInterrupt or SystemExit is."""
 
 
 @pytest.fixture
@@ -139,14 +144,16 @@ def test_application_projection_exception_aborts_the_whole_transaction(tmp_path,
     agent.close()
 
 
-def test_caught_projection_exception_still_aborts_the_transaction(tmp_path, events):
-    agent = AgentStore.open(tmp_path / "a", projections=[FailingProjection(fail_seq=2)])
+@pytest.mark.parametrize("error", [RuntimeError, _Stop])
+def test_caught_projection_exception_still_aborts_the_transaction(tmp_path, events, error):
+    """Also a BaseException (not an Exception) that the block catches: the transaction is failed."""
+    agent = AgentStore.open(tmp_path / "a", projections=[FailingProjection(fail_seq=2, error=error)])
     with pytest.raises(ProjectionFailed):
         with agent.begin() as tx:
             tx.apply(events[0])
             try:
                 tx.apply(events[1])
-            except RuntimeError:
+            except error:
                 pass
     assert agent.head(GROUP).applied_seq == 0
     assert agent.projection_items(GROUP, "failing") == []

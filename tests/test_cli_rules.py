@@ -16,13 +16,12 @@ import pytest
 from authority_helpers import GROUP, OWNER, group_create, mission_create, open_with_group
 from mwpstore import Authority, cli, limits
 from mwpstore.cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_STORE_ERROR, EXIT_USAGE, main
+from test_cli import run_json as _run_command_json
 from test_cli import store  # noqa: F401  (the fixture: a store with a Group and five Missions)
 
 
 def run_json(capsys, argv):
-    code = main([*argv, "--json"])
-    out = capsys.readouterr().out
-    return code, (json.loads(out) if out.strip() else None)
+    return _run_command_json(capsys, [*argv, "--json"])
 
 
 def run_text(capsys, argv):

@@ -7,7 +7,6 @@ import errno
 import os
 import shutil
 import subprocess
-import sys
 import time
 
 import pytest
@@ -15,8 +14,7 @@ import pytest
 from authority_helpers import GROUP, group_create, in_a_forked_child, mission_create, open_with_group, store_files_held
 from mwpstore import Authority, Corruption, InvalidCommand, MwpError, StorageFailed, StoreLocked, StoreNotFound
 from mwpstore.index import Index
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from test_authority import _run_child as run_python_child
 
 CHILD = """
 import os, sys
@@ -32,9 +30,7 @@ for i in range(3):
 
 
 def _run_child(path: str, end: str, env_extra: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests") + os.pathsep + REPO, **env_extra)
-    code = CHILD.format(path=path, end=end)
-    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    return run_python_child(path, CHILD.format(path=path, end=end), env_extra)
 
 
 def test_a_failed_open_releases_the_lock_and_every_file_it_opened(tmp_path):
