@@ -554,6 +554,15 @@ class Authority:
         if before is None:
             if os.path.isdir(self._index_dir(".rebuild")):  # a rebuild between its two renames, or before them
                 raise _Switched()
+            # A log that lost its segments beside keys/ is the writer's verdict (Corruption,
+            # log_missing), not advice to open for writing; unless a compaction or a rebuild
+            # switched files meanwhile.
+            try:
+                _check_log_present(self.path)
+            except Corruption:
+                if os.path.exists(marker) or _file_key(index_file) is not None:
+                    raise _Switched() from None
+                raise
             raise self._needs_writer("has no index yet")
         index = _IndexView(self._index_dir(), map_size=self._map_size)
         try:
@@ -569,6 +578,7 @@ class Authority:
             # Read up to the index's position only: past it the writer may be writing a group, or
             # sealing and trimming the segment under the view's map.
             try:
+                _check_log_present(self.path)  # no segments beside this index: Corruption, log_missing, as the writer says
                 log = SegmentLog.open(os.path.join(self.path, "log"), readonly=True, known_end=position)
             except (Corruption, StorageFailed):
                 # A compaction switching the log directory under this open (it writes its marker

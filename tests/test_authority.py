@@ -889,10 +889,10 @@ def test_a_store_whose_log_is_gone_is_refused_not_restarted_empty(tmp_path, lost
             if name.endswith(".seg"):
                 os.remove(os.path.join(log, name))
     index_before = open(os.path.join(store, "index", "data.mdb"), "rb").read()
-    for create in (True, False):
+    for options in ({"create": True}, {"create": False}, {"readonly": True}):
         with pytest.raises(Corruption) as caught:
-            Authority.open(store, create=create)
-        assert caught.value.detail["reason"] == "log_missing"
+            Authority.open(store, **options)
+        assert caught.value.detail["reason"] == "log_missing", options
     # the index that still describes the history is left as it was, not rebuilt to nothing
     assert open(os.path.join(store, "index", "data.mdb"), "rb").read() == index_before
     if lost == "whole log directory":

@@ -473,6 +473,59 @@ def test_a_view_checks_after_opening_the_log_that_the_index_was_not_switched(tmp
         assert refused.value.detail["reason"] == "recovery_needed" and "compaction" in refused.value.message
 
 
+@pytest.mark.parametrize("index_there", [True, False], ids=["beside_an_index", "beside_keys_only"])
+@pytest.mark.parametrize("switch", ["index", "marker"])
+def test_a_view_that_finds_no_log_while_files_switch_opens_again_instead_of_reporting_it_lost(
+    tmp_path, monkeypatch, switch, index_there
+):
+    """A log directory without segments beside an index or keys is lost history (``Corruption``,
+    ``log_missing``, as the writer says), unless the view met it while the writer switched files:
+    a compaction between its two renames (its marker is there), or the index replaced (or put in
+    place) meanwhile. Then the view opens again: it reads the switched store, or refuses the
+    compaction."""
+    import shutil
+
+    import mwpstore.authority as module
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.signing_key  # keys/ too
+    log, index = os.path.join(path, "log"), os.path.join(path, "index")
+    index_file = os.path.join(index, "data.mdb")
+    if not index_there:
+        os.rename(index, index + ".held")
+    real_check, checks = module._check_log_present, []
+
+    def check_log_present(store):
+        checks.append(store)
+        if len(checks) > 1:
+            return real_check(store)
+        os.rename(log, log + ".old")  # the log is away for the moment of this check
+        if switch == "marker":
+            open(os.path.join(path, "COMPACT-SWITCH"), "wb").close()
+        elif index_there:  # a rebuild's rename: a new inode under the index's name
+            shutil.copyfile(index_file, index_file + ".new")
+            os.rename(index_file + ".new", index_file)
+        else:  # the index put in place
+            os.rename(index + ".held", index)
+        try:
+            return real_check(store)
+        finally:
+            if switch == "index":
+                os.rename(log + ".old", log)  # back before the view looks again
+
+    monkeypatch.setattr(module, "_check_log_present", check_log_present)
+    if switch == "index":
+        with Authority.open(path, readonly=True) as view:
+            assert view.head(GROUP)[0] == 2
+        assert len(checks) == 2
+    else:
+        with pytest.raises(InvalidState) as refused:
+            Authority.open(path, readonly=True)
+        assert refused.value.detail["reason"] == "recovery_needed" and "compaction" in refused.value.message
+
+
 @pytest.mark.parametrize("clean", [False, True])
 def test_a_view_refuses_an_index_left_unclean_before_a_restart(tmp_path, clean):
     """An index not closed cleanly under another boot may be ahead of what the log kept through
