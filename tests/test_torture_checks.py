@@ -335,6 +335,40 @@ def test_the_crash_suite_checks_against_what_the_child_said_and_tried(monkeypatc
     assert result["details"]["acknowledged_results"] == 2 and result["details"]["compactions_completed"] == 1
 
 
+def test_an_index_that_fails_its_structural_check_after_a_kill_is_a_violation(monkeypatch):
+    """A kill leaves LMDB's file whole (the page cache survives it): a reopen that finds the index
+    damaged is a wrong check or damage the engine caused, never an expected recovery."""
+    from mwpstore.authority import OpenReport
+
+    monkeypatch.setattr(torture, "_kill_child", lambda *arguments: (["READY"], "random", False, ""))
+    real_open = Authority.open.__func__
+
+    def open_damaged(cls, path, **options):
+        authority = real_open(cls, path, **options)
+        authority.open_report = OpenReport(mode="rebuild", reason="index damaged: planted", redo_records=0)
+        return authority
+
+    monkeypatch.setattr(Authority, "open", classmethod(open_damaged))
+    result = torture.run_crash(count=1, seed=2)
+    messages = result["details"]["violation_messages"]
+    assert len(messages) == 1 and "the index failed its structural check after a kill: index damaged: planted" in messages[0], messages
+
+
+@pytest.mark.parametrize("error, expected", [
+    (Corruption("a segment's seal differs", reason="seal"), "reopen failed: CORRUPTION"),
+    (KeyError("heads"), "reopen raised a foreign error: KeyError"),
+])
+def test_a_store_that_does_not_reopen_after_a_kill_is_a_violation(monkeypatch, error, expected):
+    def refuse(path, **options):
+        raise error
+
+    monkeypatch.setattr(torture, "_kill_child", lambda *arguments: (["READY"], "random", False, ""))
+    monkeypatch.setattr(Authority, "open", refuse)
+    result = torture.run_crash(count=1, seed=2)
+    messages = result["details"]["violation_messages"]
+    assert len(messages) == 1 and messages[0].startswith("kill 1 (random, seed 2): " + expected), messages
+
+
 # -- check_agent ----------------------------------------------------------------------------------
 
 
