@@ -366,16 +366,44 @@ def _writer_holds_lock(directory: str) -> bool:
         return False
     except OSError:
         return True
-    key = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
     try:
         with open("/proc/locks", encoding="ascii", errors="replace") as file:
             text = file.read()
     except OSError:
         return True
+    # /proc/locks names a file by its file system's device, which stat() gives, except where a
+    # file system gives each subvolume a device of its own (btrfs): mountinfo has the other.
+    devices = {(os.major(status.st_dev), os.minor(status.st_dev)), _mount_device(directory)}
+    keys = {f"{major:02x}:{minor:02x}:{status.st_ino}" for major, minor in devices - {None}}
     # "1: FLOCK  ADVISORY  WRITE 8067 fe:00:2146869 0 EOF"; a waiter's line has "->" second
     return any(
-        len(fields) > 5 and fields[1] == "FLOCK" and fields[5] == key for fields in map(str.split, text.splitlines())
+        len(fields) > 5 and fields[1] == "FLOCK" and fields[5] in keys for fields in map(str.split, text.splitlines())
     )
+
+
+def _mount_device(path: str) -> tuple[int, int] | None:
+    """(major, minor) of the file system mounted where ``path`` is, as ``/proc/self/mountinfo``
+    gives it (the device ``/proc/locks`` names its files by); None when it cannot be read."""
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="surrogateescape") as file:
+            text = file.read()
+        target = os.path.realpath(path)
+    except (OSError, ValueError):
+        return None
+    found, depth = None, -1
+    # A line: mount id, parent id, major:minor, root, mount point, options..., e.g.
+    # "61 1 0:52 /home /srv/data rw - btrfs /dev/sdb1 rw"; the mount point has space, tab,
+    # newline and backslash as octal escapes (\040).
+    for fields in map(str.split, text.splitlines()):
+        if len(fields) < 5:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), fields[4])
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) >= depth:  # the deepest mount, and of equal ones the latest, covers it
+            major, _, minor = fields[2].partition(":")
+            if major.isdigit() and minor.isdigit():
+                found, depth = (int(major), int(minor)), len(point)
+    return found
 
 
 def _pread_all(fd: int, length: int, offset: int) -> bytes:

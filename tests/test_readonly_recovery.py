@@ -482,6 +482,59 @@ def test_the_probe_assumes_a_writer_when_it_cannot_tell(tmp_path, monkeypatch):
     assert segment_log._writer_holds_lock(directory)
 
 
+def _fake_proc(monkeypatch, files: dict[str, str | None]) -> None:
+    """segment_log's ``open`` answers these /proc files with the given text (None: unreadable)."""
+    real_open = open
+
+    def fake_open(path, *arguments, **keywords):
+        if path in files:
+            if files[path] is None:
+                raise PermissionError(path)
+            return io.StringIO(files[path])
+        return real_open(path, *arguments, **keywords)
+
+    monkeypatch.setattr(segment_log, "open", fake_open, raising=False)
+
+
+def test_the_probe_sees_a_writer_named_by_its_mount_s_device(tmp_path, monkeypatch):
+    """Where stat() gives a file another device than its file system's (btrfs gives each subvolume
+    one of its own), /proc/locks names the file by the file system's device, which
+    /proc/self/mountinfo gives for the mount the file is under: the deepest such mount, mount
+    points read with their octal escapes, a mount point that is only a prefix of the name not
+    counting."""
+    directory = str(tmp_path / "log dir" / "segments")
+    build(directory, [[b"one"]])
+    status = os.stat(os.path.join(directory, LOCK_FILE_NAME))
+    inode = status.st_ino
+    assert (os.major(status.st_dev), os.minor(status.st_dev)) not in {(0, 901), (0, 902), (0, 903)}
+    parent = os.path.realpath(str(tmp_path))
+    mounts = (
+        "20 1 0:901 / / rw - ext4 /dev/vda rw\n"
+        f"61 20 0:902 /sub {parent}/log\\040dir rw - btrfs /dev/vdb rw\n"  # the log's: an escaped space
+        f"62 61 0:903 /other {parent}/log\\040dir/seg rw - btrfs /dev/vdb rw\n"  # deeper, but only a prefix of the name
+    )
+
+    def holds(lock_device: str) -> bool:
+        locks = f"1: FLOCK  ADVISORY  WRITE 4242 {lock_device}:{inode} 0 EOF\n"
+        _fake_proc(monkeypatch, {"/proc/locks": locks, "/proc/self/mountinfo": mounts})
+        return segment_log._writer_holds_lock(directory)
+
+    assert holds("00:386")  # 0:902
+    assert not holds("00:385")  # 0:901, the root's: a deeper mount covers the log
+    assert not holds("00:387")  # 0:903: .../seg is no parent of .../segments
+
+
+def test_the_probe_without_mountinfo_goes_by_the_stat_device(tmp_path, monkeypatch):
+    directory = str(tmp_path)
+    build(directory, [[b"one"]])
+    status = os.stat(os.path.join(directory, LOCK_FILE_NAME))
+    ours = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
+    other = f"{os.major(status.st_dev) + 1:02x}:{os.minor(status.st_dev):02x}:{status.st_ino}"
+    for key, seen in ((ours, True), (other, False)):
+        _fake_proc(monkeypatch, {"/proc/locks": f"1: FLOCK  ADVISORY  WRITE 4242 {key} 0 EOF\n", "/proc/self/mountinfo": None})
+        assert segment_log._writer_holds_lock(directory) is seen
+
+
 # -- reading with pread ----------------------------------------------------------------------------
 
 
