@@ -7,10 +7,17 @@ helpers); its writer's durability steps are read off the I/O seam's recorded cal
 
 from __future__ import annotations
 
+import os
 import struct
 
+import pytest
+
 from mwpstore._segment_log_c import ffi, lib
+from mwpstore.io_seam import RecordingIO
+from mwpstore.limits import SEGMENT_BYTES_MIN
+from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
 from test_segment_corruption import HEADER, _exact_copy, build, segment_paths
+from test_segment_power_loss import _run_workload
 
 
 def _decoded_header(segment: bytes):
@@ -136,3 +143,120 @@ def test_a_read_by_position_is_damage_only_where_a_frame_naming_it_fails_its_che
     assert (read(bytes(unknown)), fault.reason) == (lib.SL_E_NOT_RECORD, lib.SL_REASON_NOT_A_RECORD)
     unknown[at] ^= 1  # the same frame, its checksum now failing: damage
     assert (read(bytes(unknown)), fault.reason) == (lib.SL_E_CORRUPT, lib.SL_REASON_FRAME_CHECKSUM)
+
+
+def test_a_scan_batch_of_no_records_or_more_than_the_bound_is_refused_as_a_limit(scratch):
+    """sl_scan takes 1..SL_SCAN_BATCH_RECORDS_MAX records a call: a batch of 0 would return
+    nothing and move nothing, so a caller looping until the end would never get there."""
+    build(scratch, [[b"a", b"b"]])
+    with open(segment_paths(scratch)[0], "rb") as file:
+        segment = file.read()
+    header = _decoded_header(segment)
+    data = _exact_copy(segment)
+    state, fault, count = ffi.new("struct sl_scan_state *"), ffi.new("struct sl_fault *"), ffi.new("uint32_t *")
+    arrays = [ffi.new("uint64_t[]", 4) for _ in range(3)]
+    for records_max, expected in ((0, lib.SL_E_LIMIT), (lib.SL_SCAN_BATCH_RECORDS_MAX + 1, lib.SL_E_LIMIT), (4, lib.SL_OK)):
+        state.position, state.group_known, state.group_records, state.sealed = header.first_position, 1, 0, 0
+        state.group_start, state.group_checksum = header.first_position, header.seed
+        end = header.first_position + 24 + 24 + 32  # two record frames and the commit frame
+        rc = lib.sl_scan(data, len(segment), header, end, records_max, state, *arrays, count, fault)
+        assert rc == expected, records_max
+    assert count[0] == 2
+
+
+# -- the writer's durability steps, read off the I/O seam's recorded calls ----------------------
+
+_SEAL_WORD = lib.SL_KIND_SEAL << 28 | lib.SL_SEAL_PAYLOAD_BYTES
+
+
+def _durability_violations(operations) -> list[str]:
+    """Walk recorded calls keeping which files have unsynced changes and whether the directory
+    has unsynced name changes; list every point where the writer's rules are broken:
+
+    - an acknowledgement (an "ack" mark), or the return of an open (an "opened" mark), while any
+      file or name change is not durable;
+    - a group or seal written (past the header) while a name change is not durable (a BULK mark,
+      a new segment's name);
+    - a seal written over groups that are not durable, or a sealed file cut to its seal before the
+      seal is durable; a segment renamed into place before its header is durable;
+    - a new segment created while an earlier segment's trim (or anything else) is not durable;
+    - anything not durable once the last call (close) was made."""
+    dirty: set[int] = set()
+    names_pending = False
+    problems = []
+    for index, operation in enumerate(operations):
+        kind = operation[0]
+        if kind == "mark" and operation[1] in ("ack", "opened") and (dirty or names_pending):
+            problems.append(f"{index}: ack {operation[2]} with {sorted(dirty)} unsynced, names pending {names_pending}")
+        elif kind == "write":
+            _, file_id, offset, data = operation
+            if offset >= HEADER and names_pending:
+                problems.append(f"{index}: write at {offset} of file {file_id} before a name change is durable")
+            if len(data) == 32 and struct.unpack_from("<I", data, 4)[0] == _SEAL_WORD and file_id in dirty:
+                problems.append(f"{index}: seal written over unsynced groups of file {file_id}")
+            dirty.add(file_id)
+        elif kind == "truncate":
+            if operation[1] in dirty:
+                problems.append(f"{index}: file {operation[1]} cut before what it holds is durable")
+            dirty.add(operation[1])
+        elif kind == "allocate":
+            dirty.add(operation[1])
+        elif kind == "sync":
+            dirty.discard(operation[1])
+        elif kind == "create":
+            if dirty:
+                problems.append(f"{index}: {operation[1]} created while files {sorted(dirty)} are not durable")
+            names_pending = True
+        elif kind == "rename":
+            if dirty:
+                problems.append(f"{index}: {operation[2]} renamed into place before its content is durable")
+            names_pending = True
+        elif kind == "remove":
+            names_pending = True
+        elif kind == "dirsync":
+            names_pending = False
+    if dirty or names_pending:
+        problems.append(f"end: {sorted(dirty)} unsynced, names pending {names_pending}")
+    return problems
+
+
+@pytest.mark.parametrize("seed, sync, groups", [(11, True, 70), (13, False, 70)])
+def test_every_write_the_log_acknowledges_or_builds_on_is_durable_first(tmp_path, seed, sync, groups):
+    """The writer's order of durable steps (docs/format/segment.md, "Commit groups", "Seal and
+    rollover"), on the recorded calls of the power-loss workload (groups of random sizes, several
+    rollovers, reopens): no acknowledgement before its group and every name it needs are durable,
+    a seal only over durable groups, a trim only of a durable seal, the next segment only after
+    the sealed one's trim is durable, a new segment's name only after its header is. A skipped
+    sync would show in a crash state only when the power fails at that step; here it shows
+    always."""
+    recorder, _ = _run_workload(str(tmp_path), seed, sync, groups)
+    operations = recorder.operations
+    assert sum(1 for op in operations if op[0] == "rename") >= 3  # rollovers happened
+    assert _durability_violations(operations) == []
+    for path in segment_paths(str(tmp_path))[:-1]:  # every sealed segment is cut just after its seal
+        with open(path, "rb") as file:
+            content = file.read()
+        assert struct.unpack_from("<I", content, len(content) - 28)[0] == _SEAL_WORD, path
+
+
+def test_a_torn_tail_cut_at_open_is_durable_before_the_open_returns(tmp_path):
+    """Recovery cuts a torn tail durably before the open returns (docs/format/segment.md, "Opening
+    and the torn tail": ftruncate, posix_fallocate back to full size, fsync; sl_segment_truncate),
+    and the first group after it is acknowledged only once durable."""
+    directory = str(tmp_path)
+    with SegmentLog.open(directory, segment_bytes=SEGMENT_BYTES_MIN) as log:
+        log.append([b"kept" * 10])
+        end = log.end
+    os.remove(os.path.join(directory, CLEAN_FILE_NAME))
+    (segment,) = [name for name in os.listdir(directory) if name.endswith(".seg")]
+    with open(os.path.join(directory, segment), "r+b") as file:
+        file.seek(HEADER + end)
+        file.write(b"\x7f" * 24)  # a write that never completed
+    recorder = RecordingIO(directory=directory)
+    with SegmentLog.open(directory, segment_bytes=SEGMENT_BYTES_MIN, io=recorder) as log:
+        recorder.mark("opened")
+        assert log.end == end
+        log.append([b"next"])
+        recorder.mark("ack", 0)
+    assert any(op[0] == "truncate" for op in recorder.operations)
+    assert _durability_violations(recorder.operations) == []
