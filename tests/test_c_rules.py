@@ -260,3 +260,43 @@ def test_a_torn_tail_cut_at_open_is_durable_before_the_open_returns(tmp_path):
         recorder.mark("ack", 0)
     assert any(op[0] == "truncate" for op in recorder.operations)
     assert _durability_violations(recorder.operations) == []
+
+
+def test_a_segment_is_created_over_a_temporary_file_a_crash_left(scratch):
+    """sl_segment_create writes a new segment under "<name>.tmp" first; a leftover of that name
+    (a crash during an earlier creation: it was never renamed) is removed and the creation goes
+    on, instead of failing with EEXIST."""
+    name = "%020d.seg" % 4096
+    with open(os.path.join(scratch, name + ".tmp"), "wb") as file:
+        file.write(b"half a header")
+    fault = ffi.new("struct sl_fault *")
+    rc = lib.sl_segment_create(lib.sl_io_default(), scratch.encode(), 7, 4096, SEGMENT_BYTES_MIN, fault)
+    assert (rc, fault.sys_errno) == (lib.SL_OK, 0)
+    assert sorted(os.listdir(scratch)) == [name]
+    with open(os.path.join(scratch, name), "rb") as file:
+        header = _decoded_header(file.read())
+    assert (header.log_id, header.first_position, header.segment_bytes) == (7, 4096, SEGMENT_BYTES_MIN)
+
+
+def test_the_c_writer_refuses_a_group_above_the_group_bytes_bound_even_where_it_would_fit(tmp_path):
+    """sl_log_append's own bound: a group of more than SL_GROUP_BYTES_MAX payload bytes is
+    group_too_large even in a segment it would fit (SegmentLog.append checks the bound first; the
+    C writer does not rely on it). On disk: the segment is preallocated, not written."""
+    directory = str(tmp_path).encode()
+    segment_bytes = 256 * 1024 * 1024
+    fault = ffi.new("struct sl_fault *")
+    assert lib.sl_segment_create(lib.sl_io_default(), directory, 9, 0, segment_bytes, fault) == lib.SL_OK
+    with open(os.path.join(tmp_path, "%020d.seg" % 0), "rb") as file:
+        header = _decoded_header(file.read(HEADER))
+    handle = ffi.new("struct sl_log **")
+    assert lib.sl_log_open(lib.sl_io_default(), directory, header, 0, segment_bytes, 0, handle, fault) == lib.SL_OK
+    try:
+        lengths = [lib.SL_RECORD_BYTES_MAX] * 4 + [8]
+        total = sum(lengths)
+        assert total == lib.SL_GROUP_BYTES_MAX + 8
+        data = ffi.new("uint8_t[]", total)
+        positions = ffi.new("uint64_t[]", len(lengths))
+        rc = lib.sl_log_append(handle[0], data, total, ffi.new("uint32_t[]", lengths), len(lengths), positions, fault)
+        assert (rc, fault.reason) == (lib.SL_E_LIMIT, lib.SL_REASON_GROUP_TOO_LARGE)
+    finally:
+        lib.sl_log_close(handle[0])
