@@ -17,6 +17,7 @@ from mwpstore.io_seam import RecordingIO
 from mwpstore.limits import SEGMENT_BYTES_MIN
 from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
 from test_segment_corruption import HEADER, _exact_copy, build, segment_paths
+from test_lmdb_check import F_BIGDATA, PAGE, _check_fails, _damaged_copy, _meta, sample
 from test_segment_power_loss import _run_workload
 
 
@@ -300,3 +301,45 @@ def test_the_c_writer_refuses_a_group_above_the_group_bytes_bound_even_where_it_
         assert (rc, fault.reason) == (lib.SL_E_LIMIT, lib.SL_REASON_GROUP_TOO_LARGE)
     finally:
         lib.sl_log_close(handle[0])
+
+
+def test_every_new_segment_after_a_rollover_gets_its_first_group_with_zeros_ahead(tmp_path):
+    """Zero ahead (docs/format/segment.md) counts written space per segment: a segment the writer
+    starts at a rollover has never been written past its header, so its first group goes out with
+    zeros after it (here, 64 KiB segments: up to the segment's end), like the first group after
+    an open (tests/test_segment_log.py checks that one)."""
+    recorder = RecordingIO()
+    with SegmentLog.open(str(tmp_path), segment_bytes=SEGMENT_BYTES_MIN, io=recorder) as log:
+        for _ in range(200):
+            log.append([bytes(700)])
+    firsts = [op for op in recorder.operations if op[0] == "write" and op[2] == HEADER]
+    assert len(firsts) >= 3  # the first segment and two started at rollovers
+    for _, file_id, offset, data in firsts:
+        assert offset + len(data) == SEGMENT_BYTES_MIN, file_id
+
+
+# -- the LMDB structure check (csrc/lmdb_check.c), on test_lmdb_check's sample environment -------
+
+
+def test_a_free_list_record_that_is_no_whole_number_of_page_numbers(tmp_path, sample):
+    """A free-list record is a count and that many u64 page numbers: data whose size is not a
+    multiple of 8 is free_list damage, even when the count fits inside it."""
+    def change(d):
+        free_root, _, _ = _meta(bytes(d))
+        base = free_root * PAGE
+        lower, upper = struct.unpack_from("<HH", d, base + 12)
+        assert upper - lower >= 2
+        slots = [(base + 16 + 2 * i, struct.unpack_from("<H", d, base + 16 + 2 * i)[0]) for i in range((lower - 16) // 2)]
+        slot, offset = next((slot, offset) for slot, offset in slots if offset == upper)  # the lowest node
+        lo, hi, flags, key_bytes = struct.unpack_from("<HHHH", d, base + offset)
+        size = lo | hi << 16
+        assert not flags & F_BIGDATA and size % 8 == 0
+        node = bytes(d[base + offset + 8 : base + offset + 8 + key_bytes + size])
+        # the node two bytes lower, its data two bytes longer: the page is still tiled exactly
+        struct.pack_into("<HHHH", d, base + offset - 2, (size + 2) & 0xFFFF, (size + 2) >> 16, flags, key_bytes)
+        d[base + offset + 6 : base + offset + 6 + len(node)] = node
+        d[base + offset + 6 + len(node) : base + offset + 8 + len(node)] = bytes(2)
+        struct.pack_into("<H", d, slot, offset - 2)
+        struct.pack_into("<H", d, base + 14, upper - 2)
+
+    _check_fails(_damaged_copy(tmp_path, sample, change), "free_list")
