@@ -10,14 +10,16 @@ from __future__ import annotations
 import os
 import struct
 
+import lmdb
 import pytest
 
+from mwpstore._lmdb_check import check_lmdb_file
 from mwpstore._segment_log_c import ffi, lib
 from mwpstore.io_seam import RecordingIO
 from mwpstore.limits import SEGMENT_BYTES_MIN
 from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
 from test_segment_corruption import HEADER, _exact_copy, build, segment_paths
-from test_lmdb_check import F_BIGDATA, PAGE, _check_fails, _damaged_copy, _meta, sample
+from test_lmdb_check import F_BIGDATA, P_LEAF, PAGE, _check_fails, _damaged_copy, _meta, _reachable, sample
 from test_segment_power_loss import _run_workload
 
 
@@ -343,3 +345,37 @@ def test_a_free_list_record_that_is_no_whole_number_of_page_numbers(tmp_path, sa
         struct.pack_into("<H", d, base + 14, upper - 2)
 
     _check_fails(_damaged_copy(tmp_path, sample, change), "free_list")
+
+
+def test_a_meta_page_of_another_data_version_is_meta_damage(tmp_path, sample):
+    """A meta page carries LMDB's data version (1) after its magic: another version is a file this
+    check cannot read as LMDB 0.9 does, so it is refused as meta damage, like a wrong magic."""
+    _check_fails(_damaged_copy(tmp_path, sample, lambda d: struct.pack_into("<I", d, 20, 2)), "meta")
+
+
+def test_on_equal_transaction_ids_the_check_reads_meta_0_as_lmdb_does(tmp_path):
+    """Before the first commit both meta pages hold transaction id 0 and LMDB uses meta 0: the
+    check walks meta 0's trees, so whatever meta 1 names is not looked at."""
+    lmdb.open(str(tmp_path / "env"), map_size=1 << 20).close()
+    source = str(tmp_path / "env" / "data.mdb")
+    data = open(source, "rb").read()
+    assert struct.unpack_from("<QQ", data, 144)[0] == struct.unpack_from("<Q", data, PAGE + 144)[0] == 0
+    path = _damaged_copy(tmp_path, source, lambda d: struct.pack_into("<Q", d, PAGE + 88 + 40, 7))  # meta 1's main root
+    assert check_lmdb_file(path, label="test", remedy="-").pages_in_use == 0
+
+
+def test_a_node_offset_in_the_free_gap_of_its_page_is_node_bounds(tmp_path, sample):
+    """Node offsets point at or above `upper` (the nodes' area): one in the gap between the offset
+    array and `upper` is node_bounds, named at that offset."""
+    wanted = {}
+
+    def change(d):
+        page = next(page for page, flags in _reachable(bytes(d), named_only=True).items()
+                    if flags == P_LEAF and struct.unpack_from("<HH", d, page * PAGE + 12)[1] - struct.unpack_from("<HH", d, page * PAGE + 12)[0] >= 16)
+        lower, _ = struct.unpack_from("<HH", d, page * PAGE + 12)
+        struct.pack_into("<H", d, page * PAGE + 16, lower + 8)
+        d[page * PAGE + lower + 8 : page * PAGE + lower + 16] = bytes(8)  # an empty node there, were it read
+        wanted["value"] = lower + 8
+
+    error = _check_fails(_damaged_copy(tmp_path, sample, change), "node_bounds")
+    assert error.detail["value"] == wanted["value"]
