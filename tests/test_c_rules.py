@@ -13,12 +13,14 @@ import struct
 import lmdb
 import pytest
 
+from mwpstore import _canonical_c
 from mwpstore._lmdb_check import check_lmdb_file
 from mwpstore._segment_log_c import ffi, lib
 from mwpstore.io_seam import RecordingIO
 from mwpstore.limits import SEGMENT_BYTES_MIN
 from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
 from test_segment_corruption import HEADER, _exact_copy, build, segment_paths
+from test_canonical import _python_content_ok
 from test_lmdb_check import F_BIGDATA, P_LEAF, PAGE, _check_fails, _damaged_copy, _meta, _reachable, sample
 from test_segment_power_loss import _run_workload
 
@@ -379,3 +381,20 @@ def test_a_node_offset_in_the_free_gap_of_its_page_is_node_bounds(tmp_path, samp
 
     error = _check_fails(_damaged_copy(tmp_path, sample, change), "node_bounds")
     assert error.detail["value"] == wanted["value"]
+
+
+# -- canonical content (csrc/canonical_check.c) --------------------------------------------------
+
+
+class _Text(str):
+    """A str subclass: its __eq__ and __hash__ could be anything, so canonical content refuses it."""
+
+
+def test_a_dict_key_must_be_an_exact_str_in_the_c_content_check():
+    """canonical.check_content's rule for map keys is type(key) is str; the C check answers the
+    same (False, so the Python check names the field) for a key of a str subclass, at the top and
+    nested, while the same dicts with plain str keys pass."""
+    for value in ({_Text("a"): 1}, {"outer": {_Text("a"): "x"}}, [{"ok": 1}, {_Text("k"): None}]):
+        assert _canonical_c.content_ok(value) is False
+        assert _python_content_ok(value) is False
+    assert _canonical_c.content_ok({"outer": {"a": "x"}}) is True
