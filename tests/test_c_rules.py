@@ -11,6 +11,7 @@ import os
 import struct
 
 import lmdb
+import msgspec
 import pytest
 
 from mwpstore import _canonical_c
@@ -18,9 +19,11 @@ from mwpstore._lmdb_check import check_lmdb_file
 from mwpstore._segment_log_c import ffi, lib
 from mwpstore.io_seam import RecordingIO
 from mwpstore.limits import SEGMENT_BYTES_MIN
+from mwpstore.messages import Effect
 from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
 from test_segment_corruption import HEADER, _exact_copy, build, segment_paths
 from test_canonical import _python_content_ok
+from test_index_records import _both, _history, _records, index
 from test_lmdb_check import F_BIGDATA, P_LEAF, PAGE, _check_fails, _damaged_copy, _meta, _reachable, sample
 from test_segment_power_loss import _run_workload
 
@@ -398,3 +401,22 @@ def test_a_dict_key_must_be_an_exact_str_in_the_c_content_check():
         assert _canonical_c.content_ok(value) is False
         assert _python_content_ok(value) is False
     assert _canonical_c.content_ok({"outer": {"a": "x"}}) is True
+
+
+
+# -- index entries of Event records (csrc/index_records.c), against the Python reference ---------
+
+
+@pytest.mark.parametrize(
+    "forgery",
+    [{"effects": [Effect("a:1", 1, [1, 2])]}, {"effects": [Effect("a:1", 2, "text")]}, {"body": ["not", "a", "map"]}],
+    ids=["a list for a state", "a str for a state", "a list for a body"],
+)
+def test_a_state_or_body_that_is_no_map_is_corruption_either_way(index, forgery):
+    """An effect's state and an Event's body are a map or nil (msgspec decodes them as dict | None):
+    a well-framed record holding anything else is CORRUPTION, reason decode, from both paths; the
+    C path does not index it."""
+    events = _history("g-1", 1)
+    events[-1] = msgspec.structs.replace(events[-1], **forgery)
+    python, c = _both(index, _records(events))
+    assert python == c == ("Corruption", "decode", (len(events) - 1) * 8)
