@@ -14,14 +14,15 @@ import lmdb
 import msgspec
 import pytest
 
-from mwpstore import _canonical_c
+from mwpstore import _apply_c, _canonical_c
 from mwpstore._lmdb_check import check_lmdb_file
 from mwpstore._segment_log_c import ffi, lib
 from mwpstore.io_seam import RecordingIO
 from mwpstore.limits import SEGMENT_BYTES_MIN
-from mwpstore.messages import Effect
+from mwpstore.messages import Effect, Event
 from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
 from test_segment_corruption import HEADER, _exact_copy, build, segment_paths
+from test_agent_store_apply_many import EVENTS
 from test_canonical import _python_content_ok
 from test_index_records import _both, _history, _records, index
 from test_lmdb_check import F_BIGDATA, P_LEAF, PAGE, _check_fails, _damaged_copy, _meta, _reachable, sample
@@ -420,3 +421,20 @@ def test_a_state_or_body_that_is_no_map_is_corruption_either_way(index, forgery)
     events[-1] = msgspec.structs.replace(events[-1], **forgery)
     python, c = _both(index, _records(events))
     assert python == c == ("Corruption", "decode", (len(events) - 1) * 8)
+
+
+# -- the AgentStore's in-order apply runs (csrc/agent_apply.c) -----------------------------------
+
+
+def test_the_c_run_remembers_checked_aggregate_keys_only_up_to_its_bound():
+    """run() adds each aggregate key it validated to the shared set ``checked`` only while the set
+    holds fewer than ``checked_max`` keys (agent_store bounds the set's memory the same way):
+    keys past the bound are still checked and the Events taken, just not remembered."""
+    events = EVENTS["g-1"]
+    keys = {effect.aggregate for event in events[1:] for effect in event.effects}
+    assert len(keys) >= 3
+    for checked_max in (0, 2):
+        checked: set[str] = set()
+        context = (Event, Effect, checked, checked_max, _canonical_c.kind_ok, _canonical_c.id_ok)
+        assert _apply_c.run(events, 1, context, "g-1", b"g-1\x00", 2, events[0].hash, {}, {}, 10_000) == len(events)
+        assert len(checked) == checked_max and checked <= keys
