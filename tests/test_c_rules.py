@@ -438,3 +438,18 @@ def test_the_c_run_remembers_checked_aggregate_keys_only_up_to_its_bound():
         context = (Event, Effect, checked, checked_max, _canonical_c.kind_ok, _canonical_c.id_ok)
         assert _apply_c.run(events, 1, context, "g-1", b"g-1\x00", 2, events[0].hash, {}, {}, 10_000) == len(events)
         assert len(checked) == checked_max and checked <= keys
+
+
+@pytest.mark.parametrize("past_the_file, check", [(1 << 20, "file_short"), ((1 << 20) - 1, "page_lost")])
+def test_the_meta_may_name_pages_up_to_a_bounded_distance_past_the_end_of_the_file(tmp_path, sample, past_the_file, check):
+    """Pages LMDB allocated and freed in one transaction are never written, so the last page
+    number may run past the file, by less than 2**20 pages: at 2**20 it is file_short (the bound
+    also caps the check's bitmaps); just below, the pages past the file are walked as numbers
+    (here neither in use nor free: page_lost)."""
+    pages = os.path.getsize(sample) // PAGE
+
+    def change(d):
+        for meta in (0, 1):
+            struct.pack_into("<Q", d, meta * PAGE + 136, pages + past_the_file)
+
+    _check_fails(_damaged_copy(tmp_path, sample, change), check)
