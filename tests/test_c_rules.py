@@ -471,3 +471,24 @@ def test_the_c_writer_opens_only_at_an_end_that_leaves_room_for_the_seal(scratch
         assert (rc, handle[0]) == (lib.SL_E_ARGUMENT, ffi.NULL), end
     assert lib.sl_log_open(lib.sl_io_default(), directory, header, room, SEGMENT_BYTES_MIN, 1, handle, fault) == lib.SL_OK
     lib.sl_log_close(handle[0])
+
+
+def test_the_c_writer_refuses_record_lengths_that_do_not_add_up_to_the_bytes_given(scratch):
+    """sl_log_append's lengths must add up to data_bytes exactly, one byte more or less is
+    SL_E_ARGUMENT with nothing written (and the handle still usable)."""
+    directory = scratch.encode()
+    fault = ffi.new("struct sl_fault *")
+    assert lib.sl_segment_create(lib.sl_io_default(), directory, 5, 0, SEGMENT_BYTES_MIN, fault) == lib.SL_OK
+    with open(os.path.join(scratch, "%020d.seg" % 0), "rb") as file:
+        header = _decoded_header(file.read(HEADER))
+    handle = ffi.new("struct sl_log **")
+    assert lib.sl_log_open(lib.sl_io_default(), directory, header, 0, SEGMENT_BYTES_MIN, 1, handle, fault) == lib.SL_OK
+    try:
+        lengths, positions = ffi.new("uint32_t[]", [3, 4]), ffi.new("uint64_t[]", 2)
+        data = ffi.new("uint8_t[]", b"abcdefgh")
+        for data_bytes in (8, 6):
+            assert lib.sl_log_append(handle[0], data, data_bytes, lengths, 2, positions, fault) == lib.SL_E_ARGUMENT
+        assert lib.sl_log_append(handle[0], data, 7, lengths, 2, positions, fault) == lib.SL_OK
+        assert list(positions) == [0, 24]
+    finally:
+        lib.sl_log_close(handle[0])
