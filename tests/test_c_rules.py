@@ -492,3 +492,24 @@ def test_the_c_writer_refuses_record_lengths_that_do_not_add_up_to_the_bytes_giv
         assert list(positions) == [0, 24]
     finally:
         lib.sl_log_close(handle[0])
+
+
+def test_a_scan_stops_at_the_end_of_the_bytes_it_was_given(scratch):
+    """sl_scan reads only the bytes it is given: a buffer that ends after a whole group (a reader's
+    map of a segment still being written) is scanned to there and the scan stops with SL_OK and
+    the position at the buffer's end, however far the caller's stop position lies; the next call
+    on a longer buffer goes on from there."""
+    build(scratch, [[b"one", b"two"], [b"three"]])
+    with open(segment_paths(scratch)[0], "rb") as file:
+        segment = file.read()
+    header = _decoded_header(segment)
+    first_group = HEADER + 24 + 24 + 32
+    state, fault, count = ffi.new("struct sl_scan_state *"), ffi.new("struct sl_fault *"), ffi.new("uint32_t *")
+    arrays = [ffi.new("uint64_t[]", 8) for _ in range(3)]
+    state.position, state.group_known, state.group_records, state.sealed = header.first_position, 1, 0, 0
+    state.group_start, state.group_checksum = header.first_position, header.seed
+    rc = lib.sl_scan(_exact_copy(segment[:first_group]), first_group, header, 2**63, 8, state, *arrays, count, fault)
+    assert (rc, count[0], state.position) == (lib.SL_OK, 2, header.first_position + first_group - HEADER)
+    second_group = first_group + 24 + 32
+    rc = lib.sl_scan(_exact_copy(segment[:second_group]), second_group, header, 2**63, 8, state, *arrays, count, fault)
+    assert (rc, count[0], state.position) == (lib.SL_OK, 1, header.first_position + second_group - HEADER)
