@@ -513,3 +513,15 @@ def test_a_scan_stops_at_the_end_of_the_bytes_it_was_given(scratch):
     second_group = first_group + 24 + 32
     rc = lib.sl_scan(_exact_copy(segment[:second_group]), second_group, header, 2**63, 8, state, *arrays, count, fault)
     assert (rc, count[0], state.position) == (lib.SL_OK, 1, header.first_position + second_group - HEADER)
+
+
+def test_a_page_whose_lower_bound_ends_inside_an_offset_is_page_bounds(tmp_path, sample):
+    """`lower` ends the array of u16 node offsets, so it lies an even number of bytes past the page
+    header: an odd `lower` (one flipped low bit) is page_bounds, not read as one offset fewer."""
+    def change(d):
+        page = next(page for page, flags in _reachable(bytes(d), named_only=True).items() if flags == P_LEAF)
+        lower, upper = struct.unpack_from("<HH", d, page * PAGE + 12)
+        assert upper > lower + 1
+        struct.pack_into("<H", d, page * PAGE + 12, lower + 1)
+
+    _check_fails(_damaged_copy(tmp_path, sample, change), "page_bounds")
