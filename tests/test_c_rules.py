@@ -525,3 +525,13 @@ def test_a_page_whose_lower_bound_ends_inside_an_offset_is_page_bounds(tmp_path,
         struct.pack_into("<H", d, page * PAGE + 12, lower + 1)
 
     _check_fails(_damaged_copy(tmp_path, sample, change), "page_bounds")
+
+
+@pytest.mark.parametrize("field, offset, value", [("page number", 0, 5), ("page flags", 10, 0x02)])
+def test_a_meta_page_that_does_not_carry_its_number_and_meta_flag_is_meta_damage(tmp_path, sample, field, offset, value):
+    """Each meta page is marked as what it is: page number 0 or 1 in its header and the P_META
+    flag (LMDB refuses a meta without it). Either one damaged, on meta 1, is meta damage."""
+    def change(d):
+        struct.pack_into("<Q" if offset == 0 else "<H", d, PAGE + offset, value)
+
+    _check_fails(_damaged_copy(tmp_path, sample, change), "meta")
