@@ -455,24 +455,6 @@ def test_the_meta_may_name_pages_up_to_a_bounded_distance_past_the_end_of_the_fi
     _check_fails(_damaged_copy(tmp_path, sample, change), check)
 
 
-def test_the_c_writer_opens_only_at_an_end_that_leaves_room_for_the_seal(scratch):
-    """sl_log_open checks the end it is given as a decoded header is checked: at most
-    segment_bytes - header - seal past the first position (an end near 2**64 would make the
-    offset wrap to the segment's start, and appends overwrite the header)."""
-    directory = scratch.encode()
-    fault = ffi.new("struct sl_fault *")
-    assert lib.sl_segment_create(lib.sl_io_default(), directory, 5, 0, SEGMENT_BYTES_MIN, fault) == lib.SL_OK
-    with open(os.path.join(scratch, "%020d.seg" % 0), "rb") as file:
-        header = _decoded_header(file.read(HEADER))
-    room = SEGMENT_BYTES_MIN - HEADER - lib.SL_SEAL_FRAME_BYTES
-    handle = ffi.new("struct sl_log **")
-    for end in (room + 8, SEGMENT_BYTES_MIN, 2**64 - 64):
-        rc = lib.sl_log_open(lib.sl_io_default(), directory, header, end, SEGMENT_BYTES_MIN, 1, handle, fault)
-        assert (rc, handle[0]) == (lib.SL_E_ARGUMENT, ffi.NULL), end
-    assert lib.sl_log_open(lib.sl_io_default(), directory, header, room, SEGMENT_BYTES_MIN, 1, handle, fault) == lib.SL_OK
-    lib.sl_log_close(handle[0])
-
-
 def test_the_c_writer_refuses_record_lengths_that_do_not_add_up_to_the_bytes_given(scratch):
     """sl_log_append's lengths must add up to data_bytes exactly, one byte more or less is
     SL_E_ARGUMENT with nothing written (and the handle still usable)."""
