@@ -7,6 +7,7 @@ helpers); its writer's durability steps are read off the I/O seam's recorded cal
 
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 
@@ -97,6 +98,21 @@ def test_bytes_after_a_seal_are_a_torn_tail_and_fail_the_sealed_verifier(scratch
             assert (rc, fault.reason, fault.offset) == (lib.SL_E_CORRUPT, lib.SL_REASON_DATA_AFTER_SEAL, len(sealed))
         else:
             assert rc == lib.SL_OK and end[0] == header.first_position + len(sealed) - HEADER - lib.SL_SEAL_FRAME_BYTES
+
+
+@contextlib.contextmanager
+def _c_writer(directory: str, *, segment_bytes: int, sync: int):
+    """The C writer of a new log (one segment at position 0) in ``directory``: (handle, fault)."""
+    fault = ffi.new("struct sl_fault *")
+    assert lib.sl_segment_create(lib.sl_io_default(), directory.encode(), 9, 0, segment_bytes, fault) == lib.SL_OK
+    with open(os.path.join(directory, "%020d.seg" % 0), "rb") as file:
+        header = _decoded_header(file.read(HEADER))
+    handle = ffi.new("struct sl_log **")
+    assert lib.sl_log_open(lib.sl_io_default(), directory.encode(), header, 0, segment_bytes, sync, handle, fault) == lib.SL_OK
+    try:
+        yield handle[0], fault
+    finally:
+        lib.sl_log_close(handle[0])
 
 
 def _commit_frame(header, offset: int, group_start: int) -> bytes:
@@ -291,24 +307,16 @@ def test_the_c_writer_refuses_a_group_above_the_group_bytes_bound_even_where_it_
     """sl_log_append's own bound: a group of more than SL_GROUP_BYTES_MAX payload bytes is
     group_too_large even in a segment it would fit (SegmentLog.append checks the bound first; the
     C writer does not rely on it). The segment (just big enough) is removed afterwards."""
-    directory = str(tmp_path).encode()
-    segment_bytes = lib.SL_GROUP_BYTES_MAX + 4096
-    fault = ffi.new("struct sl_fault *")
-    assert lib.sl_segment_create(lib.sl_io_default(), directory, 9, 0, segment_bytes, fault) == lib.SL_OK
-    with open(os.path.join(tmp_path, "%020d.seg" % 0), "rb") as file:
-        header = _decoded_header(file.read(HEADER))
-    handle = ffi.new("struct sl_log **")
-    assert lib.sl_log_open(lib.sl_io_default(), directory, header, 0, segment_bytes, 0, handle, fault) == lib.SL_OK
     try:
-        lengths = [lib.SL_RECORD_BYTES_MAX] * 4 + [8]
-        total = sum(lengths)
-        assert total == lib.SL_GROUP_BYTES_MAX + 8
-        data = ffi.new("uint8_t[]", total)
-        positions = ffi.new("uint64_t[]", len(lengths))
-        rc = lib.sl_log_append(handle[0], data, total, ffi.new("uint32_t[]", lengths), len(lengths), positions, fault)
-        assert (rc, fault.reason) == (lib.SL_E_LIMIT, lib.SL_REASON_GROUP_TOO_LARGE)
+        with _c_writer(str(tmp_path), segment_bytes=lib.SL_GROUP_BYTES_MAX + 4096, sync=0) as (handle, fault):
+            lengths = [lib.SL_RECORD_BYTES_MAX] * 4 + [8]
+            total = sum(lengths)
+            assert total == lib.SL_GROUP_BYTES_MAX + 8
+            data = ffi.new("uint8_t[]", total)
+            positions = ffi.new("uint64_t[]", len(lengths))
+            rc = lib.sl_log_append(handle, data, total, ffi.new("uint32_t[]", lengths), len(lengths), positions, fault)
+            assert (rc, fault.reason) == (lib.SL_E_LIMIT, lib.SL_REASON_GROUP_TOO_LARGE)
     finally:
-        lib.sl_log_close(handle[0])
         os.remove(os.path.join(tmp_path, "%020d.seg" % 0))
 
 
@@ -459,22 +467,13 @@ def test_the_meta_may_name_pages_up_to_a_bounded_distance_past_the_end_of_the_fi
 def test_the_c_writer_refuses_record_lengths_that_do_not_add_up_to_the_bytes_given(scratch):
     """sl_log_append's lengths must add up to data_bytes exactly, one byte more or less is
     SL_E_ARGUMENT with nothing written (and the handle still usable)."""
-    directory = scratch.encode()
-    fault = ffi.new("struct sl_fault *")
-    assert lib.sl_segment_create(lib.sl_io_default(), directory, 5, 0, SEGMENT_BYTES_MIN, fault) == lib.SL_OK
-    with open(os.path.join(scratch, "%020d.seg" % 0), "rb") as file:
-        header = _decoded_header(file.read(HEADER))
-    handle = ffi.new("struct sl_log **")
-    assert lib.sl_log_open(lib.sl_io_default(), directory, header, 0, SEGMENT_BYTES_MIN, 1, handle, fault) == lib.SL_OK
-    try:
+    with _c_writer(scratch, segment_bytes=SEGMENT_BYTES_MIN, sync=1) as (handle, fault):
         lengths, positions = ffi.new("uint32_t[]", [3, 4]), ffi.new("uint64_t[]", 2)
         data = ffi.new("uint8_t[]", b"abcdefgh")
         for data_bytes in (8, 6):
-            assert lib.sl_log_append(handle[0], data, data_bytes, lengths, 2, positions, fault) == lib.SL_E_ARGUMENT
-        assert lib.sl_log_append(handle[0], data, 7, lengths, 2, positions, fault) == lib.SL_OK
+            assert lib.sl_log_append(handle, data, data_bytes, lengths, 2, positions, fault) == lib.SL_E_ARGUMENT
+        assert lib.sl_log_append(handle, data, 7, lengths, 2, positions, fault) == lib.SL_OK
         assert list(positions) == [0, 24]
-    finally:
-        lib.sl_log_close(handle[0])
 
 
 def test_a_scan_stops_at_the_end_of_the_bytes_it_was_given(scratch):
