@@ -345,6 +345,22 @@ def test_a_missions_approval_list_is_stored_sorted_without_repeats(h: Harness) -
     assert h.mission("m2")["approval_required"] == ["deploy", "submit"]
 
 
+def test_a_mission_created_without_a_budget_may_be_charged_nothing(h: Harness) -> None:
+    """``cost_limit`` left out of ``mission.create`` is 0 (docs/work-model.md): a budget of nothing,
+    so a charge of 0 is taken and any other is BUDGET_EXCEEDED for the Mission; an update that
+    gives it a budget lets the charge through."""
+    h.accept("owner", "mission.create", "m2", {"title": "two"})
+    assert (h.mission("m2")["cost_limit"], h.mission("m2")["approval_required"]) == (0, [])
+    h.accept("owner", "workitem.create", "wi2", {"mission": "m2", "contract": CONTRACT})
+    h.claim_and_start("w1", "wi2")
+    h.accept("w1", "workitem.charge", "wi2", {**h.fence("wi2"), "cost": 0})
+    error = h.reject(BudgetExceeded, "w1", "workitem.charge", "wi2", {**h.fence("wi2"), "cost": 1})
+    assert (error.detail["scope"], error.detail["cost_limit"]) == ("mission", 0)
+    h.accept("owner", "mission.update", "m2", {"cost_limit": 5}, cas=True)
+    h.accept("w1", "workitem.charge", "wi2", {**h.fence("wi2"), "cost": 1})
+    assert h.mission("m2")["cost_spent"] == 1
+
+
 def test_a_mission_update_must_change_something(h: Harness) -> None:
     h.reject(InvalidCommand, "owner", "mission.update", "m1", {}, cas=True, field="body")
 
