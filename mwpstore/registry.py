@@ -244,7 +244,9 @@ def run_transition(
     """Decide one checked Command against ``view``; return its Event (with effects) or raise.
 
     ``data`` is the Command's canonical bytes (computed if not given); ``trusted`` marks a Command
-    issued by the engine itself (needed for ``system_only`` kinds, exempt from membership).
+    issued by the engine itself. It is needed for ``system_only`` kinds, and those alone skip the
+    membership, role and signature checks: a trusted Command of any other kind is checked like
+    one from outside.
     """
     spec = kind_spec(command.kind)
     group_state = view.get(group_key(command.group))
