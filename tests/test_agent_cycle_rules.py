@@ -8,13 +8,14 @@ from __future__ import annotations
 import threading
 
 import lmdb
+import msgspec
 import pytest
 
 from agent_store_support import workload
 from mwpstore import agent_store
 from mwpstore.agent_store import AgentStore, ApplyStatus, ProjectionFailed, ReconcileRequired
-from mwpstore.errors import InvalidCommand, InvalidState, LimitExceeded, StorageFailed, StoreClosed
-from mwpstore.messages import encode_event
+from mwpstore.errors import EventInvalid, InvalidCommand, InvalidState, LimitExceeded, StorageFailed, StoreClosed
+from mwpstore.messages import Effect, encode_event
 
 GROUP = "g-1"
 BAD_GROUPS = ["", "bad group", "-lead", "g\x00x", 5, None]
@@ -444,3 +445,37 @@ def test_dispatch_takes_an_intent_and_hands_the_side_effect_the_dispatched_inten
     assert [(item.key, item.state.value, item.dispatches, item.request) for item in seen] == [
         (intent.key, "dispatched", 1, {"to": "ops"}), (intent.key, "dispatched", 2, {"to": "ops"})]
     assert agent.intent(intent.key).error is None and agent.intent(intent.key).dispatches == 2
+
+
+# -- a write-back flush that fails ---------------------------------------------------------------
+
+
+def _with_unstorable_state(event):
+    """``event`` with an Effect state msgpack cannot store as a state (an int key): trusted mode
+    lets it through until the write-back cache is flushed."""
+    return msgspec.structs.replace(event, effects=[Effect(event.effects[0].aggregate, 1, {1: "x"})])
+
+
+def test_a_flush_that_cannot_encode_a_state_leaves_the_transaction_only_abortable(tmp_path, monkeypatch):
+    """When the write-back cache is flushed part-way (at its bound) and a state cannot be encoded,
+    the inbox entries may already be written and the cached states are gone: the ``EventInvalid``
+    can be caught (``deliver_batch`` catches it to skip a rejected Event), but the transaction can
+    then only abort, and nothing of it is committed."""
+    from mwpstore.delivery import deliver_batch
+
+    monkeypatch.setattr(agent_store, "_WRITE_CACHE_ENTRIES_MAX", 4)
+    history = workload(GROUP, 8, seed=6)
+    batch = [history[0], _with_unstorable_state(history[1]), *history[2:]]
+    store = AgentStore.open(tmp_path / "a", verify="trusted")
+    with pytest.raises(ProjectionFailed):
+        with store.begin() as tx:
+            tx.apply(batch[0])
+            with pytest.raises(EventInvalid) as caught:
+                tx.apply(batch[1])  # the cache reaches its bound: flushed here, not at commit
+            assert caught.value.detail["reason"] == "state"
+            with pytest.raises(ProjectionFailed):
+                tx.apply(batch[2])
+    with pytest.raises(ProjectionFailed):
+        deliver_batch(store, GROUP, batch)
+    assert store.head(GROUP).applied_seq == 0 and store.inbox_seqs(GROUP) == [] and store.projection_dump() == []
+    store.close()

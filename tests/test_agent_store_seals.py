@@ -279,9 +279,9 @@ def test_a_lost_outbox_entry_is_corruption_not_a_fresh_intent(tmp_path, events):
 
 
 def test_an_unreadable_intent_or_state_under_a_sound_seal_is_corruption_in_transactions_too(tmp_path, events):
-    """Values rewritten with a matching seal that do not decode (or name another intent) were
-    typed on the read paths only: the outbox's own transactions and a projection reading the
-    mirrored state got msgspec's errors."""
+    """Values rewritten with a matching seal that do not decode (or name another intent, or another
+    Group than the one they are filed under) were typed on the read paths only: the outbox's own
+    transactions and a projection reading the mirrored state got msgspec's errors."""
     import msgspec
 
     from mwpstore.agent_store import _INTENT_ENCODER
@@ -300,8 +300,9 @@ def test_an_unreadable_intent_or_state_under_a_sound_seal_is_corruption_in_trans
 
         intent = record()
         other = msgspec.structs.replace(intent, key="k-" + "0" * 60)
+        other_group = msgspec.structs.replace(intent, group="g-2")
         entry = GROUP.encode() + b"\x00" + intent.key.encode()
-        for value in (b"\x91\x01", _INTENT_ENCODER.encode(other)):
+        for value in (b"\x91\x01", _INTENT_ENCODER.encode(other), _INTENT_ENCODER.encode(other_group)):
             with agent._tables.begin(write=True) as txn:
                 agent._tables.put(txn, b"outbox", entry, value, new=False)
             calls = [lambda: agent.intent(intent.key), record, lambda: agent.mark_dispatched(intent.key),
