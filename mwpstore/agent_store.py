@@ -1311,9 +1311,11 @@ class AgentTransaction:
         return head.cursor
 
     def cursor(self, group: str) -> int:
+        self._check_usable()
         return self._head(_check_group(group)).cursor
 
     def applied_seq(self, group: str) -> int:
+        self._check_usable()
         return self._head(_check_group(group)).applied_seq
 
     def record_intent(
@@ -1363,12 +1365,16 @@ class AgentTransaction:
         return intent
 
     # -- reads inside the transaction -------------------------------------------------------------
+    # Like every call of a finished (``StoreClosed``) or failed (``ProjectionFailed``) transaction,
+    # they are refused: its LMDB transaction is gone, or its writes stopped part-way.
 
     def state(self, group: str, key: str) -> dict[str, Any] | None:
+        self._check_usable()
         found = self._get_state(_check_group(group), canonical.check_aggregate_key(key, "key"))
         return None if found is None else found[1]
 
     def revision(self, group: str, key: str) -> int:
+        self._check_usable()
         found = self._get_state(_check_group(group), canonical.check_aggregate_key(key, "key"))
         return 0 if found is None else found[0]
 

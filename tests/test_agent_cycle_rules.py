@@ -63,6 +63,38 @@ def test_a_finished_transaction_refuses_apply_and_commit_with_store_closed(agent
         assert again.apply(events[1]) is (ApplyStatus.APPLIED if end == "commit" else ApplyStatus.BUFFERED)
 
 
+def _reads(tx, group):
+    return {
+        "cursor": lambda: tx.cursor(group),
+        "applied_seq": lambda: tx.applied_seq(group),
+        "state": lambda: tx.state(group, f"group:{group}"),
+        "revision": lambda: tx.revision(group, f"group:{group}"),
+    }
+
+
+def test_reads_of_a_finished_or_failed_transaction_are_refused_with_typed_errors(tmp_path, events):
+    """``tx.cursor``, ``tx.applied_seq``, ``tx.state`` and ``tx.revision`` of a finished transaction
+    are ``StoreClosed`` (they gave LMDB's own error for a Group the transaction had not read yet,
+    and a stale answer for one it had); of a failed one ``ProjectionFailed``."""
+    store = AgentStore.open(tmp_path / "a", projections=[FailingProjection(fail_seq=2)])
+    for end in ("commit", "abort"):
+        tx = store.begin()
+        tx.apply(events[0])  # GROUP's head is read into the transaction; "g-2" is not
+        getattr(tx, end)()
+        for group in (GROUP, "g-2"):
+            for name, read in _reads(tx, group).items():
+                with pytest.raises(StoreClosed):
+                    read()
+    with pytest.raises(ProjectionFailed):
+        with store.begin() as tx:
+            with pytest.raises(RuntimeError):
+                tx.apply(events[1])
+            for name, read in _reads(tx, GROUP).items():
+                with pytest.raises(ProjectionFailed):
+                    read()
+    assert store.head(GROUP).applied_seq == 1
+    store.close()
+
 def test_an_explicit_commit_of_a_failed_transaction_is_refused_and_writes_nothing(tmp_path, events):
     """A transaction in which an application projection failed can only abort: ``commit()``
     called by the block itself raises ``ProjectionFailed`` and commits none of the Events applied
