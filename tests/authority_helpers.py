@@ -123,3 +123,40 @@ def store_files_held(path: str) -> list[str]:
     with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
         held += [fields[5].rstrip("\n") for fields in (line.split(None, 5) for line in maps) if len(fields) == 6]
     return sorted({name for name in held if name.startswith(prefix)})
+
+
+def rewrite_log_records(path: str, rewrite: Callable[[int, bytes], bytes]) -> list[tuple[int, bytes]]:
+    """Copy the closed store ``path``'s log record by record, one group a record (as each accept,
+    ack or snapshot wrote it), each record replaced by ``rewrite(position, record)`` (which must
+    keep its length, so that every later position stays). Returns the original records."""
+    import shutil
+
+    from mwpstore.segment_log import SegmentLog
+
+    with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
+        records = [(position, bytes(record)) for batch in log.scan(0) for position, record in zip(batch.positions, batch.records)]
+    forged = os.path.join(path, "forged")
+    with SegmentLog.open(forged) as log:
+        for position, record in records:
+            assert log.append([rewrite(position, record)]) == [position]
+    shutil.rmtree(os.path.join(path, "log"))
+    shutil.move(forged, os.path.join(path, "log"))
+    return records
+
+
+def store_with_one_event_rewritten(tmp_path, missions: int, rewrite) -> tuple[str, list[tuple[int, bytes]]]:
+    """A store of ``missions`` accepts whose log is copied record by record (``rewrite_log_records``),
+    with the Event of sequence 3 replaced by ``rewrite(event)`` (which must keep its encoded
+    length). Returns the path and the original records."""
+    from mwpstore.messages import decode_event, encode_event
+
+    path = os.path.join(tmp_path, "store")
+    with open_with_group(path) as authority:
+        for number in range(missions):
+            authority.accept(mission_create(f"m-{number}"))
+
+    def rewrite_record(position: int, record: bytes) -> bytes:
+        event = decode_event(memoryview(record)[1:])
+        return record[:1] + encode_event(rewrite(event)) if event.seq == 3 else record
+
+    return path, rewrite_log_records(path, rewrite_record)

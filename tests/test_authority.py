@@ -10,7 +10,17 @@ import threading
 import lmdb
 import pytest
 
-from authority_helpers import GROUP, OWNER, FakeClock, group_create, in_a_forked_child, mission_create, mission_update, open_with_group
+from authority_helpers import (
+    GROUP,
+    OWNER,
+    FakeClock,
+    group_create,
+    in_a_forked_child,
+    mission_create,
+    mission_update,
+    open_with_group,
+    store_with_one_event_rewritten,
+)
 from mwpstore import canonical
 from mwpstore import (
     ActionIdCollision,
@@ -609,34 +619,6 @@ def test_index_ahead_of_log_is_rebuilt(tmp_path):
         assert authority.verify().ok
 
 
-def _store_with_one_event_rewritten(tmp_path, missions: int, rewrite) -> tuple[str, list[tuple[int, bytes]]]:
-    """A store of ``missions`` accepts whose log is copied record by record, one group a record as
-    each accept wrote it, with the Event of sequence 3 replaced by ``rewrite(event)`` (which must
-    keep its encoded length, so that every later position stays). Returns the path and the
-    original records."""
-    import shutil
-
-    from mwpstore.messages import decode_event, encode_event
-    from mwpstore.segment_log import SegmentLog
-
-    path = str(tmp_path / "store")
-    with open_with_group(path) as authority:
-        for number in range(missions):
-            authority.accept(mission_create(f"m-{number}"))
-    with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
-        records = [(position, bytes(record)) for batch in log.scan(0) for position, record in zip(batch.positions, batch.records)]
-    forged = str(tmp_path / "forged")
-    with SegmentLog.open(forged) as log:
-        for position, record in records:
-            event = decode_event(memoryview(record)[1:])
-            if event.seq == 3:
-                record = record[:1] + encode_event(rewrite(event))
-            assert log.append([record]) == [position]
-    shutil.rmtree(os.path.join(path, "log"))
-    shutil.move(forged, os.path.join(path, "log"))
-    return path, records
-
-
 def test_verify_reports_a_broken_hash_chain_instead_of_raising(tmp_path):
     """A log rewritten with one Event re-chained (every frame intact, every Event's own hash
     right, the same positions, so the clean index still opens): verify() returns a report that
@@ -649,7 +631,7 @@ def test_verify_reports_a_broken_hash_chain_instead_of_raising(tmp_path):
         event = msgspec.structs.replace(event, prev_hash=bytes(32))
         return msgspec.structs.replace(event, hash=recompute_event_hash(event))
 
-    path, _ = _store_with_one_event_rewritten(tmp_path, 4, rechain)
+    path, _ = store_with_one_event_rewritten(tmp_path, 4, rechain)
     with Authority.open(path) as authority:
         assert authority.open_report.mode == "clean"
         report = authority.verify()
@@ -671,7 +653,7 @@ def test_verify_reports_an_event_whose_content_no_longer_matches_its_hash(tmp_pa
         body["title"] = "x" * len(body["title"])  # the same length: every later position stays
         return msgspec.structs.replace(event, body=body, payload_hash=payload_hash_of(body))
 
-    path, records = _store_with_one_event_rewritten(tmp_path, 3, change_body)
+    path, records = store_with_one_event_rewritten(tmp_path, 3, change_body)
     with Authority.open(path) as authority:
         report = authority.verify()
     assert report.problems == [f"hash mismatch in group {GROUP} at seq 3 (position {records[2][0]})"]
