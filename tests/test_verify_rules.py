@@ -1,0 +1,187 @@
+"""Rules of ``Authority.verify`` (each check reports its own kind of damage), ``rebuild``, the
+``lease.expire`` sweep, ``ack``/``acked`` and subscriptions, pinned by name."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import msgspec
+import pytest
+
+from authority_helpers import GROUP, OWNER, group_create, mission_create, open_with_group, rewrite_log_records, store_with_one_event_rewritten
+from mwpstore import Authority, Command
+from mwpstore.audit_log import FileKeyProvider
+from mwpstore.index import state_key
+from mwpstore.messages import recompute_event_hash
+
+
+# -- verify: each check names the damage it exists for ---------------------------------------------
+
+
+def test_verify_names_a_sequence_that_skips_even_where_the_link_to_the_previous_event_holds(tmp_path):
+    """The last Event rewritten with its sequence moved on (its link and its own hash made right
+    again): only the sequence check sees that the Group skips one."""
+
+    def skip_one(event):
+        event = msgspec.structs.replace(event, seq=event.seq + 2)
+        return msgspec.structs.replace(event, hash=recompute_event_hash(event))
+
+    path, records = store_with_one_event_rewritten(tmp_path, 2, skip_one)  # seq 3 is the last Event
+    with Authority.open(path) as authority:
+        report = authority.verify()
+    assert f"chain break in group {GROUP} at seq 5 (position {records[-1][0]})" in report.problems, report.problems
+
+
+def test_verify_names_a_payload_that_no_longer_matches_its_payload_hash(tmp_path):
+    """A body changed in the log with its payload hash (and so the chain) left as it was: the chain
+    commits to the payload hash only, so only hashing the body again shows it."""
+
+    def change_body_only(event):
+        body = dict(event.body or {})
+        body["title"] = "x" * len(body["title"])  # the same length: every later position stays
+        return msgspec.structs.replace(event, body=body)
+
+    path, _ = store_with_one_event_rewritten(tmp_path, 3, change_body_only)
+    with Authority.open(path) as authority:
+        report = authority.verify()
+    assert f"payload hash mismatch in group {GROUP} at seq 3" in report.problems, report.problems
+    assert not any(problem.startswith(("chain break", "hash mismatch")) for problem in report.problems), report.problems
+
+
+def test_verify_counts_every_record_every_event_and_every_group(tmp_path):
+    """``records`` counts the log's records of every kind (ACKs and snapshot references too),
+    ``events`` only the Events, ``groups`` the Groups whose chains it walked."""
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept(group_create("g-2"))
+        authority.accept_many([mission_create(f"m-{i}") for i in range(3)])
+        authority.ack("agent-1", GROUP, 2)
+        authority.ack("agent-1", GROUP, 4)
+        authority.snapshot(GROUP)
+        report = authority.verify()
+    assert report.ok, report.problems
+    assert (report.records, report.events, report.groups) == (8, 5, 2)
+
+
+def test_verify_reports_a_frame_that_fails_its_checksum_once_and_stops_there(tmp_path):
+    """A byte of a committed record flipped under the open store: the scan's ``CORRUPTION`` is the
+    report's one problem (nothing past it can be trusted, so no rebuild is compared)."""
+    with open_with_group(str(tmp_path / "s")) as authority:
+        for number in range(3):
+            authority.accept(mission_create(f"m-{number}"))
+        (segment,) = authority.log.segments()
+        with open(segment.path, "r+b") as handle:
+            data = handle.read()
+            offset = data.index(b"mission m-1")
+            handle.seek(offset)
+            handle.write(b"M")
+        report = authority.verify()
+    assert len(report.problems) == 1 and report.problems[0].startswith("CORRUPTION: "), report.problems
+
+
+def test_verify_reports_a_log_record_that_a_rebuild_cannot_index(tmp_path):
+    """A record of an unknown tag (the ACK's tag byte changed) is no Event, so the chain walk
+    passes it by; the index a rebuild would make from the log is what cannot be made, and the
+    report says so."""
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.ack("agent-1", GROUP, 2)
+    rewrite_log_records(path, lambda position, record: b"Z" + record[1:] if record[:1] == b"A" else record)
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "clean"  # the index does not look at the log's records
+        report = authority.verify()
+    assert len(report.problems) == 1, report.problems
+    assert report.problems[0].startswith("rebuilding an index from the log to compare: CORRUPTION: "), report.problems
+
+
+def _store_with_a_payload_compacted_away(path: str) -> tuple[Authority, int]:
+    """An open store whose Event (returned: its sequence) was redacted and its payload removed from
+    the log by compaction."""
+    authority = open_with_group(path)
+    authority.accept(Command(actor=OWNER, action_id="open", group=GROUP, kind="mission.create", target="m-s", body={"title": "t", "cost_limit": 1}))
+    secret = authority.accept(Command(actor=OWNER, action_id="secret", group=GROUP, kind="mission.close", target="m-s", body={"reason": "s3cret"}))
+    authority.accept(mission_create("m-after"))
+    authority.redact(GROUP, secret.seq, actor=OWNER, action_id="redact", reason="legal")
+    authority.compact()
+    assert authority.read(GROUP)[secret.seq - 1].body is None
+    return authority, secret.seq
+
+
+def test_verify_accepts_a_payload_its_own_tombstone_accounts_for(tmp_path):
+    authority, _ = _store_with_a_payload_compacted_away(str(tmp_path / "s"))
+    with authority:
+        report = authority.verify()
+    assert report.ok, report.problems
+
+
+def test_verify_says_why_it_could_not_look_a_tombstone_up(tmp_path):
+    """The tombstone's index entry damaged: the lookup's ``CORRUPTION`` is listed for the payload
+    it had to account for, beside the comparison's finding."""
+    authority, seq = _store_with_a_payload_compacted_away(str(tmp_path / "s"))
+    with authority:
+        with authority.index.env.begin(write=True) as txn:  # no longer matches its seal
+            txn.put(state_key(GROUP, f"tombstone:{seq}"), b"\x00" * 40, db=authority.index.dbs[b"states"])
+        problems = authority.verify().problems
+    assert any(problem.startswith("looking up tombstones: CORRUPTION: ") for problem in problems), problems
+
+
+def test_verify_says_why_it_could_not_list_the_snapshots(tmp_path):
+    """A snapshot reference's index entry damaged: listing the files to check fails, and the report
+    says so (beside the comparison's finding) instead of leaving the files unmentioned."""
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.snapshot(GROUP)
+        index = authority.index
+        ((key, _),) = list(index.iterate(b"snapshots"))
+        with index.env.begin(write=True) as txn:  # no longer matches its seal
+            txn.put(key, b"\x00" * 40, db=index.dbs[b"snapshots"])
+        problems = authority.verify().problems
+    assert any(problem.startswith("listing snapshots and audit logs: CORRUPTION: ") for problem in problems), problems
+
+
+def test_verify_checks_audit_logs_with_the_key_provider_it_is_given(tmp_path):
+    """An audit log written with an Organization key kept outside the store verifies with that
+    provider, and only with it."""
+    provider = FileKeyProvider(str(tmp_path / "keys-elsewhere"))
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept(mission_create("m-1"))
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive", key_provider=provider)
+        assert authority.verify(key_provider=provider).ok
+        problems = authority.verify().problems  # the store's own key directory lacks the key
+    assert len(problems) == 1 and problems[0].startswith(f"audit log {record.audit_location}: "), problems
+
+
+def test_verify_reports_a_snapshot_file_that_is_not_the_one_its_reference_names(tmp_path):
+    """One signed, valid snapshot file put in place of another of the same Group: its signature
+    holds, only the reference's size and hash show the swap."""
+    with open_with_group(str(tmp_path / "s")) as authority:
+        first = authority.snapshot(GROUP)
+        authority.accept(mission_create("m-1"))
+        second = authority.snapshot(GROUP)
+        replaced = os.path.join(authority.path, first.location)
+        os.chmod(replaced, 0o600)
+        shutil.copyfile(os.path.join(authority.path, second.location), replaced)
+        problems = authority.verify().problems
+    assert len(problems) == 1, problems
+    assert problems[0].startswith((f"snapshot {first.location}: SNAPSHOT_INVALID (size)", f"snapshot {first.location}: SNAPSHOT_INVALID (hash)")), problems
+
+
+def test_verify_checks_the_audit_log_of_every_archived_group_after_one_never_archived(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:  # g-1 sorts first and is not archived
+        authority.accept(group_create("g-2"))
+        authority.accept(mission_create("m-1", group="g-2"))
+        record = authority.archive("g-2", actor=OWNER, action_id="archive")
+        assert authority.verify().ok
+        os.remove(os.path.join(authority.path, record.audit_location))
+        problems = authority.verify().problems
+    assert problems == [f"audit log {record.audit_location}: missing (no accepted audit.delete explains it)"]
+
+
+def test_verify_takes_an_accepted_audit_delete_for_the_audit_log_it_removed(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept(mission_create("m-1"))
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive")
+        authority.delete_audit_log(GROUP, actor=OWNER, action_id="delete", basis="legal")
+        assert not os.path.exists(os.path.join(authority.path, record.audit_location))
+        report = authority.verify()
+    assert report.ok, report.problems
