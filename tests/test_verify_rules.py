@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -12,8 +13,11 @@ import pytest
 from authority_helpers import GROUP, OWNER, group_create, mission_create, open_with_group, rewrite_log_records, store_with_one_event_rewritten
 from mwpstore import Authority, Command
 from mwpstore.audit_log import FileKeyProvider
+from mwpstore.cli import EXIT_OK, main
 from mwpstore.index import state_key
 from mwpstore.messages import recompute_event_hash
+from test_work_model_durable import DurableHarness
+from work_model_support import CONTRACT
 
 
 # -- verify: each check names the damage it exists for ---------------------------------------------
@@ -185,3 +189,70 @@ def test_verify_takes_an_accepted_audit_delete_for_the_audit_log_it_removed(tmp_
         assert not os.path.exists(os.path.join(authority.path, record.audit_location))
         report = authority.verify()
     assert report.ok, report.problems
+
+
+# -- the command line's verify --------------------------------------------------------------------
+
+
+def test_the_verify_command_prints_the_counts_verify_made(tmp_path, capsys):
+    """An ACK is a record and no Event: the command's ``events`` is verify's, not ``records``."""
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.ack("agent-1", GROUP, 2)
+    assert main(["verify", "--store", path, "--json"]) == EXIT_OK
+    document = json.loads(capsys.readouterr().out)
+    assert (document["ok"], document["records"], document["events"], document["groups"], document["problems"]) == (True, 3, 2, 1, [])
+    assert main(["verify", "--store", path]) == EXIT_OK
+    assert capsys.readouterr().out.splitlines()[0] == "records 3, events 2, groups 1"
+
+
+# -- the lease sweep ------------------------------------------------------------------------------
+
+
+def test_the_sweep_passes_over_a_lease_the_engine_clock_finds_live_and_expires_the_next(tmp_path):
+    """``now_ms`` chooses the leases to try; each ``lease.expire`` is still decided at the engine's
+    time, so one that is live then is refused and the sweep goes on to the next WorkItem."""
+    h = DurableHarness(tmp_path / "store")
+    h.setup(workitems=("wi1", "wi2"))
+    h.claim("w2", "wi2")
+    h.advance(CONTRACT["start_ms"])  # wi2's lease missed its start
+    late = h.claim("w1", "wi1")  # wi1's lease is live at the engine's time
+    receipts = h.authority.expire_leases(h.group_id, now_ms=late["start_by_ms"])  # both lapsed by now_ms
+    assert [receipt.aggregate for receipt in receipts] == ["workitem:wi2"]
+    assert h.item("wi1")["lease"] == late and h.item("wi2")["lease"] is None
+    h.close()
+
+
+# -- subscriptions --------------------------------------------------------------------------------
+
+
+def test_a_poll_hands_back_every_event_waiting_at_once(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept_many([mission_create(f"m-{i}") for i in range(5)])
+        subscription = authority.subscribe(GROUP, after=2)
+        assert [event.seq for event in subscription.poll(timeout=0)] == [3, 4, 5, 6]
+        assert subscription.cursor == 6 and subscription.poll(timeout=0) == []
+
+
+# -- verify compares every database of the index ------------------------------------------------------
+
+
+@pytest.mark.parametrize("database", ["events", "heads", "states", "receipts", "acks", "snapshots", "archives", "presence"])
+def test_verify_finds_an_entry_lost_from_any_database_of_the_index(tmp_path, database):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.ack("agent-1", GROUP, 2)
+        authority.snapshot(GROUP)
+        authority.accept(group_create("g-2"))
+        authority.archive("g-2", actor=OWNER, action_id="archive")
+        assert authority.verify().ok
+        index = authority.index
+        key = next(key for key, _ in index.iterate(database.encode()))
+        with index.env.begin(write=True) as txn:
+            if database == "presence":
+                txn.delete(key, db=index.dbs[b"presence"])
+            else:
+                assert index.delete(txn, database.encode(), key)
+        problems = authority.verify().problems
+    assert any(problem.startswith(f"index database {database} differs from a rebuild") for problem in problems), problems
