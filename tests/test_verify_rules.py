@@ -11,11 +11,12 @@ import msgspec
 import pytest
 
 from authority_helpers import GROUP, OWNER, group_create, mission_create, open_with_group, rewrite_log_records, store_with_one_event_rewritten
-from mwpstore import Authority, Command
+from mwpstore import Authority, Command, StorageFailed
 from mwpstore.audit_log import FileKeyProvider
 from mwpstore.cli import EXIT_OK, main
 from mwpstore.index import state_key
 from mwpstore.messages import recompute_event_hash
+from test_lifecycle_rules import _run_child as run_lifecycle_child
 from test_work_model_durable import DurableHarness
 from work_model_support import CONTRACT
 
@@ -256,3 +257,91 @@ def test_verify_finds_an_entry_lost_from_any_database_of_the_index(tmp_path, dat
                 assert index.delete(txn, database.encode(), key)
         problems = authority.verify().problems
     assert any(problem.startswith(f"index database {database} differs from a rebuild") for problem in problems), problems
+
+
+def test_the_sweep_leaves_the_lapsed_leases_of_an_archived_group_alone(tmp_path):
+    """An archived Group takes no Command, the engine's own included: its sweep expires nothing
+    and raises nothing (``GROUP_ARCHIVED`` is one more reason a lapsed lease is not expired)."""
+    h = DurableHarness(tmp_path / "store")
+    h.setup()
+    lease = h.claim("w1", "wi1")
+    h.accept("owner", "group.archive", h.group_id, {"reason": "done"})
+    h.advance(CONTRACT["start_ms"])  # the lease missed its start
+    head = h.authority.head(h.group_id)
+    assert h.authority.expire_leases(h.group_id) == []
+    assert h.authority.head(h.group_id) == head and h.item("wi1")["lease"] == lease
+    h.close()
+
+
+def _scratch_indexes(path: str) -> list[str]:
+    return [name for name in os.listdir(path) if name.startswith("index.verify-")]
+
+
+def test_verify_leaves_no_scratch_index_behind(tmp_path):
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept(mission_create("m-1"))
+        assert authority.verify().ok
+        assert _scratch_indexes(authority.path) == []
+        with authority.index.env.begin(write=True) as txn:  # a verify that finds a difference, too
+            authority.index.put(txn, b"states", state_key(GROUP, "mission:m-1"), b"\x01")
+        assert not authority.verify().ok
+        assert _scratch_indexes(authority.path) == []
+
+
+def test_verify_names_a_database_that_differs_once_at_its_first_differing_key(tmp_path):
+    """The report stays as short as the damage is wide: one problem for a database, however many
+    of its entries differ."""
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept_many([mission_create(f"m-{i}") for i in range(3)])
+        with authority.index.env.begin(write=True) as txn:
+            for number in range(3):
+                authority.index.put(txn, b"states", state_key(GROUP, f"mission:m-{number}"), b"\x01")
+        problems = authority.verify().problems
+    first = state_key(GROUP, "mission:m-0")
+    assert problems == [f"index database states differs from a rebuild from the log at key {first!r}"]
+
+
+def test_a_scratch_index_that_cannot_be_opened_is_removed_and_named(tmp_path, monkeypatch):
+    from mwpstore import authority as authority_module
+
+    real = authority_module.Index
+
+    def failing(directory, **kwargs):
+        if os.path.basename(directory).startswith("index.verify-"):
+            raise StorageFailed("the scratch index cannot be opened")
+        return real(directory, **kwargs)
+
+    with open_with_group(str(tmp_path / "s")) as authority:
+        monkeypatch.setattr(authority_module, "Index", failing)
+        problems = authority.verify().problems
+        assert _scratch_indexes(authority.path) == []
+    assert problems == ["rebuilding an index from the log to compare: STORAGE_FAILED: the scratch index cannot be opened"]
+
+
+def test_rebuild_reports_its_progress_as_it_goes_and_ends_at_the_whole_log(tmp_path, monkeypatch):
+    from mwpstore import authority as authority_module
+
+    monkeypatch.setattr(authority_module, "REDO_COMMIT_RECORDS", 2)  # a commit after every scan batch
+    with open_with_group(str(tmp_path / "s")) as authority:
+        for first in range(0, 4500, 500):  # more records than one scan batch holds (4096)
+            authority.accept_many([mission_create(f"m-{number}") for number in range(first, first + 500)])
+        total = authority.log.end
+        calls: list[tuple[int, int]] = []
+        assert authority.rebuild(progress=lambda done, whole: calls.append((done, whole))) == 4501
+    assert len(calls) > 2 and calls[-1] == (total, total), calls
+    assert all(whole == total for _, whole in calls) and [done for done, _ in calls] == sorted(done for done, _ in calls)
+    assert calls[0][0] < total
+
+
+def test_an_index_a_rebuild_put_in_place_is_not_clean_until_close(tmp_path, monkeypatch):
+    """rebuild() installs its index marked not clean, as open() marks the one it opens: lost with
+    the machine after a rebuild (no close), the store is rebuilt on the next boot, not trusted on
+    the strength of the clean close before."""
+    path = str(tmp_path / "store")
+    result = run_lifecycle_child(path, "a.close()", {"MWPSTORE_BOOT_ID": "boot-1"})
+    assert result.returncode == 0, result.stderr
+    result = run_lifecycle_child(path, "a.rebuild()\nos._exit(0)", {"MWPSTORE_BOOT_ID": "boot-1"})  # no close
+    assert result.returncode == 0, result.stderr
+    monkeypatch.setenv("MWPSTORE_BOOT_ID", "boot-2")
+    with Authority.open(path) as authority:
+        assert (authority.open_report.mode, authority.head(GROUP)[0]) == ("rebuild", 7)
