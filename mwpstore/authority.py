@@ -1314,7 +1314,11 @@ class Authority:
 
     @_index_errors_typed
     def expire_leases(self, group: str, *, now_ms: int | None = None) -> list[Receipt]:
-        """The lease sweep: a ``lease.expire`` Event for every lapsed lease in ``group``."""
+        """The lease sweep: a ``lease.expire`` Event for every lapsed lease in ``group``.
+
+        ``now_ms`` (default: the engine's clock) only chooses which leases to try; each
+        ``lease.expire`` is decided at the engine clock's time, so a lease still live by that clock
+        is passed over (with ``now_ms`` in the future, nothing may be expired)."""
         from . import work_model
 
         self._check_writable("expire_leases")

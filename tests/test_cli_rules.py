@@ -62,6 +62,17 @@ def test_progress_of_nothing_to_do_is_complete_not_a_division_by_zero(monkeypatc
     assert capsys.readouterr().err == "\rcompacting   [##############################] 100.0%\n"
 
 
+@pytest.mark.parametrize("command, label", [("verify", "verifying"), ("rebuild", "rebuilding"), ("compact", "compacting")])
+def test_the_long_commands_draw_their_progress_on_a_terminal(store, capsys, monkeypatch, command, label):
+    """verify, rebuild and compact hand the engine a progress bar named after what they do; it
+    draws on standard error when that is a terminal, and ends its line at the whole log."""
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    code, _, err = run_text(capsys, [command, "--store", store])
+    assert code == EXIT_OK
+    assert f"\r{label:<12} [" in err
+    assert err.endswith("] 100.0%\n")
+
+
 def test_a_table_s_columns_are_as_wide_as_their_header_or_widest_cell(capsys):
     cli.print_table([("a", "a-long-cell"), ("bb", "c")], ["first column", "x"])
     assert capsys.readouterr().out.splitlines() == [
