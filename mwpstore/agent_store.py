@@ -896,6 +896,8 @@ class AgentStore:
     @_damage_typed
     def intents(self, group: str | None = None, *, pending_only: bool = False) -> list[Intent]:
         """Outbox intents (of one Group or all), oldest key order."""
+        if type(pending_only) is not bool:  # a truthy string or list would have filtered silently
+            raise InvalidCommand("pending_only must be True or False", field="pending_only")
         prefix = b"" if group is None else _prefix(_check_group(group))
         with self._read() as txn:
             found = [_INTENT_DECODER.decode(value) for _, value in self._tables.range(txn, b"outbox", prefix)]

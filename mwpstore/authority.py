@@ -1939,14 +1939,20 @@ class Authority:
         from .snapshot import check_snapshot_ref, verify_snapshot
 
         problems = []
-        keyring = self.keyring()
+        keyrings: list[Keyring] = []  # taken at the first file to check: a store with none gets no key
+
+        def keyring_() -> Keyring:
+            if not keyrings:
+                keyrings.append(self.keyring())
+            return keyrings[0]
+
         provider = key_provider or FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
         for group in self.groups():
             for ref in self.snapshots(group):
                 try:
                     data = self.read_snapshot(ref)
                     check_snapshot_ref(data, ref)
-                    verify_snapshot(data, keyring=keyring, group=group, org=ref.org)
+                    verify_snapshot(data, keyring=keyring_(), group=group, org=ref.org)
                 except MwpError as exc:
                     problems.append(f"snapshot {ref.location}: {exc.code} ({exc.detail.get('check', '')}) {exc.message}")
             record = self.archive_record(group)
@@ -1960,7 +1966,7 @@ class Authority:
                 problems.append(f"audit log {record.audit_location}: missing (no accepted audit.delete explains it)")
                 continue
             try:
-                final = verify_snapshot(self.read_snapshot(record.final_snapshot), keyring=keyring, group=group, org=record.org)
+                final = verify_snapshot(self.read_snapshot(record.final_snapshot), keyring=keyring_(), group=group, org=record.org)
                 verify_audit_log_against_snapshot(path, final, provider)
             except MwpError as exc:
                 problems.append(f"audit log {record.audit_location}: {exc.code} ({exc.detail.get('check', '')}) {exc.message}")

@@ -394,6 +394,17 @@ def test_intents_of_a_group_hold_none_of_a_group_its_id_prefixes(agent):
     assert agent.intents("g-1") == [first] and agent.intents("g-10") == [second]
 
 
+@pytest.mark.parametrize("pending_only", ["no", 1, None])
+def test_intents_refuses_a_pending_only_that_is_not_a_bool(agent, pending_only):
+    """A truthy string would otherwise hide the DONE intents without saying why."""
+    with agent.begin() as tx:
+        intent = _record(tx)
+    with pytest.raises(InvalidCommand) as caught:
+        agent.intents(pending_only=pending_only)
+    assert caught.value.detail["field"] == "pending_only"
+    assert agent.intents(pending_only=False) == [intent]
+
+
 @pytest.mark.parametrize("receipt", [[1], "ok", None, {"x": float("inf")}])
 def test_a_receipt_is_a_dict_of_canonical_content_or_nothing_is_recorded(agent, receipt):
     with agent.begin() as tx:

@@ -288,6 +288,17 @@ def test_verify_leaves_no_scratch_index_behind(tmp_path):
         assert _scratch_indexes(authority.path) == []
 
 
+def test_verify_of_a_store_without_snapshots_creates_no_signing_key(tmp_path):
+    """A check writes nothing it was not asked to: with no snapshot or audit log to verify, no
+    key is needed, and ``keys/`` is not created. With a snapshot, the store's key verifies it."""
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept(mission_create("m-1"))
+        assert authority.verify().ok
+        assert not os.path.exists(os.path.join(authority.path, "keys"))
+        authority.snapshot(GROUP)
+        assert authority.verify().ok
+
+
 def test_verify_names_a_database_that_differs_once_at_its_first_differing_key(tmp_path):
     """The report stays as short as the damage is wide: one problem for a database, however many
     of its entries differ."""
