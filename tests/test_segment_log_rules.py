@@ -1,0 +1,246 @@
+"""Rules of the segment log's Python side (mwpstore/segment_log.py) that each refuse damage or a
+wrong state with a typed error, or keep an acknowledged group readable: each test builds exactly
+the situation its rule is for (docs/format/segment.md).
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import zlib
+
+import pytest
+from test_readonly_recovery import _fake_proc, build
+
+from mwpstore import segment_log
+from mwpstore.errors import Corruption, StorageFailed
+from mwpstore.limits import SEGMENT_BYTES_MIN
+from mwpstore.segment_log import BULK_FILE_NAME, CLEAN_FILE_NAME, LOCK_FILE_NAME, SegmentLog, segment_file_name
+from test_segment_log import scan_all
+
+SMALL = SEGMENT_BYTES_MIN
+
+# -- the probe for a writer ------------------------------------------------------------------------
+
+
+def _probe_with_mounts(monkeypatch, directory: str, mounts: str, lock_device: str) -> bool:
+    """The probe's answer when /proc/self/mountinfo reads ``mounts`` and /proc/locks holds one
+    flock on the log's LOCK named by ``lock_device``."""
+    inode = os.stat(os.path.join(directory, LOCK_FILE_NAME)).st_ino
+    locks = f"1: FLOCK  ADVISORY  WRITE 4242 {lock_device}:{inode} 0 EOF\n"
+    _fake_proc(monkeypatch, {"/proc/locks": locks, "/proc/self/mountinfo": mounts})
+    return segment_log._writer_holds_lock(directory)
+
+
+def test_the_probe_takes_the_latest_of_mounts_stacked_on_one_mount_point(tmp_path, monkeypatch):
+    """Two file systems mounted on the same point: the later one hides the first, and the log's
+    files are on it, so /proc/locks names them by its device, not the hidden one's."""
+    directory = str(tmp_path / "log")
+    build(directory, [[b"one"]])
+    status = os.stat(os.path.join(directory, LOCK_FILE_NAME))
+    assert (os.major(status.st_dev), os.minor(status.st_dev)) not in {(0, 902), (0, 903)}
+    parent = os.path.realpath(str(tmp_path))
+    mounts = (
+        "20 1 0:901 / / rw - ext4 /dev/vda rw\n"
+        f"61 20 0:902 / {parent} rw - btrfs /dev/vdb rw\n"
+        f"62 61 0:903 / {parent} rw - btrfs /dev/vdc rw\n"  # mounted over the one before
+    )
+    assert _probe_with_mounts(monkeypatch, directory, mounts, "00:387")  # 0:903
+    assert not _probe_with_mounts(monkeypatch, directory, mounts, "00:386")  # 0:902, hidden
+
+
+
+# -- a read-only open meets a compaction's switch --------------------------------------------------
+
+
+def _several_segments(directory: str) -> None:
+    """A log of four segments or more, closed, without its clean-close marker (an open reads every
+    header and recovers the last segment from its bytes)."""
+    with SegmentLog.open(directory, segment_bytes=SMALL) as log:
+        for index in range(80):
+            log.append([bytes([index]) * 3000])
+        assert len(log.segments()) >= 4
+    os.remove(os.path.join(directory, CLEAN_FILE_NAME))
+
+
+def test_a_sealed_segment_replaced_before_a_read_only_open_maps_it_is_segment_replaced(tmp_path, monkeypatch):
+    """The open read every header and recovered the last segment; then a compaction's switch put
+    a new log under the directory's name before the open mapped the sealed segments. Mapped, a
+    sealed segment is the new log's file under the old header: CORRUPTION segment_replaced at open
+    (on which a view opens again), never a log whose reads fail later on frame checksums."""
+    directory, old = str(tmp_path / "log"), str(tmp_path / "log.old")
+    _several_segments(directory)
+    real, calls, writers = segment_log._open_segment_fd, [], []
+
+    def open_segment_fd(path):
+        calls.append(path)
+        if len(calls) == 2:  # the first map of a sealed segment, after the last one's recovery
+            os.rename(directory, old)
+            writers.append(SegmentLog.open(directory, segment_bytes=SMALL))
+            writers[0].append([b"new"])
+        return real(path)
+
+    monkeypatch.setattr(segment_log, "_open_segment_fd", open_segment_fd)
+    try:
+        with pytest.raises(Corruption) as caught:
+            SegmentLog.open(directory, readonly=True).close()
+        assert caught.value.detail["reason"] == "segment_replaced"
+        assert caught.value.detail["segment"] == os.path.join(directory, segment_file_name(0))
+    finally:
+        for writer in writers:
+            writer.close()
+
+
+def test_a_sealed_segment_that_cannot_be_mapped_leaves_the_others_held(tmp_path):
+    """A read-only open maps every segment as it opens; one that cannot be mapped (here emptied
+    after a clean close, which the open takes on the close's word) is left to the read that needs
+    it, and the segments after it are still mapped: after a compaction's switch their records
+    are read from the files the open found."""
+    import shutil
+
+    directory, old = str(tmp_path / "log"), str(tmp_path / "log.old")
+    with SegmentLog.open(directory, segment_bytes=SMALL) as log:
+        positions = [log.append([bytes([index]) * 3000])[0] for index in range(80)]
+        segments = log.segments()
+    assert len(segments) >= 4
+    os.truncate(segments[1].path, 0)
+    start, stop = segments[2].first_position, segments[3].first_position
+    later = [(index, position) for index, position in enumerate(positions) if start <= position < stop]
+    with SegmentLog.open(directory, readonly=True) as reader:
+        os.rename(directory, old)
+        with SegmentLog.open(directory, segment_bytes=SMALL) as replacement:
+            replacement.append([b"new"])
+        shutil.rmtree(old)
+        assert [bytes(reader.read(position)) for _, position in later] == [bytes([index]) * 3000 for index, _ in later]
+        with pytest.raises(StorageFailed):  # the one it could not map: read by name, gone
+            reader.read(segments[1].first_position)
+
+
+# -- the clean-close marker -------------------------------------------------------------------------
+
+
+def _marker(directory: str) -> bytes:
+    with open(os.path.join(directory, CLEAN_FILE_NAME), "rb") as file:
+        return file.read()
+
+
+def _put_marker(directory: str, marker: bytes) -> None:
+    with open(os.path.join(directory, CLEAN_FILE_NAME), "wb") as file:
+        file.write(marker)
+
+
+def test_a_clean_close_marker_of_another_log_never_gives_the_log_its_end(tmp_path):
+    """A marker whose log id is another log's (a retired handle's, written over a compaction's
+    new log) but whose first position and end fit this log: an end where a commit frame ends,
+    and 64 KiB of zeros after it, which here are a zeroed block over an acknowledged group with
+    a whole group after it. Taken, the log would end there and the groups after it would be lost
+    without a word; the open scans instead and finds the damage."""
+    directory = str(tmp_path / "log")
+    with SegmentLog.open(directory, segment_bytes=1 << 20) as log:
+        log.append([b"first"])
+        end = log.end
+    marker = bytearray(_marker(directory))
+    with SegmentLog.open(directory, segment_bytes=1 << 20) as log:
+        log.append([b"z" * 40000, b"z" * 40000])  # the group the zeroed block covers
+        after = log.end
+        log.append([b"last"])
+        path = log.segments()[-1].path
+    with open(path, "r+b") as file:
+        file.seek(segment_log._HEADER_BYTES + end)
+        file.write(bytes(after - end))
+    struct.pack_into("<Q", marker, 8, struct.unpack_from("<Q", marker, 8)[0] ^ 1)  # another log's id
+    marker[-4:] = zlib.crc32(bytes(marker[:-4])).to_bytes(4, "little")
+    _put_marker(directory, bytes(marker))
+    for readonly in (True, False):
+        with pytest.raises(Corruption) as caught:
+            SegmentLog.open(directory, readonly=readonly).close()
+        assert (caught.value.detail["reason"], caught.value.detail["offset"]) == ("group_damaged", segment_log._HEADER_BYTES + end)
+
+
+def test_a_clean_close_after_an_open_on_a_marker_of_the_first_form_writes_the_second(tmp_path):
+    """A marker of the first form (MWPCLEAN: no segment list) gives the end, but the next open
+    still reads every sealed segment's header; a close of a log opened on one writes the marker
+    with the list, even with nothing appended."""
+    directory = str(tmp_path / "log")
+    with SegmentLog.open(directory, segment_bytes=SMALL) as log:
+        for index in range(40):
+            log.append([bytes([index]) * 3000])
+        end = log.end
+    _, log_id, first_position, marker_end, _, _ = segment_log._CLEAN_LIST.unpack(_marker(directory)[:-4])
+    body = segment_log._CLEAN.pack(segment_log._CLEAN_MAGIC, log_id, first_position, marker_end)
+    _put_marker(directory, body + zlib.crc32(body).to_bytes(4, "little"))
+    with SegmentLog.open(directory, segment_bytes=SMALL) as log:
+        assert log.end == end
+    assert _marker(directory)[:8] == segment_log._CLEAN_LIST_MAGIC
+
+
+def test_the_clean_close_marker_s_removal_is_synced_before_the_first_append(tmp_path, monkeypatch):
+    """The first append after a clean open removes the marker and syncs the directory before it
+    writes: the marker's end is about to go stale."""
+    directory = str(tmp_path / "log")
+    with SegmentLog.open(directory) as log:
+        log.append([b"one"])
+    synced = []
+    real_sync = segment_log._fsync_directory
+
+    def fsync_directory(path):
+        synced.append((path, os.path.exists(os.path.join(path, CLEAN_FILE_NAME))))
+        real_sync(path)
+
+    monkeypatch.setattr(segment_log, "_fsync_directory", fsync_directory)
+    with SegmentLog.open(directory) as log:
+        assert synced == []
+        log.append([b"two"])
+        assert synced == [(directory, False)]
+
+
+# -- bulk mode and a compaction ---------------------------------------------------------------------
+
+
+def test_a_detached_bulk_mode_handle_leaves_the_bulk_mark_at_close(tmp_path):
+    """detach(): the directory holds another log now (a compaction's switch), whose BULK mark
+    is not this handle's to remove, nor its clean-close marker to write."""
+    directory = str(tmp_path / "log")
+    log = SegmentLog.open(directory, sync=False)
+    log.append([b"one"])
+    log.detach()
+    log.close()
+    assert os.path.exists(os.path.join(directory, BULK_FILE_NAME))
+    assert not os.path.exists(os.path.join(directory, CLEAN_FILE_NAME))
+
+
+# -- names and the sealed tail ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [segment_file_name(0) + "\n", "\u0660" * 20 + ".seg"], ids=["newline", "unicode_digits"])
+def test_a_file_named_almost_like_a_segment_is_ignored(tmp_path, name):
+    """A segment name is 20 ASCII digits then .seg and nothing after: a name with a final newline,
+    or of other Unicode digits, would be numbered like a segment the log opens by its own name."""
+    directory = str(tmp_path / "log")
+    with SegmentLog.open(directory) as log:
+        log.append([b"one"])
+    os.remove(os.path.join(directory, CLEAN_FILE_NAME))
+    with open(os.path.join(directory, name), "wb") as file:
+        file.write(b"not a segment")
+    for readonly in (True, False):
+        with SegmentLog.open(directory, readonly=readonly) as log:
+            assert scan_all(log) == [(0, b"one")]
+    assert os.path.exists(os.path.join(directory, name))
+
+
+def test_a_last_sealed_segment_left_untrimmed_is_trimmed_by_the_writer_s_open(tmp_path):
+    """A crash after the seal, before its trim was durable and before the next segment existed:
+    the writer's open cuts the file to just past the seal, as it does for any sealed segment."""
+    directory = str(tmp_path / "log")
+    with SegmentLog.open(directory, segment_bytes=SMALL) as log:
+        for _ in range(100):
+            log.append([b"s" * 1000])
+        sealed, last = log.segments()[-2:]
+    os.unlink(last.path)
+    os.remove(os.path.join(directory, CLEAN_FILE_NAME))
+    os.truncate(sealed.path, SMALL)  # the seal's trim never reached the disk
+    with SegmentLog.open(directory, readonly=True):
+        assert os.path.getsize(sealed.path) == SMALL  # a reader changes nothing
+    with SegmentLog.open(directory, segment_bytes=SMALL) as log:
+        assert log.end == last.first_position
+        assert os.path.getsize(sealed.path) == sealed.used_bytes
