@@ -13,8 +13,8 @@ import pytest
 from test_readonly_recovery import _fake_proc, build
 
 from mwpstore import segment_log
-from mwpstore.errors import Corruption, StorageFailed
-from mwpstore.limits import SEGMENT_BYTES_MIN
+from mwpstore.errors import Corruption, LimitExceeded, StorageFailed
+from mwpstore.limits import GROUP_RECORDS_MAX, SEGMENT_BYTES_MIN
 from mwpstore.segment_log import BULK_FILE_NAME, CLEAN_FILE_NAME, LOCK_FILE_NAME, SegmentLog, segment_file_name
 from test_segment_log import scan_all
 
@@ -90,6 +90,31 @@ def test_a_sealed_segment_replaced_before_a_read_only_open_maps_it_is_segment_re
         for writer in writers:
             writer.close()
 
+
+
+def test_a_sealed_segment_of_this_log_moved_under_another_s_name_before_it_is_mapped_is_segment_replaced(tmp_path, monkeypatch):
+    """The file a read-only open maps must be the one whose header it read there: the log id and
+    the first position. Two sealed segments of the same log swapped after the open read their
+    headers and before it mapped them: the second is refused (segment_replaced), not served under
+    the header of the file that was there."""
+    directory = str(tmp_path / "log")
+    _several_segments(directory)
+    names = sorted(name for name in os.listdir(directory) if name.endswith(".seg"))
+    second, third = (os.path.join(directory, name) for name in names[1:3])
+    real, calls = segment_log._open_segment_fd, []
+
+    def open_segment_fd(path):
+        calls.append(path)
+        if path == second and calls.count(path) == 1:  # its first map, after every header was read
+            os.rename(second, second + ".swap")
+            os.rename(third, second)
+            os.rename(second + ".swap", third)
+        return real(path)
+
+    monkeypatch.setattr(segment_log, "_open_segment_fd", open_segment_fd)
+    with pytest.raises(Corruption) as caught:
+        SegmentLog.open(directory, readonly=True).close()
+    assert (caught.value.detail["reason"], caught.value.detail["segment"]) == ("segment_replaced", second)
 
 def test_a_sealed_segment_that_cannot_be_mapped_leaves_the_others_held(tmp_path):
     """A read-only open maps every segment as it opens; one that cannot be mapped (here emptied
@@ -244,3 +269,17 @@ def test_a_last_sealed_segment_left_untrimmed_is_trimmed_by_the_writer_s_open(tm
     with SegmentLog.open(directory, segment_bytes=SMALL) as log:
         assert log.end == last.first_position
         assert os.path.getsize(sealed.path) == sealed.used_bytes
+
+
+# -- the bounds of a group ------------------------------------------------------------------------
+
+
+def test_a_group_of_one_record_too_many_is_refused_by_its_field_before_anything_is_written(tmp_path):
+    """GROUP_RECORDS_MAX + 1 records: LimitExceeded naming ``records`` (the argument), from the
+    check before the join; the C writer's own refusal would name its reason instead."""
+    with SegmentLog.open(str(tmp_path / "log")) as log:
+        with pytest.raises(LimitExceeded) as refused:
+            log.append([b""] * (GROUP_RECORDS_MAX + 1))
+        assert refused.value.detail["field"] == "records"
+        assert log.end == 0
+        assert len(log.append([b""] * GROUP_RECORDS_MAX)) == GROUP_RECORDS_MAX
