@@ -1,0 +1,431 @@
+"""Rules of the sealed LMDB layer, the authority's index and the built-in kinds that no other file
+pins: the bounds of a sealed read, the order check of a range (built from entries moved inside
+the file, as a damaged page moves them), the errors a read path translates, the index's value
+decoders and key layout, and each refusal and default of group.* and mission.*.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+
+import lmdb
+import msgspec
+import pytest
+
+from authority_helpers import GROUP, mission_create, open_with_group
+from mwpstore import Corruption, limits
+from mwpstore._sealed import KEY_SHOWN_BYTES, typed_damage
+from mwpstore.errors import GroupArchived, InvalidCommand, InvalidState, NotFound
+from mwpstore.index import Index, seal, unseal
+from test_work_model import h, new_harness  # noqa: F401  (fixtures)
+from work_model_support import GROUP as WM_GROUP
+from work_model_support import Harness
+
+# -- sealed reads ----------------------------------------------------------------------------------
+
+
+def test_an_error_shows_at_most_the_first_bytes_of_a_damaged_key():
+    """A damaged key can be any length: the error names only its first KEY_SHOWN_BYTES."""
+    key = b"k" * (KEY_SHOWN_BYTES + 100)
+    with pytest.raises(Corruption) as caught:
+        unseal(b"states", key, b"not a sealed value")
+    assert caught.value.detail["key"] == "k" * KEY_SHOWN_BYTES
+    assert repr(b"k" * (KEY_SHOWN_BYTES + 1)) not in caught.value.message
+
+
+def test_a_sealed_value_longer_than_any_lmdb_value_is_corruption_even_with_a_sound_seal():
+    """The length bound comes before the seal: a damaged length must not be read past."""
+    longest = b"x" * limits.LMDB_VALUE_BYTES_MAX
+    assert bytes(unseal(b"states", b"k", seal(b"states", b"k", longest))) == longest
+    with pytest.raises(Corruption) as caught:
+        unseal(b"states", b"k", seal(b"states", b"k", longest + b"x"))
+    assert caught.value.detail["reason"] == "index_checksum"
+
+
+# -- ranges over entries a damaged page reordered --------------------------------------------------
+
+_PREFIX = b"g\x00"
+
+
+def _index_of(directory: str, entries: dict[bytes, bytes]) -> None:
+    """A new index whose states hold ``entries``, written in one transaction (so each entry's
+    node is in the file once)."""
+    index = Index(directory, map_size=1 << 22)
+    with index.begin(write=True) as txn:
+        for key, value in entries.items():
+            index.put(txn, b"states", key, value)
+    index.close()
+
+
+def _replace_in_file(directory: str, changes: list[tuple[bytes, bytes]]) -> None:
+    """Replace byte strings (each found exactly once, same length) in the closed index's file."""
+    path = os.path.join(directory, "data.mdb")
+    with open(path, "rb") as handle:
+        data = handle.read()
+    changed = bytearray(data)
+    for old, new in changes:  # all found in the file as it was: a swap is two changes
+        assert data.count(old) == 1 and len(old) == len(new)
+        at = data.index(old)
+        changed[at : at + len(old)] = new
+    with open(path, "r+b") as handle:
+        handle.write(changed)
+
+
+def _node(key: bytes, value: bytes) -> bytes:
+    """A states entry's key and sealed value as they lie next to each other in a leaf node."""
+    return key + seal(b"states", key, value)
+
+
+def _range(directory: str, start: bytes | None = None) -> list[bytes]:
+    index = Index(directory, map_size=1 << 22)
+    try:
+        with index.begin() as txn:
+            return [key for key, _ in index.range(txn, b"states", _PREFIX, start)]
+    finally:
+        index.close()
+
+
+@pytest.mark.parametrize("damage", ["two entries swapped", "an entry repeated"])
+def test_a_range_over_keys_out_of_order_is_corruption(tmp_path, damage):
+    """Keys must strictly increase along a range: two sound entries swapped, or one entry's node
+    copied over its neighbour (each still passes its seal), is ``CORRUPTION``, not an answer."""
+    directory = str(tmp_path / "index")
+    b, c, d = _PREFIX + b"b", _PREFIX + b"c", _PREFIX + b"d"
+    _index_of(directory, {b: b"1", c: b"2", d: b"3"})
+    assert _range(directory) == [b, c, d]
+    if damage == "two entries swapped":
+        _replace_in_file(directory, [(_node(b, b"1"), _node(c, b"2")), (_node(c, b"2"), _node(b, b"1"))])
+    else:
+        _replace_in_file(directory, [(_node(c, b"2"), _node(b, b"1"))])
+    with pytest.raises(Corruption) as caught:
+        _range(directory)
+    assert caught.value.detail["reason"] == "index_order" and caught.value.detail["database"] == "states"
+
+
+def test_a_range_whose_start_is_also_the_entry_before_it_is_corruption(tmp_path):
+    """The entry before where a range starts must sort strictly before the start: a copy of the
+    start's own entry there (the search landed on the second of two equal keys) is damage."""
+    directory = str(tmp_path / "index")
+    b, c, d = _PREFIX + b"b", _PREFIX + b"c", _PREFIX + b"d"
+    _index_of(directory, {b: b"1", c: b"2", d: b"3"})
+    _replace_in_file(directory, [(_node(c, b"2"), _node(b, b"1"))])  # b, b, d: the search lands on the second b
+    with pytest.raises(Corruption) as caught:
+        _range(directory, start=b)
+    assert caught.value.detail["reason"] == "index_order"
+
+
+# -- deleting ranges -------------------------------------------------------------------------------
+
+
+def test_delete_range_counts_what_it_deleted_and_keeps_the_rest(tmp_path):
+    index = Index(str(tmp_path / "index"), map_size=1 << 22)
+    try:
+        kept = [b"f\x00z", b"g\x01a", b"h\x00a"]
+        with index.begin(write=True) as txn:
+            for key in [_PREFIX + b"a", _PREFIX + b"b", _PREFIX + b"c", *kept]:
+                index.put(txn, b"states", key, b"v")
+        with index.begin(write=True) as txn:
+            assert index.delete_range(txn, b"states", _PREFIX) == 3
+            assert index.delete_range(txn, b"states", _PREFIX) == 0
+        with index.begin() as txn:
+            assert index.get(txn, b"states", _PREFIX + b"b") is None  # its presence went too
+            assert [key for key, _ in index.range(txn, b"states", b"")] == kept
+    finally:
+        index.close()
+
+
+# -- read paths translate what damage raises ---------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        lmdb.CorruptedError("damaged page"),
+        msgspec.DecodeError("truncated"),
+        UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte"),
+        struct.error("unpack requires a buffer of 8 bytes"),
+    ],
+    ids=lambda error: type(error).__name__,
+)
+def test_a_read_path_turns_what_damage_raises_into_corruption_naming_the_store_and_remedy(error):
+    @typed_damage("test store", "rebuild it", "test_damage")
+    def read() -> None:
+        raise error
+
+    with pytest.raises(Corruption) as caught:
+        read()
+    assert caught.value.detail["reason"] == "test_damage"
+    assert caught.value.message.startswith("the test store is damaged") and caught.value.message.endswith("; rebuild it")
+
+
+def test_a_read_path_given_its_own_errors_lets_every_other_error_through():
+    @typed_damage("test store", "rebuild it", "test_damage", (lmdb.Error,))
+    def run(error: BaseException) -> None:
+        raise error
+
+    with pytest.raises(struct.error):
+        run(struct.error("raised by application code"))
+    with pytest.raises(Corruption):
+        run(lmdb.CorruptedError("damaged page"))
+
+
+def test_an_application_projection_raising_a_decode_error_is_not_reported_as_damage(tmp_path):
+    """A transaction runs application code: what a projection raises, even a struct.error, is
+    that error, not ``CORRUPTION`` of the agent store."""
+    from agent_store_support import workload
+    from mwpstore.agent_store import AgentStore
+    from test_agent_store import FailingProjection
+
+    agent = AgentStore.open(tmp_path / "agent", projections=[FailingProjection(fail_seq=1, error=struct.error)])
+    try:
+        with pytest.raises(struct.error):
+            with agent.begin() as tx:
+                tx.apply(workload(GROUP, 3)[0])
+        assert agent.head(GROUP).applied_seq == 0
+    finally:
+        agent.close()
+
+
+# -- the index's layout and values -----------------------------------------------------------------
+
+
+def test_an_ack_is_kept_under_consumer_then_group(tmp_path):
+    """docs/format/index.md: ``acks`` is keyed consumer ``\\0`` group."""
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.ack("bob", GROUP, 1)
+        with authority.index.begin() as txn:
+            assert bytes(authority.index.get(txn, b"acks", b"bob\x00" + GROUP.encode())) == (1).to_bytes(8, "big")
+            assert authority.index.get(txn, b"acks", GROUP.encode() + b"\x00bob") is None
+
+
+def test_a_state_value_round_trips_with_its_revision_and_a_deleted_state_is_none():
+    from mwpstore.index import decode_state, encode_state
+
+    assert decode_state(encode_state(7, {"a": [1, "b"]})) == (7, {"a": [1, "b"]})
+    assert encode_state(3, None) == (3).to_bytes(8, "big")
+    assert decode_state(encode_state(3, None)) == (3, None)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        b"\x00" * 7,  # shorter than its revision
+        b"\x00" * 7 + b"\x01" + b"\xc1",  # 0xc1 is never msgpack
+        b"\x00" * 7 + b"\x01" + b"\x81\xa1a",  # a map cut short
+        b"\x00" * 7 + b"\x01" + msgspec.msgpack.encode([1, 2]),  # not a map
+        b"\x00" * 7 + b"\x01" + msgspec.msgpack.encode({1: "a"}),  # a key that is no string
+    ],
+    ids=["short", "not msgpack", "truncated", "a list", "an int key"],
+)
+def test_an_undecodable_state_value_is_the_index_state_corruption(value):
+    from mwpstore.index import decode_state
+
+    with pytest.raises(Corruption) as caught:
+        decode_state(value)
+    assert caught.value.detail["reason"] == "index_state"
+
+
+def test_a_sealed_state_that_is_not_a_map_is_corruption_not_an_answer(tmp_path):
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept(mission_create("m-1"))
+        key = GROUP.encode() + b"\x00mission:m-1"
+        with authority.index.begin(write=True) as txn:
+            authority.index.put(txn, b"states", key, (1).to_bytes(8, "big") + msgspec.msgpack.encode(["open"]), new=False)
+        with pytest.raises(Corruption) as caught:
+            authority.state(GROUP, "mission:m-1")
+        assert caught.value.detail["reason"] == "index_state"
+
+
+def test_an_index_refused_for_a_lost_database_holds_none_of_its_files(tmp_path):
+    """Refusing an environment that lost some of its databases closes it again: nothing of it
+    stays open or mapped in this process (the store's open reports the damage and runs no more)."""
+    from authority_helpers import store_files_held
+    from mwpstore.index import DATABASE_NAMES
+
+    directory = str(tmp_path / "index")
+    Index(directory, map_size=1 << 22).close()
+    env = lmdb.open(directory, max_dbs=len(DATABASE_NAMES) + 2)
+    with env.begin(write=True) as txn:
+        txn.drop(env.open_db(b"acks", txn=txn), delete=True)
+    env.close()
+    assert store_files_held(directory) == []
+    with pytest.raises(Corruption) as caught:
+        Index(directory, map_size=1 << 22)
+    assert caught.value.detail["reason"] == "missing_database"
+    assert store_files_held(directory) == []
+
+
+def test_iterate_refuses_a_value_longer_than_any_sealed_value_before_reading_it(tmp_path):
+    from mwpstore.index import SEAL_BYTES
+
+    index = Index(str(tmp_path / "index"), map_size=1 << 26)
+    try:
+        longest = limits.LMDB_VALUE_BYTES_MAX + SEAL_BYTES
+        with index.begin(write=True) as txn:
+            txn.put(b"a", b"x" * longest, db=index.dbs[b"events"])
+        assert [(key, len(value)) for key, value in index.iterate(b"events")] == [(b"a", longest)]
+        with index.begin(write=True) as txn:
+            txn.put(b"b", b"x" * (longest + 1), db=index.dbs[b"events"])
+        with pytest.raises(Corruption) as caught:
+            list(index.iterate(b"events"))
+        assert caught.value.detail["reason"] == "index_checksum" and caught.value.detail["key"] == "b"
+    finally:
+        index.close()
+
+
+def test_a_key_written_in_one_database_is_absent_not_lost_in_every_other(tmp_path):
+    """Each database confirms its misses against presence under a tag byte of its own: a key
+    written in one database is never taken for a lost entry of another."""
+    from mwpstore.index import PRESENCE_TAGS
+
+    index = Index(str(tmp_path / "index"), map_size=1 << 22)
+    try:
+        key = b"g-1\x00mission:m-1"
+        for written in PRESENCE_TAGS:
+            with index.begin(write=True) as txn:
+                index.put(txn, written, key, b"v")
+                for other in PRESENCE_TAGS:
+                    if other != written:
+                        assert index.get(txn, other, key) is None, (written, other)
+                txn.abort()
+    finally:
+        index.close()
+
+
+@pytest.mark.parametrize("digest", [bytes(32), b"\xff" * 31 + b"\x00"], ids=["zeros", "ending in zero"])
+def test_a_head_round_trips_whatever_its_hash_ends_with(digest):
+    from mwpstore.index import decode_head, encode_head
+
+    assert decode_head(encode_head(5, digest)) == (5, digest)
+    assert decode_head(None) == (0, bytes(32))
+
+
+def test_pending_writes_are_written_once_so_a_later_direct_write_is_kept(tmp_path):
+    """``flush`` empties what it wrote: a second flush must not write an earlier value again
+    over one written since (later writes to a key win)."""
+    from mwpstore.index import PendingWrites
+
+    index = Index(str(tmp_path / "index"), map_size=1 << 22)
+    try:
+        writes = PendingWrites()
+        with index.begin(write=True) as txn:
+            writes.put(b"states", b"k", b"first")
+            writes.flush(index, txn)
+            index.put(txn, b"states", b"k", b"second", new=False)
+            writes.put(b"receipts", b"r", b"other")
+            writes.flush(index, txn)
+            assert bytes(index.get(txn, b"states", b"k")) == b"second"
+            assert bytes(index.get(txn, b"receipts", b"r")) == b"other"
+    finally:
+        index.close()
+
+
+# -- the built-in kinds ----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("title", ["", 5, None], ids=["empty", "an int", "null"])
+def test_a_mission_title_must_be_a_non_empty_string(h: Harness, title):
+    h.reject(InvalidCommand, "owner", "mission.create", "m2", {"title": title, "cost_limit": 1}, field="body.title")
+    h.reject(InvalidCommand, "owner", "mission.update", "m1", {"title": title}, cas=True, field="body.title")
+
+
+def test_a_mission_is_not_created_without_a_title(h: Harness):
+    h.reject(InvalidCommand, "owner", "mission.create", "m2", {"cost_limit": 1}, field="body.title")
+
+
+@pytest.mark.parametrize("approvals", [[""], ["publish", ""], "publish", {"publish": 1}],
+                         ids=["an empty name", "an empty name among others", "a string", "a map"])
+def test_a_missions_approval_list_is_a_list_of_non_empty_names(h: Harness, approvals):
+    h.reject(InvalidCommand, "owner", "mission.create", "m2", {"title": "t", "approval_required": approvals},
+             field="body.approval_required")
+
+
+def test_the_first_unknown_field_in_name_order_is_the_one_named(h: Harness):
+    h.reject(InvalidCommand, "owner", "mission.create", "m2", {"title": "t", "zeta": 1, "alpha": 2}, field="body.alpha")
+
+
+@pytest.mark.parametrize(
+    ("kind", "target", "body"),
+    [
+        ("group.create", None, {"org": "org1", "extra": 1}),
+        ("group.archive", WM_GROUP, {"extra": 1}),
+        ("mission.close", "m1", {"extra": 1}),
+    ],
+)
+def test_a_group_or_mission_command_with_an_unknown_field_is_refused(new_harness, kind, target, body):
+    h = new_harness()
+    if kind != "group.create":
+        h.setup()
+    h.reject(InvalidCommand, "owner", kind, target or WM_GROUP, body, field="body.extra")
+
+
+@pytest.mark.parametrize("org", ["", "a b", "-org", "o" * (limits.ID_CHARS_MAX + 1), 5])
+def test_a_groups_organization_must_be_an_id(new_harness, org):
+    new_harness().reject(InvalidCommand, "owner", "group.create", WM_GROUP, {"org": org}, field="body.org")
+
+
+@pytest.mark.parametrize(
+    ("policy", "field"),
+    [
+        ([], "body.policy"),
+        ("", "body.policy"),
+        ({"retention": 1}, "body.policy"),
+        ({"audit_retention_days": -1}, "body.policy.audit_retention_days"),
+        ({"replay_window_events": True}, "body.policy.replay_window_events"),
+        ({"replay_window_events": 1.5}, "body.policy.replay_window_events"),
+    ],
+    ids=["a list", "a string", "an unknown field", "negative", "a boolean", "a float"],
+)
+def test_a_group_policy_is_a_map_of_known_non_negative_integers(new_harness, policy, field):
+    new_harness().reject(InvalidCommand, "owner", "group.create", WM_GROUP, {"org": "org1", "policy": policy}, field=field)
+
+
+def test_a_public_key_of_an_odd_number_of_hex_digits_is_refused(new_harness):
+    from test_work_model_bounds import VALID_KEY
+
+    new_harness().reject(InvalidCommand, "owner", "group.create", WM_GROUP, {"org": "org1", "public_key": VALID_KEY + "0"},
+                         field="body.public_key")
+
+
+def test_a_group_records_its_creation_time_and_its_creators_public_key(new_harness):
+    from test_work_model_bounds import VALID_KEY
+
+    h = new_harness()
+    h.accept("owner", "group.create", WM_GROUP, {"org": "org1", "public_key": VALID_KEY.upper()})
+    assert h.get(f"group:{WM_GROUP}")["created_at_ms"] == h.now_ms
+    assert h.get("member:owner")["public_key"] == VALID_KEY.lower()
+
+
+def test_group_archive_must_target_the_group_itself(h: Harness):
+    h.reject(InvalidCommand, "owner", "group.archive", "g9", {}, field="target")
+
+
+@pytest.mark.parametrize("kind", ["group.archive", "mission.close"])
+@pytest.mark.parametrize("reason", ["", 5, "r" * 1025], ids=["empty", "an int", "too long"])
+def test_a_reason_must_be_a_non_empty_string_when_given(h: Harness, kind, reason):
+    target = WM_GROUP if kind == "group.archive" else "m1"
+    h.reject(InvalidCommand, "owner", kind, target, {"reason": reason}, field="body.reason")
+
+
+def test_updating_a_mission_that_does_not_exist_is_not_found_naming_the_target(h: Harness):
+    h.reject(NotFound, "owner", "mission.update", "m9", {"title": "t"}, cas=True, field="target")
+
+
+def test_a_closed_mission_refusal_names_its_state(h: Harness):
+    h.accept("owner", "mission.close", "m1", {})
+    error = h.reject(InvalidState, "owner", "mission.update", "m1", {"title": "t"}, cas=True)
+    assert error.detail["state"] == "closed"
+
+
+def test_a_mission_of_an_archived_group_cannot_be_closed(h: Harness):
+    h.accept("owner", "group.archive", WM_GROUP, {})
+    h.reject(GroupArchived, "owner", "mission.close", "m1", {})
+
+
+@pytest.mark.parametrize(("kind", "target", "key"), [("group.archive", WM_GROUP, f"group:{WM_GROUP}"),
+                                                      ("mission.close", "m1", "mission:m1")])
+def test_archive_and_close_write_new_states_and_never_change_the_ones_they_read(h: Harness, kind, target, key):
+    before = h.get(key)
+    status = before["status"]
+    h.accept("owner", kind, target, {})
+    assert before["status"] == status and h.get(key)["status"] != status
