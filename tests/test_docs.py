@@ -348,3 +348,96 @@ def test_every_quoted_bound_is_the_code_s(page: str, name: str, value: str) -> N
     base, _, exponent = number.partition("**")
     stated = int(base.replace(",", "").replace("_", "")) ** (int(exponent) if exponent else 1) * _UNITS[unit]
     assert stated == actual, f"{page} says {name} is {value}; the code has {actual}"
+
+
+# -- signatures the pages write out ----------------------------------------------------------------
+
+
+def _signature_targets() -> list[tuple[str, str, str]]:
+    """(page, signature as the page writes it, the callable's dotted path) for every call the pages
+    write out whole in Python's notation: each parameter in order, `*` before the keyword-only ones,
+    defaults as written (sizes in KiB, MiB or GiB)."""
+    api, agent, work = "docs/api.md", "docs/agent-store.md", "docs/work-model.md"
+    return [
+        (api, "Authority.open(path, *, clock=None, sync=True, segment_bytes=64 MiB, map_size=64 GiB, progress=None, check_lmdb=None, create=True, readonly=False)", "mwpstore.authority.Authority.open"),
+        (api, "MemoryGroup(group).accept(command, *, now_ms, trusted=False)", "mwpstore.MemoryGroup.accept"),
+        (api, "accept(command)", "mwpstore.authority.Authority.accept"),
+        (api, "accept_many(commands)", "mwpstore.authority.Authority.accept_many"),
+        (api, "accept_trusted(command)", "mwpstore.authority.Authority.accept_trusted"),
+        (api, "aggregates(group, *, prefix=\"\")", "mwpstore.authority.Authority.aggregates"),
+        (api, "read(group, after=0, limit=1000)", "mwpstore.authority.Authority.read"),
+        (api, "subscribe(group, after=0)", "mwpstore.authority.Authority.subscribe"),
+        (api, "ack(consumer, group, cursor)", "mwpstore.authority.Authority.ack"),
+        (api, "acked(consumer, group)", "mwpstore.authority.Authority.acked"),
+        (api, "wait_for(group, after, timeout)", "mwpstore.authority.Authority.wait_for"),
+        (api, "expire_leases(group, *, now_ms=None)", "mwpstore.authority.Authority.expire_leases"),
+        (api, "snapshot(group)", "mwpstore.authority.Authority.snapshot"),
+        (api, "replay_floor(group)", "mwpstore.authority.Authority.replay_floor"),
+        (api, "archive_record(group)", "mwpstore.authority.Authority.archive_record"),
+        (api, "redact(group, seq, *, actor, action_id, reason)", "mwpstore.authority.Authority.redact"),
+        (api, "delete_audit_log(group, *, actor, action_id, reason=\"\", basis=\"retention\")", "mwpstore.authority.Authority.delete_audit_log"),
+        (api, "compact(progress=None)", "mwpstore.authority.Authority.compact"),
+        (api, "drop_retired_key(key_id)", "mwpstore.authority.Authority.drop_retired_key"),
+        (api, "check_snapshot_ref(data, ref)", "mwpstore.snapshot.check_snapshot_ref"),
+        (api, "mwpstore.errors.error_from_code(code, message, detail=None)", "mwpstore.errors.error_from_code"),
+        (agent, "Delivery(agent, source, *, consumer=None, batch_events=1000, restore_snapshot=None, org=None)", "mwpstore.delivery.Delivery"),
+        (agent, "agent.aggregate(group, key)", "mwpstore.agent_store.AgentStore.aggregate"),
+        (agent, "agent.checkpoint(group, workitem)", "mwpstore.agent_store.AgentStore.checkpoint"),
+        (agent, "agent.projection_get(group, name, key)", "mwpstore.agent_store.AgentStore.projection_get"),
+        (agent, "agent.projection_items(group, name)", "mwpstore.agent_store.AgentStore.projection_items"),
+        (agent, "agent.mark_uncertain(key, error)", "mwpstore.agent_store.AgentStore.mark_uncertain"),
+        (agent, "agent.dispatch(key, side_effect, *, lookup=None)", "mwpstore.agent_store.AgentStore.dispatch"),
+        (work, "external_idempotency_key(mission_id, workitem_id, ownership_epoch, operation_id)", "mwpstore.work_model.external_idempotency_key"),
+        (work, "attempt_key(mission_id, workitem_id, attempt)", "mwpstore.work_model.attempt_key"),
+        (work, "lease_id_for(group_id, workitem_id, ownership_epoch)", "mwpstore.work_model.lease_id_for"),
+        (work, "backoff_ms(contract, attempt)", "mwpstore.work_model.backoff_ms"),
+        (work, "lapsed_workitems(items, now_ms)", "mwpstore.work_model.lapsed_workitems"),
+        (work, "retry_outcome(workitem, now_ms, *, retryable=True)", "mwpstore.work_model.retry_outcome"),
+    ]
+
+
+SIGNATURES = [(page, text, target) for page, text, target in _signature_targets() if target is not None]
+
+
+def _resolve(dotted: str) -> object:
+    import importlib
+
+    module_name, _, rest = dotted.partition(".")
+    obj: object = importlib.import_module(module_name)
+    for part in rest.split("."):
+        obj = getattr(obj, part) if hasattr(obj, part) else importlib.import_module(f"{getattr(obj, '__name__')}.{part}")
+    return obj
+
+
+@pytest.mark.parametrize(("page", "text", "target"), SIGNATURES, ids=[f"{page}: {text.split('(')[0]}" for page, text, _ in SIGNATURES])
+def test_every_written_out_signature_is_the_code_s(page: str, text: str, target: str) -> None:
+    """The page shows the call as written (line breaks aside), and it is the code's: as many
+    parameters, `*` exactly before the keyword-only ones (a parameter the page shows before it can
+    be passed by position), the names of those passed by keyword, and every default."""
+    import ast
+    import inspect
+
+    with open(os.path.join(ROOT, page), encoding="utf-8") as handle:
+        assert f"`{text}" in " ".join(handle.read().split()), f"{page} does not show `{text}`"
+    written = text[text.rindex("(", 0, text.rindex("(") + 1) + 1 : -1]
+    written = re.sub(r"(\d+) (KiB|MiB|GiB)", lambda match: str(int(match.group(1)) * _UNITS[match.group(2)]), written)
+    tokens = [token.strip() for token in written.split(",")] if written.strip() else []
+    code = [parameter for parameter in inspect.signature(_resolve(target)).parameters.values() if parameter.name != "self"]
+    shown = [token for token in tokens if token != "*"]
+    assert len(shown) == len(code), f"{page}: `{text}` has {len(shown)} parameters, the code {[p.name for p in code]}"
+    keyword_only = False
+    index = 0
+    for token in tokens:
+        if token == "*":
+            keyword_only = True
+            continue
+        parameter = code[index]
+        index += 1
+        name, has_default, default = token.partition("=")
+        assert (parameter.kind is inspect.Parameter.KEYWORD_ONLY) == keyword_only, f"{page}: `{text}`: {parameter.name} is {parameter.kind.description}"
+        if keyword_only or has_default:
+            assert name == parameter.name, f"{page}: `{text}` names {name}, the code {parameter.name}"
+        if has_default:
+            assert parameter.default is not inspect.Parameter.empty and ast.literal_eval(default) == parameter.default, f"{page}: `{text}`: {name} defaults to {parameter.default!r}"
+        else:
+            assert parameter.default is inspect.Parameter.empty, f"{page}: `{text}`: {name} has a default ({parameter.default!r}) the page does not show"
