@@ -441,3 +441,49 @@ def test_every_written_out_signature_is_the_code_s(page: str, text: str, target:
             assert parameter.default is not inspect.Parameter.empty and ast.literal_eval(default) == parameter.default, f"{page}: `{text}`: {name} defaults to {parameter.default!r}"
         else:
             assert parameter.default is inspect.Parameter.empty, f"{page}: `{text}`: {name} has a default ({parameter.default!r}) the page does not show"
+
+
+# -- the fields of the records the pages list ------------------------------------------------------
+
+# (page, where the list starts, where it ends, the record's dotted path, names listed that are
+# properties or methods rather than fields)
+_RECORD_LISTS = [
+    ("docs/api.md", "A `Command` asks to change one Group:", ". IDs are", "mwpstore.Command", ()),
+    ("docs/api.md", "An `Event` carries", " (see [format/canonical.md]", "mwpstore.Event", ()),
+    ("docs/api.md", "It returns one `AcceptResult` per Command, in order:", ". A rejected Command", "mwpstore.AcceptResult", ("ok", "error", "unwrap")),
+    ("docs/api.md", "(an `OpenReport`:", ")", "mwpstore.OpenReport", ()),
+    ("docs/api.md", "returns a `SnapshotRef` (", ")", "mwpstore.SnapshotRef", ()),
+    ("docs/api.md", "logs an `ArchiveRecord` of both (", ")", "mwpstore.ArchiveRecord", ()),
+    ("docs/api.md", "`CompactionReport` (", ";", "mwpstore.CompactionReport", ()),
+    ("docs/api.md", "it returns a `VerifyReport` (", ")", "mwpstore.VerifyReport", ("ok",)),
+    ("docs/agent-store.md", "| `heads` | `G` | msgpack `[", "]`", "mwpstore.agent_store.GroupHead", ()),
+]
+
+
+def _record_fields(dotted: str) -> list[str]:
+    import dataclasses
+
+    import msgspec
+
+    record = _resolve(dotted)
+    if isinstance(record, type) and issubclass(record, msgspec.Struct):
+        return list(record.__struct_fields__)
+    return [field.name for field in dataclasses.fields(record)]
+
+
+@pytest.mark.parametrize(("page", "start", "end", "target", "extra"), _RECORD_LISTS, ids=[target.rsplit(".", 1)[1] for *_, target, _ in _RECORD_LISTS])
+def test_every_record_field_list_is_the_code_s(page: str, start: str, end: str, target: str, extra: tuple[str, ...]) -> None:
+    """Where a page lists a record's fields, it lists every field, in the record's order, and
+    nothing else but the properties and methods named with it."""
+    with open(os.path.join(ROOT, page), encoding="utf-8") as handle:
+        text = " ".join(handle.read().split())
+    assert start in text, f"{page} no longer says {start!r}"
+    begin = text.index(start) + len(start)
+    listing = text[begin : text.index(end, begin)]
+    if "`[" in start:  # one code span: `[a, b, c]`
+        names = [name.strip() for name in listing.split(",")]
+    else:
+        names = [name for name in re.findall(r"`(\w+)(?:\(\))?`", listing)]
+    fields = _record_fields(target)
+    assert [name for name in names if name not in extra] == fields, f"{page}: {target} has {fields}, the page lists {names}"
+    assert set(extra) <= set(names)
