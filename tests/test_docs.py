@@ -487,3 +487,29 @@ def test_every_record_field_list_is_the_code_s(page: str, start: str, end: str, 
     fields = _record_fields(target)
     assert [name for name in names if name not in extra] == fields, f"{page}: {target} has {fields}, the page lists {names}"
     assert set(extra) <= set(names)
+
+
+# -- the work-model transitions table --------------------------------------------------------------
+
+
+def test_the_transitions_table_names_every_work_model_kind_its_issuer_and_compare_and_set() -> None:
+    """docs/work-model.md's Transitions table: one row per work-model kind, its "who" column the
+    roles the engine lets issue it (a lease holder is a worker, "the agent" any member, "the
+    engine" no member at all) and "yes" in the CAS column exactly for the compare-and-set kinds."""
+    from mwpstore import work_model
+    from mwpstore.registry import kind_spec
+
+    with open(os.path.join(ROOT, "docs", "work-model.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    table = text[text.index("| kind | who | CAS |") : text.index("Claim checks run in the order listed")]
+    rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:] if line.startswith("| `")]
+    issuers = {"owner": frozenset({"owner"}), "worker": frozenset({"worker"}), "lease holder": frozenset({"worker"}),
+               "approver": frozenset({"approver"}), "the agent": frozenset({"owner", "worker", "approver", "observer"})}
+    assert sorted(row[0].strip("`") for row in rows) == sorted(work_model.WORK_MODEL_KINDS)
+    for kind, who, cas, *_ in rows:
+        spec = kind_spec(kind.strip("`"))
+        if who == "the engine":
+            assert spec.system_only, kind
+        else:
+            assert not spec.system_only and spec.roles == issuers[who], f"{kind}: the page says {who}, the code {spec.roles}"
+        assert spec.compare_and_set == (cas == "yes"), f"{kind}: CAS column {cas!r}"
