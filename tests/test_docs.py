@@ -513,3 +513,49 @@ def test_the_transitions_table_names_every_work_model_kind_its_issuer_and_compar
         else:
             assert not spec.system_only and spec.roles == issuers[who], f"{kind}: the page says {who}, the code {spec.roles}"
         assert spec.compare_and_set == (cas == "yes"), f"{kind}: CAS column {cas!r}"
+
+
+# -- links between the pages -----------------------------------------------------------------------
+
+_FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
+def _heading_anchors(path: str) -> set[str]:
+    """The anchors GitHub gives the headings of ``path``: lowercased, punctuation but `-` and `_`
+    dropped, spaces as `-`; a repeated heading gets `-1`, `-2`, ..."""
+    with open(path, encoding="utf-8") as handle:
+        text = _FENCE.sub("", handle.read())
+    anchors: set[str] = set()
+    seen: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} (.*)$", text, re.MULTILINE):
+        anchor = re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+        seen[anchor] = seen.get(anchor, -1) + 1
+        anchors.add(f"{anchor}-{seen[anchor]}" if seen[anchor] else anchor)
+    return anchors
+
+
+def _relative_links() -> list[tuple[str, str]]:
+    found = []
+    for path in documentation_pages():
+        with open(path, encoding="utf-8") as handle:
+            text = _FENCE.sub("", handle.read())
+        for link in re.findall(r"\]\(([^)\s]+)\)", text):
+            if not re.match(r"[a-z]+:", link):
+                found.append((os.path.relpath(path, ROOT), link))
+    return found
+
+
+LINKS = _relative_links()
+
+
+def test_the_pages_link_to_each_other() -> None:
+    assert len(LINKS) >= 50
+
+
+@pytest.mark.parametrize(("page", "link"), LINKS, ids=[f"{page}: {link}" for page, link in LINKS])
+def test_every_relative_link_names_a_file_that_exists_and_a_heading_it_has(page: str, link: str) -> None:
+    target, _, fragment = link.partition("#")
+    path = os.path.normpath(os.path.join(ROOT, os.path.dirname(page), target)) if target else os.path.join(ROOT, page)
+    assert os.path.exists(path), f"{page} links to {link}, which does not exist"
+    if fragment:
+        assert fragment in _heading_anchors(path), f"{page} links to {link}: {os.path.relpath(path, ROOT)} has no such heading"
