@@ -559,3 +559,19 @@ def test_every_relative_link_names_a_file_that_exists_and_a_heading_it_has(page:
     assert os.path.exists(path), f"{page} links to {link}, which does not exist"
     if fragment:
         assert fragment in _heading_anchors(path), f"{page} links to {link}: {os.path.relpath(path, ROOT)} has no such heading"
+
+
+def test_the_agent_store_layout_table_is_the_code_s() -> None:
+    """docs/agent-store.md, "LMDB layout": one row per sub-database, in the code's order; the
+    presence tags; the format version the `meta` row names."""
+    from mwpstore import agent_store
+
+    with open(os.path.join(ROOT, "docs", "agent-store.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    table = text[text.index("| database | key | value |") : text.index("Group IDs and projection names are checked IDs")]
+    rows = [line.split("|")[1:4] for line in table.splitlines()[2:] if line.startswith("| `")]
+    assert [name.strip().strip("`").encode() for name, _, _ in rows] == list(agent_store._DATABASES)
+    presence = next(key for name, key, _ in rows if name.strip() == "`presence`")
+    assert dict((name.encode(), tag.encode()) for name, tag in re.findall(r"`(\w+)` \(`(\w)`\)", presence)) == agent_store._PRESENCE_TAGS
+    meta = next(value for name, _, value in rows if name.strip() == "`meta`")
+    assert f"(`{agent_store.FORMAT_VERSION}`:" in meta
