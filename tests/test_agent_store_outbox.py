@@ -375,3 +375,16 @@ def test_crash_after_the_external_call_finds_the_receipt_by_lookup(tmp_path):
     assert agent.dispatch(intent.key, service.call, lookup=service.lookup) == {"paid": True}
     assert service.calls == []
     agent.close()
+
+
+def test_crash_after_the_receipt_is_recorded_returns_it_without_calling_again(tmp_path):
+    run_child(tmp_path, "agent.after_receipt")  # killed once the receipt's commit returned
+    calls = (tmp_path / "calls").read_text().split()
+    agent = AgentStore.open(tmp_path / "a")
+    assert agent.intents(pending_only=True) == []
+    [intent] = agent.intents()
+    assert calls == [intent.key] and intent.state is IntentState.DONE and intent.receipt == {"paid": True}
+    service = ExternalService()
+    assert agent.dispatch(intent.key, service.call, lookup=service.lookup) == {"paid": True}
+    assert service.calls == []
+    agent.close()

@@ -575,3 +575,20 @@ def test_the_agent_store_layout_table_is_the_code_s() -> None:
     assert dict((name.encode(), tag.encode()) for name, tag in re.findall(r"`(\w+)` \(`(\w)`\)", presence)) == agent_store._PRESENCE_TAGS
     meta = next(value for name, _, value in rows if name.strip() == "`meta`")
     assert f"(`{agent_store.FORMAT_VERSION}`:" in meta
+
+
+def test_the_agent_store_fail_point_table_is_every_agent_fail_point_and_each_is_killed_at() -> None:
+    """docs/agent-store.md's fail point table names every `agent.*` fail point the code has, and
+    the two test files it names kill a child at each one."""
+    with open(os.path.join(ROOT, "docs", "agent-store.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    table = text[text.index("| fail point | where |") : text.index("`tests/test_agent_store_crash.py` kills")]
+    documented = re.findall(r"`(agent\.[a-z_]+)`", table)
+    with open(os.path.join(ROOT, "mwpstore", "agent_store.py"), encoding="utf-8") as handle:
+        in_code = re.findall(r"failpoints\.hit\(\"(agent\.[a-z_]+)\"\)", handle.read())
+    assert sorted(documented) == sorted(in_code)
+    tests = ""
+    for name in ("test_agent_store_crash.py", "test_agent_store_outbox.py"):
+        with open(os.path.join(ROOT, "tests", name), encoding="utf-8") as handle:
+            tests += handle.read()
+    assert [name for name in documented if f'"{name}"' not in tests] == []
