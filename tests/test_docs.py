@@ -275,6 +275,15 @@ def test_the_readme_lists_every_command() -> None:
     assert listed == _subcommands()
 
 
+def test_every_command_but_bench_takes_json() -> None:
+    """README.md: "Every command except `bench` takes `--json`"."""
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as handle:
+        assert "Every command except `bench` takes `--json`" in " ".join(handle.read().split())
+    commands = _subcommand_parsers()
+    takes_json = {name for name, parser in commands.items() if any("--json" in action.option_strings for action in parser._actions)}
+    assert set(commands) - takes_json == {"bench"}
+
+
 def test_the_operations_table_covers_every_store_command() -> None:
     """Every command that takes --store has a row in docs/operations.md's table."""
     with open(os.path.join(ROOT, "docs", "operations.md"), encoding="utf-8") as handle:
