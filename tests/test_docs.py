@@ -601,3 +601,50 @@ def test_the_agent_store_fail_point_table_is_every_agent_fail_point_and_each_is_
         with open(os.path.join(ROOT, "tests", name), encoding="utf-8") as handle:
             tests += handle.read()
     assert [name for name in documented if f'"{name}"' not in tests] == []
+
+
+def test_the_work_model_state_tables_name_every_field_in_the_order_the_rules_write_them() -> None:
+    """docs/work-model.md, "State": the Membership, WorkItem, Execution Lease, Work Contract,
+    Approval and Mission tables (and the Approval's list) name the fields of the states the rules
+    write, in their order. These names are an interface: agents read them."""
+    import mwpstore
+    from mwpstore import Command
+
+    with open(os.path.join(ROOT, "docs", "work-model.md"), encoding="utf-8") as handle:
+        text = handle.read()
+
+    def section(heading: str) -> str:
+        start = text.index(f"\n### {heading}")
+        return text[start : text.index("\n#", start + 1)]
+
+    def table_fields(heading: str) -> list[str]:
+        return [line.split("`")[1] for line in section(heading).splitlines() if line.startswith("| `")]
+
+    contract = {"max_attempts": 3, "backoff_initial_ms": 100, "backoff_multiplier": 2, "backoff_max_ms": 1000,
+                "cost_limit": 10, "deadline_ms": None, "lease_ms": 5000, "start_ms": 1000}
+    group = mwpstore.MemoryGroup("g-1")
+    key = "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c"  # an Ed25519 public key
+    for number, (actor, kind, target, body, revision) in enumerate([
+        ("alice", "group.create", "g-1", {"org": "acme"}, None),
+        ("alice", "membership.add", "bob", {"role": "worker", "public_key": key}, 0),
+        ("alice", "mission.create", "m-1", {"title": "t", "cost_limit": 5}, None),
+        ("alice", "workitem.create", "wi-1", {"mission": "m-1", "contract": contract}, None),
+    ]):
+        group.accept(Command(actor=actor, action_id=f"a-{number}", group="g-1", kind=kind, target=target, body=body,
+                             expected_revision=revision), now_ms=1000)
+    group.accept(Command(actor="alice", action_id="a-9", group="g-1", kind="membership.add", target="ann",
+                         body={"role": "worker"}, expected_revision=0), now_ms=1000)
+    claim = Command(actor="ann", action_id="n-1", group="g-1", kind="workitem.claim", target="wi-1",
+                    body={"session_epoch": 1}, expected_revision=group.revision("workitem:wi-1"))
+    group.accept(claim, now_ms=1000)
+    group.accept(Command(actor="ann", action_id="n-2", group="g-1", kind="approval.request", target="ap-1",
+                         body={"workitem": "wi-1", "operation": "submit"}), now_ms=1000)
+    workitem = group.get("workitem:wi-1")
+    assert table_fields("Membership") == list(group.get("member:bob"))
+    assert table_fields("WorkItem") == list(workitem)
+    assert table_fields("Execution Lease") == list(workitem["lease"])
+    assert table_fields("Work Contract") == list(workitem["contract"])
+    assert table_fields("Mission") == list(group.get("mission:m-1"))
+    approval = section("Approval").split("\n\n")[1]
+    listed = re.sub(r"\([^)]*\)", "", approval.split(". The requester")[0])  # the state's values in parentheses
+    assert re.findall(r"`(\w+)`", listed) == list(group.get("approval:ap-1"))
