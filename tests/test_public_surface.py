@@ -79,6 +79,27 @@ def test_the_api_page_names_every_public_name() -> None:
     assert missing == []
 
 
+def test_importing_mwpstore_loads_no_compiled_log_and_each_lazy_name_loads_on_first_use() -> None:
+    """docs/api.md: the authority, the agent side and snapshots are "loaded on first use, so that
+    importing `mwpstore` does not load the compiled log"; each name the page lists there resolves
+    when first used."""
+    import subprocess
+    import sys
+
+    listed = API[API.index("loaded on first use") : API.index("- Names that live only in their own module")]
+    lazy = re.findall(r"`(\w+)`", listed.split(":", 1)[1])
+    assert {"Authority", "AgentStore", "verify_snapshot"} <= set(lazy)
+    heavy = ["mwpstore.segment_log", "mwpstore._segment_log_c", "mwpstore.authority", "mwpstore.agent_store", "mwpstore.snapshot"]
+    script = (
+        "import sys, mwpstore\n"
+        f"print(sorted(name for name in {heavy!r} if name in sys.modules))\n"
+        f"print(all(getattr(mwpstore, name) is not None for name in {lazy!r}))\n"
+        "print('mwpstore._segment_log_c' in sys.modules)\n"
+    )
+    output = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=ROOT).stdout
+    assert output.split("\n")[:3] == ["[]", "True", "True"]
+
+
 # -- the command line's exit codes -----------------------------------------------------------------
 
 
