@@ -1873,6 +1873,10 @@ class Authority:
         index equals a rebuild, every snapshot against the store's key, and every kept audit log
         against its Group's signed final snapshot (``key_provider`` as for :meth:`archive`)."""
         progress = checked_progress(progress)
+        if key_provider is not None and not callable(getattr(key_provider, "key_for", None)):
+            # Checked before anything runs, whether or not the store keeps an audit log for it to
+            # read: an object that is no provider would otherwise escape as its AttributeError.
+            raise InvalidCommand("key_provider must have key_for(org, key_id), as audit_log.FileKeyProvider has", field="key_provider")
         self._refuse_readonly("verify")  # it builds a scratch index in the store's directory
         self._refuse_inside_commit("verify")  # its comparison waits for the commit role
         log, index = self._pair  # one consistent pair, even if a compaction swaps them meanwhile

@@ -356,3 +356,21 @@ def test_an_index_a_rebuild_put_in_place_is_not_clean_until_close(tmp_path, monk
     monkeypatch.setenv("MWPSTORE_BOOT_ID", "boot-2")
     with Authority.open(path) as authority:
         assert (authority.open_report.mode, authority.head(GROUP)[0]) == ("rebuild", 7)
+
+
+@pytest.mark.parametrize("archived", [True, False], ids=["with an audit log", "without one"])
+@pytest.mark.parametrize("provider", [object(), 5, "keys/orgs", 0], ids=repr)
+def test_a_key_provider_that_is_no_provider_is_an_invalid_command_before_verify_runs(tmp_path, archived, provider):
+    """verify(key_provider=) takes a provider as archive() does (docs/api.md): an object without
+    key_for is InvalidCommand naming key_provider, as archive refuses it, not an AttributeError
+    (an error that leaves the API is an MwpError), and whether or not an audit log needs it."""
+    import mwpstore
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        if archived:
+            authority.archive(GROUP, actor=OWNER, action_id="archive")
+        with pytest.raises(mwpstore.InvalidCommand) as refused:
+            authority.verify(key_provider=provider)
+        assert refused.value.detail["field"] == "key_provider"
+        assert not [name for name in os.listdir(authority.path) if name.startswith("index.verify")]
+        assert authority.verify().ok
