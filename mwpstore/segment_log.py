@@ -390,20 +390,36 @@ def _mount_device(path: str) -> tuple[int, int] | None:
         target = os.path.realpath(path)
     except (OSError, ValueError):
         return None
-    found, depth = None, -1
     # A line: mount id, parent id, major:minor, root, mount point, options..., e.g.
     # "61 1 0:52 /home /srv/data rw - btrfs /dev/sdb1 rw"; the mount point has space, tab,
     # newline and backslash as octal escapes (\040).
+    mounts: list[tuple[str, str, str, tuple[int, int]]] = []  # id, parent id, point, device
     for fields in map(str.split, text.splitlines()):
         if len(fields) < 5:
             continue
         point = re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), fields[4])
-        inside = target == point or target.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= depth:  # the deepest mount, and of equal ones the latest, covers it
-            major, _, minor = fields[2].partition(":")
-            if major.isdigit() and minor.isdigit():
-                found, depth = (int(major), int(minor)), len(point)
-    return found
+        major, _, minor = fields[2].partition(":")
+        if major.isdigit() and minor.isdigit():
+            mounts.append((fields[0], fields[1], point, (int(major), int(minor))))
+    # Walk the mount tree down the path, as a path lookup does: from the root, each step goes to a
+    # child mount that covers the path. Of a mount's children, the one on the shortest point is
+    # the visible one (a deeper sibling was mounted first and is hidden under it, else it would be
+    # the shallower one's child), and of equal ones the latest; a mount stacked on its parent's
+    # point is that parent's child, so the walk ends on the top of the stack.
+    ids = {mount_id for mount_id, _, _, _ in mounts}
+    covering = [mount for mount in mounts if target == mount[2] or target.startswith(mount[2].rstrip("/") + "/")]
+    roots = [mount for mount in covering if mount[1] not in ids]
+    if not roots:
+        return None
+    current, seen = roots[-1], set()
+    while current[0] not in seen:  # a cycle (a damaged or forged listing) ends the walk
+        seen.add(current[0])
+        children = [mount for mount in covering if mount[1] == current[0] and mount[0] not in seen]
+        if not children:
+            break
+        shortest = min(len(point) for _, _, point, _ in children)
+        current = [mount for mount in children if len(mount[2]) == shortest][-1]
+    return current[3]
 
 
 def _pread_all(fd: int, length: int, offset: int) -> bytes:

@@ -49,6 +49,37 @@ def test_the_probe_takes_the_latest_of_mounts_stacked_on_one_mount_point(tmp_pat
     assert not _probe_with_mounts(monkeypatch, directory, mounts, "00:386")  # 0:902, hidden
 
 
+def test_the_probe_takes_a_later_mount_on_a_parent_over_an_earlier_deeper_one(tmp_path, monkeypatch):
+    """A file system mounted on the log's directory first, then another on its parent: the
+    second hides the first (it is the root's child, not the first one's), so the log's files are
+    on the second and /proc/locks names them by its device, though the hidden mount is deeper."""
+    directory = str(tmp_path / "log")
+    build(directory, [[b"one"]])
+    status = os.stat(os.path.join(directory, LOCK_FILE_NAME))
+    assert (os.major(status.st_dev), os.minor(status.st_dev)) not in {(0, 902), (0, 903)}
+    parent = os.path.realpath(str(tmp_path))
+    mounts = (
+        "20 1 0:901 / / rw - ext4 /dev/vda rw\n"
+        f"61 20 0:902 / {parent}/log rw - btrfs /dev/vdb rw\n"  # deeper, mounted first
+        f"62 20 0:903 / {parent} rw - btrfs /dev/vdc rw\n"  # on the parent, later: hides it
+        f"63 62 0:904 / {parent}/logs rw - btrfs /dev/vdd rw\n"  # a child, but only a prefix of the name
+    )
+    assert _probe_with_mounts(monkeypatch, directory, mounts, "00:387")  # 0:903
+    assert not _probe_with_mounts(monkeypatch, directory, mounts, "00:386")  # 0:902, hidden
+
+
+def test_the_probe_ends_a_walk_over_a_listing_whose_parents_form_a_cycle(tmp_path, monkeypatch):
+    """A listing no kernel writes (two mounts each the other's parent, no root) gives no device:
+    the probe goes by the stat device alone and does not loop."""
+    directory = str(tmp_path / "log")
+    build(directory, [[b"one"]])
+    status = os.stat(os.path.join(directory, LOCK_FILE_NAME))
+    ours = f"{os.major(status.st_dev):02x}:{os.minor(status.st_dev):02x}"
+    mounts = "20 21 0:901 / / rw - ext4 /dev/vda rw\n21 20 0:902 / / rw - ext4 /dev/vdb rw\n"
+    assert _probe_with_mounts(monkeypatch, directory, mounts, ours)
+    assert not _probe_with_mounts(monkeypatch, directory, mounts, "00:386")
+
+
 
 # -- a read-only open meets a compaction's switch --------------------------------------------------
 
