@@ -1653,7 +1653,7 @@ class Authority:
             # an accepted audit.delete (e.g. a legal order) before archival finished: the history
             # it ordered deleted is not written out again
             raise InvalidState(f"the audit log of group {group!r} was deleted (audit.delete); it is not written again", state="deleted")
-        provider = key_provider or FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
+        provider = key_provider if key_provider is not None else FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
         if group_state is not None:  # a provider that cannot give the Organization's key fails here, before group.archive
             _provider_call(lambda: provider.current_key(group_state["org"]), "key_provider.current_key")
         if group_state is None or group_state.get("status") != "archived":
@@ -1950,7 +1950,7 @@ class Authority:
                 keyrings.append(self.keyring())
             return keyrings[0]
 
-        provider = key_provider or FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
+        provider = key_provider if key_provider is not None else FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
         for group in self.groups():
             for ref in self.snapshots(group):
                 try:

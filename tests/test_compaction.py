@@ -496,7 +496,7 @@ def test_archive_checks_the_key_provider_before_it_archives_the_group(tmp_path):
             raise KeyError(org)
 
     with open_with_group(str(tmp_path / "s")) as authority:
-        for provider in (UnknownOrganization(), object()):
+        for provider in (UnknownOrganization(), object(), 0, ""):  # a falsy one is no provider either
             with pytest.raises(InvalidCommand) as caught:
                 authority.archive(GROUP, actor=OWNER, action_id="archive", key_provider=provider)
             assert caught.value.detail["field"] == "key_provider"
