@@ -21,7 +21,7 @@ from typing import Any
 
 from . import canonical
 from .errors import AlreadyExists, ApprovalRequired, InvalidCommand, InvalidState, NotFound
-from .kinds import body_str, check_unknown_fields
+from .kinds import OPERATION_CHARS_MAX, body_str, check_unknown_fields
 from .leases import workitem_key
 from .messages import Command, Event
 from .registry import Context, Decision, KindSpec, StateView, aggregate_key, register
@@ -66,7 +66,7 @@ def _decide_request(view: StateView, command: Command, context: Context) -> Deci
     workitem = body_str(command, "workitem")
     assert workitem is not None
     canonical.check_id(workitem, "body.workitem")
-    operation = body_str(command, "operation", max_chars=128)
+    operation = body_str(command, "operation", max_chars=OPERATION_CHARS_MAX)
     reason = body_str(command, "reason", required=False) or ""
     if view.get(approval_key(command.target)) is not None:
         raise AlreadyExists(f"approval {command.target!r} already exists", field="target")

@@ -24,6 +24,9 @@ from .registry import (
 )
 
 
+OPERATION_CHARS_MAX = 128  # an Approval's operation name, and each name a Mission's approval_required lists
+
+
 def body_str(command: Command, name: str, *, required: bool = True, max_chars: int = 1024) -> str | None:
     value = command.body.get(name)
     if value is None and not required:
@@ -42,10 +45,12 @@ def body_int(command: Command, name: str, *, required: bool = True, minimum: int
     return value
 
 
-def body_str_list(command: Command, name: str) -> list[str]:
+def body_str_list(command: Command, name: str, *, max_chars: int) -> list[str]:
     value = command.body.get(name, [])
-    if type(value) is not list or any(type(item) is not str or not item for item in value):
-        raise InvalidCommand(f"body.{name} must be a list of non-empty strings", field=f"body.{name}")
+    if type(value) is not list or any(type(item) is not str or not item or len(item) > max_chars for item in value):
+        raise InvalidCommand(
+            f"body.{name} must be a list of non-empty strings of at most {max_chars} characters", field=f"body.{name}"
+        )
     return sorted(set(value))
 
 
@@ -163,7 +168,8 @@ def _mission_fields(command: Command, *, creating: bool) -> dict[str, Any]:
     if creating or "cost_limit" in command.body:
         fields["cost_limit"] = body_int(command, "cost_limit", default=None if not creating else 0)
     if creating or "approval_required" in command.body:
-        fields["approval_required"] = body_str_list(command, "approval_required")
+        # at most what approval.request takes as an operation: a longer name could never be approved
+        fields["approval_required"] = body_str_list(command, "approval_required", max_chars=OPERATION_CHARS_MAX)
     return fields
 
 

@@ -340,6 +340,17 @@ def test_a_missions_approval_list_is_a_list_of_non_empty_names(h: Harness, appro
              field="body.approval_required")
 
 
+def test_a_missions_approval_names_are_no_longer_than_an_approval_can_name(h: Harness):
+    """approval.request takes an operation of at most 128 characters: a Mission listing a longer
+    name would gate an operation no Approval could ever approve, so the Mission is refused."""
+    h.reject(InvalidCommand, "owner", "mission.create", "m2", {"title": "t", "approval_required": ["p" * 129]},
+             field="body.approval_required")
+    h.reject(InvalidCommand, "owner", "mission.update", "m1", {"approval_required": ["publish", "p" * 129]}, cas=True,
+             field="body.approval_required")
+    h.accept("owner", "mission.create", "m2", {"title": "t", "approval_required": ["p" * 128]})
+    assert h.get("mission:m2")["approval_required"] == ["p" * 128]
+
+
 def test_the_first_unknown_field_in_name_order_is_the_one_named(h: Harness):
     h.reject(InvalidCommand, "owner", "mission.create", "m2", {"title": "t", "zeta": 1, "alpha": 2}, field="body.alpha")
 
