@@ -32,38 +32,33 @@ def _probe_with_mounts(monkeypatch, directory: str, mounts: str, lock_device: st
     return segment_log._writer_holds_lock(directory)
 
 
-def test_the_probe_takes_the_latest_of_mounts_stacked_on_one_mount_point(tmp_path, monkeypatch):
-    """Two file systems mounted on the same point: the later one hides the first, and the log's
-    files are on it, so /proc/locks names them by its device, not the hidden one's."""
+# Mount listings under which the log's files are on 0:903 and 0:902 is hidden ({parent} is the
+# directory the log's directory is in).
+HIDDEN_MOUNTS = {
+    # two file systems mounted on the same point: the later one, the earlier one's child, hides it
+    "stacked on one point": (
+        "61 20 0:902 / {parent} rw - btrfs /dev/vdb rw\n"
+        "62 61 0:903 / {parent} rw - btrfs /dev/vdc rw\n"
+    ),
+    # one on the log's directory first, then one on its parent: the second is the root's child,
+    # not the first one's, and hides it, though the hidden mount is deeper
+    "a later one on a parent": (
+        "61 20 0:902 / {parent}/log rw - btrfs /dev/vdb rw\n"
+        "62 20 0:903 / {parent} rw - btrfs /dev/vdc rw\n"
+        "63 62 0:904 / {parent}/logs rw - btrfs /dev/vdd rw\n"  # a child, but only a prefix of the name
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(HIDDEN_MOUNTS))
+def test_the_probe_takes_the_device_of_the_mount_a_path_lookup_reaches(tmp_path, monkeypatch, layout):
+    """/proc/locks names the log's files by the device of the mount they are on: the one a walk
+    of the mount tree down the path reaches, not a mount hidden under it."""
     directory = str(tmp_path / "log")
     build(directory, [[b"one"]])
     status = os.stat(os.path.join(directory, LOCK_FILE_NAME))
     assert (os.major(status.st_dev), os.minor(status.st_dev)) not in {(0, 902), (0, 903)}
-    parent = os.path.realpath(str(tmp_path))
-    mounts = (
-        "20 1 0:901 / / rw - ext4 /dev/vda rw\n"
-        f"61 20 0:902 / {parent} rw - btrfs /dev/vdb rw\n"
-        f"62 61 0:903 / {parent} rw - btrfs /dev/vdc rw\n"  # mounted over the one before
-    )
-    assert _probe_with_mounts(monkeypatch, directory, mounts, "00:387")  # 0:903
-    assert not _probe_with_mounts(monkeypatch, directory, mounts, "00:386")  # 0:902, hidden
-
-
-def test_the_probe_takes_a_later_mount_on_a_parent_over_an_earlier_deeper_one(tmp_path, monkeypatch):
-    """A file system mounted on the log's directory first, then another on its parent: the
-    second hides the first (it is the root's child, not the first one's), so the log's files are
-    on the second and /proc/locks names them by its device, though the hidden mount is deeper."""
-    directory = str(tmp_path / "log")
-    build(directory, [[b"one"]])
-    status = os.stat(os.path.join(directory, LOCK_FILE_NAME))
-    assert (os.major(status.st_dev), os.minor(status.st_dev)) not in {(0, 902), (0, 903)}
-    parent = os.path.realpath(str(tmp_path))
-    mounts = (
-        "20 1 0:901 / / rw - ext4 /dev/vda rw\n"
-        f"61 20 0:902 / {parent}/log rw - btrfs /dev/vdb rw\n"  # deeper, mounted first
-        f"62 20 0:903 / {parent} rw - btrfs /dev/vdc rw\n"  # on the parent, later: hides it
-        f"63 62 0:904 / {parent}/logs rw - btrfs /dev/vdd rw\n"  # a child, but only a prefix of the name
-    )
+    mounts = "20 1 0:901 / / rw - ext4 /dev/vda rw\n" + HIDDEN_MOUNTS[layout].format(parent=os.path.realpath(str(tmp_path)))
     assert _probe_with_mounts(monkeypatch, directory, mounts, "00:387")  # 0:903
     assert not _probe_with_mounts(monkeypatch, directory, mounts, "00:386")  # 0:902, hidden
 
