@@ -1641,8 +1641,15 @@ class Authority:
             # nonces) and both log a record: the record logged last need not name the file left.
             return self._archive(group, actor=actor, action_id=action_id, reason=reason, key_provider=key_provider)
 
+    def _org_keys(self, key_provider: Any) -> Any:
+        """The Organizations' audit-log keys: ``key_provider``, or the store's own files under
+        ``keys/orgs`` when it is None (only None: any other object is the caller's provider)."""
+        from .audit_log import FileKeyProvider
+
+        return key_provider if key_provider is not None else FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
+
     def _archive(self, group: str, *, actor: str, action_id: str, reason: str, key_provider: Any) -> ArchiveRecord:
-        from .audit_log import FileKeyProvider, verify_audit_log_against_snapshot, write_audit_log
+        from .audit_log import verify_audit_log_against_snapshot, write_audit_log
         from .snapshot import verify_snapshot
 
         existing = self.archive_record(group)
@@ -1653,7 +1660,7 @@ class Authority:
             # an accepted audit.delete (e.g. a legal order) before archival finished: the history
             # it ordered deleted is not written out again
             raise InvalidState(f"the audit log of group {group!r} was deleted (audit.delete); it is not written again", state="deleted")
-        provider = key_provider if key_provider is not None else FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
+        provider = self._org_keys(key_provider)
         if group_state is not None:  # a provider that cannot give the Organization's key fails here, before group.archive
             _provider_call(lambda: provider.current_key(group_state["org"]), "key_provider.current_key")
         if group_state is None or group_state.get("status") != "archived":
@@ -1939,7 +1946,7 @@ class Authority:
 
     def _verify_files(self, key_provider: Any) -> list[str]:
         """Snapshots and audit logs: each problem names the file and the failed check."""
-        from .audit_log import FileKeyProvider, verify_audit_log_against_snapshot
+        from .audit_log import verify_audit_log_against_snapshot
         from .snapshot import check_snapshot_ref, verify_snapshot
 
         problems = []
@@ -1950,7 +1957,7 @@ class Authority:
                 keyrings.append(self.keyring())
             return keyrings[0]
 
-        provider = key_provider if key_provider is not None else FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
+        provider = self._org_keys(key_provider)
         for group in self.groups():
             for ref in self.snapshots(group):
                 try:

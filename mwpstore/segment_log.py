@@ -411,14 +411,12 @@ def _mount_device(path: str) -> tuple[int, int] | None:
     roots = [mount for mount in covering if mount[1] not in ids]
     if not roots:
         return None
-    current, seen = roots[-1], set()
-    while current[0] not in seen:  # a cycle (a damaged or forged listing) ends the walk
-        seen.add(current[0])
-        children = [mount for mount in covering if mount[1] == current[0] and mount[0] not in seen]
-        if not children:
-            break
+    current = roots[-1]
+    seen = {current[0]}  # a mount met again (a cycle in a damaged or forged listing) ends the walk
+    while children := [mount for mount in covering if mount[1] == current[0] and mount[0] not in seen]:
         shortest = min(len(point) for _, _, point, _ in children)
         current = [mount for mount in children if len(mount[2]) == shortest][-1]
+        seen.add(current[0])
     return current[3]
 
 

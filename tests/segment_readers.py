@@ -4,9 +4,12 @@ as a plain value — the records served with the end, or the damage named."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
+from collections.abc import Iterator
 
+from mwpstore import segment_log
 from mwpstore.errors import Corruption
 from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
 from mwpstore.segment_reference import read_log
@@ -52,3 +55,27 @@ def files_of(directory: str) -> dict[str, bytes]:
 def scratch_directory(prefix: str = "mwpstore-segments-") -> str:
     """A new directory for segment files, in memory (/dev/shm) where that is writable."""
     return tempfile.mkdtemp(prefix=prefix, dir="/dev/shm" if os.access("/dev/shm", os.W_OK) else None)
+
+
+@contextlib.contextmanager
+def directory_switched_at_open(monkeypatch, directory: str, *, at_open: int = 1, **options) -> Iterator[list[SegmentLog]]:
+    """As a compaction's switch: at the ``at_open``-th segment file a log open takes by name, the
+    directory is renamed to ``directory + ".old"`` and a new log, opened with ``options`` and given
+    one record, takes its name, its writer still holding it. Yields the list that then holds that
+    writer; closes it at the end."""
+    real, opened, writers = segment_log._open_segment_fd, [], []
+
+    def open_segment_fd(path):
+        opened.append(path)
+        if len(opened) == at_open:
+            os.rename(directory, directory + ".old")
+            writers.append(SegmentLog.open(directory, **options))
+            writers[0].append([b"new"])
+        return real(path)
+
+    monkeypatch.setattr(segment_log, "_open_segment_fd", open_segment_fd)
+    try:
+        yield writers
+    finally:
+        for writer in writers:
+            writer.close()

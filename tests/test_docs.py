@@ -31,6 +31,14 @@ def documentation_pages() -> list[str]:
     return pages
 
 
+def page_text(relative: str, *, flat: bool = False) -> str:
+    """The text of ``relative`` (a path under the repository); ``flat``: every run of whitespace one
+    space, so that a phrase matches across the page's line breaks."""
+    with open(os.path.join(ROOT, relative), encoding="utf-8") as handle:
+        text = handle.read()
+    return " ".join(text.split()) if flat else text
+
+
 BLOCKS = python_blocks(API)
 EXAMPLES = [(path, line, source) for path in documentation_pages() for line, source in python_blocks(path)]
 
@@ -277,8 +285,7 @@ def test_the_readme_lists_every_command() -> None:
 
 def test_every_command_but_bench_takes_json() -> None:
     """README.md: "Every command except `bench` takes `--json`"."""
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as handle:
-        assert "Every command except `bench` takes `--json`" in " ".join(handle.read().split())
+    assert "Every command except `bench` takes `--json`" in page_text("README.md", flat=True)
     commands = _subcommand_parsers()
     takes_json = {name for name, parser in commands.items() if any("--json" in action.option_strings for action in parser._actions)}
     assert set(commands) - takes_json == {"bench"}
@@ -405,7 +412,7 @@ def _signature_targets() -> list[tuple[str, str, str]]:
     ]
 
 
-SIGNATURES = [(page, text, target) for page, text, target in _signature_targets() if target is not None]
+SIGNATURES = _signature_targets()
 
 
 def _resolve(dotted: str) -> object:
@@ -426,8 +433,7 @@ def test_every_written_out_signature_is_the_code_s(page: str, text: str, target:
     import ast
     import inspect
 
-    with open(os.path.join(ROOT, page), encoding="utf-8") as handle:
-        assert f"`{text}" in " ".join(handle.read().split()), f"{page} does not show `{text}`"
+    assert f"`{text}" in page_text(page, flat=True), f"{page} does not show `{text}`"
     written = text[text.rindex("(", 0, text.rindex("(") + 1) + 1 : -1]
     written = re.sub(r"(\d+) (KiB|MiB|GiB)", lambda match: str(int(match.group(1)) * _UNITS[match.group(2)]), written)
     tokens = [token.strip() for token in written.split(",")] if written.strip() else []
@@ -484,8 +490,7 @@ def _record_fields(dotted: str) -> list[str]:
 def test_every_record_field_list_is_the_code_s(page: str, start: str, end: str, target: str, extra: tuple[str, ...]) -> None:
     """Where a page lists a record's fields, it lists every field, in the record's order, and
     nothing else but the properties and methods named with it."""
-    with open(os.path.join(ROOT, page), encoding="utf-8") as handle:
-        text = " ".join(handle.read().split())
+    text = page_text(page, flat=True)
     assert start in text, f"{page} no longer says {start!r}"
     begin = text.index(start) + len(start)
     listing = text[begin : text.index(end, begin)]
@@ -508,8 +513,7 @@ def test_the_transitions_table_names_every_work_model_kind_its_issuer_and_compar
     from mwpstore import work_model
     from mwpstore.registry import kind_spec
 
-    with open(os.path.join(ROOT, "docs", "work-model.md"), encoding="utf-8") as handle:
-        text = handle.read()
+    text = page_text("docs/work-model.md")
     table = text[text.index("| kind | who | CAS |") : text.index("Claim checks run in the order listed")]
     rows = [[cell.strip() for cell in line.strip("|").split("|")] for line in table.splitlines()[2:] if line.startswith("| `")]
     issuers = {"owner": frozenset({"owner"}), "worker": frozenset({"worker"}), "lease holder": frozenset({"worker"}),
@@ -575,8 +579,7 @@ def test_the_agent_store_layout_table_is_the_code_s() -> None:
     presence tags; the format version the `meta` row names."""
     from mwpstore import agent_store
 
-    with open(os.path.join(ROOT, "docs", "agent-store.md"), encoding="utf-8") as handle:
-        text = handle.read()
+    text = page_text("docs/agent-store.md")
     table = text[text.index("| database | key | value |") : text.index("Group IDs and projection names are checked IDs")]
     rows = [line.split("|")[1:4] for line in table.splitlines()[2:] if line.startswith("| `")]
     assert [name.strip().strip("`").encode() for name, _, _ in rows] == list(agent_store._DATABASES)
@@ -589,17 +592,12 @@ def test_the_agent_store_layout_table_is_the_code_s() -> None:
 def test_the_agent_store_fail_point_table_is_every_agent_fail_point_and_each_is_killed_at() -> None:
     """docs/agent-store.md's fail point table names every `agent.*` fail point the code has, and
     the two test files it names kill a child at each one."""
-    with open(os.path.join(ROOT, "docs", "agent-store.md"), encoding="utf-8") as handle:
-        text = handle.read()
+    text = page_text("docs/agent-store.md")
     table = text[text.index("| fail point | where |") : text.index("`tests/test_agent_store_crash.py` kills")]
     documented = re.findall(r"`(agent\.[a-z_]+)`", table)
-    with open(os.path.join(ROOT, "mwpstore", "agent_store.py"), encoding="utf-8") as handle:
-        in_code = re.findall(r"failpoints\.hit\(\"(agent\.[a-z_]+)\"\)", handle.read())
+    in_code = re.findall(r"failpoints\.hit\(\"(agent\.[a-z_]+)\"\)", page_text("mwpstore/agent_store.py"))
     assert sorted(documented) == sorted(in_code)
-    tests = ""
-    for name in ("test_agent_store_crash.py", "test_agent_store_outbox.py"):
-        with open(os.path.join(ROOT, "tests", name), encoding="utf-8") as handle:
-            tests += handle.read()
+    tests = page_text("tests/test_agent_store_crash.py") + page_text("tests/test_agent_store_outbox.py")
     assert [name for name in documented if f'"{name}"' not in tests] == []
 
 
@@ -607,11 +605,9 @@ def test_the_work_model_state_tables_name_every_field_in_the_order_the_rules_wri
     """docs/work-model.md, "State": the Membership, WorkItem, Execution Lease, Work Contract,
     Approval and Mission tables (and the Approval's list) name the fields of the states the rules
     write, in their order. These names are an interface: agents read them."""
-    import mwpstore
-    from mwpstore import Command
+    from work_model_support import Harness
 
-    with open(os.path.join(ROOT, "docs", "work-model.md"), encoding="utf-8") as handle:
-        text = handle.read()
+    text = page_text("docs/work-model.md")
 
     def section(heading: str) -> str:
         start = text.index(f"\n### {heading}")
@@ -620,31 +616,17 @@ def test_the_work_model_state_tables_name_every_field_in_the_order_the_rules_wri
     def table_fields(heading: str) -> list[str]:
         return [line.split("`")[1] for line in section(heading).splitlines() if line.startswith("| `")]
 
-    contract = {"max_attempts": 3, "backoff_initial_ms": 100, "backoff_multiplier": 2, "backoff_max_ms": 1000,
-                "cost_limit": 10, "deadline_ms": None, "lease_ms": 5000, "start_ms": 1000}
-    group = mwpstore.MemoryGroup("g-1")
+    h = Harness().setup()
     key = "3d4017c3e843895a92b70aa74d1b7ebc9c982ccf2ec4968cc0cd55f12af4660c"  # an Ed25519 public key
-    for number, (actor, kind, target, body, revision) in enumerate([
-        ("alice", "group.create", "g-1", {"org": "acme"}, None),
-        ("alice", "membership.add", "bob", {"role": "worker", "public_key": key}, 0),
-        ("alice", "mission.create", "m-1", {"title": "t", "cost_limit": 5}, None),
-        ("alice", "workitem.create", "wi-1", {"mission": "m-1", "contract": contract}, None),
-    ]):
-        group.accept(Command(actor=actor, action_id=f"a-{number}", group="g-1", kind=kind, target=target, body=body,
-                             expected_revision=revision), now_ms=1000)
-    group.accept(Command(actor="alice", action_id="a-9", group="g-1", kind="membership.add", target="ann",
-                         body={"role": "worker"}, expected_revision=0), now_ms=1000)
-    claim = Command(actor="ann", action_id="n-1", group="g-1", kind="workitem.claim", target="wi-1",
-                    body={"session_epoch": 1}, expected_revision=group.revision("workitem:wi-1"))
-    group.accept(claim, now_ms=1000)
-    group.accept(Command(actor="ann", action_id="n-2", group="g-1", kind="approval.request", target="ap-1",
-                         body={"workitem": "wi-1", "operation": "submit"}), now_ms=1000)
-    workitem = group.get("workitem:wi-1")
-    assert table_fields("Membership") == list(group.get("member:bob"))
+    h.accept("owner", "membership.add", "signer", {"role": "worker", "public_key": key}, cas=True)  # every field set
+    h.claim("w1", "wi1")
+    h.accept("w1", "approval.request", "ap-1", {"workitem": "wi1", "operation": "submit"})
+    workitem = h.get("workitem:wi1")
+    assert table_fields("Membership") == list(h.get("member:signer"))
     assert table_fields("WorkItem") == list(workitem)
     assert table_fields("Execution Lease") == list(workitem["lease"])
     assert table_fields("Work Contract") == list(workitem["contract"])
-    assert table_fields("Mission") == list(group.get("mission:m-1"))
+    assert table_fields("Mission") == list(h.get("mission:m1"))
     approval = section("Approval").split("\n\n")[1]
     listed = re.sub(r"\([^)]*\)", "", approval.split(". The requester")[0])  # the state's values in parentheses
-    assert re.findall(r"`(\w+)`", listed) == list(group.get("approval:ap-1"))
+    assert re.findall(r"`(\w+)`", listed) == list(h.get("approval:ap-1"))

@@ -19,6 +19,7 @@ from mwpstore.errors import Corruption, InvalidCommand, LimitExceeded, StorageFa
 from mwpstore.io_seam import RecordingIO, crash_state, write_crash_state
 from mwpstore.limits import GROUP_RECORDS_MAX, RECORD_BYTES_MAX, SCAN_BATCH_RECORDS_MAX, SEGMENT_BYTES_MIN
 from blocking import outcome_within
+from segment_readers import directory_switched_at_open
 from mwpstore._segment_log_c import ffi, lib
 from mwpstore.segment_log import CLEAN_FILE_NAME, RecordBatch, SegmentInfo, SegmentLog, segment_file_name
 
@@ -447,34 +448,18 @@ def test_a_readonly_open_whose_directory_is_replaced_while_it_opens_is_corruptio
     new log's file with the old header, whose log id seeds the frame checksums, took its first
     group for one in flight and served a log of no records. Each read of a file by name now checks
     that its header is the one the open read there."""
-    import mwpstore.segment_log as module
-
-    directory, old = str(tmp_path / "log"), str(tmp_path / "log.old")
+    directory = str(tmp_path / "log")
     with SegmentLog.open(directory) as first:
         for index in range(20):
             first.append([b"first %d" % index])
     os.remove(os.path.join(directory, CLEAN_FILE_NAME))  # the open recovers the segment (reads it by name)
-    real, writers, switched = module._open_segment_fd, [], []
-
-    def open_segment_fd(path):
-        if not switched:
-            switched.append(path)
-            os.rename(directory, old)
-            writers.append(SegmentLog.open(directory))  # holds the new log: a live writer
-            writers[0].append([b"second"])
-        return real(path)
-
-    monkeypatch.setattr(module, "_open_segment_fd", open_segment_fd)
-    try:
+    with directory_switched_at_open(monkeypatch, directory) as writers:  # a live writer holds the new log
         with pytest.raises(Corruption) as caught:
             SegmentLog.open(directory, readonly=True).close()
         assert caught.value.detail["reason"] == "segment_replaced"
         monkeypatch.undo()
         with SegmentLog.open(directory, readonly=True) as reader:  # opened again: the new log, whole
             assert scan_all(reader) == scan_all(writers[0])
-    finally:
-        for writer in writers:
-            writer.close()
 
 
 def test_readonly_on_missing_directory_is_storage_failed(tmp_path):

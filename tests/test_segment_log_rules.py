@@ -10,6 +10,7 @@ import struct
 import zlib
 
 import pytest
+from segment_readers import directory_switched_at_open
 from test_readonly_recovery import _fake_proc, build
 
 from mwpstore import segment_log
@@ -94,28 +95,14 @@ def test_a_sealed_segment_replaced_before_a_read_only_open_maps_it_is_segment_re
     a new log under the directory's name before the open mapped the sealed segments. Mapped, a
     sealed segment is the new log's file under the old header: CORRUPTION segment_replaced at open
     (on which a view opens again), never a log whose reads fail later on frame checksums."""
-    directory, old = str(tmp_path / "log"), str(tmp_path / "log.old")
+    directory = str(tmp_path / "log")
     _several_segments(directory)
-    real, calls, writers = segment_log._open_segment_fd, [], []
-
-    def open_segment_fd(path):
-        calls.append(path)
-        if len(calls) == 2:  # the first map of a sealed segment, after the last one's recovery
-            os.rename(directory, old)
-            writers.append(SegmentLog.open(directory, segment_bytes=SMALL))
-            writers[0].append([b"new"])
-        return real(path)
-
-    monkeypatch.setattr(segment_log, "_open_segment_fd", open_segment_fd)
-    try:
+    # the second file opened by name: the first map of a sealed segment, after the last one's recovery
+    with directory_switched_at_open(monkeypatch, directory, at_open=2, segment_bytes=SMALL):
         with pytest.raises(Corruption) as caught:
             SegmentLog.open(directory, readonly=True).close()
-        assert caught.value.detail["reason"] == "segment_replaced"
-        assert caught.value.detail["segment"] == os.path.join(directory, segment_file_name(0))
-    finally:
-        for writer in writers:
-            writer.close()
-
+    assert caught.value.detail["reason"] == "segment_replaced"
+    assert caught.value.detail["segment"] == os.path.join(directory, segment_file_name(0))
 
 
 def test_a_sealed_segment_of_this_log_moved_under_another_s_name_before_it_is_mapped_is_segment_replaced(tmp_path, monkeypatch):
