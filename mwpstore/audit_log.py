@@ -86,11 +86,37 @@ _KEY_ID_PATTERN = re.compile(r"[0-9a-f]{16}\Z")
 
 
 class KeyProvider(Protocol):
-    """An Organization's audit-log keys. ``key_for`` raises ``KeyError`` for an unknown key id."""
+    """An Organization's audit-log keys. ``key_for`` raises ``KeyError`` for an unknown key id;
+    anything else either call raises, but the engine's own errors, reaches the caller as
+    ``InvalidCommand`` naming ``key_provider``."""
 
     def key_for(self, org: str, key_id: str) -> bytes: ...
 
     def current_key(self, org: str) -> tuple[str, bytes]: ...
+
+
+def current_org_key(key_provider: KeyProvider, org: str) -> tuple[str, bytes]:
+    """``key_provider.current_key(org)``, checked: a (key id, 32-byte key) pair, or
+    ``InvalidCommand`` naming ``key_provider`` (a malformed answer, or anything but the engine's
+    own errors raised by the call, ``KeyError`` for an unknown Organization included)."""
+    try:
+        answer = key_provider.current_key(org)
+    except MwpError:
+        raise
+    except Exception as exc:
+        raise _provider_failed("current_key", exc) from None
+    if type(answer) is not tuple or len(answer) != 2:
+        raise InvalidCommand("the key provider's current_key must return (key id, key)", field="key_provider")
+    key_id, org_key = answer
+    if type(key_id) is not str or _KEY_ID_PATTERN.match(key_id) is None or type(org_key) is not bytes or len(org_key) != KEY_BYTES:
+        raise InvalidCommand("the key provider returned a malformed key", field="key_provider")
+    return key_id, org_key
+
+
+def _provider_failed(call: str, exc: Exception) -> InvalidCommand:
+    """What an application's key provider raised, other than ``KeyError`` for an unknown key id
+    and the engine's own errors, as ``InvalidCommand`` naming ``key_provider``."""
+    return InvalidCommand(f"the key provider's {call} raised {type(exc).__name__}: {exc}"[:400], field="key_provider")
 
 
 class FileKeyProvider:
@@ -251,12 +277,7 @@ def write_audit_log(
     canonical.check_id(group, "group")
     if type(chunk_bytes) is not int or not 1 <= chunk_bytes <= limits.AUDIT_CHUNK_BYTES_MAX - TAG_BYTES:
         raise InvalidCommand(f"chunk_bytes must be 1..{limits.AUDIT_CHUNK_BYTES_MAX - TAG_BYTES}", field="chunk_bytes")
-    answer = key_provider.current_key(org)
-    if type(answer) is not tuple or len(answer) != 2:
-        raise InvalidCommand("the key provider's current_key must return (key id, key)", field="key_provider")
-    key_id, org_key = answer
-    if type(key_id) is not str or _KEY_ID_PATTERN.match(key_id) is None or type(org_key) is not bytes or len(org_key) != KEY_BYTES:
-        raise InvalidCommand("the key provider returned a malformed key", field="key_provider")
+    key_id, org_key = current_org_key(key_provider, org)
     salt = secrets.token_bytes(SALT_BYTES)
     header_raw = _encode_header(
         chunk_bytes=chunk_bytes,
@@ -466,6 +487,10 @@ def read_audit_log(path: str, *, key_provider: KeyProvider, org: str, group: str
             org_key = key_provider.key_for(org, header.key_id)
         except KeyError:
             raise _fail("key", f"organization {org!r} has no key {header.key_id!r}") from None
+        except MwpError:
+            raise
+        except Exception as exc:
+            raise _provider_failed("key_for", exc) from None
         if type(org_key) is not bytes or len(org_key) != KEY_BYTES:
             raise _fail("key", f"key {header.key_id!r} is not {KEY_BYTES} bytes")
         chunks = _walk_frames(handle, header, file_bytes)

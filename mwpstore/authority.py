@@ -1649,7 +1649,7 @@ class Authority:
         return key_provider if key_provider is not None else FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
 
     def _archive(self, group: str, *, actor: str, action_id: str, reason: str, key_provider: Any) -> ArchiveRecord:
-        from .audit_log import verify_audit_log_against_snapshot, write_audit_log
+        from .audit_log import current_org_key, verify_audit_log_against_snapshot, write_audit_log
         from .snapshot import verify_snapshot
 
         existing = self.archive_record(group)
@@ -1662,7 +1662,7 @@ class Authority:
             raise InvalidState(f"the audit log of group {group!r} was deleted (audit.delete); it is not written again", state="deleted")
         provider = self._org_keys(key_provider)
         if group_state is not None:  # a provider that cannot give the Organization's key fails here, before group.archive
-            _provider_call(lambda: provider.current_key(group_state["org"]), "key_provider.current_key")
+            current_org_key(provider, group_state["org"])
         if group_state is None or group_state.get("status") != "archived":
             self.accept(Command(actor=actor, action_id=action_id, group=group, kind="group.archive", target=group, body={"reason": reason} if reason else {}))
         final = self.snapshot(group)
@@ -1678,7 +1678,7 @@ class Authority:
             return info
 
         try:
-            info = _provider_call(write_and_check, "writing the audit log")
+            info = _typed_call(write_and_check, "writing the audit log")
             _, state_now = self.state(group, f"group:{group}")
             if state_now is not None and state_now.get("audit_log") == "deleted":
                 # audit.delete was accepted while the file was written: its removal may have
@@ -2247,15 +2247,13 @@ def _abort_quietly(txn: lmdb.Transaction) -> None:
         pass  # the environment is already failing; the commit is refused either way
 
 
-def _provider_call(call: Callable[[], Any], what: str) -> Any:
-    """``call()``, with what an application's key provider raises (``KeyError`` for an unknown
-    Organization, ``AttributeError`` for an object that is not a provider) typed."""
+def _typed_call(call: Callable[[], Any], what: str) -> Any:
+    """``call()``, with anything but an ``MwpError`` it raises translated (the audit log's writing
+    and checks type their own errors and a key provider's; this is the net under them)."""
     try:
         return call()
     except MwpError:
         raise
-    except (KeyError, AttributeError) as exc:
-        raise InvalidCommand(f"the key provider failed ({what}: {type(exc).__name__}: {exc})"[:400], field="key_provider") from None
     except Exception as exc:
         raise translate(exc, context=what) from None
 

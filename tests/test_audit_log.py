@@ -346,6 +346,58 @@ def test_writer_refuses_a_malformed_key_provider_answer(tmp_path, answer):
     assert os.listdir(tmp_path) == []
 
 
+class RaisingProvider(FileKeyProvider):
+    """The files' keys, until told to fail: then each call raises what an application's key
+    store might (a lost connection to a KMS), or one of the engine's own errors."""
+
+    failure: Exception | None = None
+
+    def current_key(self, org):
+        if self.failure is not None:
+            raise self.failure
+        return super().current_key(org)
+
+    def key_for(self, org, key_id):
+        if self.failure is not None:
+            raise self.failure
+        return super().key_for(org, key_id)
+
+
+@pytest.mark.parametrize("failure", [ConnectionError("kms unreachable"), RuntimeError("hsm busy"), AttributeError("no key")], ids=repr)
+def test_what_a_key_provider_raises_reaches_the_caller_as_an_invalid_command(tmp_path, memory, failure):
+    """Writing and reading an audit log call the application's provider: whatever it raises,
+    but KeyError for an unknown key id, is InvalidCommand naming key_provider (an error that leaves
+    the API is an MwpError), the writer leaves no file, and the reader fails before any record."""
+    provider = RaisingProvider(str(tmp_path / "org-keys"))
+    path = str(tmp_path / "g1.audit")
+    write_audit_log(path, org="acme", group="g1", events=encoded(memory), key_provider=provider, chunk_bytes=CHUNK)
+    provider.failure = failure
+    with pytest.raises(InvalidCommand) as reading:
+        read_audit_log(path, key_provider=provider, org="acme", group="g1")
+    with pytest.raises(InvalidCommand) as writing:
+        write_audit_log(str(tmp_path / "other.audit"), org="acme", group="g1", events=encoded(memory), key_provider=provider)
+    for refused, call in ((reading, "key_for"), (writing, "current_key")):
+        assert refused.value.detail["field"] == "key_provider"
+        assert f"the key provider's {call} raised {type(failure).__name__}: " in refused.value.message
+    assert sorted(os.listdir(tmp_path)) == ["g1.audit", "org-keys"]
+
+
+def test_the_engines_own_error_from_a_key_provider_passes_unchanged(tmp_path, memory):
+    """A provider built on the engine's pieces may raise their typed errors (a key file refused):
+    those reach the caller as they are, not rewrapped as the provider's failure."""
+    provider = RaisingProvider(str(tmp_path / "org-keys"))
+    path = str(tmp_path / "g1.audit")
+    write_audit_log(path, org="acme", group="g1", events=encoded(memory), key_provider=provider, chunk_bytes=CHUNK)
+    provider.failure = KeyFileInvalid("the key file is readable by others", path=path, reason="mode")
+    for call in (
+        lambda: read_audit_log(path, key_provider=provider, org="acme", group="g1"),
+        lambda: write_audit_log(str(tmp_path / "other.audit"), org="acme", group="g1", events=[], key_provider=provider),
+    ):
+        with pytest.raises(KeyFileInvalid) as refused:
+            call()
+        assert refused.value is provider.failure
+
+
 def test_rotation_keeps_old_logs_readable(tmp_path, provider, memory):
     old_path = str(tmp_path / "old.audit")
     old = write_audit_log(old_path, org="acme", group="g1", events=encoded(memory), key_provider=provider)

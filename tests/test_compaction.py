@@ -495,8 +495,17 @@ def test_archive_checks_the_key_provider_before_it_archives_the_group(tmp_path):
         def key_for(self, org, key_id):
             raise KeyError(org)
 
+    class Unreachable(UnknownOrganization):
+        def current_key(self, org):
+            raise ConnectionError("kms unreachable")
+
+    class Malformed(UnknownOrganization):
+        def current_key(self, org):
+            return ("not a key id", bytes(32))
+
     with open_with_group(str(tmp_path / "s")) as authority:
-        for provider in (UnknownOrganization(), object(), 0, ""):  # a falsy one is no provider either
+        # a falsy one is no provider either; a malformed answer is found before, not after, group.archive
+        for provider in (UnknownOrganization(), Unreachable(), Malformed(), object(), 0, ""):
             with pytest.raises(InvalidCommand) as caught:
                 authority.archive(GROUP, actor=OWNER, action_id="archive", key_provider=provider)
             assert caught.value.detail["field"] == "key_provider"

@@ -156,6 +156,25 @@ def test_verify_checks_audit_logs_with_the_key_provider_it_is_given(tmp_path):
     assert len(problems) == 1 and problems[0].startswith(f"audit log {record.audit_location}: "), problems
 
 
+def test_verify_reports_a_key_provider_that_raises_as_a_typed_problem_of_the_audit_log(tmp_path):
+    """A provider whose key_for raises (its key store unreachable) leaves the audit log unchecked:
+    verify says so for that file, as INVALID_COMMAND naming the provider's call, and returns its
+    report instead of letting the provider's own exception out."""
+    provider = FileKeyProvider(str(tmp_path / "keys-elsewhere"))
+
+    class Unreachable:
+        def key_for(self, org, key_id):
+            raise ConnectionError("kms unreachable")
+
+    with open_with_group(str(tmp_path / "s")) as authority:
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive", key_provider=provider)
+        problems = authority.verify(key_provider=Unreachable()).problems
+        assert authority.verify(key_provider=provider).ok
+    assert problems == [
+        f"audit log {record.audit_location}: INVALID_COMMAND () the key provider's key_for raised ConnectionError: kms unreachable"
+    ]
+
+
 def test_verify_reports_a_snapshot_file_that_is_not_the_one_its_reference_names(tmp_path):
     """One signed, valid snapshot file put in place of another of the same Group: its signature
     holds, only the reference's size and hash show the swap."""
