@@ -479,7 +479,7 @@ class Authority:
             makedirs_durable(self.path)
         self._lock_fd = _lock_store(self.path)
         try:
-            from .compaction import recover_interrupted_compaction
+            from .compaction import finish_compaction, recover_interrupted_compaction
 
             force_rebuild = recover_interrupted_compaction(self.path)
             _check_log_present(self.path)
@@ -488,6 +488,8 @@ class Authority:
                 if force_rebuild:
                     remove_index(self._index_dir())
                 self.open_report = self._open_index(progress)
+                if force_rebuild:  # the new log read whole into the index: the old one can go
+                    finish_compaction(self.path)
                 self._finish_audit_deletions()
                 # A kill inside rotate_signing_key between writing the new seed and renaming it
                 # leaves the seed in a temporary file: a secret that never became the key. The lock

@@ -20,8 +20,9 @@ Crash safety, step by step (each step is a named fail point ``compaction.<step>`
 5. remove ``log.old`` and the marker, directory sync.
 
 :func:`recover_interrupted_compaction` runs at open, before the log is opened: without the marker
-an unfinished ``log.compact`` is deleted (the old log is intact); with it, the switch is completed
-and the index is rebuilt. Reads in this process that began before the switch finish on the old
+an unfinished ``log.compact`` is deleted (the old log is intact); with it, the switch is completed,
+the index is rebuilt from the new log, and only then are ``log.old`` and the marker removed
+(:func:`finish_compaction`), as a compaction that runs to its end removes them only after step 4. Reads in this process that began before the switch finish on the old
 log and index handles, which stay valid until then; the old pair is closed as soon as no such read
 is running (at the switch itself when none is). Commits wait while a compaction runs.
 """
@@ -87,7 +88,9 @@ def _log_bytes(directory: str) -> int:
 
 
 def recover_interrupted_compaction(path: str) -> bool:
-    """Finish or undo a compaction that a crash interrupted. True: the index must be rebuilt."""
+    """Finish or undo the switch of a compaction that a crash interrupted. True: the index must be
+    rebuilt from the new log, and then :func:`finish_compaction` called; ``log.old`` stays until
+    then, so a new log that fails its rebuild leaves the old one on disk."""
     log, compacted, old = (os.path.join(path, name) for name in ("log", "log.compact", "log.old"))
     marker = os.path.join(path, MARKER)
     if not os.path.exists(marker):
@@ -100,11 +103,18 @@ def recover_interrupted_compaction(path: str) -> bool:
             os.rename(log, old)
         os.rename(compacted, log)
         _fsync_directory(path)
+    return True
+
+
+def finish_compaction(path: str) -> None:
+    """Step 5, once the index is built from the new log: remove ``log.old``, then the marker (a
+    marker gone with ``log.old`` left would leave a stray ``log.old`` that stops every later
+    compaction), and sync the directory."""
+    old = os.path.join(path, "log.old")
     if os.path.isdir(old):
         shutil.rmtree(old)
-    os.remove(marker)
+    os.remove(os.path.join(path, MARKER))
     _fsync_directory(path)
-    return True
 
 
 def compact(authority: Authority, progress: Callable[[int, int], None] | None = None) -> CompactionReport:
@@ -258,9 +268,7 @@ def _switch(authority: Authority, path: str, target: str) -> None:
             new_log.close()
         raise
     failpoints.hit("compaction.indexed")
-    shutil.rmtree(os.path.join(path, "log.old"))
-    os.remove(os.path.join(path, MARKER))
-    _fsync_directory(path)
+    finish_compaction(path)
 
 
 def _write_marker(path: str) -> None:

@@ -19,7 +19,7 @@ import pytest
 from authority_helpers import GROUP, OWNER, group_create, mission_create, open_with_group, store_files_held
 from blocking import outcome_within
 from mwpstore import Authority, Command, compaction
-from mwpstore.compaction import MARKER, recover_interrupted_compaction
+from mwpstore.compaction import MARKER, finish_compaction, recover_interrupted_compaction
 from mwpstore.errors import ActionIdCollision, Corruption, CursorTooOld, InvalidCommand, StorageFailed
 from mwpstore.index import event_key
 from mwpstore.messages import decode_event, encode_receipt
@@ -123,32 +123,68 @@ def _interrupted(path: str, state: str) -> None:
         os.rename(os.path.join(path, "log.compact"), log)
 
 
+_FINISH = [("rmtree", "log.old"), ("remove", MARKER), ("sync directory", "s")]
+
+
 @pytest.mark.parametrize(
     "state, rebuild, expected",
     [
         ("copying", False, [("rmtree", "log.compact"), ("sync directory", "s")]),
-        ("marked", True, [
-            ("rename", "log", "log.old"), ("rename", "log.compact", "log"), ("sync directory", "s"),
-            ("rmtree", "log.old"), ("remove", MARKER), ("sync directory", "s"),
-        ]),
-        ("half switched", True, [
-            ("rename", "log.compact", "log"), ("sync directory", "s"),
-            ("rmtree", "log.old"), ("remove", MARKER), ("sync directory", "s"),
-        ]),
-        ("indexed", True, [("rmtree", "log.old"), ("remove", MARKER), ("sync directory", "s")]),
+        ("marked", True, [("rename", "log", "log.old"), ("rename", "log.compact", "log"), ("sync directory", "s")]),
+        ("half switched", True, [("rename", "log.compact", "log"), ("sync directory", "s")]),
+        ("indexed", True, []),
     ],
 )
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names fsynced descriptors through /proc")
 def test_recovery_of_an_interrupted_compaction_syncs_each_step_and_asks_for_a_rebuild_past_the_marker(tmp_path, steps, state, rebuild, expected):
     """Without the marker the copy is dropped and the old log kept; with it the switch is finished
     whatever step it reached, and the index (built from the old log, or never switched) must be
-    rebuilt. Each change of the store directory is synced before the open goes on."""
+    rebuilt. Each change of the store directory is synced before the open goes on. log.old and
+    the marker stay until finish_compaction, which the open calls once the new log is indexed,
+    and which removes log.old before the marker."""
     path = str(tmp_path / "s")
     _interrupted(path, state)
     steps.clear()
     assert recover_interrupted_compaction(path) is rebuild
     assert steps == expected
+    if rebuild:
+        assert sorted(name for name in os.listdir(path) if name.startswith(("log", "COMPACT"))) == ["COMPACT-SWITCH", "log", "log.old"]
+        steps.clear()
+        finish_compaction(path)
+        assert steps == _FINISH
     assert sorted(name for name in os.listdir(path) if name.startswith(("log", "COMPACT"))) == ["log"]
+
+
+@pytest.mark.parametrize("state", ["marked", "half switched", "indexed"])
+def test_an_interrupted_compaction_whose_new_log_fails_its_rebuild_keeps_the_old_log(tmp_path, state):
+    """The open that finishes a switch removes log.old only once the index is built from the new
+    log, as a compaction that runs to its end does: a new log found damaged then (here a byte of
+    its record flipped) is refused as Corruption, and the old log is still there, whole, to be put
+    back by hand; the next open refuses the same way and keeps it too."""
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+    _interrupted(path, state)
+    new_log = os.path.join(path, "log.compact" if state in ("marked", "half switched") else "log")
+    old_log = os.path.join(path, "log.old" if state in ("half switched", "indexed") else "log")
+    (segment,) = [os.path.join(new_log, name) for name in os.listdir(new_log) if name.endswith(".seg")]
+    with open(segment, "r+b") as file:  # a byte of the mission.create record's body
+        data = file.read()
+        at = data.index(b"m-1")
+        file.seek(at)
+        file.write(b"M")
+    kept = {name: open(os.path.join(old_log, name), "rb").read() for name in os.listdir(old_log)}
+    for _ in range(2):
+        with pytest.raises(Corruption):
+            Authority.open(path)
+        old = os.path.join(path, "log.old")
+        assert {name: open(os.path.join(old, name), "rb").read() for name in os.listdir(old)} == kept
+        assert os.path.exists(os.path.join(path, MARKER))
+    shutil.rmtree(os.path.join(path, "log"))  # what an operator does: the old log back, the marker away
+    os.rename(os.path.join(path, "log.old"), os.path.join(path, "log"))
+    os.remove(os.path.join(path, MARKER))
+    with Authority.open(path) as authority:
+        assert authority.state(GROUP, "mission:m-1")[1] is not None
 
 
 def _log_records(authority: Authority) -> int:
