@@ -15,6 +15,7 @@ from test_readonly_recovery import _fake_proc, build
 
 from mwpstore import segment_log
 from mwpstore.errors import Corruption, LimitExceeded, StorageFailed
+from mwpstore.io_seam import RecordingIO
 from mwpstore.limits import GROUP_RECORDS_MAX, SEGMENT_BYTES_MIN
 from mwpstore.segment_log import BULK_FILE_NAME, CLEAN_FILE_NAME, LOCK_FILE_NAME, SegmentLog, segment_file_name
 from test_segment_log import scan_all
@@ -230,6 +231,93 @@ def test_the_clean_close_marker_s_removal_is_synced_before_the_first_append(tmp_
         assert synced == []
         log.append([b"two"])
         assert synced == [(directory, False)]
+
+
+@pytest.mark.parametrize("change", ["shortened", "lengthened"])
+def test_a_clean_close_marker_never_gives_the_end_of_an_active_segment_no_longer_of_its_size(tmp_path, change):
+    """The marker vouches for the active segment as the close left it, preallocated to its full
+    size. Shortened since (yet past the end and the 64 KiB of zeros after it) or lengthened
+    (bytes written past its size), the file is not that one: the open scans, and the repair gives
+    it its size back. Taken on the marker's word, a shortened file stayed short, and the writer's
+    map of it, made at the first read, never reached the groups appended past the cut (each read
+    as no record)."""
+    directory, segment_bytes = str(tmp_path / "log"), 1 << 20
+    with SegmentLog.open(directory, segment_bytes=segment_bytes) as log:
+        first = log.append([b"first"])[0]
+        path = log.segments()[-1].path
+        cut = segment_log._HEADER_BYTES + log.end + 2 * segment_log._CLEAN_ZERO_CHECK_BYTES
+    if change == "shortened":
+        os.truncate(path, cut)
+    else:
+        with open(path, "ab") as file:
+            file.write(b"written after the close")
+    with SegmentLog.open(directory, segment_bytes=segment_bytes) as log:
+        assert os.path.getsize(path) == segment_bytes
+        assert bytes(log.read(first)) == b"first"
+        positions = [log.append([bytes([index]) * 3000])[0] for index in range(60)]
+        assert segment_log._HEADER_BYTES + positions[-1] > cut
+        assert [bytes(log.read(position)) for position in positions] == [bytes([index]) * 3000 for index in range(60)]
+
+
+def test_the_clean_close_marker_is_synced_under_its_temporary_name_before_the_rename(tmp_path, monkeypatch):
+    """The marker is written outside the I/O seam, so no simulated power loss sees it: its whole
+    body is synced under the temporary name, then renamed to CLEAN, then the directory is synced.
+    Renamed first, a power cut could leave a CLEAN of fewer bytes (or none) under the name."""
+    directory = os.path.realpath(str(tmp_path / "log"))
+    log = SegmentLog.open(directory)
+    log.append([b"one"])
+    calls = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        calls.append(("fsync", path, os.fstat(fd).st_size if path != directory else None))
+        real_fsync(fd)
+
+    def rename(source, target):
+        calls.append(("rename", source, target))
+        real_rename(source, target)
+
+    monkeypatch.setattr(segment_log.os, "fsync", fsync)
+    monkeypatch.setattr(segment_log.os, "rename", rename)
+    log.close()
+    temporary = calls[0][1]
+    assert temporary.startswith(os.path.join(directory, CLEAN_FILE_NAME + "."))
+    assert calls == [
+        ("fsync", temporary, segment_log._CLEAN_LIST.size + 4),
+        ("rename", temporary, os.path.join(directory, CLEAN_FILE_NAME)),
+        ("fsync", directory, None),
+    ]
+
+
+@pytest.mark.parametrize("failed", ["sync", "close"])
+def test_a_bulk_mode_handle_whose_sync_failed_leaves_no_marker_to_vouch_for_its_end(tmp_path, failed):
+    """A failed sync (a call to sync(), or the one close() makes) leaves groups that may not be on
+    disk, in any order, under the handle's end. A clean-close marker would vouch for that end: a
+    power cut that kept the last group and lost the one before would give a log ending after
+    zeros. Without one, the next open scans by the bulk-mode rules (BULK stays) and the log
+    ends where the lost group began, the groups synced before it whole."""
+    directory = str(tmp_path / "log")
+    recorder = RecordingIO()
+    log = SegmentLog.open(directory, sync=False, io=recorder)
+    durable = log.append([b"durable"])[0]
+    log.sync()
+    lost, last = log.append([b"lost"])[0], log.append([b"last"])[0]
+    recorder.fail_sync_at = recorder.sync_calls
+    if failed == "sync":
+        with pytest.raises(StorageFailed):
+            log.sync()
+        log.close()
+    else:
+        with pytest.raises(StorageFailed):
+            log.close()
+    assert recorder.failures == 1
+    assert not os.path.exists(os.path.join(directory, CLEAN_FILE_NAME))
+    with open(os.path.join(directory, segment_file_name(0)), "r+b") as file:  # the write the power cut took
+        file.seek(segment_log._HEADER_BYTES + lost)
+        file.write(bytes(last - lost))
+    with SegmentLog.open(directory) as log:
+        assert (log.end, scan_all(log)) == (lost, [(durable, b"durable")])
 
 
 # -- bulk mode and a compaction ---------------------------------------------------------------------
