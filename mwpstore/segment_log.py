@@ -656,8 +656,11 @@ class SegmentLog:
             if not self._sync:
                 self._mark_bulk()
             elif self._bulk_written:
-                # recovered under the bulk-mode rules (any repair is durable): from here on every
-                # group is synced before the next is written
+                # recovered under the bulk-mode rules (any repair is durable). The groups a bulk-mode
+                # writer that died left unsynced may be in the page cache only, reaching the disk
+                # in any order: synced first, then BULK goes, and from here on every group is
+                # synced before the next is written
+                self._call(lib.sl_log_sync, self._handle, segment=active)
                 self._unmark_bulk()
 
     def _mark_bulk(self) -> None:

@@ -6,6 +6,7 @@ the situation its rule is for (docs/format/segment.md).
 from __future__ import annotations
 
 import os
+import random
 import struct
 import zlib
 
@@ -15,7 +16,7 @@ from test_readonly_recovery import _fake_proc, build
 
 from mwpstore import segment_log
 from mwpstore.errors import Corruption, LimitExceeded, StorageFailed
-from mwpstore.io_seam import RecordingIO
+from mwpstore.io_seam import RecordingIO, crash_state, write_crash_state
 from mwpstore.limits import GROUP_RECORDS_MAX, SEGMENT_BYTES_MIN
 from mwpstore.segment_log import BULK_FILE_NAME, CLEAN_FILE_NAME, LOCK_FILE_NAME, SegmentLog, segment_file_name
 from test_segment_log import scan_all
@@ -333,6 +334,39 @@ def test_a_detached_bulk_mode_handle_leaves_the_bulk_mark_at_close(tmp_path):
     log.close()
     assert os.path.exists(os.path.join(directory, BULK_FILE_NAME))
     assert not os.path.exists(os.path.join(directory, CLEAN_FILE_NAME))
+
+
+def test_a_sync_mode_open_makes_a_dead_bulk_mode_writer_s_groups_durable_before_it_removes_bulk(tmp_path):
+    """A bulk-mode writer killed with groups not synced: in the same boot the page cache still
+    holds them, and a sync-mode open recovers them all. BULK may go only once they are on the
+    disk: a power cut before their writeback can keep a later group and lose an earlier one, which
+    the bulk-mode rules cut as a torn tail, but the usual rules report as group_damaged (the log
+    refused), and the marker of the open's close would give an end past the lost group. Whenever
+    the power is cut during that open and close, the log opens to the synced group and a prefix
+    of the others."""
+    directory = str(tmp_path / "log")
+    recorder = RecordingIO()
+    log = SegmentLog.open(directory, segment_bytes=SMALL, sync=False, io=recorder)
+    log.append([b"durable"])
+    log.sync()
+    records = [b"durable"] + [bytes([index]) * 5000 for index in range(1, 7)]
+    for record in records[1:]:
+        log.append([record])
+    log._close_quietly()  # killed: no sync, no marker, BULK stays
+    reopened_at = len(recorder.operations)
+    with SegmentLog.open(directory, segment_bytes=SMALL, io=recorder) as log:
+        assert [record for _, record in scan_all(log)] == records
+    assert not os.path.exists(os.path.join(directory, BULK_FILE_NAME))
+    marker = _marker(directory)
+    for crash_at in range(reopened_at, len(recorder.operations) + 1):
+        for seed in range(10):
+            target = str(tmp_path / f"cut-{crash_at}-{seed}")
+            write_crash_state(crash_state(recorder.operations, crash_at, random.Random(seed)), directory, target)
+            if crash_at == len(recorder.operations):  # after the close: its marker, synced outside the seam
+                _put_marker(target, marker)
+            with SegmentLog.open(target) as log:
+                served = [record for _, record in scan_all(log)]
+            assert served == records[: max(len(served), 1)], (crash_at, seed)
 
 
 # -- names and the sealed tail ----------------------------------------------------------------------
