@@ -1160,6 +1160,11 @@ class SegmentLog:
         fault = ffi.new("struct sl_fault *")
         with self._write_lock:
             self._check_open()
+            if self._failed:  # also one the C writer does not know of (the marker's removal): never retried
+                raise StorageFailed(
+                    "an earlier I/O failure left this handle refusing writes; close and reopen the log.",
+                    path=self._segments[-1].path,
+                )
             if self._clean_marker:
                 self._drop_clean_marker()
             rc = lib.sl_log_append(self._handle, blob, len(blob), lengths_c, count, positions_c, fault)

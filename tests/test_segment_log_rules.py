@@ -234,6 +234,34 @@ def test_the_clean_close_marker_s_removal_is_synced_before_the_first_append(tmp_
         assert synced == [(directory, False)]
 
 
+def test_an_append_after_the_marker_s_removal_failed_is_refused_and_the_close_writes_no_marker(tmp_path, monkeypatch):
+    """A failed removal of the clean-close marker fails the handle as a failed write does
+    (docs/format/segment.md: every later write raises StorageFailed until a reopen, nothing is
+    retried): the next append is refused even once the directory would sync again, and the close
+    leaves no marker to vouch for an end this handle never made durable."""
+    directory = str(tmp_path / "log")
+    with SegmentLog.open(directory) as log:
+        log.append([b"one"])
+    real_sync = segment_log._fsync_directory
+
+    def failing(path):
+        raise OSError(5, "Input/output error")
+
+    log = SegmentLog.open(directory)
+    try:
+        monkeypatch.setattr(segment_log, "_fsync_directory", failing)
+        with pytest.raises(StorageFailed):
+            log.append([b"two"])
+        monkeypatch.setattr(segment_log, "_fsync_directory", real_sync)
+        with pytest.raises(StorageFailed):
+            log.append([b"three"])
+    finally:
+        log.close()
+    assert not os.path.exists(os.path.join(directory, CLEAN_FILE_NAME))
+    with SegmentLog.open(directory) as log:
+        assert [record for _, record in scan_all(log)] == [b"one"]
+
+
 @pytest.mark.parametrize("change", ["shortened", "lengthened"])
 def test_a_clean_close_marker_never_gives_the_end_of_an_active_segment_no_longer_of_its_size(tmp_path, change):
     """The marker vouches for the active segment as the close left it, preallocated to its full
