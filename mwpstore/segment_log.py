@@ -655,13 +655,16 @@ class SegmentLog:
             self._handle = handle[0]
             if not self._sync:
                 self._mark_bulk()
-            elif self._bulk_written:
-                # recovered under the bulk-mode rules (any repair is durable). The groups a bulk-mode
-                # writer that died left unsynced may be in the page cache only, reaching the disk
-                # in any order: synced first, then BULK goes, and from here on every group is
-                # synced before the next is written
+            elif clean_end is None or self._bulk_written:
+                # The end was found by a scan (a writer died), or under the bulk-mode rules (any
+                # repair is durable). What the scan found may be in the page cache only: a group
+                # the dead writer wrote and never synced (its fdatasync not reached or failed), or
+                # a bulk-mode writer's groups, reaching the disk in any order. Synced before
+                # anything of it is served or indexed, and before BULK goes; from here on every
+                # group is synced before the next is written.
                 self._call(lib.sl_log_sync, self._handle, segment=active)
-                self._unmark_bulk()
+                if self._bulk_written:
+                    self._unmark_bulk()
 
     def _mark_bulk(self) -> None:
         """A bulk-mode writer: the BULK file durable before its first append."""

@@ -397,6 +397,35 @@ def test_a_sync_mode_open_makes_a_dead_bulk_mode_writer_s_groups_durable_before_
             assert served == records[: max(len(served), 1)], (crash_at, seed)
 
 
+def test_a_sync_mode_open_after_a_crash_makes_what_its_scan_found_durable_before_it_returns(tmp_path):
+    """A writer that died after writing a group and before its fdatasync returned (here the sync
+    fails; a kill between the two leaves the same files) leaves the group in the page cache only.
+    The next open, in the same boot, finds it whole and serves it (and the Authority indexes it
+    at once): it must be on the disk before the open returns, or a power cut before the next
+    append's sync takes away a group that was already read."""
+    directory = str(tmp_path / "log")
+    recorder = RecordingIO()
+    log = SegmentLog.open(directory, segment_bytes=SMALL, io=recorder)
+    log.append([b"durable"])
+    recorder.fail_sync_at = recorder.sync_calls  # the next sync: the one of the group below
+    with pytest.raises(StorageFailed):
+        log.append([b"written, never synced"])
+    log._close_quietly()  # the writer dies
+    recorder.fail_sync_at = None
+    log = SegmentLog.open(directory, segment_bytes=SMALL, io=recorder)
+    try:
+        served = [record for _, record in scan_all(log)]
+        opened = len(recorder.operations)
+    finally:
+        log._close_quietly()  # the power goes before any append or close
+    assert served == [b"durable", b"written, never synced"]
+    for seed in range(20):
+        target = str(tmp_path / f"cut-{seed}")
+        write_crash_state(crash_state(recorder.operations, opened, random.Random(seed)), directory, target)
+        with SegmentLog.open(target) as log:
+            assert [record for _, record in scan_all(log)] == served, seed
+
+
 # -- names and the sealed tail ----------------------------------------------------------------------
 
 
