@@ -275,6 +275,13 @@ def test_a_bulk_mode_handle_whose_sync_failed_leaves_the_bulk_mark(tmp_path, fai
     recorder = RecordingIO()
     log = SegmentLog.open(tmp_path / "log", sync=False, io=recorder)
     log.append([b"one"])
+    fail_the_next_sync(log, recorder, failed)
+    assert os.path.exists(tmp_path / "log" / "BULK")
+
+
+def fail_the_next_sync(log: SegmentLog, recorder: RecordingIO, failed: str) -> None:
+    """Make the next sync of the bulk-mode ``log`` (written through ``recorder``) fail and close
+    the log: ``failed`` "sync" fails a call to sync(), "close" the sync close() makes."""
     recorder.fail_sync_at = recorder.sync_calls
     if failed == "sync":
         with pytest.raises(StorageFailed):
@@ -284,7 +291,6 @@ def test_a_bulk_mode_handle_whose_sync_failed_leaves_the_bulk_mark(tmp_path, fai
         with pytest.raises(StorageFailed):
             log.close()
     assert recorder.failures == 1
-    assert os.path.exists(tmp_path / "log" / "BULK")
 
 
 def test_scan_end_and_next_position(tmp_path):

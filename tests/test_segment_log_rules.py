@@ -19,7 +19,7 @@ from mwpstore.errors import Corruption, LimitExceeded, StorageFailed
 from mwpstore.io_seam import RecordingIO, crash_state, write_crash_state
 from mwpstore.limits import GROUP_RECORDS_MAX, SEGMENT_BYTES_MIN
 from mwpstore.segment_log import BULK_FILE_NAME, CLEAN_FILE_NAME, LOCK_FILE_NAME, SegmentLog, segment_file_name
-from test_segment_log import scan_all
+from test_segment_log import fail_the_next_sync, scan_all
 
 SMALL = SEGMENT_BYTES_MIN
 
@@ -332,15 +332,7 @@ def test_a_bulk_mode_handle_whose_sync_failed_leaves_no_marker_to_vouch_for_its_
     durable = log.append([b"durable"])[0]
     log.sync()
     lost, last = log.append([b"lost"])[0], log.append([b"last"])[0]
-    recorder.fail_sync_at = recorder.sync_calls
-    if failed == "sync":
-        with pytest.raises(StorageFailed):
-            log.sync()
-        log.close()
-    else:
-        with pytest.raises(StorageFailed):
-            log.close()
-    assert recorder.failures == 1
+    fail_the_next_sync(log, recorder, failed)
     assert not os.path.exists(os.path.join(directory, CLEAN_FILE_NAME))
     with open(os.path.join(directory, segment_file_name(0)), "r+b") as file:  # the write the power cut took
         file.seek(segment_log._HEADER_BYTES + lost)
