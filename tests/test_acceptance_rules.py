@@ -9,7 +9,9 @@ found no test that noticed them broken:
 - a refused Command leaves no receipt behind: its Action ID is still free;
 - the size bounds are inclusive: an Event of exactly RECORD_BYTES_MAX, and Events that fill
   exactly the log group an empty segment holds;
-- the Event carries the content that was hashed, however deep the caller changes its body.
+- the Event carries the content that was hashed, however deep the caller changes its body;
+- the Events of a commit are indexed at their own records when an ACK or a snapshot's record
+  comes first in the same log group.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ import pytest
 
 from authority_helpers import GROUP, OWNER, FakeClock, group_create, mission_create, open_with_group
 from mwpstore import ActionIdCollision, Command, InvalidCommand, LimitExceeded, MwpError, NotAMember, StorageFailed, Unauthorized
-from test_group_commit import _close_failed, _failing_next_sync
+from blocking import wait_for_queue
+from test_group_commit import AppendGate, Caller, _close_failed, _failing_next_sync
 
 
 def _with(command: Command, **changes: object) -> Command:
@@ -42,6 +45,9 @@ def test_accept_many_refuses_an_engine_only_kind_to_a_member_as_accept_does(tmp_
     with open_with_group(str(tmp_path / "store")) as authority:
         [result] = authority.accept_many([expire])
         assert result.error_code == Unauthorized.code and result.error.detail == {"kind": "lease.expire"}
+        with pytest.raises(Unauthorized) as refused:
+            authority.accept(expire)
+        assert refused.value.detail == {"kind": "lease.expire"}
         assert authority.head(GROUP)[0] == 1
 
 
@@ -266,3 +272,35 @@ def test_the_event_carries_the_hashed_content_even_if_the_caller_changes_a_list_
         [event] = authority.read(GROUP, after=receipt.seq - 1)
         assert event.body["approval_required"] == ["op-a"]
         assert authority.state(GROUP, "mission:m-x")[1]["approval_required"] == ["op-a"]
+
+
+# -- records of other kinds in the commit -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("first", ["ack", "snapshot"])
+def test_the_events_of_a_commit_are_indexed_at_their_records_after_an_ack_or_snapshot_record(tmp_path, monkeypatch, first):
+    """One log group holds an ACK's (or a snapshot reference's) record before two Events: each
+    Event is indexed at its own record, not at the position of the record ahead of it, so reads
+    and a verify after reopening find the Events the callers were answered with."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        gate = AppendGate(monkeypatch, "hold")
+        held = Caller(lambda: authority.accept(mission_create("m-0")))
+        assert gate.held.wait(30)
+        other = Caller(lambda: authority.ack("c-1", GROUP, 1) if first == "ack" else authority.snapshot(GROUP))
+        wait_for_queue(authority, 1)
+        many = Caller(lambda: authority.accept_many([mission_create("m-1"), mission_create("m-2")]))
+        wait_for_queue(authority, 2)
+        gate.release()
+        assert held.outcome().seq == 2
+        other.outcome()
+        receipts = [result.receipt for result in many.outcome()]
+        assert [receipt.seq for receipt in receipts] == [3, 4]
+        monkeypatch.undo()
+    with open_with_group(path) as authority:
+        events = authority.read(GROUP, after=2)
+        assert [(event.seq, event.event_id, event.aggregate) for event in events] == [
+            (receipt.seq, receipt.event_id, f"mission:{name}") for receipt, name in zip(receipts, ("m-1", "m-2"))
+        ]
+        assert authority.verify().ok
+
