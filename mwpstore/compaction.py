@@ -22,9 +22,11 @@ Crash safety, step by step (each step is a named fail point ``compaction.<step>`
 :func:`recover_interrupted_compaction` runs at open, before the log is opened: without the marker
 an unfinished ``log.compact`` is deleted (the old log is intact); with it, the switch is completed,
 the index is rebuilt from the new log, and only then are ``log.old`` and the marker removed
-(:func:`finish_compaction`), as a compaction that runs to its end removes them only after step 4. Reads in this process that began before the switch finish on the old
-log and index handles, which stay valid until then; the old pair is closed as soon as no such read
-is running (at the switch itself when none is). Commits wait while a compaction runs.
+(:func:`finish_compaction`), as a compaction that runs to its end removes them only after step 4.
+
+Reads in this process that began before the switch finish on the old log and index handles, which
+stay valid until then; the old pair is closed as soon as no such read is running (at the switch
+itself when none is). Commits wait while a compaction runs.
 """
 
 from __future__ import annotations

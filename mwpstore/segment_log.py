@@ -636,6 +636,7 @@ class SegmentLog:
                 # headers and seals were checked with the others')
                 segments = [segment for segment in segments if segment.first_position <= self._known_end] or segments[:1]
         self._segments = tuple(segments)
+        scanned_unsynced = False
         if segments:
             self._log_id = int(segments[-1].header.log_id)
             self._seed = int(segments[-1].header.seed)
@@ -644,7 +645,7 @@ class SegmentLog:
                 self._clean_marker = True
                 self._marker_lists_segments = marker is not None and marker.listed is not None
             else:
-                self._recover_last()
+                scanned_unsynced = self._recover_last()
         if not self._readonly:
             active = self._segments[-1]
             handle = ffi.new("struct sl_log **")
@@ -655,15 +656,14 @@ class SegmentLog:
             self._handle = handle[0]
             if not self._sync:
                 self._mark_bulk()
-            elif clean_end is None or self._bulk_written:
-                # The end was found by a scan (a writer died), or under the bulk-mode rules (any
-                # repair is durable). What the scan found may be in the page cache only: a group
-                # the dead writer wrote and never synced (its fdatasync not reached or failed), or
-                # a bulk-mode writer's groups, reaching the disk in any order. Synced before
-                # anything of it is served or indexed, and before BULK goes; from here on every
-                # group is synced before the next is written.
-                self._call(lib.sl_log_sync, self._handle, segment=active)
-                if self._bulk_written:
+            else:
+                if scanned_unsynced:
+                    # A writer died, and the groups the scan found may be in the page cache only:
+                    # one it wrote and never synced (its fdatasync not reached or failed), or a
+                    # bulk-mode writer's, reaching the disk in any order. Synced before anything of
+                    # them is served or indexed, and before BULK goes.
+                    self._call(lib.sl_log_sync, self._handle, segment=active)
+                if self._bulk_written:  # from here on every group is synced before the next is written
                     self._unmark_bulk()
 
     def _mark_bulk(self) -> None:
@@ -820,9 +820,12 @@ class SegmentLog:
                 lib.sl_segment_truncate, self._io, os.fsencode(segment.path), segment.sealed_used_bytes, 0, segment=segment
             )
 
-    def _recover_last(self) -> None:
+    def _recover_last(self) -> bool:
         """Find the end of the active segment by scanning it (after a crash, or without a marker
-        that fits); cut off a torn tail that was never acknowledged (not when read-only)."""
+        that fits); cut off a torn tail that was never acknowledged (not when read-only). True
+        when the writer's open must still sync what the scan found: groups, and no repair (a
+        repair's truncate syncs the file; a seal was synced before it was trimmed; an empty
+        segment was synced when it was created)."""
         segment = self._segments[-1]
         if self._readonly:
             recovery = self._recover_readonly(segment)
@@ -830,7 +833,7 @@ class SegmentLog:
             if recovery.sealed:
                 segment.sealed = True
                 segment.sealed_used_bytes = int(recovery.used_bytes)
-            return
+            return False
         data, mapped = segment.mapping()
         size = len(mapped)
         recovery = ffi.new("struct sl_recovery *")
@@ -850,7 +853,7 @@ class SegmentLog:
             self._create_segment(int(segment.header.log_id), self._end)
             path = os.path.join(self._directory, segment_file_name(self._end))
             self._segments = self._segments + (self._load_header(path, self._end),)
-            return
+            return False
         needs_repair = bool(recovery.torn) or size < segment_bytes
         if not recovery.torn:
             # Bytes after the end must be zero, so no stale frame can ever look committed.
@@ -870,6 +873,7 @@ class SegmentLog:
         if needs_repair:
             segment.unmap()
             self._call(lib.sl_segment_truncate, self._io, os.fsencode(segment.path), used, segment_bytes, segment=segment)
+        return not needs_repair and self._end > segment.first_position  # groups found, none synced by a repair
 
     def _recover_readonly(self, segment: _Segment) -> Any:
         """The recovery (``struct sl_recovery``) of the last segment for a read-only open, which
@@ -1164,10 +1168,7 @@ class SegmentLog:
         with self._write_lock:
             self._check_open()
             if self._failed:  # also one the C writer does not know of (the marker's removal): never retried
-                raise StorageFailed(
-                    "an earlier I/O failure left this handle refusing writes; close and reopen the log.",
-                    path=self._segments[-1].path,
-                )
+                raise self._error(lib.SL_E_FAILED, fault, segment=self._segments[-1])
             if self._clean_marker:
                 self._drop_clean_marker()
             rc = lib.sl_log_append(self._handle, blob, len(blob), lengths_c, count, positions_c, fault)

@@ -69,6 +69,17 @@ def open_with_group(path: str, clock: Callable[[], int] | None = None, group: st
     return authority
 
 
+def record_bytes(path: str, commands: list[Command]) -> list[int]:
+    """The record bytes of the Events ``commands`` make, accepted in one commit after the Group's
+    creation on a new store at ``path`` with a fixed clock (as a test then accepts them again)."""
+    from mwpstore.authority import EVENT_TAG
+    from mwpstore.messages import encode_event
+
+    with open_with_group(path, clock=FakeClock()) as authority:
+        assert all(result.ok for result in authority.accept_many(commands))
+        return [len(EVENT_TAG + encode_event(event)) for event in authority.read(GROUP, after=1)]
+
+
 def in_a_forked_child(calls: list[Callable[[], object]]) -> list[str]:
     """Run each call in a forked child; return what each raised (its class name) or "ok"."""
     reading, writing = os.pipe()

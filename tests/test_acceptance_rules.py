@@ -19,7 +19,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from authority_helpers import GROUP, OWNER, FakeClock, group_create, mission_create, open_with_group
+from authority_helpers import GROUP, OWNER, FakeClock, group_create, mission_create, open_with_group, record_bytes
 from mwpstore import ActionIdCollision, Command, InvalidCommand, LimitExceeded, MwpError, NotAMember, StorageFailed, Unauthorized
 from blocking import wait_for_queue
 from test_group_commit import AppendGate, Caller, _close_failed, _failing_next_sync
@@ -187,24 +187,13 @@ def test_a_command_refused_as_too_large_leaves_its_action_id_free(tmp_path, monk
 # -- inclusive bounds ------------------------------------------------------------------------------
 
 
-def _record_bytes(tmp_path, commands: list[Command]) -> list[int]:
-    """The record bytes of the Events ``commands`` make, accepted in one commit after the Group's
-    creation on a store with a fixed clock (as the tests below accept them again)."""
-    from mwpstore.authority import EVENT_TAG
-    from mwpstore.messages import encode_event
-
-    with open_with_group(str(tmp_path / "measure"), clock=FakeClock()) as authority:
-        assert all(result.ok for result in authority.accept_many(commands))
-        return [len(EVENT_TAG + encode_event(event)) for event in authority.read(GROUP, after=1)]
-
-
 def test_an_event_of_exactly_record_bytes_max_is_accepted(tmp_path, monkeypatch):
     """RECORD_BYTES_MAX bounds the Event's record itself, inclusively: a record of exactly that
     many bytes is accepted, one byte more is LIMIT_EXCEEDED (field body)."""
     from mwpstore import limits
 
     command = mission_create("m-1", action_id="a-1")
-    [size] = _record_bytes(tmp_path, [command])
+    [size] = record_bytes(str(tmp_path / "measure"), [command])
     with open_with_group(str(tmp_path / "store"), clock=FakeClock()) as authority:
         monkeypatch.setattr(limits, "RECORD_BYTES_MAX", size - 1)
         with pytest.raises(LimitExceeded) as caught:
@@ -223,7 +212,7 @@ def test_events_that_fill_exactly_the_log_group_an_empty_segment_holds_share_one
     from mwpstore.segment_log import COMMIT_FRAME_BYTES, framed_bytes
 
     commands = [mission_create("m-1", action_id="a-1"), mission_create("m-2", action_id="a-2")]
-    framed = [framed_bytes(size) for size in _record_bytes(tmp_path, commands)]
+    framed = [framed_bytes(size) for size in record_bytes(str(tmp_path / "measure"), commands)]
 
     def room(room_bytes: int) -> None:
         monkeypatch.setattr(authority_module, "group_bytes_max", lambda segment_bytes: room_bytes)

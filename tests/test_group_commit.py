@@ -410,15 +410,11 @@ def test_a_failed_log_sync_still_answers_a_replay_of_a_durable_receipt(tmp_path)
 def test_a_commit_takes_events_up_to_exactly_group_bytes_max(tmp_path, monkeypatch):
     """The per-commit byte cap is inclusive: Events that fill it exactly share one commit."""
     from mwpstore import limits
-    from mwpstore.authority import EVENT_TAG
-    from mwpstore.messages import encode_event
 
-    from authority_helpers import FakeClock
+    from authority_helpers import FakeClock, record_bytes
 
     commands = [mission_create("m-1", action_id="a-1"), mission_create("m-2", action_id="a-2")]
-    with open_with_group(str(tmp_path / "measure"), clock=FakeClock()) as authority:
-        authority.accept_many(commands)
-        sizes = [len(EVENT_TAG + encode_event(event)) for event in authority.read(GROUP, after=1)]
+    sizes = record_bytes(str(tmp_path / "measure"), commands)
     with open_with_group(str(tmp_path / "store"), clock=FakeClock()) as authority:  # the same Events again
         monkeypatch.setattr(limits, "GROUP_BYTES_MAX", sum(sizes))
         assert [result.ok for result in authority.accept_many(commands)] == [True, True]
