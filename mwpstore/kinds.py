@@ -94,7 +94,7 @@ def _decide_group_create(view: StateView, command: Command, context: Context) ->
 _HEX_DIGITS = frozenset("0123456789abcdefABCDEF")
 
 
-def check_public_key_hex(value: object, field: str = "body.public_key") -> str:
+def check_public_key_hex(value: object) -> str:
     """Check a member's Ed25519 public key given as hex; return it in lowercase.
 
     Exactly 64 hex digits (either case; nothing else, not even whitespace, which
@@ -103,12 +103,12 @@ def check_public_key_hex(value: object, field: str = "body.public_key") -> str:
     ``registry.public_key_is_usable``).
     """
     if type(value) is not str or len(value) != 64 or not _HEX_DIGITS.issuperset(value):
-        raise InvalidCommand("a public key is 32 bytes as 64 hex digits (0-9, a-f)", field=field)
+        raise InvalidCommand("a public key is 32 bytes as 64 hex digits (0-9, a-f)", field="body.public_key")
     if not public_key_is_usable(bytes.fromhex(value)):
         raise InvalidCommand(
             "the public key is not usable: it must be the canonical encoding of an Ed25519 curve point of "
             "order greater than 8 (a small-order key would accept forged signatures)",
-            field=field,
+            field="body.public_key",
         )
     return value.lower()
 
