@@ -34,7 +34,7 @@ import blake3
 import lmdb
 import msgspec
 
-from . import _canonical_c, _fork, canonical, failpoints, limits
+from . import _canonical_c, _files, _fork, canonical, failpoints, limits
 from ._apply_c import check_run as _check_run
 from ._apply_c import run as _apply_run
 from ._files import makedirs_durable, store_path
@@ -391,6 +391,20 @@ def _refuse_authority(path: str) -> None:
         )
 
 
+def _sync_store_entries(path: str) -> None:
+    """Make the names of the store's files durable: ``data.mdb`` in ``lmdb/``, ``lmdb/`` and
+    ``agent.lock`` in the store's directory, and that directory in its parent.
+
+    LMDB syncs the data file at each commit, never a directory: without this a power loss could
+    take the whole environment, with the Cursors it ACKed and the outbox intents that were durable
+    before their dispatch, and the next open would make an empty store in its place. Done at every
+    open, before anything is read or committed: an earlier open that died between making these
+    entries and syncing them left a store that looks whole."""
+    lmdb_directory = os.path.join(path, "lmdb")
+    for directory in (lmdb_directory, path, os.path.dirname(os.path.abspath(path))):
+        _files.fsync_directory(directory)
+
+
 def _keyring_of(trusted_keys: tuple[Any, ...]) -> Any:
     """The ``Keyring`` of an AgentStore's ``trusted_keys``: a caller's keyring as is, or one built
     from raw Ed25519 public keys (each checked: ``INVALID_COMMAND``, field ``public_key``)."""
@@ -494,6 +508,7 @@ class AgentStore:
                 subdir=True,
                 readahead=False,
             )
+            _sync_store_entries(path)
             store = cls(path, env, lock_fd, projections, trusted_keys, clock, verify)
             store._check_format()
         except BaseException as exc:

@@ -5,6 +5,7 @@ of 2026-12-03)."""
 from __future__ import annotations
 
 import os
+import stat
 
 import pytest
 
@@ -120,6 +121,43 @@ def test_a_new_store_directory_is_made_durable_in_its_parent(tmp_path, synced_di
     (Authority.open if kind == "authority" else AgentStore.open)(str(store)).close()
     for created in (store, store.parent, store.parent.parent):
         assert str(created.parent) in synced_directories, f"{created} was created but {created.parent} never synced"
+
+
+def record_directory_syncs(monkeypatch) -> list[tuple[tuple[int, int], list[str]]]:
+    """Every directory passed to ``os.fsync``: its ``(st_dev, st_ino)`` and the names it held at
+    that moment (an entry is durable once its directory is synced after it was made)."""
+    seen: list[tuple[tuple[int, int], list[str]]] = []
+    fsync = os.fsync
+
+    def recording(fd: int) -> None:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            seen.append(((info.st_dev, info.st_ino), sorted(os.listdir(f"/proc/self/fd/{fd}"))))
+        fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording)
+    return seen
+
+
+@pytest.mark.parametrize("reopened", [False, True])
+def test_an_agent_stores_lmdb_files_are_made_durable_in_their_directories(tmp_path, monkeypatch, reopened):
+    """LMDB syncs the data file at every commit, never the directories that name it: the open
+    must sync ``data.mdb`` in ``lmdb/`` and ``lmdb/`` in the store's directory, or a power loss
+    can take the whole environment, with every Cursor it ACKed and every outbox intent it held
+    durable before a dispatch, and the next open makes an empty store there. A reopen syncs them
+    (and the store's own entry) too: an earlier open that died between making an entry and
+    syncing it left a store that looks whole."""
+    from mwpstore.agent_store import AgentStore
+
+    store = tmp_path / "agent"
+    if reopened:
+        AgentStore.open(str(store)).close()
+    synced = record_directory_syncs(monkeypatch)
+    AgentStore.open(str(store)).close()
+    for directory, name in ((store / "lmdb", "data.mdb"), (store, "lmdb"), (store, "agent.lock"), (tmp_path, "agent")):
+        assert any(seen == _identity(directory) and name in names for seen, names in synced), (
+            f"{name} was never synced in {directory}"
+        )
 
 
 # -- The durable file helpers, one promise each ----------------------------------------------------
