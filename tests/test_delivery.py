@@ -696,3 +696,39 @@ def test_pull_once_reads_after_the_durable_cursor_not_the_applied_sequence(tmp_p
     assert delivery.stats.duplicates == 5 and delivery.stats.applied == len(history) - 9
     assert agent.cursor("g-a") == len(history)
     agent.close()
+
+
+def test_every_ack_names_a_cursor_already_committed_and_a_failed_commit_acks_nothing(tmp_path, monkeypatch):
+    """MWP-WRK-030: the ACK follows the local commit. What the source is told must already be the
+    store's committed Cursor (a read sees only commits, and every commit is synced): an ACK sent
+    from inside the round's transaction would name a Cursor a crash could still take back. A
+    round whose commit fails sends no ACK at all."""
+    from mwpstore.agent_store import AgentTransaction
+    from mwpstore.errors import StorageFailed
+
+    class Watching(ListSource):
+        def ack(self, consumer, group, cursor):
+            seen.append((cursor, agent.cursor(group)))
+            return super().ack(consumer, group, cursor)
+
+    seen: list[tuple[int, int]] = []
+    history = HISTORIES["g-a"]
+    agent = AgentStore.open(tmp_path / "agent", map_size=MAP_BYTES)
+    source = Watching(history)
+    delivery = Delivery(agent, source, consumer="agent-7", batch_events=5)
+    assert delivery.pull_once("g-a") == 5
+    real_commit = AgentTransaction.commit
+
+    def failing(self):
+        self.abort()
+        raise StorageFailed("the disk refused the commit", errno=5)
+
+    monkeypatch.setattr(AgentTransaction, "commit", failing)
+    with pytest.raises(StorageFailed):
+        delivery.pull_once("g-a")
+    monkeypatch.setattr(AgentTransaction, "commit", real_commit)
+    assert seen == [(5, 5)] and agent.cursor("g-a") == 5
+    assert delivery.catch_up("g-a") == len(history)
+    assert len(seen) > 2 and all(acked == committed for acked, committed in seen), seen
+    assert source.acks[("agent-7", "g-a")] == len(history)
+    agent.close()
