@@ -294,6 +294,30 @@ def test_only_an_intended_or_reconciled_intent_can_be_marked_dispatched(tmp_path
     agent.close()
 
 
+def test_the_side_effect_runs_only_once_its_dispatch_is_committed(tmp_path):
+    """``dispatch`` commits DISPATCHED (synced) before it calls the side effect, and records the
+    receipt after it returns: while the call runs, what a restart would find is DISPATCHED (so it
+    is reconciled, never dispatched blindly a second time), with its dispatch counted. The same
+    holds for a dispatch again after a reconcile."""
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+    found = []
+
+    def side_effect(_intent):
+        stored = agent.intent(intent.key)  # a read sees only what is committed
+        found.append((stored.state, stored.dispatches, stored.receipt))
+        if len(found) == 1:
+            raise TimeoutError("no answer")
+        return {"ref": "r-1"}
+
+    with pytest.raises(TimeoutError):
+        agent.dispatch(intent.key, side_effect)
+    assert agent.dispatch(intent.key, side_effect, lookup=lambda _: None) == {"ref": "r-1"}
+    assert found == [(IntentState.DISPATCHED, 1, None), (IntentState.DISPATCHED, 2, None)]
+    assert agent.intent(intent.key).state is IntentState.DONE and agent.intent(intent.key).receipt == {"ref": "r-1"}
+    agent.close()
+
+
 def test_an_interrupt_during_the_side_effect_leaves_the_intent_uncertain(tmp_path):
     """Whatever ends the external call early (an exception or an interrupt) makes its outcome
     unknown: the intent is UNCERTAIN, with the reason, and the interrupt goes on."""
@@ -353,6 +377,7 @@ def test_crash_between_intent_and_dispatch_dispatches_once_after_restart(tmp_pat
 
 def test_crash_after_marking_dispatched_requires_reconcile(tmp_path):
     run_child(tmp_path, "agent.after_mark_dispatched")
+    assert (tmp_path / "calls").read_text() == "", "the side effect ran before its intent was marked dispatched"
     agent = AgentStore.open(tmp_path / "a")
     [intent] = agent.intents(pending_only=True)
     assert intent.state is IntentState.DISPATCHED
