@@ -7,7 +7,9 @@ computed like the authority's), so the agent side can be tested without the work
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 import struct
 from typing import Any
 
@@ -175,6 +177,23 @@ class CountingProjection:
         if event.kind.startswith("workitem."):
             state = view.state(event.aggregate)
             view.put(f"last:{event.aggregate}", (state or {}).get("state", "gone").encode())
+
+
+class RestoringProjection:
+    """An application projection with a ``restore`` hook: it notes the snapshot's sequence, and
+    SIGKILLs the process there when ``kill_in_restore`` is set (the Group is then cleared and the
+    snapshot's aggregates written in the restoring transaction, nothing of it committed)."""
+
+    name = "restoring"
+    kill_in_restore = False
+
+    def apply(self, view, event):
+        view.put("last", str(event.seq).encode())
+
+    def restore(self, view, snapshot):
+        view.put("restored-at", str(snapshot.seq).encode())
+        if self.kill_in_restore:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def seen_counts(agent, group: str) -> dict[int, int]:

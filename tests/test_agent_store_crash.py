@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from agent_store_support import CountingProjection, seen_counts, workload
+from agent_store_support import CountingProjection, RestoringProjection, seen_counts, workload
 from mwpstore.agent_store import AgentStore
 from mwpstore.delivery import Delivery, ListSource
 
@@ -138,3 +138,78 @@ def test_uninterrupted_child_matches_clean_delivery(tmp_path, clean_digest):
     check_invariants(agent)
     assert agent.projection_digest() == clean_digest
     agent.close()
+
+
+# -- a restore from a snapshot, killed part-way ---------------------------------------------------
+
+RESTORE_CHILD = textwrap.dedent(
+    """
+    import sys
+    sys.path[:0] = [{root!r}, {tests!r}]
+    from types import SimpleNamespace
+    from agent_store_support import CountingProjection, RestoringProjection, workload
+    from mwpstore.agent_store import AgentStore
+    from mwpstore.messages import Effect
+
+    RestoringProjection.kill_in_restore = {kill_in_restore!r}
+    events = workload("g-1", 60, seed=3)
+    states = {{}}
+    for event in events[:{seq}]:
+        for effect in event.effects:
+            states[effect.aggregate] = (effect.revision, effect.state)
+    snapshot = SimpleNamespace(org="org-1", group="g-1", seq={seq}, head_hash=events[{seq} - 1].hash,
+                               aggregates=[Effect(key, *value) for key, value in sorted(states.items())])
+    agent = AgentStore.open({path!r}, projections=[RestoringProjection(), CountingProjection()])
+    agent.restore_verified(snapshot, group="g-1")
+    agent.close()
+    """
+)
+
+
+def _restoring_store(path: str) -> AgentStore:
+    return AgentStore.open(path, projections=[RestoringProjection(), CountingProjection()])
+
+
+def _whole_state(agent: AgentStore) -> tuple:
+    head = agent.head("g-1")
+    return (head, agent.projection_dump(), agent.inbox_seqs("g-1"), agent.buffered_seqs("g-1"),
+            agent.projection_items("g-1", "restoring"), agent.projection_items("g-1", "counter"), agent.intents())
+
+
+@pytest.mark.parametrize("kill", ["agent.begin", "restore_hook", "agent.before_commit"])
+def test_a_restore_killed_part_way_leaves_the_store_as_it_was(tmp_path, kill):
+    """A restore replaces the Group's state, queue, inbox and projections and moves its head, all in
+    one local commit: killed anywhere before that commit returns (its transaction begun, the Group
+    cleared and the snapshot's aggregates written while a projection's restore hook runs, the heads
+    written), the reopened store is the one before the restore, whole, never a half-restored Group
+    that would pass for restored; run again to its end, it is restored."""
+    path = str(tmp_path / "agent")
+    events = workload("g-1", 60, seed=3)
+    agent = _restoring_store(path)
+    with agent.begin() as tx:
+        for event in events[:10] + events[40:42]:  # applied up to 10, two buffered beyond the gap
+            tx.apply(event)
+        tx.advance_cursor("g-1")
+        tx.record_intent("g-1", mission="m1", workitem="w1", ownership_epoch=1, operation="notify")
+    before = _whole_state(agent)
+    agent.close()
+    env = dict(os.environ)
+    env.pop("MWPSTORE_FAILPOINT", None)
+    if kill != "restore_hook":
+        env["MWPSTORE_FAILPOINT"] = kill
+    for kill_in_hook, expected in ((kill == "restore_hook", -9), (False, 0)):
+        if expected == 0:
+            env.pop("MWPSTORE_FAILPOINT", None)
+        script = RESTORE_CHILD.format(root=ROOT, tests=TESTS, path=path, seq=30, kill_in_restore=kill_in_hook)
+        completed = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
+        assert completed.returncode == expected, completed.stderr.decode()
+        agent = _restoring_store(path)
+        if expected == -9:
+            assert _whole_state(agent) == before
+        else:
+            head = agent.head("g-1")
+            assert (head.applied_seq, head.cursor, head.floor_seq, head.applied_hash) == (30, 30, 30, events[29].hash)
+            assert agent.inbox_seqs("g-1") == [] and agent.buffered_seqs("g-1") == [41, 42]
+            assert agent.projection_items("g-1", "restoring") == [(b"restored-at", b"30")]
+            assert agent.projection_items("g-1", "counter") == [] and agent.intents() == before[-1]
+        agent.close()
