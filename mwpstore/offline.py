@@ -94,6 +94,9 @@ class ReconnectOutcome(msgspec.Struct, frozen=True, kw_only=True):
     receipt: Any = None
 
 
+_PENDING = frozenset({BufferedState.BUFFERED, BufferedState.REBASED})
+"""States of a buffered Command that ``reconnect`` has still to send."""
+
 _BUFFERED_ENCODER = msgspec.msgpack.Encoder()
 _BUFFERED_DECODER = msgspec.msgpack.Decoder(BufferedCommand)
 _OUTAGE_DECODER = msgspec.msgpack.Decoder(Outage)
@@ -232,6 +235,10 @@ class OfflineGuard:
                     reason="fence",
                 )
         with self.agent.begin() as tx:
+            if tx._offline_get(_outage_key(self.group)) is None:
+                # a reconnect ended the outage after the guard's check: it found no Command left
+                # and will not come back for this one
+                raise OfflineRefused("the Group service is reachable again: submit the Command directly", reason="online")
             existing = tx._offline_range(self.group.encode() + b"\x00C")
             number = 1 + (int.from_bytes(existing[-1][0][-8:], "big") if existing else 0)
             record = BufferedCommand(number=number, group=self.group, command=command, binding=binding, buffered_at_ms=now_ms)
@@ -298,35 +305,49 @@ class OfflineGuard:
         from ``submit`` propagates: the outage is kept and a later call resends the stored bytes.
         """
         outcomes: list[ReconnectOutcome] = []
-        for record in self.buffered():
-            if record.state in (BufferedState.SUBMITTED, BufferedState.REFUSED, BufferedState.REJECTED):
-                continue
-            if sync is not None:
-                sync()
-            if record.state is BufferedState.BUFFERED:
-                try:
-                    rebased = self.rebase(record, signing_key)
-                except LeaseMismatch as exc:
-                    record = self._store(record, state=BufferedState.REFUSED, error_code=exc.code, message=exc.message)
-                    outcomes.append(ReconnectOutcome(number=record.number, state=record.state, command=record.command,
-                                                     error=exc.code))
-                    continue
-                record = self._store(record, state=BufferedState.REBASED, rebased=rebased)
-            command = record.rebased
-            assert command is not None
+        while True:
+            for record in self.buffered():
+                if record.state in _PENDING:
+                    outcomes.append(self._resubmit(record, submit, signing_key, sync))
+            # The outage ends only in a commit that finds no Command left to send: one buffered
+            # meanwhile (the outage still stood) is sent by this call, never left behind.
+            with self.agent.begin() as tx:
+                left = any(
+                    _BUFFERED_DECODER.decode(value).state in _PENDING
+                    for _, value in tx._offline_range(self.group.encode() + b"\x00C")
+                )
+                if not left:
+                    tx._offline_delete(_outage_key(self.group))
+            if not left:
+                return outcomes
+
+    def _resubmit(
+        self,
+        record: BufferedCommand,
+        submit: Callable[[Command], Any],
+        signing_key: Ed25519PrivateKey,
+        sync: Callable[[], Any] | None,
+    ) -> ReconnectOutcome:
+        """Rebase, store and submit one buffered Command (``reconnect``'s step); its outcome."""
+        if sync is not None:
+            sync()
+        if record.state is BufferedState.BUFFERED:
             try:
-                receipt = submit(command)
-            except Rejection as exc:
-                record = self._store(record, state=BufferedState.REJECTED, error_code=exc.code, message=exc.message)
-                outcomes.append(ReconnectOutcome(number=record.number, state=record.state, command=command,
-                                                 error=exc.code))
-                continue
-            plain = msgspec.to_builtins(receipt) if receipt is not None else None
-            record = self._store(record, state=BufferedState.SUBMITTED, receipt=plain)
-            outcomes.append(ReconnectOutcome(number=record.number, state=record.state, command=command, receipt=plain))
-        with self.agent.begin() as tx:
-            tx._offline_delete(_outage_key(self.group))
-        return outcomes
+                rebased = self.rebase(record, signing_key)
+            except LeaseMismatch as exc:
+                record = self._store(record, state=BufferedState.REFUSED, error_code=exc.code, message=exc.message)
+                return ReconnectOutcome(number=record.number, state=record.state, command=record.command, error=exc.code)
+            record = self._store(record, state=BufferedState.REBASED, rebased=rebased)
+        command = record.rebased
+        assert command is not None
+        try:
+            receipt = submit(command)
+        except Rejection as exc:
+            record = self._store(record, state=BufferedState.REJECTED, error_code=exc.code, message=exc.message)
+            return ReconnectOutcome(number=record.number, state=record.state, command=command, error=exc.code)
+        plain = msgspec.to_builtins(receipt) if receipt is not None else None
+        record = self._store(record, state=BufferedState.SUBMITTED, receipt=plain)
+        return ReconnectOutcome(number=record.number, state=record.state, command=command, receipt=plain)
 
     # -- internals ------------------------------------------------------------------------------
 

@@ -498,3 +498,50 @@ def test_a_rebased_action_id_depends_on_the_old_id_and_on_what_changed():
     assert rebased != derive_action_id("renew-3", {"expected_revision": 4})
     assert rebased != derive_action_id("renew-2", {"expected_revision": 5})
     assert rebased.startswith("rb-")
+
+
+def test_a_command_buffered_while_reconnect_runs_is_submitted_not_left_behind(setup):
+    """The outage ends only once no buffered Command is left to submit. A Command that the agent's
+    other work buffered while ``reconnect`` was sending the earlier ones (the outage still stood,
+    so the guard allowed it) is sent by the same ``reconnect``; ending the outage first left it
+    BUFFERED for good, with ``buffer`` refusing the agent from then on as online."""
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    revision = setup.harness.group.revision("workitem:wi1")
+    first = setup.offline_command("lease.renew", dict(fence), cas=True, action="renew-1")
+    late = setup.offline_command("lease.renew", dict(fence), cas=True, action="renew-2")
+    setup.guard.buffer(first, now_ms=now(setup) + 1, reversible=True)
+
+    def submit_while_work_goes_on(command):
+        if command.action_id == "renew-1":  # meanwhile, another thread of the agent buffers its next Command
+            setup.guard.buffer(late, now_ms=now(setup) + 2, reversible=True)
+        return setup.submit(command)
+
+    outcomes = setup.guard.reconnect(submit_while_work_goes_on, signing_key=setup.key, sync=setup.sync)
+    assert [outcome.state for outcome in outcomes] == [BufferedState.SUBMITTED] * 2
+    assert [record.state for record in setup.guard.buffered()] == [BufferedState.SUBMITTED] * 2
+    assert [command.action_id for command in setup.submitted] == [
+        "renew-1", derive_action_id("renew-2", {"expected_revision": revision + 1})]
+    assert not setup.guard.offline
+    assert setup.harness.group.revision("workitem:wi1") == revision + 2
+
+
+def test_buffer_checks_the_outage_in_its_own_commit(setup, monkeypatch):
+    """``buffer`` stores a Command only while the outage it was allowed under still stands when it
+    writes: a ``reconnect`` that ended the outage between the guard's check and the write (found no
+    Command left, and returned) would never send it. Such a Command is refused as online."""
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    command = setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 1}}, action="cp-1")
+    real_permit = OfflineGuard.permit
+
+    def permit_then_reconnect_ends_the_outage(self, *args, **kwargs):
+        binding = real_permit(self, *args, **kwargs)
+        assert setup.guard.reconnect(setup.submit, signing_key=setup.key) == []  # another thread, meanwhile
+        return binding
+
+    monkeypatch.setattr(OfflineGuard, "permit", permit_then_reconnect_ends_the_outage)
+    with pytest.raises(OfflineRefused) as caught:
+        setup.guard.buffer(command, now_ms=now(setup) + 1, reversible=True)
+    assert caught.value.detail["reason"] == "online"
+    assert setup.guard.buffered() == [] and not setup.guard.offline
