@@ -1143,9 +1143,18 @@ class Authority:
                 raise  # KeyboardInterrupt and the like: every caller was answered, now propagate
             return
         failpoints.hit("authority.after_index_commit")
-        for event in batch.events:
-            if event.kind == "audit.delete" and event.authoritative:
-                self._remove_audit_log(event.group)
+        deleted = [event.group for event in batch.events if event.kind == "audit.delete" and event.authoritative]
+        if deleted and not self._sync:
+            # Bulk mode defers the log's fdatasync, but a removal is durable at once: the Event
+            # that orders it is made durable first. If that fails the file stays, and the next
+            # open removes it if the Event survived (_finish_audit_deletions).
+            try:
+                self.log.sync()
+            except MwpError as exc:
+                self._failure = exc
+                raise
+        for group in deleted:
+            self._remove_audit_log(group)
         if batch.events or batch.acks:
             with self._published:
                 self._published.notify_all()

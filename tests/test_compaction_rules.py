@@ -531,3 +531,48 @@ def test_a_changed_body_under_a_used_action_id_is_a_collision_in_a_batch_too(tmp
         again = authority.accept_many([changed, first])
         assert again[0].error_code == "ACTION_ID_COLLISION"
         assert encode_receipt(again[1].unwrap()) == encode_receipt(results[0].unwrap())
+
+
+def test_in_bulk_mode_the_audit_delete_is_made_durable_before_its_file_is_removed(tmp_path, monkeypatch):
+    """``sync=False`` defers the log's fdatasync, but the removal of an audit log is durable at
+    once (its directory is synced). Removed while its ``audit.delete`` was in the page cache only,
+    a power loss would leave the Group's history, dropped from the log by compaction, in neither
+    the log nor an archive, and no Event saying that it was ordered deleted (verify: "missing, no
+    accepted audit.delete explains it"). The log is synced before the file goes."""
+    steps: list[object] = []
+    real_sync, real_remove = SegmentLog.sync, os.remove
+    with Authority.open(str(tmp_path / "s"), sync=False) as authority:
+        authority.accept(group_create())
+        authority.accept_many([mission_create(f"m-{n}") for n in range(3)])
+        authority.archive(GROUP, actor=OWNER, action_id="archive")
+        assert authority.compact().groups_compacted == [GROUP]  # the audit log holds the only copy
+        audit = os.path.join(authority.path, authority.archive_record(GROUP).audit_location)
+        monkeypatch.setattr(SegmentLog, "sync", lambda log: (steps.append("log synced"), real_sync(log))[1])
+        monkeypatch.setattr(os, "remove", lambda path, *args, **kwargs: (steps.append(os.path.abspath(path)), real_remove(path, *args, **kwargs))[1])
+        authority.delete_audit_log(GROUP, actor=OWNER, action_id="del", basis="legal")
+        monkeypatch.undo()
+        assert not os.path.exists(audit)
+    assert audit in steps and "log synced" in steps[: steps.index(audit)], steps
+
+
+def test_in_bulk_mode_an_audit_delete_whose_sync_fails_keeps_the_file_and_refuses_later_writes(tmp_path, monkeypatch):
+    """When the sync that must precede the removal fails, the audit log is not removed (the
+    Event ordering it may not be on disk) and the store refuses further writes until reopened."""
+    import errno
+
+    with Authority.open(str(tmp_path / "s"), sync=False) as authority:
+        authority.accept(group_create())
+        authority.accept_many([mission_create(f"m-{n}") for n in range(3)])
+        authority.archive(GROUP, actor=OWNER, action_id="archive")
+        audit = os.path.join(authority.path, authority.archive_record(GROUP).audit_location)
+
+        def failing(log):
+            raise StorageFailed("injected", errno=errno.EIO)
+
+        monkeypatch.setattr(SegmentLog, "sync", failing)
+        with pytest.raises(StorageFailed):
+            authority.delete_audit_log(GROUP, actor=OWNER, action_id="del", basis="legal")
+        monkeypatch.undo()
+        assert os.path.exists(audit)
+        with pytest.raises(StorageFailed):
+            authority.accept(mission_create("m-late"))
