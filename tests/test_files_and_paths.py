@@ -404,3 +404,32 @@ def test_an_interrupted_write_leaves_no_temporary_copy(tmp_path, monkeypatch, wr
             _files.create_secret_file(str(directory / "f"), b"secret seed")
     monkeypatch.undo()
     assert os.listdir(directory) == []
+
+
+def test_snapshot_and_archive_files_are_durable_before_the_records_that_name_them_are_logged(tmp_path, fsynced, monkeypatch):
+    """A snapshot reference (``S``) and an archive record (``R``) reach the log only after the
+    files they name are durable: the file's data fsynced and its directory fsynced after the
+    rename. Logged first, a crash could leave a durable reference to a missing file, and an
+    archive record lets compaction drop the Group's Events from the log."""
+    from mwpstore import Command
+
+    appended: list[tuple[int, bytes]] = []  # (fsyncs so far, tags of the appended records)
+    real_append = SegmentLog.append
+    monkeypatch.setattr(SegmentLog, "append", lambda log, records: (appended.append((len(fsynced), b"".join(bytes(memoryview(r)[:1]) for r in records))), real_append(log, records))[1])
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept(Command(actor="owner", action_id="m", group=GROUP, kind="mission.create", target="m", body={"title": "t", "cost_limit": 1}))
+        ref = authority.snapshot(GROUP)
+        authority.accept(Command(actor="owner", action_id="m2", group=GROUP, kind="mission.create", target="m2", body={"title": "t", "cost_limit": 1}))
+        record = authority.archive(GROUP, actor="owner", action_id="archive")
+        files = {
+            b"S": [os.path.join(authority.path, ref.location), os.path.join(authority.path, record.final_snapshot.location)],
+            b"R": [os.path.join(authority.path, record.audit_location)],
+        }
+    for tag, paths in files.items():
+        logged = [(syncs, tags) for syncs, tags in appended if tag in tags]
+        assert len(logged) == len(paths)
+        for (syncs, _), path in zip(logged, paths):
+            before = fsynced[:syncs]
+            assert _identity(path) in before, f"{path} was not fsynced before its {tag!r} record was logged"
+            last = len(before) - 1 - before[::-1].index(_identity(path))
+            assert _identity(os.path.dirname(path)) in before[last + 1 :], f"the directory of {path} was not fsynced after it"
