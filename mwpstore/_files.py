@@ -102,13 +102,19 @@ def _remove_quietly(path: str) -> None:
         pass
 
 
-def makedirs_durable(directory: str, mode: int = 0o755, *, sync_directory: Callable[[str], None] | None = None) -> None:
+def makedirs_durable(
+    directory: str, mode: int = 0o755, *, sync_directory: Callable[[str], None] | None = None, root: str | None = None
+) -> None:
     """Create ``directory`` and any missing parents, fsyncing each parent after a creation.
 
     ``os.makedirs`` alone is not enough before an atomic write: after a power loss the new
     directory entry itself may be gone, taking the renamed file with it. ``sync_directory``
     replaces :func:`fsync_directory` (the segment log syncs through its I/O seam). A path that
     exists and is no directory is ``StorageFailed`` (``EEXIST``).
+
+    With ``root`` (an ancestor of ``directory``), the directories below it that already exist
+    are synced in their parents too, top down: one found in place may be in the page cache only,
+    made by a process killed between its ``mkdir`` and its parent's fsync.
     """
     sync = fsync_directory if sync_directory is None else sync_directory
     directory = store_path(directory)
@@ -120,7 +126,16 @@ def makedirs_durable(directory: str, mode: int = 0o755, *, sync_directory: Calla
         if parent == directory:
             break
         directory = parent
+    found = []  # existing directories below root, deepest first
+    if root is not None:
+        top = os.path.abspath(store_path(root))
+        while directory.startswith(top.rstrip(os.sep) + os.sep):
+            found.append(directory)
+            directory = os.path.dirname(directory)
+    path = directory
     try:
+        for path in reversed(found):
+            sync(os.path.dirname(path))
         for path in reversed(missing):
             try:
                 os.mkdir(path, mode)
@@ -132,10 +147,11 @@ def makedirs_durable(directory: str, mode: int = 0o755, *, sync_directory: Calla
         raise translate(exc, context=f"creating {path}") from None
 
 
-def ensure_private_directory(directory: str) -> None:
+def ensure_private_directory(directory: str, *, root: str | None = None) -> None:
     """Create ``directory`` (mode 0700) if missing, durably (its parent fsynced: a key created
-    in it must survive a power loss); an existing directory is left as it is."""
-    makedirs_durable(directory, 0o700)
+    in it must survive a power loss); an existing directory is left as it is (with ``root``, see
+    :func:`makedirs_durable`)."""
+    makedirs_durable(directory, 0o700, root=root)
 
 
 def create_secret_file(path: str, data: bytes) -> bool:

@@ -355,6 +355,7 @@ class Authority:
     _published: threading.Condition
     _last_ms: int
     _signing_key: SigningKey | None
+    _durable_directories: set[str]
     _snapshot_lock: threading.Lock
     _archive_lock: threading.Lock  # one archive() at a time: each Group's record is logged once
     _retired: list[tuple[set[int], list[Any]]]  # replaced handles, with the threads whose reads may still use them
@@ -457,6 +458,7 @@ class Authority:
         self._published = threading.Condition(threading.Lock())
         self._last_ms = 0
         self._signing_key = None
+        self._durable_directories = set()
         self._snapshot_lock = threading.Lock()
         self._archive_lock = threading.Lock()
         self._segment_bytes = segment_bytes
@@ -1500,8 +1502,19 @@ class Authority:
         self._check_closed()  # a closed handle no longer holds the store: it creates no key file there
         self._refuse_readonly("signing_key")  # it creates the key on first use
         if self._signing_key is None:
-            self._signing_key = SigningKey.load_or_create(os.path.join(self.path, "keys"))
+            self._signing_key = SigningKey.load_or_create(self._store_directory("keys", private=True))
         return self._signing_key
+
+    def _store_directory(self, relative: str, *, private: bool = False) -> str:
+        """``<path>/<relative>``, created if missing, with every directory from the store down
+        synced in its parent: a directory a killed process left in place may not be durable yet,
+        and a record logged next must not name a file whose directory a power loss can take.
+        Synced once per handle (a directory this process made durable stays so)."""
+        directory = os.path.join(self.path, relative)
+        if relative not in self._durable_directories:
+            makedirs_durable(directory, 0o700 if private else 0o755, root=self.path)
+            self._durable_directories.add(relative)
+        return directory
 
     def keyring(self) -> Keyring:
         """A keyring trusting this store's snapshot key and the keys it retired
@@ -1524,7 +1537,7 @@ class Authority:
         self._check_writable("rotate_signing_key")
         with self._snapshot_lock:  # no snapshot is signed while the key changes
             self._signing_key = None  # whatever happens below, the next use reads the key file
-            self._signing_key = SigningKey.rotate(os.path.join(self.path, "keys"), retire=retire)
+            self._signing_key = SigningKey.rotate(self._store_directory("keys", private=True), retire=retire)
             return self._signing_key
 
     def drop_retired_key(self, key_id: str) -> None:
@@ -1580,7 +1593,7 @@ class Authority:
         # second file named after the new key; the reference to it replaces the old one.
         location = _snapshot_location(group, seq, None if existing is None else self.signing_key.key_id)
         path = os.path.join(self.path, location)
-        makedirs_durable(os.path.dirname(path))  # the reference logged next must not outlive the directory
+        self._store_directory(os.path.dirname(location))  # the reference logged next must not outlive the directory
         write_snapshot_file(path, data)
         ref = snapshot_ref(data, location=location)
         try:
@@ -1673,12 +1686,15 @@ class Authority:
             raise InvalidState(f"the audit log of group {group!r} was deleted (audit.delete); it is not written again", state="deleted")
         provider = self._org_keys(key_provider)
         if group_state is not None:  # a provider that cannot give the Organization's key fails here, before group.archive
+            if key_provider is None:  # the store's own key files: their directories durable before a key is made or used
+                self._store_directory(f"keys/orgs/{group_state['org']}", private=True)
             current_org_key(provider, group_state["org"])
         if group_state is None or group_state.get("status") != "archived":
             self.accept(Command(actor=actor, action_id=action_id, group=group, kind="group.archive", target=group, body={"reason": reason} if reason else {}))
         final = self.snapshot(group)
         location = f"archive/{group}/audit-{final.seq:020d}.log"
         path = os.path.join(self.path, location)
+        self._store_directory(f"archive/{group}")  # the record logged last must not outlive the directory
 
         def write_and_check() -> Any:
             info = write_audit_log(path, org=final.org, group=group, events=self._event_payloads(group, final.seq), key_provider=provider)

@@ -433,3 +433,42 @@ def test_snapshot_and_archive_files_are_durable_before_the_records_that_name_the
             assert _identity(path) in before, f"{path} was not fsynced before its {tag!r} record was logged"
             last = len(before) - 1 - before[::-1].index(_identity(path))
             assert _identity(os.path.dirname(path)) in before[last + 1 :], f"the directory of {path} was not fsynced after it"
+
+
+@pytest.mark.parametrize(
+    "left", ["snapshots", f"snapshots/{GROUP}", "archive", f"archive/{GROUP}", "keys", "keys/orgs", "keys/orgs/acme"]
+)
+def test_a_store_directory_found_in_place_is_made_durable_before_a_record_names_a_file_in_it(tmp_path, fsynced, monkeypatch, left):
+    """A process killed between creating a store directory and fsyncing its parent leaves the
+    directory in the page cache only; the next process (same boot) finds it in place. A snapshot,
+    key or audit log written into it is durable in it, but a power loss could still take the
+    directory's own entry, and the file with it, while the log keeps the record naming the file.
+    So every directory on the way from the store down is synced in its parent (whether this
+    process made it or found it) before the S or R record is logged."""
+    from mwpstore import Command
+    from mwpstore.audit_log import FileKeyProvider
+
+    appended: list[tuple[int, bytes]] = []  # (fsyncs so far, tags of the appended records)
+    real_append = SegmentLog.append
+    monkeypatch.setattr(SegmentLog, "append", lambda log, records: (appended.append((len(fsynced), b"".join(bytes(memoryview(r)[:1]) for r in records))), real_append(log, records))[1])
+    with open_with_group(str(tmp_path / "store")) as authority:
+        # Everything else the snapshot and the archive need is made first, durably, so that no
+        # creation of a sibling syncs the store directory by chance.
+        for other in ("keys", f"snapshots/{GROUP}", f"archive/{GROUP}"):
+            if other.split("/")[0] != left.split("/")[0]:
+                _files.makedirs_durable(os.path.join(authority.path, other), 0o700)
+        if not left.startswith("keys"):
+            authority.signing_key
+            FileKeyProvider(os.path.join(authority.path, "keys", "orgs")).current_key("acme")
+        os.makedirs(os.path.join(authority.path, left), mode=0o700)  # as a killed process left it
+        start = len(fsynced)
+        authority.accept(Command(actor="owner", action_id="m", group=GROUP, kind="mission.create", target="m", body={"title": "t", "cost_limit": 1}))
+        authority.snapshot(GROUP)
+        authority.archive(GROUP, actor="owner", action_id="archive")
+        store = authority.path
+    tag = b"R" if left.startswith(("archive", "keys/orgs")) else b"S"
+    syncs = next(syncs for syncs, tags in appended if tag in tags)
+    path = os.path.join(store, left)
+    while path != store:  # each directory found in place, and each above it, synced in its parent
+        assert _identity(os.path.dirname(path)) in fsynced[start:syncs], f"{os.path.dirname(path)} was never synced before the {tag!r} record"
+        path = os.path.dirname(path)
