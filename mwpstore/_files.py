@@ -129,7 +129,7 @@ def makedirs_durable(
     found = []  # existing directories below root, deepest first
     if root is not None:
         top = os.path.abspath(store_path(root))
-        while directory.startswith(top.rstrip(os.sep) + os.sep):
+        while directory != top and directory.startswith(top.rstrip(os.sep) + os.sep):
             found.append(directory)
             directory = os.path.dirname(directory)
     path = directory

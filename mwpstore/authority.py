@@ -477,8 +477,9 @@ class Authority:
             if not create:
                 raise StoreNotFound(f"no store at {self.path!r}", path=self.path)
             # Each new directory's entry synced in its parent: with a bare makedirs a power loss
-            # could take the store directory, and every acknowledged Command in it, along.
-            makedirs_durable(self.path)
+            # could take the store directory, and every acknowledged Command in it, along. One
+            # found in place (empty: a process killed before its parent's fsync) is synced too.
+            makedirs_durable(self.path, root=os.path.dirname(self.path))
         self._lock_fd = _lock_store(self.path)
         try:
             from .compaction import finish_compaction, recover_interrupted_compaction

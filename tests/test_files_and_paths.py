@@ -160,6 +160,21 @@ def test_an_agent_stores_lmdb_files_are_made_durable_in_their_directories(tmp_pa
         )
 
 
+@pytest.mark.parametrize("kind", ["authority", "agent store"])
+def test_an_empty_store_directory_found_in_place_is_synced_in_its_parent(tmp_path, synced_directories, kind):
+    """A process killed between creating a new store's directory and fsyncing its parent leaves
+    an empty directory that may be in the page cache only. The next open, which makes a store
+    there, syncs the parent as if it had made the directory itself: otherwise a power loss could
+    take the directory, and every acknowledged Command or applied Event in it, along."""
+    from mwpstore import Authority
+    from mwpstore.agent_store import AgentStore
+
+    store = tmp_path / "store"
+    store.mkdir()  # as the killed process left it
+    (Authority.open if kind == "authority" else AgentStore.open)(str(store)).close()
+    assert str(tmp_path) in synced_directories, f"{store} was found in place but {tmp_path} never synced"
+
+
 # -- The durable file helpers, one promise each ----------------------------------------------------
 
 
