@@ -328,7 +328,13 @@ class OfflineGuard:
         signing_key: Ed25519PrivateKey,
         sync: Callable[[], Any] | None,
     ) -> ReconnectOutcome:
-        """Rebase, store and submit one buffered Command (``reconnect``'s step); its outcome."""
+        """Rebase, store and submit one buffered Command (``reconnect``'s step); its outcome.
+
+        Another thread's ``reconnect`` may hold the same record: every step is stored only if the
+        record is still in the state this one read (``_store``), and otherwise this one goes on
+        from what was stored. A record the other call rebased is sent with its stored bytes,
+        never rebased again (by then the Group may have moved, and a second rebase would derive
+        another Action ID for the same Command)."""
         if sync is not None:
             sync()
         if record.state is BufferedState.BUFFERED:
@@ -336,25 +342,34 @@ class OfflineGuard:
                 rebased = self.rebase(record, signing_key)
             except LeaseMismatch as exc:
                 record = self._store(record, state=BufferedState.REFUSED, error_code=exc.code, message=exc.message)
-                return ReconnectOutcome(number=record.number, state=record.state, command=record.command, error=exc.code)
-            record = self._store(record, state=BufferedState.REBASED, rebased=rebased)
+            else:
+                record = self._store(record, state=BufferedState.REBASED, rebased=rebased)
+            if record.state is not BufferedState.REBASED:
+                return _outcome(record)  # refused here, or settled by another reconnect meanwhile
         command = record.rebased
         assert command is not None
         try:
             receipt = submit(command)
         except Rejection as exc:
-            record = self._store(record, state=BufferedState.REJECTED, error_code=exc.code, message=exc.message)
-            return ReconnectOutcome(number=record.number, state=record.state, command=command, error=exc.code)
+            return _outcome(self._store(record, state=BufferedState.REJECTED, error_code=exc.code, message=exc.message))
         plain = msgspec.to_builtins(receipt) if receipt is not None else None
-        record = self._store(record, state=BufferedState.SUBMITTED, receipt=plain)
-        return ReconnectOutcome(number=record.number, state=record.state, command=command, receipt=plain)
+        return _outcome(self._store(record, state=BufferedState.SUBMITTED, receipt=plain))
 
     # -- internals ------------------------------------------------------------------------------
 
     def _store(self, record: BufferedCommand, **changes: Any) -> BufferedCommand:
+        """Store ``record`` with ``changes`` if the stored record is still in ``record``'s state,
+        in one local commit; return what is stored after it. A record's state only moves on, so
+        a different state means another ``reconnect`` took this step (or a later one) meanwhile:
+        its record is kept and returned."""
         updated = msgspec.structs.replace(record, **changes)
+        key = _command_key(self.group, record.number)
         with self.agent.begin() as tx:
-            tx._offline_put(_command_key(self.group, record.number), _BUFFERED_ENCODER.encode(updated))
+            data = tx._offline_get(key)
+            current = None if data is None else _BUFFERED_DECODER.decode(data)
+            if current is not None and current.state is not record.state:
+                return current
+            tx._offline_put(key, _BUFFERED_ENCODER.encode(updated))
         return updated
 
     def _held_lease(self, workitem: str) -> dict[str, Any] | None:
@@ -372,6 +387,13 @@ class OfflineGuard:
         if now_ms >= lease["expires_at_ms"]:
             return False
         return bool(lease.get("started", True)) or now_ms < lease["start_by_ms"]
+
+
+def _outcome(record: BufferedCommand) -> ReconnectOutcome:
+    """What ``reconnect`` reports for a record in the state it was left in."""
+    error = record.error_code if record.state in (BufferedState.REFUSED, BufferedState.REJECTED) else None
+    command = record.rebased if record.rebased is not None else record.command
+    return ReconnectOutcome(number=record.number, state=record.state, command=command, error=error, receipt=record.receipt)
 
 
 __all__ = [

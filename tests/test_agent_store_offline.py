@@ -545,3 +545,49 @@ def test_buffer_checks_the_outage_in_its_own_commit(setup, monkeypatch):
         setup.guard.buffer(command, now_ms=now(setup) + 1, reversible=True)
     assert caught.value.detail["reason"] == "online"
     assert setup.guard.buffered() == [] and not setup.guard.offline
+
+
+def test_two_reconnects_at_once_send_a_buffered_command_once_under_one_action_id(setup):
+    """Two threads of the agent reconnect at once. The second read the buffered Command before the
+    first rebased, stored and sent it; when it goes on, the Group has moved (the first send was
+    accepted), so rebasing again would name the new revision and derive a new Action ID, and the
+    authority would take the same renewal twice. The second takes what the first stored instead:
+    its record is REBASED or later, and REBASED bytes are resent unchanged."""
+    import threading
+
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    revision = setup.harness.group.revision("workitem:wi1")
+    renew = setup.offline_command("lease.renew", dict(fence), cas=True, action="renew-1")
+    setup.guard.buffer(renew, now_ms=now(setup) + 1, reversible=True)
+    read_the_record, first_done = threading.Event(), threading.Event()
+    second: dict = {}
+
+    def sync_after_the_first_reconnect():
+        # called by the second reconnect once it holds the record as it read it (BUFFERED)
+        read_the_record.set()
+        assert first_done.wait(30)
+        setup.sync()
+
+    def second_reconnect():
+        try:
+            second["outcomes"] = setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=sync_after_the_first_reconnect)
+        except BaseException as exc:  # reported to the main thread
+            second["error"] = exc
+
+    thread = threading.Thread(target=second_reconnect)
+    thread.start()
+    try:
+        assert read_the_record.wait(30)
+        first = setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=setup.sync)
+    finally:
+        first_done.set()
+        thread.join(30)
+    assert not thread.is_alive() and "error" not in second
+    assert [outcome.state for outcome in first] == [BufferedState.SUBMITTED]
+    assert {command.action_id for command in setup.submitted} == {"renew-1"}  # one key, however often sent
+    assert setup.harness.group.revision("workitem:wi1") == revision + 1  # renewed once
+    assert [outcome.state for outcome in second["outcomes"]] == [BufferedState.SUBMITTED]
+    [record] = setup.guard.buffered()
+    assert record.state is BufferedState.SUBMITTED and record.rebased.action_id == "renew-1"
+    assert not setup.guard.offline
