@@ -442,6 +442,9 @@ class AgentStore:
         self._closed = False
         self._gate = threading.Condition(threading.Lock())  # guards _readers: reads in flight, which close() waits for
         self._readers = 0
+        # Intent keys whose side effect a ``dispatch`` of this handle is running: added in the
+        # commit that marks the intent DISPATCHED, removed once its outcome is committed.
+        self._dispatching: set[str] = set()
 
     @classmethod
     def open(
@@ -944,6 +947,11 @@ class AgentStore:
 
     def mark_dispatched(self, intent_key: str) -> Intent:
         """Durably note that an intent is about to be handed to the outside world."""
+        return self._mark_dispatched(intent_key, running=False)
+
+    def _mark_dispatched(self, intent_key: str, *, running: bool) -> Intent:
+        """``mark_dispatched``; with ``running``, the intent is noted as dispatching in this
+        handle within the same commit (``dispatch``, which runs the side effect next)."""
         with self.begin() as tx:
             intent = tx._require_intent(intent_key)
             if intent.state not in (IntentState.INTENDED, IntentState.RECONCILED):
@@ -961,6 +969,8 @@ class AgentStore:
                 intent, state=IntentState.DISPATCHED, dispatches=intent.dispatches + 1, updated_at_ms=self._now_ms()
             )
             tx._put_intent(updated)
+            if running:  # under the write lock: a reconcile's commit sees it with the DISPATCHED state
+                self._dispatching.add(intent_key)
         return updated
 
     def mark_uncertain(self, intent_key: str, error: str) -> Intent:
@@ -986,7 +996,8 @@ class AgentStore:
     def reconcile(self, intent_key: str, lookup: Callable[[Intent], dict[str, Any] | None]) -> Intent:
         """Settle an intent whose outcome is unknown with ``lookup(intent)`` (the caller asks the
         outside world by idempotency key): a receipt → recorded (DONE); None → RECONCILED (it did
-        not happen; dispatching again reuses the same key)."""
+        not happen; dispatching again reuses the same key). An intent whose side effect this
+        handle's ``dispatch`` is running in another thread is returned unchanged on None."""
         intent = self.intent(intent_key)
         if intent is None:
             raise InvalidCommand(f"no outbox intent {intent_key}", field="intent_key")
@@ -997,10 +1008,11 @@ class AgentStore:
             return self.record_receipt(intent_key, receipt)
         with self.begin() as tx:
             current = tx._require_intent(intent_key)
-            if current != intent:
+            if current != intent or intent_key in self._dispatching:
                 # changed while the lookup ran (another thread recorded a receipt, or reconciled
                 # and dispatched it again): this lookup's "not found" is older than that and must
-                # not undo it
+                # not undo it. Or its side effect is running in this handle's dispatch, in
+                # another thread: not found yet says nothing about a call still on its way
                 return current
             updated = msgspec.structs.replace(current, state=IntentState.RECONCILED, updated_at_ms=self._now_ms())
             tx._put_intent(updated)
@@ -1039,15 +1051,18 @@ class AgentStore:
             if intent.state == IntentState.DONE:
                 assert intent.receipt is not None
                 return intent.receipt
-        intent = self.mark_dispatched(key)
-        failpoints.hit("agent.after_mark_dispatched")
+        intent = self._mark_dispatched(key, running=True)
         try:
-            receipt = side_effect(intent)
-        except BaseException as exc:
-            self.mark_uncertain(key, f"{type(exc).__name__}: {exc}")
-            raise
-        failpoints.hit("agent.after_dispatch")
-        self.record_receipt(key, receipt)
+            failpoints.hit("agent.after_mark_dispatched")
+            try:
+                receipt = side_effect(intent)
+            except BaseException as exc:
+                self.mark_uncertain(key, f"{type(exc).__name__}: {exc}")
+                raise
+            failpoints.hit("agent.after_dispatch")
+            self.record_receipt(key, receipt)
+        finally:  # its outcome is committed (or the commit failed: reconcile it)
+            self._dispatching.discard(key)
         return receipt
 
 

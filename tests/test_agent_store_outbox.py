@@ -413,3 +413,53 @@ def test_crash_after_the_receipt_is_recorded_returns_it_without_calling_again(tm
     assert agent.dispatch(intent.key, service.call, lookup=service.lookup) == {"paid": True}
     assert service.calls == []
     agent.close()
+
+
+@pytest.mark.parametrize("how", ["dispatch with a lookup", "marked uncertain, then reconciled"])
+def test_an_intent_whose_side_effect_runs_in_another_thread_is_not_reconciled_as_not_done(tmp_path, how):
+    """A DISPATCHED intent is one to reconcile after a restart, not while its side effect still
+    runs in another thread of this process: a lookup made meanwhile finds nothing (the call has
+    not arrived yet), and "not found" would make it RECONCILED and let it run a second time. While
+    this handle's dispatch runs it, the intent stays as it is and the second caller is told to
+    reconcile (``RECONCILE_REQUIRED``) or gets it back unchanged."""
+    import threading
+
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+    calls: list[str] = []
+    running, finish = threading.Event(), threading.Event()
+    first: dict = {}
+
+    def slow_call(dispatched):
+        calls.append(dispatched.key)
+        running.set()
+        assert finish.wait(30)
+        return {"ref": "first"}
+
+    def first_dispatch():
+        try:
+            first["receipt"] = agent.dispatch(intent.key, slow_call)
+        except BaseException as exc:  # reported to the main thread
+            first["error"] = exc
+
+    thread = threading.Thread(target=first_dispatch)
+    thread.start()
+    try:
+        assert running.wait(30)
+        if how == "dispatch with a lookup":
+            with pytest.raises(ReconcileRequired) as caught:
+                agent.dispatch(intent.key, lambda i: calls.append(i.key) or {"ref": "second"}, lookup=lambda i: None)
+            assert caught.value.detail["state"] == "dispatched"
+        else:  # code outside dispatch thought the call was its own and lost
+            agent.mark_uncertain(intent.key, "timeout")
+            assert agent.reconcile(intent.key, lambda i: None).state is IntentState.UNCERTAIN
+            with pytest.raises(ReconcileRequired):
+                agent.mark_dispatched(intent.key)
+    finally:
+        finish.set()
+        thread.join(30)
+    assert not thread.is_alive() and first == {"receipt": {"ref": "first"}}
+    assert calls == [intent.key]  # the side effect ran once
+    done = agent.intent(intent.key)
+    assert done.state is IntentState.DONE and done.receipt == {"ref": "first"} and done.dispatches == 1
+    agent.close()
