@@ -660,6 +660,20 @@ class AgentStore:
             return _STATE_DECODER.decode(data)
 
     @_damage_typed
+    def _aggregates(self, group: str, keys: Sequence[str]) -> list[tuple[int, dict[str, Any] | None]]:
+        """``aggregate`` of each key, all from one read transaction: one commit's mirror, which a
+        delivery thread cannot change between two of them (``OfflineGuard.rebase``)."""
+        _check_group(group)
+        for key in keys:
+            canonical.check_aggregate_key(key, "key")
+        with self._read() as txn:
+            found: list[tuple[int, dict[str, Any] | None]] = []
+            for key in keys:
+                data = self._tables.get(txn, b"state", _prefix(group) + key.encode())
+                found.append((0, None) if data is None else _STATE_DECODER.decode(data))
+            return found
+
+    @_damage_typed
     def states(self, group: str) -> dict[str, dict[str, Any]]:
         """Every live aggregate of ``group`` (key → state)."""
         _check_group(group)

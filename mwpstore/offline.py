@@ -254,10 +254,19 @@ class OfflineGuard:
     def rebase(self, record: BufferedCommand, signing_key: Ed25519PrivateKey) -> Command:
         """Rebase one buffered Command onto the current projection and re-sign it.
 
-        Raises ``LeaseMismatch`` when the lease it was bound to was revoked meanwhile.
+        Raises ``LeaseMismatch`` when the lease it was bound to was revoked meanwhile. The lease,
+        the member's session and the revision it is rebased onto are read from one snapshot of
+        the mirror: read one by one, a revocation applied between them by the delivery thread
+        would give a Command checked against the old lease but naming the revocation's revision,
+        which the authority's compare-and-set lets through.
         """
         binding = record.binding
-        lease = self._held_lease(binding.workitem)
+        command = record.command
+        keys = [f"workitem:{binding.workitem}", f"member:{self.agent_id}"]
+        if command.expected_revision is not None:
+            keys.append(aggregate_key(kind_spec(command.kind).aggregate_type, command.target))
+        found = self.agent._aggregates(self.group, keys)
+        lease = _lease_held_by(found[0][1], self.agent_id)
         if lease is None or lease["lease_id"] != binding.lease_id or lease["ownership_epoch"] != binding.ownership_epoch:
             raise LeaseMismatch(
                 f"the lease {binding.lease_id} on {binding.workitem!r} was revoked while offline; "
@@ -265,8 +274,7 @@ class OfflineGuard:
                 lease_id=binding.lease_id,
                 workitem=binding.workitem,
             )
-        command = record.command
-        member = self.agent.state(self.group, f"member:{self.agent_id}") or {}
+        member = found[1][1] or {}
         current = {"session_epoch": member.get("session_epoch", lease["session_epoch"]),
                    "lease_id": lease["lease_id"], "ownership_epoch": lease["ownership_epoch"]}
         for name in REBASED_BODY_FIELDS:
@@ -282,8 +290,7 @@ class OfflineGuard:
         changed: dict[str, Any] = {}
         expected_revision = command.expected_revision
         if expected_revision is not None:
-            aggregate = aggregate_key(kind_spec(command.kind).aggregate_type, command.target)
-            revision = self.agent.revision(self.group, aggregate)
+            revision = found[2][0]
             if revision != expected_revision:
                 expected_revision = revision
                 changed["expected_revision"] = revision
@@ -374,19 +381,23 @@ class OfflineGuard:
 
     def _held_lease(self, workitem: str) -> dict[str, Any] | None:
         """The WorkItem's current lease if this agent holds it (per the projection), else None."""
-        state = self.agent.state(self.group, f"workitem:{workitem}")
-        if state is None or state.get("state") != "leased":
-            return None
-        lease = state.get("lease")
-        if not lease or lease.get("agent") != self.agent_id:
-            return None
-        return lease
+        return _lease_held_by(self.agent.state(self.group, f"workitem:{workitem}"), self.agent_id)
 
     @staticmethod
     def _live(lease: dict[str, Any], now_ms: int) -> bool:
         if now_ms >= lease["expires_at_ms"]:
             return False
         return bool(lease.get("started", True)) or now_ms < lease["start_by_ms"]
+
+
+def _lease_held_by(state: dict[str, Any] | None, agent_id: str) -> dict[str, Any] | None:
+    """The current lease in a WorkItem's mirrored ``state`` if ``agent_id`` holds it, else None."""
+    if state is None or state.get("state") != "leased":
+        return None
+    lease = state.get("lease")
+    if not lease or lease.get("agent") != agent_id:
+        return None
+    return lease
 
 
 def _outcome(record: BufferedCommand) -> ReconnectOutcome:

@@ -591,3 +591,46 @@ def test_two_reconnects_at_once_send_a_buffered_command_once_under_one_action_id
     [record] = setup.guard.buffered()
     assert record.state is BufferedState.SUBMITTED and record.rebased.action_id == "renew-1"
     assert not setup.guard.offline
+
+
+def test_rebase_reads_the_lease_and_the_revision_it_rebases_onto_in_one_snapshot(setup, monkeypatch):
+    """The lease check and the revision a Command is rebased onto come from one read of the
+    mirror. Read apart, a revocation the delivery thread applied between them gave a Command
+    checked against the old lease and rebased onto the revocation's revision: the authority's
+    compare-and-set passed, and it took the checkpoint (as Evidence) though its lease was revoked.
+    From one snapshot, the Command names the revision its lease check saw, and the authority
+    refuses it."""
+    import contextlib
+    import threading
+
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    checkpoint = setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 3}}, cas=True, action="cp-1")
+    setup.guard.buffer(checkpoint, now_ms=now(setup) + 1, reversible=True)
+    events_before = len(setup.harness.group.events)
+    real_read, real_rebase = AgentStore._read, OfflineGuard.rebase
+    rebasing = []
+
+    @contextlib.contextmanager
+    def read_then_deliver(self):
+        with real_read(self) as txn:
+            yield txn
+        if rebasing and not rebasing[0]:
+            rebasing[0] = True  # after the rebase's first read: the owner reassigns, w2 claims,
+            setup.harness.accept("owner", "workitem.reassign", "wi1", {"reason": "w1 unreachable"})
+            setup.harness.claim("w2", "wi1")
+            delivery = threading.Thread(target=setup.sync)  # and the delivery thread applies it
+            delivery.start()
+            delivery.join(30)
+            assert not delivery.is_alive()
+
+    def rebase_watched(self, record, signing_key):
+        rebasing.append(False)
+        return real_rebase(self, record, signing_key)
+
+    monkeypatch.setattr(AgentStore, "_read", read_then_deliver)
+    monkeypatch.setattr(OfflineGuard, "rebase", rebase_watched)
+    [outcome] = setup.guard.reconnect(setup.submit, signing_key=setup.key)
+    assert rebasing == [True]
+    assert outcome.state in (BufferedState.REFUSED, BufferedState.REJECTED), outcome
+    assert [event.kind for event in setup.harness.group.events[events_before:]] == ["workitem.reassign", "workitem.claim"]
