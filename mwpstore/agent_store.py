@@ -1144,6 +1144,7 @@ class AgentTransaction:
         self._store = store
         self._txn = txn
         self._tables = store._tables
+        self._thread = threading.get_ident()  # LMDB's write transaction belongs to the thread that began it
         self._heads: dict[str, GroupHead] = {}
         self._dirty: set[str] = set()
         self._done = False
@@ -1192,13 +1193,23 @@ class AgentTransaction:
     def abort(self) -> None:
         if self._done:
             return
+        self._check_thread()
         self._done = True
         try:
             self._txn.abort()
         finally:
             self._store._end()
 
+    def _check_thread(self) -> None:
+        if threading.get_ident() != self._thread:
+            # LMDB ties the write transaction (and its writer lock) to the thread that began it:
+            # ended in another thread, the lock stays held and every later local transaction hangs
+            raise InvalidCommand(
+                "a local transaction is used and ended only by the thread that began it", field="thread"
+            )
+
     def _check_usable(self) -> None:
+        self._check_thread()
         if self._done:
             raise StoreClosed("this local transaction is finished; begin a new one")
         if self._failed is not None:
@@ -1217,7 +1228,7 @@ class AgentTransaction:
         raises ``EventInvalid``/``LimitExceeded`` before anything is written, so the transaction
         stays usable. An application projection that raises aborts the whole transaction.
         """
-        if self._done or self._failed is not None:
+        if self._done or self._failed is not None or threading.get_ident() != self._thread:
             self._check_usable()
         if self._full:
             event, data = admit_event(event)

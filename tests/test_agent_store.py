@@ -855,6 +855,53 @@ def test_nested_begin_in_one_thread_is_refused(store):
             store.begin()
 
 
+@pytest.mark.parametrize("call", ["apply", "record_intent", "advance_cursor", "commit", "abort"])
+def test_a_local_transaction_is_refused_in_another_thread_than_the_one_that_began_it(store, events, call):
+    """LMDB's write transaction, and the writer lock it holds, belong to the thread that began it.
+    Committed or aborted from another thread, the lock stayed held by the first thread, and every
+    later local transaction of another thread waited for it for ever. Any call of the local
+    transaction from another thread is ``INVALID_COMMAND`` (field ``thread``), and the thread that
+    began it can still use and end it."""
+    import threading
+
+    calls = {
+        "apply": lambda tx: tx.apply(events[0]),
+        "record_intent": lambda tx: tx.record_intent(
+            GROUP, mission="m1", workitem="wi-1", ownership_epoch=1, operation="notify"
+        ),
+        "advance_cursor": lambda tx: tx.advance_cursor(GROUP),
+        "commit": lambda tx: tx.commit(),
+        "abort": lambda tx: tx.abort(),
+    }
+    tx = store.begin()
+    outcome: dict = {}
+
+    def other_thread() -> None:
+        try:
+            calls[call](tx)
+        except BaseException as exc:  # reported to the main thread
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()
+    assert isinstance(outcome.get("error"), InvalidCommand) and outcome["error"].detail["field"] == "thread"
+    assert tx.apply(events[0]) is ApplyStatus.APPLIED  # still this thread's, and usable
+    tx.advance_cursor(GROUP)
+    tx.commit()
+
+    def next_transaction() -> None:
+        with store.begin() as later:
+            outcome["next"] = later.apply(events[1])
+
+    thread = threading.Thread(target=next_transaction, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive() and outcome["next"] is ApplyStatus.APPLIED
+    assert store.cursor(GROUP) == 1 and store.head(GROUP).applied_seq == 2
+
+
 def test_a_close_interrupted_while_it_waits_for_a_read_is_finished_by_the_next_close(tmp_path, events, sigint_raises):
     """close() waits for the reads in flight. A KeyboardInterrupt in that wait left the store closed
     to new work but still locked and mapped, and every later close() returned at once."""
