@@ -969,6 +969,54 @@ def test_close_waits_for_a_transaction_in_another_thread_and_refuses_inside_its_
     again.close()
 
 
+def test_a_begin_that_waited_for_the_write_lock_while_the_store_closed_is_store_closed(tmp_path):
+    """``begin`` checks that the store is open, then waits for the write lock (another thread's
+    local transaction, or ``close`` itself). If ``close`` took the lock first and closed the
+    environment, the waiting ``begin`` must find the store closed when it gets the lock:
+    ``STORE_CLOSED``, never a transaction begun on a closed LMDB environment."""
+    import threading
+
+    agent = AgentStore.open(tmp_path / "a")
+    real_lock = agent._write_lock
+    at_the_lock, closed = threading.Event(), threading.Event()
+    waiter: dict = {}
+
+    class LockSeenWaiting:  # the begin thread reaches the lock, and waits there until close() is done
+        def acquire(self, *args):
+            if threading.current_thread() is thread:
+                at_the_lock.set()
+                assert closed.wait(30)
+            return real_lock.acquire(*args)
+
+        def release(self):
+            real_lock.release()
+
+        def __enter__(self):
+            return self.acquire()
+
+        def __exit__(self, *exc):
+            self.release()
+
+    def begin_in_another_thread():
+        try:
+            agent.begin().abort()
+            waiter["began"] = True
+        except BaseException as exc:  # reported to the main thread
+            waiter["error"] = exc
+
+    agent._write_lock = LockSeenWaiting()
+    thread = threading.Thread(target=begin_in_another_thread)
+    thread.start()
+    try:
+        assert at_the_lock.wait(30)
+        agent.close()
+    finally:
+        closed.set()
+        thread.join(30)
+    assert not thread.is_alive()
+    assert isinstance(waiter.get("error"), StoreClosed), waiter
+
+
 @pytest.mark.parametrize("key", [b"short", bytes(32), "00" * 32, 7], ids=["short", "small_order", "hex_text", "int"])
 def test_a_trusted_key_that_is_no_usable_public_key_is_refused_at_open(tmp_path, key):
     with pytest.raises(InvalidCommand) as caught:
