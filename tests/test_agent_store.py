@@ -1017,6 +1017,55 @@ def test_a_begin_that_waited_for_the_write_lock_while_the_store_closed_is_store_
     assert isinstance(waiter.get("error"), StoreClosed), waiter
 
 
+def test_two_closes_at_once_release_the_store_once(tmp_path):
+    """Two threads close one handle at once. Both pass the first check (not released yet) before
+    either takes the write lock; the one that gets the lock second must find the store released
+    and return, not close the environment and the lock file's descriptor a second time (the
+    number may already belong to another open file)."""
+    import threading
+
+    agent = AgentStore.open(tmp_path / "a")
+    real_lock = agent._write_lock
+    at_the_lock, closed = threading.Event(), threading.Event()
+    second: dict = {}
+
+    class LockSeenWaiting:  # the second close reaches the lock, and waits there until the first is done
+        def acquire(self, *args):
+            if threading.current_thread() is thread:
+                at_the_lock.set()
+                assert closed.wait(30)
+            return real_lock.acquire(*args)
+
+        def release(self):
+            real_lock.release()
+
+        def __enter__(self):
+            return self.acquire()
+
+        def __exit__(self, *exc):
+            self.release()
+
+    def close_in_another_thread():
+        try:
+            agent.close()
+            second["closed"] = True
+        except BaseException as exc:  # reported to the main thread
+            second["error"] = exc
+
+    agent._write_lock = LockSeenWaiting()
+    thread = threading.Thread(target=close_in_another_thread)
+    thread.start()
+    try:
+        assert at_the_lock.wait(30)
+        agent.close()
+    finally:
+        closed.set()
+        thread.join(30)
+    assert not thread.is_alive() and second == {"closed": True}
+    again = AgentStore.open(tmp_path / "a")  # released: the lock can be taken again
+    again.close()
+
+
 @pytest.mark.parametrize("key", [b"short", bytes(32), "00" * 32, 7], ids=["short", "small_order", "hex_text", "int"])
 def test_a_trusted_key_that_is_no_usable_public_key_is_refused_at_open(tmp_path, key):
     with pytest.raises(InvalidCommand) as caught:
