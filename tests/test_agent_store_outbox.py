@@ -463,3 +463,51 @@ def test_an_intent_whose_side_effect_runs_in_another_thread_is_not_reconciled_as
     done = agent.intent(intent.key)
     assert done.state is IntentState.DONE and done.receipt == {"ref": "first"} and done.dispatches == 1
     agent.close()
+
+
+def test_two_dispatches_of_one_intended_intent_at_once_run_its_side_effect_once(tmp_path, monkeypatch):
+    """Both read the intent INTENDED; the first marks it DISPATCHED and runs its side effect. The
+    second decides again in the commit that would mark it, finds it DISPATCHED, and raises
+    ``RECONCILE_REQUIRED``: marking it from what it read before would run the side effect twice."""
+    import threading
+
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+    calls: list[str] = []
+    second_read, first_running, second_done = threading.Event(), threading.Event(), threading.Event()
+    second: dict = {}
+    real_begin = AgentStore.begin
+
+    def begin_after_the_first_dispatch_runs(self):
+        if threading.current_thread() is thread and not second_read.is_set():
+            second_read.set()  # the second dispatch read INTENDED and is about to mark it
+            assert first_running.wait(30)
+        return real_begin(self)
+
+    def first_call(dispatched):
+        calls.append(dispatched.key)
+        first_running.set()
+        assert second_done.wait(30)
+        return {"ref": "first"}
+
+    def second_dispatch():
+        try:
+            second["receipt"] = agent.dispatch(intent.key, lambda i: calls.append(i.key) or {"ref": "second"})
+        except BaseException as exc:  # reported to the main thread
+            second["error"] = exc
+        finally:
+            second_done.set()
+
+    monkeypatch.setattr(AgentStore, "begin", begin_after_the_first_dispatch_runs)
+    thread = threading.Thread(target=second_dispatch)
+    thread.start()
+    try:
+        assert second_read.wait(30)
+        assert agent.dispatch(intent.key, first_call) == {"ref": "first"}
+    finally:
+        first_running.set()
+        thread.join(30)
+    assert not thread.is_alive() and isinstance(second.get("error"), ReconcileRequired), second
+    assert calls == [intent.key]
+    assert agent.intent(intent.key).dispatches == 1
+    agent.close()
