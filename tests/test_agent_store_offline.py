@@ -634,3 +634,42 @@ def test_rebase_reads_the_lease_and_the_revision_it_rebases_onto_in_one_snapshot
     assert rebasing == [True]
     assert outcome.state in (BufferedState.REFUSED, BufferedState.REJECTED), outcome
     assert [event.kind for event in setup.harness.group.events[events_before:]] == ["workitem.reassign", "workitem.claim"]
+
+
+def test_two_commands_buffered_at_once_are_both_kept(setup, monkeypatch):
+    """Two threads buffer a Command each at once. Each number is taken in the commit that stores
+    the Command: taken from an earlier read, both would get the same number and the second would
+    overwrite the first, a Command buffered and never sent."""
+    import threading
+
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    first = setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 1}}, action="cp-1")
+    second = setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 2}}, action="cp-2")
+    checked, first_stored = threading.Event(), threading.Event()
+    outcome: dict = {}
+    real_begin = AgentStore.begin
+
+    def begin_after_the_first_is_stored(self):
+        if threading.current_thread() is thread and not checked.is_set():
+            checked.set()  # the guard allowed the second Command; it is about to be stored
+            assert first_stored.wait(30)
+        return real_begin(self)
+
+    def buffer_second():
+        try:
+            outcome["record"] = setup.guard.buffer(second, now_ms=now(setup) + 2, reversible=True)
+        except BaseException as exc:  # reported to the main thread
+            outcome["error"] = exc
+
+    monkeypatch.setattr(AgentStore, "begin", begin_after_the_first_is_stored)
+    thread = threading.Thread(target=buffer_second)
+    thread.start()
+    try:
+        assert checked.wait(30)
+        setup.guard.buffer(first, now_ms=now(setup) + 1, reversible=True)
+    finally:
+        first_stored.set()
+        thread.join(30)
+    assert not thread.is_alive() and "error" not in outcome
+    assert [(record.number, record.command.action_id) for record in setup.guard.buffered()] == [(1, "cp-1"), (2, "cp-2")]
