@@ -548,9 +548,15 @@ class AgentStore:
         close() interrupted while it waits (``KeyboardInterrupt``) is finished by the next one.
         In a child forked from the process that opened it, close() only retires this copy: the
         parent's environment is not closed (LMDB forbids using it across fork()) and no lock is
-        taken (one a parent thread held at the fork would never be released here)."""
+        taken (one a parent thread held at the fork would never be released here). The child's copy
+        of the ``agent.lock`` descriptor is closed: kept, it would hold the parent's flock, and the
+        store would stay locked after the parent closes it for as long as the child lives."""
         if self._fork_generation != _fork.generation:
             self._closed = True
+            fd, self._lock_fd = self._lock_fd, -1  # first: a second close() must not close a reused number
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)  # the parent's own descriptor keeps the flock
             return
         with self._gate:
             if self._lock_fd < 0:

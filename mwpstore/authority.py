@@ -763,9 +763,13 @@ class Authority:
         closed to new work; calling close() again finishes releasing it. In a child forked from
         the process that opened it, close() only retires this copy of the handle: the parent's
         store is not synced, marked clean or unlocked, and no lock is taken (one held by a parent
-        thread at the fork would never be released here)."""
+        thread at the fork would never be released here). The child's copies of the lock
+        descriptors (``authority.lock``, ``log/LOCK``) are closed: kept, they would hold the
+        parent's flocks, and the store would stay locked after the parent closes it for as long as
+        the child lives."""
         if self._fork_generation != _fork.generation:
             self._closed = True
+            self._release_in_child()
             return
         if get_ident() in self._readers:
             # e.g. from a progress or key-provider callback: it would wait for its own read
@@ -777,6 +781,20 @@ class Authority:
                 self._close_view()
             elif self._lock_fd >= 0:
                 self._release()
+
+    def _release_in_child(self) -> None:
+        """close() in a forked child: drop the inherited descriptors that hold a lock. No lock of
+        this handle is taken (a parent thread may have held one at the fork), and the LMDB
+        environment is left alone (closing it would clear the parent's reader slots in the lock
+        table they share; LMDB forbids using it across fork())."""
+        fd, self._lock_fd = self._lock_fd, -1  # first: a second close() must not close a reused number
+        if fd >= 0:
+            with contextlib.suppress(OSError):
+                os.close(fd)  # the parent's own descriptor keeps the flock
+        logs = [handle for _, handles in self._retired for handle in handles if isinstance(handle, SegmentLog)]
+        for log in [self._pair[0], *logs]:
+            with contextlib.suppress(Exception):
+                log.close()  # in a child this only drops its copies (see SegmentLog.close)
 
     def _release(self) -> None:
         with self._lock:

@@ -264,6 +264,11 @@ class _Segment:
         assert self._map is not None
         return self._data, self._map
 
+    def forget_map(self) -> None:
+        """Drop the map without the segment's lock (a forked child's copy, where no other thread
+        runs): it is unmapped once nothing else refers to it."""
+        self._map = self._data = None
+
     def mapped_bytes(self) -> int:
         return len(self._map) if self._map is not None else 0
 
@@ -1469,7 +1474,7 @@ class SegmentLog:
         if self._closed:
             return
         if self._fork_generation != _fork.generation:  # before _write_lock: a parent thread may have held it at fork
-            self._close_quietly()
+            self._close_quietly(in_child=True)
             return
         with self._write_lock:
             if self._closed:
@@ -1495,13 +1500,16 @@ class SegmentLog:
         if error is not None:
             raise error
 
-    def _close_quietly(self) -> None:
+    def _close_quietly(self, *, in_child: bool = False) -> None:
         self._closed = True
         if self._handle is not None:
             lib.sl_log_close(self._handle)
             self._handle = None
         for segment in self._segments:
-            segment.unmap()
+            if in_child:  # a parent thread may have held the segment's lock at the fork: not taken
+                segment.forget_map()
+            else:
+                segment.unmap()
         if self._lock_fd >= 0:
             os.close(self._lock_fd)  # closing the descriptor releases the flock
             self._lock_fd = -1

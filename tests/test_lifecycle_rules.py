@@ -351,3 +351,44 @@ def test_a_close_whose_index_sync_fails_raises_it_and_still_releases_the_store(t
     assert store_files_held(path) == []
     with Authority.open(path) as reopened:  # released: not STORE_LOCKED
         assert reopened.head(GROUP)[0] == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_close_in_a_forked_child_lets_the_parent_release_the_store(tmp_path):
+    """A child forked while the parent holds an authority and an AgentStore inherits the lock
+    descriptors (authority.lock, log/LOCK, agent.lock), and with them the flocks. close() in the
+    child retires its copy: it must drop those descriptors, or the parent's close() leaves the
+    stores locked (StoreLocked at every reopen) for as long as the child lives."""
+    from mwpstore import AgentStore
+
+    store, agent_path = str(tmp_path / "store"), str(tmp_path / "agent")
+    authority = open_with_group(store)
+    agent = AgentStore.open(agent_path)
+    closed_read, closed_write = os.pipe()
+    exit_read, exit_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: close its copies, then live on until told to exit
+        code = 0
+        try:
+            authority.close()
+            agent.close()
+            authority.close()  # a second close() closes nothing twice (the number may be reused)
+            agent.close()
+        except BaseException:  # noqa: BLE001 - reported through the exit status
+            code = 1
+        os.write(closed_write, b"x")
+        os.read(exit_read, 1)
+        os._exit(code)
+    try:
+        assert os.read(closed_read, 1) == b"x"
+        authority.close()
+        agent.close()
+        with Authority.open(store, create=False) as reopened:  # StoreLocked while the child held the lock
+            assert reopened.head(GROUP)[0] == 1
+        AgentStore.open(agent_path).close()
+    finally:
+        os.write(exit_write, b"x")
+        _, status = os.waitpid(pid, 0)
+        for fd in (closed_read, closed_write, exit_read, exit_write):
+            os.close(fd)
+    assert os.waitstatus_to_exitcode(status) == 0
