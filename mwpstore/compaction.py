@@ -95,6 +95,7 @@ def recover_interrupted_compaction(path: str) -> bool:
     then, so a new log that fails its rebuild leaves the old one on disk."""
     log, compacted, old = (os.path.join(path, name) for name in ("log", "log.compact", "log.old"))
     marker = os.path.join(path, MARKER)
+    _remove_marker_temp(path)  # a marker write that never reached its rename: never read, only clutter
     if not os.path.exists(marker):
         if os.path.isdir(compacted):
             shutil.rmtree(compacted)  # unfinished copy: the old log is the truth
@@ -276,12 +277,23 @@ def _switch(authority: Authority, path: str, target: str) -> None:
 def _write_marker(path: str) -> None:
     marker = os.path.join(path, MARKER)
     temp = marker + ".tmp"
-    with open(temp, "wb") as handle:
-        handle.write(b"log.compact is complete; finish the switch at open\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.rename(temp, marker)
+    try:
+        with open(temp, "wb") as handle:
+            handle.write(b"log.compact is complete; finish the switch at open\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.rename(temp, marker)
+    except BaseException:
+        _remove_marker_temp(path)  # no marker: the copy is not committed, and nothing would remove it
+        raise
     _fsync_directory(path)
+
+
+def _remove_marker_temp(path: str) -> None:
+    temp = os.path.join(path, MARKER + ".tmp")
+    if os.path.lexists(temp):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
 
 
 def _durable_archives(authority: Authority) -> set[str]:

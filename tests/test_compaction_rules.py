@@ -576,3 +576,38 @@ def test_in_bulk_mode_an_audit_delete_whose_sync_fails_keeps_the_file_and_refuse
         assert os.path.exists(audit)
         with pytest.raises(StorageFailed):
             authority.accept(mission_create("m-late"))
+
+
+def test_a_marker_whose_write_fails_leaves_no_temporary_file(tmp_path, monkeypatch):
+    """The marker is written to COMPACT-SWITCH.tmp, synced, then renamed. A write or sync that
+    fails must not leave the temporary file behind: nothing else ever removes it (the next open
+    looks for the marker only), so each failed compaction's would stay in the store for good."""
+    real_fsync = os.fsync
+
+    def failing(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith(MARKER + ".tmp"):
+            raise OSError(5, "Input/output error")
+        real_fsync(fd)
+
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        monkeypatch.setattr(os, "fsync", failing)
+        with pytest.raises(StorageFailed):
+            authority.compact()
+        monkeypatch.setattr(os, "fsync", real_fsync)
+        assert not os.path.exists(os.path.join(path, MARKER + ".tmp"))
+        assert not os.path.exists(os.path.join(path, MARKER))
+
+
+def test_open_removes_a_marker_temporary_file_a_crash_left(tmp_path):
+    """A process killed between writing COMPACT-SWITCH.tmp and renaming it leaves the file; the
+    marker was never complete (the copy is not committed), so the next open removes it with the
+    unfinished log.compact/."""
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+    with open(os.path.join(path, MARKER + ".tmp"), "wb") as handle:
+        handle.write(b"log.compact is complete; finish the switch at open\n")
+    with Authority.open(path) as authority:
+        assert authority.head(GROUP)[0] == 2 and authority.open_report.mode == "clean"
+    assert not os.path.exists(os.path.join(path, MARKER + ".tmp"))
