@@ -677,6 +677,10 @@ class Authority:
         except Corruption as exc:  # a damaged meta entry: the index cannot say what it reflects
             index.close()
             return "rebuild", f"index unreadable ({exc.code}: {exc.message})", None
+        except BaseException:  # an interrupt, or an error judging it: the handle does not hold it yet
+            with contextlib.suppress(Exception):
+                index.close()
+            raise
         verdict = None
         if meta_boot != boot_id and not clean:
             verdict = "the machine restarted since the index was last written without a clean close"
@@ -2124,10 +2128,17 @@ class Authority:
         the old handles stay valid for reads that began before the switch and are closed as soon as
         none of those is running (``_release_retired``)."""
         index = Index(self._index_dir(), map_size=self._map_size)
-        with index.begin(write=True) as txn:
-            index.put(txn, b"meta", b"boot_id", current_boot_id().encode())
-            index.put(txn, b"meta", b"clean", b"0")
-        index.sync()
+        try:
+            with index.begin(write=True) as txn:
+                index.put(txn, b"meta", b"boot_id", current_boot_id().encode())
+                index.put(txn, b"meta", b"clean", b"0")
+            index.sync()
+        except BaseException:
+            # Not installed: closed here, not left to the error's traceback (which a failed
+            # compaction keeps in _failure), or it would stay open beside the next open of index/.
+            with contextlib.suppress(Exception):
+                index.close()
+            raise
         old_log, old_index = self._pair
         self._pair = (log or old_log, index)
         replaced: list[Any] = [old_index]

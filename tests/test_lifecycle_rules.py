@@ -3,6 +3,7 @@ open leaves held, what close() releases (rules pinned by a mutation round over o
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -392,3 +393,57 @@ def test_close_in_a_forked_child_lets_the_parent_release_the_store(tmp_path):
         for fd in (closed_read, closed_write, exit_read, exit_write):
             os.close(fd)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the process's open files from /proc")
+@pytest.mark.parametrize("operation", ["rebuild", "compact"])
+def test_an_index_whose_installation_fails_is_closed(tmp_path, monkeypatch, operation):
+    """rebuild() and compaction open the index they built, mark it not clean and sync it before
+    they switch to it. When that sync fails the handle keeps its old index, and the new one must
+    be closed there: left to the error's traceback, it stayed open (two LMDB environments of one
+    file in the process: closing the stray one drops the other's locks) as long as the error
+    lived, which for a compaction is the handle's life (its refusal of later writes holds it)."""
+    path = str(tmp_path / "s")
+    authority = open_with_group(path)
+    real_sync = Index.sync
+    syncs = []
+
+    def sync(index: Index) -> None:
+        syncs.append(index.directory)
+        if len(syncs) == 2:  # the first syncs the built index.rebuild/, the second the installed index/
+            raise StorageFailed("cannot sync the index", errno=errno.EIO)
+        real_sync(index)
+
+    monkeypatch.setattr(Index, "sync", sync)
+    with pytest.raises(StorageFailed) as caught:
+        getattr(authority, operation)()
+    monkeypatch.setattr(Index, "sync", real_sync)
+    assert syncs[1] == os.path.join(path, "index")
+    with contextlib.suppress(MwpError):
+        authority.close()
+    assert caught.value is not None  # the error is still held here, as an application may hold it
+    assert store_files_held(path) == []
+    with Authority.open(path) as reopened:
+        assert reopened.head(GROUP)[0] == 1
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the process's open files from /proc")
+def test_an_open_interrupted_while_it_judges_the_index_holds_nothing(tmp_path, monkeypatch):
+    """open() opens the index to judge it before the handle holds it: an interrupt (Ctrl-C) or an
+    error that judgement does not expect must close it there, or it stays open for as long as
+    the error lives (in the traceback), beside the next open of the same index."""
+    path = str(tmp_path / "s")
+    with open_with_group(path):
+        pass
+
+    def interrupted(index: Index, txn: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Index, "log_position", interrupted)
+    with pytest.raises(KeyboardInterrupt) as caught:
+        Authority.open(path)
+    monkeypatch.undo()
+    assert caught.value is not None  # the error is still held here
+    assert store_files_held(path) == []
+    with Authority.open(path) as reopened:
+        assert reopened.head(GROUP)[0] == 1
