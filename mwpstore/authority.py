@@ -355,6 +355,8 @@ class Authority:
     _published: threading.Condition
     _last_ms: int
     _signing_key: SigningKey | None
+    _key_lock: threading.Lock  # guards _signing_key and _key_changes
+    _key_changes: int  # counts rotations begun and ended: a key read from the file across one is stale
     _durable_directories: set[str]
     _snapshot_lock: threading.Lock
     _archive_lock: threading.Lock  # one archive() at a time: each Group's record is logged once
@@ -458,6 +460,8 @@ class Authority:
         self._published = threading.Condition(threading.Lock())
         self._last_ms = 0
         self._signing_key = None
+        self._key_lock = threading.Lock()
+        self._key_changes = 0
         self._durable_directories = set()
         self._snapshot_lock = threading.Lock()
         self._archive_lock = threading.Lock()
@@ -1524,9 +1528,20 @@ class Authority:
         """The store's Ed25519 snapshot key, generated on first use under ``<path>/keys``."""
         self._check_closed()  # a closed handle no longer holds the store: it creates no key file there
         self._refuse_readonly("signing_key")  # it creates the key on first use
-        if self._signing_key is None:
-            self._signing_key = SigningKey.load_or_create(self._store_directory("keys", private=True))
-        return self._signing_key
+        while True:
+            with self._key_lock:
+                if self._signing_key is not None:
+                    return self._signing_key
+                changes = self._key_changes
+            key = SigningKey.load_or_create(self._store_directory("keys", private=True))
+            with self._key_lock:
+                # A rotation that began or ended while the file was read may have replaced the key
+                # read (the old one, dropped as compromised with retire=False): read it again.
+                # Only a handle still without a key takes it, never over the rotation's new key.
+                if self._key_changes == changes:
+                    if self._signing_key is None:
+                        self._signing_key = key
+                    return self._signing_key
 
     def _store_directory(self, relative: str, *, private: bool = False) -> str:
         """``<path>/<relative>``, created if missing, with every directory from the store down
@@ -1559,9 +1574,17 @@ class Authority:
             raise InvalidCommand("retire must be True or False", field="retire")
         self._check_writable("rotate_signing_key")
         with self._snapshot_lock:  # no snapshot is signed while the key changes
-            self._signing_key = None  # whatever happens below, the next use reads the key file
-            self._signing_key = SigningKey.rotate(self._store_directory("keys", private=True), retire=retire)
-            return self._signing_key
+            with self._key_lock:
+                self._signing_key = None  # whatever happens below, the next use reads the key file
+                self._key_changes += 1  # a key file read from now on may be the old key
+            key: SigningKey | None = None
+            try:
+                key = SigningKey.rotate(self._store_directory("keys", private=True), retire=retire)
+                return key
+            finally:
+                with self._key_lock:
+                    self._key_changes += 1  # and one read before this may be too
+                    self._signing_key = key  # None after a failure: the next use reads the key file
 
     def drop_retired_key(self, key_id: str) -> None:
         """Stop trusting a retired snapshot key (``rotate_signing_key``) that was compromised after
