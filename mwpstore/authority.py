@@ -1750,13 +1750,28 @@ class Authority:
             verify_audit_log_against_snapshot(path, verified, provider)
             return info
 
-        try:
-            info = _typed_call(write_and_check, "writing the audit log")
+        def deleted_meanwhile() -> InvalidState | None:
             _, state_now = self.state(group, f"group:{group}")
             if state_now is not None and state_now.get("audit_log") == "deleted":
+                return InvalidState(f"the audit log of group {group!r} was deleted (audit.delete) while it was written", state="deleted")
+            return None
+
+        try:
+            try:
+                info = _typed_call(write_and_check, "writing the audit log")
+            except MwpError:
+                # An audit.delete accepted meanwhile removes what archive/<group>/ holds: the
+                # temporary file before its rename, or the file being checked. The missing file
+                # is then its doing, not a storage failure: say so.
+                refusal = deleted_meanwhile()
+                if refusal is not None:
+                    raise refusal from None
+                raise
+            refusal = deleted_meanwhile()
+            if refusal is not None:
                 # audit.delete was accepted while the file was written: its removal may have
                 # listed archive/<group>/ before the file was there, so the file goes here
-                raise InvalidState(f"the audit log of group {group!r} was deleted (audit.delete) while it was written", state="deleted")
+                raise refusal
         except BaseException:
             # A file that failed its check, or whose deletion was ordered meanwhile, is no
             # archive: remove it (a retry writes it again, unless it was deleted).

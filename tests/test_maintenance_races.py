@@ -80,3 +80,63 @@ def test_a_key_loaded_beside_a_rotation_never_brings_the_dropped_key_back(tmp_pa
         assert old.key_id not in authority.keyring().key_ids
     finally:
         authority.close()
+
+
+def _fill(authority: Authority, count: int) -> None:
+    for result in authority.accept_many([mission_create(f"m-{i}") for i in range(count)]):
+        result.unwrap()
+
+
+@pytest.mark.parametrize("moment", ["writing", "checking"])
+def test_a_legal_deletion_accepted_while_archive_writes_or_checks_the_file_is_invalid_state(tmp_path, monkeypatch, moment):
+    """audit.delete can be accepted (another thread) once group.archive is, while archive() still
+    writes its audit log under a temporary name, or checks the file in place: the deletion removes
+    that file. archive() then answers what happened, ``InvalidState`` (state ``deleted``), as it does
+    for a deletion accepted before the file existed, not the ``STORAGE_FAILED`` of the file it lost
+    (which tells the operator to look for a failing disk and reopen the store)."""
+    from mwpstore.errors import InvalidState
+
+    authority = open_with_group(str(tmp_path / "s"))
+    try:
+        _fill(authority, 3)
+        directory = os.path.join(authority.path, "archive", GROUP)
+        seen: list[list[str]] = []
+
+        def delete_now() -> None:
+            seen.append(sorted(os.listdir(directory)))  # what the deletion will find there
+            thread = threading.Thread(
+                target=authority.delete_audit_log, args=(GROUP,), kwargs={"actor": OWNER, "action_id": "del", "basis": "legal"}
+            )
+            thread.start()
+            thread.join(WAIT)
+            assert not thread.is_alive()
+
+        if moment == "writing":
+            real_payloads = Authority._event_payloads
+
+            def payloads(self, group, last_seq):
+                yield from real_payloads(self, group, last_seq)
+                delete_now()  # the temporary file is written and open, not yet renamed
+
+            monkeypatch.setattr(Authority, "_event_payloads", payloads)
+        else:
+            real_keyring = Authority.keyring
+
+            def keyring(self):
+                delete_now()  # the audit log is in place, its check about to read it
+                return real_keyring(self)
+
+            monkeypatch.setattr(Authority, "keyring", keyring)
+
+        with pytest.raises(InvalidState) as raised:
+            authority.archive(GROUP, actor=OWNER, action_id="archive")
+        monkeypatch.undo()
+        assert raised.value.detail.get("state") == "deleted"
+        assert len(seen) == 1 and len(seen[0]) == 1
+        assert seen[0][0].endswith(".tmp" if moment == "writing" else ".log")
+        assert authority.read(GROUP)[-1].kind == "audit.delete"
+        assert authority.archive_record(GROUP) is None
+        assert os.listdir(directory) == []
+        assert authority.verify().ok
+    finally:
+        authority.close()
