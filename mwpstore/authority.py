@@ -1438,7 +1438,12 @@ class Authority:
         _check_after(after)
         if type(limit) is not int or not 1 <= limit <= limits.READ_LIMIT_MAX:
             raise InvalidCommand(f"limit must be 1..{limits.READ_LIMIT_MAX}", field="limit")
-        floor, reference = self.replay_floor(group)
+        # One pair for the floor and the Events: a compaction that switches the log and the index
+        # meanwhile drops an archived Group's Events from the new pair, whose floor says so; the
+        # pair taken here stays open until this read ends (_install_index).
+        pair = self._pair
+        assert pair[1] is not None
+        floor, reference = self._replay_floor(group, pair[1])
         if after < floor:
             assert reference is not None
             raise CursorTooOld(
@@ -1449,12 +1454,14 @@ class Authority:
                 floor=floor,
                 snapshot_ref=reference.to_dict(),
             )
-        return self._read_events(group, after, limit)
+        return self._read_events(group, after, limit, pair)
 
-    def _read_events(self, group: str, after: int, limit: int) -> list[Event]:
-        """Decoded Events with tombstones applied: a redacted Event keeps everything but its body."""
+    def _read_events(self, group: str, after: int, limit: int, pair: tuple[SegmentLog, Index | None] | None = None) -> list[Event]:
+        """Decoded Events with tombstones applied: a redacted Event keeps everything but its body.
+        Read from ``pair`` (default: the current one), records and tombstones alike."""
+        pair = pair or self._pair
         with _gc.paused():
-            events = decode_events(self._read_bodies(group, after, limit))
+            events = decode_events(self._read_bodies(group, after, limit, pair))
         for offset, event in enumerate(events):  # the index pointed at these records: check it was right
             if event.group != group or event.seq != after + 1 + offset:
                 raise Corruption(
@@ -1463,16 +1470,19 @@ class Authority:
                     reason="index",
                 )
         if events:
-            _, group_state = self.state(group, f"group:{group}")
-            if group_state is not None and group_state.get("tombstones"):
-                events = self._apply_tombstones(group, events)
+            events = self._apply_tombstones(group, events, pair)
         return events
 
     @_index_errors_typed
-    def _apply_tombstones(self, group: str, events: list[Event]) -> list[Event]:
+    def _apply_tombstones(self, group: str, events: list[Event], pair: tuple[SegmentLog, Index | None]) -> list[Event]:
+        index = pair[1]
+        assert index is not None
         out = []
-        index = self.index
         with index.begin() as txn:
+            value = index.get(txn, b"states", state_key(group, f"group:{group}"))
+            group_state = None if value is None else decode_state(value)[1]
+            if group_state is None or not group_state.get("tombstones"):
+                return events
             for event in events:
                 if event.body is not None and index.get(txn, b"states", state_key(group, f"tombstone:{event.seq}")) is not None:
                     event = msgspec.structs.replace(event, body=None)
@@ -1480,10 +1490,10 @@ class Authority:
         return out
 
     @_index_errors_typed
-    def _read_bodies(self, group: str, after: int, limit: int) -> list[bytes]:
+    def _read_bodies(self, group: str, after: int, limit: int, pair: tuple[SegmentLog, Index | None] | None = None) -> list[bytes]:
         """The Event records of ``group`` after ``after`` (at most ``limit``) without their tag
-        byte, which is checked: what ``decode_events`` takes."""
-        log, index = self._pair
+        byte, which is checked: what ``decode_events`` takes. From ``pair`` (default: the current one)."""
+        log, index = pair or self._pair
         assert index is not None
         positions: list[int] = []
         prefix = group.encode() + b"\x00"
@@ -1883,20 +1893,29 @@ class Authority:
         whose sequence is at most head − W (0 while there is none: the floor moves only to where a
         signed snapshot can take over). The reference offered is the newest snapshot.
         """
-        _, state = self.state(group, f"group:{group}")
-        if state is not None and state.get("compacted"):
-            record = self.archive_record(group)
-            assert record is not None
-            # Its Events up to the final snapshot live in the audit log now; later ones (an
-            # audit.delete tombstone) are still in the log, read after the snapshot's sequence.
-            return record.final_snapshot.seq, record.final_snapshot
-        window = 0 if state is None else int(state.get("policy", {}).get("replay_window_events", 0))
-        if window <= 0:
-            return 0, None
-        refs = self.snapshots(group)
-        if not refs:
-            return 0, None
-        head = self.head(group)[0]
+        canonical.check_id(group, "group")
+        return self._replay_floor(group, self.index)
+
+    def _replay_floor(self, group: str, index: Index) -> tuple[int, SnapshotRef | None]:
+        """``replay_floor`` from one read transaction of ``index``: state, record, snapshots
+        and head agree (taken one by one, a compaction or a commit could come between them)."""
+        with index.begin() as txn:
+            value = index.get(txn, b"states", state_key(group, f"group:{group}"))
+            state = None if value is None else decode_state(value)[1]
+            if state is not None and state.get("compacted"):
+                value = index.get(txn, b"archives", group.encode())
+                assert value is not None
+                record = _decode_note(value, ArchiveRecord)
+                # Its Events up to the final snapshot live in the audit log now; later ones (an
+                # audit.delete tombstone) are still in the log, read after the snapshot's sequence.
+                return record.final_snapshot.seq, record.final_snapshot
+            window = 0 if state is None else int(state.get("policy", {}).get("replay_window_events", 0))
+            if window <= 0:
+                return 0, None
+            refs = [_decode_note(value, SnapshotRef) for _, value in index.range(txn, b"snapshots", group.encode() + b"\x00")]
+            if not refs:
+                return 0, None
+            head = decode_head(index.get(txn, b"heads", group.encode()))[0]
         eligible = [ref.seq for ref in refs if ref.seq <= head - window]
         if not eligible:
             return 0, None

@@ -140,3 +140,52 @@ def test_a_legal_deletion_accepted_while_archive_writes_or_checks_the_file_is_in
         assert authority.verify().ok
     finally:
         authority.close()
+
+
+@pytest.mark.parametrize("count", [3, 20])  # below and above the read that looks up only both ends
+def test_a_read_that_meets_a_compaction_of_its_group_never_reports_index_damage(tmp_path, monkeypatch, count):
+    """A read of an archived Group whose compaction switches the log and index between the replay
+    floor's check and the Events' lookup must answer from one pair: the Events (as the pair it
+    began on holds them) or ``CursorTooOld`` (as the new one says), never the ``CORRUPTION`` of
+    Events missing from the new index ("run mwpstore rebuild"), nor anything a subscriber would
+    take for damage."""
+    from mwpstore import CursorTooOld
+
+    authority = open_with_group(str(tmp_path / "s"))
+    try:
+        _fill(authority, count)
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive")
+        expected = [event.seq for event in authority.read(GROUP)]
+        assert expected == list(range(1, record.last_seq + 1))
+        at_lookup, go_on = threading.Event(), threading.Event()
+        real = Authority._read_events
+        outcome: list[object] = []
+
+        def read_events(self, *args, **kwargs):
+            if threading.current_thread().name == "reader":
+                at_lookup.set()  # the floor is checked: the Group is not compacted yet
+                assert go_on.wait(WAIT)
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(Authority, "_read_events", read_events)
+
+        def read() -> None:
+            try:
+                outcome.append([event.seq for event in authority.read(GROUP)])
+            except BaseException as exc:  # noqa: BLE001 - checked below
+                outcome.append(exc)
+
+        reader = threading.Thread(target=read, name="reader")
+        reader.start()
+        assert at_lookup.wait(WAIT)
+        report = authority.compact()
+        assert report.groups_compacted == [GROUP]
+        go_on.set()
+        reader.join(WAIT)
+        assert not reader.is_alive()
+        assert outcome == [expected] or (isinstance(outcome[0], CursorTooOld) and outcome[0].floor == record.last_seq), outcome
+        monkeypatch.undo()
+        with pytest.raises(CursorTooOld):  # a read that begins after the switch
+            authority.read(GROUP)
+    finally:
+        authority.close()
