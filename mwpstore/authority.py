@@ -1851,7 +1851,12 @@ class Authority:
         under ``archive/<group>/`` (an archive interrupted after writing its file and before logging
         its record, or the temporary file of one interrupted while writing)."""
         directory = os.path.join(self.path, "archive", group)
-        record = self.archive_record(group)
+        # Not through archive_record(): after a commit this runs in the commit role, which close()
+        # waits for, having already turned new reads away (StoreClosed after the Event is durable).
+        index = self.index
+        with index.begin() as txn:
+            value = index.get(txn, b"archives", group.encode())
+            record = None if value is None else _decode_note(value, ArchiveRecord)
         paths = [] if record is None else [os.path.join(self.path, record.audit_location)]
         try:
             paths += [os.path.join(directory, name) for name in os.listdir(directory) if _AUDIT_FILE.fullmatch(name)]

@@ -189,3 +189,50 @@ def test_a_read_that_meets_a_compaction_of_its_group_never_reports_index_damage(
             authority.read(GROUP)
     finally:
         authority.close()
+
+
+def _until(condition, what: str) -> None:
+    """Polls ``condition`` (no sleep decides anything); fails the test if it never holds."""
+    for _ in range(6000):
+        if condition():
+            return
+        threading.Event().wait(0.005)
+    raise AssertionError(f"never: {what}")
+
+
+def test_a_close_during_an_audit_delete_commit_answers_its_receipt_and_removes_the_file(tmp_path, monkeypatch):
+    """close() refuses new work at once and waits for the running commit. A commit that holds an
+    audit.delete removes the file after its index commit, looking up the archive record: that
+    lookup must not meet the closed flag as a new read would (``StoreClosed``), which escaped the
+    commit after the Event was durable: the leader's caller was told the store was closed for a
+    Command it had accepted, and the audit log stayed on disk until the next open."""
+    from mwpstore import authority as authority_module
+
+    authority = open_with_group(str(tmp_path / "s"))
+    closer = None
+    try:
+        _fill(authority, 3)
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive")
+        audit = os.path.join(authority.path, record.audit_location)
+        assert os.path.exists(audit)
+        real_hit = authority_module.failpoints.hit
+
+        def hit(name):
+            nonlocal closer
+            if name == "authority.after_index_commit" and closer is None:
+                closer = threading.Thread(target=authority.close, name="closer")
+                closer.start()
+                _until(lambda: authority._closed, "close() began")
+            return real_hit(name)
+
+        monkeypatch.setattr(authority_module.failpoints, "hit", hit)
+        receipt = authority.delete_audit_log(GROUP, actor=OWNER, action_id="del", basis="legal")
+        assert receipt.seq == record.last_seq + 1
+        assert not os.path.exists(audit)
+        closer.join(WAIT)
+        assert not closer.is_alive()
+    finally:
+        authority.close()
+    with Authority.open(str(tmp_path / "s")) as reopened:
+        assert reopened.read(GROUP)[-1].kind == "audit.delete"
+        assert reopened.verify().ok
