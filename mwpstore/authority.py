@@ -2040,6 +2040,8 @@ class Authority:
         scratch = self._scratch_directory("index.verify-")
         try:
             problems.extend(self._compare_with_rebuild(log, index, scratch))
+        except StoreClosed:
+            raise  # close() began (it waits for this read, but no longer lends it the commit role)
         except MwpError as exc:  # the log cannot even be indexed (e.g. a chain break): the scan above names why
             problems.append(f"rebuilding an index from the log to compare: {exc.code}: {exc.message}")
         try:
@@ -2048,10 +2050,14 @@ class Authority:
                     problems.append(
                         f"payload of group {group} seq {seq} is missing and no tombstone redacts it (position {position})"
                     )
+        except StoreClosed:
+            raise
         except MwpError as exc:  # the index cannot answer: the comparison above says why
             problems.append(f"looking up tombstones: {exc.code}: {exc.message}")
         try:
             problems.extend(self._verify_files(key_provider))
+        except StoreClosed:
+            raise
         except MwpError as exc:  # the index cannot even list the files: the comparison above says why
             problems.append(f"listing snapshots and audit logs: {exc.code}: {exc.message}")
         return VerifyReport(records, events, len(heads), problems)
@@ -2091,6 +2097,8 @@ class Authority:
             try:
                 final = verify_snapshot(self.read_snapshot(record.final_snapshot), keyring=keyring_(), group=group, org=record.org)
                 verify_audit_log_against_snapshot(path, final, provider)
+            except StoreClosed:
+                raise  # close() began: it says nothing about the file (a snapshot's StoreClosed reaches the next read)
             except MwpError as exc:
                 problems.append(f"audit log {record.audit_location}: {exc.code} ({exc.detail.get('check', '')}) {exc.message}")
         return problems

@@ -236,3 +236,59 @@ def test_a_close_during_an_audit_delete_commit_answers_its_receipt_and_removes_t
     with Authority.open(str(tmp_path / "s")) as reopened:
         assert reopened.read(GROUP)[-1].kind == "audit.delete"
         assert reopened.verify().ok
+
+
+@pytest.mark.parametrize("moment", ["scan", "files"])
+def test_a_verify_that_meets_close_raises_store_closed_and_lists_no_problem(tmp_path, monkeypatch, moment):
+    """close() waits for a verify() in flight, and from its start turns new reads and the commit
+    role away: verify() must pass that ``StoreClosed`` on, whether it meets it comparing the index
+    (``scan``: close() begins during the log scan) or checking the audit log against its final
+    snapshot, the last file it checks (``files``), not list
+    it as problems of a store that has none (``mwpstore verify`` exits 1 for a listed problem)."""
+    from mwpstore import StoreClosed
+
+    authority = open_with_group(str(tmp_path / "s"))
+    _fill(authority, 3)
+    authority.snapshot(GROUP)
+    final = authority.archive(GROUP, actor=OWNER, action_id="archive").final_snapshot
+    paused, go_on = threading.Event(), threading.Event()
+    outcome: list[object] = []
+
+    def pause() -> None:
+        if threading.current_thread().name == "verifier" and not paused.is_set():
+            paused.set()
+            assert go_on.wait(WAIT)
+
+    if moment == "files":
+        real_read_snapshot = Authority.read_snapshot
+        reads_of_final = []
+
+        def read_snapshot(self, ref):
+            if ref == final and threading.current_thread().name == "verifier":
+                reads_of_final.append(ref)
+                if len(reads_of_final) == 2:  # listed among the snapshots, then for the audit log's check
+                    pause()
+            return real_read_snapshot(self, ref)
+
+        monkeypatch.setattr(Authority, "read_snapshot", read_snapshot)
+
+    def verify() -> None:
+        try:
+            outcome.append(authority.verify((lambda done, total: pause()) if moment == "scan" else None))
+        except BaseException as exc:  # noqa: BLE001 - checked below
+            outcome.append(exc)
+
+    verifier = threading.Thread(target=verify, name="verifier")
+    verifier.start()
+    assert paused.wait(WAIT)
+    closer = threading.Thread(target=authority.close, name="closer")
+    closer.start()
+    _until(lambda: authority._closed, "close() began")
+    go_on.set()
+    verifier.join(WAIT)
+    closer.join(WAIT)
+    assert not verifier.is_alive() and not closer.is_alive()
+    assert len(outcome) == 1 and isinstance(outcome[0], StoreClosed), outcome
+    monkeypatch.undo()
+    with Authority.open(str(tmp_path / "s")) as reopened:
+        assert reopened.verify().ok
