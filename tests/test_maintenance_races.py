@@ -292,3 +292,111 @@ def test_a_verify_that_meets_close_raises_store_closed_and_lists_no_problem(tmp_
     monkeypatch.undo()
     with Authority.open(str(tmp_path / "s")) as reopened:
         assert reopened.verify().ok
+
+
+def _run_in_thread(action) -> None:
+    """``action()`` in another thread, joined (another caller of the authority, at this point)."""
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            action()
+        except BaseException as exc:  # noqa: BLE001 - raised below
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(WAIT)
+    assert not thread.is_alive()
+    if errors:
+        raise errors[0]
+
+
+@pytest.mark.parametrize("moment", ["before_look", "while_checking"])
+def test_verify_lists_no_problem_for_an_audit_log_deleted_while_it_checks(tmp_path, monkeypatch, moment):
+    """verify() reads whether an archived Group's audit log was deleted, then looks for the file
+    and checks it: an audit.delete accepted between the two removes it (``before_look``), or
+    removes it as the check is about to read it (``while_checking``), and neither is damage
+    ("missing, no accepted audit.delete explains it", or the check's failure to read it)."""
+    authority = open_with_group(str(tmp_path / "s"))
+    try:
+        _fill(authority, 3)
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive")
+        deletions = []
+
+        def delete() -> None:
+            deletions.append(None)
+            _run_in_thread(lambda: authority.delete_audit_log(GROUP, actor=OWNER, action_id="del", basis="legal"))
+
+        if moment == "before_look":
+            real_state = Authority.state
+
+            def state(self, group, aggregate):
+                answer = real_state(self, group, aggregate)
+                if aggregate == f"group:{GROUP}" and threading.current_thread().name == "verifier" and not deletions:
+                    delete()
+                return answer
+
+            monkeypatch.setattr(Authority, "state", state)
+        else:
+            real_read_snapshot = Authority.read_snapshot
+            reads_of_final = []
+
+            def read_snapshot(self, ref):
+                if ref == record.final_snapshot and threading.current_thread().name == "verifier":
+                    reads_of_final.append(ref)
+                    if len(reads_of_final) == 2:  # listed among the snapshots, then for the audit log's check
+                        delete()
+                return real_read_snapshot(self, ref)
+
+            monkeypatch.setattr(Authority, "read_snapshot", read_snapshot)
+        reports = []
+        verifier = threading.Thread(target=lambda: reports.append(authority.verify()), name="verifier")
+        verifier.start()
+        verifier.join(WAIT)
+        assert not verifier.is_alive()
+        monkeypatch.undo()
+        assert deletions and not os.path.exists(os.path.join(authority.path, record.audit_location))
+        assert reports[0].problems == []
+        assert authority.verify().ok
+    finally:
+        authority.close()
+
+
+def test_verify_lists_no_problem_for_a_snapshot_signed_after_a_rotation_while_it_checks(tmp_path, monkeypatch):
+    """verify() takes the store's keyring at the first file it checks. A rotation (the old key
+    retired, still trusted) and a snapshot signed with the new key after that are no damage: the
+    snapshot verifies with the store's keyring as it is once verify() reads it."""
+    authority = open_with_group(str(tmp_path / "s"))
+    try:
+        authority.accept(Command(actor=OWNER, action_id="g2", group="g-2", kind="group.create", target="g-2", body={"org": "acme"}))
+        authority.snapshot(GROUP)
+        authority.snapshot("g-2")
+        real_snapshots = Authority.snapshots
+        rotated = []
+
+        def snapshots(self, group):
+            if group == "g-2" and threading.current_thread().name == "verifier" and not rotated:
+                # GROUP's snapshot was checked: the keyring is taken
+                rotated.append(None)
+
+                def rotate_and_sign() -> None:
+                    rotated.append(authority.rotate_signing_key())
+                    rotated.append(authority.snapshot("g-2"))
+
+                _run_in_thread(rotate_and_sign)
+            return real_snapshots(self, group)
+
+        monkeypatch.setattr(Authority, "snapshots", snapshots)
+        reports = []
+        verifier = threading.Thread(target=lambda: reports.append(authority.verify()), name="verifier")
+        verifier.start()
+        verifier.join(WAIT)
+        assert not verifier.is_alive()
+        monkeypatch.undo()
+        _, new, ref = rotated
+        assert ref.key_id == new.key_id
+        assert reports[0].problems == []
+        assert authority.verify().ok
+    finally:
+        authority.close()
