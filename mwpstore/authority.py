@@ -140,6 +140,8 @@ def _index_errors_typed(method: _F) -> _F:
     """For the methods that read the index: while one runs, ``close()`` waits before it closes
     the index (a value read with ``buffers=True`` points into its map, so closing it under a
     reader was a false ``CORRUPTION`` or a crash); a call after ``close()`` is ``StoreClosed``.
+    The key changes (``rotate_signing_key``, ``drop_retired_key``) use it too: once ``close()``
+    has released the store, another process may open it and sign with the key files it finds.
     What a damaged index can raise is translated into ``CORRUPTION`` (as ``typed_damage`` does,
     in the same frame: these are the read and duplicate-accept paths)."""
 
@@ -1571,6 +1573,7 @@ class Authority:
         self._refuse_readonly("keyring")  # through signing_key, it creates the key on first use
         return Keyring([self.signing_key.public_key, *retired_public_keys(os.path.join(self.path, "keys"))])
 
+    @_index_errors_typed  # registered like a read: close() waits for the key files to be changed
     def rotate_signing_key(self, *, retire: bool = True) -> SigningKey:
         """Sign snapshots with a new key from now on; return it.
 
@@ -1596,6 +1599,7 @@ class Authority:
                     self._key_changes += 1  # and one read before this may be too
                     self._signing_key = key  # None after a failure: the next use reads the key file
 
+    @_index_errors_typed  # as rotate_signing_key: close() waits for it
     def drop_retired_key(self, key_id: str) -> None:
         """Stop trusting a retired snapshot key (``rotate_signing_key``) that was compromised after
         it was retired: :meth:`keyring` and ``verify`` no longer accept what it signed. Take new

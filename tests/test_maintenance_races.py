@@ -400,3 +400,66 @@ def test_verify_lists_no_problem_for_a_snapshot_signed_after_a_rotation_while_it
         assert authority.verify().ok
     finally:
         authority.close()
+
+
+@pytest.mark.parametrize("operation", ["rotate_signing_key", "drop_retired_key"])
+def test_close_waits_for_a_key_change_in_flight(tmp_path, monkeypatch, operation):
+    """close() releases the store (its lock) once it returns: another process may open it and sign
+    with the key it finds. A rotation (or a retired key's removal) still changing the key files
+    then could let that process sign with the key being dropped. close() waits for it, as for a
+    read: here close() finds it running and the key change goes on only once close() waits."""
+    from mwpstore import authority as authority_module
+    from mwpstore import snapshot as snapshot_module
+
+    authority = open_with_group(str(tmp_path / "s"))
+    if operation == "drop_retired_key":
+        retired = authority.signing_key.key_id
+        authority.rotate_signing_key()
+    paused, go_on, finished = threading.Event(), threading.Event(), threading.Event()
+    real_hit, real_fsync, real_sleep = snapshot_module.failpoints.hit, snapshot_module.fsync_directory, authority_module.time.sleep
+
+    def pause() -> None:
+        if threading.current_thread().name == "maintainer" and not paused.is_set():
+            paused.set()
+            assert go_on.wait(WAIT)
+
+    def hit(name):
+        if name == "keys.after_retire":
+            pause()  # the old key retired, the new one not yet written
+        return real_hit(name)
+
+    def fsync_directory(directory):
+        pause()  # the retired key's file removed, the removal not yet durable
+        return real_fsync(directory)
+
+    def sleep(seconds):
+        if threading.current_thread().name == "closer":
+            go_on.set()  # close() waits for what is in flight: let it finish
+        return real_sleep(seconds)
+
+    monkeypatch.setattr(snapshot_module.failpoints, "hit", hit)
+    monkeypatch.setattr(snapshot_module, "fsync_directory", fsync_directory)
+    monkeypatch.setattr(authority_module.time, "sleep", sleep)
+
+    def maintain() -> None:
+        try:
+            if operation == "rotate_signing_key":
+                authority.rotate_signing_key(retire=False)
+            else:
+                authority.drop_retired_key(retired)
+        finally:
+            finished.set()
+
+    maintainer = threading.Thread(target=maintain, name="maintainer")
+    maintainer.start()
+    assert paused.wait(WAIT)
+    closer = threading.Thread(target=authority.close, name="closer")
+    closer.start()
+    closer.join(WAIT)
+    assert not closer.is_alive()
+    closed_after_it = finished.is_set()
+    go_on.set()  # unfixed: close() returned without waiting; let the key change end
+    maintainer.join(WAIT)
+    assert not maintainer.is_alive()
+    monkeypatch.undo()
+    assert closed_after_it
