@@ -1,4 +1,4 @@
-"""Running a call that must not block, and waiting for an authority's commit queue (not a test module)."""
+"""Running a call that must not block or in a thread of its own, and waiting for an authority's commit queue (not a test module)."""
 
 from __future__ import annotations
 
@@ -32,3 +32,23 @@ def wait_for_queue(authority: object, length: int) -> None:
             return
         threading.Event().wait(0.005)
     raise AssertionError(f"the commit queue never reached {length}")
+
+
+class Caller:
+    """A call run in its own thread; ``outcome()`` is what it returned or raised."""
+
+    def __init__(self, call: Callable[[], object], name: str | None = None) -> None:
+        self._outcome: list[object] = []
+        self._thread = threading.Thread(target=self._run, args=(call,), name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self, call: Callable[[], object]) -> None:
+        try:
+            self._outcome.append(call())
+        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
+            self._outcome.append(exc)
+
+    def outcome(self) -> object:
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "the caller was never woken"
+        return self._outcome[0]

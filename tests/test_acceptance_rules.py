@@ -21,8 +21,8 @@ import pytest
 
 from authority_helpers import GROUP, OWNER, FakeClock, group_create, mission_create, open_with_group, record_bytes
 from mwpstore import ActionIdCollision, Command, InvalidCommand, LimitExceeded, MwpError, NotAMember, StorageFailed, Unauthorized
-from blocking import wait_for_queue
-from test_group_commit import AppendGate, Caller, _close_failed, _failing_next_sync
+from blocking import Caller, wait_for_queue
+from test_group_commit import AppendGate, _close_failed, _failing_next_sync
 
 
 def _with(command: Command, **changes: object) -> Command:

@@ -974,46 +974,8 @@ def test_a_begin_that_waited_for_the_write_lock_while_the_store_closed_is_store_
     local transaction, or ``close`` itself). If ``close`` took the lock first and closed the
     environment, the waiting ``begin`` must find the store closed when it gets the lock:
     ``STORE_CLOSED``, never a transaction begun on a closed LMDB environment."""
-    import threading
-
     agent = AgentStore.open(tmp_path / "a")
-    real_lock = agent._write_lock
-    at_the_lock, closed = threading.Event(), threading.Event()
-    waiter: dict = {}
-
-    class LockSeenWaiting:  # the begin thread reaches the lock, and waits there until close() is done
-        def acquire(self, *args):
-            if threading.current_thread() is thread:
-                at_the_lock.set()
-                assert closed.wait(30)
-            return real_lock.acquire(*args)
-
-        def release(self):
-            real_lock.release()
-
-        def __enter__(self):
-            return self.acquire()
-
-        def __exit__(self, *exc):
-            self.release()
-
-    def begin_in_another_thread():
-        try:
-            agent.begin().abort()
-            waiter["began"] = True
-        except BaseException as exc:  # reported to the main thread
-            waiter["error"] = exc
-
-    agent._write_lock = LockSeenWaiting()
-    thread = threading.Thread(target=begin_in_another_thread)
-    thread.start()
-    try:
-        assert at_the_lock.wait(30)
-        agent.close()
-    finally:
-        closed.set()
-        thread.join(30)
-    assert not thread.is_alive()
+    waiter = _close_while_another_thread_waits_at_the_write_lock(agent, lambda: agent.begin().abort())
     assert isinstance(waiter.get("error"), StoreClosed), waiter
 
 
@@ -1022,14 +984,23 @@ def test_two_closes_at_once_release_the_store_once(tmp_path):
     either takes the write lock; the one that gets the lock second must find the store released
     and return, not close the environment and the lock file's descriptor a second time (the
     number may already belong to another open file)."""
+    agent = AgentStore.open(tmp_path / "a")
+    second = _close_while_another_thread_waits_at_the_write_lock(agent, agent.close)
+    assert second == {"done": True}, second
+    again = AgentStore.open(tmp_path / "a")  # released: the lock can be taken again
+    again.close()
+
+
+def _close_while_another_thread_waits_at_the_write_lock(agent: AgentStore, call) -> dict:
+    """Run ``call`` in another thread, hold it where it reaches the handle's write lock, close the
+    handle meanwhile, then let it go on; its outcome: ``{"done": True}`` or ``{"error": exc}``."""
     import threading
 
-    agent = AgentStore.open(tmp_path / "a")
     real_lock = agent._write_lock
     at_the_lock, closed = threading.Event(), threading.Event()
-    second: dict = {}
+    outcome: dict = {}
 
-    class LockSeenWaiting:  # the second close reaches the lock, and waits there until the first is done
+    class LockSeenWaiting:  # the other thread reaches the lock, and waits there until close() is done
         def acquire(self, *args):
             if threading.current_thread() is thread:
                 at_the_lock.set()
@@ -1045,15 +1016,15 @@ def test_two_closes_at_once_release_the_store_once(tmp_path):
         def __exit__(self, *exc):
             self.release()
 
-    def close_in_another_thread():
+    def run():
         try:
-            agent.close()
-            second["closed"] = True
+            call()
+            outcome["done"] = True
         except BaseException as exc:  # reported to the main thread
-            second["error"] = exc
+            outcome["error"] = exc
 
     agent._write_lock = LockSeenWaiting()
-    thread = threading.Thread(target=close_in_another_thread)
+    thread = threading.Thread(target=run)
     thread.start()
     try:
         assert at_the_lock.wait(30)
@@ -1061,9 +1032,8 @@ def test_two_closes_at_once_release_the_store_once(tmp_path):
     finally:
         closed.set()
         thread.join(30)
-    assert not thread.is_alive() and second == {"closed": True}
-    again = AgentStore.open(tmp_path / "a")  # released: the lock can be taken again
-    again.close()
+    assert not thread.is_alive()
+    return outcome
 
 
 @pytest.mark.parametrize("key", [b"short", bytes(32), "00" * 32, 7], ids=["short", "small_order", "hex_text", "int"])

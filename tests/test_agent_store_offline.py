@@ -8,6 +8,7 @@ Events reach the AgentStore through ``tx.apply``, as they would through delivery
 from __future__ import annotations
 
 import pytest
+from blocking import Caller
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from mwpstore.agent_store import AgentStore
@@ -561,7 +562,6 @@ def test_two_reconnects_at_once_send_a_buffered_command_once_under_one_action_id
     renew = setup.offline_command("lease.renew", dict(fence), cas=True, action="renew-1")
     setup.guard.buffer(renew, now_ms=now(setup) + 1, reversible=True)
     read_the_record, first_done = threading.Event(), threading.Event()
-    second: dict = {}
 
     def sync_after_the_first_reconnect():
         # called by the second reconnect once it holds the record as it read it (BUFFERED)
@@ -569,25 +569,18 @@ def test_two_reconnects_at_once_send_a_buffered_command_once_under_one_action_id
         assert first_done.wait(30)
         setup.sync()
 
-    def second_reconnect():
-        try:
-            second["outcomes"] = setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=sync_after_the_first_reconnect)
-        except BaseException as exc:  # reported to the main thread
-            second["error"] = exc
-
-    thread = threading.Thread(target=second_reconnect)
-    thread.start()
+    second = Caller(lambda: setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=sync_after_the_first_reconnect))
     try:
         assert read_the_record.wait(30)
         first = setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=setup.sync)
     finally:
         first_done.set()
-        thread.join(30)
-    assert not thread.is_alive() and "error" not in second
+    second_outcomes = second.outcome()
+    assert isinstance(second_outcomes, list), second_outcomes
     assert [outcome.state for outcome in first] == [BufferedState.SUBMITTED]
     assert {command.action_id for command in setup.submitted} == {"renew-1"}  # one key, however often sent
     assert setup.harness.group.revision("workitem:wi1") == revision + 1  # renewed once
-    assert [outcome.state for outcome in second["outcomes"]] == [BufferedState.SUBMITTED]
+    assert [outcome.state for outcome in second_outcomes] == [BufferedState.SUBMITTED]
     [record] = setup.guard.buffered()
     assert record.state is BufferedState.SUBMITTED and record.rebased.action_id == "renew-1"
     assert not setup.guard.offline

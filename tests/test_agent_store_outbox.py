@@ -10,6 +10,8 @@ import textwrap
 
 import pytest
 
+from blocking import Caller
+
 from mwpstore.agent_store import AgentStore, IntentState, ReconcileRequired
 from mwpstore.errors import InvalidCommand, InvalidState
 from mwpstore.work_keys import external_idempotency_key
@@ -428,7 +430,6 @@ def test_an_intent_whose_side_effect_runs_in_another_thread_is_not_reconciled_as
     intent = record(agent)
     calls: list[str] = []
     running, finish = threading.Event(), threading.Event()
-    first: dict = {}
 
     def slow_call(dispatched):
         calls.append(dispatched.key)
@@ -436,14 +437,7 @@ def test_an_intent_whose_side_effect_runs_in_another_thread_is_not_reconciled_as
         assert finish.wait(30)
         return {"ref": "first"}
 
-    def first_dispatch():
-        try:
-            first["receipt"] = agent.dispatch(intent.key, slow_call)
-        except BaseException as exc:  # reported to the main thread
-            first["error"] = exc
-
-    thread = threading.Thread(target=first_dispatch)
-    thread.start()
+    first = Caller(lambda: agent.dispatch(intent.key, slow_call))
     try:
         assert running.wait(30)
         if how == "dispatch with a lookup":
@@ -457,8 +451,7 @@ def test_an_intent_whose_side_effect_runs_in_another_thread_is_not_reconciled_as
                 agent.mark_dispatched(intent.key)
     finally:
         finish.set()
-        thread.join(30)
-    assert not thread.is_alive() and first == {"receipt": {"ref": "first"}}
+    assert first.outcome() == {"ref": "first"}
     assert calls == [intent.key]  # the side effect ran once
     done = agent.intent(intent.key)
     assert done.state is IntentState.DONE and done.receipt == {"ref": "first"} and done.dispatches == 1
@@ -475,11 +468,10 @@ def test_two_dispatches_of_one_intended_intent_at_once_run_its_side_effect_once(
     intent = record(agent)
     calls: list[str] = []
     second_read, first_running, second_done = threading.Event(), threading.Event(), threading.Event()
-    second: dict = {}
     real_begin = AgentStore.begin
 
     def begin_after_the_first_dispatch_runs(self):
-        if threading.current_thread() is thread and not second_read.is_set():
+        if threading.current_thread().name == "second dispatch" and not second_read.is_set():
             second_read.set()  # the second dispatch read INTENDED and is about to mark it
             assert first_running.wait(30)
         return real_begin(self)
@@ -492,22 +484,18 @@ def test_two_dispatches_of_one_intended_intent_at_once_run_its_side_effect_once(
 
     def second_dispatch():
         try:
-            second["receipt"] = agent.dispatch(intent.key, lambda i: calls.append(i.key) or {"ref": "second"})
-        except BaseException as exc:  # reported to the main thread
-            second["error"] = exc
+            return agent.dispatch(intent.key, lambda i: calls.append(i.key) or {"ref": "second"})
         finally:
             second_done.set()
 
     monkeypatch.setattr(AgentStore, "begin", begin_after_the_first_dispatch_runs)
-    thread = threading.Thread(target=second_dispatch)
-    thread.start()
+    second = Caller(second_dispatch, name="second dispatch")
     try:
         assert second_read.wait(30)
         assert agent.dispatch(intent.key, first_call) == {"ref": "first"}
     finally:
         first_running.set()
-        thread.join(30)
-    assert not thread.is_alive() and isinstance(second.get("error"), ReconcileRequired), second
+    assert isinstance(second.outcome(), ReconcileRequired), second.outcome()
     assert calls == [intent.key]
     assert agent.intent(intent.key).dispatches == 1
     agent.close()

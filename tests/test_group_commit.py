@@ -15,7 +15,7 @@ import lmdb
 import pytest
 
 from authority_helpers import GROUP, mission_create, open_with_group
-from blocking import wait_for_queue
+from blocking import Caller, wait_for_queue
 from mwpstore import Authority, failpoints, torture
 from mwpstore.errors import ActionIdCollision, AlreadyExists, InvalidCommand, LimitExceeded, MwpError, NotAMember, SequenceGap, StorageFailed, StoreClosed
 from mwpstore.io_seam import RecordingIO
@@ -56,26 +56,6 @@ class AppendGate:
 
     def release(self) -> None:
         self._go.set()
-
-
-class Caller:
-    """A call run in its own thread; ``outcome()`` is what it returned or raised."""
-
-    def __init__(self, call: Callable[[], object], name: str | None = None) -> None:
-        self._outcome: list[object] = []
-        self._thread = threading.Thread(target=self._run, args=(call,), name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self, call: Callable[[], object]) -> None:
-        try:
-            self._outcome.append(call())
-        except BaseException as exc:  # noqa: BLE001 - handed to the test thread
-            self._outcome.append(exc)
-
-    def outcome(self) -> object:
-        self._thread.join(30)
-        assert not self._thread.is_alive(), "the caller was never woken"
-        return self._outcome[0]
 
 
 def wait_for_exclusive(authority) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import Any
 
 import pytest
 
@@ -294,6 +295,18 @@ def test_a_verify_that_meets_close_raises_store_closed_and_lists_no_problem(tmp_
         assert reopened.verify().ok
 
 
+def _verify_in_thread(authority: Authority, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """``authority.verify()`` in a thread named ``verifier`` (the patched hooks act in it alone),
+    joined; the patches are undone before its report is returned."""
+    reports = []
+    verifier = threading.Thread(target=lambda: reports.append(authority.verify()), name="verifier")
+    verifier.start()
+    verifier.join(WAIT)
+    assert not verifier.is_alive()
+    monkeypatch.undo()
+    return reports[0]
+
+
 def _run_in_thread(action) -> None:
     """``action()`` in another thread, joined (another caller of the authority, at this point)."""
     errors: list[BaseException] = []
@@ -350,14 +363,9 @@ def test_verify_lists_no_problem_for_an_audit_log_deleted_while_it_checks(tmp_pa
                 return real_read_snapshot(self, ref)
 
             monkeypatch.setattr(Authority, "read_snapshot", read_snapshot)
-        reports = []
-        verifier = threading.Thread(target=lambda: reports.append(authority.verify()), name="verifier")
-        verifier.start()
-        verifier.join(WAIT)
-        assert not verifier.is_alive()
-        monkeypatch.undo()
+        report = _verify_in_thread(authority, monkeypatch)
         assert deletions and not os.path.exists(os.path.join(authority.path, record.audit_location))
-        assert reports[0].problems == []
+        assert report.problems == []
         assert authority.verify().ok
     finally:
         authority.close()
@@ -388,15 +396,10 @@ def test_verify_lists_no_problem_for_a_snapshot_signed_after_a_rotation_while_it
             return real_snapshots(self, group)
 
         monkeypatch.setattr(Authority, "snapshots", snapshots)
-        reports = []
-        verifier = threading.Thread(target=lambda: reports.append(authority.verify()), name="verifier")
-        verifier.start()
-        verifier.join(WAIT)
-        assert not verifier.is_alive()
-        monkeypatch.undo()
+        report = _verify_in_thread(authority, monkeypatch)
         _, new, ref = rotated
         assert ref.key_id == new.key_id
-        assert reports[0].problems == []
+        assert report.problems == []
         assert authority.verify().ok
     finally:
         authority.close()
