@@ -2191,28 +2191,35 @@ class Authority:
     def _exclusive(self) -> Iterator[None]:
         """Hold the commit leader role: no commit runs until the block ends (its callers passed
         ``_check_writable``, or, for ``verify``, refused a read-only view and a call from inside a
-        commit)."""
-        with self._lock:
-            self._exclusive_waiting += 1
-            try:
-                while self._leader:
-                    self._wake.wait(0.01)
-            finally:
-                self._exclusive_waiting -= 1
-            if self._closed:  # closed while this waited for the running commit
-                # The commit gave the role up for this call: hand it on to the callers queued
-                # behind that commit (close() waits for them), or give it up (and wake close()).
-                self._leader = True
-                self._pass_leadership()
-                raise StoreClosed("the authority is closed; open it again")
-            self._leader = True
-            self._committer = get_ident()
+        commit).
+
+        Whatever ends the call (the block's end, ``StoreClosed``, an interrupt such as
+        ``KeyboardInterrupt`` while it waits for the role), the role is handed on to the callers
+        queued meanwhile, or given up: a commit that ended while this waited gave the role up for
+        this call, and its queued callers, and close(), wait for whoever holds it."""
+        me = get_ident()
         try:
+            with self._lock:
+                self._exclusive_waiting += 1
+                try:
+                    while self._leader:
+                        self._wake.wait(0.01)
+                finally:
+                    self._exclusive_waiting -= 1
+                if self._closed:  # closed while this waited for the running commit
+                    raise StoreClosed("the authority is closed; open it again")
+                self._committer = me  # first: from here on the finally below knows the role is this call's
+                self._leader = True
             yield
         finally:
-            self._committer = None
             with self._lock:
-                self._pass_leadership()
+                # This call's role, or one given up for it (the leader flag down while it waited):
+                # hand it to the callers queued behind the last commit, or give it up (and wake
+                # close()). A role some other caller holds (interrupted while it still waited) stays.
+                if self._committer == me or not self._leader:
+                    self._committer = None
+                    self._leader = True
+                    self._pass_leadership()
 
     def _install_index(self, log: SegmentLog | None = None) -> None:
         """Open the freshly built index and switch to it (with ``log`` when the log changes too);

@@ -713,3 +713,39 @@ def test_an_archive_whose_record_meets_a_full_commit_leaves_no_audit_log_and_a_r
         record = authority.archive(GROUP, actor="owner", action_id="archive-1")
         assert os.path.isfile(os.path.join(authority.path, record.audit_location))
         assert authority.archive_record(GROUP) == record and authority.verify().ok
+
+
+def test_a_rebuild_interrupted_as_the_role_is_given_up_for_it_hands_the_role_to_the_queue(tmp_path, monkeypatch):
+    """A commit ends with a Command queued behind it and a rebuild waiting for the leader role:
+    the leader gives the role up for the rebuild. An interrupt (KeyboardInterrupt) that reaches
+    the rebuild right then must not drop the role: the queued caller would sleep for ever, and
+    close() would wait for it for ever."""
+    path = str(tmp_path / "store")
+    authority = open_with_group(path)
+    gate, leader = held_leader(monkeypatch, authority)
+    behind = Caller(lambda: authority.accept(mission_create("m-behind")))
+    wait_for_queue(authority, 1)
+
+    class Interrupting(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            woken = super().wait(timeout)
+            if threading.current_thread().name == "rebuild" and not authority._leader:
+                raise KeyboardInterrupt  # the role was just given up for the rebuild
+            return woken
+
+    monkeypatch.setattr(authority, "_wake", Interrupting(authority._lock))
+    rebuild = Caller(authority.rebuild, name="rebuild")
+    wait_for_exclusive(authority)
+    gate.release()
+    assert leader.outcome().seq == 2
+    assert isinstance(rebuild.outcome(), KeyboardInterrupt)
+    assert behind.outcome().seq == 3
+    assert authority._exclusive_waiting == 0 and not authority._leader
+    assert authority.accept(mission_create("m-after")).seq == 4  # the handle keeps working
+    assert authority.rebuild() == 4
+    closer = Caller(authority.close)
+    assert closer.outcome() is None
+    monkeypatch.undo()
+    with Authority.open(path) as reopened:
+        assert reopened.open_report.mode == "clean"
+        assert reopened.head(GROUP)[0] == 4
