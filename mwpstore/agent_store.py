@@ -595,15 +595,23 @@ class AgentStore:
         if self._closed:  # closed while this waited for another thread's transaction
             self._write_lock.release()
             raise StoreClosed("the agent store is closed; open it again")
-        self._writer = threading.get_ident()
+        txn = None
         try:
+            self._writer = threading.get_ident()
             txn = self._tables.begin(write=True)
-        except Exception as exc:
+            failpoints.hit("agent.begin")
+            return AgentTransaction(self, txn)
+        except BaseException as exc:
+            # an interrupt (KeyboardInterrupt) too: the caller never got the transaction to end,
+            # and the write lock it holds would refuse every later begin() and close()
+            if txn is not None:
+                with contextlib.suppress(lmdb.Error):
+                    txn.abort()
             self._writer = None
             self._write_lock.release()
-            raise translate(exc, context="beginning a local transaction") from None
-        failpoints.hit("agent.begin")
-        return AgentTransaction(self, txn)
+            if isinstance(exc, Exception) and not isinstance(exc, MwpError):
+                raise translate(exc, context="beginning a local transaction") from None
+            raise
 
     def _end(self) -> None:
         self._writer = None
@@ -972,25 +980,35 @@ class AgentStore:
     def _mark_dispatched(self, intent_key: str, *, running: bool) -> Intent:
         """``mark_dispatched``; with ``running``, the intent is noted as dispatching in this
         handle within the same commit (``dispatch``, which runs the side effect next)."""
-        with self.begin() as tx:
-            intent = tx._require_intent(intent_key)
-            if intent.state not in (IntentState.INTENDED, IntentState.RECONCILED):
-                advice = (
-                    "its receipt is recorded: the side effect happened, do not dispatch it again"
-                    if intent.state == IntentState.DONE
-                    else "reconcile it before any retry"
+        marked = False
+        try:
+            with self.begin() as tx:
+                intent = tx._require_intent(intent_key)
+                if intent.state not in (IntentState.INTENDED, IntentState.RECONCILED):
+                    advice = (
+                        "its receipt is recorded: the side effect happened, do not dispatch it again"
+                        if intent.state == IntentState.DONE
+                        else "reconcile it before any retry"
+                    )
+                    raise ReconcileRequired(
+                        f"intent {intent_key} is {intent.state.value}; {advice}",
+                        key=intent_key,
+                        state=intent.state.value,
+                    )
+                updated = msgspec.structs.replace(
+                    intent, state=IntentState.DISPATCHED, dispatches=intent.dispatches + 1, updated_at_ms=self._now_ms()
                 )
-                raise ReconcileRequired(
-                    f"intent {intent_key} is {intent.state.value}; {advice}",
-                    key=intent_key,
-                    state=intent.state.value,
-                )
-            updated = msgspec.structs.replace(
-                intent, state=IntentState.DISPATCHED, dispatches=intent.dispatches + 1, updated_at_ms=self._now_ms()
-            )
-            tx._put_intent(updated)
-            if running:  # under the write lock: a reconcile's commit sees it with the DISPATCHED state
-                self._dispatching.add(intent_key)
+                tx._put_intent(updated)
+                if running:  # under the write lock: a reconcile's commit sees it with the DISPATCHED state
+                    marked = True  # first: an interrupt as add() returns still leaves with it removed
+                    self._dispatching.add(intent_key)
+        except BaseException:
+            # The commit failed, or an interrupt came after it: the side effect never runs, so
+            # the intent is not one this handle's dispatch is running (a reconcile settles it).
+            # No other dispatch of this handle runs it: the state was INTENDED or RECONCILED.
+            if marked:
+                self._dispatching.discard(intent_key)
+            raise
         return updated
 
     def mark_uncertain(self, intent_key: str, error: str) -> Intent:

@@ -1042,3 +1042,33 @@ def test_a_trusted_key_that_is_no_usable_public_key_is_refused_at_open(tmp_path,
         AgentStore.open(tmp_path / "a", trusted_keys=[key])
     assert caught.value.detail["field"] == "public_key"
     assert not (tmp_path / "a").exists()  # refused before anything was created
+
+
+def test_an_interrupt_inside_begin_releases_the_local_transaction(tmp_path, monkeypatch):
+    """KeyboardInterrupt inside begin(), once its LMDB write transaction has begun (here at the
+    fail point agent.begin), before the caller holds the transaction: the transaction is
+    aborted and the store's write lock released. Before, every later begin() in the thread was
+    refused as a transaction already open, close() too, and the store stayed locked for every
+    later open in the process."""
+    from mwpstore import failpoints
+
+    path = tmp_path / "a"
+    agent = AgentStore.open(path)
+    original = failpoints.hit
+    armed = [True]
+
+    def hit(name: str) -> None:
+        if name == "agent.begin" and armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+        original(name)
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+    with pytest.raises(KeyboardInterrupt):
+        agent.begin()
+    assert agent._writer is None and not agent._write_lock.locked()
+    with agent.begin() as tx:  # the handle keeps working
+        tx.record_intent("g-1", mission="m1", workitem="wi-1", ownership_epoch=1, operation="notify")
+    agent.close()
+    with AgentStore.open(path) as again:
+        assert len(again.intents()) == 1

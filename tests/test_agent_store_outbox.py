@@ -499,3 +499,35 @@ def test_two_dispatches_of_one_intended_intent_at_once_run_its_side_effect_once(
     assert calls == [intent.key]
     assert agent.intent(intent.key).dispatches == 1
     agent.close()
+
+
+def test_an_interrupt_once_dispatched_is_committed_leaves_the_intent_to_reconcile(tmp_path, monkeypatch):
+    """KeyboardInterrupt after the commit that marks the intent DISPATCHED, before the side
+    effect runs: the side effect never ran, the intent is DISPATCHED as a kill there leaves it,
+    and this handle reconciles it like any other: a lookup that finds nothing makes it
+    RECONCILED, and a dispatch then runs the side effect. The handle must not go on taking the
+    intent for one whose side effect it is running."""
+    from mwpstore import failpoints
+
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+    calls: list[str] = []
+    original = failpoints.hit
+    armed = [True]
+
+    def hit(name: str) -> None:
+        if name == "agent.after_commit" and armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+        original(name)
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+    with pytest.raises(KeyboardInterrupt):
+        agent.dispatch(intent.key, lambda i: calls.append(i.key) or {"ref": "r-1"})
+    assert calls == []
+    assert agent.intent(intent.key).state is IntentState.DISPATCHED
+    assert agent._dispatching == set()
+    assert agent.reconcile(intent.key, lambda _: None).state is IntentState.RECONCILED
+    assert agent.dispatch(intent.key, lambda i: calls.append(i.key) or {"ref": "r-1"}) == {"ref": "r-1"}
+    assert calls == [intent.key]
+    agent.close()
