@@ -497,9 +497,13 @@ class AgentStore:
             raise translate(exc, context="opening the agent store") from None
         try:
             fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
+        except BaseException as exc:
+            # an interrupt (KeyboardInterrupt) as flock returns too: the lock may be taken, and the
+            # descriptor would hold it for as long as the process lives
             os.close(lock_fd)
-            raise StoreLocked(f"the agent store at {path} is open in another handle or process; close it first") from None
+            if isinstance(exc, OSError):
+                raise StoreLocked(f"the agent store at {path} is open in another handle or process; close it first") from None
+            raise
         try:
             check_before_open(os.path.join(path, "lmdb"), check_lmdb, label="agent store", remedy=_Tables.remedy)
             env = lmdb.open(

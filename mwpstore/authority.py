@@ -2735,9 +2735,13 @@ def _lock_store(path: str) -> int:
         raise translate(exc, context="opening the store lock") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
+    except BaseException as exc:
+        # an interrupt (KeyboardInterrupt) as flock returns too: the lock may be taken, and the
+        # descriptor, unknown to the caller, would hold it for as long as the process lives
         os.close(fd)
-        raise StoreLocked(f"{path} is open in another process or handle; close it first", path=path) from None
+        if isinstance(exc, OSError):
+            raise StoreLocked(f"{path} is open in another process or handle; close it first", path=path) from None
+        raise
     return fd
 
 

@@ -602,12 +602,16 @@ class SegmentLog:
             raise StorageFailed(f"cannot open the lock file in {directory}: {exc}", errno=exc.errno) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        except BaseException as exc:
+            # an interrupt (KeyboardInterrupt) as flock returns too: the lock may be taken, and
+            # the descriptor, not yet the handle's, would hold it for as long as the process lives
             os.close(fd)
-            raise StoreLocked(
-                f"another writer holds the log at {directory}; close it first, or open with readonly=True.",
-                path=directory,
-            ) from None
+            if isinstance(exc, BlockingIOError):
+                raise StoreLocked(
+                    f"another writer holds the log at {directory}; close it first, or open with readonly=True.",
+                    path=directory,
+                ) from None
+            raise
         self._lock_fd = fd
 
     def _load_segments(self) -> None:

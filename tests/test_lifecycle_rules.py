@@ -447,3 +447,34 @@ def test_an_open_interrupted_while_it_judges_the_index_holds_nothing(tmp_path, m
     assert store_files_held(path) == []
     with Authority.open(path) as reopened:
         assert reopened.head(GROUP)[0] == 1
+
+
+@pytest.mark.parametrize("lock", ["authority.lock", "log/LOCK", "agent.lock"])
+def test_an_open_interrupted_as_it_takes_its_lock_holds_nothing(tmp_path, monkeypatch, lock):
+    """CPython raises a signal's exception (KeyboardInterrupt) as a call returns: right after
+    the flock that took the store's lock (``authority.lock``, the log's ``LOCK``, an AgentStore's
+    ``agent.lock``). The open must close that descriptor on the way out, or its flock stays held
+    for as long as the process lives and every later open of the store here is STORE_LOCKED."""
+    import fcntl
+
+    from mwpstore.agent_store import AgentStore
+
+    path = str(tmp_path / "s")
+    opener = (lambda: AgentStore.open(path)) if lock == "agent.lock" else (lambda: Authority.open(path))
+    opener().close()
+    real = fcntl.flock
+    armed = [True]
+
+    def flock(fd: int, operation: int) -> None:
+        real(fd, operation)
+        if armed[0] and os.readlink(f"/proc/self/fd/{fd}") == os.path.join(os.path.realpath(path), lock):
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    with pytest.raises(KeyboardInterrupt):
+        opener()
+    monkeypatch.undo()
+    assert not armed[0]
+    assert store_files_held(path) == []
+    opener().close()  # not STORE_LOCKED
