@@ -1524,7 +1524,20 @@ class AgentTransaction:
             self._flush()
 
     def _flush(self) -> None:
-        """Write the cached inbox and state changes in key order, then the work queue."""
+        """Write the cached inbox and state changes in key order, then the work queue.
+
+        Whatever escapes part-way (an LMDB error, an interrupt such as ``KeyboardInterrupt``)
+        fails the transaction: the caches are emptied before their entries are written, so a
+        commit after it, the block having caught the error, would record Events as applied
+        without their states or work queue entries."""
+        try:
+            self._flush_caches()
+        except BaseException as exc:
+            if self._failed is None:
+                self._failed = exc
+            raise
+
+    def _flush_caches(self) -> None:
         txn, tables = self._txn, self._tables
         if self._inbox_writes:
             tables.put_many(txn, b"inbox", sorted(self._inbox_writes.items()))

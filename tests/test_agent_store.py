@@ -1072,3 +1072,43 @@ def test_an_interrupt_inside_begin_releases_the_local_transaction(tmp_path, monk
     agent.close()
     with AgentStore.open(path) as again:
         assert len(again.intents()) == 1
+
+
+def test_an_interrupt_inside_a_cache_flush_fails_the_transaction(tmp_path, events, monkeypatch):
+    """apply() writes its cached inbox and states into the transaction once the caches are full.
+    An interrupt (KeyboardInterrupt) in that flush, after the cache was emptied and before its
+    states were written, caught by the block, must leave the transaction able only to abort: a
+    commit would have recorded the Events as applied without their states."""
+    from mwpstore import agent_store
+
+    monkeypatch.setattr(agent_store, "_WRITE_CACHE_ENTRIES_MAX", 4)
+    real = agent_store._STATE_ENCODER
+    armed = [False]
+
+    class InterruptedEncoder:
+        def encode(self, value):
+            if armed[0]:
+                armed[0] = False
+                raise KeyboardInterrupt  # as encode returns: the cached states are no longer cached
+            return real.encode(value)
+
+    monkeypatch.setattr(agent_store, "_STATE_ENCODER", InterruptedEncoder())
+    agent = AgentStore.open(tmp_path / "a")
+    interrupted = False
+    with pytest.raises(ProjectionFailed):
+        with agent.begin() as tx:
+            for event in events[:6]:
+                armed[0] = not interrupted
+                try:
+                    tx.apply(event)
+                except KeyboardInterrupt:
+                    interrupted = True
+                    break
+    assert interrupted
+    assert agent.head(GROUP).applied_seq == 0 and agent.states(GROUP) == {}
+    monkeypatch.undo()
+    apply_all(agent, events[:6])  # the handle keeps working
+    with AgentStore.open(tmp_path / "b") as reference:
+        apply_all(reference, events[:6])
+        assert agent.states(GROUP) == reference.states(GROUP) != {}
+    agent.close()
