@@ -573,8 +573,10 @@ class AgentStore:
         with self._write_lock:  # a transaction open in another thread commits or aborts first
             if self._lock_fd >= 0:  # not released meanwhile by a concurrent close()
                 self._env.close()
-                os.close(self._lock_fd)
-                self._lock_fd = -1  # the number may be reused by any later open file
+                # the number taken first: from os.close on it may be any later open file's, and
+                # an interrupt as os.close returns must not leave it for the next close() to close
+                fd, self._lock_fd = self._lock_fd, -1
+                os.close(fd)
 
     def __enter__(self) -> AgentStore:
         return self

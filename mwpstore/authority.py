@@ -839,8 +839,11 @@ class Authority:
                     error = error or translate(exc, context="closing the authority")
             if self._store_key is not None:
                 _WRITERS_HERE.pop(self._store_key, None)
-            os.close(self._lock_fd)
-            self._lock_fd = -1  # released: the number may be reused by any later open file
+            # The number taken first: from os.close on it may be any later open file's, and an
+            # interrupt (KeyboardInterrupt) as os.close returns must not leave it for a second
+            # close() to close again.
+            fd, self._lock_fd = self._lock_fd, -1
+            os.close(fd)
         if error is not None:
             raise error
 

@@ -478,3 +478,42 @@ def test_an_open_interrupted_as_it_takes_its_lock_holds_nothing(tmp_path, monkey
     assert not armed[0]
     assert store_files_held(path) == []
     opener().close()  # not STORE_LOCKED
+
+
+@pytest.mark.parametrize("lock", ["authority.lock", "agent.lock"])
+def test_a_close_interrupted_as_it_closes_its_lock_never_closes_that_number_again(tmp_path, monkeypatch, lock):
+    """CPython raises a signal's exception (KeyboardInterrupt) as a call returns: right after
+    close() closed the store's lock descriptor. The number is free from then on, and any file
+    opened later may get it: a second close() must not close it again (it would close that file,
+    e.g. another store's lock, releasing its flock)."""
+    from mwpstore.agent_store import AgentStore
+
+    path = str(tmp_path / "s")
+    handle = AgentStore.open(path) if lock == "agent.lock" else Authority.open(path)
+    number = handle._lock_fd
+    real = os.close
+    armed = [True]
+
+    def close(fd: int) -> None:
+        interrupt = armed[0] and fd == number
+        real(fd)
+        if interrupt:
+            armed[0] = False
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "close", close)
+    with pytest.raises(KeyboardInterrupt):
+        handle.close()
+    monkeypatch.undo()
+    assert not armed[0]
+    other = os.open(str(tmp_path / "other"), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if other != number:
+            os.dup2(other, number)  # a file opened later that got the freed number
+        handle.close()  # finishes nothing more, and leaves that file alone
+        os.fstat(number)  # still open
+    finally:
+        os.close(other)
+        if other != number:
+            os.close(number)
+    assert store_files_held(path) == []
