@@ -1190,6 +1190,16 @@ class AgentTransaction:
     def __enter__(self) -> AgentTransaction:
         return self
 
+    def __del__(self) -> None:
+        # A transaction dropped without being ended: an interrupt (KeyboardInterrupt) that CPython
+        # raised as ``with``'s __enter__ or __exit__ began, so that no code of the block ended it.
+        # Its write lock would refuse every later begin() and close(). Ended here only in the
+        # thread that began it (LMDB's write transaction is that thread's), where the last
+        # reference to such a transaction goes as the interrupt unwinds the caller's frame.
+        if not getattr(self, "_done", True) and threading.get_ident() == self._thread:
+            with contextlib.suppress(Exception):
+                self.abort()
+
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None and self._failed is None:
             self.commit()

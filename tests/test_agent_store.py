@@ -1112,3 +1112,32 @@ def test_an_interrupt_inside_a_cache_flush_fails_the_transaction(tmp_path, event
         apply_all(reference, events[:6])
         assert agent.states(GROUP) == reference.states(GROUP) != {}
     agent.close()
+
+
+def test_a_local_transaction_lost_to_an_interrupt_before_its_block_ends_with_it(tmp_path, monkeypatch):
+    """CPython raises a signal's exception (KeyboardInterrupt) as a Python function starts: here
+    ``__enter__`` of ``with agent.begin() as tx``, after begin() returned. The block never runs
+    and never ends the transaction; dropped by everyone, it must release the store's write lock,
+    or every later begin() and close() in the thread is refused and the store stays locked."""
+    from mwpstore.agent_store import AgentTransaction
+
+    path = tmp_path / "a"
+    agent = AgentStore.open(path)
+    real = AgentTransaction.__enter__
+    armed = [True]
+
+    def enter(self):
+        if armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(AgentTransaction, "__enter__", enter)
+    with pytest.raises(KeyboardInterrupt):
+        with agent.begin():
+            pass
+    with agent.begin() as tx:  # the handle keeps working
+        tx.record_intent("g-1", mission="m1", workitem="wi-1", ownership_epoch=1, operation="notify")
+    agent.close()
+    with AgentStore.open(path) as again:
+        assert len(again.intents()) == 1
