@@ -214,3 +214,20 @@ def apply_all(agent, events, advance=True):
             for group in {event.group for event in events}:
                 tx.advance_cursor(group)
     return statuses
+
+
+def interrupt_once_at(monkeypatch: Any, point: str) -> None:
+    """Raise KeyboardInterrupt the first time ``failpoints.hit(point)`` is reached (where a
+    signal's exception could be raised between two calls); later hits run as usual."""
+    from mwpstore import failpoints
+
+    original = failpoints.hit
+    armed = [True]
+
+    def hit(name: str) -> None:
+        if name == point and armed[0]:
+            armed[0] = False
+            raise KeyboardInterrupt
+        original(name)
+
+    monkeypatch.setattr(failpoints, "hit", hit)

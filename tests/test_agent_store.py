@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import msgspec
 import pytest
 
-from agent_store_support import ChainBuilder, CountingProjection, apply_all, lease_record, workitem_state, workload
+from agent_store_support import ChainBuilder, CountingProjection, apply_all, interrupt_once_at, lease_record, workitem_state, workload
 from mwpstore import limits
 from mwpstore.agent_store import AgentStore, ApplyStatus, ProjectionFailed
 from mwpstore.delivery import ListSource, rebuild_group, Delivery
@@ -1050,20 +1050,9 @@ def test_an_interrupt_inside_begin_releases_the_local_transaction(tmp_path, monk
     aborted and the store's write lock released. Before, every later begin() in the thread was
     refused as a transaction already open, close() too, and the store stayed locked for every
     later open in the process."""
-    from mwpstore import failpoints
-
     path = tmp_path / "a"
     agent = AgentStore.open(path)
-    original = failpoints.hit
-    armed = [True]
-
-    def hit(name: str) -> None:
-        if name == "agent.begin" and armed[0]:
-            armed[0] = False
-            raise KeyboardInterrupt
-        original(name)
-
-    monkeypatch.setattr(failpoints, "hit", hit)
+    interrupt_once_at(monkeypatch, "agent.begin")
     with pytest.raises(KeyboardInterrupt):
         agent.begin()
     assert agent._writer is None and not agent._write_lock.locked()

@@ -10,6 +10,7 @@ import textwrap
 
 import pytest
 
+from agent_store_support import interrupt_once_at
 from blocking import Caller
 
 from mwpstore.agent_store import AgentStore, IntentState, ReconcileRequired
@@ -507,21 +508,10 @@ def test_an_interrupt_once_dispatched_is_committed_leaves_the_intent_to_reconcil
     and this handle reconciles it like any other: a lookup that finds nothing makes it
     RECONCILED, and a dispatch then runs the side effect. The handle must not go on taking the
     intent for one whose side effect it is running."""
-    from mwpstore import failpoints
-
     agent = AgentStore.open(tmp_path / "a")
     intent = record(agent)
     calls: list[str] = []
-    original = failpoints.hit
-    armed = [True]
-
-    def hit(name: str) -> None:
-        if name == "agent.after_commit" and armed[0]:
-            armed[0] = False
-            raise KeyboardInterrupt
-        original(name)
-
-    monkeypatch.setattr(failpoints, "hit", hit)
+    interrupt_once_at(monkeypatch, "agent.after_commit")
     with pytest.raises(KeyboardInterrupt):
         agent.dispatch(intent.key, lambda i: calls.append(i.key) or {"ref": "r-1"})
     assert calls == []
