@@ -16,6 +16,7 @@ import itertools
 import os
 import re
 import struct
+import tempfile
 import threading
 import time
 from threading import get_ident
@@ -83,6 +84,10 @@ from .messages import (
     receipt_for,
     recompute_event_hash,
 )
+# audit_log and tempfile load with this module, not at a call's first use: an import is I/O (a
+# process out of file descriptors fails it with a bare OSError), and the store's files are all
+# opened where their errors are typed.
+from .audit_log import FileKeyProvider, current_org_key, verify_audit_log_against_snapshot, write_audit_log
 from .registry import ENGINE_ACTOR, run_transition
 from .segment_log import COMMIT_FRAME_BYTES, SegmentLog, check_segment_bytes, framed_bytes, group_bytes_max
 from .snapshot import (
@@ -91,11 +96,13 @@ from .snapshot import (
     Keyring,
     SigningKey,
     SnapshotRef,
+    check_snapshot_ref,
     create_snapshot,
     drop_retired_key,
     read_snapshot_file,
     retired_public_keys,
     snapshot_ref,
+    verify_snapshot,
     write_snapshot_file,
 )
 
@@ -709,6 +716,8 @@ class Authority:
                 index.put(txn, b"meta", b"log_position", u64(log.start))
             count = self._redo(index, progress, failpoint="authority.mid_rebuild", log=log)
             index.sync()
+        except lmdb.Error as exc:
+            raise translate(exc, context=f"writing the index {temp}") from None
         finally:
             index.close()
         old = directory + ".old"
@@ -759,6 +768,11 @@ class Authority:
             previous = index.get(txn, b"meta", b"last_ms")
             index.put(txn, b"meta", b"last_ms", u64(max(last_ms[0], 0 if previous is None else read_u64(previous))))
             txn.commit()
+        except lmdb.Error as exc:
+            # A commit that cannot write (EIO, ENOSPC, a file size limit) is an I/O failure, not
+            # damage; translate() still makes LMDB's own damage errors CORRUPTION.
+            txn.abort()
+            raise translate(exc, context=f"writing the index {index.directory}") from None
         except BaseException:
             txn.abort()
             raise
@@ -1731,14 +1745,9 @@ class Authority:
     def _org_keys(self, key_provider: Any) -> Any:
         """The Organizations' audit-log keys: ``key_provider``, or the store's own files under
         ``keys/orgs`` when it is None (only None: any other object is the caller's provider)."""
-        from .audit_log import FileKeyProvider
-
         return key_provider if key_provider is not None else FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
 
     def _archive(self, group: str, *, actor: str, action_id: str, reason: str, key_provider: Any) -> ArchiveRecord:
-        from .audit_log import current_org_key, verify_audit_log_against_snapshot, write_audit_log
-        from .snapshot import verify_snapshot
-
         existing = self.archive_record(group)
         if existing is not None:
             return existing
@@ -2071,9 +2080,6 @@ class Authority:
 
     def _verify_files(self, key_provider: Any) -> list[str]:
         """Snapshots and audit logs: each problem names the file and the failed check."""
-        from .audit_log import verify_audit_log_against_snapshot
-        from .snapshot import check_snapshot_ref, verify_snapshot
-
         problems = []
         keyrings: list[Keyring] = []  # taken at the first file to check: a store with none gets no key
 
@@ -2128,8 +2134,6 @@ class Authority:
         return problems
 
     def _scratch_directory(self, prefix: str) -> str:
-        import tempfile
-
         try:
             return tempfile.mkdtemp(prefix=prefix, dir=self.path)
         except OSError as exc:
@@ -2141,12 +2145,15 @@ class Authority:
         try:
             fresh = Index(temp, map_size=self._map_size)
         except BaseException:
-            remove_index(temp)
+            _remove_scratch(temp)
             raise
         problems = []
         try:
-            with fresh.begin(write=True) as txn:
-                fresh.put(txn, b"meta", b"log_position", u64(log.start))
+            try:
+                with fresh.begin(write=True) as txn:
+                    fresh.put(txn, b"meta", b"log_position", u64(log.start))
+            except lmdb.Error as exc:  # the scratch index cannot be written: an I/O failure, not damage
+                raise translate(exc, context=f"writing the index {temp}") from None
             self._redo(fresh, None, log=log)
             with self._exclusive():  # hold commits off while comparing
                 self._redo(fresh, None, log=log)  # what was committed meanwhile (if the pair is live)
@@ -2172,7 +2179,7 @@ class Authority:
                         problems.append(f"index database {name.decode()}: {exc.code}: {exc.message}")
         finally:
             fresh.close()
-            remove_index(temp)
+            _remove_scratch(temp)
         return problems
 
     def rebuild(self, progress: Callable[[int, int], None] | None = None) -> int:
@@ -2185,9 +2192,9 @@ class Authority:
         with self._exclusive():
             try:
                 count = self._build_index(self._index_dir(), progress)
-            except OSError as exc:  # e.g. index.rebuild/ cannot be created in a read-only directory
+                self._install_index()
+            except (OSError, lmdb.Error) as exc:  # e.g. index.rebuild/ cannot be created in a read-only directory
                 raise translate(exc, context="rebuilding the index") from None
-            self._install_index()
             return count
 
     @contextlib.contextmanager
@@ -2726,6 +2733,14 @@ def _check_log_present(path: str) -> None:
             reason="log_missing",
             path=path,
         )
+
+
+def _remove_scratch(directory: str) -> None:
+    """Remove verify's scratch index. One that cannot be removed now is left in place: the next
+    open deletes every ``index.verify-*``, and what verify reports is about the store (or the
+    failure that ended it), not about its scratch copy."""
+    with contextlib.suppress(MwpError):
+        remove_index(directory)
 
 
 def _lock_store(path: str) -> int:

@@ -209,5 +209,10 @@ _UNSEALER = _Unsealer()
 
 
 def remove_index(directory: str) -> None:
-    if os.path.isdir(directory):
-        shutil.rmtree(directory)
+    """Delete an index directory if it is there; ``StorageFailed`` when it cannot be (an I/O
+    error, or no file descriptor left for the walk)."""
+    try:
+        if os.path.isdir(directory):
+            shutil.rmtree(directory)
+    except OSError as exc:
+        raise translate(exc, context=f"removing {directory}") from None
