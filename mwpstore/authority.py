@@ -2056,8 +2056,11 @@ class Authority:
         scratch = self._scratch_directory("index.verify-")
         try:
             problems.extend(self._compare_with_rebuild(log, index, scratch))
-        except StoreClosed:
-            raise  # close() began (it waits for this read, but no longer lends it the commit role)
+        except (StoreClosed, StorageFailed):
+            # close() began (it waits for this read, but no longer lends it the commit role), or
+            # the scratch index or a file could not be read or written (out of descriptors, a
+            # file size limit, EIO): the check could not run, which says nothing about the store
+            raise
         except MwpError as exc:  # the log cannot even be indexed (e.g. a chain break): the scan above names why
             problems.append(f"rebuilding an index from the log to compare: {exc.code}: {exc.message}")
         try:
@@ -2164,6 +2167,8 @@ class Authority:
                     index = live_index
                 try:  # before reading the live index: LMDB itself must not walk a damaged page
                     check_lmdb_file(os.path.join(index.directory, "data.mdb"), label="index", remedy=Index.remedy)
+                except StorageFailed:
+                    raise  # the file could not be read (e.g. no descriptor left): nothing was found in it
                 except MwpError as exc:
                     return [f"index: {exc.code}: {exc.message}"]
                 for name in (b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots", b"archives", b"presence"):
