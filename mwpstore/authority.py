@@ -134,6 +134,8 @@ class ArchiveRecord(msgspec.Struct, frozen=True, kw_only=True):
 _ACK_ENCODER = msgspec.msgpack.Encoder()
 _ACK_DECODER = msgspec.msgpack.Decoder(tuple[str, str, int])
 REDO_COMMIT_RECORDS = 50_000
+REDO_HEADS_CACHED_MAX = 100_000
+"""Group heads redo keeps in memory across its commits (a Group met again is read back from the index)."""
 
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -745,6 +747,7 @@ class Authority:
         done = 0
         txn = index.begin(write=True)
         heads: dict[str, tuple[int, bytes]] = {}
+        flushed: dict[str, tuple[int, bytes]] = {}  # the heads as the index holds them now
         writes = PendingWrites()
         pending = 0
         last_ms = [0]
@@ -755,15 +758,21 @@ class Authority:
                 done += len(batch.positions)
                 pending += len(batch.positions)
                 if pending >= REDO_COMMIT_RECORDS:
-                    _flush_heads(index, txn, heads)
+                    _flush_heads(index, txn, heads, flushed)
                     index.put(txn, b"meta", b"log_position", u64(batch.next_position))
                     txn.commit()
+                    # Each commit writes only the heads that moved since the last one, and the
+                    # heads kept are bounded: a log of many Groups neither writes every head seen
+                    # so far at every commit nor holds every Group's head in memory.
+                    if len(heads) > REDO_HEADS_CACHED_MAX:
+                        heads.clear()
+                    flushed = dict(heads)
                     failpoints.hit(failpoint)
                     txn = index.begin(write=True)
                     pending = 0
                     if progress:
                         progress(batch.next_position - start, end - start)
-            _flush_heads(index, txn, heads)
+            _flush_heads(index, txn, heads, flushed)
             index.put(txn, b"meta", b"log_position", u64(end))
             previous = index.get(txn, b"meta", b"last_ms")
             index.put(txn, b"meta", b"last_ms", u64(max(last_ms[0], 0 if previous is None else read_u64(previous))))
@@ -2682,9 +2691,15 @@ def _decode_note(value: bytes | memoryview, kind: type[_Note]) -> _Note:
         raise Corruption(f"an index {kind.__name__} is undecodable ({exc}); run `mwpstore rebuild`", reason="index") from None
 
 
-def _flush_heads(index: Index, txn: lmdb.Transaction, heads: dict[str, tuple[int, bytes]]) -> None:
-    for group, (seq, digest) in heads.items():
-        index.put(txn, b"heads", group.encode(), encode_head(seq, digest))
+def _flush_heads(
+    index: Index, txn: lmdb.Transaction, heads: dict[str, tuple[int, bytes]], flushed: dict[str, tuple[int, bytes]]
+) -> None:
+    """Write the heads that differ from what ``flushed`` says the index holds. A head that moves
+    is a new tuple (here and in ``_index_c``), so an unchanged one is the same object."""
+    for group, head in heads.items():
+        written = flushed.get(group)
+        if written is not head:
+            index.put(txn, b"heads", group.encode(), encode_head(*head), new=written is None)
 
 
 _STORE_DIRECTORIES = ("log", "log.compact", "index", "keys")

@@ -1508,3 +1508,49 @@ def test_the_event_carries_the_content_its_receipt_hashes_even_if_the_caller_cha
         assert authority.state(GROUP, "mission:m-x")[1]["cost_limit"] == 5
         assert receipt.content_hash == canonical.content_hash(original)
         assert authority.accept(Command(actor=OWNER, action_id="mc-mutated", group=GROUP, kind="mission.create", target="m-x", body={"title": "original", "cost_limit": 5})) == receipt
+
+
+def test_redo_writes_each_commit_only_the_heads_its_records_moved(tmp_path, monkeypatch):
+    """A rebuild of a log with many Groups, then a long history in one of them: each redo commit
+    writes the heads that moved since the last commit. Writing every head seen since the start at
+    every commit made a rebuild's head writes (Groups x commits) quadratic in a long log of many
+    Groups. The heads kept between commits are bounded (REDO_HEADS_CACHED_MAX): past the bound,
+    a Group met again is read back from the index, and its chain still checks."""
+    from mwpstore import _sealed
+    from mwpstore import authority as authority_module
+    from mwpstore.segment_log import SegmentLog
+
+    groups, tail = 200, 600
+    path = str(tmp_path / "store")
+    with Authority.open(path, sync=False) as authority:
+        assert all(result.ok for result in authority.accept_many([group_create(f"g-{n}") for n in range(groups)]))
+        assert all(result.ok for result in authority.accept_many([mission_create(f"m-{n}", group="g-0") for n in range(tail)]))
+        assert all(result.ok for result in authority.accept_many([mission_create("m-last", group=f"g-{n}") for n in range(groups)]))
+        heads = {f"g-{n}": authority.head(f"g-{n}") for n in range(groups)}
+
+    scan = SegmentLog.scan
+    monkeypatch.setattr(SegmentLog, "scan", lambda self, start=0, **kw: scan(self, start, **{**kw, "batch_records": 10}))
+    monkeypatch.setattr(authority_module, "REDO_COMMIT_RECORDS", 1)  # a commit after every 10 records
+    writes = []
+    put = _sealed.SealedTables.put
+
+    def counting_put(self, txn, name, key, value, new=True):  # type: ignore[no-untyped-def]
+        if name == b"heads":
+            writes.append(bytes(key))
+        return put(self, txn, name, key, value, new)
+
+    monkeypatch.setattr(_sealed.SealedTables, "put", counting_put)
+    records = groups + tail + groups
+    with Authority.open(path, sync=False) as authority:
+        assert authority.rebuild() == records
+        # At most one write per record (each moves one head); before: ~200 heads at each of
+        # the ~100 commits, some 20,000 writes.
+        assert len(writes) <= records
+        assert {f"g-{n}": authority.head(f"g-{n}") for n in range(groups)} == heads
+        writes.clear()
+        monkeypatch.setattr(authority_module, "REDO_HEADS_CACHED_MAX", 50)  # heads read back from the index
+        assert authority.rebuild() == records
+        assert len(writes) <= records
+        assert {f"g-{n}": authority.head(f"g-{n}") for n in range(groups)} == heads
+        monkeypatch.undo()
+        assert authority.verify().ok
