@@ -174,6 +174,31 @@ class SealedTables:
             previous = key
             yield key, unseal(name, key, stored)
 
+    def last_below(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, bound: bytes) -> tuple[bytes, bytes] | None:
+        """The last (key, checked value) whose key starts with ``prefix`` and sorts before
+        ``bound``, or None: one search instead of a range over every entry before it. As in
+        :meth:`range`, the entry the search lands on must be sound and sort at or after
+        ``bound``, and the one taken must be sound and sort before it (a damaged branch key
+        cannot make it answer with another entry)."""
+        cursor = txn.cursor(db=self.dbs[name])
+        if cursor.set_range(bound):
+            after = bytes(cursor.key())
+            self.unseal(name, after, cursor.value())
+            if after < bound:
+                raise self._damage("order", name, after, "is out of key order")
+            found = cursor.prev()
+        else:
+            found = cursor.last()
+        if not found:
+            return None
+        key = bytes(cursor.key())
+        value = self.unseal(name, key, cursor.value())
+        if key >= bound:
+            raise self._damage("order", name, key, "is out of key order")
+        if not key.startswith(prefix):
+            return None
+        return key, value
+
 
 def open_databases(env: lmdb.Environment, names: Iterable[bytes], *, label: str, remedy: str) -> dict[bytes, Any]:
     """Open the named databases, creating them only in a new environment.

@@ -1942,14 +1942,24 @@ class Authority:
             window = 0 if state is None else int(state.get("policy", {}).get("replay_window_events", 0))
             if window <= 0:
                 return 0, None
-            refs = [_decode_note(value, SnapshotRef) for _, value in index.range(txn, b"snapshots", group.encode() + b"\x00")]
-            if not refs:
+            # Two searches, not a range over every snapshot of the Group (read() asks this at
+            # every call): the newest snapshot, and the newest at most head - window. Snapshot
+            # keys are group \0 seq (u64 BE), so key order is sequence order, and
+            # group \1 sorts after every one of them and before any other Group's keys (IDs are
+            # letters, digits and _.@+=-, all above \x01).
+            prefix = group.encode() + b"\x00"
+            newest = index.last_below(txn, b"snapshots", prefix, group.encode() + b"\x01")
+            if newest is None:
                 return 0, None
             head = decode_head(index.get(txn, b"heads", group.encode()))[0]
-        eligible = [ref.seq for ref in refs if ref.seq <= head - window]
-        if not eligible:
-            return 0, None
-        return max(eligible), refs[-1]
+            if head - window < 1:
+                return 0, None
+            eligible = index.last_below(txn, b"snapshots", prefix, event_key(group, head - window + 1))
+            if eligible is None:
+                return 0, None
+            floor = _decode_note(eligible[1], SnapshotRef).seq
+            reference = _decode_note(newest[1], SnapshotRef)
+        return floor, reference
 
     def subscribe(self, group: str, after: int = 0) -> Subscription:
         """A live feed of ``group``'s Events after ``after``; see :class:`Subscription`."""
