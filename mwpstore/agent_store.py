@@ -1373,15 +1373,17 @@ class AgentTransaction:
             head = self._heads[group]
             if head.buffered:
                 continue  # apply() decides what a buffered Event's arrival means
-            run = events
+            run, offset = events, 0
             if self._full:
                 end = _check_run(events, index, _CHECK_CONTEXT, group, head.applied_seq + 1, head.applied_hash)
                 if end == index:
                     continue
-                run = events[:end]
+                # Only the checked Events, and only them: a copy of events[:end] at every run
+                # made a batch of many Groups (many short runs) quadratic in its length.
+                run, offset = events[index:end], index
             try:
-                stop = _apply_run(
-                    run, index, _RUN_CONTEXT, group, self._prefixes[group], head.applied_seq + 1, head.applied_hash,
+                stop = offset + _apply_run(
+                    run, index - offset, _RUN_CONTEXT, group, self._prefixes[group], head.applied_seq + 1, head.applied_hash,
                     self._inbox_writes, self._state_writes, _WRITE_CACHE_ENTRIES_MAX,
                 )
             except BaseException as exc:  # Events may be written past the head: only abort is left

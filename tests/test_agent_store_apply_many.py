@@ -381,3 +381,29 @@ def test_deliver_batch_through_apply_many_counts_and_skips_rejected_events_like_
     assert agent.buffered_seqs("g-1") == reference.buffered_seqs("g-1")
     agent.close()
     reference.close()
+
+
+def test_a_batch_of_many_groups_hands_each_run_only_its_own_events(tmp_path, monkeypatch):
+    """With full validation each run handed to the C ``run`` is the Events ``check_run`` passed,
+    not a copy of the batch from its start to the run's end: over a batch of many Groups (many
+    short runs) those copies made apply_many quadratic in the batch's length."""
+    groups = [f"g-{n}" for n in range(300)]
+    histories = [workload(group, 3, seed=7) for group in groups]
+    events = [event for history in histories for event in history]
+    per_group = len(histories[0])
+    assert all(len(history) == per_group >= 3 for history in histories)
+    handed = []
+    run = agent_store._apply_run
+
+    def measured_run(events_, start, *args):  # type: ignore[no-untyped-def]
+        handed.append(len(events_))  # what the list handed holds, not what is taken from it
+        return run(events_, start, *args)
+
+    monkeypatch.setattr(agent_store, "_apply_run", measured_run)
+    with AgentStore.open(str(tmp_path / "agent")) as agent:
+        assert agent.verify == "full"
+        with agent.begin() as tx:
+            assert tx.apply_many(events) == [ApplyStatus.APPLIED] * len(events)
+        assert [agent.head(group).applied_seq for group in groups] == [per_group] * len(groups)
+    assert len(handed) == len(groups)  # one run per Group: its Events after the first
+    assert sum(handed) == (per_group - 1) * len(groups)  # before: each run also held every later Event
