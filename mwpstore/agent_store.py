@@ -807,27 +807,38 @@ class AgentStore:
         (applied seq, head hash, Cursor). Equal dumps mean byte-identical projections."""
         if group is not None:
             _check_group(group)
-        prefix = b"" if group is None else _prefix(group)
-        rows: list[tuple[str, bytes, bytes]] = []
         with self._read() as txn:
-            tables = self._tables
-            for key, value in tables.range(txn, b"heads", b""):
-                if group is not None and key != group.encode():
-                    continue
-                head = _decode_head(key, value)
-                rows.append(("heads", key, _STATE_ENCODER.encode([head.applied_seq, head.applied_hash, head.cursor])))
-            for name in _DIGEST_DATABASES:
-                for key, value in tables.range(txn, name, prefix):
-                    rows.append((name.decode(), key, bytes(value)))
-        return rows
+            return list(self._projection_rows(txn, group))
 
+    def _projection_rows(self, txn: lmdb.Transaction, group: str | None) -> Iterator[tuple[str, bytes, bytes]]:
+        """The rows of :meth:`projection_dump`, one at a time from ``txn``."""
+        tables = self._tables
+        if group is None:
+            heads: Iterable[tuple[bytes, bytes]] = tables.range(txn, b"heads", b"")
+        else:  # one lookup: a range over every Group's head to find it cost one unseal per Group
+            key = group.encode()
+            value = tables.get(txn, b"heads", key)
+            heads = () if value is None else ((key, value),)
+        for key, value in heads:
+            head = _decode_head(key, value)
+            yield ("heads", key, _STATE_ENCODER.encode([head.applied_seq, head.applied_hash, head.cursor]))
+        prefix = b"" if group is None else _prefix(group)
+        for name in _DIGEST_DATABASES:
+            for key, value in tables.range(txn, name, prefix):
+                yield (name.decode(), key, bytes(value))
+
+    @_damage_typed
     def projection_digest(self, group: str | None = None) -> str:
-        """A blake3 digest of :meth:`projection_dump` (hex)."""
+        """A blake3 digest of :meth:`projection_dump` (hex), hashed row by row as they are read
+        (the dump of a whole store is not built in memory)."""
+        if group is not None:
+            _check_group(group)
         hasher = blake3.blake3(b"mwpstore/agent-projection/v1\x00")
-        for name, key, value in self.projection_dump(group):
-            for part in (name.encode(), key, value):
-                hasher.update(len(part).to_bytes(8, "big"))
-                hasher.update(part)
+        with self._read() as txn:
+            for name, key, value in self._projection_rows(txn, group):
+                for part in (name.encode(), key, value):
+                    hasher.update(len(part).to_bytes(8, "big"))
+                    hasher.update(part)
         return hasher.hexdigest()
 
     # -- ACK cleanup -----------------------------------------------------------------------------

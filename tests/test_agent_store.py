@@ -1130,3 +1130,57 @@ def test_a_local_transaction_lost_to_an_interrupt_before_its_block_ends_with_it(
     agent.close()
     with AgentStore.open(path) as again:
         assert len(again.intents()) == 1
+
+
+def test_a_projection_digest_reads_one_group_head_and_never_holds_the_whole_dump(tmp_path, monkeypatch):
+    """An agent following many Groups: the digest of one Group looks up that Group's head instead
+    of unsealing every Group's head to find it, and the digest of the whole store hashes the rows
+    as it reads them instead of building the dump (every entry of the store) in memory first.
+    Both digests stay what the dump says."""
+    import tracemalloc
+
+    import blake3
+
+    from mwpstore import _sealed
+
+    groups = [f"g-{n}" for n in range(1000)]
+    with AgentStore.open(tmp_path / "a") as agent:
+        with agent.begin() as tx:
+            tx.apply_many([event for group in groups for event in workload(group, 3, seed=3)])
+
+        def digest_of(rows):  # type: ignore[no-untyped-def]
+            hasher = blake3.blake3(b"mwpstore/agent-projection/v1\x00")
+            for row in rows:
+                for part in (row[0].encode(), row[1], row[2]):
+                    hasher.update(len(part).to_bytes(8, "big"))
+                    hasher.update(part)
+            return hasher.hexdigest()
+
+        dump = agent.projection_dump()
+        assert agent.projection_digest() == digest_of(dump)
+        assert agent.projection_dump("g-500") == [row for row in dump if row[1].startswith(b"g-500\x00") or row[1] == b"g-500"]
+        assert agent.projection_digest("g-500") == digest_of(agent.projection_dump("g-500"))
+        assert agent.projection_dump("g-none") == []
+
+        heads = []
+        unseal = _sealed.SealedTables.unseal
+
+        def counting_unseal(self, name, key, stored):  # type: ignore[no-untyped-def]
+            if name == b"heads":
+                heads.append(bytes(key))
+            return unseal(self, name, key, stored)
+
+        monkeypatch.setattr(_sealed.SealedTables, "unseal", counting_unseal)
+        agent.projection_digest("g-500")
+        assert heads == [b"g-500"]  # before: all 1,000 heads
+        monkeypatch.undo()
+
+        dump_bytes = sum(len(row[1]) + len(row[2]) for row in dump)
+        del dump
+        tracemalloc.start()
+        try:
+            agent.projection_digest()
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < dump_bytes // 4  # before: the dump itself, several times its bytes
