@@ -171,3 +171,18 @@ def store_with_one_event_rewritten(tmp_path, missions: int, rewrite) -> tuple[st
         return record[:1] + encode_event(rewrite(event)) if event.seq == 3 else record
 
     return path, rewrite_log_records(path, rewrite_record)
+
+
+def record_unseals(monkeypatch, owner: type, table: bytes) -> list[bytes]:
+    """The keys of ``table`` that ``owner.unseal`` (a class's method: ``Index``, ``SealedTables``)
+    unseals from now on, in order, for a test that pins how many entries a lookup reads."""
+    unsealed: list[bytes] = []
+    unseal = owner.unseal
+
+    def counting_unseal(self, name, key, stored):  # type: ignore[no-untyped-def]
+        if name == table:
+            unsealed.append(bytes(key))
+        return unseal(self, name, key, stored)
+
+    monkeypatch.setattr(owner, "unseal", counting_unseal)
+    return unsealed

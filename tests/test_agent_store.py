@@ -11,6 +11,7 @@ import msgspec
 import pytest
 
 from agent_store_support import ChainBuilder, CountingProjection, apply_all, interrupt_once_at, lease_record, workitem_state, workload
+from authority_helpers import record_unseals
 from mwpstore import limits
 from mwpstore.agent_store import AgentStore, ApplyStatus, ProjectionFailed
 from mwpstore.delivery import ListSource, rebuild_group, Delivery
@@ -1162,15 +1163,7 @@ def test_a_projection_digest_reads_one_group_head_and_never_holds_the_whole_dump
         assert agent.projection_digest("g-500") == digest_of(agent.projection_dump("g-500"))
         assert agent.projection_dump("g-none") == []
 
-        heads = []
-        unseal = _sealed.SealedTables.unseal
-
-        def counting_unseal(self, name, key, stored):  # type: ignore[no-untyped-def]
-            if name == b"heads":
-                heads.append(bytes(key))
-            return unseal(self, name, key, stored)
-
-        monkeypatch.setattr(_sealed.SealedTables, "unseal", counting_unseal)
+        heads = record_unseals(monkeypatch, _sealed.SealedTables, b"heads")
         agent.projection_digest("g-500")
         assert heads == [b"g-500"]  # before: all 1,000 heads
         monkeypatch.undo()

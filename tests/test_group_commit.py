@@ -75,6 +75,18 @@ def held_leader(monkeypatch, authority, *steps: str | Callable[[], None], after_
     return gate, leader
 
 
+def rebuild_after_held_leader(monkeypatch, authority, gate: AppendGate, leader: Caller, wake: type[threading.Condition]) -> Caller:
+    """A rebuild started while ``leader`` holds its commit at ``gate``, with the handle's wake-up
+    condition replaced by ``wake`` (a ``threading.Condition`` subclass scripting what happens as
+    waiters wake); returns once the leader's commit (seq 2) ended with the rebuild waiting behind it."""
+    monkeypatch.setattr(authority, "_wake", wake(authority._lock))
+    rebuild = Caller(authority.rebuild, name="rebuild")
+    wait_for_exclusive(authority)
+    gate.release()
+    assert leader.outcome().seq == 2
+    return rebuild
+
+
 # -- a batch withdrawn by an interrupt before the log append -------------------------------------
 
 
@@ -178,11 +190,7 @@ def test_a_caller_arriving_while_a_rebuild_waits_for_the_role_queues_behind_the_
                         authority._lock.acquire()
                 return woken
 
-        monkeypatch.setattr(authority, "_wake", Hooked(authority._lock))
-        rebuild = Caller(authority.rebuild, name="rebuild")
-        wait_for_exclusive(authority)
-        gate.release()
-        assert leader.outcome().seq == 2
+        rebuild = rebuild_after_held_leader(monkeypatch, authority, gate, leader, Hooked)
         assert rebuild.outcome() == 2  # the group.create and m-lead records: m-late came after it
         assert late and late[0].outcome().seq == 3
 
@@ -733,11 +741,7 @@ def test_a_rebuild_interrupted_as_the_role_is_given_up_for_it_hands_the_role_to_
                 raise KeyboardInterrupt  # the role was just given up for the rebuild
             return woken
 
-    monkeypatch.setattr(authority, "_wake", Interrupting(authority._lock))
-    rebuild = Caller(authority.rebuild, name="rebuild")
-    wait_for_exclusive(authority)
-    gate.release()
-    assert leader.outcome().seq == 2
+    rebuild = rebuild_after_held_leader(monkeypatch, authority, gate, leader, Interrupting)
     assert isinstance(rebuild.outcome(), KeyboardInterrupt)
     assert behind.outcome().seq == 3
     assert authority._exclusive_waiting == 0 and not authority._leader

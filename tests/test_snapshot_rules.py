@@ -3,7 +3,7 @@ Cursor behind the replay floor is sent to, and where the floor stands when there
 
 from __future__ import annotations
 
-from authority_helpers import GROUP, OWNER, mission_create
+from authority_helpers import GROUP, OWNER, mission_create, record_unseals
 from mwpstore import Authority, Command
 
 
@@ -51,15 +51,7 @@ def test_the_floor_is_found_by_search_not_by_reading_every_snapshot_of_the_group
         assert authority.snapshots(GROUP) == refs
         assert authority.replay_floor(GROUP) == (max(ref.seq for ref in refs if ref.seq <= head - 3), refs[-1])
 
-        unsealed = []
-        unseal = index_module.Index.unseal
-
-        def counting_unseal(self, name, key, stored):  # type: ignore[no-untyped-def]
-            if name == b"snapshots":
-                unsealed.append(bytes(key))
-            return unseal(self, name, key, stored)
-
-        monkeypatch.setattr(index_module.Index, "unseal", counting_unseal)
+        unsealed = record_unseals(monkeypatch, index_module.Index, b"snapshots")
         assert [event.seq for event in authority.read(GROUP, after=head - 3)] == [head - 2, head - 1, head]
         assert len(unsealed) <= 4  # two searches, each checking the entry it lands on; before: all 20
         for extra in range(3):  # the floor moves with the head, one snapshot at a time
