@@ -145,6 +145,13 @@ _INDEX_DAMAGE = ("index", "run `mwpstore rebuild` to regenerate it from the log"
 _damage_typed = typed_damage(*_INDEX_DAMAGE)
 
 
+def _file_problem(what: str, exc: MwpError) -> str:
+    """A ``verify()`` problem line for a file that failed its check: the error's code, its
+    ``check`` in parentheses when it names one, and its message."""
+    check = exc.detail.get("check")
+    return f"{what}: {exc.code}{f' ({check})' if check else ''} {exc.message}"
+
+
 def _index_errors_typed(method: _F) -> _F:
     """For the methods that read the index: while one runs, ``close()`` waits before it closes
     the index (a value read with ``buffers=True`` points into its map, so closing it under a
@@ -2132,7 +2139,7 @@ class Authority:
                     check_snapshot_ref(data, ref)
                     verified(data, group, ref.org)
                 except MwpError as exc:
-                    problems.append(f"snapshot {ref.location}: {exc.code} ({exc.detail.get('check', '')}) {exc.message}")
+                    problems.append(_file_problem(f"snapshot {ref.location}", exc))
             record = self.archive_record(group)
             if record is None:
                 continue
@@ -2152,7 +2159,7 @@ class Authority:
                 raise  # close() began: it says nothing about the file (a snapshot's StoreClosed reaches the next read)
             except MwpError as exc:
                 if not audit_log_deleted(group):
-                    problems.append(f"audit log {record.audit_location}: {exc.code} ({exc.detail.get('check', '')}) {exc.message}")
+                    problems.append(_file_problem(f"audit log {record.audit_location}", exc))
         return problems
 
     def _scratch_directory(self, prefix: str) -> str:

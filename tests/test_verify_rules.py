@@ -171,7 +171,7 @@ def test_verify_reports_a_key_provider_that_raises_as_a_typed_problem_of_the_aud
         problems = authority.verify(key_provider=Unreachable()).problems
         assert authority.verify(key_provider=provider).ok
     assert problems == [
-        f"audit log {record.audit_location}: INVALID_COMMAND () the key provider's key_for raised ConnectionError: kms unreachable"
+        f"audit log {record.audit_location}: INVALID_COMMAND the key provider's key_for raised ConnectionError: kms unreachable"
     ]
 
 
@@ -188,6 +188,18 @@ def test_verify_reports_a_snapshot_file_that_is_not_the_one_its_reference_names(
         problems = authority.verify().problems
     assert len(problems) == 1, problems
     assert problems[0].startswith((f"snapshot {first.location}: SNAPSHOT_INVALID (size)", f"snapshot {first.location}: SNAPSHOT_INVALID (hash)")), problems
+
+
+def test_verify_names_a_missing_snapshot_file_by_its_code_with_no_empty_check(tmp_path):
+    """A problem line gives the error's ``check`` in parentheses only when the error has one: a
+    missing snapshot file is a read failure (``STORAGE_FAILED``), with no check to name."""
+    with open_with_group(str(tmp_path / "s")) as authority:
+        ref = authority.snapshot(GROUP)
+        os.remove(os.path.join(authority.path, ref.location))
+        problems = authority.verify().problems
+    assert len(problems) == 1, problems
+    assert problems[0].startswith(f"snapshot {ref.location}: STORAGE_FAILED "), problems
+    assert "()" not in problems[0]
 
 
 def test_verify_checks_the_audit_log_of_every_archived_group_after_one_never_archived(tmp_path):
