@@ -377,6 +377,8 @@ class Authority:
     _key_changes: int  # counts rotations begun and ended: a key read from the file across one is stale
     _durable_directories: set[str]
     _snapshot_lock: threading.Lock
+    _unsettled_snapshots: list[tuple[str, int, str]]  # (group, seq, location) of snapshots an interrupt ended: close() decides
+    _closed_cleanly: bool  # the store was closed cleanly before this open (nothing for the open to sweep)
     _archive_lock: threading.Lock  # one archive() at a time: each Group's record is logged once
     _retired: list[tuple[set[int], list[Any]]]  # replaced handles, with the threads whose reads may still use them
     _retire_lock: threading.Lock  # one release of replaced handles at a time (readers' and close())
@@ -482,6 +484,8 @@ class Authority:
         self._key_changes = 0
         self._durable_directories = set()
         self._snapshot_lock = threading.Lock()
+        self._unsettled_snapshots = []
+        self._closed_cleanly = True
         self._archive_lock = threading.Lock()
         self._segment_bytes = segment_bytes
         self._retired = []
@@ -516,6 +520,8 @@ class Authority:
                 if force_rebuild:  # the new log read whole into the index: the old one can go
                     finish_compaction(self.path)
                 self._finish_audit_deletions()
+                if not self._closed_cleanly:
+                    self._sweep_unrecorded_snapshots()
                 # A kill inside rotate_signing_key between writing the new seed and renaming it
                 # leaves the seed in a temporary file: a secret that never became the key. The lock
                 # makes this process the only writer of keys/, so such a file is a dead write's.
@@ -664,6 +670,9 @@ class Authority:
                 mode = "redo"
         index = self.index
         with index.begin(write=True) as txn:
+            # "1" only after a clean close (a rebuilt index has none): a snapshot's or a note's
+            # failure may have left files the open sweeps (see _sweep_unrecorded_snapshots).
+            self._closed_cleanly = index.get(txn, b"meta", b"clean") == b"1"
             index.put(txn, b"meta", b"boot_id", boot_id.encode())
             index.put(txn, b"meta", b"clean", b"0")
             index.put(txn, b"meta", b"format", INDEX_FORMAT)
@@ -847,6 +856,10 @@ class Authority:
         error: MwpError | None = None
         try:
             if self._failure is None:
+                # No commit runs from here: a note an interrupt left queued was logged, or never will be.
+                for group, seq, location in self._unsettled_snapshots:
+                    self._discard_unrecorded_snapshot(group, seq, location)
+                self._unsettled_snapshots = []
                 if not self._sync:
                     self.log.sync()
                 with self.index.begin(write=True) as txn:
@@ -1686,17 +1699,39 @@ class Authority:
         # second file named after the new key; the reference to it replaces the old one.
         location = _snapshot_location(group, seq, None if existing is None else self.signing_key.key_id)
         path = os.path.join(self.path, location)
-        self._store_directory(os.path.dirname(location))  # the reference logged next must not outlive the directory
-        write_snapshot_file(path, data)
-        ref = snapshot_ref(data, location=location)
         try:
+            self._store_directory(os.path.dirname(location))  # the reference logged next must not outlive the directory
+            write_snapshot_file(path, data)
+            ref = snapshot_ref(data, location=location)
             self._log_note(SNAPSHOT_TAG, event_key(group, seq), _NOTE_ENCODER.encode(ref))
-        except LimitExceeded:
-            # Refused before anything reached the log (a full commit): no reference names this
-            # file, nor ever will, so it goes. Any other failure may have logged the reference.
-            _discard_unrecorded(path)
+        except Exception:
+            # The note's commit has ended, or never began (a close() under way, a full commit):
+            # unless it logged the note, no record names this file, nor ever will.
+            self._discard_unrecorded_snapshot(group, seq, location)
+            raise
+        except BaseException:
+            # An interrupt (KeyboardInterrupt) can leave the note queued for a later commit:
+            # close() decides, once no commit can run.
+            self._unsettled_snapshots.append((group, seq, location))
             raise
         return ref
+
+    def _discard_unrecorded_snapshot(self, group: str, seq: int, location: str) -> None:
+        """Remove the file a failed :meth:`snapshot` wrote at ``location`` unless the index names
+        it, once the commit of its note has ended. Under the snapshot lock no other note at
+        ``(group, seq)`` is logged meanwhile, so an index entry that names another file was there
+        before: the note was not logged. Kept when a storage failure may have logged the note
+        without indexing it (the next open sweeps, the store not being closed cleanly), and when
+        the index cannot be read."""
+        with contextlib.suppress(Exception):
+            if self._failure is not None:
+                return
+            index = self.index
+            with index.begin() as txn:
+                value = index.get(txn, b"snapshots", event_key(group, seq))
+                named = value is not None and _decode_note(value, SnapshotRef).location == location
+            if not named:
+                _discard_unrecorded(os.path.join(self.path, location))
 
     def _log_note(self, tag: bytes, key: bytes, value: bytes) -> None:
         request = _Request(None, note=(tag, key, value))
@@ -1901,6 +1936,43 @@ class Authority:
                 removed = True
         if removed:
             _fsync_directory(directory)
+
+    def _sweep_unrecorded_snapshots(self) -> None:
+        """At an open after a close that was not clean (a crash, a storage failure): delete the
+        snapshot files no record names, nor ever will, and the temporary files of snapshot
+        writes that never finished. The index holds every record of the log by now, and under the
+        store's lock no snapshot is being written. A file at a sequence the index has no snapshot
+        at was never named; every file at a sequence it has one for is kept, the first one
+        (every later reference there replaced a reference, not a file) and those named after a key
+        (one a read-only view may still name, or one no record named: the index cannot say). A
+        sweep that cannot run does not stop the open (the next open that is not clean runs it
+        again)."""
+        root = os.path.join(self.path, "snapshots")
+        try:
+            groups = [name for name in os.listdir(root) if canonical.id_ok(name)]
+        except OSError:
+            return
+        index = self.index
+        for group in groups:
+            directory = os.path.join(root, group)
+            try:
+                names = os.listdir(directory)
+                removed = False
+                for name in names:
+                    temp = _SNAPSHOT_TEMP.fullmatch(name)
+                    match = _SNAPSHOT_FILE.fullmatch(name if temp is None else temp.group(1))
+                    if match is None or not 1 <= int(match.group(1)) <= limits.INT_ABS_MAX:
+                        continue  # no name snapshot() gives
+                    if temp is None:
+                        with index.begin() as txn:
+                            if index.get(txn, b"snapshots", event_key(group, int(match.group(1)))) is not None:
+                                continue
+                    os.remove(os.path.join(directory, name))
+                    removed = True
+                if removed:
+                    _fsync_directory(directory)
+            except (OSError, MwpError, lmdb.Error):
+                continue
 
     def _finish_audit_deletions(self) -> None:
         """Delete audit logs whose ``audit.delete`` is durable but whose file a crash left behind."""
@@ -2458,6 +2530,12 @@ _KEY_ID = re.compile(f"[0-9a-f]{{{KEY_ID_CHARS}}}")
 _AUDIT_FILE = re.compile(r"audit-[0-9]{20}\.log|\.audit-[0-9]{20}\.log\.[0-9a-f]{16}\.tmp")
 """Names of the files ``archive()`` writes under ``archive/<group>/``: the audit log, and the
 temporary name ``write_audit_log`` gives it until it is complete."""
+
+
+_SNAPSHOT_FILE = re.compile(f"([0-9]{{20}})(?:-[0-9a-f]{{{KEY_ID_CHARS}}})?\\.snap")
+"""Names of the files ``snapshot()`` writes under ``snapshots/<group>/`` (see ``_snapshot_location``)."""
+_SNAPSHOT_TEMP = re.compile(r"\.(.+)\.[0-9a-f]{16}\.tmp")
+"""The temporary name ``write_file_atomic`` gives a file until it is complete (the name inside)."""
 
 
 def _snapshot_location(group: str, seq: int, key_id: str | None) -> str:

@@ -3,8 +3,22 @@ Cursor behind the replay floor is sent to, and where the floor stands when there
 
 from __future__ import annotations
 
-from authority_helpers import GROUP, OWNER, mission_create, record_unseals
+import errno
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from authority_helpers import GROUP, OWNER, mission_create, open_with_group, record_unseals
+from blocking import Caller
 from mwpstore import Authority, Command
+from mwpstore.errors import StorageFailed, StoreClosed
+from mwpstore.snapshot import verify_snapshot
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def test_the_floor_is_the_newest_eligible_snapshot_and_the_reference_the_newest_of_all(tmp_path):
@@ -59,3 +73,123 @@ def test_the_floor_is_found_by_search_not_by_reading_every_snapshot_of_the_group
             head += 1
             eligible = [ref.seq for ref in refs if ref.seq <= head - 3]
             assert authority.replay_floor(GROUP) == (max(eligible), refs[-1])
+
+
+# -- snapshot files no record names ----------------------------------------------------------------
+
+
+def _snapshot_files(path: str) -> list[str]:
+    """Every file under ``snapshots/``, as ``<group>/<name>``, sorted."""
+    root = os.path.join(path, "snapshots")
+    return sorted(os.path.relpath(os.path.join(where, name), root) for where, _, names in os.walk(root) for name in names)
+
+
+def test_a_snapshot_that_close_cuts_off_leaves_no_file(tmp_path, monkeypatch):
+    """close() while snapshot() writes its file: the note is refused (StoreClosed) before it is
+    queued, so no record will ever name the file, and the file goes (it stayed for good: the next
+    snapshot at that sequence replaced it, but the Group moved on)."""
+    from mwpstore import authority as authority_module
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        written, go_on = threading.Event(), threading.Event()
+        real_write = authority_module.write_snapshot_file
+
+        def write_then_wait(path: str, data: bytes) -> None:
+            real_write(path, data)
+            written.set()
+            assert go_on.wait(30)
+
+        monkeypatch.setattr(authority_module, "write_snapshot_file", write_then_wait)
+        snapshot = Caller(lambda: authority.snapshot(GROUP))
+        assert written.wait(30)
+        closing = Caller(authority.close)
+        while not authority._closed:  # close() has begun: it waits for the snapshot, a read
+            time.sleep(0.001)
+        go_on.set()
+        assert isinstance(snapshot.outcome(), StoreClosed)
+        assert closing.outcome() is None
+    assert _snapshot_files(authority.path) == []
+    with Authority.open(authority.path) as authority:
+        assert authority.snapshots(GROUP) == [] and authority.verify().ok
+
+
+@pytest.mark.parametrize("logged", [False, True])
+def test_a_snapshot_an_interrupt_ends_leaves_its_file_to_close_which_removes_it_unless_a_record_names_it(tmp_path, monkeypatch, logged):
+    """An interrupt (KeyboardInterrupt) can end snapshot() while its note is still queued for a
+    later commit, so the file stays while the handle is open; close(), once no commit can run,
+    removes it if the note was not logged, and keeps it when it was."""
+    with open_with_group(str(tmp_path / "store")) as authority:
+        real_submit = authority._submit
+
+        def interrupted(unit) -> None:
+            if logged:
+                real_submit(unit)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(authority, "_submit", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            authority.snapshot(GROUP)
+        monkeypatch.undo()
+        assert _snapshot_files(authority.path) == [f"{GROUP}/{1:020d}.snap"]
+    assert _snapshot_files(authority.path) == ([f"{GROUP}/{1:020d}.snap"] if logged else [])
+    with Authority.open(authority.path) as authority:
+        assert [ref.seq for ref in authority.snapshots(GROUP)] == ([1] if logged else [])
+        assert authority.verify().ok
+
+
+CHILD_SNAPSHOT = """
+import sys
+from mwpstore import Authority
+with Authority.open(sys.argv[1]) as authority:
+    authority.snapshot("g-1")
+"""
+
+
+@pytest.mark.parametrize("failpoint", ["authority.before_log_append", "authority.after_log_sync"])
+def test_an_open_after_a_crash_removes_the_snapshot_files_no_record_names_and_keeps_every_named_one(tmp_path, failpoint):
+    """A crash between a snapshot file made durable and its record leaves a file no record names:
+    the next open (the store not closed cleanly) removes it, and the temporary file of a snapshot
+    write that never finished. Kept: a file its record names (a crash after the log's sync: redo
+    indexes the record first), and every file at a sequence that has a record, the first one too
+    after a re-signing replaced its reference (a read-only view may still name it)."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        first = authority.snapshot(GROUP)
+        authority.rotate_signing_key()
+        resigned = authority.snapshot(GROUP)  # seq 1 again, signed with the new key: another file
+        authority.accept(mission_create("m-1"))
+    temp = os.path.join(path, "snapshots", GROUP, f".{2:020d}.snap.0123456789abcdef.tmp")
+    with open(temp, "wb") as handle:
+        handle.write(b"half a snapshot")
+    env = dict(os.environ, PYTHONPATH=REPO, MWPSTORE_FAILPOINT=failpoint)
+    result = subprocess.run([sys.executable, "-c", CHILD_SNAPSHOT, path], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == -9, result.stderr
+    named = [first.location, resigned.location]
+    written = f"snapshots/{GROUP}/{2:020d}.snap"
+    assert _snapshot_files(path) == sorted(os.path.relpath(name, "snapshots") for name in [*named, written, temp[len(path) + 1:]])
+    with Authority.open(path) as authority:
+        kept = named + ([written] if failpoint == "authority.after_log_sync" else [])
+        assert _snapshot_files(path) == sorted(os.path.relpath(name, "snapshots") for name in kept)
+        assert [ref.location for ref in authority.snapshots(GROUP)] == kept[1:]
+        assert authority.verify().ok
+        verify_snapshot(authority.read_snapshot(first), keyring=authority.keyring(), group=GROUP)
+
+
+def test_a_snapshot_whose_note_meets_a_storage_failure_keeps_its_file_until_the_next_open_removes_it(tmp_path, monkeypatch):
+    """A storage failure while the note is committed may have logged it without indexing it: the
+    file stays, the close is not clean, and the next open (its index redone from the log) removes
+    the file if no record names it."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+
+        def failing_append(records):
+            raise OSError(errno.EIO, "injected")
+
+        monkeypatch.setattr(authority.log, "append", failing_append)
+        with pytest.raises(StorageFailed):
+            authority.snapshot(GROUP)
+        monkeypatch.undo()
+    assert _snapshot_files(path) == [f"{GROUP}/{1:020d}.snap"]
+    with Authority.open(path) as authority:
+        assert _snapshot_files(path) == [] and authority.snapshots(GROUP) == []
+        assert authority.verify().ok
