@@ -726,22 +726,33 @@ class Authority:
         """Build a fresh index from the whole log into ``directory`` (crash-safe: temp dir + rename)."""
         log = log or self.log
         temp = directory + ".rebuild"
-        remove_index(temp)
-        index = Index(temp, map_size=self._map_size)
-        try:
-            with index.begin(write=True) as txn:
-                index.put(txn, b"meta", b"format", INDEX_FORMAT)
-                index.put(txn, b"meta", b"log_position", u64(log.start))
-            count = self._redo(index, progress, failpoint="authority.mid_rebuild", log=log)
-            index.sync()
-        except lmdb.Error as exc:
-            raise translate(exc, context=f"writing the index {temp}") from None
-        finally:
-            index.close()
         old = directory + ".old"
-        if os.path.exists(directory):
-            os.rename(directory, old)
-        os.rename(temp, directory)
+        remove_index(temp)
+        try:
+            index = Index(temp, map_size=self._map_size)
+            try:
+                with index.begin(write=True) as txn:
+                    index.put(txn, b"meta", b"format", INDEX_FORMAT)
+                    index.put(txn, b"meta", b"log_position", u64(log.start))
+                count = self._redo(index, progress, failpoint="authority.mid_rebuild", log=log)
+                index.sync()
+            except lmdb.Error as exc:
+                raise translate(exc, context=f"writing the index {temp}") from None
+            finally:
+                index.close()
+            if os.path.exists(directory):
+                os.rename(directory, old)
+            os.rename(temp, directory)
+        except BaseException:
+            # Undone, as far as it can be: the index in use back under its name (a failure, or
+            # an interrupt, between the two renames left no index/: verify() and a read-only
+            # view look for it there), and the partial copy gone. What stays is removed by the
+            # next rebuild or open.
+            with contextlib.suppress(OSError, MwpError):
+                if os.path.isdir(old) and not os.path.exists(directory):
+                    os.rename(old, directory)
+                remove_index(temp)
+            raise
         _fsync_directory(os.path.dirname(directory))
         remove_index(old)
         return count

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 
 import msgspec
 import pytest
 
 from authority_helpers import GROUP, OWNER, group_create, mission_create, open_with_group, rewrite_log_records, store_with_one_event_rewritten
-from mwpstore import Authority, Command, StorageFailed
+from mwpstore import Authority, Command, InvalidCommand, StorageFailed
 from mwpstore.audit_log import FileKeyProvider
 from mwpstore.cli import EXIT_OK, main
 from mwpstore.index import state_key
@@ -19,6 +21,8 @@ from mwpstore.messages import recompute_event_hash
 from test_lifecycle_rules import _run_child as run_lifecycle_child
 from test_work_model_durable import DurableHarness
 from work_model_support import CONTRACT
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # -- verify: each check names the damage it exists for ---------------------------------------------
@@ -375,6 +379,68 @@ def test_rebuild_reports_its_progress_as_it_goes_and_ends_at_the_whole_log(tmp_p
     assert len(calls) > 2 and calls[-1] == (total, total), calls
     assert all(whole == total for _, whole in calls) and [done for done, _ in calls] == sorted(done for done, _ in calls)
     assert calls[0][0] < total
+
+
+@pytest.mark.parametrize("failure", ["while it builds", "at its first rename", "between its renames"])
+def test_a_failed_rebuild_undoes_its_work_and_the_handle_keeps_its_index(tmp_path, monkeypatch, failure):
+    """A rebuild() that failed left its copy in index.rebuild/ until the next rebuild or open,
+    against docs/api.md ("after the call has undone its partial work"); failing between its two
+    renames it also left no index/ (the index in use only under index.old/), and the handle's
+    verify() failed to find it. The copy goes, the index in use is put back under its name, and
+    the handle keeps accepting, verifying and rebuilding."""
+    import errno
+
+    path = str(tmp_path / "store")
+    real_rename = os.rename
+
+    def rename(source, target, *args, **kwargs):
+        moving_the_live_index = failure == "at its first rename" and target.endswith("index.old")
+        if moving_the_live_index or (failure == "between its renames" and source.endswith("index.rebuild")):
+            raise OSError(errno.EIO, "injected")
+        return real_rename(source, target, *args, **kwargs)
+
+    def progress(done: int, total: int) -> None:
+        raise OSError(errno.EIO, "injected")
+
+    with open_with_group(path) as authority:
+        if failure == "while it builds":
+            with pytest.raises(InvalidCommand):
+                authority.rebuild(progress=progress)
+        else:
+            monkeypatch.setattr(os, "rename", rename)
+            with pytest.raises(StorageFailed):
+                authority.rebuild()
+            monkeypatch.undo()
+        assert sorted(name for name in os.listdir(path) if name.startswith("index")) == ["index"]
+        authority.accept(mission_create("m-1"))
+        assert authority.verify().ok and authority.rebuild() == 2
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "clean" and authority.head(GROUP)[0] == 2
+
+
+CHILD_REBUILD = """
+import sys
+from mwpstore import Authority, authority as authority_module
+authority_module.REDO_COMMIT_RECORDS = 2  # a commit, and the fail point, every two records
+with Authority.open(sys.argv[1]) as authority:
+    authority.rebuild()
+"""
+
+
+def test_a_store_whose_rebuild_was_killed_opens_without_the_copy_and_verifies(tmp_path):
+    """A rebuild killed midway leaves its half-built copy in index.rebuild/: the next open removes
+    it, trusts the index in use, and the store verifies."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept_many([mission_create(f"m-{i}") for i in range(6)])
+    env = dict(os.environ, PYTHONPATH=REPO, MWPSTORE_FAILPOINT="authority.mid_rebuild")
+    result = subprocess.run([sys.executable, "-c", CHILD_REBUILD, path], env=env, capture_output=True, text=True, timeout=120)
+    assert result.returncode == -9, result.stderr
+    assert os.path.isdir(os.path.join(path, "index.rebuild"))
+    with Authority.open(path) as authority:
+        assert sorted(name for name in os.listdir(path) if name.startswith("index")) == ["index"]
+        assert authority.open_report.mode == "clean" and authority.head(GROUP)[0] == 7
+        assert authority.verify().ok
 
 
 def test_an_index_a_rebuild_put_in_place_is_not_clean_until_close(tmp_path, monkeypatch):
