@@ -1417,20 +1417,22 @@ class Authority:
 
         ``now_ms`` (default: the engine's clock) only chooses which leases to try; each
         ``lease.expire`` is decided at the engine clock's time, so a lease still live by that clock
-        is passed over (with ``now_ms`` in the future, nothing may be expired)."""
+        is passed over (with ``now_ms`` in the future, nothing may be expired).
+
+        The Commands go in together, as ``accept_many`` takes them (one durable commit for up
+        to ``limits.ACCEPT_MANY_COMMANDS_MAX``), each decided on its own: one refused (renewed,
+        released or taken over meanwhile) leaves no trace and does not disturb the others. One
+        that met a full commit goes into the next."""
         from . import work_model
 
         self._check_writable("expire_leases")
         canonical.check_id(group, "group")
         now = self._now() if now_ms is None else canonical.check_time_ms(now_ms, "now_ms")
         items = self.aggregates(group, prefix="workitem:")
-        receipts = []
-        live = ((key.partition(":")[2], state) for key, _, state in items if state is not None)
-        for workitem in work_model.lapsed_workitems(live, now):
-            _, state = self.state(group, f"workitem:{workitem}")
-            if state is None or state.get("lease") is None:
-                continue
-            lease_id = state["lease"]["lease_id"]
+        states = {key.partition(":")[2]: state for key, _, state in items if state is not None}
+        requests = []
+        for workitem in work_model.lapsed_workitems(states.items(), now):
+            lease_id = states[workitem]["lease"]["lease_id"]
             command = Command(
                 actor=ENGINE_ACTOR,
                 action_id=f"expire.{lease_id}",
@@ -1439,11 +1441,24 @@ class Authority:
                 target=workitem,
                 body={"lease_id": lease_id},
             )
-            try:
-                receipts.append(self.accept_trusted(command))
-            except Rejection:
-                continue  # renewed, released or taken over meanwhile: not lapsed any more
-        return receipts
+            requests.append(self._prepare(command, trusted=True))
+        receipts: list[Receipt | None] = [None] * len(requests)
+        pending = list(enumerate(requests))
+        while pending:
+            chunk, pending = pending[: limits.ACCEPT_MANY_COMMANDS_MAX], pending[limits.ACCEPT_MANY_COMMANDS_MAX :]
+            self._submit(_Unit([request for _, request in chunk]))
+            full = []
+            for slot, request in chunk:
+                error, request.error = request.error, None
+                if error is None:
+                    receipts[slot] = request.receipt
+                elif isinstance(error, LimitExceeded) and error.detail.get("field") == "commands":
+                    full.append((slot, request))  # met a commit already full: into a later one
+                elif not isinstance(error, Rejection):
+                    raise error
+                # any other rejection: renewed, released or taken over since the read
+            pending = full + pending
+        return [receipt for receipt in receipts if receipt is not None]
 
     # -- reading ---------------------------------------------------------------------------------
 

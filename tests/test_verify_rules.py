@@ -260,6 +260,47 @@ def test_the_sweep_passes_over_a_lease_the_engine_clock_finds_live_and_expires_t
     h.close()
 
 
+def test_the_sweep_commits_its_events_together_and_sends_what_meets_a_full_commit_into_the_next(tmp_path, monkeypatch):
+    """The sweep committed each lease.expire on its own: one log append (one fdatasync) per lapsed
+    lease. Its Commands now go in together, as accept_many takes them; with a commit bound that
+    holds two of them, the rest go into later commits, and every lease is expired once, in the
+    order of its WorkItem, under its stable Action ID."""
+    from mwpstore import authority as authority_module, limits
+
+    workitems = tuple(f"wi{i}" for i in range(6))
+    sizes: list[int] = []
+    add_record = authority_module._Batch.add_record
+
+    def spy(batch, record: bytes, framed: int) -> None:
+        sizes.append(len(record))
+        add_record(batch, record, framed)
+
+    def sweep(name: str, group_bytes_max: int) -> int:
+        h = DurableHarness(tmp_path / name)
+        h.setup(workitems=workitems)
+        leases = [h.claim("w1", workitem)["lease_id"] for workitem in workitems]
+        h.advance(CONTRACT["start_ms"])  # none started: every lease lapsed
+        appends = []
+        append = h.authority.log.append
+        monkeypatch.setattr(h.authority.log, "append", lambda records: appends.append(len(records)) or append(records))
+        monkeypatch.setattr(authority_module._Batch, "add_record", spy)
+        monkeypatch.setattr(limits, "GROUP_BYTES_MAX", group_bytes_max)
+        receipts = h.authority.expire_leases(h.group_id)
+        monkeypatch.undo()
+        assert [receipt.aggregate for receipt in receipts] == [f"workitem:{workitem}" for workitem in workitems]
+        events = h.events()[-len(workitems):]
+        assert [(event.kind, event.action_id) for event in events] == [("lease.expire", f"expire.{lease}") for lease in leases]
+        assert all(h.item(workitem)["lease"] is None for workitem in workitems)
+        assert h.authority.expire_leases(h.group_id) == []
+        h.close()
+        return len(appends)
+
+    assert sweep("one-commit", limits.GROUP_BYTES_MAX) == 1
+    record = max(sizes)
+    assert len(sizes) == len(workitems) and min(sizes) > record * 3 // 4
+    assert sweep("two-per-commit", 2 * record + record // 2) == 3
+
+
 # -- subscriptions --------------------------------------------------------------------------------
 
 
