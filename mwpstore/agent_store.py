@@ -209,6 +209,10 @@ def _sortable_u64(value: int) -> bytes:
     return (value + _INT64).to_bytes(8, "big")
 
 
+_QUEUE_DEFERRED_STEPS = 16
+"""Deferred entries of one priority ``work_queue`` steps over before it searches for the next."""
+
+
 def _queue_suffix(workitem: str, priority: int, not_before_ms: int) -> bytes:
     # priority descending, then not-before ascending, then WorkItem ID.
     return (_INT64 - 1 - priority).to_bytes(8, "big") + _sortable_u64(not_before_ms) + workitem.encode()
@@ -736,21 +740,42 @@ class AgentStore:
                     missions[mission] = state is None or state.get("status", "open") == "open"
                 return missions[mission]
 
-            for key, _ in tables.range(txn, b"queue", prefix):
-                suffix = key[len(prefix) :]
-                not_before_ms = int.from_bytes(suffix[8:16], "big") - _INT64
-                if not_before_ms > now_ms:
-                    continue
-                workitem = bytes(suffix[16:]).decode()
-                data = tables.get(txn, b"state", prefix + b"workitem:" + suffix[16:])
-                state = None if data is None else _STATE_DECODER.decode(data)[1]
-                if state is not None and (claim_refused(state, now_ms) or not mission_open(state.get("mission"))):
-                    continue
-                priority = _INT64 - 1 - int.from_bytes(suffix[:8], "big")
-                result.append(QueueEntry(workitem, priority, not_before_ms))
-                if limit is not None and len(result) >= limit:
-                    break
-        return result
+            # Within a priority the keys run by not-before: past the first deferred entry, the
+            # rest of that priority is deferred too. They are stepped over, and after a few of
+            # them the scan searches its way to the next priority instead (a search costs about
+            # what a few steps do): a long deferred run costs a search, not a step per entry.
+            start: bytes | None = None
+            while True:
+                deferred: bytes | None = None  # the priority bytes of the deferred run being stepped over
+                stepped = 0
+                for key, _ in tables.range(txn, b"queue", prefix, start):
+                    suffix = key[len(prefix) :]
+                    if deferred is not None:
+                        if suffix[:8] == deferred:
+                            stepped += 1
+                            if stepped < _QUEUE_DEFERRED_STEPS:
+                                continue
+                            break
+                        deferred = None
+                    not_before_ms = int.from_bytes(suffix[8:16], "big") - _INT64
+                    if not_before_ms > now_ms:
+                        deferred, stepped = suffix[:8], 0
+                        continue
+                    workitem = bytes(suffix[16:]).decode()
+                    data = tables.get(txn, b"state", prefix + b"workitem:" + suffix[16:])
+                    state = None if data is None else _STATE_DECODER.decode(data)[1]
+                    if state is not None and (claim_refused(state, now_ms) or not mission_open(state.get("mission"))):
+                        continue
+                    priority = _INT64 - 1 - int.from_bytes(suffix[:8], "big")
+                    result.append(QueueEntry(workitem, priority, not_before_ms))
+                    if limit is not None and len(result) >= limit:
+                        return result
+                else:
+                    return result
+                following = int.from_bytes(deferred, "big") + 1  # the next priority's first key
+                if following >> 64:
+                    return result
+                start = prefix + following.to_bytes(8, "big")
 
     def checkpoint(self, group: str, workitem: str) -> Any:
         """The latest checkpoint of a WorkItem, as mirrored from the Group."""

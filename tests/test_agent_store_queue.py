@@ -106,3 +106,54 @@ def test_a_queue_entry_whose_state_proves_nothing_stays_listed(agent):
             tx.apply(event)
         tx.advance_cursor(GROUP)
     assert listed(agent, 10**12) == ["odd", "plain"]
+
+
+def test_the_queue_steps_past_a_run_of_deferred_work_by_searching_for_the_next_priority(agent, monkeypatch):
+    """work_queue(limit=) read every deferred entry (not-before still to come) of the Group, as
+    its keys order by priority first: 10,000 deferred entries before 10 ready ones cost about 17 ms
+    a call. Within a priority the keys run by not-before, so past the first few deferred entries
+    the rest of that priority is deferred too: the scan searches for the next priority. What it
+    lists is unchanged, at every time; short deferred runs (one entry of each priority) are
+    stepped over as before."""
+    from mwpstore import agent_store as agent_store_module
+
+    chain = ChainBuilder(GROUP)
+    ready, later = 1_000, 5_000
+    items: list[tuple[str, int, int]] = [("first", 9, 0)]
+    items += [(f"d9-{i:03d}", 9, later + i) for i in range(150)]  # a long deferred run
+    items += [(f"short-{p}", p, later) for p in (8, 7, 6)]  # deferred runs of one entry each
+    items += [("mid", 5, 0), ("mid-later", 5, ready)]
+    items += [(f"d5-{i:03d}", 5, later + i) for i in range(150)]
+    items += [("last", 1, 0)]
+    for name, priority, not_before_ms in items:
+        state = workitem_state("m1", "queued", priority=priority, not_before_ms=not_before_ms)
+        chain.event("workitem.create", f"workitem:{name}", {f"workitem:{name}": state})
+    neighbour = ChainBuilder(GROUP + "x")  # its keys sort right after the Group's own
+    neighbour.event("workitem.create", "workitem:x", {"workitem:x": workitem_state("m1", "queued", priority=0, not_before_ms=0)})
+    with agent.begin() as tx:
+        for event in chain.events + neighbour.events:
+            tx.apply(event)
+        tx.advance_cursor(GROUP)
+        tx.advance_cursor(neighbour.group)
+
+    unsealed: list[bytes] = []
+    unseal = agent_store_module._Tables.unseal
+
+    def counting(self, name, key, stored):  # type: ignore[no-untyped-def]
+        if name == b"queue":
+            unsealed.append(bytes(key))
+        return unseal(self, name, key, stored)
+
+    monkeypatch.setattr(agent_store_module._Tables, "unseal", counting)
+
+    def expected(now_ms: int) -> list[str]:
+        ordered = sorted(items, key=lambda item: (-item[1], item[2], item[0]))
+        return [name for name, _, not_before_ms in ordered if not_before_ms <= now_ms]
+
+    for now_ms in (0, ready, later, later + 75, later + 10_000):
+        for limit in (None, 1, 3, 400):
+            unsealed.clear()
+            assert [entry.workitem for entry in agent.work_queue(GROUP, now_ms, limit=limit)] == expected(now_ms)[:limit]
+    unsealed.clear()
+    assert listed(agent, ready) == ["first", "mid", "mid-later", "last"]
+    assert len(unsealed) < 60, len(unsealed)  # 44; all 308 entries were read before
