@@ -2001,18 +2001,27 @@ class Authority:
                 continue
 
     def _finish_audit_deletions(self) -> None:
-        """Delete audit logs whose ``audit.delete`` is durable but whose file a crash left behind."""
-        index = self.index
-        with index.begin() as txn:
-            groups = {key.decode() for key, _ in index.range(txn, b"archives", b"")}
-        try:  # archives that never logged their record keep their files here too
-            groups.update(name for name in os.listdir(os.path.join(self.path, "archive")) if canonical.id_ok(name))
+        """Delete audit logs whose ``audit.delete`` is durable but whose file a crash left behind,
+        then their emptied directories. Whatever a Group's audit log leaves is under
+        ``archive/<group>/`` (the file its record names, and those of an archive that never logged
+        its record), so only the directories there are looked at: a deletion finished once is not
+        looked at again at every open."""
+        root = os.path.join(self.path, "archive")
+        try:
+            groups = sorted(name for name in os.listdir(root) if canonical.id_ok(name))
         except FileNotFoundError:
-            pass
-        for group in sorted(groups):
+            return
+        emptied = False
+        for group in groups:
             _, state = self.state(group, f"group:{group}")
             if state is not None and state.get("audit_deleted_at_ms") is not None:
                 self._remove_audit_log(group)
+                with contextlib.suppress(OSError):  # not empty (a file of no name archive() gives): kept
+                    os.rmdir(os.path.join(root, group))
+                    emptied = True
+        if emptied:
+            with contextlib.suppress(OSError):  # back after a power loss, it is emptied again
+                _fsync_directory(root)
 
     def compact(self, progress: Callable[[int, int], None] | None = None) -> Any:
         """Rewrite the log without redacted payloads and archived Groups' Events; see ``compaction``."""
