@@ -16,7 +16,7 @@ from authority_helpers import GROUP, OWNER, mission_create, open_with_group, rec
 from blocking import Caller
 from mwpstore import Authority, Command
 from mwpstore.errors import StorageFailed, StoreClosed
-from mwpstore.snapshot import verify_snapshot
+from mwpstore.snapshot import check_snapshot_ref, verify_snapshot
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -173,6 +173,45 @@ def test_an_open_after_a_crash_removes_the_snapshot_files_no_record_names_and_ke
         assert [ref.location for ref in authority.snapshots(GROUP)] == kept[1:]
         assert authority.verify().ok
         verify_snapshot(authority.read_snapshot(first), keyring=authority.keyring(), group=GROUP)
+
+
+CHILD_RESIGN_THEN_CRASH = """
+import sys
+from authority_helpers import mission_create
+from mwpstore import Authority
+authority = Authority.open(sys.argv[1])
+authority.rotate_signing_key()
+authority.snapshot("g-1")  # sequence 1 signed again: its reference now names another file
+authority.accept(mission_create("m-1"))
+authority.snapshot("g-1")  # killed before its record (the third log append)
+"""
+
+
+def test_a_read_only_view_keeps_reading_the_snapshot_it_names_across_a_writer_that_sweeps(tmp_path):
+    """A view in another process names the snapshot files of its own moment: the first file of
+    a sequence that a writer signed again since (the view still holds the old reference) must
+    survive the sweep of the next writer's open after a crash, which removes only the file no
+    record names."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        first = authority.snapshot(GROUP)
+    view = Authority.open(path, readonly=True)
+    try:
+        assert view.snapshots(GROUP) == [first]
+        env = dict(os.environ, PYTHONPATH=os.path.join(REPO, "tests") + os.pathsep + REPO)
+        crash = dict(env, MWPSTORE_FAILPOINT="authority.before_log_append:3")
+        result = subprocess.run([sys.executable, "-c", CHILD_RESIGN_THEN_CRASH, path], env=crash, capture_output=True, text=True, timeout=120)
+        assert result.returncode == -9, result.stderr
+        assert f"{GROUP}/{2:020d}.snap" in _snapshot_files(path)
+        result = subprocess.run([sys.executable, "-c", CHILD_SNAPSHOT.replace('authority.snapshot("g-1")', "pass"), path],
+                                env=env, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0, result.stderr
+        assert f"{GROUP}/{2:020d}.snap" not in _snapshot_files(path)  # the writer's open swept
+        assert len(_snapshot_files(path)) == 2  # sequence 1: the first file and the one signed again
+        assert view.snapshots(GROUP) == [first]
+        check_snapshot_ref(view.read_snapshot(first), first)  # the very file the view's reference names
+    finally:
+        view.close()
 
 
 def test_a_snapshot_whose_note_meets_a_storage_failure_keeps_its_file_until_the_next_open_removes_it(tmp_path, monkeypatch):
