@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from agent_store_support import ChainBuilder, workitem_state
+from authority_helpers import record_unseals
 from mwpstore.agent_store import AgentStore
 from mwpstore.errors import AttemptsExhausted, BudgetExceeded, DeadlinePassed, InvalidState
 from mwpstore.registry import ENGINE_ACTOR
@@ -136,15 +137,7 @@ def test_the_queue_steps_past_a_run_of_deferred_work_by_searching_for_the_next_p
         tx.advance_cursor(GROUP)
         tx.advance_cursor(neighbour.group)
 
-    unsealed: list[bytes] = []
-    unseal = agent_store_module._Tables.unseal
-
-    def counting(self, name, key, stored):  # type: ignore[no-untyped-def]
-        if name == b"queue":
-            unsealed.append(bytes(key))
-        return unseal(self, name, key, stored)
-
-    monkeypatch.setattr(agent_store_module._Tables, "unseal", counting)
+    unsealed = record_unseals(monkeypatch, agent_store_module._Tables, b"queue")
 
     def expected(now_ms: int) -> list[str]:
         ordered = sorted(items, key=lambda item: (-item[1], item[2], item[0]))
