@@ -147,6 +147,33 @@ def makedirs_durable(
         raise translate(exc, context=f"creating {path}") from None
 
 
+def take_lock_file(path: str, locked: Callable[[], MwpError], *, what: str) -> int:
+    """Open ``path`` (created if missing) and take its exclusive flock without waiting; the
+    descriptor, which holds the lock until it is closed. ``locked()`` is raised when another
+    descriptor holds the lock (``EWOULDBLOCK``); any other failure of the open or the flock
+    (``ENOLCK`` on a network filesystem, ``EACCES``, ``EROFS``, ``ENOTDIR``…) is
+    ``StorageFailed`` naming ``what``, never "locked", which would send the operator looking for
+    another process. Whatever ends the call, an interrupt as flock returns included, a
+    descriptor not returned is closed: unknown to the caller, it would hold the lock for as long
+    as the process lives."""
+    import fcntl
+
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise StorageFailed(f"cannot open {what} {path}: {exc}", errno=exc.errno, path=path) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException as exc:
+        os.close(fd)
+        if isinstance(exc, BlockingIOError):
+            raise locked() from None
+        if isinstance(exc, OSError):
+            raise StorageFailed(f"cannot lock {what} {path}: {exc}", errno=exc.errno, path=path) from None
+        raise
+    return fd
+
+
 def ensure_private_directory(directory: str, *, root: str | None = None) -> None:
     """Create ``directory`` (mode 0700) if missing, durably (its parent fsynced: a key created
     in it must survive a power loss); an existing directory is left as it is (with ``root``, see

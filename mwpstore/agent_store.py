@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import enum
-import fcntl
 import itertools
 import os
 import threading
@@ -495,19 +494,11 @@ class AgentStore:
             raise InvalidCommand("projection names must be distinct", field="projections")
         _refuse_authority(path)
         makedirs_durable(path)  # a new directory's entry synced in its parent, or a power loss can take it
-        try:
-            lock_fd = os.open(os.path.join(path, "agent.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise translate(exc, context="opening the agent store") from None
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BaseException as exc:
-            # an interrupt (KeyboardInterrupt) as flock returns too: the lock may be taken, and the
-            # descriptor would hold it for as long as the process lives
-            os.close(lock_fd)
-            if isinstance(exc, OSError):
-                raise StoreLocked(f"the agent store at {path} is open in another handle or process; close it first") from None
-            raise
+        lock_fd = _files.take_lock_file(
+            os.path.join(path, "agent.lock"),
+            lambda: StoreLocked(f"the agent store at {path} is open in another handle or process; close it first"),
+            what="the agent store lock",
+        )
         try:
             check_before_open(os.path.join(path, "lmdb"), check_lmdb, label="agent store", remedy=_Tables.remedy)
             env = lmdb.open(

@@ -46,7 +46,7 @@ from .errors import (
     StoreNotFound,
     translate,
 )
-from ._files import makedirs_durable, remove_temp_copies, store_path
+from ._files import makedirs_durable, remove_temp_copies, store_path, take_lock_file
 from ._lmdb_check import check_before_open, check_lmdb_file, check_map_size, check_option
 from ._sealed import DAMAGE_ERRORS, KEY_SHOWN_BYTES, damage_of, typed_damage
 from .index import (
@@ -2894,23 +2894,13 @@ def _remove_scratch(directory: str) -> None:
 
 
 def _lock_store(path: str) -> int:
-    """Take the store's writer lock (``<path>/authority.lock``); ``StoreLocked`` if another holds it."""
-    import fcntl
-
-    try:
-        fd = os.open(os.path.join(path, "authority.lock"), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as exc:
-        raise translate(exc, context="opening the store lock") from None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BaseException as exc:
-        # an interrupt (KeyboardInterrupt) as flock returns too: the lock may be taken, and the
-        # descriptor, unknown to the caller, would hold it for as long as the process lives
-        os.close(fd)
-        if isinstance(exc, OSError):
-            raise StoreLocked(f"{path} is open in another process or handle; close it first", path=path) from None
-        raise
-    return fd
+    """Take the store's writer lock (``<path>/authority.lock``); ``StoreLocked`` if another holds it,
+    ``StorageFailed`` if it cannot be taken at all."""
+    return take_lock_file(
+        os.path.join(path, "authority.lock"),
+        lambda: StoreLocked(f"{path} is open in another process or handle; close it first", path=path),
+        what="the store lock",
+    )
 
 
 def _discard_unrecorded(path: str) -> None:

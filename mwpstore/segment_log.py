@@ -24,7 +24,6 @@ import bisect
 import contextlib
 import dataclasses
 import errno
-import fcntl
 import functools
 import mmap
 import os
@@ -37,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mwpstore import _fork
-from mwpstore._files import makedirs_durable, open_regular, open_regular_fd, store_path
+from mwpstore._files import makedirs_durable, open_regular, open_regular_fd, store_path, take_lock_file
 from mwpstore._segment_log_c import ffi, lib
 from mwpstore.errors import (
     Corruption,
@@ -596,22 +595,14 @@ class SegmentLog:
         # each new directory (the log's and any missing parent) is an entry of its parent: synced
         # there, through the I/O seam so that a simulated power loss sees it
         makedirs_durable(directory, sync_directory=lambda parent: self._call(lib.sl_sync_directory, self._io, os.fsencode(parent)))
-        try:
-            fd = os.open(os.path.join(directory, LOCK_FILE_NAME), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-        except OSError as exc:
-            raise StorageFailed(f"cannot open the lock file in {directory}: {exc}", errno=exc.errno) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BaseException as exc:
-            # an interrupt (KeyboardInterrupt) as flock returns too: the lock may be taken, and
-            # the descriptor, not yet the handle's, would hold it for as long as the process lives
-            os.close(fd)
-            if isinstance(exc, BlockingIOError):
-                raise StoreLocked(
-                    f"another writer holds the log at {directory}; close it first, or open with readonly=True.",
-                    path=directory,
-                ) from None
-            raise
+        fd = take_lock_file(
+            os.path.join(directory, LOCK_FILE_NAME),
+            lambda: StoreLocked(
+                f"another writer holds the log at {directory}; close it first, or open with readonly=True.",
+                path=directory,
+            ),
+            what="the log's lock file",
+        )
         self._lock_fd = fd
 
     def _load_segments(self) -> None:

@@ -480,6 +480,49 @@ def test_an_open_interrupted_as_it_takes_its_lock_holds_nothing(tmp_path, monkey
     opener().close()  # not STORE_LOCKED
 
 
+@pytest.mark.parametrize("new", [False, True], ids=["existing", "new"])
+@pytest.mark.parametrize("code", [errno.ENOLCK, errno.EIO])
+@pytest.mark.parametrize("lock", ["authority.lock", "log/LOCK", "agent.lock"])
+def test_a_lock_that_cannot_be_taken_at_all_is_storage_failed_not_store_locked(tmp_path, monkeypatch, lock, code, new):
+    """flock fails for reasons other than another holder: ENOLCK on a network filesystem without
+    lock support, EIO. STORE_LOCKED would send the operator looking for a process that does not
+    exist; the open ends in STORAGE_FAILED with the errno, holds nothing, and once flock works
+    the store opens as it was (a new one opens empty)."""
+    import fcntl
+
+    from mwpstore.agent_store import AgentStore
+
+    path = str(tmp_path / "s")
+    agent = lock == "agent.lock"
+    if not new:
+        if agent:
+            AgentStore.open(path).close()
+        else:
+            with open_with_group(path):
+                pass
+    real = fcntl.flock
+    refused = []
+
+    def flock(fd: int, operation: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == os.path.join(os.path.realpath(path), lock):
+            refused.append(fd)
+            raise OSError(code, os.strerror(code))
+        real(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    with pytest.raises(StorageFailed) as caught:
+        AgentStore.open(path) if agent else Authority.open(path)
+    monkeypatch.undo()
+    assert refused and caught.value.code == "STORAGE_FAILED" and caught.value.detail["errno"] == code
+    assert store_files_held(path) == []
+    if agent:
+        AgentStore.open(path).close()
+    else:
+        with Authority.open(path) as reopened:
+            assert reopened.head(GROUP)[0] == (0 if new else 1)
+            assert reopened.verify().ok
+
+
 @pytest.mark.parametrize("lock", ["authority.lock", "agent.lock"])
 def test_a_close_interrupted_as_it_closes_its_lock_never_closes_that_number_again(tmp_path, monkeypatch, lock):
     """CPython raises a signal's exception (KeyboardInterrupt) as a call returns: right after
