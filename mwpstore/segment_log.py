@@ -237,7 +237,8 @@ class _Segment:
 
     def mapping(self) -> tuple[Any, mmap.mmap]:
         """(C pointer, mmap) of the whole file, read-only, mapped on first use; ``StorageFailed``
-        if the file cannot be opened or is not a regular file (a FIFO there must not block)."""
+        if the file cannot be opened, is not a regular file (a FIFO there must not block) or
+        cannot be mapped."""
         if self._map is None:
             with self._lock:
                 if self._map is None:
@@ -251,6 +252,8 @@ class _Segment:
                             except ValueError:  # the writer trimmed the file (seal) between fstat and mmap
                                 if attempt == 7:
                                     raise
+                    except OSError as exc:  # ENOMEM once the process's maps run out (vm.max_map_count, RLIMIT_AS)
+                        raise _unreadable_segment(self.path, exc.errno or errno.EIO) from None
                     finally:
                         os.close(fd)
                     if mapped is None:

@@ -1,0 +1,47 @@
+"""Failed OS calls reachable from the public API end in typed errors, hold nothing and leave a
+store that reopens as it was (an audit of 2026-12-06: every ``os``, ``open``, ``mmap``,
+``shutil`` and LMDB call made by a public operation, failed in turn). Failures are injected at
+the call, as root cannot be denied access by file modes; where a real condition exists for root
+(a path component that is a file, a symlink loop, an over-long name), it is used instead."""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+
+import pytest
+
+from authority_helpers import GROUP, mission_create, open_with_group, store_files_held
+from mwpstore import Authority, StorageFailed
+
+
+def _refuse(code: int):
+    def refused(*args: object, **kwargs: object) -> object:
+        raise OSError(code, os.strerror(code))
+
+    return refused
+
+
+@pytest.mark.parametrize("reader", ["read", "subscribe"])
+def test_a_segment_that_cannot_be_mapped_is_storage_failed(tmp_path, monkeypatch, reader):
+    """A read maps each segment it needs on first use; mmap fails with ENOMEM once the process's
+    maps run out (vm.max_map_count, RLIMIT_AS). The read ends in STORAGE_FAILED naming the
+    segment, the handle reads and writes once maps are available, and the store reopens whole."""
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+    with Authority.open(path) as authority:
+        monkeypatch.setattr(mmap, "mmap", _refuse(errno.ENOMEM))
+        with pytest.raises(StorageFailed) as caught:
+            if reader == "read":
+                authority.read(GROUP)
+            else:
+                authority.subscribe(GROUP).poll(0)
+        monkeypatch.undo()
+        assert caught.value.detail["errno"] == errno.ENOMEM and caught.value.detail["path"].endswith(".seg")
+        assert [event.seq for event in authority.read(GROUP)] == [1, 2]
+        authority.accept(mission_create("m-2"))
+    assert store_files_held(path) == []
+    with Authority.open(path) as authority:
+        assert authority.head(GROUP)[0] == 3 and authority.verify().ok
