@@ -1242,7 +1242,23 @@ class Authority:
                 self._failure = exc
                 raise
         for group in deleted:
-            self._remove_audit_log(group)
+            try:
+                self._remove_audit_log(group)
+            except Exception as exc:
+                # The Event is durable, the file is not gone: the handle refuses writes, and the
+                # reopen it asks for removes the file (_finish_audit_deletions). The deletion's
+                # callers are told; every other answer of the batch stands.
+                cause = translate(exc, context=f"removing the audit log of {group}")
+                error = self._failure = StorageFailed(
+                    f"the audit.delete of {group} is durable, but its audit log could not be removed "
+                    f"({cause.message}); reopen the authority, which removes it",
+                    group=group,
+                    **{"cause": cause.code, **cause.detail},
+                )
+                self._fail_all(
+                    [r for r in requests if r.receipt is not None and r.receipt.kind == "audit.delete" and r.receipt.group == group],
+                    error,
+                )
         if batch.events or batch.acks:
             with self._published:
                 self._published.notify_all()

@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from authority_helpers import GROUP, mission_create, open_with_group, store_files_held
+from authority_helpers import GROUP, OWNER, group_create, mission_create, open_with_group, store_files_held
 from mwpstore import Authority, StorageFailed
 
 
@@ -45,3 +45,35 @@ def test_a_segment_that_cannot_be_mapped_is_storage_failed(tmp_path, monkeypatch
     assert store_files_held(path) == []
     with Authority.open(path) as authority:
         assert authority.head(GROUP)[0] == 3 and authority.verify().ok
+
+
+@pytest.mark.parametrize("call", ["listdir", "remove", "fsync"])
+def test_an_audit_log_whose_removal_fails_after_its_deletion_is_durable_is_removed_by_the_reopen(tmp_path, monkeypatch, call):
+    """``audit.delete`` removes the Group's audit log once its Event is durable. When that removal
+    fails (EIO, EROFS after a remount), the caller gets STORAGE_FAILED, not a bare OSError; the
+    handle refuses writes, holds nothing after close, and the reopen removes the file; the
+    Command, sent again unchanged, answers its receipt."""
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive-1")
+        audit = os.path.join(path, record.audit_location)
+        real = getattr(os, call)
+
+        def failing(target: object, *args: object) -> object:
+            if call == "fsync" or os.fspath(target).startswith(os.path.dirname(audit)):  # type: ignore[arg-type]
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
+            return real(target, *args)
+
+        monkeypatch.setattr(os, call, failing)
+        with pytest.raises(StorageFailed) as caught:
+            authority.delete_audit_log(GROUP, actor=OWNER, action_id="delete-1", basis="legal")
+        monkeypatch.undo()
+        assert caught.value.detail["group"] == GROUP and caught.value.detail["errno"] == errno.EIO
+        with pytest.raises(StorageFailed):
+            authority.accept(group_create("g-2"))
+    assert store_files_held(path) == []
+    with Authority.open(path) as authority:
+        assert not os.path.exists(audit)
+        receipt = authority.delete_audit_log(GROUP, actor=OWNER, action_id="delete-1", basis="legal")
+        assert receipt.kind == "audit.delete" and authority.head(GROUP)[0] == receipt.seq
+        assert authority.verify().ok
