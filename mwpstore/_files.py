@@ -43,12 +43,16 @@ def _utf8(text: str) -> bool:
 
 
 def fsync_directory(directory: str) -> None:
-    """fsync a directory so that a rename, link or unlink inside it is durable."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    """fsync a directory so that a rename, link or unlink inside it is durable; ``StorageFailed``
+    if it cannot be opened or synced."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise translate(exc, context=f"syncing the directory {directory}") from None
 
 
 def _temp_path(path: str) -> str:

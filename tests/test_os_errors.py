@@ -77,3 +77,52 @@ def test_an_audit_log_whose_removal_fails_after_its_deletion_is_durable_is_remov
         receipt = authority.delete_audit_log(GROUP, actor=OWNER, action_id="delete-1", basis="legal")
         assert receipt.kind == "audit.delete" and authority.head(GROUP)[0] == receipt.seq
         assert authority.verify().ok
+
+
+def _fail_directory_syncs(monkeypatch: pytest.MonkeyPatch, directory: str) -> None:
+    """os.fsync fails (EIO) on a descriptor of ``directory``; every other fsync works."""
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}") == os.path.realpath(directory):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+
+
+def test_a_key_rotation_whose_directory_sync_fails_is_storage_failed(tmp_path, monkeypatch):
+    """A rotation syncs ``keys/`` before it writes the retired public key; a failure there was a
+    bare OSError. It is STORAGE_FAILED, the old key still signs, and the rotation can be run again."""
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.rotate_signing_key()  # keys/retired/ exists: the next rotation syncs keys/ first
+        old = authority.signing_key.key_id
+        _fail_directory_syncs(monkeypatch, os.path.join(path, "keys"))
+        with pytest.raises(StorageFailed) as caught:
+            authority.rotate_signing_key()
+        monkeypatch.undo()
+        assert caught.value.detail["errno"] == errno.EIO
+        assert authority.signing_key.key_id == old
+        new = authority.rotate_signing_key().key_id
+        assert new != old and authority.snapshot(GROUP)
+    assert store_files_held(path) == []
+    with Authority.open(path) as authority:
+        assert authority.signing_key.key_id == new and authority.verify().ok
+
+
+def test_dropping_a_retired_key_whose_directory_sync_fails_is_storage_failed(tmp_path, monkeypatch):
+    """The removal of ``keys/retired/<id>.pub`` is synced in its directory; a failure there was a
+    bare OSError."""
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        old = authority.signing_key.key_id
+        authority.rotate_signing_key()
+        _fail_directory_syncs(monkeypatch, os.path.join(path, "keys", "retired"))
+        with pytest.raises(StorageFailed) as caught:
+            authority.drop_retired_key(old)
+        monkeypatch.undo()
+        assert caught.value.detail["errno"] == errno.EIO
+    assert store_files_held(path) == []
+    with Authority.open(path) as authority:
+        assert authority.verify().ok
