@@ -295,7 +295,13 @@ def write_audit_log(
     count, last_seq, head_hash = 0, 0, ZERO_HASH
     file_hasher = blake3.blake3()
     try:
-        with open(os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600), "wb") as handle:
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        try:
+            handle = open(fd, "wb")
+        except BaseException:
+            os.close(fd)  # not yet the file object's to close (an interrupt as open() returns aside)
+            raise
+        with handle:
 
             def emit(piece: bytes) -> None:
                 file_hasher.update(piece)

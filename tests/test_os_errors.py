@@ -126,3 +126,22 @@ def test_dropping_a_retired_key_whose_directory_sync_fails_is_storage_failed(tmp
     assert store_files_held(path) == []
     with Authority.open(path) as authority:
         assert authority.verify().ok
+
+
+def test_an_audit_log_whose_file_object_cannot_be_made_closes_its_descriptor(tmp_path, monkeypatch):
+    """``archive()`` opens the audit log's temporary file, then wraps the descriptor in a file
+    object; when that fails (ENOMEM, EIO from its fstat), the descriptor was left open, holding
+    the removed temporary file for as long as the process lived."""
+    from mwpstore import audit_log
+
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        monkeypatch.setattr(audit_log, "open", _refuse(errno.ENOMEM), raising=False)
+        with pytest.raises(StorageFailed):
+            authority.archive(GROUP, actor=OWNER, action_id="archive-1")
+        monkeypatch.undo()
+        assert [name for name in store_files_held(path) if "/archive/" in name] == []
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive-1")  # called again, it completes
+    assert store_files_held(path) == []
+    with Authority.open(path) as authority:
+        assert authority.archive_record(GROUP) == record and authority.verify().ok
