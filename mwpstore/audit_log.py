@@ -501,37 +501,45 @@ def read_audit_log(path: str, *, key_provider: KeyProvider, org: str, group: str
             raise _fail("key", f"key {header.key_id!r} is not {KEY_BYTES} bytes")
         chunks = _walk_frames(handle, header, file_bytes)
         handle.seek(len(header.raw))
-    except BaseException:
+    except BaseException as exc:
         handle.close()
+        if isinstance(exc, OSError):  # EIO from a bad sector, as the header or the frames are read
+            raise translate(exc, context=f"reading audit log {path}") from None
         raise
-    return _records(handle, header, AESGCM(_file_key(org_key, header.salt)), chunks)
+    return _records(handle, header, AESGCM(_file_key(org_key, header.salt)), chunks, path)
 
 
-def _records(handle: IO[bytes], header: _Header, cipher: AESGCM, chunks: int) -> Iterator[bytes]:
-    header_hash = blake3.blake3(header.raw).digest()
-    pending = bytearray()
+def _records(handle: IO[bytes], header: _Header, cipher: AESGCM, chunks: int, path: str) -> Iterator[bytes]:
     try:
-        for index in range(chunks):
-            frame = _read_exact(handle, FRAME_BYTES)
-            length, flags = _check_frame(frame, header, index)
-            final = bool(flags & _FLAG_FINAL)
-            if final != (index == chunks - 1):
-                raise _fail("format", f"chunk {index} changed while being read", chunk=index)
-            sealed = _read_exact(handle, length)
-            try:
-                plaintext = cipher.decrypt(_nonce(header, index, final), sealed, _associated_data(header_hash, index, frame))
-            except InvalidTag:
-                raise _fail(
-                    "tag", f"chunk {index} does not authenticate (tampered, reordered or from another log)", chunk=index
-                ) from None
-            pending += plaintext
-            records, consumed = _split_records(pending, index)
-            del pending[:consumed]
-            yield from records
-        if pending:
-            raise _fail("format", "the final chunk ends inside a record")
+        yield from _chunk_records(handle, header, cipher, chunks)
+    except OSError as exc:
+        raise translate(exc, context=f"reading audit log {path}") from None
     finally:
         handle.close()
+
+
+def _chunk_records(handle: IO[bytes], header: _Header, cipher: AESGCM, chunks: int) -> Iterator[bytes]:
+    header_hash = blake3.blake3(header.raw).digest()
+    pending = bytearray()
+    for index in range(chunks):
+        frame = _read_exact(handle, FRAME_BYTES)
+        length, flags = _check_frame(frame, header, index)
+        final = bool(flags & _FLAG_FINAL)
+        if final != (index == chunks - 1):
+            raise _fail("format", f"chunk {index} changed while being read", chunk=index)
+        sealed = _read_exact(handle, length)
+        try:
+            plaintext = cipher.decrypt(_nonce(header, index, final), sealed, _associated_data(header_hash, index, frame))
+        except InvalidTag:
+            raise _fail(
+                "tag", f"chunk {index} does not authenticate (tampered, reordered or from another log)", chunk=index
+            ) from None
+        pending += plaintext
+        records, consumed = _split_records(pending, index)
+        del pending[:consumed]
+        yield from records
+    if pending:
+        raise _fail("format", "the final chunk ends inside a record")
 
 
 def _split_records(buffer: bytearray, index: int) -> tuple[list[bytes], int]:

@@ -145,3 +145,59 @@ def test_an_audit_log_whose_file_object_cannot_be_made_closes_its_descriptor(tmp
     assert store_files_held(path) == []
     with Authority.open(path) as authority:
         assert authority.archive_record(GROUP) == record and authority.verify().ok
+
+
+class _FailingReads:
+    """A file object whose reads fail (EIO, a bad sector) from the ``fail_at``-th on."""
+
+    def __init__(self, handle: object, fail_at: int, reads: list[int]) -> None:
+        self._handle, self._fail_at, self._reads = handle, fail_at, reads
+
+    def read(self, *args: object) -> bytes:
+        self._reads.append(1)
+        if len(self._reads) > self._fail_at:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        return self._handle.read(*args)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._handle, name)
+
+    def __enter__(self) -> _FailingReads:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._handle.close()  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("phase", ["header", "records"])
+def test_an_audit_log_read_that_fails_is_storage_failed(tmp_path, monkeypatch, phase):
+    """A read error (EIO) inside an audit log escaped ``read_audit_log`` bare, from the call (its
+    header and frame walk) or from its iterator (the chunks), and out of ``verify()``. It is
+    STORAGE_FAILED naming the file, and ``verify()`` lists it as a problem of that file."""
+    from mwpstore import audit_log
+
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        for number in range(3):
+            authority.accept(mission_create(f"m-{number}"))
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive-1")
+    audit = os.path.join(path, record.audit_location)
+    provider = audit_log.FileKeyProvider(os.path.join(path, "keys", "orgs"))
+    real = audit_log.open_regular
+    reads: list[int] = []
+    monkeypatch.setattr(audit_log, "open_regular", lambda name: _FailingReads(real(name), 10**9, reads))
+    records = audit_log.read_audit_log(audit, key_provider=provider, org=record.org, group=GROUP)
+    opened = len(reads)  # the reads of the call itself; the iterator reads the chunks
+    assert len(list(records)) == 5 and len(reads) > opened
+    reads.clear()
+    fail_at = 0 if phase == "header" else opened
+    monkeypatch.setattr(audit_log, "open_regular", lambda name: _FailingReads(real(name), fail_at, reads))
+    with pytest.raises(StorageFailed) as caught:
+        list(audit_log.read_audit_log(audit, key_provider=provider, org=record.org, group=GROUP))
+    assert caught.value.detail["errno"] == errno.EIO and audit in caught.value.message
+    reads.clear()
+    with Authority.open(path) as authority:
+        problems = authority.verify().problems
+    monkeypatch.undo()
+    assert len(problems) == 1 and problems[0].startswith(f"audit log {record.audit_location}: STORAGE_FAILED")
+    assert store_files_held(path) == []
