@@ -162,11 +162,15 @@ def compact(authority: Authority, progress: Callable[[int, int], None] | None = 
             if isinstance(exc, Exception):
                 raise authority._failure from None
             raise
+    try:
+        bytes_after = _log_bytes(os.path.join(path, "log"))
+    except OSError as exc:
+        raise translate(exc, context="measuring the compacted log (the compaction itself is complete)") from None
     return CompactionReport(
         records_before=counts["before"],
         records_after=counts["after"],
         bytes_before=bytes_before,
-        bytes_after=_log_bytes(os.path.join(path, "log")),
+        bytes_after=bytes_after,
         payloads_removed=counts["payloads"],
         events_dropped=counts["dropped"],
         groups_compacted=sorted(archived),

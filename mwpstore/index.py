@@ -147,7 +147,7 @@ class Index(SealedTables):
                 except Corruption:
                     self.env.close()
                     raise
-        except lmdb.Error as exc:
+        except (lmdb.Error, OSError) as exc:  # OSError: the directory cannot be made (EIO, ENOSPC, EROFS)
             raise translate(exc, context=f"opening index {directory}") from None
         self._seal_tables(self.dbs, self.dbs[b"presence"], PRESENCE_TAGS)
 

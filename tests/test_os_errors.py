@@ -201,3 +201,53 @@ def test_an_audit_log_read_that_fails_is_storage_failed(tmp_path, monkeypatch, p
     monkeypatch.undo()
     assert len(problems) == 1 and problems[0].startswith(f"audit log {record.audit_location}: STORAGE_FAILED")
     assert store_files_held(path) == []
+
+
+def test_a_verify_whose_scratch_index_cannot_be_made_is_storage_failed(tmp_path, monkeypatch):
+    """verify() builds a scratch index beside the store; when its directory cannot be made
+    (ENOSPC, EIO), the OSError escaped bare. It is STORAGE_FAILED (the check could not run), no
+    scratch directory stays, and the handle goes on working."""
+    from mwpstore import index as index_module
+
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        monkeypatch.setattr(index_module.os, "makedirs", _refuse(errno.ENOSPC))
+        with pytest.raises(StorageFailed) as caught:
+            authority.verify()
+        monkeypatch.undo()
+        assert caught.value.detail["errno"] == errno.ENOSPC
+        assert [name for name in os.listdir(path) if name.startswith("index.verify-")] == []
+        authority.accept(mission_create("m-1"))
+        assert authority.verify().ok
+    assert store_files_held(path) == []
+
+
+def test_a_compaction_whose_final_measurement_fails_is_storage_failed_and_complete(tmp_path, monkeypatch):
+    """After its switch, compact() measures the new log for its report; a failure of that
+    directory scan escaped bare, after the compaction had completed. It is STORAGE_FAILED saying
+    so, the handle keeps working on the compacted log, and the store reopens whole."""
+    path = str(tmp_path / "s")
+    log_directory = os.path.join(os.path.realpath(path), "log")
+    with open_with_group(path) as authority:
+        receipt = authority.accept(mission_create("m-1"))
+        authority.redact(GROUP, receipt.seq, actor=OWNER, action_id="redact-1", reason="legal")
+        real = os.scandir
+        scans: list[str] = []
+
+        def scandir(directory: str | int = ".") -> object:
+            if isinstance(directory, str) and os.path.realpath(directory) == log_directory:
+                scans.append(directory)
+                if len(scans) == 2:  # the first scan measures the log before the copy
+                    raise OSError(errno.EIO, os.strerror(errno.EIO))
+            return real(directory)
+
+        monkeypatch.setattr(os, "scandir", scandir)
+        with pytest.raises(StorageFailed) as caught:
+            authority.compact()
+        monkeypatch.undo()
+        assert caught.value.detail["errno"] == errno.EIO and "complete" in caught.value.message
+        assert authority.compact().payloads_removed == 0  # the first one removed the payload
+        authority.accept(mission_create("m-2"))
+    assert store_files_held(path) == []
+    with Authority.open(path) as authority:
+        assert authority.head(GROUP)[0] == 4 and authority.verify().ok
