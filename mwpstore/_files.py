@@ -143,9 +143,13 @@ def makedirs_durable(
         for path in reversed(missing):
             try:
                 os.mkdir(path, mode)
-            except FileExistsError:
+            except FileExistsError as exc:
                 if not os.path.isdir(path):
-                    raise
+                    # A file (or a dangling link) where a directory of the path should be: say so,
+                    # rather than the bare "File exists" of mkdir.
+                    raise StorageFailed(
+                        f"cannot create {missing[0]}: {path} exists and is not a directory", errno=exc.errno, path=path
+                    ) from None
             sync(os.path.dirname(path))
     except OSError as exc:
         raise translate(exc, context=f"creating {path}") from None

@@ -4,6 +4,7 @@ of 2026-12-03)."""
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
@@ -288,6 +289,21 @@ def test_makedirs_durable_refuses_a_file_in_place_of_the_directory(tmp_path):
         _files.makedirs_durable(str(tmp_path / "plain"))
     with pytest.raises(StorageFailed):
         _files.ensure_private_directory(str(tmp_path / "plain"))
+    assert (tmp_path / "plain").read_bytes() == b"x"
+
+
+@pytest.mark.parametrize("opener", ["authority", "agent_store"])
+def test_a_store_path_under_a_file_names_the_file_in_the_way(tmp_path, opener):
+    """A store directory asked for under a regular file: ``StorageFailed`` that says which path
+    component is a file, not mkdir's bare "File exists" about it."""
+    from mwpstore import AgentStore, Authority
+
+    (tmp_path / "plain").write_bytes(b"x")
+    wanted = str(tmp_path / "plain" / "store")
+    with pytest.raises(StorageFailed) as raised:
+        (Authority if opener == "authority" else AgentStore).open(wanted)
+    assert f"{tmp_path / 'plain'} exists and is not a directory" in raised.value.message
+    assert raised.value.detail["errno"] == errno.EEXIST
     assert (tmp_path / "plain").read_bytes() == b"x"
 
 
