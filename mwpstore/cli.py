@@ -629,7 +629,9 @@ def _protect_standard_streams() -> None:
     for descriptor in (0, 1, 2):
         try:
             os.fstat(descriptor)
-        except OSError:
+        except OSError as exc:
+            if exc.errno != errno.EBADF:
+                continue  # open, whatever else its fstat failed for: it stays the caller's
             opened = os.open(os.devnull, os.O_RDWR)
             if opened != descriptor:
                 os.dup2(opened, descriptor)

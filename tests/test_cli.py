@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import errno
 import os
 import subprocess
 import sys
@@ -533,6 +534,30 @@ def test_standard_output_that_cannot_be_written_is_an_io_error(tmp_path, json_fl
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc/self/fd")
+def test_a_standard_descriptor_whose_fstat_fails_for_another_reason_is_left_open(monkeypatch):
+    """Only ``EBADF`` says a standard descriptor is closed: one whose fstat fails otherwise (EIO,
+    EOVERFLOW) is open, and stays the caller's instead of being covered with /dev/null and its
+    output refused as if it were closed."""
+    from mwpstore import cli
+
+    real_fstat = os.fstat
+
+    def fstat(descriptor):
+        if descriptor == 1:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_fstat(descriptor)
+
+    replaced = []
+    monkeypatch.setattr(sys, "stdout", sys.stdout)  # restored after the test, whatever the call did
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    monkeypatch.setattr(cli.os, "fstat", fstat)
+    monkeypatch.setattr(cli.os, "dup2", lambda *pair: replaced.append(pair))
+    stdout = sys.stdout
+    cli._protect_standard_streams()
+    assert replaced == []
+    assert sys.stdout is stdout
+
+
 def test_a_closed_standard_stream_is_not_reused_for_a_store_file(tmp_path):
     """Started with descriptors 1 and 2 closed, the store's first files took those numbers (a
     write meant for standard error, such as the C core's assertion message, would land in one);
