@@ -1154,8 +1154,18 @@ class ProjectionView:
     def _key(self, key: str | bytes) -> bytes:
         return self._prefix + _projection_key_bytes(key)
 
+    def _live_txn(self) -> lmdb.Transaction:
+        """The local transaction's LMDB transaction, once the view may still use it: only in the
+        thread that began it (LMDB's write transaction is that thread's), and only while it is
+        neither ended (``StoreClosed``) nor failed (``ProjectionFailed``). A view kept by a
+        projection past its call is refused there, not left to reach a finished transaction."""
+        tx = self._tx
+        if tx._done or tx._failed is not None or threading.get_ident() != tx._thread:
+            tx._check_usable()
+        return self._txn
+
     def get(self, key: str | bytes) -> bytes | None:
-        value = self._tables.get(self._txn, b"projection", self._key(key))
+        value = self._tables.get(self._live_txn(), b"projection", self._key(key))
         return None if value is None else bytes(value)
 
     def put(self, key: str | bytes, value: bytes) -> None:
@@ -1163,18 +1173,23 @@ class ProjectionView:
             raise InvalidCommand("projection values are bytes", field="value")
         if len(value) > limits.LMDB_VALUE_BYTES_MAX:
             raise LimitExceeded(f"projection values are at most {limits.LMDB_VALUE_BYTES_MAX} bytes", field="value")
-        self._tables.put(self._txn, b"projection", self._key(key), value)
+        self._tables.put(self._live_txn(), b"projection", self._key(key), value)
 
     def delete(self, key: str | bytes) -> bool:
-        return self._tables.delete(self._txn, b"projection", self._key(key))
+        return self._tables.delete(self._live_txn(), b"projection", self._key(key))
 
     def items(self, prefix: str | bytes = b"") -> Iterator[tuple[bytes, bytes]]:
-        start = self._key(prefix)
-        for key, value in self._tables.range(self._txn, b"projection", start):
-            yield key[len(self._prefix) :], bytes(value)
+        rows = iter(self._tables.range(self._live_txn(), b"projection", self._key(prefix)))
+        while True:
+            self._live_txn()  # before each step: the transaction may have ended since the last one
+            row = next(rows, None)
+            if row is None:
+                return
+            yield row[0][len(self._prefix) :], bytes(row[1])
 
     def state(self, aggregate: str) -> dict[str, Any] | None:
         """The mirrored authoritative state (already updated by the Event being applied)."""
+        self._live_txn()
         found = self._tx._get_state(self.group, aggregate)
         return None if found is None else found[1]
 

@@ -1177,3 +1177,43 @@ def test_a_projection_digest_reads_one_group_head_and_never_holds_the_whole_dump
         finally:
             tracemalloc.stop()
         assert peak < dump_bytes // 4  # before: the dump itself, several times its bytes
+
+
+def test_a_projection_view_kept_past_its_call_is_refused_not_used_on_a_finished_transaction(tmp_path, events):
+    """An application projection that keeps its ``ProjectionView``: used from another thread
+    while the local transaction runs, it is ``InvalidCommand`` (field ``thread``: LMDB's write
+    transaction belongs to the thread that began it); used once the transaction has ended, every
+    method is ``StoreClosed``. Before, the view went on to the finished LMDB transaction."""
+    import threading
+
+    kept = []
+
+    class Keeping:
+        name = "keeping"
+
+        def apply(self, view, event):
+            view.put(f"seen:{event.seq}", b"1")
+            kept.append(view)
+
+    agent = AgentStore.open(tmp_path / "agent", projections=[Keeping()])
+    try:
+        other: list[BaseException] = []
+        with agent.begin() as tx:
+            tx.apply(events[0])
+            view = kept[0]
+            assert view.get("seen:1") == b"1" and list(view.items("seen:")) == [(b"seen:1", b"1")]
+            worker = threading.Thread(target=lambda: other.append(pytest.raises(InvalidCommand, view.get, "seen:1").value))
+            worker.start()
+            worker.join(30)
+            rows = view.items()
+            assert next(rows) == (b"seen:1", b"1")
+            tx.advance_cursor(GROUP)
+        assert other and other[0].detail["field"] == "thread"
+        for use in (lambda: view.get("seen:1"), lambda: view.put("x", b"y"), lambda: view.delete("seen:1"),
+                    lambda: list(view.items()), lambda: view.state(f"group:{GROUP}"), lambda: next(rows)):
+            with pytest.raises(StoreClosed):
+                use()
+        assert agent.projection_get(GROUP, "keeping", "seen:1") == b"1"
+        assert agent.projection_get(GROUP, "keeping", "x") is None
+    finally:
+        agent.close()
