@@ -115,6 +115,62 @@ def test_a_range_whose_start_is_also_the_entry_before_it_is_corruption(tmp_path)
     assert caught.value.detail["reason"] == "index_order"
 
 
+def _last_below(directory: str, bound: bytes) -> bytes | None:
+    index = Index(directory, map_size=1 << 22)
+    try:
+        with index.begin() as txn:
+            found = index.last_below(txn, b"states", _PREFIX, bound)
+            return None if found is None else found[0]
+    finally:
+        index.close()
+
+
+@pytest.mark.parametrize("damage", ["the entry searched for fails its seal", "the entry before is a copy of it", "the entry before sorts after it"])
+def test_a_search_for_the_last_entry_below_a_bound_checks_both_entries_it_reads(tmp_path, damage):
+    """last_below (the replay floor's search) answers from two entries: the one the search lands
+    on, at or after the bound, and the one before it. Each must pass its seal and sort on its own
+    side of the bound: one damaged or moved in the file is CORRUPTION, not another entry's answer."""
+    directory = str(tmp_path / "index")
+    b, c, d, e = _PREFIX + b"b", _PREFIX + b"c", _PREFIX + b"d", _PREFIX + b"e"
+    _index_of(directory, {b: b"1", c: b"2", d: b"3"})
+    assert (_last_below(directory, c), _last_below(directory, e), _last_below(directory, b)) == (b, d, None)
+    if damage == "the entry searched for fails its seal":
+        broken = bytearray(_node(c, b"2"))
+        broken[-1] ^= 0x01
+        _replace_in_file(directory, [(_node(c, b"2"), bytes(broken))])
+    elif damage == "the entry before is a copy of it":
+        _replace_in_file(directory, [(_node(b, b"1"), _node(c, b"1"))])  # c, c, d: the search lands on the second c
+    else:
+        _replace_in_file(directory, [(_node(b, b"1"), _node(e, b"1"))])  # e, c, d
+    with pytest.raises(Corruption) as caught:
+        _last_below(directory, c)
+    reason = "index_checksum" if damage == "the entry searched for fails its seal" else "index_order"
+    assert caught.value.detail["reason"] == reason
+
+
+def test_a_search_that_lands_below_its_bound_is_corruption(tmp_path):
+    """A search goes down the branch keys: with the first entry of a leaf moved below the branch
+    key that leads to it (a damaged page), a search for a bound between the two lands on that
+    entry, which sorts before the bound. That is damage, not the entry before the bound."""
+    directory = str(tmp_path / "index")
+    entries = {_PREFIX + b"%04d" % (10 * n): b"v" * 40 for n in range(200)}  # several leaf pages
+    index = Index(directory, map_size=1 << 22)
+    with index.begin(write=True) as txn:  # appended: each split leaves no stale copy of a node behind
+        txn.cursor(db=index.dbs[b"states"]).putmulti([(key, seal(b"states", key, value)) for key, value in entries.items()], append=True)
+    index.close()
+    with open(os.path.join(directory, "data.mdb"), "rb") as handle:
+        data = handle.read()
+    # a leaf's first key is in the file twice: in its node and as the branch key leading to it
+    first = next(key for key in list(entries)[1:] if data.count(key) == 2)
+    number = int(first[len(_PREFIX):])
+    moved, bound = _PREFIX + b"%04d" % (number - 5), _PREFIX + b"%04d" % (number - 3)
+    assert _last_below(directory, bound) == _PREFIX + b"%04d" % (number - 10)
+    _replace_in_file(directory, [(_node(first, b"v" * 40), _node(moved, b"v" * 40))])
+    with pytest.raises(Corruption) as caught:
+        _last_below(directory, bound)
+    assert caught.value.detail["reason"] == "index_order"
+
+
 # -- deleting ranges -------------------------------------------------------------------------------
 
 

@@ -39,6 +39,20 @@ def test_the_floor_is_the_newest_eligible_snapshot_and_the_reference_the_newest_
         assert authority.replay_floor(GROUP) == (6, newer)  # both are: the newer one is the floor
 
 
+def test_a_snapshot_at_seq_1_is_the_floor_once_the_head_is_a_window_past_it(tmp_path):
+    """The lowest floor there is: a snapshot of the Group's first Event is eligible as soon as
+    head - W reaches 1, and not one Event before."""
+    with Authority.open(str(tmp_path / "store")) as authority:
+        policy = {"org": "acme", "policy": {"replay_window_events": 2}}
+        authority.accept(Command(actor=OWNER, action_id="g", group=GROUP, kind="group.create", target=GROUP, body=policy))
+        first = authority.snapshot(GROUP)
+        assert first.seq == 1 and authority.replay_floor(GROUP) == (0, None)
+        authority.accept(mission_create("m-0"))
+        assert authority.replay_floor(GROUP) == (0, None)  # head 2: 2 - 2 = 0, below the snapshot
+        authority.accept(mission_create("m-1"))
+        assert authority.replay_floor(GROUP) == (1, first)  # head 3: 3 - 2 = 1
+
+
 def test_the_floor_is_found_by_search_not_by_reading_every_snapshot_of_the_group(tmp_path, monkeypatch):
     """read() asks for the replay floor at every call: it looks up the two snapshots it needs
     instead of unsealing and decoding every snapshot the Group ever had (a read cost that grew
@@ -55,6 +69,9 @@ def test_the_floor_is_found_by_search_not_by_reading_every_snapshot_of_the_group
             for i in range(5):
                 authority.accept(mission_create(f"m-{i}", group=group))
                 authority.snapshot(group)
+        assert authority.replay_floor(GROUP) == (0, None)
+        for i in range(5):  # past the window, still without a snapshot: the neighbours' are not its
+            authority.accept(mission_create(f"p-{i}"))
         assert authority.replay_floor(GROUP) == (0, None)
         refs = []
         for i in range(40):
