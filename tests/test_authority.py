@@ -1540,17 +1540,33 @@ def test_redo_writes_each_commit_only_the_heads_its_records_moved(tmp_path, monk
         return put(self, txn, name, key, value, new)
 
     monkeypatch.setattr(_sealed.SealedTables, "put", counting_put)
+    kept, per_commit = [], []  # heads held and written at each commit
+    flush_heads = authority_module._flush_heads
+
+    def measured_flush(index, txn, heads, flushed):  # type: ignore[no-untyped-def]
+        kept.append((len(heads), len(flushed)))
+        before = len(writes)
+        flush_heads(index, txn, heads, flushed)
+        per_commit.append(len(writes) - before)
+
+    monkeypatch.setattr(authority_module, "_flush_heads", measured_flush)
     records = groups + tail + groups
     with Authority.open(path, sync=False) as authority:
         assert authority.rebuild() == records
+        assert max(len_flushed for _, len_flushed in kept) == groups  # under the bound, every head is kept
+        assert max(per_commit) <= 10  # the last commit too: 10 records move at most 10 heads
         # At most one write per record (each moves one head); before: ~200 heads at each of
         # the ~100 commits, some 20,000 writes.
         assert len(writes) <= records
         assert {f"g-{n}": authority.head(f"g-{n}") for n in range(groups)} == heads
         writes.clear()
+        kept.clear()
         monkeypatch.setattr(authority_module, "REDO_HEADS_CACHED_MAX", 50)  # heads read back from the index
         assert authority.rebuild() == records
         assert len(writes) <= records
+        # Between commits at most 50 heads are kept (and the copy of what was written): the heads
+        # a commit holds are those plus the 10 records' worth it indexed.
+        assert max(len_flushed for _, len_flushed in kept) <= 50 and max(len_heads for len_heads, _ in kept) <= 60
         assert {f"g-{n}": authority.head(f"g-{n}") for n in range(groups)} == heads
         monkeypatch.undo()
         assert authority.verify().ok
