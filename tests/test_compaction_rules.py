@@ -578,25 +578,30 @@ def test_in_bulk_mode_an_audit_delete_whose_sync_fails_keeps_the_file_and_refuse
             authority.accept(mission_create("m-late"))
 
 
-def test_a_marker_whose_write_fails_leaves_no_temporary_file(tmp_path, monkeypatch):
+@pytest.mark.parametrize("failure", ["EIO", "interrupt"])
+def test_a_marker_whose_write_fails_leaves_no_temporary_file(tmp_path, monkeypatch, failure):
     """The marker is written to COMPACT-SWITCH.tmp, synced, then renamed. A write or sync that
-    fails must not leave the temporary file behind: nothing else ever removes it (the next open
-    looks for the marker only), so each failed compaction's would stay in the store for good."""
+    fails (or is interrupted: KeyboardInterrupt in a process that lives on) must not leave the
+    temporary file behind: the handle's process only removes it at its next open."""
     real_fsync = os.fsync
 
     def failing(fd: int) -> None:
         if os.readlink(f"/proc/self/fd/{fd}").endswith(MARKER + ".tmp"):
+            if failure == "interrupt":
+                raise KeyboardInterrupt
             raise OSError(5, "Input/output error")
         real_fsync(fd)
 
     path = str(tmp_path / "s")
     with open_with_group(path) as authority:
+        old_log = os.stat(os.path.join(path, "log")).st_ino
         monkeypatch.setattr(os, "fsync", failing)
-        with pytest.raises(StorageFailed):
+        with pytest.raises(KeyboardInterrupt if failure == "interrupt" else StorageFailed):
             authority.compact()
         monkeypatch.setattr(os, "fsync", real_fsync)
         assert not os.path.exists(os.path.join(path, MARKER + ".tmp"))
         assert not os.path.exists(os.path.join(path, MARKER))
+        assert os.stat(os.path.join(path, "log")).st_ino == old_log  # no switch without its marker
 
 
 def test_open_removes_a_marker_temporary_file_a_crash_left(tmp_path):

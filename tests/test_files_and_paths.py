@@ -466,6 +466,30 @@ def test_snapshot_and_archive_files_are_durable_before_the_records_that_name_the
             assert _identity(os.path.dirname(path)) in before[last + 1 :], f"the directory of {path} was not fsynced after it"
 
 
+def test_a_store_directory_whose_sync_failed_is_synced_by_the_next_call(tmp_path, monkeypatch):
+    """The handle syncs each store directory once, and notes it as durable only once that worked:
+    after a failed sync (here of ``snapshots/``, for the ``snapshots/<group>`` a killed process left
+    in place) the next snapshot syncs it before its S record is logged."""
+    from mwpstore import Command
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept(Command(actor="owner", action_id="m", group=GROUP, kind="mission.create", target="m", body={"title": "t", "cost_limit": 1}))
+        authority.signing_key
+        os.makedirs(os.path.join(authority.path, "snapshots", GROUP))  # as a killed process left it
+        real = _files.fsync_directory
+        synced: list[str] = []
+
+        def failing(directory: str) -> None:
+            raise StorageFailed(f"cannot sync {directory}")
+
+        monkeypatch.setattr(_files, "fsync_directory", failing)
+        with pytest.raises(StorageFailed):
+            authority.snapshot(GROUP)
+        monkeypatch.setattr(_files, "fsync_directory", lambda directory: (synced.append(os.path.abspath(directory)), real(directory))[1])
+        authority.snapshot(GROUP)
+        assert os.path.join(authority.path, "snapshots") in synced  # where snapshots/<group>'s entry is
+
+
 @pytest.mark.parametrize(
     "left", ["snapshots", f"snapshots/{GROUP}", "archive", f"archive/{GROUP}", "keys", "keys/orgs", "keys/orgs/acme"]
 )

@@ -141,6 +141,23 @@ def test_rotating_twice_trusts_every_retired_key(tmp_path):
     assert oct(os.stat(os.path.join(directory, RETIRED_DIRECTORY)).st_mode & 0o777) == "0o700"
 
 
+@pytest.mark.parametrize("first_use", ["signing_key", "rotate_signing_key", "archive"])
+def test_the_directories_an_authority_makes_for_its_keys_are_private(tmp_path, first_use):
+    """``keys/`` (the snapshot signing key's seed) and ``keys/orgs/<org>/`` (an Organization's
+    audit-log keys) are made mode 0700, whichever call makes them first: the files in them are
+    secrets (0600), and their names say which keys the store holds."""
+    with open_with_group(str(tmp_path / "s")) as authority:
+        if first_use == "signing_key":
+            authority.signing_key
+        elif first_use == "rotate_signing_key":
+            authority.rotate_signing_key()
+        else:
+            authority.archive(GROUP, actor=OWNER, action_id="archive")
+        made = ["keys"] + (["keys/orgs", f"keys/orgs/{authority.state(GROUP, f'group:{GROUP}')[1]['org']}"] if first_use == "archive" else [])
+        for relative in made:
+            assert oct(os.stat(os.path.join(authority.path, relative)).st_mode & 0o777) == "0o700", relative
+
+
 CHILD_ROTATE = """
 import sys
 from mwpstore import Authority

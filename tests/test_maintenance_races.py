@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import pytest
 
 from authority_helpers import GROUP, OWNER, mission_create, open_with_group
-from mwpstore import Authority, Command
+from mwpstore import Authority, Command, StorageFailed
 from mwpstore.snapshot import SigningKey, verify_snapshot
 
 WAIT = 30  # seconds a barrier waits before the test fails instead of hanging
@@ -21,12 +22,16 @@ def _key_on_disk(authority: Authority) -> SigningKey:
         return SigningKey.from_seed(handle.read())
 
 
+@pytest.mark.parametrize("rotation", ["finishes", "fails after writing the new key", "fails after the loader took the old key"])
 @pytest.mark.parametrize("use", ["signing_key", "keyring"])
-def test_a_key_loaded_beside_a_rotation_never_brings_the_dropped_key_back(tmp_path, monkeypatch, use):
+def test_a_key_loaded_beside_a_rotation_never_brings_the_dropped_key_back(tmp_path, monkeypatch, use, rotation):
     """A first use of the signing key (``signing_key``, ``keyring()``: archive and verify call it)
     that reads the key file while ``rotate_signing_key(retire=False)`` runs must not install the
-    key the rotation dropped as compromised once the rotation has finished: every later snapshot
-    would be signed with it, and a keyring opened from the store's files refuses it."""
+    key the rotation dropped as compromised once the rotation has ended: every later snapshot
+    would be signed with it, and a keyring opened from the store's files refuses it. A rotation
+    that fails after writing the new key leaves no key cached, whether the loader that read the
+    old key is still running then (it must not install it) or took it before (it is dropped):
+    the file holds the new key."""
     from mwpstore import snapshot as snapshot_module
 
     authority = open_with_group(str(tmp_path / "s"))
@@ -48,14 +53,20 @@ def test_a_key_loaded_beside_a_rotation_never_brings_the_dropped_key_back(tmp_pa
             key = real_load(cls, directory, **kwargs)
             if threading.current_thread().name == "loader":
                 loaded.set()  # it read the old key file
-                assert go_loader.wait(WAIT)
+                if rotation != "fails after the loader took the old key":
+                    assert go_loader.wait(WAIT)
+            if threading.current_thread().name == "rotator" and rotation != "finishes" and at_retire.is_set():
+                raise StorageFailed("cannot write snapshot-signing.pub", errno=errno.EIO)  # its last step
             return key
 
         monkeypatch.setattr(snapshot_module.failpoints, "hit", hit)
         monkeypatch.setattr(SigningKey, "load_or_create", classmethod(load_or_create))
 
         def rotate():
-            rotator.append(authority.rotate_signing_key(retire=False))
+            try:
+                rotator.append(authority.rotate_signing_key(retire=False))
+            except StorageFailed as exc:
+                rotator.append(exc)
 
         def load():
             loader.append(authority.signing_key if use == "signing_key" else authority.keyring())
@@ -65,6 +76,8 @@ def test_a_key_loaded_beside_a_rotation_never_brings_the_dropped_key_back(tmp_pa
         assert at_retire.wait(WAIT)
         threads[1].start()
         assert loaded.wait(WAIT)  # it read the old key file, the rotation not yet finished
+        if rotation == "fails after the loader took the old key":
+            threads[1].join(WAIT)
         go_rotation.set()
         threads[0].join(WAIT)
         go_loader.set()
@@ -72,8 +85,9 @@ def test_a_key_loaded_beside_a_rotation_never_brings_the_dropped_key_back(tmp_pa
         assert not any(thread.is_alive() for thread in threads)
         monkeypatch.undo()
 
-        new = rotator[0]
-        assert new.key_id != old.key_id and _key_on_disk(authority).key_id == new.key_id
+        new = _key_on_disk(authority)
+        assert new.key_id != old.key_id
+        assert isinstance(rotator[0], StorageFailed) if rotation != "finishes" else rotator[0].key_id == new.key_id
         ref = authority.snapshot(GROUP)  # unfixed: signed with the dropped key
         assert ref.key_id == new.key_id
         assert authority.signing_key.key_id == new.key_id
@@ -88,13 +102,15 @@ def _fill(authority: Authority, count: int) -> None:
         result.unwrap()
 
 
-@pytest.mark.parametrize("moment", ["writing", "checking"])
+@pytest.mark.parametrize("moment", ["before writing", "writing", "checking"])
 def test_a_legal_deletion_accepted_while_archive_writes_or_checks_the_file_is_invalid_state(tmp_path, monkeypatch, moment):
     """audit.delete can be accepted (another thread) once group.archive is, while archive() still
     writes its audit log under a temporary name, or checks the file in place: the deletion removes
     that file. archive() then answers what happened, ``InvalidState`` (state ``deleted``), as it does
     for a deletion accepted before the file existed, not the ``STORAGE_FAILED`` of the file it lost
-    (which tells the operator to look for a failing disk and reopen the store)."""
+    (which tells the operator to look for a failing disk and reopen the store). A deletion accepted
+    after the final snapshot and before the file is written finds nothing to remove: archive() then
+    removes the file it wrote, and logs no record."""
     from mwpstore.errors import InvalidState
 
     authority = open_with_group(str(tmp_path / "s"))
@@ -104,7 +120,7 @@ def test_a_legal_deletion_accepted_while_archive_writes_or_checks_the_file_is_in
         seen: list[list[str]] = []
 
         def delete_now() -> None:
-            seen.append(sorted(os.listdir(directory)))  # what the deletion will find there
+            seen.append(sorted(os.listdir(directory)) if os.path.isdir(directory) else [])  # what the deletion will find there
             thread = threading.Thread(
                 target=authority.delete_audit_log, args=(GROUP,), kwargs={"actor": OWNER, "action_id": "del", "basis": "legal"}
             )
@@ -112,7 +128,16 @@ def test_a_legal_deletion_accepted_while_archive_writes_or_checks_the_file_is_in
             thread.join(WAIT)
             assert not thread.is_alive()
 
-        if moment == "writing":
+        if moment == "before writing":
+            real_snapshot = Authority.snapshot
+
+            def snapshot(self, group):
+                ref = real_snapshot(self, group)
+                delete_now()  # the final snapshot is taken, the audit log not yet begun
+                return ref
+
+            monkeypatch.setattr(Authority, "snapshot", snapshot)
+        elif moment == "writing":
             real_payloads = Authority._event_payloads
 
             def payloads(self, group, last_seq):
@@ -133,8 +158,11 @@ def test_a_legal_deletion_accepted_while_archive_writes_or_checks_the_file_is_in
             authority.archive(GROUP, actor=OWNER, action_id="archive")
         monkeypatch.undo()
         assert raised.value.detail.get("state") == "deleted"
-        assert len(seen) == 1 and len(seen[0]) == 1
-        assert seen[0][0].endswith(".tmp" if moment == "writing" else ".log")
+        assert len(seen) == 1
+        if moment == "before writing":
+            assert seen[0] == []
+        else:
+            assert len(seen[0]) == 1 and seen[0][0].endswith(".tmp" if moment == "writing" else ".log")
         assert authority.read(GROUP)[-1].kind == "audit.delete"
         assert authority.archive_record(GROUP) is None
         assert os.listdir(directory) == []
@@ -149,15 +177,19 @@ def test_a_read_that_meets_a_compaction_of_its_group_never_reports_index_damage(
     floor's check and the Events' lookup must answer from one pair: the Events (as the pair it
     began on holds them) or ``CursorTooOld`` (as the new one says), never the ``CORRUPTION`` of
     Events missing from the new index ("run mwpstore rebuild"), nor anything a subscriber would
-    take for damage."""
+    take for damage. Its tombstones come from that pair too: a payload redacted before the
+    archive is still in the old log, and the new index no longer holds the archived Group's
+    tombstones."""
     from mwpstore import CursorTooOld
 
     authority = open_with_group(str(tmp_path / "s"))
     try:
         _fill(authority, count)
+        authority.redact(GROUP, 2, actor=OWNER, action_id="redact-2", reason="legal request")
         record = authority.archive(GROUP, actor=OWNER, action_id="archive")
-        expected = [event.seq for event in authority.read(GROUP)]
-        assert expected == list(range(1, record.last_seq + 1))
+        expected = [(event.seq, event.body is None) for event in authority.read(GROUP)]
+        assert [seq for seq, _ in expected] == list(range(1, record.last_seq + 1))
+        assert [seq for seq, redacted in expected if redacted] == [2]
         at_lookup, go_on = threading.Event(), threading.Event()
         real = Authority._read_events
         outcome: list[object] = []
@@ -172,7 +204,7 @@ def test_a_read_that_meets_a_compaction_of_its_group_never_reports_index_damage(
 
         def read() -> None:
             try:
-                outcome.append([event.seq for event in authority.read(GROUP)])
+                outcome.append([(event.seq, event.body is None) for event in authority.read(GROUP)])
             except BaseException as exc:  # noqa: BLE001 - checked below
                 outcome.append(exc)
 

@@ -407,6 +407,51 @@ def test_a_scratch_index_that_cannot_be_opened_is_removed_and_ends_verify_as_sto
         assert _scratch_indexes(authority.path) == []
 
 
+@pytest.mark.parametrize("failure", ["writing the scratch index", "reading the index file", "removing the scratch index"])
+def test_verify_tells_a_failure_of_its_own_work_from_a_problem_of_the_store(tmp_path, monkeypatch, failure):
+    """A failure of verify's own work says nothing about the store: an LMDB error writing its
+    scratch index, or an I/O failure reading the index file for the structural check, ends it as
+    ``StorageFailed`` (not a foreign error, not a problem listed); a scratch index it cannot remove
+    afterwards is left to the next open, and the report stands."""
+    import lmdb
+
+    from mwpstore import authority as authority_module
+
+    def refused(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise StorageFailed("no file descriptor left")
+
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        if failure == "writing the scratch index":
+            real = authority_module.Index
+
+            def scratch_unwritable(directory, **kwargs):  # type: ignore[no-untyped-def]
+                index = real(directory, **kwargs)
+                if os.path.basename(directory).startswith("index.verify-"):
+                    def put(*args, **kwargs):  # type: ignore[no-untyped-def]
+                        raise lmdb.Error("mdb_put: Input/output error")
+
+                    index.put = put
+                return index
+
+            monkeypatch.setattr(authority_module, "Index", scratch_unwritable)
+        elif failure == "reading the index file":
+            monkeypatch.setattr(authority_module, "check_lmdb_file", refused)
+        else:
+            real_remove = authority_module.remove_index
+            monkeypatch.setattr(authority_module, "remove_index", lambda directory: refused() if "index.verify-" in directory else real_remove(directory))
+        if failure == "removing the scratch index":
+            assert authority.verify().ok
+            assert len(_scratch_indexes(path)) == 1
+        else:
+            with pytest.raises(StorageFailed):
+                authority.verify()
+        monkeypatch.undo()
+    with Authority.open(path) as reopened:
+        assert _scratch_indexes(path) == [] and reopened.verify().ok
+
+
 def test_rebuild_reports_its_progress_as_it_goes_and_ends_at_the_whole_log(tmp_path, monkeypatch):
     from mwpstore import authority as authority_module
 
