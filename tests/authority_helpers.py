@@ -80,8 +80,12 @@ def record_bytes(path: str, commands: list[Command]) -> list[int]:
         return [len(EVENT_TAG + encode_event(event)) for event in authority.read(GROUP, after=1)]
 
 
-def in_a_forked_child(calls: list[Callable[[], object]]) -> list[str]:
-    """Run each call in a forked child; return what each raised (its class name) or "ok"."""
+def in_a_forked_child(calls: list[Callable[[], object]], timeout: float = 60.0) -> list[str]:
+    """Run each call in a forked child; return what each raised (its class name) or "ok".
+    A child that has not finished after ``timeout`` seconds is killed: ``["hung"]``."""
+    import select
+    import signal
+
     reading, writing = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report through the pipe, never return into pytest
@@ -96,6 +100,10 @@ def in_a_forked_child(calls: list[Callable[[], object]]) -> list[str]:
         os._exit(0)
     os.close(writing)
     with os.fdopen(reading, "rb") as pipe:
+        if not select.select([pipe], [], [], timeout)[0]:  # the child writes once, when done
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return ["hung"]
         data = pipe.read()
     os.waitpid(pid, 0)
     return json.loads(data)

@@ -723,14 +723,52 @@ def test_an_archive_whose_record_meets_a_full_commit_leaves_no_audit_log_and_a_r
         assert authority.archive_record(GROUP) == record and authority.verify().ok
 
 
+def test_a_rebuild_interrupted_while_a_commit_holds_the_role_leaves_the_role_to_it(tmp_path, monkeypatch):
+    """An interrupt (KeyboardInterrupt) reaching a rebuild while it still waits for the leader
+    role, which a commit holds: the role stays the commit's. Handed on or given up there, a
+    Command accepted next would commit beside the commit in flight instead of queueing behind it."""
+    path = str(tmp_path / "store")
+    authority = open_with_group(path)
+    gate, leader = held_leader(monkeypatch, authority)
+
+    class Interrupting(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            woken = super().wait(timeout)
+            if threading.current_thread().name == "rebuild" and authority._leader:
+                raise KeyboardInterrupt  # still waiting: the commit holds the role
+            return woken
+
+    monkeypatch.setattr(authority, "_wake", Interrupting(authority._lock))
+    rebuild = Caller(authority.rebuild, name="rebuild")
+    assert isinstance(rebuild.outcome(), KeyboardInterrupt)
+    behind = Caller(lambda: authority.accept(mission_create("m-behind")))
+    wait_for_queue(authority, 1)  # behind the commit in flight
+    gate.release()
+    assert leader.outcome().seq == 2
+    assert behind.outcome().seq == 3
+    assert authority._exclusive_waiting == 0 and not authority._leader
+    assert authority.rebuild() == 3
+    monkeypatch.undo()
+    authority.close()
+    with Authority.open(path) as reopened:
+        assert reopened.open_report.mode == "clean" and reopened.head(GROUP)[0] == 3
+
+
 def test_a_rebuild_interrupted_as_the_role_is_given_up_for_it_hands_the_role_to_the_queue(tmp_path, monkeypatch):
     """A commit ends with a Command queued behind it and a rebuild waiting for the leader role:
     the leader gives the role up for the rebuild. An interrupt (KeyboardInterrupt) that reaches
     the rebuild right then must not drop the role: the queued caller would sleep for ever, and
-    close() would wait for it for ever."""
+    close() would wait for it for ever. The queued caller then leads with the role marked taken:
+    a Command accepted while its commit runs queues behind it, as behind any commit."""
     path = str(tmp_path / "store")
     authority = open_with_group(path)
-    gate, leader = held_leader(monkeypatch, authority)
+    during: list[Caller] = []
+
+    def another_command_meanwhile() -> None:  # in m-behind's commit
+        during.append(Caller(lambda: authority.accept(mission_create("m-during"))))
+        wait_for_queue(authority, 1)
+
+    gate, leader = held_leader(monkeypatch, authority, another_command_meanwhile)
     behind = Caller(lambda: authority.accept(mission_create("m-behind")))
     wait_for_queue(authority, 1)
 
@@ -744,12 +782,13 @@ def test_a_rebuild_interrupted_as_the_role_is_given_up_for_it_hands_the_role_to_
     rebuild = rebuild_after_held_leader(monkeypatch, authority, gate, leader, Interrupting)
     assert isinstance(rebuild.outcome(), KeyboardInterrupt)
     assert behind.outcome().seq == 3
+    assert during[0].outcome().seq == 4
     assert authority._exclusive_waiting == 0 and not authority._leader
-    assert authority.accept(mission_create("m-after")).seq == 4  # the handle keeps working
-    assert authority.rebuild() == 4
+    assert authority.accept(mission_create("m-after")).seq == 5  # the handle keeps working
+    assert authority.rebuild() == 5
     closer = Caller(authority.close)
     assert closer.outcome() is None
     monkeypatch.undo()
     with Authority.open(path) as reopened:
         assert reopened.open_report.mode == "clean"
-        assert reopened.head(GROUP)[0] == 4
+        assert reopened.head(GROUP)[0] == 5

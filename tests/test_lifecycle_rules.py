@@ -371,10 +371,18 @@ def test_close_in_a_forked_child_lets_the_parent_release_the_store(tmp_path):
     if pid == 0:  # the child: close its copies, then live on until told to exit
         code = 0
         try:
+            numbers = [authority._lock_fd, authority.log._lock_fd, agent._lock_fd]
             authority.close()
             agent.close()
-            authority.close()  # a second close() closes nothing twice (the number may be reused)
+            # The numbers closed are free for any later file: here each holds one. A second
+            # close() must close nothing (before, it closed those files again).
+            later = os.open(os.devnull, os.O_RDONLY)
+            for number in numbers:
+                os.dup2(later, number)
+            authority.close()
             agent.close()
+            for number in numbers:
+                os.fstat(number)  # still open: EBADF if a second close() closed it
         except BaseException:  # noqa: BLE001 - reported through the exit status
             code = 1
         os.write(closed_write, b"x")
@@ -395,14 +403,37 @@ def test_close_in_a_forked_child_lets_the_parent_release_the_store(tmp_path):
     assert os.waitstatus_to_exitcode(status) == 0
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_close_in_a_forked_child_takes_no_lock_a_parent_thread_held_at_the_fork(tmp_path):
+    """A segment's map lock held at the fork (by a read mapping it in another thread, here by
+    this one) stays held in the child, where no thread will ever release it: the child's close()
+    drops its copies of the maps without taking it, and returns, holding no file of the log."""
+    path = str(tmp_path / "s")
+    authority = open_with_group(path)
+    assert authority.read(GROUP)  # the segment is mapped
+    segment = authority.log._segments[-1]
+
+    def nothing_of_the_log_held() -> None:
+        assert store_files_held(os.path.join(path, "log")) == []
+
+    with segment._lock:
+        outcome = in_a_forked_child([authority.close, nothing_of_the_log_held], timeout=10)
+    assert outcome == ["ok", "ok"]  # "hung" when close() waited for the lock
+    authority.close()
+
+
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the process's open files from /proc")
+@pytest.mark.parametrize("error", ["typed", "lmdb"])
 @pytest.mark.parametrize("operation", ["rebuild", "compact"])
-def test_an_index_whose_installation_fails_is_closed(tmp_path, monkeypatch, operation):
+def test_an_index_whose_installation_fails_is_closed(tmp_path, monkeypatch, operation, error):
     """rebuild() and compaction open the index they built, mark it not clean and sync it before
     they switch to it. When that sync fails the handle keeps its old index, and the new one must
     be closed there: left to the error's traceback, it stayed open (two LMDB environments of one
     file in the process: closing the stray one drops the other's locks) as long as the error
-    lived, which for a compaction is the handle's life (its refusal of later writes holds it)."""
+    lived, which for a compaction is the handle's life (its refusal of later writes holds it).
+    The error is ``StorageFailed`` whether the sync raised it or LMDB's own error (``lmdb``)."""
+    import lmdb
+
     path = str(tmp_path / "s")
     authority = open_with_group(path)
     real_sync = Index.sync
@@ -411,6 +442,8 @@ def test_an_index_whose_installation_fails_is_closed(tmp_path, monkeypatch, oper
     def sync(index: Index) -> None:
         syncs.append(index.directory)
         if len(syncs) == 2:  # the first syncs the built index.rebuild/, the second the installed index/
+            if error == "lmdb":
+                raise lmdb.Error("mdb_env_sync: Input/output error")
             raise StorageFailed("cannot sync the index", errno=errno.EIO)
         real_sync(index)
 
