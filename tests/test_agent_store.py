@@ -1050,18 +1050,59 @@ def test_an_interrupt_inside_begin_releases_the_local_transaction(tmp_path, monk
     fail point agent.begin), before the caller holds the transaction: the transaction is
     aborted and the store's write lock released. Before, every later begin() in the thread was
     refused as a transaction already open, close() too, and the store stayed locked for every
-    later open in the process."""
+    later open in the process. The LMDB transaction is aborted by begin() itself, not when the
+    last reference to it goes: a caller that keeps the exception (a log of it, say) keeps
+    begin()'s frame, and LMDB's writer lock with it, which a transaction in another thread then
+    waits for for good."""
+    import threading
+
     path = tmp_path / "a"
     agent = AgentStore.open(path)
     interrupt_once_at(monkeypatch, "agent.begin")
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt) as caught:  # kept until the end of the test
         agent.begin()
     assert agent._writer is None and not agent._write_lock.locked()
-    with agent.begin() as tx:  # the handle keeps working
-        tx.record_intent("g-1", mission="m1", workitem="wi-1", ownership_epoch=1, operation="notify")
+
+    def other_thread() -> None:
+        with agent.begin() as tx:
+            tx.record_intent("g-1", mission="m1", workitem="wi-1", ownership_epoch=1, operation="notify")
+
+    thread = threading.Thread(target=other_thread, daemon=True)
+    thread.start()
+    thread.join(30)
+    assert not thread.is_alive()  # it had the writer lock
+    with agent.begin() as tx:  # the handle keeps working in this thread too
+        tx.record_intent("g-1", mission="m1", workitem="wi-2", ownership_epoch=1, operation="notify")
     agent.close()
     with AgentStore.open(path) as again:
-        assert len(again.intents()) == 1
+        assert len(again.intents()) == 2
+    assert caught.value is not None
+
+
+def test_a_local_transaction_that_lmdb_cannot_begin_is_storage_failed_and_holds_nothing(tmp_path, monkeypatch):
+    """An LMDB error beginning the write transaction (here: no reader slot left) is the typed
+    STORAGE_FAILED, never the foreign error, and the store's write lock is released with it."""
+    import lmdb
+
+    from mwpstore.errors import StorageFailed
+
+    agent = AgentStore.open(tmp_path / "a")
+    real_begin = agent._tables.begin
+    armed = [True]
+
+    def begin(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if armed[0]:
+            armed[0] = False
+            raise lmdb.ReadersFullError("mdb_txn_begin: MDB_READERS_FULL")
+        return real_begin(*args, **kwargs)
+
+    monkeypatch.setattr(agent._tables, "begin", begin)
+    with pytest.raises(StorageFailed):
+        agent.begin()
+    assert agent._writer is None and not agent._write_lock.locked()
+    with agent.begin() as tx:
+        tx.record_intent("g-1", mission="m1", workitem="wi-1", ownership_epoch=1, operation="notify")
+    agent.close()
 
 
 def test_an_interrupt_inside_a_cache_flush_fails_the_transaction(tmp_path, events, monkeypatch):
@@ -1217,3 +1258,28 @@ def test_a_projection_view_kept_past_its_call_is_refused_not_used_on_a_finished_
         assert agent.projection_get(GROUP, "keeping", "x") is None
     finally:
         agent.close()
+
+
+@pytest.mark.parametrize("method", ["projection_dump", "projection_digest"])
+def test_a_projection_digest_checks_its_group_and_types_damage_as_the_dump_does(tmp_path, events, monkeypatch, method):
+    """The digest reads the rows itself (not through projection_dump): a Group that is no ID is
+    INVALID_COMMAND before anything is read, and what a damaged page raises while the rows are
+    read is CORRUPTION, never a foreign error."""
+    import lmdb
+
+    from mwpstore.errors import Corruption
+
+    with AgentStore.open(tmp_path / "a") as agent:
+        apply_all(agent, events[:3])
+        for bad in ("", "g 1", "g-1\x00", 5):
+            with pytest.raises(InvalidCommand) as refused:
+                getattr(agent, method)(bad)
+            assert refused.value.detail["field"] == "group"
+
+        def damaged(*args, **kwargs):  # type: ignore[no-untyped-def]
+            raise lmdb.CorruptedError("mdb_cursor_get: MDB_CORRUPTED")
+
+        monkeypatch.setattr(agent._tables, "range", damaged)
+        for group in (None, GROUP):
+            with pytest.raises(Corruption):
+                getattr(agent, method)(group)

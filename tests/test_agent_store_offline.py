@@ -213,6 +213,11 @@ def test_reconnect_rebases_resigns_and_renames_exactly_where_freshness_changed(s
     outcomes = setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=setup.sync)
     assert [outcome.state for outcome in outcomes] == [BufferedState.SUBMITTED] * 3
     sent = setup.submitted
+    # each outcome reports what was sent (the rebased Command) and the receipt it got, as stored
+    assert [outcome.command for outcome in outcomes] == sent
+    receipts = [record.receipt for record in setup.guard.buffered()]
+    assert [outcome.receipt for outcome in outcomes] == receipts and None not in receipts
+    assert [outcome.error for outcome in outcomes] == [None] * 3
     assert sent[0].action_id == "renew-1" and sent[0].expected_revision == revision
     assert sent[1].action_id == derive_action_id("renew-2", {"expected_revision": revision + 1})
     assert sent[1].expected_revision == revision + 1
@@ -236,7 +241,7 @@ def test_a_rejected_buffered_command_is_not_resubmitted_by_a_later_reconnect(set
         raise InvalidCommand("refused by the authority", field="body")
 
     [outcome] = setup.guard.reconnect(refuse, signing_key=setup.key, sync=setup.sync)
-    assert outcome.state is BufferedState.REJECTED
+    assert outcome.state is BufferedState.REJECTED and outcome.error == InvalidCommand.code
     # The authority's answer is final: a later reconnect (the next outage) does not send it again.
     assert setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=setup.sync) == []
     assert setup.submitted == []
@@ -513,18 +518,53 @@ def test_a_command_buffered_while_reconnect_runs_is_submitted_not_left_behind(se
     late = setup.offline_command("lease.renew", dict(fence), cas=True, action="renew-2")
     setup.guard.buffer(first, now_ms=now(setup) + 1, reversible=True)
 
+    offline_while_sending = []
+
     def submit_while_work_goes_on(command):
+        offline_while_sending.append(setup.guard.offline)
         if command.action_id == "renew-1":  # meanwhile, another thread of the agent buffers its next Command
             setup.guard.buffer(late, now_ms=now(setup) + 2, reversible=True)
         return setup.submit(command)
 
     outcomes = setup.guard.reconnect(submit_while_work_goes_on, signing_key=setup.key, sync=setup.sync)
     assert [outcome.state for outcome in outcomes] == [BufferedState.SUBMITTED] * 2
+    # the outage stands until no Command is left: a crash while the late one is sent leaves both
+    # to the next reconnect, not a BUFFERED Command with no outage to send it
+    assert offline_while_sending == [True, True]
     assert [record.state for record in setup.guard.buffered()] == [BufferedState.SUBMITTED] * 2
     assert [command.action_id for command in setup.submitted] == [
         "renew-1", derive_action_id("renew-2", {"expected_revision": revision + 1})]
     assert not setup.guard.offline
     assert setup.harness.group.revision("workitem:wi1") == revision + 2
+
+
+def test_a_command_another_reconnect_rebased_but_could_not_send_is_sent_before_the_outage_ends(setup):
+    """A REBASED Command is one still to send as much as a BUFFERED one: here a second reconnect
+    (another thread's retry) rebased the late Command, stored it and then failed to send it. The
+    first reconnect finds it left and sends its stored bytes; ending the outage on seeing no
+    BUFFERED Command left it unsent with no outage to send it."""
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    first = setup.offline_command("lease.renew", dict(fence), cas=True, action="renew-1")
+    late = setup.offline_command("lease.renew", dict(fence), cas=True, action="renew-2")
+    setup.guard.buffer(first, now_ms=now(setup) + 1, reversible=True)
+
+    def unreachable_for_the_late_one(command):
+        if command.action_id != "renew-1":
+            raise ConnectionError("the Group service is unreachable again")
+        return setup.submit(command)
+
+    def submit_while_another_reconnect_runs(command):
+        if command.action_id == "renew-1" and len(setup.guard.buffered()) == 1:
+            setup.guard.buffer(late, now_ms=now(setup) + 2, reversible=True)
+            with pytest.raises(ConnectionError):
+                setup.guard.reconnect(unreachable_for_the_late_one, signing_key=setup.key, sync=setup.sync)
+            assert [record.state for record in setup.guard.buffered()] == [BufferedState.SUBMITTED, BufferedState.REBASED]
+        return setup.submit(command)
+
+    setup.guard.reconnect(submit_while_another_reconnect_runs, signing_key=setup.key, sync=setup.sync)
+    assert [record.state for record in setup.guard.buffered()] == [BufferedState.SUBMITTED] * 2
+    assert not setup.guard.offline
 
 
 def test_buffer_checks_the_outage_in_its_own_commit(setup, monkeypatch):
@@ -627,6 +667,44 @@ def test_rebase_reads_the_lease_and_the_revision_it_rebases_onto_in_one_snapshot
     assert rebasing == [True]
     assert outcome.state in (BufferedState.REFUSED, BufferedState.REJECTED), outcome
     assert [event.kind for event in setup.harness.group.events[events_before:]] == ["workitem.reassign", "workitem.claim"]
+
+
+def test_rebase_takes_the_lease_the_session_and_the_revision_from_one_read(setup, monkeypatch):
+    """The test above catches one order of the reads; this one pins the rule whatever the order:
+    everything rebase reads from the mirror (the WorkItem's lease, the member's session, the
+    target's revision) comes from one read transaction."""
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    checkpoint = setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 3}}, cas=True, action="cp-1")
+    setup.guard.buffer(checkpoint, now_ms=now(setup) + 1, reversible=True)
+    [record] = setup.guard.buffered()
+    real_read = AgentStore._read
+    reads = []
+
+    def counted(self):  # type: ignore[no-untyped-def]
+        reads.append(1)
+        return real_read(self)
+
+    monkeypatch.setattr(AgentStore, "_read", counted)
+    rebased = setup.guard.rebase(record, setup.key)
+    assert len(reads) == 1
+    assert rebased.expected_revision == setup.harness.group.revision("workitem:wi1")
+
+
+def test_rebase_of_a_record_whose_binding_names_no_aggregate_key_is_invalid_command(setup):
+    """``rebase`` takes any BufferedCommand a caller hands it: a binding whose WorkItem cannot
+    make an aggregate key (here not printable) is refused as such (INVALID_COMMAND), not looked
+    up as a key that cannot exist and reported as a revoked lease."""
+    import msgspec
+
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    checkpoint = setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 3}}, cas=True, action="cp-1")
+    setup.guard.buffer(checkpoint, now_ms=now(setup) + 1, reversible=True)
+    [record] = setup.guard.buffered()
+    forged = msgspec.structs.replace(record, binding=msgspec.structs.replace(record.binding, workitem="wi\n1"))
+    with pytest.raises(InvalidCommand):
+        setup.guard.rebase(forged, setup.key)
 
 
 def test_two_commands_buffered_at_once_are_both_kept(setup, monkeypatch):

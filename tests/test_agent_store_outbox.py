@@ -459,6 +459,65 @@ def test_an_intent_whose_side_effect_runs_in_another_thread_is_not_reconciled_as
     agent.close()
 
 
+@pytest.mark.parametrize("outcome", ["returned", "raised"])
+def test_an_intent_is_running_until_its_dispatch_has_committed_the_outcome(tmp_path, monkeypatch, outcome):
+    """After the side effect returns (or raises) and before its receipt (or UNCERTAIN) is
+    committed, the intent is still DISPATCHED and still this handle's running dispatch: another
+    thread's dispatch whose lookup finds nothing yet must be told to reconcile, not make the
+    intent RECONCILED and run the side effect a second time."""
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+    calls: list[str] = []
+    hooked = "record_receipt" if outcome == "returned" else "mark_uncertain"
+    real = getattr(agent, hooked)
+    second: list[object] = []
+
+    def first_call(dispatched):
+        calls.append("first")
+        if outcome == "raised":
+            raise RuntimeError("connection reset")
+        return {"ref": "first"}
+
+    def outcome_committed_after_another_thread_tried(*args):
+        second.append(Caller(lambda: agent.dispatch(intent.key, lambda i: calls.append("second") or {"ref": "second"}, lookup=lambda i: None)).outcome())
+        return real(*args)
+
+    monkeypatch.setattr(agent, hooked, outcome_committed_after_another_thread_tried)
+    if outcome == "returned":
+        assert agent.dispatch(intent.key, first_call) == {"ref": "first"}
+    else:
+        with pytest.raises(RuntimeError):
+            agent.dispatch(intent.key, first_call)
+    assert isinstance(second[0], ReconcileRequired) and second[0].detail["state"] == "dispatched"
+    assert calls == ["first"]
+    expected = IntentState.DONE if outcome == "returned" else IntentState.UNCERTAIN
+    assert agent.intent(intent.key).state is expected
+    agent.close()
+
+
+def test_an_interrupt_as_the_intent_joins_the_running_set_leaves_it_out(tmp_path):
+    """KeyboardInterrupt as the intent is added to the handle's set of running dispatches (the
+    commit marking it DISPATCHED is then aborted): the side effect never ran, and the intent must
+    not stay in that set, where every later reconcile would leave it as it is."""
+
+    class InterruptedOnAdd(set):
+        def add(self, key):  # type: ignore[no-untyped-def]
+            super().add(key)
+            raise KeyboardInterrupt  # as add() returns
+
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+    calls: list[str] = []
+    agent._dispatching = InterruptedOnAdd()
+    with pytest.raises(KeyboardInterrupt):
+        agent.dispatch(intent.key, lambda i: calls.append(i.key) or {"ref": "r-1"})
+    assert calls == []
+    agent.mark_dispatched(intent.key)  # as a dispatch of another handle or process would
+    agent.mark_uncertain(intent.key, "timeout")
+    assert agent.reconcile(intent.key, lambda _: None).state is IntentState.RECONCILED
+    agent.close()
+
+
 def test_two_dispatches_of_one_intended_intent_at_once_run_its_side_effect_once(tmp_path, monkeypatch):
     """Both read the intent INTENDED; the first marks it DISPATCHED and runs its side effect. The
     second decides again in the commit that would mark it, finds it DISPATCHED, and raises
