@@ -377,7 +377,7 @@ class Authority:
     _key_changes: int  # counts rotations begun and ended: a key read from the file across one is stale
     _durable_directories: set[str]
     _snapshot_lock: threading.Lock
-    _unsettled_snapshots: list[tuple[str, int, str]]  # (group, seq, location) of snapshots an interrupt ended: close() decides
+    _unsettled_snapshots: list[tuple[str, int, str, str | None]]  # (group, seq, location, the one named before) of snapshots an interrupt ended: close() decides
     _closed_cleanly: bool  # the store was closed cleanly before this open (nothing for the open to sweep)
     _archive_lock: threading.Lock  # one archive() at a time: each Group's record is logged once
     _retired: list[tuple[set[int], list[Any]]]  # replaced handles, with the threads whose reads may still use them
@@ -868,8 +868,8 @@ class Authority:
         try:
             if self._failure is None:
                 # No commit runs from here: a note an interrupt left queued was logged, or never will be.
-                for group, seq, location in self._unsettled_snapshots:
-                    self._discard_unrecorded_snapshot(group, seq, location)
+                for group, seq, location, before in self._unsettled_snapshots:
+                    self._discard_unrecorded_snapshot(group, seq, location, before)
                 self._unsettled_snapshots = []
                 if not self._sync:
                     self.log.sync()
@@ -1740,6 +1740,7 @@ class Authority:
         # A sequence signed before with another key (rotated, or dropped as compromised) gets a
         # second file named after the new key; the reference to it replaces the old one.
         location = _snapshot_location(group, seq, None if existing is None else self.signing_key.key_id)
+        before = None if existing is None else _decode_note(existing, SnapshotRef).location
         path = os.path.join(self.path, location)
         try:
             self._store_directory(os.path.dirname(location))  # the reference logged next must not outlive the directory
@@ -1749,30 +1750,34 @@ class Authority:
         except Exception:
             # The note's commit has ended, or never began (a close() under way, a full commit):
             # unless it logged the note, no record names this file, nor ever will.
-            self._discard_unrecorded_snapshot(group, seq, location)
+            self._discard_unrecorded_snapshot(group, seq, location, before)
             raise
         except BaseException:
             # An interrupt (KeyboardInterrupt) can leave the note queued for a later commit:
             # close() decides, once no commit can run.
-            self._unsettled_snapshots.append((group, seq, location))
+            self._unsettled_snapshots.append((group, seq, location, before))
             raise
         return ref
 
-    def _discard_unrecorded_snapshot(self, group: str, seq: int, location: str) -> None:
-        """Remove the file a failed :meth:`snapshot` wrote at ``location`` unless the index names
-        it, once the commit of its note has ended. Under the snapshot lock no other note at
-        ``(group, seq)`` is logged meanwhile, so an index entry that names another file was there
-        before: the note was not logged. Kept when a storage failure may have logged the note
-        without indexing it (the next open sweeps, the store not being closed cleanly), and when
-        the index cannot be read."""
+    def _discard_unrecorded_snapshot(self, group: str, seq: int, location: str, before: str | None) -> None:
+        """Remove the file a failed :meth:`snapshot` wrote at ``location`` if the index still names
+        what it named at ``(group, seq)`` before (``before``, None for nothing), once the commit of
+        its note has ended: the note was not logged. A logged note would have replaced ``before``
+        for good (the first reference names the file without a suffix, each later one a file named
+        after a newer key). The index naming a third file says that a later snapshot re-signed
+        the sequence (close() decides after an interrupt, and snapshots may run meanwhile): the
+        note may have been logged and replaced since, and the file is kept, as the open's sweep
+        keeps every file at a sequence that has a reference. Kept too when a storage failure may
+        have logged the note without indexing it (the next open sweeps, the store not being closed
+        cleanly), and when the index cannot be read."""
         with contextlib.suppress(Exception):
             if self._failure is not None:
                 return
             index = self.index
             with index.begin() as txn:
                 value = index.get(txn, b"snapshots", event_key(group, seq))
-                named = value is not None and _decode_note(value, SnapshotRef).location == location
-            if not named:
+                named = None if value is None else _decode_note(value, SnapshotRef).location
+            if named == before:
                 _discard_unrecorded(os.path.join(self.path, location))
 
     def _log_note(self, tag: bytes, key: bytes, value: bytes) -> None:

@@ -249,3 +249,29 @@ def test_a_snapshot_whose_note_meets_a_storage_failure_keeps_its_file_until_the_
     with Authority.open(path) as authority:
         assert _snapshot_files(path) == [] and authority.snapshots(GROUP) == []
         assert authority.verify().ok
+
+
+def test_close_keeps_the_file_an_interrupted_snapshot_logged_after_a_re_signing_replaced_its_reference(tmp_path, monkeypatch):
+    """An interrupt that ends snapshot() after its note was logged leaves close() to decide; a
+    re-signing at the same sequence (a key rotation between) then replaces the reference in the
+    index. The first file was named by a record (a read-only view may hold it, and it still
+    verifies against the retired key): close() keeps it, as the open's sweep does."""
+    with open_with_group(str(tmp_path / "store")) as authority:
+        real_submit = authority._submit
+
+        def logged_then_interrupted(unit) -> None:
+            real_submit(unit)
+            raise KeyboardInterrupt
+
+        monkeypatch.setattr(authority, "_submit", logged_then_interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            authority.snapshot(GROUP)
+        monkeypatch.undo()
+        [first] = authority.snapshots(GROUP)
+        authority.rotate_signing_key()
+        resigned = authority.snapshot(GROUP)
+        assert resigned.location != first.location
+    assert _snapshot_files(authority.path) == sorted(os.path.relpath(ref.location, "snapshots") for ref in (first, resigned))
+    with Authority.open(authority.path) as authority:
+        verify_snapshot(authority.read_snapshot(first), keyring=authority.keyring(), group=GROUP)
+        assert authority.verify().ok
