@@ -661,8 +661,11 @@ class Authority:
             mode, reason, index = self._judge_index(boot_id)
         redo = 0
         if index is None:
-            self._build_index(self._index_dir(), progress)
-            self._pair = (self.log, Index(self._index_dir(), map_size=self._map_size))
+
+            def install() -> None:
+                self._pair = (self.log, Index(self._index_dir(), map_size=self._map_size))
+
+            self._build_index(self._index_dir(), progress, install=install)
         else:
             self._pair = (self.log, index)
             redo = self._redo(index, progress)
@@ -722,12 +725,24 @@ class Authority:
             return "rebuild", verdict, None
         return "clean", "index trusted", index
 
-    def _build_index(self, directory: str, progress: Callable[[int, int], None] | None, log: SegmentLog | None = None) -> int:
-        """Build a fresh index from the whole log into ``directory`` (crash-safe: temp dir + rename)."""
+    def _build_index(
+        self,
+        directory: str,
+        progress: Callable[[int, int], None] | None,
+        log: SegmentLog | None = None,
+        *,
+        install: Callable[[], None],
+    ) -> int:
+        """Build a fresh index from the whole log into ``directory`` (crash-safe: temp dir + rename),
+        and switch to it with ``install``: until that has returned, the index in use (if any) is
+        the one put aside under ``index.old/``, and a failure puts it back."""
         log = log or self.log
         temp = directory + ".rebuild"
         old = directory + ".old"
         remove_index(temp)
+        # Left by a switch whose removal of the replaced index failed: no longer in use (a failure
+        # that could not put the index in use back refused writes, and no rebuild runs then).
+        remove_index(old)
         try:
             index = Index(temp, map_size=self._map_size)
             try:
@@ -743,18 +758,32 @@ class Authority:
             if os.path.exists(directory):
                 os.rename(directory, old)
             os.rename(temp, directory)
+            _fsync_directory(os.path.dirname(directory))
+            install()
         except BaseException:
-            # Undone, as far as it can be: the index in use back under its name (a failure, or
-            # an interrupt, between the two renames left no index/: verify() and a read-only
-            # view look for it there), and the partial copy gone. What stays is removed by the
-            # next rebuild or open.
-            with contextlib.suppress(OSError, MwpError):
-                if os.path.isdir(old) and not os.path.exists(directory):
+            # Undone, as far as it can be: the index in use back under its name (a failure, or an
+            # interrupt, between the two renames left no index/; one after them, in the directory's
+            # sync or the switch, left the copy there, not in use, and the index in use under
+            # index.old/, which the next open deletes and where every later rebuild stopped), and
+            # the copy gone. What else stays is removed by the next rebuild or open.
+            try:
+                if os.path.isdir(old):
+                    if os.path.exists(directory):
+                        os.rename(directory, temp)
                     os.rename(old, directory)
                 remove_index(temp)
+            except (OSError, MwpError) as exc:
+                if os.path.isdir(old):  # the index in use is not under its name: refuse writes
+                    self._failure = StorageFailed(
+                        f"a failed index rebuild could not put the index in use back under {directory} "
+                        f"({exc}); reopen the authority: the open rebuilds the index",
+                        reason="rebuild_interrupted",
+                    )
             raise
-        _fsync_directory(os.path.dirname(directory))
-        remove_index(old)
+        # The replaced index is no longer in use; a failure to remove it leaves it to the next
+        # rebuild or open (the new index is in use and complete either way).
+        with contextlib.suppress(OSError, MwpError):
+            remove_index(old)
         return count
 
     def _redo(
@@ -2350,8 +2379,7 @@ class Authority:
         self._check_writable("rebuild")
         with self._exclusive():
             try:
-                count = self._build_index(self._index_dir(), progress)
-                self._install_index()
+                count = self._build_index(self._index_dir(), progress, install=self._install_index)
             except (OSError, lmdb.Error) as exc:  # e.g. index.rebuild/ cannot be created in a read-only directory
                 raise translate(exc, context="rebuilding the index") from None
             return count

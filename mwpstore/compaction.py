@@ -268,8 +268,7 @@ def _switch(authority: Authority, path: str, target: str) -> None:
     failpoints.hit("compaction.switched")
     new_log = SegmentLog.open(os.path.join(path, "log"), segment_bytes=authority._segment_bytes, sync=authority._sync)
     try:
-        authority._build_index(authority._index_dir(), None, log=new_log)
-        authority._install_index(log=new_log)
+        authority._build_index(authority._index_dir(), None, log=new_log, install=lambda: authority._install_index(log=new_log))
     except BaseException:
         with contextlib.suppress(Exception):  # not installed: the handle will not close it
             new_log.close()

@@ -504,6 +504,63 @@ def test_a_failed_rebuild_undoes_its_work_and_the_handle_keeps_its_index(tmp_pat
         assert authority.open_report.mode == "clean" and authority.head(GROUP)[0] == 2
 
 
+@pytest.mark.parametrize("failure", ["syncing the directory", "switching to the copy"])
+def test_a_rebuild_failing_after_its_renames_puts_the_index_in_use_back_and_can_run_again(tmp_path, monkeypatch, failure):
+    """A failure after both renames (the directory's sync, or the switch to the new index) left
+    the copy, not in use, under index/, and the index the handle kept writing to under
+    index.old/: the next open deleted that one and rebuilt, and every later rebuild() of the
+    handle failed (ENOTEMPTY renaming index/ over index.old/). The index in use is put back, the
+    copy goes, and the handle keeps accepting, verifying and rebuilding."""
+    import errno
+
+    from mwpstore import authority as authority_module
+
+    path = str(tmp_path / "store")
+
+    def fail(*args, **kwargs):
+        raise OSError(errno.EIO, "injected")
+
+    with open_with_group(path) as authority:
+        if failure == "syncing the directory":
+            monkeypatch.setattr(authority_module, "_fsync_directory", fail)
+        else:
+            monkeypatch.setattr(authority, "_install_index", fail)
+        with pytest.raises(StorageFailed):
+            authority.rebuild()
+        monkeypatch.undo()
+        assert sorted(name for name in os.listdir(path) if name.startswith("index")) == ["index"]
+        authority.accept(mission_create("m-1"))
+        assert authority.verify().ok and authority.rebuild() == 2
+        assert sorted(name for name in os.listdir(path) if name.startswith("index")) == ["index"]
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "clean" and authority.head(GROUP)[0] == 2
+
+
+def test_a_rebuild_whose_removal_of_the_replaced_index_fails_leaves_it_to_the_next_rebuild(tmp_path, monkeypatch):
+    """The replaced index's removal comes after the switch: its failure leaves the handle on the
+    complete new index, and the next rebuild removes the leftover before it begins."""
+    import errno
+
+    from mwpstore import authority as authority_module
+
+    path = str(tmp_path / "store")
+    real_remove = authority_module.remove_index
+
+    def remove(directory: str) -> None:
+        if directory.endswith("index.old") and os.path.isdir(directory):
+            raise StorageFailed("injected", errno=errno.EIO)
+        real_remove(directory)
+
+    with open_with_group(path) as authority:
+        monkeypatch.setattr(authority_module, "remove_index", remove)
+        assert authority.rebuild() == 1
+        monkeypatch.undo()
+        assert sorted(name for name in os.listdir(path) if name.startswith("index")) == ["index", "index.old"]
+        authority.accept(mission_create("m-1"))
+        assert authority.verify().ok and authority.rebuild() == 2
+        assert sorted(name for name in os.listdir(path) if name.startswith("index")) == ["index"]
+
+
 CHILD_REBUILD = """
 import sys
 from mwpstore import Authority, authority as authority_module
