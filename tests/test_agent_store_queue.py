@@ -7,7 +7,11 @@ through ``tx.apply``, as they would through delivery.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent_store_support import ChainBuilder, workitem_state
 from authority_helpers import record_unseals
@@ -150,3 +154,51 @@ def test_the_queue_steps_past_a_run_of_deferred_work_by_searching_for_the_next_p
     unsealed.clear()
     assert listed(agent, ready) == ["first", "mid", "mid-later", "last"]
     assert len(unsealed) < 60, len(unsealed)  # 44; all 308 entries were read before
+
+
+_EXTREME = 2**63 - 1
+_queue_groups = itertools.count(1)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    items=st.lists(
+        st.tuples(
+            st.sampled_from([-_EXTREME, -_EXTREME + 1, 0, 1, _EXTREME - 1, _EXTREME]),
+            st.sampled_from([-_EXTREME, 0, 5, 10, _EXTREME]),
+        ),
+        max_size=16,
+    ),
+    now_ms=st.sampled_from([0, 4, 5, 10, 2**62]),
+    limit=st.none() | st.integers(1, 8),
+    steps=st.integers(1, 3),
+)
+def test_the_queue_lists_what_a_full_scan_lists_in_its_order(agent, items, now_ms, limit, steps):
+    """The search past a deferred run against a plain scan of every entry: same entries, same
+    order, at every time (ties of priority and not-before, the extreme priorities whose next
+    priority the search computes, a not-before equal to now), with any limit and with searches
+    begun after one, two or three deferred entries."""
+    from mwpstore import agent_store as agent_store_module
+
+    group = f"q{next(_queue_groups)}-"
+    chain = ChainBuilder(group)
+    named = [(f"w{i:02d}", priority, not_before_ms) for i, (priority, not_before_ms) in enumerate(items)]
+    for name, priority, not_before_ms in named:
+        state = workitem_state("m1", "queued", priority=priority, not_before_ms=not_before_ms)
+        chain.event("workitem.create", f"workitem:{name}", {f"workitem:{name}": state})
+    neighbour = ChainBuilder(group + "x")  # its keys sort right after the Group's own
+    neighbour.event("workitem.create", "workitem:x", {"workitem:x": workitem_state("m1", "queued")})
+    with agent.begin() as tx:
+        for event in chain.events + neighbour.events:
+            tx.apply(event)
+        tx.advance_cursor(group)
+        tx.advance_cursor(neighbour.group)
+    ordered = sorted(named, key=lambda item: (-item[1], item[2], item[0]))
+    expected = [(name, priority, not_before_ms) for name, priority, not_before_ms in ordered if not_before_ms <= now_ms]
+    saved = agent_store_module._QUEUE_DEFERRED_STEPS
+    agent_store_module._QUEUE_DEFERRED_STEPS = steps
+    try:
+        listed_now = agent.work_queue(group, now_ms, limit=limit)
+    finally:
+        agent_store_module._QUEUE_DEFERRED_STEPS = saved
+    assert [(entry.workitem, entry.priority, entry.not_before_ms) for entry in listed_now] == expected[:limit]
