@@ -21,6 +21,22 @@ from mwpstore.snapshot import check_snapshot_ref, verify_snapshot
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+def snapshot_interrupted(monkeypatch, authority: Authority, *, logged: bool) -> None:
+    """``authority.snapshot(GROUP)`` ended by an interrupt as its note goes to the commit: after
+    the note was committed (``logged``) or before it was queued."""
+    real_submit = authority._submit
+
+    def interrupted(unit) -> None:  # type: ignore[no-untyped-def]
+        if logged:
+            real_submit(unit)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(authority, "_submit", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        authority.snapshot(GROUP)
+    monkeypatch.undo()
+
+
 def test_the_floor_is_the_newest_eligible_snapshot_and_the_reference_the_newest_of_all(tmp_path):
     """With a replay window W the floor is the newest snapshot at most head - W; the reference a
     CURSOR_TOO_OLD offers is the newest snapshot, eligible or not (restoring it lands past the
@@ -136,17 +152,7 @@ def test_a_snapshot_an_interrupt_ends_leaves_its_file_to_close_which_removes_it_
     later commit, so the file stays while the handle is open; close(), once no commit can run,
     removes it if the note was not logged, and keeps it when it was."""
     with open_with_group(str(tmp_path / "store")) as authority:
-        real_submit = authority._submit
-
-        def interrupted(unit) -> None:
-            if logged:
-                real_submit(unit)
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(authority, "_submit", interrupted)
-        with pytest.raises(KeyboardInterrupt):
-            authority.snapshot(GROUP)
-        monkeypatch.undo()
+        snapshot_interrupted(monkeypatch, authority, logged=logged)
         assert _snapshot_files(authority.path) == [f"{GROUP}/{1:020d}.snap"]
     assert _snapshot_files(authority.path) == ([f"{GROUP}/{1:020d}.snap"] if logged else [])
     with Authority.open(authority.path) as authority:
@@ -257,16 +263,7 @@ def test_close_keeps_the_file_an_interrupted_snapshot_logged_after_a_re_signing_
     index. The first file was named by a record (a read-only view may hold it, and it still
     verifies against the retired key): close() keeps it, as the open's sweep does."""
     with open_with_group(str(tmp_path / "store")) as authority:
-        real_submit = authority._submit
-
-        def logged_then_interrupted(unit) -> None:
-            real_submit(unit)
-            raise KeyboardInterrupt
-
-        monkeypatch.setattr(authority, "_submit", logged_then_interrupted)
-        with pytest.raises(KeyboardInterrupt):
-            authority.snapshot(GROUP)
-        monkeypatch.undo()
+        snapshot_interrupted(monkeypatch, authority, logged=True)
         [first] = authority.snapshots(GROUP)
         authority.rotate_signing_key()
         resigned = authority.snapshot(GROUP)

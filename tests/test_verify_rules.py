@@ -467,6 +467,23 @@ def test_rebuild_reports_its_progress_as_it_goes_and_ends_at_the_whole_log(tmp_p
     assert calls[0][0] < total
 
 
+def index_directories(path: str) -> list[str]:
+    """The store's entries named index*: the index in use and what a rebuild leaves beside it."""
+    return sorted(name for name in os.listdir(path) if name.startswith("index"))
+
+
+def keeps_working_after_a_failed_rebuild(path: str, authority: Authority, left: list[str]) -> None:
+    """After a rebuild() that failed: ``left`` are the index directories in place; the handle
+    accepts, verifies and rebuilds (which leaves index/ alone), and the store reopens clean."""
+    assert index_directories(path) == left
+    authority.accept(mission_create("m-1"))
+    assert authority.verify().ok and authority.rebuild() == 2
+    assert index_directories(path) == ["index"]
+    authority.close()
+    with Authority.open(path) as reopened:
+        assert reopened.open_report.mode == "clean" and reopened.head(GROUP)[0] == 2
+
+
 @pytest.mark.parametrize("failure", ["while it builds", "at its first rename", "between its renames"])
 def test_a_failed_rebuild_undoes_its_work_and_the_handle_keeps_its_index(tmp_path, monkeypatch, failure):
     """A rebuild() that failed left its copy in index.rebuild/ until the next rebuild or open,
@@ -497,11 +514,7 @@ def test_a_failed_rebuild_undoes_its_work_and_the_handle_keeps_its_index(tmp_pat
             with pytest.raises(StorageFailed):
                 authority.rebuild()
             monkeypatch.undo()
-        assert sorted(name for name in os.listdir(path) if name.startswith("index")) == ["index"]
-        authority.accept(mission_create("m-1"))
-        assert authority.verify().ok and authority.rebuild() == 2
-    with Authority.open(path) as authority:
-        assert authority.open_report.mode == "clean" and authority.head(GROUP)[0] == 2
+        keeps_working_after_a_failed_rebuild(path, authority, ["index"])
 
 
 @pytest.mark.parametrize("failure", ["syncing the directory", "switching to the copy"])
@@ -528,12 +541,7 @@ def test_a_rebuild_failing_after_its_renames_puts_the_index_in_use_back_and_can_
         with pytest.raises(StorageFailed):
             authority.rebuild()
         monkeypatch.undo()
-        assert sorted(name for name in os.listdir(path) if name.startswith("index")) == ["index"]
-        authority.accept(mission_create("m-1"))
-        assert authority.verify().ok and authority.rebuild() == 2
-        assert sorted(name for name in os.listdir(path) if name.startswith("index")) == ["index"]
-    with Authority.open(path) as authority:
-        assert authority.open_report.mode == "clean" and authority.head(GROUP)[0] == 2
+        keeps_working_after_a_failed_rebuild(path, authority, ["index"])
 
 
 def test_a_rebuild_whose_removal_of_the_replaced_index_fails_leaves_it_to_the_next_rebuild(tmp_path, monkeypatch):
@@ -555,10 +563,7 @@ def test_a_rebuild_whose_removal_of_the_replaced_index_fails_leaves_it_to_the_ne
         monkeypatch.setattr(authority_module, "remove_index", remove)
         assert authority.rebuild() == 1
         monkeypatch.undo()
-        assert sorted(name for name in os.listdir(path) if name.startswith("index")) == ["index", "index.old"]
-        authority.accept(mission_create("m-1"))
-        assert authority.verify().ok and authority.rebuild() == 2
-        assert sorted(name for name in os.listdir(path) if name.startswith("index")) == ["index"]
+        keeps_working_after_a_failed_rebuild(path, authority, ["index", "index.old"])
 
 
 CHILD_REBUILD = """
