@@ -342,6 +342,19 @@ class OpenReport:
     redo_records: int
 
 
+@dataclass
+class _LeaseWatch:
+    """The WorkItems of one Group whose state holds a lease, so a lease sweep reads those alone.
+
+    Made at the Group's first sweep on a handle, from a scan of all its WorkItems; every commit
+    after that keeps it (``Authority._note_leases``). While the scan runs (``held`` None), the
+    commits record what they changed in ``changes``, applied over the scan's result when it ends:
+    a commit the scan's read did not see is not lost."""
+
+    held: set[str] | None = None
+    changes: dict[str, bool] = field(default_factory=dict)  # WorkItem id -> holds a lease now
+
+
 class Authority:
     """The authoritative store: ``accept``, ``read``, ``subscribe``, ``ack``, ``verify``, ``rebuild``.
 
@@ -382,6 +395,8 @@ class Authority:
     _archive_lock: threading.Lock  # one archive() at a time: each Group's record is logged once
     _retired: list[tuple[set[int], list[Any]]]  # replaced handles, with the threads whose reads may still use them
     _retire_lock: threading.Lock  # one release of replaced handles at a time (readers' and close())
+    _lease_watches: dict[str, _LeaseWatch]  # by Group: the leased WorkItems, for the lease sweep
+    _lease_lock: threading.Lock  # guards _lease_watches and each watch in it
     _lock_fd: int
     _readers: list[int]  # the thread of each index read in flight, which close() waits for
     _closing: threading.Lock  # makes "not closed yet, close now" one step for concurrent close() calls
@@ -490,6 +505,8 @@ class Authority:
         self._segment_bytes = segment_bytes
         self._retired = []
         self._retire_lock = threading.Lock()
+        self._lease_watches = {}
+        self._lease_lock = threading.Lock()
         self._readonly = readonly
         self._store_key = None
         _refuse_agent_store(self.path)
@@ -1232,6 +1249,10 @@ class Authority:
                 index.put(txn, b"meta", b"last_ms", u64(now_ms))
             txn.commit()
             self._last_ms = now_ms
+            # Kept after the commit, inside this try: whatever cuts it short fails the handle
+            # (below), so no sweep trusts a watch that missed a commit.
+            if self._lease_watches and batch.events:
+                self._note_leases(batch.events)
         except BaseException as exc:
             _abort_quietly(txn)
             if not appending and not isinstance(exc, Exception):
@@ -1467,14 +1488,16 @@ class Authority:
         The Commands go in together, as ``accept_many`` takes them (one durable commit for up
         to ``limits.ACCEPT_MANY_COMMANDS_MAX``), each decided on its own: one refused (renewed,
         released or taken over meanwhile) leaves no trace and does not disturb the others. One
-        that met a full commit goes into the next."""
+        that met a full commit goes into the next.
+
+        The Group's first sweep on this handle reads every WorkItem; later ones read only those
+        whose state holds a lease (``_leased_states``)."""
         from . import work_model
 
         self._check_writable("expire_leases")
         canonical.check_id(group, "group")
         now = self._now() if now_ms is None else canonical.check_time_ms(now_ms, "now_ms")
-        items = self.aggregates(group, prefix="workitem:")
-        states = {key.partition(":")[2]: state for key, _, state in items if state is not None}
+        states = self._leased_states(group)
         requests = []
         for workitem in work_model.lapsed_workitems(states.items(), now):
             lease_id = states[workitem]["lease"]["lease_id"]
@@ -1504,6 +1527,68 @@ class Authority:
                 # any other rejection: renewed, released or taken over since the read
             pending = full + pending
         return [receipt for receipt in receipts if receipt is not None]
+
+    def _leased_states(self, group: str) -> dict[str, dict[str, Any]]:
+        """The states of ``group``'s WorkItems that may hold a lease, by WorkItem id in id order:
+        those of its watch once one is made, else (the Group's first sweep on this handle, or a
+        sweep beside that one) every WorkItem's, from a scan that makes the watch."""
+        with self._lease_lock:
+            watches = self._lease_watches
+            watch = watches.get(group)
+            held = None if watch is None or watch.held is None else sorted(watch.held)
+            making = watch is None
+            if making:
+                watch = watches[group] = _LeaseWatch()
+        if held is not None:
+            index = self.index
+            states = {}
+            with index.begin() as txn:
+                for workitem in held:
+                    value = index.get(txn, b"states", state_key(group, f"workitem:{workitem}"))
+                    state = None if value is None else decode_state(value)[1]
+                    if state is not None:
+                        states[workitem] = state
+            return states
+        try:
+            # The watch is registered before this read begins: every commit this read misses
+            # records its change in the watch.
+            items = self.aggregates(group, prefix="workitem:")
+        except BaseException:
+            if making:
+                with self._lease_lock:
+                    if watches.get(group) is watch:
+                        del watches[group]
+            raise
+        states = {key.partition(":")[2]: state for key, _, state in items if state is not None}
+        if making:
+            with self._lease_lock:
+                assert watch is not None
+                found = {workitem for workitem, state in states.items() if state.get("lease") is not None}
+                for workitem, leased in watch.changes.items():
+                    if leased:
+                        found.add(workitem)
+                    else:
+                        found.discard(workitem)
+                watch.held, watch.changes = found, {}
+        return states
+
+    def _note_leases(self, events: list[Event]) -> None:
+        """Keep the lease watches (``_leased_states``) up to date with a committed batch."""
+        with self._lease_lock:
+            for event in events:
+                watch = self._lease_watches.get(event.group)
+                if watch is None:
+                    continue
+                for effect in event.effects:
+                    if effect.aggregate.startswith("workitem:"):
+                        workitem = effect.aggregate[len("workitem:") :]
+                        leased = effect.state is not None and effect.state.get("lease") is not None
+                        if watch.held is None:
+                            watch.changes[workitem] = leased
+                        elif leased:
+                            watch.held.add(workitem)
+                        else:
+                            watch.held.discard(workitem)
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -2436,6 +2521,8 @@ class Authority:
             raise
         old_log, old_index = self._pair
         self._pair = (log or old_log, index)
+        with self._lease_lock:
+            self._lease_watches = {}  # rebuilt from the new index at each Group's next sweep
         replaced: list[Any] = [old_index]
         if log is not None:
             old_log.detach()  # log/ is the new log's now: the old handle's close must not write there

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+from hypothesis.stateful import rule
 
 import test_work_model as rules
 from mwpstore import Authority
@@ -216,6 +217,17 @@ class DurableWorkModelMachine(WorkModelMachine):
         self.directory = tempfile.mkdtemp(prefix="mwp-work-model-")
         return DurableHarness(self.directory)
 
+    @rule()
+    def sweep(self) -> None:
+        """The engine's own sweep, on a handle that keeps its leased WorkItems across commits,
+        rebuilds and reopens: it expires exactly the leases the model says have lapsed."""
+        harness = self.h
+        assert isinstance(harness, DurableHarness)
+        expected = self.model.sweep()
+        receipts = harness.authority.expire_leases(GROUP)
+        assert [receipt.aggregate for receipt in receipts] == [f"workitem:{wi}" for wi in expected]
+        assert all(receipt.kind == "lease.expire" and receipt.authoritative for receipt in receipts)
+
     def check_rebuild(self) -> None:
         super().check_rebuild()
         harness = self.h
@@ -234,6 +246,6 @@ class DurableWorkModelMachine(WorkModelMachine):
 
 
 DurableWorkModelMachine.TestCase.settings = settings(
-    max_examples=10, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=30, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestDurableWorkModelMachine = DurableWorkModelMachine.TestCase

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from mwpstore import limits
+from mwpstore import index as index_module, limits
 from mwpstore.errors import (
     ApprovalRequired,
     AttemptsExhausted,
@@ -24,11 +24,13 @@ from mwpstore.errors import (
     NotReady,
     StaleOwnershipEpoch,
     StaleSessionEpoch,
+    StorageFailed,
     Unauthorized,
 )
 from mwpstore.registry import ENGINE_ACTOR
 from mwpstore.work_model import lapse_reason, lease_id_for
 
+from authority_helpers import record_unseals
 from test_work_model import RESULT_BODIES, h, new_harness  # noqa: F401  (fixtures)
 from test_work_model_durable import DurableHarness
 from work_model_support import CONTRACT, GROUP, Harness, fence_of
@@ -403,6 +405,98 @@ def test_the_sweep_tries_the_leases_lapsed_at_the_time_it_is_given(tmp_path: Pat
     assert h.authority.expire_leases(GROUP, now_ms=lease["start_by_ms"] - 1) == []
     assert h.item("wi1")["lease"] == lease
     assert [receipt.aggregate for receipt in h.authority.expire_leases(GROUP, now_ms=h.now_ms)] == ["workitem:wi1"]
+    h.close()
+
+
+def _swept_states(h: DurableHarness, monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[str]]:
+    """(the WorkItems one sweep expired, the WorkItem states it read to choose them)."""
+    chosen_from: list[bytes] = []
+    leased_states = h.authority._leased_states
+
+    def recording(group: str) -> dict[str, Any]:
+        unsealed = record_unseals(monkeypatch, index_module.Index, b"states")
+        try:
+            return leased_states(group)
+        finally:
+            chosen_from.extend(unsealed)
+            monkeypatch.undo()  # this recording, and this wrapper: the Commands' reads are not counted
+
+    monkeypatch.setattr(h.authority, "_leased_states", recording)
+    receipts = h.authority.expire_leases(GROUP)
+    prefix = f"{GROUP}\x00workitem:".encode()
+    return [receipt.aggregate.partition(":")[2] for receipt in receipts], [key[len(prefix) :].decode() for key in chosen_from if key.startswith(prefix)]
+
+
+def test_after_its_first_sweep_a_group_s_sweeps_read_only_the_workitems_that_hold_a_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first sweep of a Group on a handle reads every WorkItem; the handle then keeps the set
+    of those holding a lease through every commit, and later sweeps read those alone."""
+    everything = sorted(f"wi{number}" for number in range(1, 21))  # in key order
+    h = DurableHarness(tmp_path / "store")
+    h.setup(workitems=tuple(everything))
+    h.claim("w1", "wi3")
+    assert _swept_states(h, monkeypatch) == ([], everything)
+    assert _swept_states(h, monkeypatch) == ([], ["wi3"])
+    h.claim("w2", "wi7")  # leased after the first sweep: kept by the commit
+    h.claim_and_start("w1", "wi12")
+    assert _swept_states(h, monkeypatch) == ([], ["wi12", "wi3", "wi7"])
+    h.accept("w1", "workitem.checkpoint", "wi12", {**h.fence("wi12"), "checkpoint": 1})  # released
+    h.advance(CONTRACT["start_ms"])
+    assert _swept_states(h, monkeypatch) == (["wi3", "wi7"], ["wi3", "wi7"])
+    assert _swept_states(h, monkeypatch) == ([], [])  # the sweep's own Commands dropped the leases
+    h.authority.rebuild()  # a new index: the next sweep scans it again
+    assert _swept_states(h, monkeypatch) == ([], everything)
+    h.close()
+
+
+@pytest.mark.parametrize("change", ["claim", "release"])
+def test_a_lease_change_committed_while_a_group_s_first_sweep_reads_is_kept_for_the_later_sweeps(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
+) -> None:
+    """A commit the first sweep's read does not see records its change in the set being made: a
+    lease granted then is expired by a later sweep, and one released then is not read again."""
+    h = DurableHarness(tmp_path / "store")
+    h.setup(workitems=("wi1", "wi2"))
+    if change == "release":
+        h.claim_and_start("w1", "wi1")
+    scan = h.authority.aggregates
+
+    def scan_then_change(group: str, *, prefix: str = "") -> list[Any]:
+        items = scan(group, prefix=prefix)
+        if change == "claim":
+            h.claim("w1", "wi2")
+        else:
+            h.accept("w1", "workitem.checkpoint", "wi1", {**h.fence("wi1"), "checkpoint": 1})
+        return items
+
+    monkeypatch.setattr(h.authority, "aggregates", scan_then_change)
+    assert h.authority.expire_leases(GROUP) == []
+    monkeypatch.undo()
+    h.advance(CONTRACT["start_ms"])
+    if change == "claim":
+        assert _swept_states(h, monkeypatch) == (["wi2"], ["wi2"])
+    else:
+        assert _swept_states(h, monkeypatch) == ([], [])
+    h.close()
+
+
+def test_a_group_s_first_sweep_that_fails_leaves_the_next_one_to_make_the_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = DurableHarness(tmp_path / "store")
+    h.setup(workitems=("wi1", "wi2"))
+    h.claim("w1", "wi2")
+
+    def failing_scan(group: str, *, prefix: str = "") -> list[Any]:
+        raise StorageFailed("injected: the scan could not read the index")
+
+    monkeypatch.setattr(h.authority, "aggregates", failing_scan)
+    with pytest.raises(StorageFailed):
+        h.authority.expire_leases(GROUP)
+    monkeypatch.undo()
+    assert _swept_states(h, monkeypatch) == ([], ["wi1", "wi2"])
+    assert _swept_states(h, monkeypatch) == ([], ["wi2"])
     h.close()
 
 
