@@ -6,6 +6,9 @@ The fixtures ``h`` and ``new_harness`` are the ones of ``tests/test_work_model.p
 
 from __future__ import annotations
 
+import contextlib
+import random
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,12 +24,14 @@ from mwpstore.errors import (
     InvalidCommand,
     LeaseExpired,
     LeaseMismatch,
+    MwpError,
     NotReady,
     StaleOwnershipEpoch,
     StaleSessionEpoch,
     StorageFailed,
     Unauthorized,
 )
+from mwpstore.messages import Command
 from mwpstore.registry import ENGINE_ACTOR
 from mwpstore.work_model import lapse_reason, lease_id_for
 
@@ -497,6 +502,60 @@ def test_a_group_s_first_sweep_that_fails_leaves_the_next_one_to_make_the_set(
     monkeypatch.undo()
     assert _swept_states(h, monkeypatch) == ([], ["wi1", "wi2"])
     assert _swept_states(h, monkeypatch) == ([], ["wi2"])
+    h.close()
+
+
+def test_the_leased_set_matches_a_full_scan_after_threads_claim_release_and_sweep_at_once(tmp_path: Path) -> None:
+    """Four workers claim, start, renew and checkpoint their WorkItems while a fifth thread moves
+    the clock and sweeps, over and over: afterwards the handle's set of leased WorkItems is the
+    one a scan of every WorkItem gives, and a sweep past every lease leaves none."""
+    workers = ("w1", "w2", "w3", "w4")
+    contract = {**CONTRACT, "max_attempts": limits.WORK_ATTEMPTS_MAX, "start_ms": 3, "lease_ms": 8}
+    h = DurableHarness(tmp_path / "store")
+    h.setup(workers=workers, workitems=tuple(f"wi{number}" for number in range(12)), contract=contract)
+    authority = h.authority
+    sessions = {worker: h.member(worker)["session_epoch"] for worker in workers}
+    done = threading.Event()
+
+    def work(worker: str, workitems: list[str], seed: int) -> None:
+        chooser = random.Random(seed)
+        for step in range(150):
+            workitem = chooser.choice(workitems)
+            revision, state = authority.state(GROUP, f"workitem:{workitem}")
+            lease = state["lease"] if state is not None else None
+            if lease is None:
+                kind, body, expected = "workitem.claim", {"session_epoch": sessions[worker]}, revision
+            else:
+                kind = chooser.choice(("workitem.start", "lease.renew", "workitem.checkpoint"))
+                body, expected = fence_of(lease), revision if kind == "lease.renew" else None
+                if kind == "workitem.checkpoint":
+                    body["checkpoint"] = step
+            command = Command(actor=worker, action_id=f"{worker}-{step}", group=GROUP, kind=kind, target=workitem,
+                              body=body, expected_revision=expected)
+            with contextlib.suppress(MwpError):  # raced, lapsed or not this worker's: all expected here
+                authority.accept(command)
+
+    def sweep() -> None:
+        while not done.is_set():
+            h.now_ms += 2
+            authority.expire_leases(GROUP)
+
+    sweeper = threading.Thread(target=sweep)
+    threads = [threading.Thread(target=work, args=(worker, [f"wi{number}" for number in range(index, 12, 4)], index))
+               for index, worker in enumerate(workers)]
+    sweeper.start()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    done.set()
+    sweeper.join()
+    scanned = {key.partition(":")[2] for key, _, state in authority.aggregates(GROUP, prefix="workitem:")
+               if state is not None and state["lease"] is not None}
+    assert authority._lease_watches[GROUP].held == scanned
+    h.advance(1_000)
+    assert sorted(receipt.aggregate.partition(":")[2] for receipt in authority.expire_leases(GROUP)) == sorted(scanned)
+    assert all(state["lease"] is None for _, _, state in authority.aggregates(GROUP, prefix="workitem:"))
     h.close()
 
 
