@@ -140,8 +140,17 @@ def _decide_create(view: StateView, command: Command, context: Context) -> Decis
         raise NotFound(f"mission {mission_id!r} does not exist", field="body.mission")
     if mission["status"] != "open":
         raise InvalidState(f"mission {mission_id!r} is {mission['status']}", state=mission["status"])
-    if contract["deadline_ms"] is not None and contract["deadline_ms"] <= context.now_ms:
+    deadline_ms = contract["deadline_ms"]
+    if deadline_ms is not None and deadline_ms <= context.now_ms:
         raise DeadlinePassed("body.contract.deadline_ms is already past", field="body.contract.deadline_ms")
+    if deadline_ms is not None and not_before >= deadline_ms:
+        # no claim at or after the deadline: work first ready then could never be claimed (the
+        # rule retry_outcome applies to a failure's retry)
+        raise DeadlinePassed(
+            f"body.not_before_ms ({not_before}) is not before the deadline ({deadline_ms}): no claim could take it",
+            field="body.not_before_ms",
+            deadline_ms=deadline_ms,
+        )
     return Decision({"mission": mission_id, "priority": priority, "not_before_ms": not_before, "contract": contract})
 
 

@@ -137,10 +137,33 @@ def test_a_workitem_records_when_it_was_created(h: Harness) -> None:
 
 
 def test_claim_reports_a_passed_deadline_before_not_ready(h: Harness) -> None:
-    body = {"mission": "m1", "not_before_ms": h.now_ms + 1_000, "contract": {**CONTRACT, "deadline_ms": h.now_ms + 100}}
+    # Since workitem.create refuses a not-before time at or after the deadline, only a WorkItem
+    # created before that rule can be both: its stored state is written here as such an Event left it.
+    body = {"mission": "m1", "not_before_ms": h.now_ms + 50, "contract": {**CONTRACT, "deadline_ms": h.now_ms + 100}}
     h.accept("owner", "workitem.create", "wi9", body)
+    h.group.states["workitem:wi9"]["not_before_ms"] = h.now_ms + 1_000
     h.advance(100)
     h.reject(DeadlinePassed, "w1", "workitem.claim", "wi9", {"session_epoch": 1}, cas=True)
+
+
+@pytest.mark.parametrize("slack", [0, -1], ids=["on_the_deadline", "after_it"])
+def test_a_workitem_first_ready_at_or_after_its_deadline_is_refused_at_create(h: Harness, slack: int) -> None:
+    """No claim at or after the deadline: work first ready then could never be claimed, and a
+    claim before the deadline would answer NOT_READY ("later") for it."""
+    deadline_ms = h.now_ms + 100
+    body = {"mission": "m1", "not_before_ms": deadline_ms - slack, "contract": {**CONTRACT, "deadline_ms": deadline_ms}}
+    error = h.reject(DeadlinePassed, "owner", "workitem.create", "wi9", body, field="body.not_before_ms")
+    assert error.detail["deadline_ms"] == deadline_ms
+
+
+def test_a_workitem_ready_a_millisecond_before_its_deadline_is_claimable_then(h: Harness) -> None:
+    deadline_ms = h.now_ms + 100
+    body = {"mission": "m1", "not_before_ms": deadline_ms - 1, "contract": {**CONTRACT, "deadline_ms": deadline_ms}}
+    h.accept("owner", "workitem.create", "wi9", body)
+    h.advance(98)
+    h.reject(NotReady, "w1", "workitem.claim", "wi9", {"session_epoch": 1}, cas=True)
+    h.advance(1)
+    assert h.claim("w1", "wi9")["granted_at_ms"] == deadline_ms - 1
 
 
 def test_claim_checks_deadline_then_attempts_then_budget(new_harness: Callable[[], Harness]) -> None:
