@@ -18,6 +18,10 @@ one SQLite transaction:
    upsert every changed aggregate with its new revision, insert the receipt, move the head;
 4. ``COMMIT`` (WAL with ``synchronous=FULL``: one fsync of the WAL per commit).
 
+The acceptance time is taken as mwpstore takes it: the clock's reading, refused unless an int of
+milliseconds in 0..``TIME_MS_MAX``, and never before the last acceptance time (a clock that steps
+back does not move Events, leases or not-before times back).
+
 A rejected Command is refused before anything is written. A duplicate is first looked up outside
 any write transaction (a plain read), as mwpstore does. Threads each get their own connection;
 writers take SQLite's write lock up front (``BEGIN IMMEDIATE``) with a busy timeout, and a
@@ -46,7 +50,7 @@ from typing import Any
 import msgspec
 
 import harness  # noqa: F401  (puts the checkout on sys.path)
-from mwpstore.canonical import content_hash
+from mwpstore.canonical import clock_reading, content_hash
 from mwpstore.errors import ActionIdCollision, MwpError, Rejection, RevisionMismatch
 from mwpstore.messages import (
     ZERO_HASH,
@@ -92,6 +96,7 @@ _SCHEMA = [
 _SELECT_RECEIPT = "SELECT content_hash, receipt FROM receipts WHERE actor = ? AND action_id = ?"
 _SELECT_AGGREGATE = "SELECT revision, state FROM aggregates WHERE grp = ? AND key = ?"
 _SELECT_HEAD = "SELECT seq, hash FROM heads WHERE grp = ?"
+_SELECT_LAST_MS = "SELECT max(accepted_at_ms) FROM events"
 _INSERT_EVENT = "INSERT INTO events VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)"
 _UPSERT_AGGREGATE = "INSERT OR REPLACE INTO aggregates VALUES (?,?,?,?)"
 _INSERT_RECEIPT = "INSERT INTO receipts VALUES (?,?,?,?)"
@@ -186,6 +191,7 @@ class SqliteAuthority:
         for statement in _SCHEMA:
             connection.execute(statement)
         connection.execute("COMMIT")
+        self._last_ms = connection.execute(_SELECT_LAST_MS).fetchone()[0] or 0
 
     @classmethod
     def open(
@@ -271,7 +277,7 @@ class SqliteAuthority:
                 self._count_retry()
                 continue
             try:
-                receipt = self._accept_in(cursor, command, data, digest, self._clock())
+                receipt = self._accept_in(cursor, command, data, digest, self._now())
                 cursor.execute("COMMIT")
                 return receipt
             except sqlite3.OperationalError as exc:
@@ -314,7 +320,7 @@ class SqliteAuthority:
                 self._count_retry()
                 continue
             try:
-                now_ms = self._clock()
+                now_ms = self._now()
                 batch: dict[str, _GroupState] = {}
                 results = []
                 for item in prepared:
@@ -388,6 +394,16 @@ class SqliteAuthority:
         state.head_seq, state.head_hash = event.seq, event.hash
         return receipt
 
+    def _now(self) -> int:
+        """The acceptance time, as mwpstore's commit takes it: the clock's reading checked
+        (``InvalidCommand``, field ``clock``, for anything but int milliseconds in
+        0..``TIME_MS_MAX``) and never before the last acceptance time. Called inside the write
+        transaction, which orders writers; a transaction rolled back afterwards leaves the time
+        raised, as a rejected batch does in mwpstore."""
+        now_ms = max(clock_reading(self._clock), self._last_ms)
+        self._last_ms = now_ms
+        return now_ms
+
     def _count_retry(self) -> None:
         with self._lock:
             self.retries += 1
@@ -431,6 +447,7 @@ class SqliteAuthority:
                 aggregates.append((event.group, effect.aggregate, effect.revision, state))
             receipts.append((event.actor, event.action_id, event.content_hash, encode_receipt(receipt_for(event))))
             heads[event.group] = (event.seq, event.hash)
+            self._last_ms = max(self._last_ms, event.accepted_at_ms)
         with self._writing():
             self._redo_transaction(connection, events, aggregates, receipts, heads)
         return len(events)

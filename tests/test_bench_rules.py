@@ -33,8 +33,9 @@ from bench_authority import EventsourcingAdapter, Fixtures, SqliteAdapter  # noq
 from peer_eventsourcing import EventsourcingPeer, RevisionConflict, mission_id  # noqa: E402
 from peer_sqlite import SqliteAuthority  # noqa: E402
 
-from mwpstore.errors import ActionIdCollision, InvalidCommand, RevisionMismatch  # noqa: E402
-from mwpstore.messages import Effect  # noqa: E402
+from mwpstore import limits  # noqa: E402
+from mwpstore.errors import ActionIdCollision, InvalidCommand, MwpError, RevisionMismatch  # noqa: E402
+from mwpstore.messages import Command, Effect  # noqa: E402
 
 GROUP = "g-test"
 
@@ -348,6 +349,116 @@ def test_sqlite_rules_accepts_exactly_as_mwpstore_does(tmp_path: Path) -> None:
             assert peer.read(GROUP) == authority.read(GROUP)  # the same Events, hash chain included
     finally:
         authority.close()
+
+
+class _WorkModelPair:
+    """mwpstore and the ``sqlite_rules`` peer over one scripted clock: every Command goes to both,
+    and each must give the same receipt or the same rejection."""
+
+    def __init__(self, tmp_path: Path, now_ms: int) -> None:
+        from mwpstore.authority import Authority
+
+        self.now_ms = now_ms
+        self.authority = Authority.open(tmp_path / "mwpstore", clock=lambda: self.now_ms, sync=False)
+        self.peer = SqliteAuthority.open(tmp_path / "sqlite", clock=lambda: self.now_ms, rules=True)
+        self._actions = 0
+
+    def close(self) -> None:
+        self.peer.close()
+        self.authority.close()
+
+    def send(self, actor: str, kind: str, target: str, body: dict[str, Any], *, cas: str | None = None) -> Any:
+        """The outcome both gave: a Receipt, or (code, message, detail) of the rejection."""
+        self._actions += 1
+        revision = None if cas is None else self.authority.state(GROUP, cas)[0]
+        command = Command(actor=actor, action_id=f"a{self._actions}", group=GROUP, kind=kind, target=target,
+                          body=body, expected_revision=revision)
+        outcomes = []
+        for store in (self.authority, self.peer):
+            try:
+                outcomes.append(store.accept(command))
+            except MwpError as exc:
+                outcomes.append((exc.code, exc.message, exc.detail))
+        assert outcomes[0] == outcomes[1], (kind, self.now_ms)
+        return outcomes[0]
+
+    def lease(self, workitem: str) -> dict[str, Any]:
+        return self.authority.state(GROUP, f"workitem:{workitem}")[1]["lease"]
+
+    def fence(self, workitem: str) -> dict[str, Any]:
+        lease = self.lease(workitem)
+        return {"lease_id": lease["lease_id"], "ownership_epoch": lease["ownership_epoch"]}
+
+
+def test_sqlite_rules_decides_the_work_model_as_mwpstore_does_at_each_boundary_millisecond(tmp_path: Path) -> None:
+    """Start, renewal, a late result, a takeover, a retry's not-before time and the deadline, each
+    asked at the last millisecond it allows and the first it does not, plus a clock that steps back
+    and one that repeats: the peer must decide each as mwpstore does (same receipt, same rejection,
+    the same Events)."""
+    from work_model_support import CONTRACT
+
+    start = 1_000_000
+    pair = _WorkModelPair(tmp_path, start)
+    try:
+        pair.send("owner", "group.create", GROUP, {"org": "acme"})
+        for worker in ("w1", "w2"):
+            pair.send("owner", "membership.add", worker, {"role": "worker"}, cas=f"member:{worker}")
+        pair.send("owner", "mission.create", "m1", {"title": "t", "cost_limit": 1_000})
+        deadline = start + 5_000
+        contract = {**CONTRACT, "deadline_ms": deadline}
+        for workitem in ("wi1", "wi2"):
+            pair.send("owner", "workitem.create", workitem, {"mission": "m1", "contract": contract})
+        late = pair.send("owner", "workitem.create", "wi3", {"mission": "m1", "contract": contract, "not_before_ms": deadline})
+        assert late[0] == "DEADLINE_PASSED"
+
+        def claim(agent: str, workitem: str) -> Any:
+            return pair.send(agent, "workitem.claim", workitem, {"session_epoch": 1}, cas=f"workitem:{workitem}")
+
+        claim("w1", "wi1")
+        claim("w2", "wi2")
+        pair.now_ms = start + CONTRACT["start_ms"] - 1  # the last millisecond a start is taken
+        assert pair.send("w1", "workitem.start", "wi1", pair.fence("wi1")).authoritative
+        pair.now_ms += 1  # start_by_ms: too late
+        assert pair.send("w2", "workitem.start", "wi2", pair.fence("wi2"))[0] == "LEASE_EXPIRED"
+        pair.now_ms = start + CONTRACT["lease_ms"] - 1  # the last millisecond a renewal is taken
+        pair.send("w1", "lease.renew", "wi1", pair.fence("wi1"), cas="workitem:wi1")
+        expires = pair.now_ms + CONTRACT["lease_ms"]
+        pair.now_ms = start + 500  # the clock steps back: the renewal is decided at the last time
+        pair.send("w1", "lease.renew", "wi1", pair.fence("wi1"), cas="workitem:wi1")
+        assert pair.lease("wi1")["expires_at_ms"] == expires
+        pair.now_ms = expires  # the lease lapses: a result is Evidence, a takeover is taken
+        fence = pair.fence("wi1")
+        assert not pair.send("w1", "workitem.checkpoint", "wi1", {**fence, "checkpoint": 1}).authoritative
+        assert claim("w2", "wi1").authoritative
+        pair.send("w2", "workitem.start", "wi1", pair.fence("wi1"))  # the clock repeats its reading
+        failed = pair.send("w2", "workitem.fail", "wi1", {**pair.fence("wi1"), "reason": "flaky"})
+        assert failed.authoritative
+        ready = pair.authority.state(GROUP, "workitem:wi1")[1]["not_before_ms"]
+        pair.now_ms = ready - 1
+        assert claim("w1", "wi1")[0] == "NOT_READY"
+        pair.now_ms = ready
+        assert claim("w1", "wi1").authoritative
+        pair.now_ms = deadline - 1  # wi2's lease lapsed long ago: the last millisecond a claim is taken
+        assert claim("w1", "wi2").authoritative
+        pair.send("w1", "workitem.checkpoint", "wi2", {**pair.fence("wi2"), "checkpoint": 2})
+        pair.now_ms = deadline
+        assert claim("w2", "wi2")[0] == "DEADLINE_PASSED"
+        assert pair.peer.read(GROUP) == pair.authority.read(GROUP)
+    finally:
+        pair.close()
+
+
+@pytest.mark.parametrize("reading", [1.5e12, -1, limits.TIME_MS_MAX + 1, True], ids=repr)
+def test_sqlite_peer_refuses_a_bad_clock_reading_as_mwpstore_does(tmp_path: Path, reading: Any) -> None:
+    pair = _WorkModelPair(tmp_path, reading)
+    try:
+        refused = pair.send("owner", "group.create", GROUP, {"org": "acme"})
+        assert refused[0] == "INVALID_COMMAND" and refused[2]["field"] == "clock"
+        pair.now_ms = limits.TIME_MS_MAX
+        assert pair.send("owner", "group.create", GROUP, {"org": "acme"}).accepted_at_ms == limits.TIME_MS_MAX
+        assert pair.peer.read(GROUP) == pair.authority.read(GROUP)
+    finally:
+        pair.close()
 
 
 def test_sqlite_lean_variant_updates_the_state_with_the_body_and_runs_no_rules(tmp_path: Path) -> None:
