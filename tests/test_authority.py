@@ -21,7 +21,7 @@ from authority_helpers import (
     open_with_group,
     store_with_one_event_rewritten,
 )
-from mwpstore import canonical
+from mwpstore import canonical, limits
 from mwpstore import (
     ActionIdCollision,
     Authority,
@@ -741,7 +741,15 @@ def test_a_batch_that_meets_index_damage_answers_every_command(tmp_path):
         assert authority.head(GROUP)[0] == 2 and authority.accept(mission_create("m-4")).seq == 3
 
 
-@pytest.mark.parametrize("reading", [1_700_000_000_000.5, True, -1, 2**63, "1700000000000", None, ZeroDivisionError])
+class _Millis(int):
+    """An int subclass, as a numpy-like or enum clock may return: not an ``int`` to store."""
+
+
+@pytest.mark.parametrize(
+    "reading",
+    [1_700_000_000_000.5, True, -1, limits.TIME_MS_MAX + 1, 2**63, _Millis(1_700_000_000_000), "1700000000000", None, ZeroDivisionError],
+    ids=repr,
+)
 def test_a_bad_clock_reading_is_refused_before_anything_is_written(tmp_path, reading):
     clock = FakeClock()
     path = str(tmp_path / "store")

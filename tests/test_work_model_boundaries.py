@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,11 +23,13 @@ from hypothesis import strategies as st
 
 from mwpstore import limits
 from mwpstore.agent_store import AgentStore
+from mwpstore.contracts import backoff_ms
 from mwpstore.errors import DeadlinePassed, InvalidState, LeaseExpired, MwpError, NotReady, OfflineRefused
 from mwpstore.offline import OfflineGuard
 from mwpstore.registry import ENGINE_ACTOR, MemoryGroup
 from mwpstore.work_model import lapse_reason, lapsed_workitems, lease_is_live
 from mwpstore.workitems import claim_refused
+from test_work_model_durable import DurableHarness
 from work_model_support import CONTRACT, START_MS, Harness
 
 _GROUPS = itertools.count()
@@ -196,3 +199,37 @@ def test_the_claim_and_the_work_queue_agree_on_readiness_around_not_before_and_t
             "claim_refused and not_before": not claim_refused(item, now) and not_before <= now,
         }
         assert answers == dict.fromkeys(answers, ready), (now, not_before, deadline)
+
+
+# -- The clock: stepping back, repeating, jumping to its bound ----------------------------------------
+
+
+def test_a_clock_that_steps_back_repeats_or_jumps_to_its_bound_moves_no_lease_back_and_a_rebuild_agrees(
+    tmp_path: Path,
+) -> None:
+    """Each Command is decided at the clock's reading but never before the last acceptance time,
+    so a renewal after a step back does not shorten the lease, a lease granted at ``TIME_MS_MAX``
+    ends a lease's length later (no saturation), and a rebuild from the log gives the same state."""
+    h = DurableHarness(tmp_path / "store").setup()
+    try:
+        granted = h.claim_and_start("w1", "wi1")["granted_at_ms"]  # the clock repeats its reading
+        h.now_ms = granted - 500  # steps back: decided at the last acceptance time
+        h.accept("w1", "lease.renew", "wi1", h.fence("wi1"), cas=True)
+        assert h.lease("wi1")["expires_at_ms"] == granted + CONTRACT["lease_ms"]
+        assert h.authority.expire_leases(h.group_id) == []
+        h.now_ms = limits.TIME_MS_MAX  # jumps to the end of the range: the lease lapsed
+        lease = h.claim_and_start("w2", "wi1")
+        assert (lease["granted_at_ms"], lease["expires_at_ms"]) == (limits.TIME_MS_MAX, limits.TIME_MS_MAX + CONTRACT["lease_ms"])
+        h.now_ms = 0  # and back to the start of it
+        h.accept("w2", "workitem.fail", "wi1", {**h.fence("wi1"), "reason": "flaky"})
+        assert h.item("wi1")["not_before_ms"] == limits.TIME_MS_MAX + backoff_ms(CONTRACT, 2)
+        times = [event.accepted_at_ms for event in h.events()]
+        assert times == sorted(times) and times[-1] == limits.TIME_MS_MAX
+        before = h.states()
+        h.authority.rebuild()
+        assert h.states() == before
+        h.reopen()
+        assert h.states() == before and h.authority.verify().ok
+        assert h.accept("owner", "workitem.cancel", "wi1", {}).accepted_at_ms == limits.TIME_MS_MAX
+    finally:
+        h.close()
