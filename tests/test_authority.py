@@ -742,7 +742,7 @@ def test_a_batch_that_meets_index_damage_answers_every_command(tmp_path):
 
 
 class _Millis(int):
-    """An int subclass, as a numpy-like or enum clock may return: not an ``int`` to store."""
+    """An int subclass (as an IntEnum is): not an ``int`` to store."""
 
 
 @pytest.mark.parametrize(
