@@ -29,6 +29,7 @@ from typing import Any
 
 from .errors import AlreadyExists, InvalidCommand, InvalidState
 from .kinds import body_str, check_unknown_fields
+from .leases import time_after
 from .messages import Command, Event, make_event_id
 from .registry import Context, Decision, KindSpec, StateView, aggregate_key, group_key, register
 
@@ -115,7 +116,9 @@ def _decide_audit_delete(view: StateView, command: Command, context: Context) ->
         days = int(group.get("policy", {}).get("audit_retention_days", 0))
         if days <= 0:
             raise InvalidState("the Organization keeps this audit log forever (audit_retention_days 0)", state="retained")
-        expires_ms = int(group.get("archived_at_ms", 0)) + days * DAY_MS
+        # saturated as lease times are (leases.time_after): the policy's days are any non-negative
+        # integer, and an end past 2**63 - 1 would make the rejection's detail unencodable
+        expires_ms = time_after(int(group.get("archived_at_ms", 0)), days * DAY_MS)
         if context.now_ms < expires_ms:
             raise InvalidState(
                 f"the audit log is retained until {expires_ms} (ms since the epoch)", state="retained", expires_ms=expires_ms

@@ -7,7 +7,8 @@ import pytest
 
 import mwpstore.redaction  # noqa: F401  (registers the kinds even before the registry loads them)
 from mwpstore.errors import AlreadyExists, GroupArchived, InvalidCommand, InvalidState, NotAMember, Unauthorized
-from mwpstore.messages import Command, check_event
+from mwpstore import limits
+from mwpstore.messages import AcceptResult, Command, check_event
 from mwpstore.redaction import DAY_MS, redacted_sequences, tombstone_key
 from mwpstore.registry import MemoryGroup
 
@@ -140,6 +141,16 @@ def test_audit_delete_after_retention_expired():
     assert group["audit_log"] == "deleted" and group["audit_deleted_basis"] == "retention"
     with pytest.raises(InvalidState):
         memory.accept(command("audit.delete", "g1", {"basis": "legal"}, action="again"), now_ms=10_000 + 31 * DAY_MS)
+
+
+def test_a_retention_too_long_to_end_in_the_64_bit_range_ends_at_its_bound():
+    """``audit_retention_days`` may be any non-negative integer; the end of such a retention is
+    reported saturated, as every time derived from a duration is, so the refusal stays encodable."""
+    memory = archived({"audit_retention_days": limits.INT_ABS_MAX})
+    with pytest.raises(InvalidState) as info:
+        memory.accept(command("audit.delete", "g1", {"reason": "expired"}), now_ms=limits.TIME_MS_MAX)
+    assert info.value.detail["expires_ms"] == limits.INT_ABS_MAX
+    msgspec.msgpack.encode(AcceptResult.failed(info.value))
 
 
 def test_audit_delete_when_retained_forever_needs_a_legal_basis():
