@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from mwpstore import limits
 from mwpstore.agent_store import AgentStore
-from mwpstore.contracts import backoff_ms
+from mwpstore.contracts import backoff_ms, parse_contract
 from mwpstore.errors import DeadlinePassed, InvalidState, LeaseExpired, MwpError, NotReady, OfflineRefused
 from mwpstore.offline import OfflineGuard
 from mwpstore.registry import ENGINE_ACTOR, MemoryGroup
@@ -233,3 +233,30 @@ def test_a_clock_that_steps_back_repeats_or_jumps_to_its_bound_moves_no_lease_ba
         assert h.accept("owner", "workitem.cancel", "wi1", {}).accepted_at_ms == limits.TIME_MS_MAX
     finally:
         h.close()
+
+
+# -- Arithmetic: the backoff --------------------------------------------------------------------------
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    initial=st.integers(0, limits.WORK_DURATION_MS_MAX),
+    ceiling_above=st.integers(0, limits.WORK_DURATION_MS_MAX),
+    terms=st.tuples(st.integers(1, limits.BACKOFF_MULTIPLIER_TERM_MAX), st.integers(1, limits.BACKOFF_MULTIPLIER_TERM_MAX))
+    | st.sampled_from([(1, 1), (2, 1), (limits.BACKOFF_MULTIPLIER_TERM_MAX, 1),
+                       (limits.BACKOFF_MULTIPLIER_TERM_MAX, limits.BACKOFF_MULTIPLIER_TERM_MAX - 1)]),
+    attempt=st.integers(1, limits.WORK_ATTEMPTS_MAX) | st.sampled_from([1, 2, limits.WORK_ATTEMPTS_MAX]),
+)
+def test_the_backoff_is_the_exact_rational_product_rounded_down_and_capped_at_every_bound(
+    initial: int, ceiling_above: int, terms: tuple[int, int], attempt: int
+) -> None:
+    from fractions import Fraction
+
+    numerator, denominator = max(terms), min(terms)  # a multiplier is at least 1
+    ceiling = min(initial + ceiling_above, limits.WORK_DURATION_MS_MAX)
+    contract = parse_contract({**CONTRACT, "max_attempts": limits.WORK_ATTEMPTS_MAX, "backoff_initial_ms": initial,
+                               "backoff_multiplier": [numerator, denominator], "backoff_max_ms": ceiling})
+    exact = initial * Fraction(numerator, denominator) ** (attempt - 1)
+    delay = backoff_ms(contract, attempt)
+    assert delay == min(exact.__floor__(), ceiling)
+    assert attempt == 1 or backoff_ms(contract, attempt - 1) <= delay  # never shrinks
