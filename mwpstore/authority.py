@@ -114,6 +114,9 @@ RECEIPT_TAG = b"P"  # a permanent receipt kept when compaction dropped its Event
 GROUP_TAG = b"G"  # what stays of a compacted archived Group: head, Group aggregate, Memberships
 _RECEIPT_DECODER = msgspec.msgpack.Decoder(tuple[str, str, bytes, bytes])
 _GROUP_DECODER = msgspec.msgpack.Decoder(tuple[str, int, bytes, list[Effect]])
+# The first form, written by compaction up to 0.1.0 (before a5cb9be): the Group aggregate only,
+# as (group, seq, chain hash, revision, state). Read as the one Effect it kept.
+_GROUP_DECODER_FIRST = msgspec.msgpack.Decoder(tuple[str, int, bytes, int, dict[str, Any]])
 _NOTE_ENCODER = msgspec.msgpack.Encoder(order="sorted")
 
 
@@ -2295,7 +2298,7 @@ class Authority:
                     records += 1
                     tag = bytes(record[:1])
                     if tag == GROUP_TAG:
-                        group, seq, digest, _ = _GROUP_DECODER.decode(memoryview(record)[1:])
+                        group, seq, digest, _ = _decode_group_record(position, record)
                         heads[group] = (seq, digest)
                         continue
                     if tag != EVENT_TAG:
@@ -2843,11 +2846,7 @@ def _index_record(
         _check_record_values(position, [content_hash], [], [], [actor, action_id])
         writes.put(b"receipts", receipt_key(actor, action_id), content_hash + encoded)
     elif tag == GROUP_TAG:
-        try:
-            group, seq, digest, kept = _GROUP_DECODER.decode(memoryview(record)[1:])
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            raise Corruption(f"log record at {position} is not a Group remainder: {exc}", offset=position, reason="decode") from None
-        _check_record_values(position, [digest], [seq], kept, [group])
+        group, seq, digest, kept = _decode_group_record(position, record)
         heads[group] = (seq, digest)
         for effect in kept:  # the first record of these keys in a compacted log
             writes.put(b"states", state_key(group, effect.aggregate), encode_state(effect.revision, effect.state))
@@ -2860,6 +2859,23 @@ def _index_record(
         writes.put(b"acks", ack_key(consumer, group), u64(cursor))
     else:
         raise Corruption(f"log record at {position} has unknown tag {tag!r}", offset=position, reason="tag")
+
+
+def _decode_group_record(position: int, record: bytes | memoryview) -> tuple[str, int, bytes, list[Effect]]:
+    """A compacted Group's record (``G``): its Group, head sequence, chain hash and kept Effects,
+    in either form (the first form kept the Group aggregate alone); ``CORRUPTION`` (``decode``)
+    for anything else."""
+    body = memoryview(record)[1:]
+    try:
+        try:
+            group, seq, digest, kept = _GROUP_DECODER.decode(body)
+        except msgspec.ValidationError:
+            group, seq, digest, revision, state = _GROUP_DECODER_FIRST.decode(body)
+            kept = [Effect(f"group:{group}", revision, state)]
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise Corruption(f"log record at {position} is not a Group remainder: {exc}", offset=position, reason="decode") from None
+    _check_record_values(position, [digest], [seq], kept, [group])
+    return group, seq, digest, kept
 
 
 def _check_record_values(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -768,3 +769,47 @@ def test_compaction_of_a_store_with_small_segments_writes_groups_that_fit_them(t
         assert len(authority.log.segments()) > 1  # the copy spans segments, as the original did
         assert authority.read(GROUP, after=0, limit=1000) == events
         assert authority.verify().ok
+
+
+class _FirstFormGroupRecords:
+    """compaction's encoder writing a compacted Group's record as 0.1.0 did (before a5cb9be):
+    (group, seq, chain hash, revision, state) of the Group aggregate alone."""
+
+    def __init__(self, encoder):
+        self._encoder = encoder
+
+    def encode(self, value):
+        if len(value) == 4 and isinstance(value[3], list):
+            group, seq, digest, kept = value
+            (aggregate,) = [effect for effect in kept if effect.aggregate == f"group:{group}"]
+            value = (group, seq, digest, aggregate.revision, aggregate.state)
+        return self._encoder.encode(value)
+
+
+def test_a_compacted_group_record_of_the_first_form_is_read(tmp_path, monkeypatch):
+    """A store 0.1.0 compacted: its Group records kept the Group aggregate alone, in five fields.
+    Every open that rebuilt the index from such a log was CORRUPTION (decode), so no later build
+    could open the store at all (found opening a store 0.1.0 wrote, finding C1)."""
+    from mwpstore import compaction
+
+    path = str(tmp_path / "s")
+    monkeypatch.setattr(compaction, "_ENCODER", _FirstFormGroupRecords(compaction._ENCODER))
+    with open_with_group(path) as authority:
+        authority.accept(group_create("active"))
+        _fill(authority, "active", 3)
+        _fill(authority, GROUP, 3)
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive", reason="done")
+        assert authority.compact().groups_compacted == [GROUP]
+        head, group_state = authority.head(GROUP), authority.state(GROUP, f"group:{GROUP}")
+        active = authority.read("active")
+    monkeypatch.undo()
+    shutil.rmtree(os.path.join(path, "index"))
+    with Authority.open(path) as reopened:
+        assert reopened.open_report.mode == "rebuild"
+        assert reopened.head(GROUP) == head and reopened.head(GROUP)[0] == record.last_seq
+        assert reopened.state(GROUP, f"group:{GROUP}") == group_state and group_state[1]["compacted"] is True
+        assert reopened.read("active") == active
+        with pytest.raises(GroupArchived):
+            reopened.accept(mission_create("late"))
+        report = reopened.verify()
+        assert report.ok, report.problems
