@@ -200,6 +200,33 @@ class SealedTables:
         return key, value
 
 
+def check_stored_format(env: lmdb.Environment, expected: bytes, *, label: str, remedy: str) -> None:
+    """``CORRUPTION`` (reason ``format``) for an environment whose ``meta`` database records
+    another format than ``expected``, checked before its other databases are opened: a store of an
+    older format may lack databases this one has (format 1 had no ``presence``), and it must be
+    refused as what it is, not as damage. Format 1 stored its format plain, later formats sealed;
+    a value that does not unseal is named by its first bytes. Nothing is checked without a
+    ``meta`` database or a format in it (a new environment, or damage that the opening names)."""
+    with env.begin() as txn:
+        if txn.get(b"meta") is None:
+            return
+    meta = env.open_db(b"meta", create=False)
+    with env.begin() as txn:
+        raw = txn.get(b"format", db=meta)
+        stored = None if raw is None else bytes(raw[: 16 + SEAL_BYTES])
+    if stored is None:
+        return
+    value = _unseal(stored, b"format", _crc32(b"meta"), limits.LMDB_VALUE_BYTES_MAX)
+    if value is None:
+        value = stored[:16]
+    if value != expected:
+        raise Corruption(
+            f"the {label} is format {value.decode('ascii', 'replace')!r}, not {expected.decode()!r}; {remedy}",
+            reason="format",
+            format=value.decode("ascii", "replace"),
+        )
+
+
 def open_databases(env: lmdb.Environment, names: Iterable[bytes], *, label: str, remedy: str) -> dict[bytes, Any]:
     """Open the named databases, creating them only in a new environment.
 

@@ -617,7 +617,12 @@ class Authority:
                     raise _Switched() from None
                 raise
             raise self._needs_writer("has no index yet")
-        index = _IndexView(self._index_dir(), map_size=self._map_size)
+        try:
+            index = _IndexView(self._index_dir(), map_size=self._map_size)
+        except Corruption as exc:
+            if exc.detail.get("reason") != "format":
+                raise
+            raise self._needs_writer(f"has an index of another format ({exc.detail['format']!r})") from None
         try:
             with index.begin() as txn:
                 fmt = index.get(txn, b"meta", b"format")
@@ -715,6 +720,8 @@ class Authority:
         try:
             index = Index(self._index_dir(), map_size=self._map_size)
         except MwpError as exc:
+            if exc.detail.get("reason") == "format":
+                return "rebuild", "index format differs", None
             return "rebuild", f"index unreadable ({exc.code})", None
         try:
             with index.begin() as txn:

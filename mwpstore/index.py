@@ -40,7 +40,7 @@ import lmdb
 import msgspec
 
 from . import limits
-from ._sealed import SEAL_BYTES, SealedTables, open_databases, seal  # noqa: F401  (seal, SEAL_BYTES: part of this module's API)
+from ._sealed import SEAL_BYTES, SealedTables, check_stored_format, open_databases, seal  # noqa: F401  (seal, SEAL_BYTES: part of this module's API)
 from .errors import Corruption, translate
 from .messages import HASH_BYTES, ZERO_HASH
 
@@ -135,18 +135,21 @@ class Index(SealedTables):
                 lock=True,
             )
             self.dbs: dict[bytes, Any] = {}
-            if readonly:
-                # Opened without a transaction of ours: a handle opened inside a read transaction
-                # that ends without a commit is closed with it, and every later read through it
-                # fails with EINVAL.
-                for name in DATABASE_NAMES:
-                    self.dbs[name] = self.env.open_db(name, create=False)
-            else:
-                try:
+            try:
+                # An index of format 1 (0.1.0) lacks presence: CORRUPTION, reason format (the
+                # writer rebuilds it, a read-only view asks for a writer's open first).
+                check_stored_format(self.env, INDEX_FORMAT, label="index", remedy=self.remedy)
+                if readonly:
+                    # Opened without a transaction of ours: a handle opened inside a read
+                    # transaction that ends without a commit is closed with it, and every later
+                    # read through it fails with EINVAL.
+                    for name in DATABASE_NAMES:
+                        self.dbs[name] = self.env.open_db(name, create=False)
+                else:
                     self.dbs = open_databases(self.env, DATABASE_NAMES, label="index", remedy=self.remedy)
-                except Corruption:
-                    self.env.close()
-                    raise
+            except BaseException:
+                self.env.close()
+                raise
         except (lmdb.Error, OSError) as exc:  # OSError: the directory cannot be made (EIO, ENOSPC, EROFS)
             raise translate(exc, context=f"opening index {directory}") from None
         self._seal_tables(self.dbs, self.dbs[b"presence"], PRESENCE_TAGS)

@@ -144,6 +144,24 @@ def store_files_held(path: str) -> list[str]:
     return sorted({name for name in held if name.startswith(prefix)})
 
 
+def store_bytes(path: str, leave_out: tuple[str, ...] = ()) -> dict[str, bytes | None]:
+    """Every file and directory under ``path`` by its relative name (a directory as None), but
+    those named in ``leave_out``: to check that a refused open wrote nothing."""
+    found: dict[str, bytes | None] = {}
+    for directory, directories, files in os.walk(path):
+        for name in directories + files:
+            full = os.path.join(directory, name)
+            relative = os.path.relpath(full, path)
+            if relative in leave_out:
+                continue
+            if os.path.isdir(full):
+                found[relative] = None
+            else:
+                with open(full, "rb") as file:
+                    found[relative] = file.read()
+    return found
+
+
 def rewrite_log_records(path: str, rewrite: Callable[[int, bytes], bytes]) -> list[tuple[int, bytes]]:
     """Copy the closed store ``path``'s log record by record, one group a record (as each accept,
     ack or snapshot wrote it), each record replaced by ``rewrite(position, record)`` (which must

@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from authority_helpers import GROUP, mission_create, open_with_group
-from mwpstore import Authority, Corruption, _index_c, limits
+from authority_helpers import GROUP, mission_create, open_with_group, store_bytes
+from mwpstore import Authority, Corruption, InvalidState, _index_c, limits
 from mwpstore.index import INDEX_FORMAT, event_key, receipt_key, seal, state_key, unseal
 
 
@@ -120,7 +120,7 @@ def test_verify_reports_damage_instead_of_raising(tmp_path):
         assert not report.ok and any("heads" in problem for problem in report.problems)
 
 
-@pytest.mark.parametrize("written", ["format 1 (unsealed)", "a later format (sealed)"])
+@pytest.mark.parametrize("written", ["format 1 (unsealed)", "format 1 as 0.1.0 wrote it (no presence)", "a later format (sealed)"])
 def test_an_index_of_another_format_is_rebuilt_at_open(tmp_path, written):
     path = str(tmp_path / "store")
     with open_with_group(path) as authority:
@@ -128,14 +128,24 @@ def test_an_index_of_another_format_is_rebuilt_at_open(tmp_path, written):
         head = authority.head(GROUP)
     authority = Authority.open(path)
     with authority.index.env.begin(write=True) as txn:
-        if written == "format 1 (unsealed)":
+        if written != "a later format (sealed)":
             txn.put(b"format", b"1", db=authority.index.dbs[b"meta"])
         else:  # its seal holds: the format itself must decide
             authority.index.put(txn, b"meta", b"format", b"3")
+        if written == "format 1 as 0.1.0 wrote it (no presence)":
+            txn.drop(authority.index.dbs[b"presence"], delete=True)
     authority.close()
+    if written != "format 1 (unsealed)":
+        # A view asks for a writer's open first, naming the format, and changes no file but
+        # LMDB's reader table (finding C2: it was STORAGE_FAILED, MDB_NOTFOUND, for 0.1.0's index).
+        before = store_bytes(path, leave_out=("index/lock.mdb",))
+        with pytest.raises(InvalidState) as caught:
+            Authority.open(path, readonly=True)
+        assert caught.value.detail["reason"] == "recovery_needed" and "index of another format" in caught.value.message
+        assert store_bytes(path, leave_out=("index/lock.mdb",)) == before
     with Authority.open(path) as reopened:
         assert reopened.open_report.mode == "rebuild" and reopened.head(GROUP) == head
-        if written == "a later format (sealed)":
+        if written != "format 1 (unsealed)":  # not "index unreadable": the index is only old
             assert reopened.open_report.reason == "index format differs"
         with reopened.index.env.begin() as txn:
             assert reopened.index.get(txn, b"meta", b"format") == INDEX_FORMAT
