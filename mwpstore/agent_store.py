@@ -38,7 +38,7 @@ from ._apply_c import check_run as _check_run
 from ._apply_c import run as _apply_run
 from ._files import makedirs_durable, store_path
 from ._lmdb_check import check_before_open, check_map_size, check_option
-from ._sealed import KEY_SHOWN_BYTES, SealedTables, open_databases, typed_damage
+from ._sealed import KEY_SHOWN_BYTES, SealedTables, check_stored_format, open_databases, typed_damage
 from .errors import ReconcileRequired, ProjectionFailed  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import (
     Corruption,
@@ -358,6 +358,14 @@ class _Tables(SealedTables):
 
     def __init__(self, env: lmdb.Environment) -> None:
         self.env = env
+        # A store of format 1 lacks presence: refused as format 1 (reason format), not as damage.
+        # Its outbox intents are in no Event: they are settled with the build that wrote them.
+        check_stored_format(
+            env,
+            str(FORMAT_VERSION).encode(),
+            label="agent store",
+            remedy="settle its outbox with the build that wrote it (intents are in no Event), then " + self.remedy,
+        )
         dbs = open_databases(env, _DATABASES, label="agent store", remedy=self.remedy)
         self._seal_tables(dbs, dbs[b"presence"], _PRESENCE_TAGS)
 

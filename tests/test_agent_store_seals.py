@@ -13,6 +13,7 @@ import lmdb
 import pytest
 
 from agent_store_support import CountingProjection, workload
+from authority_helpers import store_bytes
 from mwpstore.agent_store import AgentStore, GroupHead
 from mwpstore.errors import Corruption
 
@@ -141,15 +142,23 @@ def test_a_kill_while_a_new_store_creates_its_databases_leaves_none_of_them(tmp_
         assert agent.head(GROUP).applied_seq == len(events)
 
 
-def test_a_store_of_the_unsealed_format_is_refused_with_a_typed_error(tmp_path, events):
+@pytest.mark.parametrize("presence", [True, False], ids=["with presence", "as 0.1.0 wrote it, without presence"])
+def test_a_store_of_the_unsealed_format_is_refused_with_a_typed_error(tmp_path, events, presence):
+    """Format 1 (0.1.0) had no presence database: such a store was refused as damaged
+    (missing_database) before its format was read (finding C3). Refused, it is left as it was
+    but for LMDB's reader table."""
     path = tmp_path / "agent"
     agent = _filled(path, events)
     with agent._env.begin(write=True) as txn:
         txn.put(b"format", b"1", db=_raw(agent, b"meta"))
+        if not presence:
+            txn.drop(_raw(agent, b"presence"), delete=True)
     agent.close()
+    before = store_bytes(str(path), leave_out=("lmdb/lock.mdb",))
     with pytest.raises(Corruption) as caught:
         AgentStore.open(path)
-    assert caught.value.detail["reason"] == "format"
+    assert caught.value.detail["reason"] == "format" and caught.value.detail["format"] == "1"
+    assert store_bytes(str(path), leave_out=("lmdb/lock.mdb",)) == before
 
 
 def test_deletes_and_resets_leave_no_false_alarm(tmp_path, events):
