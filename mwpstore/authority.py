@@ -396,6 +396,7 @@ class Authority:
     _unsettled_snapshots: list[tuple[str, int, str, str | None]]  # (group, seq, location, the one named before) of snapshots an interrupt ended: close() decides
     _closed_cleanly: bool  # the store was closed cleanly before this open (nothing for the open to sweep)
     _archive_lock: threading.Lock  # one archive() at a time: each Group's record is logged once
+    _archiver: int | None  # the thread running archive() under _archive_lock (its key provider may call back)
     _retired: list[tuple[set[int], list[Any]]]  # replaced handles, with the threads whose reads may still use them
     _retire_lock: threading.Lock  # one release of replaced handles at a time (readers' and close())
     _lease_watches: dict[str, _LeaseWatch]  # by Group: the leased WorkItems, for the lease sweep
@@ -505,6 +506,7 @@ class Authority:
         self._unsettled_snapshots = []
         self._closed_cleanly = True
         self._archive_lock = threading.Lock()
+        self._archiver = None
         self._segment_bytes = segment_bytes
         self._retired = []
         self._retire_lock = threading.Lock()
@@ -1959,10 +1961,22 @@ class Authority:
         ``FileKeyProvider`` under ``<path>/keys/orgs``).
         """
         self._check_writable("archive")
+        if self._archiver == get_ident():
+            # from the key provider of this thread's archive(): it would wait for the lock its
+            # own thread holds, for ever
+            raise InvalidCommand(
+                "archive() was called from inside a callback (the key provider) of a running archive() of this "
+                "authority; call it after that returns",
+                field="archive",
+            )
         with self._archive_lock:
             # Two archive() calls for one Group would both write its audit log (with different
             # nonces) and both log a record: the record logged last need not name the file left.
-            return self._archive(group, actor=actor, action_id=action_id, reason=reason, key_provider=key_provider)
+            try:
+                self._archiver = get_ident()
+                return self._archive(group, actor=actor, action_id=action_id, reason=reason, key_provider=key_provider)
+            finally:
+                self._archiver = None
 
     def _org_keys(self, key_provider: Any) -> Any:
         """The Organizations' audit-log keys: ``key_provider``, or the store's own files under
@@ -2275,6 +2289,10 @@ class Authority:
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     return False
+                # From a callback of this thread's running commit, rebuild or compaction (the
+                # clock, a progress callable) no commit can publish until that call returns:
+                # the wait would last its whole timeout, or for ever, and hold every writer up.
+                self._refuse_inside_commit("wait_for")
                 self._published.wait(remaining)
 
     # -- checking and rebuilding -----------------------------------------------------------------

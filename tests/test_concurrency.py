@@ -581,13 +581,14 @@ def test_a_close_interrupted_while_it_waits_for_a_read_is_finished_by_the_next_c
     "inner",
     [
         "accept", "accept_many", "accept_trusted", "expire_leases", "ack", "redact", "delete_audit_log", "snapshot",
-        "archive", "rotate_signing_key", "sync", "rebuild", "compact", "verify", "close",
+        "archive", "rotate_signing_key", "sync", "rebuild", "compact", "verify", "close", "wait_for", "poll",
     ],
 )
 def test_a_write_from_a_callback_of_rebuild_or_compact_is_refused_not_a_hang(tmp_path, outer, inner):
     """rebuild() and compact() hold the commit role while they call ``progress``: a commit, a
     verify or a close() asked for from inside it waited for that role (held by its own thread)
-    forever."""
+    forever. So did a wait for the Group's next Event (``wait_for``, a subscription's ``poll``):
+    no commit can publish one before the callback returns."""
     from mwpstore.errors import InvalidCommand
 
     authority = open_with_group(str(tmp_path / "store"))
@@ -609,6 +610,8 @@ def test_a_write_from_a_callback_of_rebuild_or_compact_is_refused_not_a_hang(tmp
         "compact": lambda: authority.compact(),
         "verify": lambda: authority.verify(),
         "close": lambda: authority.close(),
+        "wait_for": lambda: authority.wait_for(GROUP, head[0], None),
+        "poll": lambda: authority.subscribe(GROUP, after=head[0]).poll(None),
     }
     refused: list[BaseException] = []
 
@@ -624,7 +627,7 @@ def test_a_write_from_a_callback_of_rebuild_or_compact_is_refused_not_a_hang(tmp
     worker.start()
     worker.join(30)
     assert not worker.is_alive(), f"{inner} from inside {outer}'s progress hung"
-    assert outcome and refused and refused[0].detail["field"] == inner
+    assert outcome and refused and refused[0].detail["field"] == {"poll": "wait_for"}.get(inner, inner)
     assert authority.head(GROUP) == head  # nothing of the refused call was written
     assert authority.acked("agent-1", GROUP) == 0 and authority.snapshots(GROUP) == []
     assert not os.path.exists(os.path.join(authority.path, "snapshots"))
@@ -634,10 +637,54 @@ def test_a_write_from_a_callback_of_rebuild_or_compact_is_refused_not_a_hang(tmp
         assert reopened.head(GROUP) == head and reopened.verify().ok
 
 
-@pytest.mark.parametrize("inner", ["accept", "close"])
+@pytest.mark.parametrize("call", ["current_key", "key_for"])
+def test_an_archive_from_inside_an_archives_key_provider_is_refused_not_a_hang(tmp_path, call):
+    """archive() calls run one at a time (a lock): one asked for from the key provider of a running
+    archive(), in its thread, waited for the lock its own thread held, for ever. It is refused
+    (``InvalidCommand``, field ``archive``), the other Group is not archived, and the running
+    archive() completes."""
+    from blocking import outcome_within
+    from authority_helpers import group_create
+    from mwpstore.audit_log import FileKeyProvider
+    from mwpstore.errors import InvalidCommand
+
+    path = str(tmp_path / "store")
+    authority = open_with_group(path)
+    authority.accept(group_create("g-2"))
+    head = authority.head("g-2")
+    refused: list[BaseException] = []
+
+    class ReenteringProvider(FileKeyProvider):
+        def _archive_again(self, name: str) -> None:
+            if name == call and not refused:
+                try:
+                    authority.archive("g-2", actor="owner", action_id="archive-2")
+                except InvalidCommand as exc:
+                    refused.append(exc)
+
+        def current_key(self, org):
+            self._archive_again("current_key")
+            return super().current_key(org)
+
+        def key_for(self, org, key_id):
+            self._archive_again("key_for")
+            return super().key_for(org, key_id)
+
+    provider = ReenteringProvider(os.path.join(path, "keys", "orgs"))
+    record = outcome_within(30, lambda: authority.archive(GROUP, actor="owner", action_id="archive-1", key_provider=provider))
+    assert record == authority.archive_record(GROUP) is not None
+    assert refused and refused[0].detail["field"] == "archive"
+    assert authority.head("g-2") == head and authority.archive_record("g-2") is None
+    assert authority.archive("g-2", actor="owner", action_id="archive-2").group == "g-2"  # the handle keeps working
+    assert authority.verify().ok
+    authority.close()
+
+
+@pytest.mark.parametrize("inner", ["accept", "close", "wait_for"])
 def test_a_clock_that_calls_back_into_the_authority_is_refused_not_a_hang(tmp_path, inner):
     """The commit leader reads the clock: an accept() or close() from inside it waited for the
-    commit role its own thread held, forever. It is refused instead, as any clock that raises."""
+    commit role its own thread held, forever, and so did a wait_for() (no later commit could
+    publish the Event it waits for). It is refused instead, as any clock that raises."""
     from mwpstore.errors import InvalidCommand
 
     holder: list[Authority] = []
@@ -648,6 +695,8 @@ def test_a_clock_that_calls_back_into_the_authority_is_refused_not_a_hang(tmp_pa
             reentering[0] = False
             if inner == "accept":
                 holder[0].accept(mission_create("m-from-clock"))
+            elif inner == "wait_for":
+                holder[0].wait_for(GROUP, holder[0].head(GROUP)[0], None)
             else:
                 holder[0].close()
         return 1_700_000_000_000
