@@ -1011,6 +1011,16 @@ class Authority:
         self._check_writable("accept_many")
         if isinstance(commands, (str, bytes)) or not isinstance(commands, Sequence):
             raise InvalidCommand("accept_many takes a sequence of Commands", field="commands")
+        # One copy, taken first and bounded: the caller's list may grow while this call runs
+        # (another thread appending to it), and a Sequence's len() need not be what iterating it
+        # yields. Counted by len(), the results had no slot for a Command decided past it: an
+        # IndexError after the commit had accepted it, and more Commands than the bound.
+        try:
+            commands = list(itertools.islice(commands, limits.ACCEPT_MANY_COMMANDS_MAX + 1))
+        except Exception as exc:
+            raise InvalidCommand(
+                f"accept_many could not read its sequence of Commands: {type(exc).__name__}: {exc}"[:300], field="commands"
+            ) from exc
         if len(commands) > limits.ACCEPT_MANY_COMMANDS_MAX:
             raise LimitExceeded(
                 f"accept_many takes at most {limits.ACCEPT_MANY_COMMANDS_MAX} Commands", field="commands"

@@ -1409,6 +1409,61 @@ def test_accept_many_takes_at_most_accept_many_commands_max_commands(tmp_path, m
         assert [event.seq for event in authority.read(GROUP)] == [1, 2, 3, 4]
 
 
+def test_accept_many_decides_the_commands_it_was_given_when_the_sequence_changes_or_lies(tmp_path, monkeypatch):
+    """accept_many counted its result slots with len() and then iterated the sequence: a list
+    another thread appended to while the Commands were being checked, or a Sequence whose len()
+    says less than it yields, ended in an IndexError after the commit had accepted the extra
+    Commands (and more of them than ACCEPT_MANY_COMMANDS_MAX). It now takes one bounded copy
+    first; a sequence that fails while read is InvalidCommand, nothing accepted."""
+    from collections.abc import Sequence
+
+    from mwpstore import limits
+
+    class Lying(Sequence):
+        def __init__(self, items, length):
+            self.items, self.length = items, length
+
+        def __len__(self):
+            return self.length
+
+        def __getitem__(self, index):
+            if isinstance(index, slice) or index >= len(self.items):
+                raise IndexError(index)
+            return self.items[index]
+
+    class Failing(Lying):
+        def __getitem__(self, index):
+            raise RuntimeError("the caller's sequence broke")
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        commands = [mission_create(f"m-{i}") for i in range(3)]
+        results = authority.accept_many(Lying(commands, 1))
+        assert [result.unwrap().seq for result in results] == [2, 3, 4]
+
+        growing = [mission_create("m-3")]
+        prepare = authority._prepare
+
+        def prepare_while_the_list_grows(command, **options):
+            if len(growing) == 1:
+                growing.append(mission_create("m-4"))  # as another thread would, mid-call
+            return prepare(command, **options)
+
+        monkeypatch.setattr(authority, "_prepare", prepare_while_the_list_grows)
+        assert [result.unwrap().seq for result in authority.accept_many(growing)] == [5]
+        monkeypatch.undo()
+        assert authority.accept(growing[1]).seq == 6  # decided afresh, not by the call before
+
+        monkeypatch.setattr(limits, "ACCEPT_MANY_COMMANDS_MAX", 3)
+        with pytest.raises(LimitExceeded) as caught:
+            authority.accept_many(Lying([mission_create(f"x-{i}") for i in range(4)], 1))
+        assert caught.value.field == "commands"
+        with pytest.raises(InvalidCommand) as failed:
+            authority.accept_many(Failing([], 2))
+        assert failed.value.field == "commands" and isinstance(failed.value.__cause__, RuntimeError)
+        assert authority.head(GROUP)[0] == 6  # nothing of the refused calls accepted
+        assert authority.verify().ok
+
+
 def test_read_limit_is_bounded_by_read_limit_max_inclusive(tmp_path):
     from mwpstore import limits
 
