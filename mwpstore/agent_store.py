@@ -1077,6 +1077,7 @@ class AgentStore:
         outside world by idempotency key): a receipt → recorded (DONE); None → RECONCILED (it did
         not happen; dispatching again reuses the same key). An intent whose side effect this
         handle's ``dispatch`` is running in another thread is returned unchanged on None."""
+        _check_callable(lookup, "lookup")
         intent = self.intent(intent_key)
         if intent is None:
             raise InvalidCommand(f"no outbox intent {intent_key}", field="intent_key")
@@ -1112,6 +1113,11 @@ class AgentStore:
         without one, ``ReconcileRequired`` is raised. If ``side_effect`` raises, the intent is
         marked UNCERTAIN and the exception propagates.
         """
+        # checked before anything is written: called, a side effect that is no callable raised
+        # TypeError, and the intent was left UNCERTAIN (to reconcile) for a call never made
+        _check_callable(side_effect, "side_effect")
+        if lookup is not None:
+            _check_callable(lookup, "lookup")
         key = intent_key.key if isinstance(intent_key, Intent) else intent_key
         intent = self.intent(key)
         if intent is None:
@@ -1143,6 +1149,12 @@ class AgentStore:
         finally:  # its outcome is committed (or the commit failed: reconcile it)
             self._dispatching.discard(key)
         return receipt
+
+
+def _check_callable(function: object, field: str) -> None:
+    """``InvalidCommand`` naming ``field`` unless ``function`` can be called (with the intent)."""
+    if not callable(function):
+        raise InvalidCommand(f"{field} must be a callable taking the intent, not {type(function).__name__}", field=field)
 
 
 class ProjectionView:

@@ -199,6 +199,37 @@ def test_uncertain_outcome_must_be_reconciled_before_retry(tmp_path):
     agent.close()
 
 
+@pytest.mark.parametrize("not_callable", [None, {"ok": True}, "send"], ids=["None", "dict", "str"])
+def test_a_side_effect_or_lookup_that_is_no_callable_is_refused_before_anything_is_written(tmp_path, not_callable):
+    """``dispatch`` called a ``side_effect`` that is no callable only after the commit that marks
+    the intent DISPATCHED: the TypeError then marked it UNCERTAIN, to be reconciled, for a call
+    that never went out. ``reconcile`` and a ``dispatch`` that reconciles let the TypeError of a
+    ``lookup`` out. Each is now ``InvalidCommand`` naming the argument, the intent unchanged."""
+    agent = AgentStore.open(tmp_path / "a")
+    service = ExternalService()
+    intended = record(agent, operation="intended")
+    uncertain = record(agent, operation="uncertain")
+    agent.mark_dispatched(uncertain.key)
+    uncertain = agent.mark_uncertain(uncertain.key, "timeout")
+    calls = [
+        ("side_effect", lambda: agent.dispatch(intended.key, not_callable)),
+        ("lookup", lambda: agent.dispatch(intended.key, service.call, lookup=not_callable)),
+        ("lookup", lambda: agent.dispatch(uncertain.key, service.call, lookup=not_callable)),
+        ("lookup", lambda: agent.reconcile(uncertain.key, not_callable)),
+    ]
+    if not_callable is None:
+        calls.pop(1)  # no lookup: dispatch's default
+        calls.pop(1)
+    for field, call in calls:
+        with pytest.raises(InvalidCommand) as caught:
+            call()
+        assert caught.value.field == field
+    assert agent.intent(intended.key) == intended and agent.intent(uncertain.key) == uncertain
+    assert service.calls == []
+    assert agent.dispatch(intended.key, service.call) == service.done[intended.key]  # dispatched once, now
+    agent.close()
+
+
 def test_reconcile_asks_nothing_about_an_intent_whose_outcome_is_known(tmp_path):
     """``reconcile`` settles only an unknown outcome: an INTENDED (never dispatched), RECONCILED or
     DONE intent is returned as it is, without calling ``lookup``."""
