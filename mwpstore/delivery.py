@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from . import limits
+from . import canonical, limits
 from .agent_store import AgentStore, ApplyStatus, admit_event
 from .errors import TransportDisconnected  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import CursorTooOld, EventInvalid, InvalidCommand, LimitExceeded, MwpError
@@ -65,6 +65,9 @@ def deliver_batch(agent: AgentStore, group: str, events: Iterable[Any], stats: D
     the rest of the batch still applies. An Event of another Group is rejected. ``events`` may be
     any iterable of Events (a source's answer); it is taken as a list.
     """
+    _check_agent(agent)
+    if stats is not None and not isinstance(stats, DeliveryStats):
+        raise InvalidCommand("stats must be a DeliveryStats or None", field="stats")
     stats = stats if stats is not None else DeliveryStats()
     events = _as_batch(events)
     with agent.begin() as tx:
@@ -140,6 +143,16 @@ class Delivery:
     ) -> None:
         if type(batch_events) is not int or not 0 < batch_events <= limits.READ_LIMIT_MAX:
             raise InvalidCommand(f"batch_events must be in 1..{limits.READ_LIMIT_MAX}", field="batch_events")
+        # every argument checked here, before the first round: used there, a wrong one was
+        # AttributeError or TypeError, the restore callback's only once the source said
+        # CURSOR_TOO_OLD, and a consumer's only at the ACK, after every local commit
+        _check_agent(agent)
+        _check_source(source)
+        if restore_snapshot is not None and not callable(restore_snapshot):
+            raise InvalidCommand("restore_snapshot must be a callable(error) returning snapshot bytes, or None", field="restore_snapshot")
+        for name, value in (("consumer", consumer), ("org", org)):
+            if value is not None:
+                canonical.check_id(value, name)
         self.agent = agent
         self.source = source
         self.consumer = consumer
@@ -216,8 +229,21 @@ class Delivery:
 
 def rebuild_group(agent: AgentStore, source: EventSource, group: str, *, batch_events: int = BATCH_EVENTS_DEFAULT) -> int:
     """Forget ``group`` locally and re-apply it from the source's Events; returns the Cursor."""
+    delivery = Delivery(agent, source, batch_events=batch_events)  # its arguments checked before the reset
     agent.reset_group(group)
-    return Delivery(agent, source, batch_events=batch_events).catch_up(group)
+    return delivery.catch_up(group)
+
+
+def _check_agent(agent: object) -> None:
+    if not isinstance(agent, AgentStore):
+        raise InvalidCommand(f"agent must be an AgentStore, not {type(agent).__name__}", field="agent")
+
+
+def _check_source(source: object) -> None:
+    if not callable(getattr(source, "read", None)):
+        raise InvalidCommand(
+            f"source must have read(group, after, limit) (an Authority), not {type(source).__name__}", field="source"
+        )
 
 
 class ListSource:

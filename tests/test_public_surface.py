@@ -165,6 +165,47 @@ def test_delivery_batch_size_out_of_range_is_an_invalid_command(tmp_path, batch_
     assert caught.value.field == "batch_events"
 
 
+@pytest.mark.parametrize(
+    "function, name, value",
+    [
+        ("Delivery", "agent", None),
+        ("Delivery", "source", object()),
+        ("Delivery", "restore_snapshot", True),
+        ("Delivery", "consumer", 7),
+        ("Delivery", "org", "a\x00b"),
+        ("deliver_batch", "agent", None),
+        ("deliver_batch", "stats", {}),
+        ("rebuild_group", "source", None),
+        ("rebuild_group", "batch_events", 0),
+    ],
+    ids=lambda part: part if isinstance(part, str) and part.isidentifier() else type(part).__name__,
+)
+def test_delivery_arguments_of_the_wrong_kind_are_refused_before_anything_is_read_or_written(tmp_path, function, name, value) -> None:
+    """Delivery kept its arguments unchecked: the first round failed with AttributeError or
+    TypeError, the restore callback only once the source said CURSOR_TOO_OLD, a consumer only at
+    the ACK after each local commit. rebuild_group forgot the Group before Delivery refused its
+    batch size (or before its source failed): the Group's copy was gone, nothing read back. Each
+    is now InvalidCommand naming the argument, before a read or a write."""
+    from agent_store_support import workload
+    from mwpstore.agent_store import AgentStore
+    from mwpstore.delivery import Delivery, DeliveryStats, ListSource, deliver_batch, rebuild_group
+
+    events = workload(GROUP, 5)
+    with AgentStore.open(str(tmp_path / "agent")) as agent:
+        deliver_batch(agent, GROUP, events)
+        digest = agent.projection_digest()
+        source = ListSource(events)
+        with pytest.raises(mwpstore.InvalidCommand) as caught:
+            if function == "Delivery":
+                Delivery(**{"agent": agent, "source": source, name: value}).catch_up(GROUP)
+            elif function == "deliver_batch":
+                deliver_batch(**{"agent": agent, "group": GROUP, "events": events, "stats": DeliveryStats(), name: value})
+            else:
+                rebuild_group(**{"agent": agent, "source": source, "group": GROUP, name: value})
+        assert caught.value.field == name
+        assert agent.projection_digest() == digest and agent.cursor(GROUP) == 5  # nothing forgotten or written
+
+
 def test_offline_guard_refusals_while_online(tmp_path) -> None:
     from mwpstore.agent_store import AgentStore
     from mwpstore.offline import OfflineGuard
