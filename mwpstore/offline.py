@@ -110,8 +110,14 @@ def derive_action_id(old_action_id: str, changed: dict[str, Any]) -> str:
 
 def sign_command(command: Command, signing_key: Ed25519PrivateKey) -> Command:
     """Return ``command`` signed with Ed25519 over its canonical bytes."""
+    _check_signing_key(signing_key)
     unsigned = msgspec.structs.replace(command, signature=None)
     return msgspec.structs.replace(unsigned, signature=signing_key.sign(command_bytes(unsigned)))
+
+
+def _check_signing_key(signing_key: object) -> None:
+    if not isinstance(signing_key, Ed25519PrivateKey):
+        raise InvalidCommand(f"signing_key must be an Ed25519PrivateKey, not {type(signing_key).__name__}", field="signing_key")
 
 
 def _outage_key(group: str) -> bytes:
@@ -311,6 +317,13 @@ class OfflineGuard:
         a typed rejection); ``sync()`` brings the AgentStore up to date first. A transport error
         from ``submit`` propagates: the outage is kept and a later call resends the stored bytes.
         """
+        # checked before the first record is touched: called, a submit that is no callable raised
+        # TypeError with its record already stored REBASED, a wrong key AttributeError
+        if not callable(submit):
+            raise InvalidCommand("submit must be a callable(command) returning the receipt", field="submit")
+        if sync is not None and not callable(sync):
+            raise InvalidCommand("sync must be a callable() or None", field="sync")
+        _check_signing_key(signing_key)
         outcomes: list[ReconnectOutcome] = []
         while True:
             for record in self.buffered():
@@ -359,7 +372,17 @@ class OfflineGuard:
             receipt = submit(command)
         except Rejection as exc:
             return _outcome(self._store(record, state=BufferedState.REJECTED, error_code=exc.code, message=exc.message))
-        plain = msgspec.to_builtins(receipt) if receipt is not None else None
+        try:
+            plain = msgspec.to_builtins(receipt) if receipt is not None else None
+            _BUFFERED_ENCODER.encode(plain)  # what _store writes: a surrogate or a huge int fails there
+        except (TypeError, ValueError, OverflowError) as exc:
+            # the Command was sent: the record stays REBASED, and the next reconnect resends its
+            # stored bytes (the authority's idempotency answers the original receipt)
+            raise InvalidCommand(
+                f"submit returned a receipt that cannot be stored ({type(exc).__name__}: {exc}); "
+                "reconnect again to resend the Command"[:400],
+                field="submit",
+            ) from None
         return _outcome(self._store(record, state=BufferedState.SUBMITTED, receipt=plain))
 
     # -- internals ------------------------------------------------------------------------------

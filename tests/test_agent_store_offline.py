@@ -231,6 +231,40 @@ def test_reconnect_rebases_resigns_and_renames_exactly_where_freshness_changed(s
     assert setup.guard.reconnect(setup.submit, signing_key=setup.key) == []
 
 
+def test_reconnect_refuses_arguments_of_the_wrong_kind_and_an_unstorable_receipt_typed(setup):
+    """``reconnect`` called ``submit`` and ``sync`` and signed with ``signing_key`` without
+    checking them: a ``submit`` that is no callable raised TypeError once the record was stored
+    REBASED, a wrong key AttributeError, and a receipt the store cannot encode (a lone
+    surrogate, an int past 64 bits) the encoder's own error. Each is now ``InvalidCommand``
+    naming the argument; the wrong arguments touch no record, and after the unstorable receipt
+    the record stays REBASED and the next ``reconnect`` sends the same bytes again."""
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    command = setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 1}}, action="cp-1")
+    setup.guard.buffer(command, now_ms=now(setup) + 1, reversible=True)
+    before = setup.guard.buffered()
+    for field, arguments in [
+        ("submit", {"submit": None}),
+        ("submit", {"submit": {"not": "callable"}}),
+        ("sync", {"sync": True}),
+        ("signing_key", {"signing_key": None}),
+        ("signing_key", {"signing_key": setup.key.public_key()}),
+    ]:
+        with pytest.raises(InvalidCommand) as caught:
+            setup.guard.reconnect(**{"submit": setup.submit, "signing_key": setup.key, **arguments})
+        assert caught.value.field == field
+        assert setup.guard.buffered() == before and setup.submitted == []
+    for unstorable in ("a\ud800", 2**64):
+        with pytest.raises(InvalidCommand) as caught:
+            setup.guard.reconnect(lambda command: setup.submit(command) and unstorable, signing_key=setup.key)
+        assert caught.value.field == "submit"
+        [record] = setup.guard.buffered()
+        assert record.state is BufferedState.REBASED and setup.guard.offline
+    [outcome] = setup.guard.reconnect(setup.submit, signing_key=setup.key)
+    assert outcome.state is BufferedState.SUBMITTED and not setup.guard.offline
+    assert setup.submitted == [outcome.command] * 3  # the stored bytes each time (the authority's idempotency answers)
+
+
 def test_a_rejected_buffered_command_is_not_resubmitted_by_a_later_reconnect(setup):
     setup.guard.service_unreachable(now(setup))
     fence = setup.harness.fence("wi1")
