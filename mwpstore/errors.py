@@ -303,7 +303,15 @@ def error_from_code(code: str, message: str, detail: dict[str, Any] | None = Non
         raise InvalidCommand("an error message is a str", field="message")
     if detail is None:
         detail = {}
-    if not isinstance(detail, dict) or not all(type(key) is str for key in detail):
+    if not isinstance(detail, dict):
+        raise InvalidCommand("an error's detail is a dict with str keys", field="detail")
+    try:
+        # a plain copy, checked and used: a dict subclass's keys() or __iter__ may name keys its
+        # items do not hold (a KeyError from here), or change between the check and the use
+        detail = dict(detail)
+    except Exception:
+        raise InvalidCommand("an error's detail is a dict with str keys that can be read", field="detail") from None
+    if not all(type(key) is str for key in detail):
         raise InvalidCommand("an error's detail is a dict with str keys", field="detail")
     cls = ERROR_CLASSES.get(code, MwpError)
     error = _rebuild_error(cls, message, detail)

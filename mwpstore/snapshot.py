@@ -144,9 +144,11 @@ class SnapshotRef(msgspec.Struct, frozen=True, kw_only=True):
         if not isinstance(value, Mapping):
             raise SnapshotInvalid(f"not a snapshot reference: a {type(value).__name__}, not a mapping", check="format")
         try:
+            # any error of the caller's mapping too (a Mapping whose keys() names a key its
+            # __getitem__ does not have): a malformed reference, not a KeyError from here
             return msgspec.convert(dict(value), cls)
-        except (msgspec.ValidationError, TypeError, ValueError) as exc:
-            raise SnapshotInvalid(f"not a snapshot reference: {exc}", check="format") from None
+        except Exception as exc:
+            raise SnapshotInvalid(f"not a snapshot reference: {type(exc).__name__}: {exc}"[:300], check="format") from None
 
 
 # -- Keys --------------------------------------------------------------------------------------------

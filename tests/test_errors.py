@@ -174,6 +174,23 @@ def test_error_from_code_refuses_what_cannot_be_an_error(code, message, detail, 
     assert caught.value.field == field
 
 
+class _KeysItDoesNotHold(dict):
+    """A dict whose keys() and iteration name a key it does not hold (a caller's own mapping)."""
+
+    def keys(self):
+        return ["field", "absent"]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+
+def test_error_from_code_refuses_a_detail_whose_keys_name_what_it_does_not_hold() -> None:
+    # a KeyError from inside error_from_code before
+    with pytest.raises(InvalidCommand) as caught:
+        error_from_code("NOT_FOUND", "gone", _KeysItDoesNotHold(field="group"))
+    assert caught.value.field == "detail"
+
+
 def test_error_from_code_without_detail() -> None:
     assert error_from_code("CORRUPTION", "bad").detail == {}
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+from collections.abc import Mapping
 
 import blake3
 import msgspec
@@ -286,9 +287,38 @@ def test_keyring_lookups_with_a_key_id_that_is_not_text_answer_absent(key_id):
     assert keyring.key_ids == [SIGNER.key_id]
 
 
-@pytest.mark.parametrize("ref", [None, 5, "ref", [("org", "acme")], {"org": "acme"}])
+class _KeysItDoesNotHold(dict):
+    """A dict whose keys() and iteration name a key it does not hold (a caller's own mapping)."""
+
+    def keys(self):
+        return ["org", "absent"]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+
+class _FailingMapping(Mapping):
+    def __len__(self):
+        return 1
+
+    def __iter__(self):
+        return iter(["org"])
+
+    def __getitem__(self, key):
+        raise RuntimeError("the caller's mapping broke")
+
+
+@pytest.mark.parametrize(
+    "ref",
+    [None, 5, "ref", [("org", "acme")], {"org": "acme"}, _KeysItDoesNotHold(org="acme"), _FailingMapping()],
+    ids=["None", "int", "str", "list", "partial", "keys_it_does_not_hold", "failing_mapping"],
+)
 def test_check_snapshot_ref_refuses_a_reference_that_is_not_one(good, ref):
-    # an AttributeError (ref.file_bytes) before
+    # an AttributeError (ref.file_bytes) before; a KeyError or the mapping's own error from
+    # SnapshotRef.from_dict for the last two
+    with pytest.raises(SnapshotInvalid) as caught:
+        check_snapshot_ref(good, ref)
+    assert caught.value.detail["check"] == "format"
     with pytest.raises(SnapshotInvalid) as caught:
         check_snapshot_ref(good, ref)
     assert caught.value.detail["check"] == "format"
