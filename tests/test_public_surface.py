@@ -241,6 +241,149 @@ def test_restoring_a_snapshot_whose_aggregates_are_not_effects_fails_the_schema_
     assert "`schema`" in _api_section("Snapshots, replay window and CURSOR_TOO_OLD")
 
 
+# -- every public parameter given a value of the wrong kind ------------------------------------------
+
+
+class _IntSubclass(int):
+    pass
+
+
+class _StrSubclass(str):
+    pass
+
+
+class _KeysItDoesNotHold(dict):
+    """A dict whose keys() and iteration name a key it does not hold."""
+
+    def keys(self):
+        return ["absent"]
+
+    def __iter__(self):
+        return iter(self.keys())
+
+
+def _odd_values():
+    from hypothesis import strategies as st
+
+    return st.one_of(
+        st.sampled_from([None, True, False, -1, 0, 2**63, 2**64, 10**40, 1.5, float("nan"), float("inf"), "", "a\x00b",
+                         "a\ud800", "../x", b"g-1", bytearray(b"g-1"), memoryview(b"g-1"), [], ("g-1",), {1}, object()]),
+        st.builds(_IntSubclass, st.integers(-3, 3)),
+        st.builds(_StrSubclass, st.sampled_from(["g-1", "acme", "m-1"])),
+        st.builds(_KeysItDoesNotHold),
+        st.integers(),
+        st.text(max_size=6),
+        st.binary(max_size=6),
+        st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    )
+
+
+def test_every_public_parameter_given_a_value_of_the_wrong_kind_is_a_typed_error_and_writes_nothing(tmp_path) -> None:
+    """One call of the public surface (the authority, the AgentStore and its outbox, delivery,
+    the offline guard, the stable keys, snapshot references, errors), one of its parameters
+    replaced by a value of the wrong kind (None, a bool, an int subclass, a float, bytes for text,
+    text with a NUL or a lone surrogate, a dict whose keys() lies, ...): it either works or raises
+    an ``MwpError``, and a refused call leaves the authority's head, the AgentStore's projections
+    and its outbox as they were."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from agent_store_support import workload
+    from authority_helpers import mission_create
+    from mwpstore import work_keys
+    from mwpstore.agent_store import AgentStore
+    from mwpstore.delivery import Delivery, ListSource
+    from mwpstore.errors import error_from_code
+    from mwpstore.offline import OfflineGuard
+    from mwpstore.snapshot import Keyring, SnapshotRef, check_snapshot_ref
+
+    authority = open_with_group(str(tmp_path / "authority"))
+    authority.accept(mission_create("m-1"))
+    reference = authority.snapshot(GROUP)
+    data = authority.read_snapshot(reference)
+    events = workload(GROUP, 8)
+    agent = AgentStore.open(str(tmp_path / "agent"))
+    with agent.begin() as tx:
+        tx.apply_many(events[:6])
+        tx.advance_cursor(GROUP)
+        key = tx.record_intent(GROUP, mission="m-1", workitem="wi-1", ownership_epoch=1, operation="send").key
+
+    def command(**fields):
+        values = {"actor": "owner", "action_id": "odd-1", "group": GROUP, "kind": "mission.create", "target": "m-9",
+                  "body": {"title": "t", "cost_limit": 1}}
+        return Command(**{**values, **fields})
+
+    calls = {
+        "read": (authority.read, {"group": GROUP, "after": 0, "limit": 10}),
+        "state": (authority.state, {"group": GROUP, "aggregate": "mission:m-1"}),
+        "aggregates": (authority.aggregates, {"group": GROUP, "prefix": "m"}),
+        "replay_floor": (authority.replay_floor, {"group": GROUP}),
+        "read_snapshot": (authority.read_snapshot, {"ref": reference}),
+        "subscribe": (authority.subscribe, {"group": GROUP, "after": 0}),
+        "ack": (authority.ack, {"consumer": "c", "group": GROUP, "cursor": 0}),
+        "acked": (authority.acked, {"consumer": "c", "group": GROUP}),
+        "expire_leases": (authority.expire_leases, {"group": GROUP, "now_ms": 0}),
+        "redact": (authority.redact, {"group": GROUP, "seq": 99, "actor": "owner", "action_id": "redact-1", "reason": "r"}),
+        "accept": (lambda **fields: authority.accept(command(**fields)),
+                   {"actor": "owner", "group": GROUP, "target": "m-1", "body": {}, "expected_revision": None}),
+        "accept_many": (authority.accept_many, {"commands": [command(target="m-1")]}),
+        "agent.aggregate": (agent.aggregate, {"group": GROUP, "key": "workitem:wi-1"}),
+        "agent.work_queue": (agent.work_queue, {"group": GROUP, "now_ms": 0, "limit": 2}),
+        "agent.projection_get": (agent.projection_get, {"group": GROUP, "name": "p", "key": "k"}),
+        "agent.projection_digest": (agent.projection_digest, {"group": GROUP}),
+        "agent.intents": (agent.intents, {"group": GROUP, "pending_only": True}),
+        "agent.mark_uncertain": (agent.mark_uncertain, {"intent_key": key, "error": "e"}),
+        "agent.record_receipt": (agent.record_receipt, {"intent_key": "no-such-intent", "receipt": {}}),
+        "agent.dispatch": (agent.dispatch, {"intent_key": key, "side_effect": lambda intent: {}, "lookup": None}),
+        "agent.reconcile": (agent.reconcile, {"intent_key": key, "lookup": lambda intent: None}),
+        "agent.restore": (agent.restore, {"data": data, "group": "g-2", "org": "acme", "high_water_seq": 0}),
+        "tx.apply_many": (lambda events: _in_a_transaction(agent, "apply_many", events), {"events": events[6:]}),
+        "Delivery": (lambda **arguments: Delivery(**arguments).pull_once(GROUP),
+                     {"agent": agent, "source": ListSource(events[:6]), "consumer": None, "batch_events": 5,
+                      "restore_snapshot": None, "org": None}),
+        "OfflineGuard.permit": (lambda group, agent_id, grace_ms, workitem, now_ms, reversible: OfflineGuard(
+            agent, group, agent_id, grace_ms=grace_ms).permit(workitem, now_ms=now_ms, reversible=reversible),
+            {"group": GROUP, "agent_id": "bob", "grace_ms": 10, "workitem": "wi-1", "now_ms": 0, "reversible": True}),
+        "external_idempotency_key": (work_keys.external_idempotency_key,
+                                     {"mission_id": "m", "workitem_id": "w", "ownership_epoch": 1, "operation_id": "o"}),
+        "attempt_key": (work_keys.attempt_key, {"mission_id": "m", "workitem_id": "w", "attempt": 1}),
+        "check_snapshot_ref": (check_snapshot_ref, {"data": data, "ref": reference.to_dict()}),
+        "SnapshotRef.from_dict": (SnapshotRef.from_dict, {"value": reference.to_dict()}),
+        "Keyring": (Keyring, {"public_keys": [authority.signing_key.public_key]}),
+        "error_from_code": (error_from_code, {"code": "NOT_FOUND", "message": "m", "detail": {"field": "x"}}),
+    }
+
+    def unchanged():
+        return authority.head(GROUP), agent.projection_digest(), agent.intents()
+
+    @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), database=None)
+    @given(st.sampled_from(sorted(calls)), st.data())
+    def check(name, draw):
+        function, good = calls[name]
+        parameter = draw.draw(st.sampled_from(sorted(good)), label="parameter")
+        value = draw.draw(_odd_values(), label="value")
+        before = unchanged()
+        try:
+            function(**{**good, parameter: value})
+        except mwpstore.MwpError:
+            assert unchanged() == before, f"{name}({parameter}={value!r}) was refused after it wrote"
+
+    try:
+        check()
+    finally:
+        agent.close()
+        authority.close()
+
+
+def _in_a_transaction(agent, method: str, *arguments):
+    """``tx.<method>(*arguments)`` in a local transaction that is aborted whatever happens."""
+    tx = agent.begin()
+    try:
+        return getattr(tx, method)(*arguments)
+    finally:
+        tx.abort()
+
+
 # -- on-disk facts the format pages state -----------------------------------------------------------
 
 
