@@ -288,6 +288,15 @@ class FaultyTransport:
         disconnect: float = 0.05,
         replay: int = 3,
     ) -> None:
+        # checked here: used, a wrong one was a TypeError or ValueError from random at some read
+        _check_source(source)
+        if type(seed) is not int:
+            raise InvalidCommand("seed must be an int", field="seed")
+        for name, probability in (("drop", drop), ("duplicate", duplicate), ("reorder", reorder), ("disconnect", disconnect)):
+            if type(probability) not in (int, float) or not 0 <= probability <= 1:
+                raise InvalidCommand(f"{name} must be a probability in 0..1", field=name)
+        if type(replay) is not int or not 0 <= replay <= limits.READ_LIMIT_MAX:
+            raise InvalidCommand(f"replay must be an int in 0..{limits.READ_LIMIT_MAX}", field="replay")
         self.source = source
         self.rng = random.Random(seed)
         self.drop = drop

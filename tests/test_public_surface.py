@@ -177,6 +177,11 @@ def test_delivery_batch_size_out_of_range_is_an_invalid_command(tmp_path, batch_
         ("deliver_batch", "stats", {}),
         ("rebuild_group", "source", None),
         ("rebuild_group", "batch_events", 0),
+        ("FaultyTransport", "source", None),
+        ("FaultyTransport", "drop", "0.1"),
+        ("FaultyTransport", "reorder", float("nan")),
+        ("FaultyTransport", "replay", -1),
+        ("FaultyTransport", "seed", {}),
     ],
     ids=lambda part: part if isinstance(part, str) and part.isidentifier() else type(part).__name__,
 )
@@ -184,11 +189,12 @@ def test_delivery_arguments_of_the_wrong_kind_are_refused_before_anything_is_rea
     """Delivery kept its arguments unchecked: the first round failed with AttributeError or
     TypeError, the restore callback only once the source said CURSOR_TOO_OLD, a consumer only at
     the ACK after each local commit. rebuild_group forgot the Group before Delivery refused its
-    batch size (or before its source failed): the Group's copy was gone, nothing read back. Each
-    is now InvalidCommand naming the argument, before a read or a write."""
+    batch size (or before its source failed): the Group's copy was gone, nothing read back.
+    FaultyTransport's probabilities and replay failed in random's hands at some read. Each is now
+    InvalidCommand naming the argument, before a read or a write."""
     from agent_store_support import workload
     from mwpstore.agent_store import AgentStore
-    from mwpstore.delivery import Delivery, DeliveryStats, ListSource, deliver_batch, rebuild_group
+    from mwpstore.delivery import Delivery, DeliveryStats, FaultyTransport, ListSource, deliver_batch, rebuild_group
 
     events = workload(GROUP, 5)
     with AgentStore.open(str(tmp_path / "agent")) as agent:
@@ -200,6 +206,9 @@ def test_delivery_arguments_of_the_wrong_kind_are_refused_before_anything_is_rea
                 Delivery(**{"agent": agent, "source": source, name: value}).catch_up(GROUP)
             elif function == "deliver_batch":
                 deliver_batch(**{"agent": agent, "group": GROUP, "events": events, "stats": DeliveryStats(), name: value})
+            elif function == "FaultyTransport":
+                for _ in range(20):  # a read draws each probability (the disconnect one first)
+                    Delivery(agent, FaultyTransport(**{"source": source, "disconnect": 0.5, name: value})).pull_once(GROUP)
             else:
                 rebuild_group(**{"agent": agent, "source": source, "group": GROUP, name: value})
         assert caught.value.field == name
@@ -292,7 +301,7 @@ def test_every_public_parameter_given_a_value_of_the_wrong_kind_is_a_typed_error
     from authority_helpers import mission_create
     from mwpstore import work_keys
     from mwpstore.agent_store import AgentStore
-    from mwpstore.delivery import Delivery, ListSource
+    from mwpstore.delivery import Delivery, FaultyTransport, ListSource
     from mwpstore.errors import error_from_code
     from mwpstore.offline import OfflineGuard
     from mwpstore.snapshot import Keyring, SnapshotRef, check_snapshot_ref
@@ -350,6 +359,8 @@ def test_every_public_parameter_given_a_value_of_the_wrong_kind_is_a_typed_error
         "check_snapshot_ref": (check_snapshot_ref, {"data": data, "ref": reference.to_dict()}),
         "SnapshotRef.from_dict": (SnapshotRef.from_dict, {"value": reference.to_dict()}),
         "Keyring": (Keyring, {"public_keys": [authority.signing_key.public_key]}),
+        "FaultyTransport": (lambda **arguments: Delivery(agent, FaultyTransport(ListSource(events[:6]), **arguments)).pull_once(GROUP),
+                            {"seed": 1, "drop": 0.1, "duplicate": 0.1, "reorder": 0.5, "disconnect": 0.0, "replay": 2}),
         "error_from_code": (error_from_code, {"code": "NOT_FOUND", "message": "m", "detail": {"field": "x"}}),
     }
 
