@@ -530,6 +530,13 @@ class Authority:
             makedirs_durable(self.path, root=os.path.dirname(self.path))
         self._lock_fd = _lock_store(self.path)
         try:
+            # Registered as this process's writer from the lock on, not once open: a read-only
+            # view asked for meanwhile (from the open's own progress callable) would open the
+            # index LMDB environment the recovery holds (LMDB's "already open", reported as
+            # StorageFailed) or wait for the rebuild to end, where it is InvalidCommand at once.
+            self._store_key = _directory_key(self.path)
+            if self._store_key is not None:
+                _WRITERS_HERE[self._store_key] = self._fork_generation
             from .compaction import finish_compaction, recover_interrupted_compaction
 
             force_rebuild = recover_interrupted_compaction(self.path)
@@ -560,15 +567,18 @@ class Authority:
                     self.log.close()
                 raise
         except (OSError, lmdb.Error) as exc:
+            self._unregister_writer()
             os.close(self._lock_fd)
             raise translate(exc, context=f"opening {self.path}") from None
         except BaseException:
+            self._unregister_writer()
             os.close(self._lock_fd)
             raise
-        self._store_key = _directory_key(self.path)
-        if self._store_key is not None:
-            _WRITERS_HERE[self._store_key] = self._fork_generation
         return self
+
+    def _unregister_writer(self) -> None:
+        if self._store_key is not None:
+            _WRITERS_HERE.pop(self._store_key, None)
 
     def _open_view(self) -> None:
         """Open the index, then the log, read-only (see :meth:`open`); retried while a compaction
@@ -949,8 +959,7 @@ class Authority:
                     error = error or exc
                 except (OSError, lmdb.Error) as exc:
                     error = error or translate(exc, context="closing the authority")
-            if self._store_key is not None:
-                _WRITERS_HERE.pop(self._store_key, None)
+            self._unregister_writer()
             # The number taken first: from os.close on it may be any later open file's, and an
             # interrupt (KeyboardInterrupt) as os.close returns must not leave it for a second
             # close() to close again.

@@ -363,6 +363,52 @@ def test_a_view_in_the_process_that_writes_the_store_is_refused(tmp_path):
         assert view.head(GROUP)[0] == 1
 
 
+def test_a_view_asked_for_while_this_process_opens_the_store_for_writing_is_refused(tmp_path):
+    """The writer was registered in its process only once its open returned. A view asked for
+    during the open's recovery (from its ``progress`` callable) waited two seconds for the rebuild
+    and was then InvalidState (``recovery_needed``); during a redo it opened the index's LMDB
+    environment the open held, and LMDB's "already open" came back as StorageFailed. It is the
+    writer's process from the lock on: InvalidCommand (``readonly``) at once. An open that fails
+    is no writer afterwards: a view opens."""
+    import shutil
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+    shutil.rmtree(os.path.join(path, "index"))  # the next open rebuilds it, calling progress
+    outcomes: list[object] = []
+
+    def progress(done: int, total: int) -> None:
+        if not outcomes:
+            started = time.monotonic()
+            try:
+                Authority.open(path, readonly=True).close()
+                outcomes.append("opened")
+            except Exception as exc:  # noqa: BLE001 - the test looks at it
+                outcomes.append(exc)
+            outcomes.append(time.monotonic() - started)
+
+    with Authority.open(path, progress=progress) as authority:
+        assert authority.open_report.mode == "rebuild"
+        assert isinstance(outcomes[0], InvalidCommand) and outcomes[0].detail["field"] == "readonly"
+        assert outcomes[1] < 1.0  # refused at once, not after the view's two seconds of retries
+        assert authority.head(GROUP)[0] == 2 and authority.verify().ok
+
+    def cancel(done: int, total: int) -> None:
+        raise RuntimeError("cancelled")
+
+    shutil.rmtree(os.path.join(path, "index"))
+    with pytest.raises(InvalidCommand):
+        Authority.open(path, progress=cancel)
+    with pytest.raises(InvalidState) as refused:  # the failed open left no writer registered
+        Authority.open(path, readonly=True)
+    assert refused.value.detail["reason"] == "recovery_needed"  # no index yet: not "this process writes it"
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "rebuild"
+    with Authority.open(path, readonly=True) as view:
+        assert view.head(GROUP)[0] == 2
+
+
 @pytest.mark.parametrize("meta", ["log_position", "log_position_one_past", "format"])
 def test_a_view_of_an_index_ahead_of_the_log_or_of_another_format_is_refused(tmp_path, meta):
     """LMDB is never ahead of the log (DESIGN §3): an index that names a log position past the
