@@ -1145,10 +1145,13 @@ class AgentStore:
                 self.mark_uncertain(key, f"{type(exc).__name__}: {exc}")
                 raise
             failpoints.hit("agent.after_dispatch")
-            self.record_receipt(key, receipt)
+            # the receipt recorded, which is another one when a reconcile (another thread's, or
+            # the side effect's own) recorded one first: later calls answer that one, so this does
+            recorded = self.record_receipt(key, receipt).receipt
         finally:  # its outcome is committed (or the commit failed: reconcile it)
             self._dispatching.discard(key)
-        return receipt
+        assert recorded is not None
+        return recorded
 
 
 def _check_callable(function: object, field: str) -> None:

@@ -449,6 +449,23 @@ def test_crash_after_the_receipt_is_recorded_returns_it_without_calling_again(tm
     agent.close()
 
 
+def test_dispatch_returns_the_receipt_recorded_when_a_reconcile_recorded_one_during_the_call(tmp_path):
+    """A reconcile that finds the receipt while the side effect runs (another thread's, here the
+    side effect's own) records it first; dispatch's own record_receipt then keeps it, but dispatch
+    returned what its side effect returned, and every later call answers the recorded one."""
+    agent = AgentStore.open(tmp_path / "a")
+    intent = record(agent)
+
+    def side_effect(dispatched):
+        agent.record_receipt(dispatched.key, {"ref": "found by a lookup"})
+        return {"ref": "returned by the call"}
+
+    assert agent.dispatch(intent.key, side_effect) == {"ref": "found by a lookup"}
+    assert agent.intent(intent.key).receipt == {"ref": "found by a lookup"}
+    assert agent.dispatch(intent.key, side_effect) == {"ref": "found by a lookup"}  # DONE: not called again
+    agent.close()
+
+
 @pytest.mark.parametrize("how", ["dispatch with a lookup", "marked uncertain, then reconciled"])
 def test_an_intent_whose_side_effect_runs_in_another_thread_is_not_reconciled_as_not_done(tmp_path, how):
     """A DISPATCHED intent is one to reconcile after a restart, not while its side effect still
