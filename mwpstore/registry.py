@@ -333,6 +333,13 @@ def run_transition(
 # -- In-memory driver (for rule tests and reference models; no disk) ----------------------------
 
 
+def _memory_key(key: object) -> str:
+    """An aggregate key of ``MemoryGroup``'s reads: a str (a bytearray's lookup was a TypeError)."""
+    if type(key) is not str:
+        raise InvalidCommand(f"an aggregate key is a str, not {type(key).__name__}", field="key")
+    return key
+
+
 @dataclass
 class MemoryGroup:
     """One Group's aggregates in memory, driven by the same pipeline as the engine.
@@ -346,10 +353,10 @@ class MemoryGroup:
     events: list[Event] = field(default_factory=list)
 
     def get(self, key: str) -> dict[str, Any] | None:
-        return self.states.get(key)
+        return self.states.get(_memory_key(key))
 
     def revision(self, key: str) -> int:
-        return self.revisions.get(key, 0)
+        return self.revisions.get(_memory_key(key), 0)
 
     @property
     def head_hash(self) -> bytes:

@@ -122,6 +122,17 @@ def test_the_in_memory_group_validates_a_command_before_the_pipeline(h: Harness,
     h.reject_command(InvalidCommand, command, field=field)
 
 
+@pytest.mark.parametrize("key", [bytearray(b"workitem:wi1"), ["workitem:wi1"], b"workitem:wi1", None])
+def test_the_in_memory_groups_reads_refuse_a_key_that_is_no_str(h: Harness, key: object) -> None:
+    """``MemoryGroup.get`` and ``revision`` looked the key up in a dict: an unhashable one
+    (bytearray, list) was a TypeError, and bytes quietly named nothing."""
+    for read in (h.group.get, h.group.revision):
+        with pytest.raises(InvalidCommand) as caught:
+            read(key)
+        assert caught.value.field == "key"
+    assert h.group.revision("workitem:wi1") >= 1 and h.group.get("workitem:wi1") is not None
+
+
 def test_the_chain_hash_commits_to_whether_an_event_is_evidence(h: Harness) -> None:
     """An Evidence Event (``authoritative`` False) verifies as it was accepted, and the same Event
     claiming to be authoritative does not: the flag is part of the hashed header."""
