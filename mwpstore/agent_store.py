@@ -1002,7 +1002,7 @@ class AgentStore:
         key = intent_key.key if isinstance(intent_key, Intent) else intent_key
         if type(receipt) is not dict:
             raise InvalidCommand("a receipt is a dict", field="receipt")
-        canonical.check_content(receipt, "receipt")
+        receipt = canonical.content_copy(receipt, "receipt")
         with self.begin() as tx:
             intent = tx._require_intent(key)
             if intent.state == IntentState.DONE:
@@ -1511,7 +1511,7 @@ class AgentTransaction:
         if request is not None:
             if type(request) is not dict:
                 raise InvalidCommand("an intent's request is a dict", field="request")
-            canonical.check_content(request, "request")
+            request = canonical.content_copy(request, "request")
         now = self._store._now_ms()
         intent = Intent(
             key=key,

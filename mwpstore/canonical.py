@@ -206,6 +206,24 @@ canonical_bytes: Callable[[Any], bytes] = _ENCODER.encode
 encoder's own method, so that it costs no Python frame (and C can call it directly)."""
 
 
+_COPY_DECODER = msgspec.json.Decoder()
+
+
+def content_copy(value: Any, field: str) -> Any:
+    """``value`` checked as content (:func:`check_content`) and copied: decoded from its canonical
+    bytes, so that what is stored is what was checked. The caller's dict may still change while
+    the call runs (another thread, or a clock the call reads), and a set or an unbounded int put
+    in after the check reached the encoder. ``InvalidCommand`` naming ``field`` if the value
+    changed into something that is not content between the check and the copy."""
+    check_content(value, field)
+    try:
+        copy = _COPY_DECODER.decode(canonical_bytes(value))
+    except Exception:
+        raise InvalidCommand(f"{field} changed while it was read: it is no JSON-like content now", field=field) from None
+    check_content(copy, field)
+    return copy
+
+
 def content_hash(data: bytes) -> bytes:
     return blake3.blake3(DOMAIN_COMMAND + data).digest()
 

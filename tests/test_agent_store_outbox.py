@@ -230,6 +230,36 @@ def test_a_side_effect_or_lookup_that_is_no_callable_is_refused_before_anything_
     agent.close()
 
 
+def test_a_request_or_receipt_changed_during_the_call_is_stored_as_it_was_checked(tmp_path):
+    """``record_intent`` and ``record_receipt`` checked the caller's dict, read the clock, then
+    encoded the dict: changed meanwhile (by another thread, here by the clock), content the check
+    never saw was stored (a set, as a list), and a value msgpack cannot encode was a bare
+    TypeError. Each now stores a copy of what it checked, and returns that copy."""
+    pending: list[dict] = []
+
+    def clock() -> int:
+        for value in pending:
+            value["later"] = {1, 2}  # not content: a set
+            value["to"] = "someone else"
+        pending.clear()
+        return 1_000
+
+    agent = AgentStore.open(tmp_path / "a", clock=clock)
+    request = {"to": "ops", "items": [1, 2]}
+    with agent.begin() as tx:
+        pending.append(request)
+        intent = tx.record_intent(GROUP, mission="m1", workitem="wi-1", ownership_epoch=3, operation="notify",
+                                  request=request)
+    assert intent.request == {"to": "ops", "items": [1, 2]} == agent.intent(intent.key).request
+    agent.mark_dispatched(intent.key)
+    receipt = {"ref": "r-1"}
+    pending.append(receipt)
+    done = agent.record_receipt(intent.key, receipt)
+    assert done.receipt == {"ref": "r-1"} == agent.intent(intent.key).receipt
+    assert receipt["later"] == {1, 2}  # the clock did change the caller's dict
+    agent.close()
+
+
 def test_reconcile_asks_nothing_about_an_intent_whose_outcome_is_known(tmp_path):
     """``reconcile`` settles only an unknown outcome: an INTENDED (never dispatched), RECONCILED or
     DONE intent is returned as it is, without calling ``lookup``."""
