@@ -304,6 +304,7 @@ def test_every_public_parameter_given_a_value_of_the_wrong_kind_is_a_typed_error
     from mwpstore.delivery import Delivery, FaultyTransport, ListSource
     from mwpstore.errors import error_from_code
     from mwpstore.offline import OfflineGuard
+    from mwpstore.registry import MemoryGroup
     from mwpstore.snapshot import Keyring, SnapshotRef, check_snapshot_ref
 
     authority = open_with_group(str(tmp_path / "authority"))
@@ -347,6 +348,10 @@ def test_every_public_parameter_given_a_value_of_the_wrong_kind_is_a_typed_error
         "agent.reconcile": (agent.reconcile, {"intent_key": key, "lookup": lambda intent: None}),
         "agent.restore": (agent.restore, {"data": data, "group": "g-2", "org": "acme", "high_water_seq": 0}),
         "tx.apply_many": (lambda events: _in_a_transaction(agent, "apply_many", events), {"events": events[6:]}),
+        "tx.record_intent": (lambda group, **fields: _in_a_transaction(agent, "record_intent", group, **fields),
+                             {"group": GROUP, "mission": "m-1", "workitem": "wi-2", "ownership_epoch": 1, "operation": "o",
+                              "request": {"to": "ops"}}),
+        "MemoryGroup.get": (MemoryGroup(GROUP).get, {"key": "group:g-1"}),
         "Delivery": (lambda **arguments: Delivery(**arguments).pull_once(GROUP),
                      {"agent": agent, "source": ListSource(events[:6]), "consumer": None, "batch_events": 5,
                       "restore_snapshot": None, "org": None}),
@@ -386,11 +391,11 @@ def test_every_public_parameter_given_a_value_of_the_wrong_kind_is_a_typed_error
         authority.close()
 
 
-def _in_a_transaction(agent, method: str, *arguments):
-    """``tx.<method>(*arguments)`` in a local transaction that is aborted whatever happens."""
+def _in_a_transaction(agent, method: str, *arguments, **options):
+    """``tx.<method>(*arguments, **options)`` in a local transaction that is aborted whatever happens."""
     tx = agent.begin()
     try:
-        return getattr(tx, method)(*arguments)
+        return getattr(tx, method)(*arguments, **options)
     finally:
         tx.abort()
 
