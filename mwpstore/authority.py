@@ -211,6 +211,38 @@ def current_boot_id() -> str:
         return "unknown"
 
 
+class _OwnedLock:
+    """A lock that knows the thread holding it. The calls that take it run the application's
+    code while they hold it (the clock, a key provider); called back from there, such a call
+    would wait for the lock its own thread holds, for ever: it is ``InvalidCommand`` (field the
+    call's name) instead."""
+
+    def __init__(self, calls: str, callbacks: str) -> None:
+        self._lock = threading.Lock()
+        self._holder: int | None = None
+        self._calls = calls
+        self._callbacks = callbacks
+
+    def refuse_holder(self, what: str) -> None:
+        """``InvalidCommand`` (field ``what``) when this thread holds the lock."""
+        if self._holder == get_ident():
+            raise InvalidCommand(
+                f"{what}() was called from inside a callback ({self._callbacks}) of a running {self._calls} of this "
+                "authority; call it after that returns",
+                field=what,
+            )
+
+    @contextlib.contextmanager
+    def held(self, what: str) -> Iterator[None]:
+        self.refuse_holder(what)
+        with self._lock:
+            try:
+                self._holder = get_ident()
+                yield
+            finally:
+                self._holder = None
+
+
 # -- Requests handed to the commit leader ----------------------------------------------------------
 
 
@@ -392,11 +424,10 @@ class Authority:
     _key_lock: threading.Lock  # guards _signing_key and _key_changes
     _key_changes: int  # counts rotations begun and ended: a key read from the file across one is stale
     _durable_directories: set[str]
-    _snapshot_lock: threading.Lock
+    _snapshot_lock: _OwnedLock  # one snapshot, or key change, at a time
     _unsettled_snapshots: list[tuple[str, int, str, str | None]]  # (group, seq, location, the one named before) of snapshots an interrupt ended: close() decides
     _closed_cleanly: bool  # the store was closed cleanly before this open (nothing for the open to sweep)
-    _archive_lock: threading.Lock  # one archive() at a time: each Group's record is logged once
-    _archiver: int | None  # the thread running archive() under _archive_lock (its key provider may call back)
+    _archive_lock: _OwnedLock  # one archive() at a time: each Group's record is logged once
     _retired: list[tuple[set[int], list[Any]]]  # replaced handles, with the threads whose reads may still use them
     _retire_lock: threading.Lock  # one release of replaced handles at a time (readers' and close())
     _lease_watches: dict[str, _LeaseWatch]  # by Group: the leased WorkItems, for the lease sweep
@@ -502,11 +533,10 @@ class Authority:
         self._key_lock = threading.Lock()
         self._key_changes = 0
         self._durable_directories = set()
-        self._snapshot_lock = threading.Lock()
+        self._snapshot_lock = _OwnedLock("snapshot, rotate_signing_key or drop_retired_key", "the clock")
         self._unsettled_snapshots = []
         self._closed_cleanly = True
-        self._archive_lock = threading.Lock()
-        self._archiver = None
+        self._archive_lock = _OwnedLock("archive", "the key provider, the clock")
         self._segment_bytes = segment_bytes
         self._retired = []
         self._retire_lock = threading.Lock()
@@ -1819,7 +1849,7 @@ class Authority:
         if type(retire) is not bool:  # a falsy non-bool (None, 0) would have dropped the old key
             raise InvalidCommand("retire must be True or False", field="retire")
         self._check_writable("rotate_signing_key")
-        with self._snapshot_lock:  # no snapshot is signed while the key changes
+        with self._snapshot_lock.held("rotate_signing_key"):  # no snapshot is signed while the key changes
             with self._key_lock:
                 self._signing_key = None  # whatever happens below, the next use reads the key file
                 self._key_changes += 1  # a key file read from now on may be the old key
@@ -1840,7 +1870,7 @@ class Authority:
         same sequence with the current key), so agents behind their replay floor can restore.
         ``NotFound`` when no such key is retired."""
         self._check_writable("drop_retired_key")
-        with self._snapshot_lock:
+        with self._snapshot_lock.held("drop_retired_key"):
             drop_retired_key(os.path.join(self.path, "keys"), key_id)
 
     @_index_errors_typed
@@ -1852,7 +1882,7 @@ class Authority:
         """
         canonical.check_id(group, "group")
         self._check_writable("snapshot")  # before its file is written
-        with self._snapshot_lock:  # one snapshot at a time: a sequence's file is written once
+        with self._snapshot_lock.held("snapshot"):  # one snapshot at a time: a sequence's file is written once
             return self._snapshot(group)
 
     def _snapshot(self, group: str) -> SnapshotRef:
@@ -1980,22 +2010,11 @@ class Authority:
         ``FileKeyProvider`` under ``<path>/keys/orgs``).
         """
         self._check_writable("archive")
-        if self._archiver == get_ident():
-            # from the key provider of this thread's archive(): it would wait for the lock its
-            # own thread holds, for ever
-            raise InvalidCommand(
-                "archive() was called from inside a callback (the key provider) of a running archive() of this "
-                "authority; call it after that returns",
-                field="archive",
-            )
-        with self._archive_lock:
+        self._snapshot_lock.refuse_holder("archive")  # its snapshot would be refused after group.archive
+        with self._archive_lock.held("archive"):
             # Two archive() calls for one Group would both write its audit log (with different
             # nonces) and both log a record: the record logged last need not name the file left.
-            try:
-                self._archiver = get_ident()
-                return self._archive(group, actor=actor, action_id=action_id, reason=reason, key_provider=key_provider)
-            finally:
-                self._archiver = None
+            return self._archive(group, actor=actor, action_id=action_id, reason=reason, key_provider=key_provider)
 
     def _org_keys(self, key_provider: Any) -> Any:
         """The Organizations' audit-log keys: ``key_provider``, or the store's own files under

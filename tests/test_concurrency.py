@@ -680,6 +680,58 @@ def test_an_archive_from_inside_an_archives_key_provider_is_refused_not_a_hang(t
     authority.close()
 
 
+@pytest.mark.parametrize("inner", ["snapshot", "archive", "rotate_signing_key", "drop_retired_key"])
+def test_a_clock_read_by_a_snapshot_that_calls_back_into_it_is_refused_not_a_hang(tmp_path, inner):
+    """snapshot() reads the clock (the file's creation time) while it holds the lock that lets one
+    snapshot or key change run at a time: a snapshot(), an archive() (which takes a snapshot) or a
+    key change asked for from that clock waited for the lock its own thread held, for ever. It is
+    refused (``InvalidCommand``, field the call's name) before anything is written: the other
+    Group is not archived, the key is not changed, and the running snapshot completes."""
+    from blocking import outcome_within
+    from authority_helpers import group_create
+    from mwpstore.errors import InvalidCommand, NotFound
+
+    refused: list[BaseException] = []
+    reentering = [False]
+    holder: list[Authority] = []
+    calls = {
+        "snapshot": lambda: holder[0].snapshot("g-2"),
+        "archive": lambda: holder[0].archive("g-2", actor="owner", action_id="archive-2"),
+        "rotate_signing_key": lambda: holder[0].rotate_signing_key(),
+        "drop_retired_key": lambda: holder[0].drop_retired_key("0" * 16),
+    }
+
+    def clock() -> int:
+        if reentering[0]:
+            reentering[0] = False
+            try:
+                calls[inner]()
+            except InvalidCommand as exc:
+                refused.append(exc)
+        return 1_700_000_000_000
+
+    path = str(tmp_path / "store")
+    authority = Authority.open(path, clock=clock)
+    holder.append(authority)
+    authority.accept(group_create())
+    authority.accept(group_create("g-2"))
+    key_id = authority.signing_key.key_id
+    head = authority.head("g-2")
+    reentering[0] = True
+    ref = outcome_within(30, lambda: authority.snapshot(GROUP))
+    assert ref.seq == 1 and authority.snapshots(GROUP) == [ref]
+    assert refused and refused[0].detail["field"] == inner
+    assert authority.head("g-2") == head and authority.archive_record("g-2") is None and authority.snapshots("g-2") == []
+    assert authority.signing_key.key_id == key_id
+    if inner == "drop_retired_key":  # the handle keeps working
+        with pytest.raises(NotFound):  # no such retired key: the call itself ran
+            calls[inner]()
+    else:
+        calls[inner]()
+    assert authority.verify().ok
+    authority.close()
+
+
 @pytest.mark.parametrize("inner", ["accept", "close", "wait_for"])
 def test_a_clock_that_calls_back_into_the_authority_is_refused_not_a_hang(tmp_path, inner):
     """The commit leader reads the clock: an accept() or close() from inside it waited for the
