@@ -223,6 +223,10 @@ class OfflineGuard:
     def buffer(self, command: Command, *, now_ms: int, reversible: bool, externally_visible: bool = False) -> BufferedCommand:
         """Check ``command`` with the guard and store it durably with its offline binding."""
         check_command(command)
+        # what is stored is what was checked: the caller's body is a dict another thread may
+        # change meanwhile, and a body changed into what no check allows would be refused by
+        # every later reconnect's rebase (its Command checked again), the outage never ending
+        command = msgspec.structs.replace(command, body=canonical.content_copy(command.body, "body"))
         if command.group != self.group or command.actor != self.agent_id:
             raise InvalidCommand("a buffered Command must be this agent's, in this Group", field="command")
         binding = self.permit(

@@ -265,6 +265,33 @@ def test_reconnect_refuses_arguments_of_the_wrong_kind_and_an_unstorable_receipt
     assert setup.submitted == [outcome.command] * 3  # the stored bytes each time (the authority's idempotency answers)
 
 
+def test_a_buffered_command_whose_body_changes_during_the_call_is_stored_as_it_was_checked(setup, monkeypatch):
+    """``buffer`` checked the Command, then ran the guard and stored it: a body another thread
+    changed meanwhile was stored unchecked, and every later ``reconnect`` refused it when its
+    rebase checked the Command again, so the outage never ended. The body stored is now the
+    copy that was checked."""
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    body = {**fence, "checkpoint": {"step": 1}}
+    command = setup.offline_command("workitem.checkpoint", body, action="cp-1")
+    permit = setup.guard.permit
+
+    def permit_while_another_thread_changes_the_body(*arguments, **options):
+        body["checkpoint"] = {"step": float("nan")}  # no content: refused by any check
+        return permit(*arguments, **options)
+
+    monkeypatch.setattr(setup.guard, "permit", permit_while_another_thread_changes_the_body)
+    record = setup.guard.buffer(command, now_ms=now(setup) + 1, reversible=True)
+    monkeypatch.undo()
+    assert record.command.body["checkpoint"] == {"step": 1}
+    [stored] = setup.guard.buffered()
+    assert stored.command.body["checkpoint"] == {"step": 1}
+    [outcome] = setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=setup.sync)
+    assert outcome.state is BufferedState.SUBMITTED and not setup.guard.offline
+    setup.sync()
+    assert setup.agent.checkpoint(GROUP, "wi1") == {"step": 1}
+
+
 def test_a_rejected_buffered_command_is_not_resubmitted_by_a_later_reconnect(setup):
     setup.guard.service_unreachable(now(setup))
     fence = setup.harness.fence("wi1")
