@@ -60,7 +60,7 @@ def _temp_path(path: str) -> str:
     return os.path.join(directory, f".{name}.{secrets.token_hex(8)}.tmp")
 
 
-def _write_all(fd: int, data: bytes | memoryview) -> None:
+def write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
@@ -79,7 +79,7 @@ def write_file_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
     try:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
@@ -202,7 +202,7 @@ def create_secret_file(path: str, data: bytes) -> bool:
         fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         try:
             os.fchmod(fd, 0o600)  # the umask may have removed bits, never added: make it exact
-            _write_all(fd, data)
+            write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)

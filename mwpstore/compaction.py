@@ -42,7 +42,7 @@ import blake3
 import msgspec
 
 from . import failpoints
-from ._files import open_regular
+from ._files import open_regular, write_all
 from .errors import MwpError, StorageFailed, translate
 from .messages import Effect, decode_event, encode_event, encode_receipt, receipt_for
 from .segment_log import COMMIT_FRAME_BYTES, SegmentLog, framed_bytes, group_bytes_max
@@ -281,10 +281,16 @@ def _write_marker(path: str) -> None:
     marker = os.path.join(path, MARKER)
     temp = marker + ".tmp"
     try:
-        with open(temp, "wb") as handle:
-            handle.write(b"log.compact is complete; finish the switch at open\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        # Whatever lies at the temporary name (a write killed before its rename, or a FIFO or a
+        # symbolic link put there since the open) goes first; the file is then created exclusively
+        # and never through a link, so nothing is waited on or written outside the store.
+        _remove_marker_temp(path)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+        try:
+            write_all(fd, b"log.compact is complete; finish the switch at open\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
         os.rename(temp, marker)
     except BaseException:
         _remove_marker_temp(path)  # no marker: the copy is not committed, and nothing would remove it

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import threading
 import time
 
@@ -602,6 +603,34 @@ def test_a_marker_whose_write_fails_leaves_no_temporary_file(tmp_path, monkeypat
         assert not os.path.exists(os.path.join(path, MARKER + ".tmp"))
         assert not os.path.exists(os.path.join(path, MARKER))
         assert os.stat(os.path.join(path, "log")).st_ino == old_log  # no switch without its marker
+
+
+@pytest.mark.parametrize("obstacle", ["fifo", "symlink"])
+def test_the_marker_is_not_written_through_what_lies_at_its_temporary_name(tmp_path, obstacle):
+    """``COMPACT-SWITCH.tmp`` is a fixed name, cleared only at open. Something put there while the
+    handle is open is no reason to wait (a FIFO: the marker's open for writing waited for a reader
+    for good, holding the commit lock) or to write outside the store (a symbolic link: the file it
+    names was truncated and overwritten with the marker)."""
+    path = str(tmp_path / "s")
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"keep")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        temp = os.path.join(path, MARKER + ".tmp")
+        if obstacle == "fifo":
+            os.mkfifo(temp)
+        else:
+            os.symlink(outside, temp)
+        try:
+            report = outcome_within(10, authority.compact)
+        finally:
+            if os.path.lexists(temp) and stat.S_ISFIFO(os.lstat(temp).st_mode):
+                os.close(os.open(temp, os.O_RDONLY | os.O_NONBLOCK))  # lets a writer waiting there go on
+        assert isinstance(report, compaction.CompactionReport), report
+        assert outside.read_bytes() == b"keep"
+        assert not os.path.lexists(temp) and not os.path.exists(os.path.join(path, MARKER))
+        authority.accept(mission_create("m-2"))
+        assert authority.verify().ok
 
 
 def test_open_removes_a_marker_temporary_file_a_crash_left(tmp_path):
