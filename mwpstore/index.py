@@ -122,7 +122,7 @@ class Index(SealedTables):
         self.directory = directory
         try:
             if not readonly:
-                os.makedirs(directory, exist_ok=True)
+                os.makedirs(directory, mode=0o755, exist_ok=True)  # as the store's other directories: 0777 under umask 0
             self.env = lmdb.open(
                 directory,
                 map_size=map_size,

@@ -10,9 +10,9 @@ import stat
 
 import pytest
 
-from authority_helpers import GROUP, open_with_group
+from authority_helpers import GROUP, OWNER, mission_create, open_with_group
 from mwpstore import _files
-from mwpstore.audit_log import read_audit_log_header
+from mwpstore.audit_log import FileKeyProvider, read_audit_log_header
 from mwpstore.errors import InvalidCommand, LimitExceeded, StorageFailed
 from mwpstore.limits import GROUP_BYTES_MAX, RECORD_BYTES_MAX
 from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
@@ -318,6 +318,41 @@ def test_a_secret_file_is_mode_0600_whatever_the_umask(tmp_path):
     finally:
         os.umask(previous)
     assert stat.S_IMODE(os.stat(tmp_path / "k.key").st_mode) == 0o600
+
+
+def test_under_umask_0_nothing_a_store_makes_is_writable_by_others_and_no_secret_is_readable(tmp_path):
+    """The modes mwpstore asks for are the only limit under umask 0: every file and directory of an
+    authority (after snapshots, a rotation, an archive, an Organization key rotation, a rebuild and
+    a compaction) and of an AgentStore is writable by its owner only, and everything under
+    ``keys/`` but the public key is private. ``index/`` was made with ``os.makedirs``' default
+    0777, so any local user could replace the index's files."""
+    from mwpstore import AgentStore, Authority
+
+    previous = os.umask(0)
+    try:
+        with open_with_group(str(tmp_path / "s")) as authority:
+            authority.accept(mission_create("m-1"))
+            authority.snapshot(GROUP)
+            authority.rotate_signing_key()
+            authority.accept(mission_create("m-2"))
+            authority.snapshot(GROUP)
+            authority.archive(GROUP, actor=OWNER, action_id="archive")
+            FileKeyProvider(str(tmp_path / "s" / "keys" / "orgs")).rotate("acme")
+            authority.rebuild()
+            authority.compact()
+        Authority.open(str(tmp_path / "s")).close()
+        AgentStore.open(str(tmp_path / "agent")).close()
+    finally:
+        os.umask(previous)
+    found = {}
+    for top in ("s", "agent"):
+        for directory, names, files in os.walk(tmp_path / top):
+            for name in [".", *names, *files]:
+                path = os.path.normpath(os.path.join(directory, name))
+                found[os.path.relpath(path, tmp_path)] = stat.S_IMODE(os.lstat(path).st_mode)
+    assert {"s/index", "s/log", "s/keys/orgs/acme", "s/keys/retired", "s/snapshots/g-1", "agent/lmdb"} <= set(found)
+    assert {path: oct(mode) for path, mode in found.items() if mode & 0o022} == {}
+    assert {path: oct(mode) for path, mode in found.items() if path.startswith("s/keys") and mode & 0o077} == {"s/keys/snapshot-signing.pub": "0o644"}
 
 
 def test_removing_a_secret_removes_only_its_own_temporary_copies_and_syncs(tmp_path, synced_directories):
