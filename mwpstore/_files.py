@@ -163,14 +163,21 @@ def take_lock_file(path: str, locked: Callable[[], MwpError], *, what: str) -> i
     ``StorageFailed`` naming ``what``, never "locked", which would send the operator looking for
     another process. Whatever ends the call, an interrupt as flock returns included, a
     descriptor not returned is closed: unknown to the caller, it would hold the lock for as long
-    as the process lives."""
+    as the process lives. A symbolic link or anything but a regular file at ``path`` is
+    ``StorageFailed`` too: the lock is never taken on, or created at, a file outside the store."""
     import fcntl
 
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # Never through a symbolic link (O_CREAT would make the file it names, outside the store),
+        # and never waiting on a FIFO.
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StorageFailed(f"cannot open {what} {path}: it is a symbolic link; remove it", errno=exc.errno, path=path) from None
         raise StorageFailed(f"cannot open {what} {path}: {exc}", errno=exc.errno, path=path) from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StorageFailed(f"cannot use {what} {path}: it is not a regular file; remove it", errno=errno.EINVAL, path=path)
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BaseException as exc:
         os.close(fd)

@@ -556,6 +556,40 @@ def test_a_lock_that_cannot_be_taken_at_all_is_storage_failed_not_store_locked(t
             assert reopened.verify().ok
 
 
+@pytest.mark.parametrize("obstacle", ["symlink", "fifo"])
+@pytest.mark.parametrize("lock", ["authority.lock", "log/LOCK", "agent.lock"])
+def test_a_lock_file_that_is_a_symbolic_link_or_a_fifo_is_refused(tmp_path, lock, obstacle):
+    """A lock file is opened with O_CREAT: through a symbolic link to a name outside the store,
+    the open made that file there and locked it. A link, and a FIFO, are STORAGE_FAILED naming the
+    lock file; nothing is made outside, the open holds nothing, and once the obstacle is gone the
+    store opens as it was."""
+    from mwpstore.agent_store import AgentStore
+
+    path = str(tmp_path / "s")
+    agent = lock == "agent.lock"
+    opener = (lambda: AgentStore.open(path)) if agent else (lambda: Authority.open(path))
+    if agent:
+        AgentStore.open(path).close()
+    else:
+        with open_with_group(path):
+            pass
+    target = os.path.join(path, lock)
+    outside = tmp_path / "outside"
+    os.remove(target)
+    if obstacle == "symlink":
+        os.symlink(outside, target)
+    else:
+        os.mkfifo(target)
+    with pytest.raises(StorageFailed) as caught:
+        opener()
+    assert caught.value.detail["path"] == target and target in caught.value.message
+    assert not os.path.lexists(outside)
+    assert store_files_held(path) == []
+    os.remove(target)
+    with opener() as reopened:
+        assert agent or (reopened.head(GROUP)[0] == 1 and reopened.verify().ok)
+
+
 @pytest.mark.parametrize("lock", ["authority.lock", "agent.lock"])
 def test_a_close_interrupted_as_it_closes_its_lock_never_closes_that_number_again(tmp_path, monkeypatch, lock):
     """CPython raises a signal's exception (KeyboardInterrupt) as a call returns: right after
