@@ -6,7 +6,8 @@ leaves either the old file or the complete new one. Secret files (signing keys, 
 keys) are created with mode 0600 and published with ``link`` instead of ``rename`` so two
 processes creating the same key at once never replace each other's key: the loser reads the
 winner's file. Reading a secret file refuses anything but a regular file owned by this user with
-no group or other permission bits and the exact expected size.
+no group or other permission bits and the exact expected size; the directory a secret is written
+into must be this user's and no symbolic link, and is made 0700 (``ensure_private_directory``).
 """
 
 from __future__ import annotations
@@ -189,11 +190,51 @@ def take_lock_file(path: str, locked: Callable[[], MwpError], *, what: str) -> i
     return fd
 
 
-def ensure_private_directory(directory: str, *, root: str | None = None) -> None:
+def ensure_private_directory(directory: str, *, top: str | None = None, root: str | None = None) -> None:
     """Create ``directory`` (mode 0700) if missing, durably (its parent fsynced: a key created
-    in it must survive a power loss); an existing directory is left as it is (with ``root``, see
-    :func:`makedirs_durable`)."""
+    in it must survive a power loss; with ``root``, see :func:`makedirs_durable`), and make sure
+    it is private: it and, with ``top`` (an ancestor), every directory from ``top`` down to it
+    must be a directory of this user's, not a symbolic link (a key would be written wherever it
+    points), else ``KeyFileInvalid`` (reason ``type`` or ``owner``) naming it, checked before
+    anything is made in it. One found with group or other permission bits (made by hand, or by
+    an older build) is set to 0700: its files are secrets, and their names say which keys the
+    store holds."""
+    directory = os.path.abspath(store_path(directory))
+    chain = [directory]
+    if top is not None:
+        top = os.path.abspath(store_path(top))
+        while chain[-1] != top and chain[-1].startswith(top.rstrip(os.sep) + os.sep):
+            chain.append(os.path.dirname(chain[-1]))
+    chain.reverse()
+    for path in chain:
+        if not os.path.lexists(path):
+            break  # made below, mode 0700
+        _make_private(path)
     makedirs_durable(directory, 0o700, root=root)
+    for path in chain:
+        _make_private(path)
+
+
+def _make_private(path: str) -> None:
+    """``path`` opened without following a link, checked (a directory, this user's) and set to
+    0700 through the descriptor if it grants anything to group or others."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            what = "a symbolic link" if os.path.islink(path) else "not a directory"
+            raise KeyFileInvalid(f"key directory {path} is {what}; refusing it", path=path, reason="type") from None
+        raise translate(exc, context=f"opening {path}") from None
+    try:
+        info = os.fstat(fd)
+        if info.st_uid != os.geteuid():
+            raise KeyFileInvalid(f"key directory {path} is owned by another user", path=path, reason="owner")
+        if info.st_mode & 0o077:
+            os.fchmod(fd, 0o700)
+    except OSError as exc:
+        raise translate(exc, context=f"making {path} private") from None
+    finally:
+        os.close(fd)
 
 
 def create_secret_file(path: str, data: bytes) -> bool:

@@ -46,7 +46,7 @@ from .errors import (
     StoreNotFound,
     translate,
 )
-from ._files import makedirs_durable, remove_temp_copies, store_path, take_lock_file
+from ._files import ensure_private_directory, makedirs_durable, remove_temp_copies, store_path, take_lock_file
 from ._lmdb_check import check_before_open, check_lmdb_file, check_map_size, check_option
 from ._sealed import DAMAGE_ERRORS, KEY_SHOWN_BYTES, damage_of, typed_damage
 from .index import (
@@ -1825,7 +1825,10 @@ class Authority:
         Synced once per handle (a directory this process made durable stays so)."""
         directory = os.path.join(self.path, relative)
         if relative not in self._durable_directories:
-            makedirs_durable(directory, 0o700 if private else 0o755, root=self.path)
+            if private:  # keys/ and what is under it: checked before a key is written (a link, another owner)
+                ensure_private_directory(directory, top=os.path.join(self.path, "keys"), root=self.path)
+            else:
+                makedirs_durable(directory, 0o755, root=self.path)
             self._durable_directories.add(relative)
         return directory
 

@@ -158,6 +158,56 @@ def test_the_directories_an_authority_makes_for_its_keys_are_private(tmp_path, f
             assert oct(os.stat(os.path.join(authority.path, relative)).st_mode & 0o777) == "0o700", relative
 
 
+def _make_key_directory_used(authority: Authority, directory: str) -> None:
+    """The first call that writes a key into ``directory`` (relative to the store)."""
+    if directory == "keys":
+        authority.signing_key  # noqa: B018
+    elif directory == "keys/retired":
+        authority.rotate_signing_key()
+    else:
+        authority.archive(GROUP, actor=OWNER, action_id="archive")
+
+
+@pytest.mark.parametrize("obstacle", ["symlink", "other owner", "mode 0777"])
+@pytest.mark.parametrize("directory", ["keys", "keys/retired", "keys/orgs", "keys/orgs/acme"])
+def test_a_key_directory_found_in_place_is_used_only_if_it_is_private(tmp_path, directory, obstacle):
+    """A key directory that is already there when a key is written into it: a symbolic link (the
+    seed, or an Organization's key, was written wherever it pointed, outside the store) or one
+    owned by another user is ``KEY_FILE_INVALID`` naming it, with nothing written; one of this
+    user's with group or other permission bits is made 0700 before any key is written in it."""
+    if obstacle == "other owner" and os.geteuid() != 0:
+        pytest.skip("giving a directory to another user needs root")
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        if directory == "keys/retired":
+            authority.signing_key  # noqa: B018 - keys/ made and checked as the store makes it
+    target = os.path.join(path, directory)
+    os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o777)
+    outside.chmod(0o777)
+    if obstacle == "symlink":
+        os.symlink(outside, target)
+    else:
+        os.mkdir(target, 0o700)
+        if obstacle == "other owner":
+            os.chown(target, 65534, 65534)
+        else:
+            os.chmod(target, 0o777)
+    with Authority.open(path) as authority:
+        if obstacle == "mode 0777":
+            _make_key_directory_used(authority, directory)
+            assert oct(os.stat(target).st_mode & 0o777) == "0o700"
+            assert authority.verify().ok
+            return
+        with pytest.raises(KeyFileInvalid) as caught:
+            _make_key_directory_used(authority, directory)
+    assert caught.value.detail["path"] == target and caught.value.detail["reason"] == ("type" if obstacle == "symlink" else "owner")
+    assert os.listdir(outside) == []
+    assert obstacle == "symlink" or os.listdir(target) == []
+
+
 CHILD_ROTATE = """
 import sys
 from mwpstore import Authority
