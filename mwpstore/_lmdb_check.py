@@ -87,11 +87,34 @@ def check_map_size(map_size: object) -> None:
         raise InvalidCommand(f"map_size must be an int of bytes in 1..{limits.INT_ABS_MAX}", field="map_size")
 
 
+def refuse_linked_files(directory: str, *, label: str) -> None:
+    """``StorageFailed`` naming the file if ``data.mdb`` or ``lock.mdb`` in ``directory`` is a
+    symbolic link or anything but a regular file. LMDB opens both with ``O_CREAT`` and follows
+    links: through a link to a name outside the store it made that file there and wrote the
+    environment (or its reader table) into it. A missing file, or one that cannot be looked at,
+    is left to the open."""
+    for name in ("data.mdb", "lock.mdb"):
+        path = os.path.join(directory, name)
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:
+            continue
+        if stat.S_ISLNK(mode):
+            raise StorageFailed(
+                f"the {label}'s LMDB file {path} is a symbolic link; LMDB would write the file it names: remove it",
+                errno=errno.ELOOP,
+                path=path,
+            )
+        if not stat.S_ISREG(mode):
+            raise StorageFailed(f"the {label}'s LMDB file {path} is not a regular file", errno=errno.EINVAL, path=path)
+
+
 def check_before_open(directory: str, check: bool | None, *, label: str, remedy: str) -> LmdbCheck | None:
     """The check an open makes before LMDB maps ``directory``'s data file: always with ``check``
     true, never with false, and with None (the default) when the file is at most
     ``limits.LMDB_CHECK_AT_OPEN_BYTES_MAX`` bytes. None when not checked (or no file yet)."""
     check_option(check)
+    refuse_linked_files(directory, label=label)
     path = os.path.join(directory, "data.mdb")
     try:
         info = os.stat(path)

@@ -41,6 +41,7 @@ import msgspec
 
 from . import limits
 from ._sealed import SEAL_BYTES, SealedTables, check_stored_format, open_databases, seal  # noqa: F401  (seal, SEAL_BYTES: part of this module's API)
+from ._lmdb_check import refuse_linked_files
 from .errors import Corruption, translate
 from .messages import HASH_BYTES, ZERO_HASH
 
@@ -123,6 +124,7 @@ class Index(SealedTables):
         try:
             if not readonly:
                 os.makedirs(directory, mode=0o755, exist_ok=True)  # as the store's other directories: 0777 under umask 0
+            refuse_linked_files(directory, label=self.label)
             self.env = lmdb.open(
                 directory,
                 map_size=map_size,

@@ -355,6 +355,40 @@ def test_under_umask_0_nothing_a_store_makes_is_writable_by_others_and_no_secret
     assert {path: oct(mode) for path, mode in found.items() if path.startswith("s/keys") and mode & 0o077} == {"s/keys/snapshot-signing.pub": "0o644"}
 
 
+@pytest.mark.parametrize(
+    ("opener", "name"),
+    [("authority", "data.mdb"), ("authority", "lock.mdb"), ("view", "lock.mdb"), ("agent", "data.mdb"), ("agent", "lock.mdb")],
+)
+def test_an_lmdb_file_that_is_a_symbolic_link_is_never_written_through(tmp_path, opener, name):
+    """LMDB opens ``data.mdb`` and ``lock.mdb`` with O_CREAT, following links: through a dangling
+    link it made the file it named, outside the store, and wrote the environment or its reader
+    table there. An AgentStore and a read-only view refuse such a link with STORAGE_FAILED naming
+    it; the writer's open judges its index unusable and rebuilds it in place of the link."""
+    from mwpstore import AgentStore, Authority
+
+    path = str(tmp_path / "s")
+    if opener == "agent":
+        AgentStore.open(path).close()
+        directory = os.path.join(path, "lmdb")
+    else:
+        with open_with_group(path):
+            pass
+        directory = os.path.join(path, "index")
+    outside = tmp_path / "outside"
+    target = os.path.join(directory, name)
+    os.remove(target)
+    os.symlink(outside, target)
+    if opener == "authority":
+        with Authority.open(path) as authority:
+            assert authority.open_report.mode == "rebuild" and authority.head(GROUP)[0] == 1
+        assert not os.path.islink(target)
+    else:
+        with pytest.raises(StorageFailed) as caught:
+            AgentStore.open(path) if opener == "agent" else Authority.open(path, readonly=True)
+        assert caught.value.detail["path"] == target and "symbolic link" in caught.value.message
+    assert not os.path.lexists(outside)
+
+
 def test_removing_a_secret_removes_only_its_own_temporary_copies_and_syncs(tmp_path, synced_directories):
     """``remove_with_temp_copies`` deletes the file and ``.<name>.<16 hex>.tmp`` copies, durably
     (the directory is fsynced), and nothing else: not a name that merely starts like a copy, nor
