@@ -156,6 +156,28 @@ def makedirs_durable(
         raise translate(exc, context=f"creating {path}") from None
 
 
+def refuse_links_below(root: str, relative: str) -> None:
+    """``StorageFailed`` (``errno`` ``ELOOP``, ``path``) if a directory of ``relative`` under
+    ``root`` (``snapshots``, ``snapshots/<group>``…) is a symbolic link: the files written there
+    would go wherever it points, outside the store. Components missing are made later, as
+    directories. ``root`` itself may be reached through links."""
+    path = os.path.abspath(store_path(root))
+    for part in relative.split("/"):
+        path = os.path.join(path, part)
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise translate(exc, context=f"looking at {path}") from None
+        if stat.S_ISLNK(mode):
+            raise StorageFailed(
+                f"{path} is a symbolic link; the store's files are written only inside {root}: put the directory there",
+                errno=errno.ELOOP,
+                path=path,
+            )
+
+
 def take_lock_file(path: str, locked: Callable[[], MwpError], *, what: str) -> int:
     """Open ``path`` (created if missing) and take its exclusive flock without waiting; the
     descriptor, which holds the lock until it is closed. ``locked()`` is raised when another

@@ -46,7 +46,7 @@ from .errors import (
     StoreNotFound,
     translate,
 )
-from ._files import ensure_private_directory, makedirs_durable, remove_temp_copies, store_path, take_lock_file
+from ._files import ensure_private_directory, makedirs_durable, refuse_links_below, remove_temp_copies, store_path, take_lock_file
 from ._lmdb_check import check_before_open, check_lmdb_file, check_map_size, check_option
 from ._sealed import DAMAGE_ERRORS, KEY_SHOWN_BYTES, damage_of, typed_damage
 from .index import (
@@ -1824,6 +1824,8 @@ class Authority:
         and a record logged next must not name a file whose directory a power loss can take.
         Synced once per handle (a directory this process made durable stays so)."""
         directory = os.path.join(self.path, relative)
+        if not private:  # checked at every call: a file is written there next (keys/: ensure_private_directory)
+            refuse_links_below(self.path, relative)
         if relative not in self._durable_directories:
             if private:  # keys/ and what is under it: checked before a key is written (a link, another owner)
                 ensure_private_directory(directory, top=os.path.join(self.path, "keys"), root=self.path)

@@ -10,7 +10,7 @@ import stat
 
 import pytest
 
-from authority_helpers import GROUP, OWNER, mission_create, open_with_group
+from authority_helpers import GROUP, OWNER, group_create, mission_create, open_with_group
 from mwpstore import _files
 from mwpstore.audit_log import FileKeyProvider, read_audit_log_header
 from mwpstore.errors import InvalidCommand, LimitExceeded, StorageFailed
@@ -387,6 +387,36 @@ def test_an_lmdb_file_that_is_a_symbolic_link_is_never_written_through(tmp_path,
             AgentStore.open(path) if opener == "agent" else Authority.open(path, readonly=True)
         assert caught.value.detail["path"] == target and "symbolic link" in caught.value.message
     assert not os.path.lexists(outside)
+
+
+@pytest.mark.parametrize("directory", ["snapshots", "snapshots/g-1", "archive", "archive/g-1"])
+def test_a_store_directory_that_is_a_symbolic_link_is_not_written_through(tmp_path, directory):
+    """``snapshots/<group>/`` and ``archive/<group>/`` (or their parents) found as a symbolic link,
+    put there after the open: the snapshot, or the audit log, was written wherever it pointed,
+    outside the store. It is STORAGE_FAILED naming the link, nothing is written there, the handle
+    goes on accepting, and once the link is gone the same call completes."""
+    path = str(tmp_path / "s")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.snapshot(GROUP)  # snapshots/g-1 made (and cached as durable) by this handle
+        authority.accept(mission_create("m-2"))
+        link = os.path.join(path, directory)
+        if os.path.isdir(link):
+            os.rename(link, tmp_path / "moved")
+        os.makedirs(os.path.dirname(link), exist_ok=True)
+        os.symlink(outside, link)
+        call = authority.snapshot if directory.startswith("snapshots") else lambda group: authority.archive(group, actor=OWNER, action_id="archive")
+        with pytest.raises(StorageFailed) as caught:
+            call(GROUP)
+        assert caught.value.detail["path"] == link and os.listdir(outside) == []
+        authority.accept(group_create("g-2"))  # g-1 is archived already when archive() fails
+        os.remove(link)
+        if os.path.isdir(tmp_path / "moved"):
+            os.rename(tmp_path / "moved", link)
+        call(GROUP)
+        assert os.listdir(outside) == [] and authority.verify().ok
 
 
 def test_removing_a_secret_removes_only_its_own_temporary_copies_and_syncs(tmp_path, synced_directories):
