@@ -22,9 +22,11 @@ Command line (documented in ``docs/format/archive.md``)::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import secrets
+import stat
 import struct
 import sys
 from collections.abc import Iterable, Iterator
@@ -176,7 +178,9 @@ class FileKeyProvider:
         ``current_key`` failing with ``KEY_FILE_INVALID`` (``missing``) until ``rotate``."""
         if type(key_id) is not str or _KEY_ID_PATTERN.match(key_id) is None:
             raise InvalidCommand("key_id must be a key id (16 lowercase hex digits)", field="key_id")
-        return remove_with_temp_copies(os.path.join(self._org_directory(org), f"{key_id}.key"))
+        path = os.path.join(self._org_directory(org), f"{key_id}.key")
+        _refuse_other_links(path)
+        return remove_with_temp_copies(path)
 
     @staticmethod
     def _new_key(directory: str) -> str:
@@ -193,6 +197,34 @@ class FileKeyProvider:
         if _KEY_ID_PATTERN.match(key_id) is None:
             raise KeyFileInvalid(f"{directory}/CURRENT does not name a key id", path=directory, reason="current")
         return key_id
+
+
+def _refuse_other_links(path: str) -> None:
+    """``KeyFileInvalid`` (reason ``links``) if a name outside its own temporary copies links to the
+    key file ``path``: deleting ``path`` would leave the key readable through it, and shredding would
+    report a key destroyed that is not."""
+    try:
+        info = os.lstat(path)
+        directory, name = os.path.split(path)
+        copies = 0
+        for entry in os.listdir(directory):
+            if re.fullmatch(rf"\.{re.escape(name)}\.[0-9a-f]{{16}}\.tmp", entry):
+                with contextlib.suppress(FileNotFoundError):
+                    other = os.lstat(os.path.join(directory, entry))
+                    copies += (other.st_dev, other.st_ino) == (info.st_dev, info.st_ino)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise translate(exc, context=f"looking at {path}") from None
+    others = info.st_nlink - 1 - copies
+    if stat.S_ISREG(info.st_mode) and others > 0:
+        raise KeyFileInvalid(
+            f"key file {path} has {others} other hard link(s); shredding it would leave "
+            f"the key readable through them: remove them first (find <mount> -xdev -samefile {path}), nothing was deleted",
+            path=path,
+            reason="links",
+            links=others,
+        )
 
 
 # -- Results -----------------------------------------------------------------------------------------

@@ -304,6 +304,30 @@ def test_shred_deletes_the_key_and_the_copies_an_interrupted_write_left(tmp_path
     assert caught.value.detail["reason"] == "missing"
 
 
+def test_shred_refuses_a_key_file_with_another_hard_link_and_deletes_nothing(tmp_path, provider, log):
+    """A hard link to the key file from elsewhere keeps the key when its name in the store is
+    deleted: shred answered True and every audit log under the key still decrypted. It is
+    ``KEY_FILE_INVALID`` (reason ``links``) with nothing deleted; the link a killed key write left
+    (its temporary copy) is no such link, and once the other one is gone the shred goes through."""
+    key_id = read_audit_log_header(log)["key_id"]
+    directory = tmp_path / "org-keys" / "acme"
+    key_file = directory / f"{key_id}.key"
+    leftover = directory / f".{key_id}.key.0123456789abcdef.tmp"
+    os.link(key_file, leftover)  # as create_secret_file killed between its link and its unlink left it
+    elsewhere = tmp_path / "copy-of-the-key"
+    os.link(key_file, elsewhere)
+    with pytest.raises(KeyFileInvalid) as caught:
+        provider.shred("acme", key_id)
+    assert caught.value.detail["reason"] == "links" and caught.value.detail["links"] == 1
+    assert caught.value.detail["path"] == str(key_file) and key_file.exists() and leftover.exists()
+    assert read_all(log, provider)  # still readable: nothing was shredded
+    os.remove(elsewhere)
+    assert provider.shred("acme", key_id) is True
+    assert not key_file.exists() and not leftover.exists()
+    with pytest.raises(ArchiveInvalid):
+        read_all(log, provider)
+
+
 @pytest.mark.parametrize("key_id", ["../../etc/passwd", "00" * 9, "AB" * 8, 7, None])
 def test_shred_refuses_what_is_not_a_key_id(provider, key_id):
     provider.current_key("acme")
