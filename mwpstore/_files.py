@@ -166,10 +166,8 @@ def refuse_links_below(root: str, relative: str) -> None:
         path = os.path.join(path, part)
         try:
             mode = os.lstat(path).st_mode
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise translate(exc, context=f"looking at {path}") from None
+        except OSError:
+            return  # missing, or in the way (a file): makedirs_durable makes it or names what is in the way
         if stat.S_ISLNK(mode):
             raise StorageFailed(
                 f"{path} is a symbolic link; the store's files are written only inside {root}: put the directory there",
