@@ -204,21 +204,27 @@ def check_stored_format(env: lmdb.Environment, expected: bytes, *, label: str, r
     """``CORRUPTION`` (reason ``format``) for an environment whose ``meta`` database records
     another format than ``expected``, checked before its other databases are opened: a store of an
     older format may lack databases this one has (format 1 had no ``presence``), and it must be
-    refused as what it is, not as damage. Format 1 stored its format plain, later formats sealed;
-    a value that does not unseal is named by its first bytes. Nothing is checked without a
-    ``meta`` database or a format in it (a new environment, or damage that the opening names)."""
+    refused as what it is, not as damage. Format 1 stored its format plain (``b"1"``), later
+    formats sealed. A value that fails its seal is a plain format only when it is spelled as one
+    (ASCII digits, shorter than a seal, so no sealed value can be it); anything else is damage,
+    left to the sealed read that follows to name (a damaged format 2 was reported as "format
+    '2...'" of four garbage bytes, and the writer rebuilt it as "index format differs"). Nothing is
+    checked without a ``meta`` database or a format in it (a new environment, or damage that the
+    opening names)."""
     with env.begin() as txn:
         if txn.get(b"meta") is None:
             return
     meta = env.open_db(b"meta", create=False)
-    with env.begin() as txn:
+    with env.begin(buffers=True) as txn:  # a view until its length is checked, as SealedTables reads
         raw = txn.get(b"format", db=meta)
-        stored = None if raw is None else bytes(raw[: 16 + SEAL_BYTES])
-    if stored is None:
-        return
-    value = _unseal(stored, b"format", _crc32(b"meta"), limits.LMDB_VALUE_BYTES_MAX)
+        if raw is None:
+            return
+        value = _unseal(raw, b"format", _crc32(b"meta"), limits.LMDB_VALUE_BYTES_MAX)
+        plain = None if value is not None or len(raw) >= SEAL_BYTES else bytes(raw)
     if value is None:
-        value = stored[:16]
+        if plain is None or not plain.isdigit():  # bytes.isdigit: ASCII digits only
+            return
+        value = plain
     if value != expected:
         raise Corruption(
             f"the {label} is format {value.decode('ascii', 'replace')!r}, not {expected.decode()!r}; {remedy}",

@@ -536,11 +536,10 @@ class AgentStore:
     def _check_format(self) -> None:
         tables = self._tables
         with tables.begin(write=True) as txn:
-            try:
-                stored = tables.get(txn, b"meta", b"format")
-            except Corruption:  # an unsealed value: a store of format 1, or damage
-                raw = txn.get(b"format", db=tables.dbs[b"meta"])
-                stored = None if raw is None else bytes(raw[:16])  # enough to name it in the error
+            # A value that fails its seal is damage (CORRUPTION, reason agent_checksum): a store of
+            # format 1, which stored it plain, was refused before the databases were opened
+            # (check_stored_format, in _Tables).
+            stored = tables.get(txn, b"meta", b"format")
             if stored is None:
                 tables.put(txn, b"meta", b"format", str(FORMAT_VERSION).encode())
             elif bytes(stored) != str(FORMAT_VERSION).encode():

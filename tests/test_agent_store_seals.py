@@ -161,6 +161,27 @@ def test_a_store_of_the_unsealed_format_is_refused_with_a_typed_error(tmp_path, 
     assert store_bytes(str(path), leave_out=("lmdb/lock.mdb",)) == before
 
 
+@pytest.mark.parametrize("stored", ["format 2, its seal damaged", "format 2 unsealed"])
+def test_a_damaged_format_entry_is_refused_as_damage_not_as_another_format(tmp_path, events, stored):
+    """A format entry that fails its seal and is not 0.1.0's plain format is damage (reason
+    agent_checksum). A damaged seal was refused as "format" with four garbage bytes for a name
+    (and advice to settle the outbox with the build that wrote it), and an unsealed ``2``, which
+    no build writes, opened as if it were sound."""
+    from mwpstore.index import seal
+
+    path = tmp_path / "agent"
+    agent = _filled(path, events)
+    sealed = seal(b"meta", b"format", b"2")
+    value = sealed[:-1] + bytes([sealed[-1] ^ 1]) if stored == "format 2, its seal damaged" else b"2"
+    with agent._env.begin(write=True) as txn:
+        assert bytes(txn.get(b"format", db=_raw(agent, b"meta"))) == sealed
+        txn.put(b"format", value, db=_raw(agent, b"meta"))
+    agent.close()
+    with pytest.raises(Corruption) as caught:
+        AgentStore.open(path)
+    assert caught.value.detail["reason"] == "agent_checksum" and caught.value.detail["key"] == "format"
+
+
 def test_deletes_and_resets_leave_no_false_alarm(tmp_path, events):
     class Scratch:
         name = "scratch"

@@ -151,6 +151,35 @@ def test_an_index_of_another_format_is_rebuilt_at_open(tmp_path, written):
             assert reopened.index.get(txn, b"meta", b"format") == INDEX_FORMAT
 
 
+@pytest.mark.parametrize("stored", ["format 2, its seal damaged", "format 2 unsealed", "a short value that is no format"])
+def test_a_damaged_format_entry_is_damage_not_another_format(tmp_path, stored):
+    """A format entry that fails its seal and is not spelled as a plain format (ASCII digits,
+    shorter than a seal: 0.1.0's ``1``) is damage: a view says CORRUPTION (index_checksum), as
+    for any damaged meta entry, and the writer rebuilds the index as unreadable. It was read as
+    "another format" named by its garbage bytes (a view: recovery_needed; the writer: index
+    format differs). Plain ``2``, the current format unsealed, was never written: damage too."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        head = authority.head(GROUP)
+    sealed = seal(b"meta", b"format", INDEX_FORMAT)
+    value = {
+        "format 2, its seal damaged": sealed[:-1] + bytes([sealed[-1] ^ 1]),
+        "format 2 unsealed": INDEX_FORMAT,
+        "a short value that is no format": b"\x01",
+    }[stored]
+    authority = Authority.open(path)
+    with authority.index.env.begin(write=True) as txn:
+        txn.put(b"format", value, db=authority.index.dbs[b"meta"])
+    authority.close()
+    with pytest.raises(Corruption) as caught:
+        Authority.open(path, readonly=True)
+    assert caught.value.detail == {"reason": "index_checksum", "database": "meta", "key": "format"}
+    with Authority.open(path) as reopened:
+        assert reopened.open_report.mode == "rebuild" and reopened.head(GROUP) == head
+        assert reopened.open_report.reason.startswith("index unreadable (CORRUPTION: index database meta has a damaged entry")
+
+
 def test_seal_round_trip_and_bounds():
     sealed = seal(b"states", b"k", b"value")
     assert bytes(unseal(b"states", b"k", sealed)) == b"value"
