@@ -2250,7 +2250,11 @@ class Authority:
             state = None if value is None else decode_state(value)[1]
             if state is not None and state.get("compacted"):
                 value = index.get(txn, b"archives", group.encode())
-                assert value is not None
+                if value is None:  # a rebuild refuses such a log (_index_record): this index is not the log's
+                    raise Corruption(
+                        f"group {group} is compacted but the index holds no archive record for it; run `mwpstore rebuild`",
+                        reason="index_missing",
+                    )
                 record = _decode_note(value, ArchiveRecord)
                 # Its Events up to the final snapshot live in the audit log now; later ones (an
                 # audit.delete tombstone) are still in the log, read after the snapshot's sequence.
@@ -2862,7 +2866,8 @@ def _index_record(
     last_ms: list[int],
 ) -> None:
     """Apply one log record to the index: gathered in ``writes``, flushed into ``txn`` by the caller
-    (redo and rebuild). Heads are kept in ``heads``; ``txn`` is read only for a Group's head."""
+    (redo and rebuild). Heads are kept in ``heads``; ``txn`` is read only for a Group's head and, at a
+    compacted Group's record, for its archive record."""
     tag = bytes(record[:1])
     if tag == EVENT_TAG:
         try:
@@ -2915,6 +2920,15 @@ def _index_record(
         writes.put(b"receipts", receipt_key(actor, action_id), content_hash + encoded)
     elif tag == GROUP_TAG:
         group, seq, digest, kept = _decode_group_record(position, record)
+        key = group.encode()
+        if all(archived != key for archived, _ in writes.items[b"archives"]) and index.get(txn, b"archives", key) is None:
+            # compaction writes one only for a Group whose archive record the log holds before it:
+            # without that record no read of the Group could be served
+            raise Corruption(
+                f"log record at {position} compacts group {group}, which has no archive record before it",
+                offset=position,
+                reason="decode",
+            )
         heads[group] = (seq, digest)
         for effect in kept:  # the first record of these keys in a compacted log
             writes.put(b"states", state_key(group, effect.aggregate), encode_state(effect.revision, effect.state))
@@ -2943,6 +2957,23 @@ def _decode_group_record(position: int, record: bytes | memoryview) -> tuple[str
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise Corruption(f"log record at {position} is not a Group remainder: {exc}", offset=position, reason="decode") from None
     _check_record_values(position, [digest], [seq], kept, [group])
+    # What compaction writes, in either form: the Group aggregate marked compacted (readers take
+    # the Group's Events from its archive then), and the Memberships. Anything else read as one
+    # left a Group the readers could not serve (a bare AssertionError, or "run rebuild" forever).
+    aggregates = [effect.aggregate for effect in kept]
+    marked = [effect for effect in kept if effect.aggregate == f"group:{group}" and effect.state is not None]
+    if (
+        len(marked) != 1
+        or marked[0].state.get("compacted") is not True  # type: ignore[union-attr]
+        or len(set(aggregates)) != len(aggregates)
+        or not all(key == f"group:{group}" or key.startswith("member:") for key in aggregates)
+    ):
+        raise Corruption(
+            f"log record at {position} is not a Group remainder compaction writes (group {group}: the Group "
+            "aggregate marked compacted and its Memberships)",
+            offset=position,
+            reason="decode",
+        )
     return group, seq, digest, kept
 
 

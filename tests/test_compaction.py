@@ -813,3 +813,73 @@ def test_a_compacted_group_record_of_the_first_form_is_read(tmp_path, monkeypatc
             reopened.accept(mission_create("late"))
         report = reopened.verify()
         assert report.ok, report.problems
+
+
+def _hostile_group_record(form: str) -> tuple[object, ...]:
+    """The fields of a Group record (``G``) for a Group "ghost" that no compaction wrote."""
+    from mwpstore.messages import Effect
+
+    digest = b"\x01" * 32
+    return {
+        "first form, not marked compacted": ("ghost", 3, digest, 1, {"status": "archived"}),
+        "second form, no Group aggregate": ("ghost", 3, digest, [Effect("member:o", 1, {"role": "owner"})]),
+        "second form, a WorkItem kept": (
+            "ghost", 3, digest, [Effect("group:ghost", 1, {"compacted": True}), Effect("workitem:w", 1, {"lease": None})]
+        ),
+        "second form, the Group aggregate twice": (
+            "ghost", 3, digest, [Effect("group:ghost", 1, {"compacted": True}), Effect("group:ghost", 2, {"compacted": True})]
+        ),
+        "first form, no archive record before it": ("ghost", 3, digest, 1, {"status": "archived", "compacted": True}),
+    }[form]
+
+
+@pytest.mark.parametrize(
+    "form",
+    [
+        "first form, not marked compacted",
+        "second form, no Group aggregate",
+        "second form, a WorkItem kept",
+        "second form, the Group aggregate twice",
+        "first form, no archive record before it",
+    ],
+)
+def test_a_group_record_no_compaction_wrote_is_corruption_at_rebuild(tmp_path, form):
+    """A ``G`` record that decodes (either form) but is not what compaction writes (the Group
+    aggregate marked compacted, its Memberships, after the Group's archive record) is CORRUPTION
+    (decode) at the rebuild and in verify, not a Group the reads cannot serve: such a store
+    opened, and ``read`` of the Group was a bare AssertionError (no archive record) or "the index
+    lost Events ...; run rebuild" (not marked compacted), which no rebuild cures."""
+    import msgspec
+
+    from mwpstore.authority import GROUP_TAG
+    from mwpstore.errors import Corruption
+
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+    with SegmentLog.open(os.path.join(path, "log")) as log:
+        (position,) = log.append([GROUP_TAG + msgspec.msgpack.encode(_hostile_group_record(form))])
+    shutil.rmtree(os.path.join(path, "index"))
+    with pytest.raises(Corruption) as caught:
+        Authority.open(path)
+    assert caught.value.detail == {"offset": position, "reason": "decode"}
+    assert "ghost" in caught.value.message
+
+
+def test_a_compacted_group_whose_archive_record_the_index_lost_is_corruption(tmp_path):
+    """An index that says a Group is compacted but holds no archive record for it (its entry and
+    presence gone, as a rebuild from another log leaves it) answers CORRUPTION, not a bare
+    AssertionError, from read and replay_floor."""
+    from mwpstore.errors import Corruption
+
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        _fill(authority, GROUP, 2)
+        authority.archive(GROUP, actor=OWNER, action_id="archive", reason="done")
+        authority.compact()
+        with authority.index.begin(write=True) as txn:
+            assert authority.index.delete(txn, b"archives", GROUP.encode())
+        for call in (lambda: authority.read(GROUP), lambda: authority.replay_floor(GROUP)):
+            with pytest.raises(Corruption) as caught:
+                call()
+            assert caught.value.detail["reason"] == "index_missing"
