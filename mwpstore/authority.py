@@ -1593,45 +1593,48 @@ class Authority:
         """The states of ``group``'s WorkItems that may hold a lease, by WorkItem id in id order:
         those of its watch once one is made, else (the Group's first sweep on this handle, or a
         sweep beside that one) every WorkItem's, from a scan that makes the watch."""
-        with self._lease_lock:
-            watches = self._lease_watches
-            watch = watches.get(group)
-            held = None if watch is None or watch.held is None else sorted(watch.held)
-            making = watch is None
-            if making:
-                watch = watches[group] = _LeaseWatch()
-        if held is not None:
-            index = self.index
-            states = {}
-            with index.begin() as txn:
-                for workitem in held:
-                    value = index.get(txn, b"states", state_key(group, f"workitem:{workitem}"))
-                    state = None if value is None else decode_state(value)[1]
-                    if state is not None:
-                        states[workitem] = state
-            return states
+        fresh = _LeaseWatch()  # made here: once it is in the watches, the try below owns it
+        watches: dict[str, _LeaseWatch] = {}
         try:
+            with self._lease_lock:
+                watches = self._lease_watches
+                watch = watches.get(group)
+                held = None if watch is None or watch.held is None else sorted(watch.held)
+                if watch is None:
+                    watch = watches[group] = fresh
+            if held is not None:
+                index = self.index
+                states = {}
+                with index.begin() as txn:
+                    for workitem in held:
+                        value = index.get(txn, b"states", state_key(group, f"workitem:{workitem}"))
+                        state = None if value is None else decode_state(value)[1]
+                        if state is not None:
+                            states[workitem] = state
+                return states
             # The watch is registered before this read begins: every commit this read misses
             # records its change in the watch.
             items = self.aggregates(group, prefix="workitem:")
-        except BaseException:
-            if making:
+            states = {key.partition(":")[2]: state for key, _, state in items if state is not None}
+            if watch is fresh:
                 with self._lease_lock:
-                    if watches.get(group) is watch:
+                    found = {workitem for workitem, state in states.items() if state.get("lease") is not None}
+                    for workitem, leased in watch.changes.items():
+                        if leased:
+                            found.add(workitem)
+                        else:
+                            found.discard(workitem)
+                    watch.held, watch.changes = found, {}
+            return states
+        except BaseException:
+            # A scan that made the watch and did not finish it (a failed read, an interrupt
+            # anywhere in it): dropped, or every later sweep would read every WorkItem, and every
+            # commit add to its changes, for the life of the handle. The next sweep makes it again.
+            if fresh.held is None:
+                with self._lease_lock:
+                    if watches.get(group) is fresh:
                         del watches[group]
             raise
-        states = {key.partition(":")[2]: state for key, _, state in items if state is not None}
-        if making:
-            with self._lease_lock:
-                assert watch is not None
-                found = {workitem for workitem, state in states.items() if state.get("lease") is not None}
-                for workitem, leased in watch.changes.items():
-                    if leased:
-                        found.add(workitem)
-                    else:
-                        found.discard(workitem)
-                watch.held, watch.changes = found, {}
-        return states
 
     def _note_leases(self, events: list[Event]) -> None:
         """Keep the lease watches (``_leased_states``) up to date with a committed batch."""

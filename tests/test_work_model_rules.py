@@ -509,18 +509,37 @@ def test_a_lease_change_committed_while_a_group_s_first_sweep_reads_is_kept_for_
     h.close()
 
 
+class _InterruptedAfter:
+    """The scan's result, whose iteration ends in KeyboardInterrupt (Ctrl-C while the sweep reads
+    what the scan returned)."""
+
+    def __init__(self, items: list[Any]) -> None:
+        self._items = items
+
+    def __iter__(self) -> Any:
+        yield from self._items
+        raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("failure", ["the scan fails", "interrupted after the scan"])
 def test_a_group_s_first_sweep_that_fails_leaves_the_next_one_to_make_the_set(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
 ) -> None:
+    """A first sweep cut short, by its scan's failure or an interrupt while it reads what the scan
+    returned, leaves no half-made set: the next sweep makes it (an interrupted one stayed unmade,
+    so every later sweep read every WorkItem for the life of the handle)."""
     h = DurableHarness(tmp_path / "store")
     h.setup(workitems=("wi1", "wi2"))
     h.claim("w1", "wi2")
+    scan = h.authority.aggregates
 
-    def failing_scan(group: str, *, prefix: str = "") -> list[Any]:
-        raise StorageFailed("injected: the scan could not read the index")
+    def failing_scan(group: str, *, prefix: str = "") -> Any:
+        if failure == "the scan fails":
+            raise StorageFailed("injected: the scan could not read the index")
+        return _InterruptedAfter(scan(group, prefix=prefix))
 
     monkeypatch.setattr(h.authority, "aggregates", failing_scan)
-    with pytest.raises(StorageFailed):
+    with pytest.raises(StorageFailed if failure == "the scan fails" else KeyboardInterrupt):
         h.authority.expire_leases(GROUP)
     monkeypatch.undo()
     assert _swept_states(h, monkeypatch) == ([], ["wi1", "wi2"])
