@@ -461,6 +461,30 @@ def test_sqlite_peer_refuses_a_bad_clock_reading_as_mwpstore_does(tmp_path: Path
         pair.close()
 
 
+def test_sqlite_peer_keeps_the_last_acceptance_time_across_a_reopen_and_a_redo(tmp_path: Path) -> None:
+    """Reopened with a clock behind its latest Event, the peer accepts at that Event's time, as
+    mwpstore does (its index keeps the last time); and so does a peer that took the Events by
+    redo, as mwpstore's redo at open does."""
+    late = 2_000_000
+    pair = _WorkModelPair(tmp_path, late)
+    try:
+        pair.send("owner", "group.create", GROUP, {"org": "acme"})
+    finally:
+        pair.close()
+    pair = _WorkModelPair(tmp_path, late - 1_000)  # the same two stores, reopened
+    pair._actions = 1  # the action ids go on from the first handle's
+    try:
+        assert pair.send("owner", "mission.create", "m1", {"title": "t", "cost_limit": 1}).accepted_at_ms == late
+        events = pair.authority.read(GROUP)
+    finally:
+        pair.close()
+    with SqliteAuthority.open(tmp_path / "redone", clock=lambda: late - 1_000, rules=True) as redone:
+        assert redone.redo(events) == len(events)
+        command = Command(actor="owner", action_id="after-redo", group=GROUP, kind="mission.create", target="m2",
+                          body={"title": "t", "cost_limit": 1})
+        assert redone.accept(command).accepted_at_ms == late
+
+
 def test_sqlite_lean_variant_updates_the_state_with_the_body_and_runs_no_rules(tmp_path: Path) -> None:
     with SqliteAuthority.open(tmp_path / "s", clock=_clock) as store:
         store.accept(workload.group_create(GROUP))

@@ -799,8 +799,11 @@ def test_a_compacted_group_record_of_the_first_form_is_read(tmp_path, monkeypatc
         _fill(authority, "active", 3)
         _fill(authority, GROUP, 3)
         record = authority.archive(GROUP, actor=OWNER, action_id="archive", reason="done")
+        archived_revision, archived_state = authority.state(GROUP, f"group:{GROUP}")
         assert authority.compact().groups_compacted == [GROUP]
         head, group_state = authority.head(GROUP), authority.state(GROUP, f"group:{GROUP}")
+        # the record's revision and state, as the Group aggregate had them, marked compacted
+        assert group_state == (archived_revision, {**archived_state, "compacted": True}) and archived_revision > 1
         active = authority.read("active")
     monkeypatch.undo()
     shutil.rmtree(os.path.join(path, "index"))
@@ -830,20 +833,28 @@ def _hostile_group_record(form: str) -> tuple[object, ...]:
             "ghost", 3, digest, [Effect("group:ghost", 1, {"compacted": True}), Effect("group:ghost", 2, {"compacted": True})]
         ),
         "first form, no archive record before it": ("ghost", 3, digest, 1, {"status": "archived", "compacted": True}),
+        "second form, a Membership twice": (
+            "ghost", 3, digest, [Effect("group:ghost", 1, {"compacted": True}), Effect("member:o", 1, {}), Effect("member:o", 2, {})]
+        ),
+        "first form, revision 0": ("ghost", 3, digest, 0, {"status": "archived", "compacted": True}),
+        "second form, a 31-byte chain hash": ("ghost", 3, digest[:31], [Effect("group:ghost", 1, {"compacted": True})]),
     }[form]
 
 
 @pytest.mark.parametrize(
-    "form",
+    ("form", "why"),
     [
-        "first form, not marked compacted",
-        "second form, no Group aggregate",
-        "second form, a WorkItem kept",
-        "second form, the Group aggregate twice",
-        "first form, no archive record before it",
+        ("first form, not marked compacted", "not a Group remainder compaction writes"),
+        ("second form, no Group aggregate", "not a Group remainder compaction writes"),
+        ("second form, a WorkItem kept", "not a Group remainder compaction writes"),
+        ("second form, the Group aggregate twice", "not a Group remainder compaction writes"),
+        ("second form, a Membership twice", "not a Group remainder compaction writes"),
+        ("first form, no archive record before it", "which has no archive record before it"),
+        ("first form, revision 0", "gives group:ghost revision 0"),
+        ("second form, a 31-byte chain hash", "holds a 31-byte hash"),
     ],
 )
-def test_a_group_record_no_compaction_wrote_is_corruption_at_rebuild(tmp_path, form):
+def test_a_group_record_no_compaction_wrote_is_corruption_at_rebuild(tmp_path, form, why):
     """A ``G`` record that decodes (either form) but is not what compaction writes (the Group
     aggregate marked compacted, its Memberships, after the Group's archive record) is CORRUPTION
     (decode) at the rebuild and in verify, not a Group the reads cannot serve: such a store
@@ -863,7 +874,7 @@ def test_a_group_record_no_compaction_wrote_is_corruption_at_rebuild(tmp_path, f
     with pytest.raises(Corruption) as caught:
         Authority.open(path)
     assert caught.value.detail == {"offset": position, "reason": "decode"}
-    assert "ghost" in caught.value.message
+    assert why in caught.value.message
 
 
 def test_a_compacted_group_whose_archive_record_the_index_lost_is_corruption(tmp_path):

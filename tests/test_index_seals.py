@@ -7,6 +7,7 @@ is ``CORRUPTION`` — never a wrong state, a second Event for a replayed Command
 
 from __future__ import annotations
 
+import os
 import sys
 import zlib
 
@@ -120,7 +121,10 @@ def test_verify_reports_damage_instead_of_raising(tmp_path):
         assert not report.ok and any("heads" in problem for problem in report.problems)
 
 
-@pytest.mark.parametrize("written", ["format 1 (unsealed)", "format 1 as 0.1.0 wrote it (no presence)", "a later format (sealed)"])
+@pytest.mark.parametrize(
+    "written",
+    ["format 1 (unsealed)", "format 1 as 0.1.0 wrote it (no presence)", "a later format (sealed)", "a later format (sealed), without presence"],
+)
 def test_an_index_of_another_format_is_rebuilt_at_open(tmp_path, written):
     path = str(tmp_path / "store")
     with open_with_group(path) as authority:
@@ -128,11 +132,12 @@ def test_an_index_of_another_format_is_rebuilt_at_open(tmp_path, written):
         head = authority.head(GROUP)
     authority = Authority.open(path)
     with authority.index.env.begin(write=True) as txn:
-        if written != "a later format (sealed)":
+        later = written.startswith("a later format")
+        if not later:
             txn.put(b"format", b"1", db=authority.index.dbs[b"meta"])
         else:  # its seal holds: the format itself must decide
             authority.index.put(txn, b"meta", b"format", b"3")
-        if written == "format 1 as 0.1.0 wrote it (no presence)":
+        if written.endswith("presence)"):
             txn.drop(authority.index.dbs[b"presence"], delete=True)
     authority.close()
     if written != "format 1 (unsealed)":
@@ -141,7 +146,8 @@ def test_an_index_of_another_format_is_rebuilt_at_open(tmp_path, written):
         before = store_bytes(path, leave_out=("index/lock.mdb",))
         with pytest.raises(InvalidState) as caught:
             Authority.open(path, readonly=True)
-        assert caught.value.detail["reason"] == "recovery_needed" and "index of another format" in caught.value.message
+        assert caught.value.detail["reason"] == "recovery_needed"
+        assert f"index of another format ({'3' if later else '1'!r})" in caught.value.message  # read before the databases
         assert store_bytes(path, leave_out=("index/lock.mdb",)) == before
     with Authority.open(path) as reopened:
         assert reopened.open_report.mode == "rebuild" and reopened.head(GROUP) == head
@@ -151,7 +157,9 @@ def test_an_index_of_another_format_is_rebuilt_at_open(tmp_path, written):
             assert reopened.index.get(txn, b"meta", b"format") == INDEX_FORMAT
 
 
-@pytest.mark.parametrize("stored", ["format 2, its seal damaged", "format 2 unsealed", "a short value that is no format"])
+@pytest.mark.parametrize(
+    "stored", ["format 2, its seal damaged", "format 2 unsealed", "a short value that is no format", "digits as long as a sealed value"]
+)
 def test_a_damaged_format_entry_is_damage_not_another_format(tmp_path, stored):
     """A format entry that fails its seal and is not spelled as a plain format (ASCII digits,
     shorter than a seal: 0.1.0's ``1``) is damage: a view says CORRUPTION (index_checksum), as
@@ -167,6 +175,7 @@ def test_a_damaged_format_entry_is_damage_not_another_format(tmp_path, stored):
         "format 2, its seal damaged": sealed[:-1] + bytes([sealed[-1] ^ 1]),
         "format 2 unsealed": INDEX_FORMAT,
         "a short value that is no format": b"\x01",
+        "digits as long as a sealed value": b"21111",  # a plain format is shorter than a seal
     }[stored]
     authority = Authority.open(path)
     with authority.index.env.begin(write=True) as txn:
@@ -178,6 +187,27 @@ def test_a_damaged_format_entry_is_damage_not_another_format(tmp_path, stored):
     with Authority.open(path) as reopened:
         assert reopened.open_report.mode == "rebuild" and reopened.head(GROUP) == head
         assert reopened.open_report.reason.startswith("index unreadable (CORRUPTION: index database meta has a damaged entry")
+
+
+def test_a_view_of_an_index_lmdb_finds_damaged_while_its_format_is_read_is_corruption(tmp_path):
+    """Only a refusal by format makes a view ask for a writer's open first: LMDB's own verdict on
+    a damaged page, met while the format is read, stays CORRUPTION. (The view runs no structure
+    check before LMDB maps the file: the writer's open does, and rebuilds.)"""
+    import struct
+
+    path = str(tmp_path / "store")
+    with open_with_group(path):
+        pass
+    node = struct.pack("<HHHH", 5, 0, 0, 6) + b"format" + seal(b"meta", b"format", INDEX_FORMAT)
+    file = os.path.join(path, "index", "data.mdb")
+    with open(file, "rb") as handle:
+        data = handle.read()
+    assert node in data
+    with open(file, "wb") as handle:  # every copy of the entry's node declares a 1 GiB value
+        handle.write(data.replace(node, struct.pack("<HHHH", 5, 0x4000, 0, 6) + node[8:]))
+    with pytest.raises(Corruption) as caught:
+        Authority.open(path, readonly=True)
+    assert caught.value.detail["reason"] != "format"
 
 
 def test_seal_round_trip_and_bounds():

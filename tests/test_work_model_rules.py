@@ -478,34 +478,42 @@ def test_after_its_first_sweep_a_group_s_sweeps_read_only_the_workitems_that_hol
     h.close()
 
 
-@pytest.mark.parametrize("change", ["claim", "release"])
+@pytest.mark.parametrize("change", ["claim", "release", "claim, then a sweep beside"])
 def test_a_lease_change_committed_while_a_group_s_first_sweep_reads_is_kept_for_the_later_sweeps(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, change: str
 ) -> None:
     """A commit the first sweep's read does not see records its change in the set being made: a
-    lease granted then is expired by a later sweep, and one released then is not read again."""
+    lease granted then is expired by a later sweep, and one released then is not read again. A
+    sweep beside the first (it scans too) leaves the set to the sweep making it: had it finished
+    the set, the first sweep's older read would then replace it, without the change."""
     h = DurableHarness(tmp_path / "store")
     h.setup(workitems=("wi1", "wi2"))
     if change == "release":
         h.claim_and_start("w1", "wi1")
     scan = h.authority.aggregates
+    scans: list[str] = []
 
     def scan_then_change(group: str, *, prefix: str = "") -> list[Any]:
         items = scan(group, prefix=prefix)
-        if change == "claim":
-            h.claim("w1", "wi2")
-        else:
+        scans.append(group)
+        if len(scans) > 1:  # the sweep beside
+            return items
+        if change == "release":
             h.accept("w1", "workitem.checkpoint", "wi1", {**h.fence("wi1"), "checkpoint": 1})
+        else:
+            h.claim("w1", "wi2")
+        if change == "claim, then a sweep beside":
+            assert h.authority.expire_leases(GROUP) == []
         return items
 
     monkeypatch.setattr(h.authority, "aggregates", scan_then_change)
     assert h.authority.expire_leases(GROUP) == []
     monkeypatch.undo()
     h.advance(CONTRACT["start_ms"])
-    if change == "claim":
-        assert _swept_states(h, monkeypatch) == (["wi2"], ["wi2"])
-    else:
+    if change == "release":
         assert _swept_states(h, monkeypatch) == ([], [])
+    else:
+        assert _swept_states(h, monkeypatch) == (["wi2"], ["wi2"])
     h.close()
 
 
@@ -521,13 +529,16 @@ class _InterruptedAfter:
         raise KeyboardInterrupt
 
 
-@pytest.mark.parametrize("failure", ["the scan fails", "interrupted after the scan"])
+@pytest.mark.parametrize("failure", ["the scan fails", "interrupted after the scan", "a later sweep's read fails"])
 def test_a_group_s_first_sweep_that_fails_leaves_the_next_one_to_make_the_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
 ) -> None:
     """A first sweep cut short, by its scan's failure or an interrupt while it reads what the scan
     returned, leaves no half-made set: the next sweep makes it (an interrupted one stayed unmade,
-    so every later sweep read every WorkItem for the life of the handle)."""
+    so every later sweep read every WorkItem for the life of the handle). A later sweep whose read
+    fails leaves the set made before it in place."""
+    from mwpstore import authority as authority_module
+
     h = DurableHarness(tmp_path / "store")
     h.setup(workitems=("wi1", "wi2"))
     h.claim("w1", "wi2")
@@ -538,11 +549,19 @@ def test_a_group_s_first_sweep_that_fails_leaves_the_next_one_to_make_the_set(
             raise StorageFailed("injected: the scan could not read the index")
         return _InterruptedAfter(scan(group, prefix=prefix))
 
-    monkeypatch.setattr(h.authority, "aggregates", failing_scan)
-    with pytest.raises(StorageFailed if failure == "the scan fails" else KeyboardInterrupt):
+    def failing_decode(value: Any) -> Any:
+        raise StorageFailed("injected: a leased WorkItem's state could not be read")
+
+    if failure == "a later sweep's read fails":
+        assert _swept_states(h, monkeypatch) == ([], ["wi1", "wi2"])
+        monkeypatch.setattr(authority_module, "decode_state", failing_decode)
+    else:
+        monkeypatch.setattr(h.authority, "aggregates", failing_scan)
+    with pytest.raises(KeyboardInterrupt if failure == "interrupted after the scan" else StorageFailed):
         h.authority.expire_leases(GROUP)
     monkeypatch.undo()
-    assert _swept_states(h, monkeypatch) == ([], ["wi1", "wi2"])
+    if failure != "a later sweep's read fails":
+        assert _swept_states(h, monkeypatch) == ([], ["wi1", "wi2"])
     assert _swept_states(h, monkeypatch) == ([], ["wi2"])
     h.close()
 
