@@ -566,6 +566,31 @@ def test_a_group_s_first_sweep_that_fails_leaves_the_next_one_to_make_the_set(
     h.close()
 
 
+def test_a_commit_cut_short_after_its_index_commit_fails_the_handle_so_no_sweep_trusts_the_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interrupt between a commit's index commit and its update of the leased sets: the claim
+    is durable but the set missed it, so the handle refuses writes (a sweep among them) until it
+    is reopened, and the reopened handle expires the lease."""
+    h = DurableHarness(tmp_path / "store")
+    h.setup(workitems=("wi1", "wi2"))
+    assert h.authority.expire_leases(GROUP) == []  # the set is made: no lease
+
+    def interrupted(events: list[Any]) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(h.authority, "_note_leases", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        h.claim("w1", "wi2")
+    monkeypatch.undo()
+    with pytest.raises(StorageFailed):
+        h.authority.expire_leases(GROUP)
+    h.reopen()
+    h.advance(CONTRACT["start_ms"])
+    assert _swept_states(h, monkeypatch) == (["wi2"], ["wi1", "wi2"])
+    h.close()
+
+
 def test_the_leased_set_matches_a_full_scan_after_threads_claim_release_and_sweep_at_once(tmp_path: Path) -> None:
     """Four workers claim, start, renew and checkpoint their WorkItems while a fifth thread moves
     the clock and sweeps, over and over: afterwards the handle's set of leased WorkItems is the
