@@ -138,6 +138,9 @@ class Index(SealedTables):
             )
             self.dbs: dict[bytes, Any] = {}
             try:
+                # The slots of reader processes that died (see begin) are cleared at every open too:
+                # a view opened while the writer is idle would otherwise find the table full of them.
+                self.env.reader_check()
                 # An index of format 1 (0.1.0) lacks presence: CORRUPTION, reason format (the
                 # writer rebuilds it, a read-only view asks for a writer's open first).
                 check_stored_format(self.env, INDEX_FORMAT, label="index", remedy=self.remedy)
@@ -155,6 +158,17 @@ class Index(SealedTables):
         except (lmdb.Error, OSError) as exc:  # OSError: the directory cannot be made (EIO, ENOSPC, EROFS)
             raise translate(exc, context=f"opening index {directory}") from None
         self._seal_tables(self.dbs, self.dbs[b"presence"], PRESENCE_TAGS)
+
+    def begin(self, *, write: bool = False) -> lmdb.Transaction:
+        if write:
+            # A process that dies inside a read (a read-only view holds one for its whole life, so
+            # a killed `mwpstore tail` does) leaves its slot in lock.mdb's reader table, and LMDB
+            # clears such slots only when asked. Each one pins the pages of its snapshot: no page
+            # freed after it could be used again (every page a commit rewrote was a new one, so
+            # the index grew until its map was full), and max_readers of them left no slot for any
+            # read. Cleared before every write: one lock test per other process in the table.
+            self.env.reader_check()
+        return super().begin(write=write)
 
     def close(self) -> None:
         self.env.close()

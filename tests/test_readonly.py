@@ -891,3 +891,49 @@ def test_bare_read_only_opens_beside_a_writer_that_rolls_over_serve_whole_checke
         assert _check_served(log, group_ends, rounds) == written
         assert log.verify() == written
     assert len(os.listdir(directory)) > 3  # it rolled over
+
+
+def _view_killed_inside_its_read(path: str) -> int:
+    """The pid of a process that opened a view of ``path`` (whose read lasts the view's life) and
+    was killed with it open: its slot is left in ``index/lock.mdb``'s reader table."""
+    code = "import sys\nfrom mwpstore import Authority\nview = Authority.open(sys.argv[1], readonly=True)\nprint('READY', flush=True)\nsys.stdin.read()\n"
+    child = subprocess.Popen([sys.executable, "-c", code, path], env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None and child.stdout.readline() == "READY\n"
+    child.kill()
+    child.wait(timeout=10)
+    return child.pid
+
+
+def _reader_pids(view_or_writer: Authority) -> set[int]:
+    lines = view_or_writer.index.env.readers().splitlines()[1:]  # below the header "pid thread txnid"
+    return {int(line.split()[0]) for line in lines if line.strip()}
+
+
+def test_the_writer_clears_the_reader_slots_of_killed_views_at_its_next_commit(tmp_path):
+    """Each slot left pinned its snapshot's pages, so every later commit grew the index by what it
+    rewrote, and 512 of them (max_readers) left no slot for any read, the writer's own included."""
+    path = str(tmp_path / "store")
+    authority = open_with_group(path)
+    try:
+        dead = {_view_killed_inside_its_read(path) for _ in range(3)}
+        assert dead & _reader_pids(authority)  # LMDB left the last one there (each view's open clears those before)
+        pages = authority.index.env.info()["last_pgno"]
+        for number in range(60):
+            authority.accept(mission_create(f"m-{number}"))
+        assert not dead & _reader_pids(authority)
+        # With a dead reader pinned, each commit's rewritten pages were new ones: hundreds of
+        # pages more here (about 570) instead of a few dozen.
+        assert authority.index.env.info()["last_pgno"] - pages < 100
+    finally:
+        authority.close()
+
+
+def test_a_view_clears_the_reader_slots_of_killed_views_when_it_opens(writer):
+    path, _ = writer  # idle: no commit of the writer clears them
+    dead = {_view_killed_inside_its_read(path) for _ in range(3)}
+    view = Authority.open(path, readonly=True)
+    try:
+        assert not dead & _reader_pids(view)
+        assert view.head(GROUP)[0] == 1
+    finally:
+        view.close()
