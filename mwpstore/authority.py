@@ -1625,6 +1625,10 @@ class Authority:
                         else:
                             found.discard(workitem)
                     watch.held, watch.changes = found, {}
+                    if not states and not found and watches.get(group) is watch:
+                        # No WorkItem to watch (a Group without any yet, or none at all): kept, one
+                        # watch per name ever swept would pile up for the handle's life.
+                        del watches[group]
             return states
         except BaseException:
             # A scan that made the watch and did not finish it (a failed read, an interrupt
@@ -1642,6 +1646,9 @@ class Authority:
             for event in events:
                 watch = self._lease_watches.get(event.group)
                 if watch is None:
+                    continue
+                if event.kind == "group.archive":  # no WorkItem of it changes again: nothing to watch
+                    del self._lease_watches[event.group]
                     continue
                 for effect in event.effects:
                     if effect.aggregate.startswith("workitem:"):

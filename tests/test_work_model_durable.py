@@ -24,6 +24,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis.stateful import rule
 
 import test_work_model as rules
+from authority_helpers import group_create
 from mwpstore import Authority
 from mwpstore.errors import InvalidState
 from mwpstore.messages import Command, Event, receipt_for
@@ -249,3 +250,23 @@ DurableWorkModelMachine.TestCase.settings = settings(
     max_examples=30, stateful_step_count=60, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 TestDurableWorkModelMachine = DurableWorkModelMachine.TestCase
+
+
+def test_lease_sweeps_keep_a_watch_only_for_groups_with_workitems(tmp_path: Path) -> None:
+    """A long-lived handle swept many Group names: none without a WorkItem, nor an archived one,
+    keeps an entry in the watches (one per name ever swept piled up for the handle's life)."""
+    h = DurableHarness(tmp_path / "store")
+    h.setup(workitems=("wi1",))
+    for number in range(300):
+        assert h.authority.expire_leases(f"g-never-{number}") == []
+    h.authority.accept(group_create("g-empty"))
+    assert h.authority.expire_leases("g-empty") == []
+    assert set(h.authority._lease_watches) == set()
+    h.claim("w1", "wi1")
+    assert h.authority.expire_leases(GROUP) == []
+    assert set(h.authority._lease_watches) == {GROUP}  # a Group with WorkItems keeps its watch
+    h.advance(CONTRACT["start_ms"])
+    assert [receipt.aggregate for receipt in h.authority.expire_leases(GROUP)] == ["workitem:wi1"]
+    h.authority.archive(GROUP, actor="owner", action_id="archive-1")
+    assert h.authority._lease_watches == {}
+    h.close()
