@@ -31,7 +31,7 @@ from . import failpoints, limits
 from ._index_c import seal as _seal
 from ._index_c import seal_items as _seal_items
 from ._index_c import unseal as _unseal
-from .errors import Corruption, MwpError
+from .errors import Corruption, MwpError, translate
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -281,8 +281,11 @@ def typed_damage(label: str, remedy: str, reason: str, errors: tuple[type[BaseEx
     return decorate
 
 
-def damage_of(label: str, remedy: str, reason: str, exc: BaseException) -> Corruption:
-    """The ``CORRUPTION`` that a foreign error met on a read path of ``label`` stands for."""
+def damage_of(label: str, remedy: str, reason: str, exc: BaseException) -> MwpError:
+    """The ``CORRUPTION`` that a foreign error met on a read path of ``label`` stands for; a full
+    reader table is none (``StorageFailed``, reason ``readers_full``: the read may be retried)."""
+    if isinstance(exc, lmdb.ReadersFullError):
+        return translate(exc, context=f"reading the {label}")
     return Corruption(f"the {label} is damaged ({type(exc).__name__}: {exc}); {remedy}", reason=reason)
 
 

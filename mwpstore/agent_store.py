@@ -513,6 +513,7 @@ class AgentStore:
                 os.path.join(path, "lmdb"),
                 map_size=map_size,
                 max_dbs=len(_DATABASES) + 1,
+                max_readers=limits.LMDB_READERS_MAX,
                 sync=True,
                 metasync=True,
                 subdir=True,

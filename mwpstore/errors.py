@@ -328,12 +328,22 @@ def translate(exc: BaseException, *, context: str = "") -> MwpError:
     import lmdb  # local import: this module must stay importable without the environment
     import msgspec
 
+    from . import limits
+
     if isinstance(exc, lmdb.CorruptedError) or isinstance(exc, lmdb.PageNotFoundError) or isinstance(
         exc, lmdb.InvalidError
     ):
         return Corruption(
             f"the LMDB index is damaged{where}: {exc}. Run `mwpstore rebuild` to regenerate it from the log.",
             reason=type(exc).__name__,
+        )
+    if isinstance(exc, lmdb.ReadersFullError):  # no damage: as many reads as it has slots, now
+        return StorageFailed(
+            f"all {limits.LMDB_READERS_MAX} reader slots of the LMDB environment are taken{where} "
+            "(limits.LMDB_READERS_MAX reads at once: this process's, and for an authority's index "
+            "those of other processes' read-only views too); retry when fewer run.",
+            reason="readers_full",
+            limit=limits.LMDB_READERS_MAX,
         )
     if isinstance(exc, lmdb.MapFullError):
         return LimitExceeded(f"the LMDB map is full{where}; reopen with a larger map size.", field="map_size")

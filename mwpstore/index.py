@@ -129,7 +129,7 @@ class Index(SealedTables):
                 directory,
                 map_size=map_size,
                 max_dbs=len(DATABASE_NAMES) + 2,
-                max_readers=512,
+                max_readers=limits.LMDB_READERS_MAX,
                 sync=False,
                 metasync=False,
                 readahead=False,

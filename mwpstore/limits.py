@@ -52,6 +52,10 @@ AUDIT_CHUNK_BYTES_MAX = 16 * 1024 * 1024
 # -- LMDB ---------------------------------------------------------------------------------------
 LMDB_MAP_BYTES_DEFAULT = 64 * 1024 * 1024 * 1024
 AGENT_LMDB_MAP_BYTES_DEFAULT = 16 * 1024 * 1024 * 1024
+# Reads under way at once in one LMDB environment (each holds a slot of its reader table): the
+# authority's index counts its own reads and those of every process's read-only views; an
+# AgentStore its threads' reads. One more is StorageFailed (reason readers_full) until one ends.
+LMDB_READERS_MAX = 512
 LMDB_VALUE_BYTES_MAX = RECORD_BYTES_MAX  # any value either LMDB store holds (a state, an encoded Event, a projection value)
 # Opening a store checks its LMDB file's structure first (csrc/lmdb_check.c) when the file is at
 # most this large (about 20 ms from the page cache, 0.1 s cold, measured on this project's

@@ -10,10 +10,12 @@ import errno
 import mmap
 import os
 
+import lmdb
 import pytest
 
 from authority_helpers import GROUP, OWNER, group_create, mission_create, open_with_group, store_files_held
-from mwpstore import Authority, StorageFailed
+from mwpstore import Authority, StorageFailed, limits
+from mwpstore.agent_store import AgentStore
 
 
 def _refuse(code: int):
@@ -251,3 +253,38 @@ def test_a_compaction_whose_final_measurement_fails_is_storage_failed_and_comple
     assert store_files_held(path) == []
     with Authority.open(path) as authority:
         assert authority.head(GROUP)[0] == 4 and authority.verify().ok
+
+
+def test_a_full_lmdb_reader_table_is_storage_failed_naming_the_limit_not_corruption(tmp_path, monkeypatch):
+    """As many reads at once as an environment has slots (its own threads', other processes'
+    views) is no damage: it was CORRUPTION telling the caller to rebuild a sound index."""
+    monkeypatch.setattr(limits, "LMDB_READERS_MAX", 4)  # read when each environment is opened
+    authority = open_with_group(str(tmp_path / "store"))
+    agent = AgentStore.open(str(tmp_path / "agent"))
+    try:
+        reads = {
+            "head": lambda: authority.head(GROUP),
+            "accept": lambda: authority.accept(mission_create("m-1")),  # its duplicate check reads
+            "expire_leases": lambda: authority.expire_leases(GROUP),
+            "agent groups": agent.groups,
+        }
+        for name, read in reads.items():
+            env = agent._tables.env if name.startswith("agent") else authority.index.env
+            held = []
+            with pytest.raises(lmdb.ReadersFullError):  # every slot the handle's own reads left free
+                while len(held) < 8:
+                    held.append(env.begin())
+            try:
+                with pytest.raises(StorageFailed) as caught:
+                    read()
+            finally:
+                for txn in held:
+                    txn.abort()
+                held.clear()  # an aborted transaction keeps its slot until it is freed
+            assert caught.value.detail == {"reason": "readers_full", "limit": 4}, name
+            assert "limits.LMDB_READERS_MAX" in caught.value.message
+            read()  # a slot free again: the handle was not failed
+        assert authority.head(GROUP)[0] == 2
+    finally:
+        agent.close()
+        authority.close()
