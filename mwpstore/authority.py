@@ -1841,6 +1841,10 @@ class Authority:
                 ensure_private_directory(directory, top=os.path.join(self.path, "keys"), root=self.path)
             else:
                 makedirs_durable(directory, 0o755, root=self.path)
+            if len(self._durable_directories) >= _DURABLE_DIRECTORIES_MAX:
+                # One per Group ever snapshotted or archived: forgotten (each checked and synced
+                # once more at its next use), or it would grow for the handle's whole life.
+                self._durable_directories.clear()
             self._durable_directories.add(relative)
         return directory
 
@@ -3184,6 +3188,9 @@ def _fsync_directory(directory: str) -> None:
 # -- read-only views -------------------------------------------------------------------------------
 
 _WRITERS_HERE: dict[tuple[int, int], int] = {}
+# The directories one handle remembers as durable (_store_directory): snapshots/<group>,
+# archive/<group>, keys/orgs/<org>, one per Group or Organization it wrote a file for.
+_DURABLE_DIRECTORIES_MAX = 4096
 """(device, inode) of each store directory this process holds open for writing, with the fork
 generation that opened it: a read-only view of one of them is refused (see ``Authority.open``)."""
 

@@ -109,6 +109,26 @@ def test_directories_for_snapshots_and_keys_are_created_durably(tmp_path, synced
         assert os.path.dirname(directory) in synced_directories, directory
 
 
+def test_a_handle_remembers_a_bounded_number_of_durable_directories(tmp_path, monkeypatch, synced_directories):
+    """One snapshots/<group> per Group ever snapshotted stayed in the handle's memory for its
+    life; past the bound they are forgotten, and a directory forgotten is synced again when used."""
+    from mwpstore import authority as authority_module
+
+    monkeypatch.setattr(authority_module, "_DURABLE_DIRECTORIES_MAX", 20, raising=False)
+    store = os.path.abspath(str(tmp_path / "store"))
+    groups = [f"g-many-{number}" for number in range(60)]
+    with open_with_group(store) as authority:
+        authority.snapshot(GROUP)
+        authority.accept_many([group_create(group) for group in groups])
+        for group in groups:
+            authority.snapshot(group)
+            assert len(authority._durable_directories) <= 20
+        authority.accept(mission_create("m-1"))
+        del synced_directories[:]
+        authority.snapshot(GROUP)  # its directory was forgotten: synced in its parent again
+    assert os.path.join(store, "snapshots") in synced_directories
+
+
 @pytest.mark.parametrize("kind", ["authority", "agent store"])
 def test_a_new_store_directory_is_made_durable_in_its_parent(tmp_path, synced_directories, kind):
     """Opening a store in a directory that does not exist yet creates it and every missing parent.
