@@ -14,6 +14,9 @@ RECORD_BYTES_MAX = 16 * 1024 * 1024
 GROUP_RECORDS_MAX = 65536
 GROUP_BYTES_MAX = 64 * 1024 * 1024
 SCAN_BATCH_RECORDS_MAX = 65536
+# Sealed segments one log handle keeps mapped (each map holds a descriptor): the least recently
+# read beyond these are unmapped, and mapped again when read.
+SEGMENT_MAPS_MAX = 64
 
 # -- IDs and Commands ---------------------------------------------------------------------------
 ID_CHARS_MAX = 128

@@ -55,6 +55,7 @@ from mwpstore.limits import (
     SEGMENT_BYTES_DEFAULT,
     SEGMENT_BYTES_MAX,
     SEGMENT_BYTES_MIN,
+    SEGMENT_MAPS_MAX,
 )
 
 __all__ = ["RecordBatch", "SegmentInfo", "SegmentLog", "segment_file_name"]
@@ -508,6 +509,13 @@ class SegmentLog:
         self._bulk_written = False  # BULK is in the directory (read at open; see BULK_FILE_NAME)
         self._known_end: int | None = None  # open(known_end=): where a read-only recovery stops reading
         self._fork_generation = _fork.generation  # the process it is used in (mwpstore._fork)
+        # The sealed segments mapped, least recently read first (_mapped): bounded, or a handle
+        # that has read its whole log once keeps a map and a descriptor per segment for its life.
+        # Not once the maps hold the files (hold_files): a map dropped then would be made again
+        # from the name, which may by then be another file.
+        self._mapped_sealed: dict[_Segment, None] = {}
+        self._maps_lock = threading.Lock()
+        self._holding = False
 
     # -- opening ------------------------------------------------------------------------------
 
@@ -568,19 +576,23 @@ class SegmentLog:
             self._open_directory()
             self._load_segments()
             if self._readonly:
-                self._hold_files()
+                self.hold_files()
         except BaseException:
             self._close_quietly()
             raise
         return self
 
-    def _hold_files(self) -> None:
-        """Map every segment now (a read-only open): the maps keep the files this open found, which
-        a later read would otherwise open by name. Beside a live writer the name may by then be
-        another file: a compaction renames the log directory away, puts a new log with new
-        segments in its place, and deletes the old one (docs/format/segment.md). A file that cannot
-        be mapped (not a regular file, empty) is left to the first read that needs it, which says
-        why, as before: a clean open reads no sealed segment."""
+    def hold_files(self) -> None:
+        """Map every segment now, and keep every map until :meth:`close` (a read-only open; the
+        writer's log before a compaction switches its directory): the maps keep the files this
+        handle reads, which a later read would otherwise open by name. Beside a live writer the
+        name may by then be another file: a compaction renames the log directory away, puts a new
+        log with new segments in its place, and deletes the old one (docs/format/segment.md). A
+        file that cannot be mapped (not a regular file, empty) is left to the first read that needs
+        it, which says why, as before: a clean open reads no sealed segment."""
+        with self._maps_lock:
+            self._holding = True  # from here on _note_mapped unmaps nothing
+            self._mapped_sealed.clear()
         for segment in self._segments:
             try:
                 _, mapped = segment.mapping()
@@ -740,6 +752,8 @@ class SegmentLog:
         """``segment.mapping()``; the first time for a segment taken on a clean close's word, its
         header and seal are checked on the mapped bytes (the inspecting open's checks and errors)."""
         data, mapped = segment.mapping()
+        if segment.sealed:
+            self._note_mapped(segment)
         if segment.header is None:
             header = ffi.new("struct sl_header *")
             status = ffi.new("int *")
@@ -756,6 +770,21 @@ class SegmentLog:
                 raise _unsealed_segment(segment.path, next_first_position, seal_fault)
             segment.header = header
         return data, mapped
+
+    def _note_mapped(self, segment: _Segment) -> None:
+        """Mark a sealed segment read last; unmap the least recently read beyond
+        ``SEGMENT_MAPS_MAX``. A read still using one keeps its map until it lets go (``unmap``),
+        and one read again is mapped again."""
+        with self._maps_lock:
+            if self._holding:
+                return
+            recent = self._mapped_sealed
+            recent.pop(segment, None)
+            recent[segment] = None
+            while len(recent) > SEGMENT_MAPS_MAX:  # unmapped under the lock: hold_files waits for it
+                oldest = next(iter(recent))
+                del recent[oldest]
+                oldest.unmap()
 
     def _load_header(self, path: str, number: int) -> _Segment:
         directory, name = os.path.split(path)

@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from blocking import Caller
 from authority_helpers import GROUP, OWNER, FakeClock, group_create, mission_create, open_with_group, store_files_held
 from mwpstore import Authority, Command, CursorTooOld, InvalidCommand
 from mwpstore.compaction import MARKER
@@ -137,6 +138,38 @@ def _small_segments(path: str) -> Authority:
     authority = Authority.open(path, segment_bytes=64 * 1024)
     authority.accept(group_create(GROUP))
     return authority
+
+
+def test_a_read_running_across_a_compaction_reads_the_old_logs_files(tmp_path, monkeypatch):
+    """A log keeps few sealed segments mapped (segment_log.SEGMENT_MAPS_MAX) and maps one again
+    from its name when read; across a compaction the name is the new log's file: the old log holds
+    every file before the switch, so a read still running on it goes on reading its own."""
+    from mwpstore import segment_log
+
+    monkeypatch.setattr(segment_log, "SEGMENT_MAPS_MAX", 1)
+    with _small_segments(str(tmp_path / "s")) as authority:
+        _fill_in_commits(authority, 1500)
+        assert len(authority.log.segments()) >= 4
+        expected = authority.read(GROUP, limit=10_000)
+        paused, resume = threading.Event(), threading.Event()
+        mapped = segment_log.SegmentLog._mapped
+        reader_calls = []
+
+        def pausing(log, segment):  # the read, on its second segment, waits for the compaction
+            if threading.current_thread().name == "reader":
+                reader_calls.append(segment)
+                if len(reader_calls) == 2:
+                    paused.set()
+                    resume.wait(30)
+            return mapped(log, segment)
+
+        monkeypatch.setattr(segment_log.SegmentLog, "_mapped", pausing)
+        reader = Caller(lambda: authority.read(GROUP, limit=10_000), name="reader")
+        assert paused.wait(30)
+        authority.compact()
+        resume.set()
+        assert reader.outcome() == expected
+        assert authority.read(GROUP, limit=10_000) == expected
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the process's open files from /proc")

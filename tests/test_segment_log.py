@@ -74,6 +74,38 @@ def test_empty_append_writes_nothing(tmp_path):
         assert log.end == 0
 
 
+def _maps_of(directory: object) -> int:
+    """The process's maps of files under ``directory``."""
+    with open("/proc/self/maps") as maps:
+        return sum(1 for line in maps if f"{directory}/" in line)
+
+
+def test_a_log_keeps_a_bounded_number_of_sealed_segments_mapped(tmp_path, monkeypatch):
+    """Each sealed segment a read touched stayed mapped, with its descriptor (mmap keeps a copy),
+    for the handle's life: a process that read a long log once held one per segment. Past the
+    bound the least recently read are unmapped; reads of them, and a scan whose segment was
+    unmapped while it was suspended, map them again."""
+    from mwpstore import segment_log
+
+    monkeypatch.setattr(segment_log, "SEGMENT_MAPS_MAX", 2, raising=False)
+    rng = random.Random(5)
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        written = []
+        for group in random_groups(rng, 300):
+            written += list(zip(log.append(group), group))
+        assert len(log.segments()) >= 6
+        descriptors = len(os.listdir("/proc/self/fd"))
+        suspended = log.scan(0, batch_records=5)
+        first = next(suspended)
+        assert scan_all(log) == written
+        assert [log.read(position) for position, _ in written] == [record for _, record in written]
+        # at most the bound, the active segment and the one the suspended scan still holds
+        assert _maps_of(tmp_path) <= 4
+        assert len(os.listdir("/proc/self/fd")) - descriptors <= 4
+        rest = [(p, bytes(r)) for batch in suspended for p, r in zip(batch.positions, batch.records)]
+        assert list(zip(first.positions, map(bytes, first.records))) + rest == written
+
+
 def test_rollover_seals_segments_and_keeps_positions_contiguous(tmp_path):
     rng = random.Random(2)
     with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
