@@ -210,7 +210,9 @@ def take_lock_file(path: str, locked: Callable[[], MwpError], *, what: str) -> i
     return fd
 
 
-def ensure_private_directory(directory: str, *, top: str | None = None, root: str | None = None) -> None:
+def ensure_private_directory(
+    directory: str, *, top: str | None = None, follow_top: bool = False, root: str | None = None
+) -> None:
     """Create ``directory`` (mode 0700) if missing, durably (its parent fsynced: a key created
     in it must survive a power loss; with ``root``, see :func:`makedirs_durable`), and make sure
     it is private: it and, with ``top`` (an ancestor), every directory from ``top`` down to it
@@ -218,7 +220,8 @@ def ensure_private_directory(directory: str, *, top: str | None = None, root: st
     points), else ``KeyFileInvalid`` (reason ``type`` or ``owner``) naming it, checked before
     anything is made in it. One found with group or other permission bits (made by hand, or by
     an older build) is set to 0700: its files are secrets, and their names say which keys the
-    store holds."""
+    store holds. With ``follow_top``, ``top`` itself may be reached through a symbolic link (a
+    directory the caller was given, as a store's own path may be): what it names is checked."""
     directory = os.path.abspath(store_path(directory))
     chain = [directory]
     if top is not None:
@@ -226,20 +229,21 @@ def ensure_private_directory(directory: str, *, top: str | None = None, root: st
         while chain[-1] != top and chain[-1].startswith(top.rstrip(os.sep) + os.sep):
             chain.append(os.path.dirname(chain[-1]))
     chain.reverse()
+    followed = top if follow_top else None
     for path in chain:
-        if not os.path.lexists(path):
+        if not (os.path.exists if path == followed else os.path.lexists)(path):
             break  # made below, mode 0700
-        _make_private(path)
+        _make_private(path, follow=path == followed)
     makedirs_durable(directory, 0o700, root=root)
     for path in chain:
-        _make_private(path)
+        _make_private(path, follow=path == followed)
 
 
-def _make_private(path: str) -> None:
-    """``path`` opened without following a link, checked (a directory, this user's) and set to
-    0700 through the descriptor if it grants anything to group or others."""
+def _make_private(path: str, *, follow: bool = False) -> None:
+    """``path`` opened without following a link (unless ``follow``), checked (a directory, this
+    user's) and set to 0700 through the descriptor if it grants anything to group or others."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
             what = "a symbolic link" if os.path.islink(path) else "not a directory"

@@ -148,7 +148,7 @@ class FileKeyProvider:
         directory = self._org_directory(org)
         current = self._read_current(directory)
         if current is None:
-            ensure_private_directory(directory, top=self.directory)
+            ensure_private_directory(directory, top=self.directory, follow_top=True)
             key_id = self._new_key(directory)
             create_secret_file(os.path.join(directory, "CURRENT"), key_id.encode("ascii"))  # first one wins
             current = self._read_current(directory)
@@ -166,7 +166,7 @@ class FileKeyProvider:
     def rotate(self, org: str) -> str:
         """Create a new key and make it current; returns its key id. Old keys stay readable."""
         directory = self._org_directory(org)
-        ensure_private_directory(directory, top=self.directory)
+        ensure_private_directory(directory, top=self.directory, follow_top=True)
         key_id = self._new_key(directory)
         write_file_atomic(os.path.join(directory, "CURRENT"), key_id.encode("ascii"), mode=0o600)
         return key_id

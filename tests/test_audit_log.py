@@ -237,6 +237,27 @@ def test_file_key_provider_creates_one_owner_only_key(tmp_path):
     assert provider.current_key("other-org")[1] != key
 
 
+
+def test_a_file_key_provider_may_be_given_its_directory_through_a_symbolic_link(tmp_path):
+    """The provider's own directory is the caller's choice, as a store's path is: reached through
+    a link (keys kept on another volume), it is used, checked and made 0700 where it is. Only the
+    directories below it, which the provider makes, are refused as links."""
+    target = tmp_path / "volume" / "org-keys"
+    target.mkdir(parents=True, mode=0o755)
+    target.chmod(0o755)
+    os.symlink(target, tmp_path / "org-keys")
+    for given in (str(tmp_path / "org-keys"), str(tmp_path / "org-keys") + os.sep):
+        provider = FileKeyProvider(given)
+        key_id, key = provider.current_key("acme")
+        assert provider.rotate("acme") != key_id and provider.key_for("acme", key_id) == key
+    assert stat.S_IMODE(os.stat(target).st_mode) == 0o700
+    assert os.path.isfile(target / "acme" / "CURRENT")
+    os.symlink(tmp_path / "volume", target / "linked-org")
+    with pytest.raises(KeyFileInvalid) as caught:
+        FileKeyProvider(str(tmp_path / "org-keys")).current_key("linked-org")
+    assert caught.value.detail["reason"] == "type" and caught.value.detail["path"] == str(tmp_path / "org-keys" / "linked-org")
+    assert sorted(os.listdir(tmp_path / "volume")) == ["org-keys"]
+
 def test_file_key_provider_refuses_loose_permissions_and_bad_size(tmp_path):
     provider = FileKeyProvider(str(tmp_path))
     key_id, _ = provider.current_key("acme")
