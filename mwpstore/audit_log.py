@@ -180,7 +180,27 @@ class FileKeyProvider:
             raise InvalidCommand("key_id must be a key id (16 lowercase hex digits)", field="key_id")
         path = os.path.join(self._org_directory(org), f"{key_id}.key")
         _refuse_other_links(path)
-        return remove_with_temp_copies(path)
+        # Held open across the deletion: a hard link made after the check (a backup tool running
+        # meanwhile) keeps the key, and only the file's own link count, read once its names here
+        # are gone, can say so.
+        held = _open_key_file(path)
+        try:
+            removed = remove_with_temp_copies(path)
+            info = None if held is None else os.fstat(held)
+        except OSError as exc:
+            raise translate(exc, context=f"shredding {path}") from None
+        finally:
+            if held is not None:
+                os.close(held)
+        if info is not None and info.st_nlink:
+            raise KeyFileInvalid(
+                f"key file {path} was deleted, but {info.st_nlink} hard link(s) made to it during the shred keep "
+                f"the key readable: remove them (find <mount> -xdev -inum {info.st_ino})",
+                path=path,
+                reason="links",
+                links=info.st_nlink,
+            )
+        return removed
 
     @staticmethod
     def _new_key(directory: str) -> str:
@@ -197,6 +217,22 @@ class FileKeyProvider:
         if _KEY_ID_PATTERN.match(key_id) is None:
             raise KeyFileInvalid(f"{directory}/CURRENT does not name a key id", path=directory, reason="current")
         return key_id
+
+
+def _open_key_file(path: str) -> int | None:
+    """A descriptor of the regular file at ``path``, never through a link and never waiting; None
+    when there is none (missing, a link, anything else)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
 
 
 def _refuse_other_links(path: str) -> None:

@@ -246,11 +246,13 @@ def test_a_file_key_provider_may_be_given_its_directory_through_a_symbolic_link(
     target.mkdir(parents=True, mode=0o755)
     target.chmod(0o755)
     os.symlink(target, tmp_path / "org-keys")
-    for given in (str(tmp_path / "org-keys"), str(tmp_path / "org-keys") + os.sep):
+    for given, first in ((str(tmp_path / "org-keys"), "current_key"), (str(tmp_path / "org-keys") + os.sep, "rotate")):
+        target.chmod(0o755)
         provider = FileKeyProvider(given)
+        getattr(provider, first)(f"first-by-{first}")  # an Organization's first key, made each way
+        assert stat.S_IMODE(os.stat(target).st_mode) == 0o700
         key_id, key = provider.current_key("acme")
         assert provider.rotate("acme") != key_id and provider.key_for("acme", key_id) == key
-    assert stat.S_IMODE(os.stat(target).st_mode) == 0o700
     assert os.path.isfile(target / "acme" / "CURRENT")
     os.symlink(tmp_path / "volume", target / "linked-org")
     with pytest.raises(KeyFileInvalid) as caught:
@@ -348,6 +350,32 @@ def test_shred_refuses_a_key_file_with_another_hard_link_and_deletes_nothing(tmp
     with pytest.raises(ArchiveInvalid):
         read_all(log, provider)
 
+
+def test_shred_says_so_when_a_hard_link_made_during_it_keeps_the_key(tmp_path, provider, log, monkeypatch):
+    """A link made after shred's look at the key file (a backup tool running meanwhile) kept the
+    key, and shred answered True. The file's own link count, read once its name is gone, now says
+    so: ``KEY_FILE_INVALID`` (reason ``links``), the key still readable through that link."""
+    import mwpstore.audit_log as audit_log
+
+    key_id = read_audit_log_header(log)["key_id"]
+    key_file = tmp_path / "org-keys" / "acme" / f"{key_id}.key"
+    key = provider.key_for("acme", key_id)
+    elsewhere = tmp_path / "linked-meanwhile"
+    remove = audit_log.remove_with_temp_copies
+
+    def linked_meanwhile(path):
+        os.link(path, elsewhere)
+        return remove(path)
+
+    monkeypatch.setattr(audit_log, "remove_with_temp_copies", linked_meanwhile)
+    with pytest.raises(KeyFileInvalid) as caught:
+        provider.shred("acme", key_id)
+    assert caught.value.detail["reason"] == "links" and caught.value.detail["links"] == 1
+    assert caught.value.detail["path"] == str(key_file) and not key_file.exists()
+    assert elsewhere.read_bytes() == key
+    monkeypatch.undo()
+    os.remove(elsewhere)
+    assert provider.shred("acme", key_id) is False  # nothing left to delete, and nothing said kept
 
 @pytest.mark.parametrize("key_id", ["../../etc/passwd", "00" * 9, "AB" * 8, 7, None])
 def test_shred_refuses_what_is_not_a_key_id(provider, key_id):
