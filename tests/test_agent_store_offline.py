@@ -262,6 +262,9 @@ def test_reconnect_refuses_arguments_of_the_wrong_kind_and_an_unstorable_receipt
         assert record.state is BufferedState.REBASED and setup.guard.offline
     [outcome] = setup.guard.reconnect(setup.submit, signing_key=setup.key)
     assert outcome.state is BufferedState.SUBMITTED and not setup.guard.offline
+    with pytest.raises(InvalidCommand) as caught:  # sign_command, the signing reconnect does, checks the same
+        sign_command(command, setup.key.public_key())
+    assert caught.value.field == "signing_key"
     assert setup.submitted == [outcome.command] * 3  # the stored bytes each time (the authority's idempotency answers)
 
 

@@ -247,7 +247,7 @@ def test_a_file_key_provider_may_be_given_its_directory_through_a_symbolic_link(
     target.chmod(0o755)
     os.symlink(target, tmp_path / "org-keys")
     for given, first in ((str(tmp_path / "org-keys"), "current_key"), (str(tmp_path / "org-keys") + os.sep, "rotate")):
-        target.chmod(0o755)
+        target.chmod(0o750)  # group bits only: they go too
         provider = FileKeyProvider(given)
         getattr(provider, first)(f"first-by-{first}")  # an Organization's first key, made each way
         assert stat.S_IMODE(os.stat(target).st_mode) == 0o700

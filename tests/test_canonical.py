@@ -76,6 +76,29 @@ def test_non_string_keys_bytes_and_sets_are_refused():
             check_content(bad)
 
 
+def test_content_copy_stores_only_content_checked_before_and_after_the_copy(monkeypatch):
+    """``content_copy`` checks the caller's value, then the copy decoded from its bytes: a set
+    (which the encoder writes as an array) is refused naming it, and a value changed between the
+    check and the copy (another thread) into an int past the bound is refused, not stored."""
+    from mwpstore import canonical
+
+    with pytest.raises(InvalidCommand) as caught:
+        canonical.content_copy({"x": {1, 2}}, "request")
+    assert caught.value.detail["field"] == "request.x"
+    check = canonical.check_content
+    checked: list[object] = []
+
+    def check_then_change(value, field="body"):
+        check(value, field)
+        if not checked:
+            value["n"] = limits.INT_ABS_MAX + 1  # as another thread would, right after the check
+        checked.append(value)
+
+    monkeypatch.setattr(canonical, "check_content", check_then_change)
+    with pytest.raises(InvalidCommand):
+        canonical.content_copy({"n": 1}, "request")
+    assert len(checked) == 1  # the copy's own check refused it
+
 def test_depth_and_item_bounds():
     deep: list = []
     node = deep

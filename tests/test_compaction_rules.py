@@ -633,6 +633,37 @@ def test_the_marker_is_not_written_through_what_lies_at_its_temporary_name(tmp_p
         assert authority.verify().ok
 
 
+def test_a_fifo_put_at_the_markers_temporary_name_after_it_was_cleared_is_no_hang(tmp_path, monkeypatch):
+    """What lies at ``COMPACT-SWITCH.tmp`` is removed before the marker is created, and the create
+    is exclusive: a FIFO put there between the two (another process, as the clearing returns) ends
+    the compaction with a typed error, not in a wait for a reader; the next open settles it."""
+    path = str(tmp_path / "s")
+    clear = compaction._remove_marker_temp
+    calls: list[str] = []
+
+    def cleared_then_a_fifo(directory: str) -> None:
+        clear(directory)
+        if not calls:
+            os.mkfifo(os.path.join(directory, MARKER + ".tmp"))
+        calls.append(directory)
+
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        monkeypatch.setattr(compaction, "_remove_marker_temp", cleared_then_a_fifo)
+        temp = os.path.join(path, MARKER + ".tmp")
+        try:
+            outcome = outcome_within(10, authority.compact)
+        finally:
+            if os.path.lexists(temp) and stat.S_ISFIFO(os.lstat(temp).st_mode):
+                os.close(os.open(temp, os.O_RDONLY | os.O_NONBLOCK))  # lets a writer waiting there go on
+        monkeypatch.undo()
+        assert isinstance(outcome, StorageFailed), outcome
+        assert not os.path.lexists(temp) and not os.path.exists(os.path.join(path, MARKER))
+    with Authority.open(path) as authority:
+        authority.accept(mission_create("m-2"))
+        assert isinstance(authority.compact(), compaction.CompactionReport)
+        assert authority.head(GROUP)[0] == 3 and authority.verify().ok
+
 def test_open_removes_a_marker_temporary_file_a_crash_left(tmp_path):
     """A process killed between writing COMPACT-SWITCH.tmp and renaming it leaves the file; the
     marker was never complete (the copy is not committed), so the next open removes it with the

@@ -5,8 +5,11 @@ of 2026-12-03)."""
 from __future__ import annotations
 
 import errno
+import json
 import os
 import stat
+import subprocess
+import sys
 
 import pytest
 
@@ -407,6 +410,41 @@ def test_an_lmdb_file_that_is_a_symbolic_link_is_never_written_through(tmp_path,
             AgentStore.open(path) if opener == "agent" else Authority.open(path, readonly=True)
         assert caught.value.detail["path"] == target and "symbolic link" in caught.value.message
     assert not os.path.lexists(outside)
+
+
+_OPEN_IN_A_CHILD = """
+import json, sys
+from mwpstore import AgentStore, Authority, MwpError
+try:
+    (AgentStore.open(sys.argv[1]) if sys.argv[2] == "agent" else Authority.open(sys.argv[1], readonly=True)).close()
+    print(json.dumps(None))
+except MwpError as exc:
+    print(json.dumps([exc.code, exc.message, exc.detail.get("path")]))
+"""
+
+
+@pytest.mark.parametrize(("opener", "name"), [("view", "data.mdb"), ("view", "lock.mdb"), ("agent", "lock.mdb")])
+def test_an_lmdb_file_that_is_a_fifo_is_refused_naming_it(tmp_path, opener, name):
+    """A FIFO in place of an LMDB file: a read-only view hung opening ``data.mdb`` (in LMDB's C
+    code, beyond an interrupt), and ``lock.mdb`` was LMDB's bare "Illegal seek". It is
+    STORAGE_FAILED naming the file, at once. Opened in a child process, which a hang cannot
+    keep: the test fails instead."""
+    from mwpstore import AgentStore
+
+    path = str(tmp_path / "s")
+    if opener == "agent":
+        AgentStore.open(path).close()
+    else:
+        with open_with_group(path):
+            pass
+    target = os.path.join(path, "lmdb" if opener == "agent" else "index", name)
+    os.remove(target)
+    os.mkfifo(target)
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    child = subprocess.run([sys.executable, "-c", _OPEN_IN_A_CHILD, path, opener], cwd=repo, capture_output=True, text=True, timeout=60)
+    assert child.returncode == 0, child.stderr
+    code, message, named = json.loads(child.stdout)
+    assert code == "STORAGE_FAILED" and named == target and "not a regular file" in message
 
 
 @pytest.mark.parametrize("directory", ["snapshots", "snapshots/g-1", "archive", "archive/g-1"])

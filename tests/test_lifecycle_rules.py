@@ -583,6 +583,7 @@ def test_a_lock_file_that_is_a_symbolic_link_or_a_fifo_is_refused(tmp_path, lock
     with pytest.raises(StorageFailed) as caught:
         opener()
     assert caught.value.detail["path"] == target and target in caught.value.message
+    assert ("a symbolic link" if obstacle == "symlink" else "not a regular file") in caught.value.message  # says what is there
     assert not os.path.lexists(outside)
     assert store_files_held(path) == []
     os.remove(target)

@@ -180,6 +180,7 @@ def test_delivery_batch_size_out_of_range_is_an_invalid_command(tmp_path, batch_
         ("FaultyTransport", "source", None),
         ("FaultyTransport", "drop", "0.1"),
         ("FaultyTransport", "reorder", float("nan")),
+        ("FaultyTransport", "disconnect", 1.5),
         ("FaultyTransport", "replay", -1),
         ("FaultyTransport", "seed", {}),
     ],

@@ -6,6 +6,7 @@ in a process, and the point is reading what another process writes.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -363,7 +364,7 @@ def test_a_view_in_the_process_that_writes_the_store_is_refused(tmp_path):
         assert view.head(GROUP)[0] == 1
 
 
-def test_a_view_asked_for_while_this_process_opens_the_store_for_writing_is_refused(tmp_path):
+def test_a_view_asked_for_while_this_process_opens_the_store_for_writing_is_refused(tmp_path, monkeypatch):
     """The writer was registered in its process only once its open returned. A view asked for
     during the open's recovery (from its ``progress`` callable) waited two seconds for the rebuild
     and was then InvalidState (``recovery_needed``); during a redo it opened the index's LMDB
@@ -405,6 +406,18 @@ def test_a_view_asked_for_while_this_process_opens_the_store_for_writing_is_refu
     assert refused.value.detail["reason"] == "recovery_needed"  # no index yet: not "this process writes it"
     with Authority.open(path) as authority:
         assert authority.open_report.mode == "rebuild"
+    with Authority.open(path, readonly=True) as view:
+        assert view.head(GROUP)[0] == 2
+
+    from mwpstore import StorageFailed, compaction
+
+    def failing(path: str) -> bool:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(compaction, "recover_interrupted_compaction", failing)
+    with pytest.raises(StorageFailed):  # an OS error after the lock: no writer left registered either
+        Authority.open(path)
+    monkeypatch.undo()
     with Authority.open(path, readonly=True) as view:
         assert view.head(GROUP)[0] == 2
 
