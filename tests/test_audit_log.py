@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -376,6 +377,19 @@ def test_shred_says_so_when_a_hard_link_made_during_it_keeps_the_key(tmp_path, p
     monkeypatch.undo()
     os.remove(elsewhere)
     assert provider.shred("acme", key_id) is False  # nothing left to delete, and nothing said kept
+
+def test_shred_does_not_wait_on_a_fifo_at_a_keys_name(tmp_path, provider):
+    """Holding the key file open across the deletion must not wait: a FIFO at the key's name (no
+    key) is removed as any other file there, at once."""
+    provider.current_key("acme")
+    fifo = tmp_path / "org-keys" / "acme" / f"{'ab' * 8}.key"
+    os.mkfifo(fifo)
+    try:
+        outcome = outcome_within(10, lambda: provider.shred("acme", "ab" * 8))
+    finally:
+        with contextlib.suppress(OSError):  # lets an open waiting for a writer go on
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+    assert outcome is True and not os.path.lexists(fifo)
 
 @pytest.mark.parametrize("key_id", ["../../etc/passwd", "00" * 9, "AB" * 8, 7, None])
 def test_shred_refuses_what_is_not_a_key_id(provider, key_id):
