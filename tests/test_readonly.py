@@ -381,18 +381,16 @@ def test_a_view_asked_for_while_this_process_opens_the_store_for_writing_is_refu
 
     def progress(done: int, total: int) -> None:
         if not outcomes:
-            started = time.monotonic()
             try:
                 Authority.open(path, readonly=True).close()
                 outcomes.append("opened")
             except Exception as exc:  # noqa: BLE001 - the test looks at it
                 outcomes.append(exc)
-            outcomes.append(time.monotonic() - started)
 
     with Authority.open(path, progress=progress) as authority:
         assert authority.open_report.mode == "rebuild"
+        # the writer's own refusal (not the view's InvalidState after its retries)
         assert isinstance(outcomes[0], InvalidCommand) and outcomes[0].detail["field"] == "readonly"
-        assert outcomes[1] < 1.0  # refused at once, not after the view's two seconds of retries
         assert authority.head(GROUP)[0] == 2 and authority.verify().ok
 
     def cancel(done: int, total: int) -> None:
