@@ -106,6 +106,65 @@ def test_a_log_keeps_a_bounded_number_of_sealed_segments_mapped(tmp_path, monkey
         assert list(zip(first.positions, map(bytes, first.records))) + rest == written
 
 
+def test_reads_from_many_threads_beside_appends_read_every_record_right_with_few_maps(tmp_path, monkeypatch):
+    """Sealed segments are unmapped and mapped again while other threads read and scan them
+    (segment_log.SEGMENT_MAPS_MAX, here 2), beside appends that roll the log over and a read-only
+    view of the same log: every record any of them reads is the one written there."""
+    from mwpstore import segment_log
+
+    monkeypatch.setattr(segment_log, "SEGMENT_MAPS_MAX", 2)
+    rng = random.Random(11)
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL, sync=False) as log:
+        written: dict[int, bytes] = {}
+        for group in random_groups(rng, 150, sizes=(0, 9, 300, 1200)):
+            written.update(zip(log.append(group), group))
+        assert len(log.segments()) >= 6
+        stop = threading.Event()
+        failures: list[BaseException] = []
+        checked = [0]
+
+        def reader(handle: SegmentLog, seed: int) -> None:
+            mine = random.Random(seed)
+            try:
+                while not stop.is_set() or checked[0] < 200:
+                    end = handle.end  # a view's stays where it opened
+                    known = dict(written)  # only what an append has returned
+                    positions = sorted(position for position in known if position < end)
+                    if mine.random() < 0.5:
+                        start = mine.choice(positions[: len(positions) // 2])
+                        for batch in handle.scan(start, end=end, batch_records=mine.choice((1, 7, 64))):
+                            for position, record in zip(batch.positions, batch.records):
+                                assert bytes(record) == known[position], position
+                                checked[0] += 1
+                    else:
+                        for position in mine.sample(positions, 40):
+                            assert handle.read(position) == known[position], position
+                            checked[0] += 1
+            except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+                failures.append(exc)
+                stop.set()
+
+        with SegmentLog.open(tmp_path, readonly=True) as view:
+            threads = [threading.Thread(target=reader, args=(log, seed)) for seed in range(3)]
+            threads.append(threading.Thread(target=reader, args=(view, 99)))
+            for thread in threads:
+                thread.start()
+            try:
+                for group in random_groups(rng, 150, sizes=(0, 9, 300, 1200)):
+                    positions = log.append(group)
+                    written.update(zip(positions, group))
+                    if failures:
+                        break
+            finally:
+                stop.set()
+                for thread in threads:
+                    thread.join(60)
+        assert not failures, failures[0]
+        assert checked[0] >= 200
+        assert scan_all(log) == sorted(written.items())
+        assert _maps_of(tmp_path) <= 2 + 1  # the bound and the active segment, once every read is done
+
+
 def test_rollover_seals_segments_and_keeps_positions_contiguous(tmp_path):
     rng = random.Random(2)
     with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
