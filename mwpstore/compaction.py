@@ -263,8 +263,9 @@ def _switch(authority: Authority, path: str, target: str) -> None:
     failpoints.hit("compaction.marked")
     # Reads still running on the old log (and its retired handle) go on reading its files after
     # the switch: mapped now and kept so, as a bounded set of maps would map an unmapped one again
-    # from its name, the new log's file by then.
-    authority.log.hold_files()
+    # from its name, the new log's file by then. One that cannot be mapped fails the compaction
+    # here, before the switch (the reopen finishes it), not those reads after it.
+    authority.log.hold_files(every=True)
     os.rename(os.path.join(path, "log"), os.path.join(path, "log.old"))
     failpoints.hit("compaction.half_switched")
     os.rename(target, os.path.join(path, "log"))

@@ -582,14 +582,17 @@ class SegmentLog:
             raise
         return self
 
-    def hold_files(self) -> None:
+    def hold_files(self, *, every: bool = False) -> None:
         """Map every segment now, and keep every map until :meth:`close` (a read-only open; the
         writer's log before a compaction switches its directory): the maps keep the files this
         handle reads, which a later read would otherwise open by name. Beside a live writer the
         name may by then be another file: a compaction renames the log directory away, puts a new
         log with new segments in its place, and deletes the old one (docs/format/segment.md). A
         file that cannot be mapped (not a regular file, empty) is left to the first read that needs
-        it, which says why, as before: a clean open reads no sealed segment."""
+        it, which says why, as before: a clean open reads no sealed segment. With ``every`` (the
+        switch, whose segments the writer made) the first that cannot be mapped (no descriptor
+        left: each map holds one) is raised instead: left unmapped, a read still running on this
+        log would map the new log's file of that name, or none."""
         with self._maps_lock:
             self._holding = True  # from here on _note_mapped unmaps nothing
             self._mapped_sealed.clear()
@@ -597,6 +600,8 @@ class SegmentLog:
             try:
                 _, mapped = segment.mapping()
             except (StorageFailed, Corruption):
+                if every:
+                    raise
                 continue
             if segment.header is not None:  # a vouched one's header is checked on these bytes at its first read
                 _check_same_file(mapped[:_HEADER_BYTES], segment)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ from mwpstore import Authority, Command, CursorTooOld, InvalidCommand
 from mwpstore.compaction import MARKER
 from mwpstore.errors import AlreadyExists, GroupArchived, InvalidState, MwpError, StorageFailed, Unauthorized
 from mwpstore.messages import check_event, encode_receipt
-from mwpstore.segment_log import SegmentLog
+from mwpstore.segment_log import SegmentLog, segment_file_name
 from mwpstore.snapshot import SnapshotRef
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -140,6 +141,29 @@ def _small_segments(path: str) -> Authority:
     return authority
 
 
+def _reader_paused_on_its_second_segment(authority: Authority, monkeypatch: pytest.MonkeyPatch) -> tuple[Caller, threading.Event]:
+    """A full read of GROUP in its own thread, stopped as it goes to read its second segment; set
+    the event returned to let it go on."""
+    from mwpstore import segment_log
+
+    paused, resume = threading.Event(), threading.Event()
+    mapped = segment_log.SegmentLog._mapped
+    reader_calls = []
+
+    def pausing(log, segment):  # the read, on its second segment, waits for the compaction
+        if threading.current_thread().name == "reader":
+            reader_calls.append(segment)
+            if len(reader_calls) == 2:
+                paused.set()
+                resume.wait(30)
+        return mapped(log, segment)
+
+    monkeypatch.setattr(segment_log.SegmentLog, "_mapped", pausing)
+    reader = Caller(lambda: authority.read(GROUP, limit=10_000), name="reader")
+    assert paused.wait(30)
+    return reader, resume
+
+
 def test_a_read_running_across_a_compaction_reads_the_old_logs_files(tmp_path, monkeypatch):
     """A log keeps few sealed segments mapped (segment_log.SEGMENT_MAPS_MAX) and maps one again
     from its name when read; across a compaction the name is the new log's file: the old log holds
@@ -151,25 +175,86 @@ def test_a_read_running_across_a_compaction_reads_the_old_logs_files(tmp_path, m
         _fill_in_commits(authority, 1500)
         assert len(authority.log.segments()) >= 4
         expected = authority.read(GROUP, limit=10_000)
-        paused, resume = threading.Event(), threading.Event()
-        mapped = segment_log.SegmentLog._mapped
-        reader_calls = []
-
-        def pausing(log, segment):  # the read, on its second segment, waits for the compaction
-            if threading.current_thread().name == "reader":
-                reader_calls.append(segment)
-                if len(reader_calls) == 2:
-                    paused.set()
-                    resume.wait(30)
-            return mapped(log, segment)
-
-        monkeypatch.setattr(segment_log.SegmentLog, "_mapped", pausing)
-        reader = Caller(lambda: authority.read(GROUP, limit=10_000), name="reader")
-        assert paused.wait(30)
+        reader, resume = _reader_paused_on_its_second_segment(authority, monkeypatch)
         authority.compact()
         resume.set()
         assert reader.outcome() == expected
         assert authority.read(GROUP, limit=10_000) == expected
+
+
+def test_a_compaction_that_cannot_hold_the_old_logs_files_switches_nothing(tmp_path, monkeypatch):
+    """The old log's files are held (mapped) just before the switch; one that cannot be (no
+    descriptor left: each map keeps one) was left to be mapped again from its name, the new log's
+    file by then, by a read still running on the old log. The compaction now fails there, before
+    the switch: the read goes on over the old log, and the reopen finishes the compaction."""
+    from mwpstore import segment_log
+
+    monkeypatch.setattr(segment_log, "SEGMENT_MAPS_MAX", 1)
+    path = str(tmp_path / "s")
+    with _small_segments(path) as authority:
+        _fill_in_commits(authority, 1500)
+        expected = authority.read(GROUP, limit=10_000)
+        reader, resume = _reader_paused_on_its_second_segment(authority, monkeypatch)
+        hold_files, real_open = segment_log.SegmentLog.hold_files, segment_log.open_regular_fd
+        holding = threading.Event()
+        victim = os.sep + segment_file_name(authority.log.segments()[2].first_position)
+
+        def open_fd(name: str) -> int:
+            if holding.is_set() and name.endswith(victim):
+                raise OSError(errno.EMFILE, "Too many open files")
+            return real_open(name)
+
+        def hold(log, *args, **kwargs):
+            holding.set()
+            try:
+                return hold_files(log, *args, **kwargs)
+            finally:
+                holding.clear()
+
+        monkeypatch.setattr(segment_log, "open_regular_fd", open_fd)
+        monkeypatch.setattr(segment_log.SegmentLog, "hold_files", hold)
+        try:
+            compaction = Caller(authority.compact).outcome()
+        finally:
+            resume.set()
+        assert reader.outcome() == expected
+        assert isinstance(compaction, StorageFailed) and compaction.detail["reason"] == "compaction_interrupted", compaction
+        assert os.strerror(errno.EMFILE) in compaction.message
+    with Authority.open(path) as authority:
+        assert not os.path.exists(os.path.join(path, "log.compact"))
+        assert authority.read(GROUP, limit=10_000) == expected
+
+
+def test_reads_from_many_threads_across_appends_and_compactions_read_every_event_right(tmp_path, monkeypatch):
+    """Reads in several threads, with few sealed segments mapped at once (SEGMENT_MAPS_MAX 2: maps
+    dropped and made again under them), beside appends that roll the log over and two compactions
+    that switch it: every read answers events the final log holds, each where it is there."""
+    from mwpstore import segment_log
+
+    monkeypatch.setattr(segment_log, "SEGMENT_MAPS_MAX", 2)
+    with _small_segments(str(tmp_path / "s")) as authority:
+        _fill_in_commits(authority, 600)
+        assert len(authority.log.segments()) >= 3
+        stop = threading.Event()
+        answers: list[list] = []
+
+        def reader() -> object:
+            while not stop.is_set():
+                answers.append([(e.seq, e.hash) for e in authority.read(GROUP, limit=10_000)])
+            return None
+
+        readers = [Caller(reader, name=f"reader-{n}") for n in range(3)]
+        try:
+            for round_ in range(2):
+                _fill_in_commits(authority, 300, start=600 + 300 * round_)
+                authority.compact()
+        finally:
+            stop.set()
+        assert [caller.outcome() for caller in readers] == [None] * 3
+        final = [(e.seq, e.hash) for e in authority.read(GROUP, limit=10_000)]
+        assert len(final) == 1201 and len(answers) >= 3
+        for answer in answers:
+            assert answer == final[: len(answer)]
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads the process's open files from /proc")
