@@ -3188,11 +3188,11 @@ def _fsync_directory(directory: str) -> None:
 # -- read-only views -------------------------------------------------------------------------------
 
 _WRITERS_HERE: dict[tuple[int, int], int] = {}
+"""(device, inode) of each store directory this process holds open for writing, with the fork
+generation that opened it: a read-only view of one of them is refused (see ``Authority.open``)."""
 # The directories one handle remembers as durable (_store_directory): snapshots/<group>,
 # archive/<group>, keys/orgs/<org>, one per Group or Organization it wrote a file for.
 _DURABLE_DIRECTORIES_MAX = 4096
-"""(device, inode) of each store directory this process holds open for writing, with the fork
-generation that opened it: a read-only view of one of them is refused (see ``Authority.open``)."""
 
 _VIEW_OPEN_SECONDS = 2.0
 """How long a read-only open retries while the writer switches files under it."""
