@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from authority_helpers import store_files_held
 from blocking import outcome_within
 from mwpstore._files import KeyFileInvalid, makedirs_durable
 from mwpstore import limits
@@ -318,6 +319,7 @@ def test_shred_deletes_the_key_and_the_copies_an_interrupted_write_left(tmp_path
     unrelated.write_bytes(b"x")
     assert provider.shred("acme", key_id) is True
     assert not key_file.exists() and not leftover.exists() and unrelated.exists()
+    assert store_files_held(str(directory)) == []  # the descriptor it held across the deletion is closed
     with pytest.raises(KeyError):
         provider.key_for("acme", key_id)
     with pytest.raises(ArchiveInvalid):

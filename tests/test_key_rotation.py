@@ -208,6 +208,23 @@ def test_a_key_directory_found_in_place_is_used_only_if_it_is_private(tmp_path, 
     assert obstacle == "symlink" or os.listdir(target) == []
 
 
+def test_an_organizations_key_is_not_written_through_a_link_at_keys(tmp_path):
+    """keys/ is the top of the chain an Organization's key directory is checked along, and is
+    checked as a link too (only a key provider's own directory, given by its caller, may be
+    reached through one): a link there, the archive's key is refused with nothing written."""
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+    outside = tmp_path / "outside"
+    outside.mkdir(mode=0o700)
+    os.symlink(outside, os.path.join(path, "keys"))
+    with Authority.open(path) as authority:
+        with pytest.raises(KeyFileInvalid) as caught:
+            _make_key_directory_used(authority, "keys/orgs/acme")
+    assert caught.value.detail["path"] == os.path.join(path, "keys") and caught.value.detail["reason"] == "type"
+    assert not os.path.exists(outside / "orgs")
+
+
 CHILD_ROTATE = """
 import sys
 from mwpstore import Authority

@@ -106,6 +106,23 @@ def test_a_log_keeps_a_bounded_number_of_sealed_segments_mapped(tmp_path, monkey
         assert list(zip(first.positions, map(bytes, first.records))) + rest == written
 
 
+def test_the_sealed_segments_a_log_unmaps_are_the_least_recently_read(tmp_path, monkeypatch):
+    """With room for two maps, reading sealed segments A, B, A, C unmaps B: A was read after it."""
+    from mwpstore import segment_log
+
+    monkeypatch.setattr(segment_log, "SEGMENT_MAPS_MAX", 2)
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        while len(log.segments()) < 4:
+            log.append([b"x" * 2000] * 8)
+        sealed = [info.first_position for info in log.segments()[:3]]
+        for first in (sealed[0], sealed[1], sealed[0], sealed[2]):
+            log.read(first)
+        with open("/proc/self/maps") as maps:
+            mapped = {line.split()[-1] for line in maps if str(tmp_path) in line}
+        assert {os.path.basename(name) for name in mapped} >= {segment_file_name(sealed[0]), segment_file_name(sealed[2])}
+        assert segment_file_name(sealed[1]) not in {os.path.basename(name) for name in mapped}
+
+
 def test_reads_from_many_threads_beside_appends_read_every_record_right_with_few_maps(tmp_path, monkeypatch):
     """Sealed segments are unmapped and mapped again while other threads read and scan them
     (segment_log.SEGMENT_MAPS_MAX, here 2), beside appends that roll the log over and a read-only
