@@ -2935,7 +2935,7 @@ def _index_record(
     elif tag == GROUP_TAG:
         group, seq, digest, kept = _decode_group_record(position, record)
         key = group.encode()
-        if all(archived != key for archived, _ in writes.items[b"archives"]) and index.get(txn, b"archives", key) is None:
+        if key not in writes.archived and index.get(txn, b"archives", key) is None:
             # compaction writes one only for a Group whose archive record the log holds before it:
             # without that record no read of the Group could be served
             raise Corruption(

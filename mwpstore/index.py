@@ -195,18 +195,23 @@ class PendingWrites:
     database (redo and rebuild); later writes to a key win, as they would one by one.
 
     ``items`` holds (key, sealed value) per database and ``new`` the keys that need a presence
-    entry: the layout ``mwpstore._index_c.index_events`` appends to as well."""
+    entry: the layout ``mwpstore._index_c.index_events`` appends to as well. ``archived`` holds the
+    keys of the archive records not flushed yet, so that a compacted Group's record can ask whether
+    its archive record came before it without a walk of ``items``."""
 
-    __slots__ = ("items", "new")
+    __slots__ = ("items", "new", "archived")
 
     def __init__(self) -> None:
         self.items: dict[bytes, list[tuple[bytes, bytes]]] = {name: [] for name in DATABASE_NAMES if name != b"presence"}
         self.new: dict[bytes, list[bytes]] = {name: [] for name in PRESENCE_TAGS}
+        self.archived: set[bytes] = set()
 
     def put(self, name: bytes, key: bytes, value: bytes, new: bool = True) -> None:
         self.items[name].append((key, seal(name, key, value)))
         if new and name in PRESENCE_TAGS:
             self.new[name].append(key)
+        if name == b"archives":
+            self.archived.add(key)
 
     def flush(self, index: Index, txn: lmdb.Transaction) -> None:
         for name, items in self.items.items():
@@ -215,6 +220,7 @@ class PendingWrites:
                 items.clear()
         for keys in self.new.values():
             keys.clear()
+        self.archived.clear()
 
 
 class _Unsealer(SealedTables):
