@@ -163,16 +163,25 @@ class Delivery:
 
     def pull_once(self, group: str) -> int:
         """One round: read after the durable Cursor, apply, advance, commit, ACK. Returns how many
-        Events the source returned (0: caught up)."""
+        Events the source returned (0: caught up; -1: the source said CURSOR_TOO_OLD and the
+        Group was restored from a snapshot, or its Cursor moved up to Events applied past the
+        replay floor)."""
         after = self.agent.cursor(group)
         try:
             events = _as_batch(self.source.read(group, after=after, limit=self.batch_events))
         except CursorTooOld as exc:
+            floor = exc.detail.get("floor")
+            if type(floor) is int and after < floor <= self.agent.head(group).applied_seq:
+                # Applied here past the floor, in a commit that did not advance the Cursor: nothing
+                # before the floor is needed. The Cursor moves to what is applied (as every round
+                # moves it) and the next round reads from there; the floor's snapshot would roll
+                # the store back and be refused.
+                deliver_batch(self.agent, group, [], self.stats)
+                return -1
             if self.restore_snapshot is None:
                 raise
             # Only a snapshot at or above the floor lets the next read succeed; an older one (a
             # stale copy) would be restored, refused by the source again, and restored again.
-            floor = exc.detail.get("floor")
             needed = max(after + 1, floor if type(floor) is int else 0)
             self.agent.restore(self.restore_snapshot(exc), group=group, org=self.org, high_water_seq=needed)
             self.stats.restores += 1
@@ -273,7 +282,9 @@ class FaultyTransport:
     """Wraps a source and misbehaves like a real network around it (for tests).
 
     Per read: with ``disconnect`` probability it raises ``TransportDisconnected``; otherwise it
-    reads from somewhat before ``after`` (``replay`` Events: what a reconnect may repeat), then
+    reads from somewhat before ``after`` (``replay`` Events: what a reconnect may repeat, never
+    below what the source still serves: a replay refused with ``CursorTooOld`` starts at the
+    source's replay floor, or at ``after``), then
     drops, duplicates and shuffles Events with the given probabilities. Deterministic per seed.
     """
 

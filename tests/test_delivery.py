@@ -732,3 +732,31 @@ def test_every_ack_names_a_cursor_already_committed_and_a_failed_commit_acks_not
     assert len(seen) > 2 and all(acked == committed for acked, committed in seen), seen
     assert source.acks[("agent-7", "g-a")] == len(history)
     agent.close()
+
+
+@pytest.mark.parametrize("with_snapshot", [True, False])
+def test_a_store_applied_past_the_floor_catches_up_from_its_applied_events(tmp_path, with_snapshot):
+    """A store that applied Events past the replay floor in a commit that did not advance its
+    Cursor needs nothing from before the floor: a round refused with CURSOR_TOO_OLD moves the
+    Cursor to what is applied and reads on from there. The snapshot at the floor would roll the
+    store back: restoring it was refused (SNAPSHOT_INVALID) round after round, and without a
+    snapshot callback the CURSOR_TOO_OLD stopped the catch-up."""
+    from mwpstore.snapshot import SigningKey
+
+    signer = SigningKey.generate()
+    history = HISTORIES["g-a"]
+    at_floor = _snapshot_of(history, 15, signer)
+    agent = AgentStore.open(tmp_path / "agent", projections=[CountingProjection()], trusted_keys=[signer.public_key],
+                            map_size=MAP_BYTES)
+    assert deliver_batch(agent, "g-a", history[:10]) == 10
+    with agent.begin() as tx:
+        tx.apply_many(history[10:18])  # committed without advance_cursor
+    fetched: list = []
+    delivery = Delivery(agent, FlooredSource(ALL_EVENTS, 15, at_floor), org="org-1",
+                        restore_snapshot=(lambda error: fetched.append(error) or at_floor) if with_snapshot else None)
+    assert delivery.catch_up("g-a") == len(history)
+    assert fetched == [] and delivery.stats.restores == 0
+    assert agent.head("g-a").floor_seq == 0  # nothing restored: every Event applied once, in order
+    assert seen_counts(agent, "g-a") == {seq: 1 for seq in range(1, len(history) + 1)}
+    agent.close()
+
