@@ -323,7 +323,17 @@ class FaultyTransport:
         if rng.random() < self.disconnect:
             raise TransportDisconnected("simulated disconnect")
         start = max(0, after - rng.randint(0, self.replay))
-        events = list(self.source.read(group, after=start, limit=limit))
+        try:
+            events = list(self.source.read(group, after=start, limit=limit))
+        except CursorTooOld as exc:
+            if start == after:
+                raise
+            # A replay repeats only what the source still serves: from its replay floor (or the
+            # requested position). Below it, the refusal was of a position the reader never asked
+            # for, and its Delivery would restore (or refuse) a snapshot it does not need.
+            floor = exc.detail.get("floor")
+            start = floor if type(floor) is int and start < floor <= after else after
+            events = list(self.source.read(group, after=start, limit=limit))
         delivered: list[Event] = []
         for event in events:
             if rng.random() < self.drop:

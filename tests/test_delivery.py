@@ -760,3 +760,26 @@ def test_a_store_applied_past_the_floor_catches_up_from_its_applied_events(tmp_p
     assert seen_counts(agent, "g-a") == {seq: 1 for seq in range(1, len(history) + 1)}
     agent.close()
 
+
+def test_faulty_transport_replays_only_what_the_source_still_serves(tmp_path):
+    """A replay from before the requested position never reaches below the source's replay floor:
+    a store whose Cursor is at the floor reads on through the transport, never told CURSOR_TOO_OLD
+    for a position it did not ask for (it was, and its Delivery then refused the floor's snapshot
+    as a rollback)."""
+    from mwpstore.snapshot import SigningKey
+
+    signer = SigningKey.generate()
+    history = HISTORIES["g-a"]
+    at_floor = _snapshot_of(history, 15, signer)
+    source = FlooredSource(ALL_EVENTS, 15, at_floor)
+    for seed in range(8):
+        transport = FaultyTransport(source, seed=seed, drop=0, duplicate=0, reorder=0, disconnect=0, replay=5)
+        delivered = transport.read("g-a", after=15)
+        assert [event.seq for event in delivered] == list(range(16, len(history) + 1))
+    agent = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    agent.restore(at_floor, group="g-a", org="org-1")
+    transport = FaultyTransport(source, seed=3, drop=0.2, duplicate=0.2, reorder=0.5, disconnect=0.1, replay=5)
+    delivery = Delivery(agent, transport, org="org-1", restore_snapshot=lambda error: at_floor, batch_events=4)
+    assert delivery.catch_up("g-a") == len(history)
+    assert delivery.stats.restores == 0
+    agent.close()
