@@ -176,7 +176,7 @@ class Delivery:
                 # before the floor is needed. The Cursor moves to what is applied (as every round
                 # moves it) and the next round reads from there; the floor's snapshot would roll
                 # the store back and be refused.
-                deliver_batch(self.agent, group, [], self.stats)
+                self._ack(group, deliver_batch(self.agent, group, [], self.stats))
                 return -1
             if self.restore_snapshot is None:
                 raise
@@ -189,11 +189,14 @@ class Delivery:
         self.stats.rounds += 1
         if not events:
             return 0
-        cursor = deliver_batch(self.agent, group, events, self.stats)
+        self._ack(group, deliver_batch(self.agent, group, events, self.stats))
+        return len(events)
+
+    def _ack(self, group: str, cursor: int) -> None:
+        """ACK a committed Cursor to the source, if it takes ACKs and this Delivery has a consumer."""
         ack = getattr(self.source, "ack", None)
         if ack is not None and self.consumer is not None and cursor > 0:
             ack(self.consumer, group, cursor)
-        return len(events)
 
     def catch_up(
         self, group: str, *, rounds_max: int = ROUNDS_MAX_DEFAULT, reconnects_max: int = 1000, stalled_max: int = STALLED_ROUNDS_MAX

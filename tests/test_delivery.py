@@ -752,10 +752,18 @@ def test_a_store_applied_past_the_floor_catches_up_from_its_applied_events(tmp_p
     with agent.begin() as tx:
         tx.apply_many(history[10:18])  # committed without advance_cursor
     fetched: list = []
-    delivery = Delivery(agent, FlooredSource(ALL_EVENTS, 15, at_floor), org="org-1",
+    acks: list = []
+
+    class Acked(FlooredSource):
+        def ack(self, consumer, group, cursor):
+            acks.append(cursor)
+
+    delivery = Delivery(agent, Acked(ALL_EVENTS, 15, at_floor), org="org-1", consumer="agent-7", batch_events=100,
                         restore_snapshot=(lambda error: fetched.append(error) or at_floor) if with_snapshot else None)
+    assert delivery.pull_once("g-a") == -1
+    assert agent.cursor("g-a") == 18 and acks == [18]  # moved, committed, ACKed
     assert delivery.catch_up("g-a") == len(history)
-    assert fetched == [] and delivery.stats.restores == 0
+    assert fetched == [] and delivery.stats.restores == 0 and acks == [18, len(history)]
     assert agent.head("g-a").floor_seq == 0  # nothing restored: every Event applied once, in order
     assert seen_counts(agent, "g-a") == {seq: 1 for seq in range(1, len(history) + 1)}
     agent.close()
