@@ -893,15 +893,26 @@ class AgentLifecycleMachine(RuleBasedStateMachine):
         tally("buffer stored")
         assert len(guard.buffered()) == count + 1
 
-    @rule(group=st.sampled_from(GROUPS), meanwhile=st.sampled_from(["nothing", "session", "lapse", "checkpoint"]))
-    def reconnect(self, group: str, meanwhile: str) -> None:
+    @rule(
+        group=st.sampled_from(GROUPS),
+        meanwhile=st.sampled_from(["nothing", "session", "lapse", "checkpoint"]),
+        lost=st.sampled_from([None, None, "request", "answer"]),
+        buffer_first=st.sampled_from([None, "workitem.checkpoint", "lease.renew"]),
+    )
+    def reconnect(self, group: str, meanwhile: str, lost: str | None, buffer_first: str | None) -> None:
         """Reconnect: each pending record is checked against the mirror right after its ``sync``
-        (a full catch-up), then refused, or rebased, re-signed and submitted. Before it, the
-        authority may have revoked ``w1``'s leases (a session replaced, leases lapsed and swept)
-        or ``w1`` checkpointed its WorkItem through another path."""
+        (a full catch-up), then refused, or rebased, re-signed and submitted; one rebased by an
+        earlier reconnect is sent as it was stored. Before it, the authority may have revoked
+        ``w1``'s leases (a session replaced, leases lapsed and swept) or ``w1`` checkpointed its
+        WorkItem through another path. With ``lost``, the connection drops at the first send,
+        before the authority got the Command or after it accepted it: the reconnect raises, the
+        record stays rebased, and the outage stands. With ``buffer_first``, a Command of that kind
+        is buffered first (as ``buffer_command`` with ``prepare``)."""
         assert self.agent is not None
         guard = self.guard(group)
         driver = self.drivers[group]
+        if buffer_first is not None:
+            self.buffer_command(group, "wi1", buffer_first, True, False, False, 0, True)
         if meanwhile == "session":
             self.replace_session(group, AGENT)
         elif meanwhile == "lapse":
@@ -924,24 +935,45 @@ class AgentLifecycleMachine(RuleBasedStateMachine):
         def submit(command: Command):
             submitted.append(command)
             try:
-                return self.authority.accept(command)
+                if lost == "request" and len(submitted) == 1:
+                    raise TransportDisconnected("the connection dropped before the Command got through")
+                receipt = self.authority.accept(command)
+                if lost == "answer" and len(submitted) == 1:
+                    raise TransportDisconnected("the connection dropped before the receipt came back")
+                return receipt
             finally:
                 driver.refresh()
 
-        outcomes = guard.reconnect(submit, signing_key=self.key, sync=sync)
-        assert [outcome.number for outcome in outcomes] == [record.number for record in pending]
-        assert len(leases) == len(pending)
+        try:
+            outcomes = guard.reconnect(submit, signing_key=self.key, sync=sync)
+        except TransportDisconnected:
+            assert lost is not None and len(submitted) == 1
+            outcomes = None
+        if outcomes is not None:
+            assert [outcome.number for outcome in outcomes] == [record.number for record in pending]
+            assert len(leases) == len(pending)
         sent = iter(submitted)
-        for record, lease, outcome in zip(pending, leases, outcomes):
-            tally(f"reconnect: {outcome.state.value}")
+        stored = {record.number: record for record in guard.buffered()}
+        for record, lease, outcome in zip(pending, leases, outcomes or [None] * len(leases)):
             binding = record.binding
             current = (lease is not None and lease["agent"] == AGENT and lease["lease_id"] == binding.lease_id
                        and lease["ownership_epoch"] == binding.ownership_epoch)
-            if not current:
-                assert outcome.state is BufferedState.REFUSED and outcome.error == LeaseMismatch.code, outcome
+            now = stored[record.number]
+            if record.state is BufferedState.BUFFERED and not current:
+                assert now.state is BufferedState.REFUSED and now.error_code == LeaseMismatch.code, now
+                tally("reconnect: refused")
                 continue
-            assert outcome.state in (BufferedState.SUBMITTED, BufferedState.REJECTED), outcome
             command = next(sent)
+            if outcome is None:  # the send that was lost: stored as rebased, sent again next time
+                assert now.state is BufferedState.REBASED and now.rebased == command
+                tally(f"reconnect: lost the {lost}")
+                break
+            tally(f"reconnect: {outcome.state.value}" + (" (resent)" if record.state is BufferedState.REBASED else ""))
+            assert outcome.state in (BufferedState.SUBMITTED, BufferedState.REJECTED), outcome
+            assert now.state is outcome.state
+            if record.state is BufferedState.REBASED:
+                assert command == record.rebased  # never rebased twice
+                continue
             verify_signature(self.public_key, command_bytes(command), command.signature)
             original = record.command
             if command.expected_revision != original.expected_revision:
@@ -951,9 +983,11 @@ class AgentLifecycleMachine(RuleBasedStateMachine):
                 assert command.action_id == original.action_id
             assert command.body == original.body
         assert next(sent, None) is None
-        states = [record.state for record in guard.buffered()]
-        assert not {BufferedState.BUFFERED, BufferedState.REBASED} & set(states)
-        self.records[group] = states
+        self.records[group] = [record.state for record in guard.buffered()]
+        if outcomes is None:
+            assert guard.offline
+            return
+        assert not {BufferedState.BUFFERED, BufferedState.REBASED} & set(self.records[group])
         self.offline[group] = False
         assert not guard.offline
 
