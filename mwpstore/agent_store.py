@@ -845,6 +845,10 @@ class AgentStore:
             heads = () if value is None else ((key, value),)
         for key, value in heads:
             head = _decode_head(key, value)
+            if head.applied_seq == 0 and head.cursor == 0:
+                # nothing applied (Events only buffered, or the Group reset): the record is delivery
+                # bookkeeping, and the Group's projections are those of a Group never seen
+                continue
             yield ("heads", key, _STATE_ENCODER.encode([head.applied_seq, head.applied_hash, head.cursor]))
         prefix = b"" if group is None else _prefix(group)
         for name in _DIGEST_DATABASES:

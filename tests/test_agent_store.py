@@ -583,6 +583,27 @@ def test_reset_group_and_rebuild_from_source(store):
     assert store.projection_digest() == digest
 
 
+def test_a_group_with_nothing_applied_adds_nothing_to_the_projection_digest(tmp_path):
+    """Inbox and buffer are delivery bookkeeping: a Group whose Events are only buffered (beyond
+    a gap), or that was reset, has the dump and digest of a Group the store never saw. Its head
+    record of zeros (kept for the buffered count) was a row of the dump, so the digest told a
+    store that had buffered an Event from one rebuilt to the same Cursor."""
+    events = workload(GROUP, 10, seed=4)
+    agent = AgentStore.open(tmp_path / "a", projections=[CountingProjection()])
+    fresh = AgentStore.open(tmp_path / "b", projections=[CountingProjection()])
+    apply_all(agent, events[3:6])  # beyond the gap at 1: buffered, nothing applied
+    assert agent.buffered_seqs(GROUP) == [4, 5, 6] and agent.cursor(GROUP) == 0
+    for group in (GROUP, None):
+        assert agent.projection_dump(group) == fresh.projection_dump(group) == []
+        assert agent.projection_digest(group) == fresh.projection_digest(group)
+    apply_all(agent, events)
+    assert agent.projection_digest() != fresh.projection_digest()
+    agent.reset_group(GROUP)
+    assert agent.projection_dump() == [] and agent.projection_digest() == fresh.projection_digest()
+    agent.close()
+    fresh.close()
+
+
 # -- restore from a verified snapshot -----------------------------------------------------------
 
 

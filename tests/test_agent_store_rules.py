@@ -541,6 +541,6 @@ def test_reset_group_forgets_everything_of_the_group_and_nothing_of_another(agen
     other_dump = agent.projection_dump("g-2")
     agent.reset_group(GROUP)
     assert agent.inbox_seqs(GROUP) == [] and agent.buffered_seqs(GROUP) == []
-    assert [(name, key) for name, key, _ in agent.projection_dump(GROUP)] == [("heads", b"g-1")]
+    assert agent.projection_dump(GROUP) == []  # as a Group never seen: its head of zeros is no row
     assert agent.head(GROUP).applied_seq == 0 and agent.head(GROUP).cursor == 0
     assert agent.projection_dump("g-2") == other_dump and agent.inbox_seqs("g-2") == list(range(1, 7))
