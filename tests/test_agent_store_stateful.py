@@ -1114,6 +1114,8 @@ class AgentLifecycleMachine(RuleBasedStateMachine):
             assert without_heads(self.agent.projection_dump(group)) == without_heads(self.reference.projection_dump(group))
             mine, theirs = self.agent.head(group), self.reference.head(group)
             assert (mine.applied_seq, mine.applied_hash) == (theirs.applied_seq, theirs.applied_hash)
+            if mine.cursor == mine.applied_seq and theirs.cursor == theirs.applied_seq:  # the dump's heads hold it
+                assert self.agent.projection_digest(group) == self.reference.projection_digest(group)
             for now in (self.clock.now_ms, self.clock.now_ms + 10_000):
                 assert self.agent.work_queue(group, now) == self.reference.work_queue(group, now)
             if self.with_projections:
@@ -1136,6 +1138,9 @@ class AgentLifecycleMachine(RuleBasedStateMachine):
         for key, receipts in self.outside.receipts.items():
             # once per store that recorded it: a deleted store forgot what it sent out (docs)
             assert len(receipts) <= self.lifetimes[key], "a side effect took effect twice for one key"
+        for group in GROUPS:
+            assert [intent.key for intent in self.agent.intents(group)] == sorted(
+                key for key, model in self.intents.items() if model["group"] == group)
         pending = {intent.key for intent in self.agent.intents(pending_only=True)}
         assert pending == {key for key, model in self.intents.items() if model["state"] != IntentState.DONE}
 
