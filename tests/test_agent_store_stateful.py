@@ -423,7 +423,7 @@ class AgentLifecycleMachine(RuleBasedStateMachine):
     def note_lease(self, group: str, workitem: str) -> None:
         lease = (self.drivers[group].get(f"workitem:{workitem}") or {}).get("lease")
         seen = self.leases_seen.setdefault((group, workitem), [])
-        if lease and lease not in seen:
+        if lease and all(lease["lease_id"] != earlier["lease_id"] for earlier in seen):
             seen.append(lease)
 
     def stale_lease(self, group: str, workitem: str) -> dict[str, Any] | None:
