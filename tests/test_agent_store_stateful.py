@@ -603,9 +603,27 @@ class AgentLifecycleMachine(RuleBasedStateMachine):
         assert removed == max(0, model.cursor - model.pruned)
         model.pruned = max(model.pruned, model.cursor)
 
-    @rule(group=st.sampled_from(GROUPS), limit=st.integers(1, 3), later=st.sampled_from([0, 300, 5_000]))
-    def read_work_queue(self, group: str, limit: int, later: int) -> None:
+    @rule(group=st.sampled_from(GROUPS), limit=st.integers(1, 3), later=st.sampled_from([0, 300, 5_000]),
+          catch_up=st.booleans(), prepare=st.sampled_from([None, None, "fail", "lapse"]))
+    def read_work_queue(self, group: str, limit: int, later: int, catch_up: bool, prepare: str | None) -> None:
+        """The queue, against the rules: with ``prepare``, each leased WorkItem first fails
+        (queued again after a backoff), or w2 claims ``wi2`` and lets its start window lapse
+        until its attempts are used up."""
         assert self.agent is not None and self.reference is not None
+        driver = self.drivers[group]
+        if prepare == "fail":
+            for workitem in WORKITEMS:
+                lease = (driver.get(f"workitem:{workitem}") or {}).get("lease")
+                if lease:
+                    driver.attempt(lease["agent"], "workitem.fail", workitem, {**fence_of(lease), "reason": "flaky"})
+        elif prepare == "lapse":
+            for _ in range(CONTRACT["max_attempts"]):
+                self.claim(group, OTHER, "wi2")
+                self.clock.advance(CONTRACT["start_ms"] + 1)
+                self.expire_leases(group)
+        if catch_up:
+            self.deliver(group)
+            self.projections_equal_the_reference()  # the reference follows
         now = self.clock.now_ms + later
         whole = self.agent.work_queue(group, now)
         assert self.agent.work_queue(group, now, limit=limit) == whole[:limit]
@@ -620,6 +638,7 @@ class AgentLifecycleMachine(RuleBasedStateMachine):
             if not key.startswith("workitem:") or state["state"] != "queued":
                 continue
             workitem = key.split(":", 1)[1]
+            CHECKS["queued WorkItems tried"] += 1
             trial = copy.deepcopy(replica)
             claim = Command(actor=OTHER, action_id="queue-check", group=group, kind="workitem.claim", target=workitem,
                             body={"session_epoch": trial.get(f"member:{OTHER}")["session_epoch"]},
@@ -630,6 +649,7 @@ class AgentLifecycleMachine(RuleBasedStateMachine):
             except Rejection as exc:
                 claimable = False
                 tally(f"queue leaves out: {exc.code}")
+                CHECKS[f"queue leaves out: {exc.code}"] += 1
             assert (workitem in listed) == claimable, (workitem, state, now)
         assert listed <= {key.split(":", 1)[1] for key, state in replica.states.items()
                           if key.startswith("workitem:") and state["state"] == "queued"}
