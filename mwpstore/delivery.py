@@ -239,9 +239,26 @@ class Delivery:
         return self.agent.cursor(group)
 
 
-def rebuild_group(agent: AgentStore, source: EventSource, group: str, *, batch_events: int = BATCH_EVENTS_DEFAULT) -> int:
-    """Forget ``group`` locally and re-apply it from the source's Events; returns the Cursor."""
-    delivery = Delivery(agent, source, batch_events=batch_events)  # its arguments checked before the reset
+def rebuild_group(
+    agent: AgentStore,
+    source: EventSource,
+    group: str,
+    *,
+    batch_events: int = BATCH_EVENTS_DEFAULT,
+    restore_snapshot: Callable[[CursorTooOld], bytes] | None = None,
+    org: str | None = None,
+) -> int:
+    """Forget ``group`` locally and re-apply it from the source's Events; returns the Cursor.
+
+    A Group whose history starts at a replay floor is rebuilt from the snapshot that
+    ``restore_snapshot`` returns (as for :class:`Delivery`, with ``org``). Without the callback,
+    such a Group is ``CursorTooOld`` before anything is forgotten: its first Events are read
+    before the reset.
+    """
+    delivery = Delivery(agent, source, batch_events=batch_events, restore_snapshot=restore_snapshot, org=org)
+    canonical.check_id(group, "group")
+    if restore_snapshot is None:
+        source.read(group, after=0, limit=1)  # CURSOR_TOO_OLD here, while the Group is still whole
     agent.reset_group(group)
     return delivery.catch_up(group)
 

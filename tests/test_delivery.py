@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from agent_store_support import CountingProjection, seen_counts, workload
 from mwpstore.agent_store import AgentStore
-from mwpstore.delivery import Delivery, DeliveryStats, FaultyTransport, ListSource, TransportDisconnected, deliver_batch
+from mwpstore.delivery import Delivery, DeliveryStats, FaultyTransport, ListSource, TransportDisconnected, deliver_batch, rebuild_group
 from mwpstore.errors import EventInvalid, InvalidCommand
 from mwpstore.messages import Event
 
@@ -766,6 +766,35 @@ def test_a_store_applied_past_the_floor_catches_up_from_its_applied_events(tmp_p
     assert fetched == [] and delivery.stats.restores == 0 and acks == [18, len(history)]
     assert agent.head("g-a").floor_seq == 0  # nothing restored: every Event applied once, in order
     assert seen_counts(agent, "g-a") == {seq: 1 for seq in range(1, len(history) + 1)}
+    agent.close()
+
+
+def test_rebuild_group_of_a_group_behind_a_replay_floor_restores_its_snapshot(tmp_path):
+    """rebuild_group of a Group whose history starts at a replay floor restores the snapshot its
+    restore_snapshot callback returns and goes on after it, to the projection a Delivery with the
+    same callback gives a fresh store. Without the callback it is CURSOR_TOO_OLD before the Group
+    is forgotten (it used to reset the Group first, and had no way to take the callback at all)."""
+    from mwpstore.errors import CursorTooOld
+    from mwpstore.snapshot import SigningKey
+
+    signer = SigningKey.generate()
+    history = HISTORIES["g-a"]
+    at_floor = _snapshot_of(history, 15, signer)
+    source = FlooredSource(ALL_EVENTS, 15, at_floor)
+    agent = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    assert deliver_batch(agent, "g-a", history) == len(history)
+    before = agent.projection_dump()
+    with pytest.raises(CursorTooOld):
+        rebuild_group(agent, source, "g-a")
+    assert agent.projection_dump() == before and agent.cursor("g-a") == len(history)
+    fetched: list = []
+    assert rebuild_group(agent, source, "g-a", org="org-1",
+                         restore_snapshot=lambda error: fetched.append(error.detail["floor"]) or at_floor) == len(history)
+    assert fetched == [15] and agent.head("g-a").floor_seq == 15
+    fresh = AgentStore.open(tmp_path / "fresh", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    Delivery(fresh, source, org="org-1", restore_snapshot=lambda error: at_floor).catch_up("g-a")
+    assert agent.projection_digest() == fresh.projection_digest()
+    fresh.close()
     agent.close()
 
 
