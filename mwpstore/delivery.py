@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from . import canonical, limits
-from .agent_store import AgentStore, ApplyStatus, admit_event
+from .agent_store import AgentStore, ApplyStatus, GroupHead, admit_event
 from .errors import TransportDisconnected  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import CursorTooOld, EventInvalid, InvalidCommand, LimitExceeded, MwpError
 from .messages import Event
@@ -164,20 +164,22 @@ class Delivery:
     def pull_once(self, group: str) -> int:
         """One round: read after the durable Cursor, apply, advance, commit, ACK. Returns how many
         Events the source returned (0: caught up; -1: the source said CURSOR_TOO_OLD and the
-        Group was restored from a snapshot, or its Cursor moved up to Events applied past the
-        replay floor)."""
+        Group was restored from a snapshot, or, the store having applied Events past the replay
+        floor, the source served nothing that tells whether they are its own). A store that
+        applied Events past the floor reads on from its applied sequence instead of restoring."""
         after = self.agent.cursor(group)
         try:
             events = _as_batch(self.source.read(group, after=after, limit=self.batch_events))
         except CursorTooOld as exc:
             floor = exc.detail.get("floor")
-            if type(floor) is int and after < floor <= self.agent.head(group).applied_seq:
+            head = self.agent.head(group)
+            if type(floor) is int and after < floor <= head.applied_seq:
                 # Applied here past the floor, in a commit that did not advance the Cursor: nothing
-                # before the floor is needed. The Cursor moves to what is applied (as every round
-                # moves it) and the next round reads from there; the floor's snapshot would roll
-                # the store back and be refused.
-                self._ack(group, deliver_batch(self.agent, group, [], self.stats))
-                return -1
+                # before the floor is needed, and the floor's snapshot would roll the store back
+                # and be refused.
+                count = self._read_past_the_floor(group, floor, head)
+                if count is not None:
+                    return count
             if self.restore_snapshot is None:
                 raise
             # Only a snapshot at or above the floor lets the next read succeed; an older one (a
@@ -189,6 +191,41 @@ class Delivery:
         self.stats.rounds += 1
         if not events:
             return 0
+        self._ack(group, deliver_batch(self.agent, group, events, self.stats))
+        return len(events)
+
+    def _read_past_the_floor(self, group: str, floor: int, head: GroupHead) -> int | None:
+        """The round of a store that applied Events past the replay ``floor`` without advancing
+        its Cursor: read from the applied sequence's Event on (what the source still serves), and
+        deliver that batch, which moves the Cursor to what is applied and beyond, only if the
+        source's Event at the applied sequence is the one applied here (its hash covers every
+        Event before it) or its next Event links to it. Events of another history are
+        ``EventInvalid`` (``conflict``) and the Cursor stays: moved over them, it would claim (and
+        ACK) Events the source never had. Returns the Events read; -1 when the source served
+        neither Event (the round changed nothing); None when the floor is the applied sequence and
+        the source served nothing after it: only the snapshot's head hash can tell, and the
+        restore compares it."""
+        applied = head.applied_seq
+        events = _as_batch(self.source.read(group, after=max(floor, applied - 1), limit=self.batch_events))
+        self.stats.rounds += 1
+        verdicts = set()
+        for item in events:
+            try:
+                event = item if type(item) is Event else admit_event(item)[0]  # bytes: decoded (bounded)
+            except (EventInvalid, LimitExceeded):
+                continue  # deliver_batch would count it as rejected
+            if event.group == group and event.seq in (applied, applied + 1):
+                verdicts.add((event.hash if event.seq == applied else event.prev_hash) == head.applied_hash)
+        if False in verdicts:
+            raise EventInvalid(
+                f"group {group}: the source's Events at sequence {applied} differ from those applied here past "
+                f"the replay floor {floor} (another history of the Group?)",
+                reason="conflict",
+                group=group,
+                cursor=self.agent.cursor(group),
+            )
+        if not verdicts:
+            return None if floor == applied else -1
         self._ack(group, deliver_batch(self.agent, group, events, self.stats))
         return len(events)
 
@@ -207,6 +244,8 @@ class Delivery:
         ``EventInvalid`` (reason ``no_progress``) after ``stalled_max`` rounds in a row that
         returned Events but did not move the Cursor: the Event after it is refused every time
         (a source serving another history of the Group), and more rounds would not change that.
+        A round that met the replay floor and changed nothing (the source served none of the
+        Events applied here past it) counts as such a round too.
         """
         for name, value, least in (("rounds_max", rounds_max, 0), ("reconnects_max", reconnects_max, 0),
                                    ("stalled_max", stalled_max, 1)):
@@ -227,7 +266,7 @@ class Delivery:
             in_a_row = 0
             if count == 0:
                 return self.agent.cursor(group)
-            stalled = stalled + 1 if count > 0 and self.agent.cursor(group) == before else 0
+            stalled = stalled + 1 if count != 0 and self.agent.cursor(group) == before else 0
             if stalled >= stalled_max:
                 raise EventInvalid(
                     f"group {group}: {stalled} rounds in a row returned Events and none applied after cursor {before}; "

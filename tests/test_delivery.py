@@ -734,13 +734,15 @@ def test_every_ack_names_a_cursor_already_committed_and_a_failed_commit_acks_not
     agent.close()
 
 
-@pytest.mark.parametrize("with_snapshot", [True, False])
-def test_a_store_applied_past_the_floor_catches_up_from_its_applied_events(tmp_path, with_snapshot):
+@pytest.mark.parametrize(("with_snapshot", "as_bytes"), [(True, False), (False, False), (False, True)])
+def test_a_store_applied_past_the_floor_catches_up_from_its_applied_events(tmp_path, with_snapshot, as_bytes):
     """A store that applied Events past the replay floor in a commit that did not advance its
     Cursor needs nothing from before the floor: a round refused with CURSOR_TOO_OLD moves the
     Cursor to what is applied and reads on from there. The snapshot at the floor would roll the
     store back: restoring it was refused (SNAPSHOT_INVALID) round after round, and without a
-    snapshot callback the CURSOR_TOO_OLD stopped the catch-up."""
+    snapshot callback the CURSOR_TOO_OLD stopped the catch-up. The round reads on from the applied
+    Event (which must be the source's), also from a source that serves Events as bytes."""
+    from mwpstore.messages import encode_event
     from mwpstore.snapshot import SigningKey
 
     signer = SigningKey.generate()
@@ -755,17 +757,52 @@ def test_a_store_applied_past_the_floor_catches_up_from_its_applied_events(tmp_p
     acks: list = []
 
     class Acked(FlooredSource):
+        def read(self, group, after=0, limit=1000):  # a source may serve the Events' bytes
+            events = super().read(group, after, limit)
+            return [encode_event(event) for event in events] if as_bytes else events
+
         def ack(self, consumer, group, cursor):
             acks.append(cursor)
 
-    delivery = Delivery(agent, Acked(ALL_EVENTS, 15, at_floor), org="org-1", consumer="agent-7", batch_events=100,
+    delivery = Delivery(agent, Acked(ALL_EVENTS, 15, at_floor), org="org-1", consumer="agent-7", batch_events=4,
                         restore_snapshot=(lambda error: fetched.append(error) or at_floor) if with_snapshot else None)
-    assert delivery.pull_once("g-a") == -1
-    assert agent.cursor("g-a") == 18 and acks == [18]  # moved, committed, ACKed
+    assert delivery.pull_once("g-a") == 4  # read on from the applied Event: 18 (its duplicate) to 21
+    assert agent.cursor("g-a") == 21 and acks == [21]  # moved, committed, ACKed
     assert delivery.catch_up("g-a") == len(history)
-    assert fetched == [] and delivery.stats.restores == 0 and acks == [18, len(history)]
+    assert fetched == [] and delivery.stats.restores == 0 and acks == [21, len(history)]
     assert agent.head("g-a").floor_seq == 0  # nothing restored: every Event applied once, in order
     assert seen_counts(agent, "g-a") == {seq: 1 for seq in range(1, len(history) + 1)}
+    agent.close()
+
+
+@pytest.mark.parametrize(("floor", "served", "forked"), [(15, 18, True), (15, 24, True), (18, 24, True), (15, 16, False)])
+def test_events_applied_past_the_floor_move_the_cursor_only_when_the_source_has_them(tmp_path, floor, served, forked):
+    """A store that applied Events past the replay floor moves its Cursor up to them only when the
+    source's Event at the applied sequence is the one applied (or its next Event links to it).
+    Applied from another history of the Group, or past what the source has, the Cursor jumped over
+    them without a look: the round moved it to 18 and ACKed 18, and the catch-up ended there as
+    caught up, the conflict nowhere counted."""
+    history = workload("g-a", 24, seed=99) if forked else HISTORIES["g-a"]
+    agent = AgentStore.open(tmp_path / "agent", map_size=MAP_BYTES)
+    with agent.begin() as tx:
+        tx.apply_many(history[:18])  # committed without advance_cursor
+    before = agent.projection_dump()
+    acks: list = []
+
+    class Acked(FlooredSource):
+        def ack(self, consumer, group, cursor):
+            acks.append(cursor)
+
+    delivery = Delivery(agent, Acked(HISTORIES["g-a"][:served], floor, None), consumer="agent-7")
+    if forked:
+        with pytest.raises(EventInvalid) as caught:
+            delivery.catch_up("g-a")
+        assert caught.value.detail["reason"] == "conflict"
+    else:
+        with pytest.raises(EventInvalid) as caught:  # rounds that change nothing are stalled rounds
+            delivery.catch_up("g-a", stalled_max=5, rounds_max=50)
+        assert caught.value.detail["reason"] == "no_progress"
+    assert agent.cursor("g-a") == 0 and acks == [] and agent.projection_dump() == before
     agent.close()
 
 
@@ -796,6 +833,10 @@ def test_rebuild_group_of_a_group_behind_a_replay_floor_restores_its_snapshot(tm
     assert agent.projection_digest() == fresh.projection_digest()
     fresh.close()
     agent.close()
+
+
+
+
 
 
 def test_faulty_transport_replays_only_what_the_source_still_serves(tmp_path):
