@@ -343,7 +343,7 @@ class FaultyTransport:
     Per read: with ``disconnect`` probability it raises ``TransportDisconnected``; otherwise it
     reads from somewhat before ``after`` (``replay`` Events: what a reconnect may repeat, never
     below what the source still serves: a replay refused with ``CursorTooOld`` starts at the
-    source's replay floor, or at ``after``), then
+    source's replay floor, or at ``after``, and again from a floor that rose meanwhile), then
     drops, duplicates and shuffles Events with the given probabilities. Deterministic per seed.
     """
 
@@ -382,17 +382,20 @@ class FaultyTransport:
         if rng.random() < self.disconnect:
             raise TransportDisconnected("simulated disconnect")
         start = max(0, after - rng.randint(0, self.replay))
-        try:
-            events = list(self.source.read(group, after=start, limit=limit))
-        except CursorTooOld as exc:
-            if start == after:
-                raise
-            # A replay repeats only what the source still serves: from its replay floor (or the
-            # requested position). Below it, the refusal was of a position the reader never asked
-            # for, and its Delivery would restore (or refuse) a snapshot it does not need.
-            floor = exc.detail.get("floor")
-            start = floor if type(floor) is int and start < floor <= after else after
-            events = list(self.source.read(group, after=start, limit=limit))
+        while True:
+            try:
+                events = list(self.source.read(group, after=start, limit=limit))
+                break
+            except CursorTooOld as exc:
+                if start == after:
+                    raise
+                # A replay repeats only what the source still serves: from its replay floor (or
+                # the requested position). Below it, the refusal was of a position the reader
+                # never asked for, and its Delivery would restore (or refuse) a snapshot it does
+                # not need. A floor that rose meanwhile refuses the new start too: read again from
+                # the higher one (each try starts later, the last at ``after``).
+                floor = exc.detail.get("floor")
+                start = floor if type(floor) is int and start < floor <= after else after
         delivered: list[Event] = []
         for event in events:
             if rng.random() < self.drop:

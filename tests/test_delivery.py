@@ -838,6 +838,36 @@ def test_rebuild_group_of_a_group_behind_a_replay_floor_restores_its_snapshot(tm
 
 
 
+def test_faulty_transport_replays_from_a_replay_floor_that_rose_between_its_reads():
+    """A floor that rises between the transport's refused replay and its read from the floor (a
+    compaction meanwhile) refuses that read too: the transport reads again from the new floor. It
+    passed that second CURSOR_TOO_OLD on, for position 10 when 13 was asked for."""
+    from mwpstore.errors import CursorTooOld
+
+    history = HISTORIES["g-a"]
+
+    class Rising:
+        def __init__(self):
+            self.floor, self.refused = 10, []
+
+        def read(self, group, after=0, limit=1000):
+            if after < self.floor:
+                self.refused.append(after)
+                floor, self.floor = self.floor, 12  # the floor rises after its first refusal
+                raise CursorTooOld("below the replay floor", group=group, cursor=after, floor=floor)
+            return history[after : after + limit]
+
+    refused = 0
+    for seed in range(8):
+        source = Rising()
+        transport = FaultyTransport(source, seed=seed, drop=0, duplicate=0, reorder=0, disconnect=0, replay=4)
+        delivered = [event.seq for event in transport.read("g-a", after=13, limit=3)]
+        assert delivered == list(range(delivered[0], delivered[0] + 3)) and delivered[0] <= 14
+        if source.refused:  # below the first floor, then below the risen one: from the risen one on
+            assert len(source.refused) == 2 and delivered[0] == 13
+            refused += 1
+    assert refused > 0
+
 
 def test_faulty_transport_replays_only_what_the_source_still_serves(tmp_path):
     """A replay from before the requested position never reaches below the source's replay floor:
