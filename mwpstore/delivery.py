@@ -25,6 +25,7 @@ from .messages import Event
 BATCH_EVENTS_DEFAULT = 1000
 STALLED_ROUNDS_MAX = 100  # rounds in a row that return Events without moving the Cursor
 ROUNDS_MAX_DEFAULT = 1_000_000
+RECONNECTS_MAX_DEFAULT = 1000  # disconnects in a row that catch_up reconnects after
 REJECTIONS_KEPT_MAX = 100
 """``DeliveryStats.rejections`` keeps the first errors only; ``rejected`` counts them all."""
 
@@ -236,7 +237,8 @@ class Delivery:
             ack(self.consumer, group, cursor)
 
     def catch_up(
-        self, group: str, *, rounds_max: int = ROUNDS_MAX_DEFAULT, reconnects_max: int = 1000, stalled_max: int = STALLED_ROUNDS_MAX
+        self, group: str, *, rounds_max: int = ROUNDS_MAX_DEFAULT, reconnects_max: int = RECONNECTS_MAX_DEFAULT,
+        stalled_max: int = STALLED_ROUNDS_MAX
     ) -> int:
         """Pull until the source has nothing after the Cursor; reconnect on disconnects.
 
@@ -297,7 +299,15 @@ def rebuild_group(
     delivery = Delivery(agent, source, batch_events=batch_events, restore_snapshot=restore_snapshot, org=org)
     canonical.check_id(group, "group")
     if restore_snapshot is None:
-        source.read(group, after=0, limit=1)  # CURSOR_TOO_OLD here, while the Group is still whole
+        # CURSOR_TOO_OLD here, while the Group is still whole; a disconnect is retried as
+        # catch_up retries one (it reconnected the rebuild's every read before this one was added)
+        for in_a_row in range(RECONNECTS_MAX_DEFAULT + 1):
+            try:
+                source.read(group, after=0, limit=1)
+                break
+            except TransportDisconnected:
+                if in_a_row == RECONNECTS_MAX_DEFAULT:
+                    raise
     agent.reset_group(group)
     return delivery.catch_up(group)
 

@@ -837,6 +837,34 @@ def test_rebuild_group_of_a_group_behind_a_replay_floor_restores_its_snapshot(tm
 
 
 
+def test_rebuild_group_reconnects_a_disconnect_of_its_first_read(tmp_path):
+    """rebuild_group's read before the reset is retried after a disconnect, as every read of the
+    rebuild's catch-up is: that first read raised TransportDisconnected out of the rebuild, which
+    a transport with disconnects then failed now and then. The Group stays whole until the read
+    succeeds, and after ``reconnects_max`` (1000) disconnects in a row the last is raised."""
+    history = HISTORIES["g-a"]
+    agent = AgentStore.open(tmp_path / "agent", map_size=MAP_BYTES)
+    assert deliver_batch(agent, "g-a", history) == len(history)
+    before = agent.projection_dump()
+
+    class Disconnecting(ListSource):
+        def __init__(self, events, disconnects):
+            super().__init__(events)
+            self.disconnects = disconnects
+
+        def read(self, group, after=0, limit=1000):
+            if self.disconnects:
+                self.disconnects -= 1
+                raise TransportDisconnected("down")
+            return super().read(group, after, limit)
+
+    assert rebuild_group(agent, Disconnecting(history, 3), "g-a") == len(history)
+    assert agent.projection_dump() == before
+    with pytest.raises(TransportDisconnected):
+        rebuild_group(agent, Disconnecting(history, 1001), "g-a")
+    assert agent.projection_dump() == before
+    agent.close()
+
 
 def test_faulty_transport_replays_from_a_replay_floor_that_rose_between_its_reads():
     """A floor that rises between the transport's refused replay and its read from the floor (a
