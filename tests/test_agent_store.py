@@ -596,7 +596,10 @@ def test_a_group_with_nothing_applied_adds_nothing_to_the_projection_digest(tmp_
     for group in (GROUP, None):
         assert agent.projection_dump(group) == fresh.projection_dump(group) == []
         assert agent.projection_digest(group) == fresh.projection_digest(group)
-    apply_all(agent, events)
+    apply_all(agent, events, advance=False)  # applied, Cursor 0: the Group's row names both
+    head = agent.head(GROUP)
+    assert head.applied_seq == 10 and head.cursor == 0
+    assert ("heads", GROUP.encode(), msgspec.msgpack.encode([10, head.applied_hash, 0])) in agent.projection_dump(GROUP)
     assert agent.projection_digest() != fresh.projection_digest()
     agent.reset_group(GROUP)
     assert agent.projection_dump() == [] and agent.projection_digest() == fresh.projection_digest()

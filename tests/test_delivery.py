@@ -767,7 +767,7 @@ def test_a_store_applied_past_the_floor_catches_up_from_its_applied_events(tmp_p
     delivery = Delivery(agent, Acked(ALL_EVENTS, 15, at_floor), org="org-1", consumer="agent-7", batch_events=4,
                         restore_snapshot=(lambda error: fetched.append(error) or at_floor) if with_snapshot else None)
     assert delivery.pull_once("g-a") == 4  # read on from the applied Event: 18 (its duplicate) to 21
-    assert agent.cursor("g-a") == 21 and acks == [21]  # moved, committed, ACKed
+    assert agent.cursor("g-a") == 21 and acks == [21] and delivery.stats.rounds == 1  # moved, committed, ACKed
     assert delivery.catch_up("g-a") == len(history)
     assert fetched == [] and delivery.stats.restores == 0 and acks == [21, len(history)]
     assert agent.head("g-a").floor_seq == 0  # nothing restored: every Event applied once, in order
@@ -806,6 +806,58 @@ def test_events_applied_past_the_floor_move_the_cursor_only_when_the_source_has_
     agent.close()
 
 
+
+@pytest.mark.parametrize(("cursor", "floor"), [(10, None), (0, True), (10, -1), (10, 10), (10, 19), (10, 2**70), (10, "15")])
+def test_a_refusal_whose_floor_is_not_past_the_cursor_and_at_or_below_the_applied_sequence_moves_nothing(tmp_path, cursor, floor):
+    """Only a replay floor (an int, not a bool) above the Cursor and at or below the applied
+    sequence sends a round to read on from the applied Event; any other floor a CURSOR_TOO_OLD
+    carries (missing, malformed, at the Cursor, past what is applied) is the refusal it says."""
+    from mwpstore.errors import CursorTooOld
+
+    history = HISTORIES["g-a"]
+    agent = AgentStore.open(tmp_path / "agent", map_size=MAP_BYTES)
+    assert deliver_batch(agent, "g-a", history[:cursor]) == cursor
+    with agent.begin() as tx:
+        tx.apply_many(history[cursor:18])  # committed without advance_cursor
+
+    class Refusing(ListSource):  # serves from the applied Event on: a round sent there moves the Cursor
+        def read(self, group, after=0, limit=1000):
+            if after < 17:
+                raise CursorTooOld("below the replay floor", group=group, cursor=after, floor=floor)
+            return super().read(group, after, limit)
+
+    with pytest.raises(CursorTooOld):
+        Delivery(agent, Refusing(history)).pull_once("g-a")
+    assert agent.cursor("g-a") == cursor
+    agent.close()
+
+
+@pytest.mark.parametrize("forked", [False, True])
+def test_a_store_applied_up_to_the_floor_of_a_source_with_nothing_after_it_restores_the_checked_snapshot(tmp_path, forked):
+    """Applied exactly up to the replay floor, and the source has nothing after it: no Event
+    served tells whether the applied ones are the source's, so the floor's snapshot is restored,
+    which compares its head hash with the applied Event's. Another history is SNAPSHOT_INVALID
+    (``hash``) and the Cursor stays; the source's own reaches the floor. The round used to move
+    the Cursor to the floor unchecked, another history too."""
+    from mwpstore.errors import SnapshotInvalid
+    from mwpstore.snapshot import SigningKey
+
+    signer = SigningKey.generate()
+    history = HISTORIES["g-a"]
+    at_floor = _snapshot_of(history, 15, signer)
+    agent = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    with agent.begin() as tx:
+        tx.apply_many((workload("g-a", 24, seed=99) if forked else history)[:15])  # without advance_cursor
+    delivery = Delivery(agent, FlooredSource(history[:15], 15, at_floor), org="org-1", restore_snapshot=lambda error: at_floor)
+    if forked:
+        with pytest.raises(SnapshotInvalid) as caught:
+            delivery.catch_up("g-a")
+        assert caught.value.detail["check"] == "hash" and agent.cursor("g-a") == 0
+    else:
+        assert delivery.catch_up("g-a") == 15 and delivery.stats.restores == 1
+    agent.close()
+
+
 def test_rebuild_group_of_a_group_behind_a_replay_floor_restores_its_snapshot(tmp_path):
     """rebuild_group of a Group whose history starts at a replay floor restores the snapshot its
     restore_snapshot callback returns and goes on after it, to the projection a Delivery with the
@@ -821,9 +873,10 @@ def test_rebuild_group_of_a_group_behind_a_replay_floor_restores_its_snapshot(tm
     agent = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
     assert deliver_batch(agent, "g-a", history) == len(history)
     before = agent.projection_dump()
-    with pytest.raises(CursorTooOld):
-        rebuild_group(agent, source, "g-a")
-    assert agent.projection_dump() == before and agent.cursor("g-a") == len(history)
+    for floor in (15, 1):  # a floor at the first Event refuses the read before it too
+        with pytest.raises(CursorTooOld):
+            rebuild_group(agent, FlooredSource(ALL_EVENTS, floor, at_floor), "g-a")
+        assert agent.projection_dump() == before and agent.cursor("g-a") == len(history)
     fetched: list = []
     assert rebuild_group(agent, source, "g-a", org="org-1",
                          restore_snapshot=lambda error: fetched.append(error.detail["floor"]) or at_floor) == len(history)
@@ -895,6 +948,34 @@ def test_faulty_transport_replays_from_a_replay_floor_that_rose_between_its_read
             assert len(source.refused) == 2 and delivered[0] == 13
             refused += 1
     assert refused > 0
+
+
+
+@pytest.mark.parametrize("floor", [None, "12", "the refused start"])
+def test_faulty_transport_replays_from_the_requested_position_when_the_refusal_names_no_floor_past_the_start(floor):
+    """A refused replay whose error names no floor (or not an int, or one at or below the refused
+    start) is read again from the requested position, once: the transport neither fails on the
+    floor nor reads the same start over and over."""
+    from mwpstore.errors import CursorTooOld
+
+    history = HISTORIES["g-a"]
+
+    class Refusing:
+        refused = 0
+
+        def read(self, group, after=0, limit=1000):
+            if after < 13:
+                Refusing.refused += 1
+                assert Refusing.refused < 10, "the transport reads a refused start again and again"
+                detail = {} if floor is None else {"floor": after if floor == "the refused start" else floor}
+                raise CursorTooOld("below the replay floor", group=group, cursor=after, **detail)
+            return history[after : after + limit]
+
+    for seed in range(8):
+        Refusing.refused = 0
+        transport = FaultyTransport(Refusing(), seed=seed, drop=0, duplicate=0, reorder=0, disconnect=0, replay=6)
+        assert [event.seq for event in transport.read("g-a", after=13, limit=3)] == [14, 15, 16]
+        assert Refusing.refused <= 1
 
 
 def test_faulty_transport_replays_only_what_the_source_still_serves(tmp_path):

@@ -204,7 +204,14 @@ def test_delivery_arguments_of_the_wrong_kind_are_refused_before_anything_is_rea
     with AgentStore.open(str(tmp_path / "agent")) as agent:
         deliver_batch(agent, GROUP, events)
         digest = agent.projection_digest()
-        source = ListSource(events)
+        reads: list = []
+
+        class Counted(ListSource):
+            def read(self, group, after=0, limit=1000):
+                reads.append(group)
+                return super().read(group, after, limit)
+
+        source = Counted(events)
         with pytest.raises(mwpstore.InvalidCommand) as caught:
             if function == "Delivery":
                 Delivery(**{"agent": agent, "source": source, name: value}).catch_up(GROUP)
@@ -215,7 +222,7 @@ def test_delivery_arguments_of_the_wrong_kind_are_refused_before_anything_is_rea
                     Delivery(agent, FaultyTransport(**{"source": source, "disconnect": 0.5, name: value})).pull_once(GROUP)
             else:
                 rebuild_group(**{"agent": agent, "source": source, "group": GROUP, name: value})
-        assert caught.value.field == name
+        assert caught.value.field == name and reads == []  # nothing read
         assert agent.projection_digest() == digest and agent.cursor(GROUP) == 5  # nothing forgotten or written
 
 
