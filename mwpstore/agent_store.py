@@ -898,6 +898,12 @@ class AgentStore:
         passes; then projections of the Group are replaced in one local commit and the Cursor is
         the snapshot's sequence. Returns that sequence.
         """
+        return self._restore(data, group=group, org=org, high_water_seq=high_water_seq, replace=False)
+
+    def _restore(self, data: bytes, *, group: str, org: str | None, high_water_seq: int, replace: bool) -> int:
+        """``restore``; with ``replace`` (``delivery.rebuild_group``) the snapshot replaces the Group
+        whatever is applied here, as a reset and a restore in one local commit: a refused snapshot
+        leaves the Group as it was."""
         self._check_open()
         from .snapshot import verify_snapshot
 
@@ -913,15 +919,17 @@ class AgentStore:
                     f"the Organization of group {group!r} is not known here: pass org= to bind the snapshot",
                     field="org",
                 )
-        verified = verify_snapshot(
-            data, keyring=keyring, org=org, group=group, high_water_seq=max(self.head(group).applied_seq, high_water_seq)
-        )
-        return self.restore_verified(verified, group=group, org=org)
+        applied = 0 if replace else self.head(group).applied_seq
+        verified = verify_snapshot(data, keyring=keyring, org=org, group=group, high_water_seq=max(applied, high_water_seq))
+        return self._restore_verified(verified, group=group, org=org, replace=replace)
 
     def restore_verified(self, snapshot: Any, *, group: str, org: str | None = None) -> int:
         """Restore from an already verified snapshot (``group``, ``org``, ``seq``, ``head_hash``,
         ``aggregates``: a list or tuple of ``Effect``). Checks the binding and that it does not roll
         the Group back."""
+        return self._restore_verified(snapshot, group=group, org=org, replace=False)
+
+    def _restore_verified(self, snapshot: Any, *, group: str, org: str | None, replace: bool) -> int:
         _check_group(group)
         if not all(hasattr(snapshot, name) for name in ("group", "org", "seq", "head_hash", "aggregates")):
             raise SnapshotInvalid("a snapshot has group, org, seq, head_hash and aggregates", check="schema")
@@ -946,12 +954,12 @@ class AgentStore:
                     raise SnapshotInvalid(
                         f"snapshot is bound to organization {snapshot.org!r}, not {expected!r}", check="binding"
                     )
-            if seq < head.applied_seq:
+            if seq < head.applied_seq and not replace:
                 raise SnapshotInvalid(
                     f"snapshot at seq {seq} would roll group {group!r} back from seq {head.applied_seq}",
                     check="sequence",
                 )
-            if seq == head.applied_seq and seq > 0 and snapshot.head_hash != head.applied_hash:
+            if seq == head.applied_seq and seq > 0 and snapshot.head_hash != head.applied_hash and not replace:
                 raise SnapshotInvalid("snapshot head hash differs from the applied Event at its sequence", check="hash")
             for effect in snapshot.aggregates:
                 if type(effect) is not Effect:
@@ -964,7 +972,7 @@ class AgentStore:
                     raise SnapshotInvalid(f"aggregate {effect.aggregate} has an impossible revision", check="schema")
                 if effect.state is not None and (type(effect.state) is not dict or not canonical.content_ok(effect.state)):
                     raise SnapshotInvalid(f"aggregate {effect.aggregate} holds a state that is not JSON-like content", check="schema")
-            tx._clear_group(group, keep_buffer_after=seq)
+            tx._clear_group(group, keep_buffer_after=None if replace else seq)
             tx._restore_aggregates(group, snapshot.aggregates)
             head = tx._head(group)
             head.applied_seq = head.cursor = head.floor_seq = head.pruned_seq = seq

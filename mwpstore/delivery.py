@@ -292,13 +292,14 @@ def rebuild_group(
     """Forget ``group`` locally and re-apply it from the source's Events; returns the Cursor.
 
     A Group whose history starts at a replay floor is rebuilt from the snapshot that
-    ``restore_snapshot`` returns (as for :class:`Delivery`, with ``org``). Without the callback,
-    such a Group is ``CursorTooOld`` before anything is forgotten: its first Events are read
-    before the reset.
+    ``restore_snapshot`` returns (as for :class:`Delivery`, with ``org``), which replaces the Group
+    in one local commit: a refused snapshot leaves the Group as it was. Without the callback, such
+    a Group is ``CursorTooOld`` before anything is forgotten: its first Event is read before the
+    reset.
     """
     delivery = Delivery(agent, source, batch_events=batch_events, restore_snapshot=restore_snapshot, org=org)
     canonical.check_id(group, "group")
-    if restore_snapshot is None:
+    try:
         # CURSOR_TOO_OLD here, while the Group is still whole; a disconnect is retried as
         # catch_up retries one (it reconnected the rebuild's every read before this one was added)
         for in_a_row in range(RECONNECTS_MAX_DEFAULT + 1):
@@ -308,7 +309,17 @@ def rebuild_group(
             except TransportDisconnected:
                 if in_a_row == RECONNECTS_MAX_DEFAULT:
                     raise
-    agent.reset_group(group)
+    except CursorTooOld as exc:
+        if restore_snapshot is None:
+            raise
+        # The snapshot replaces the Group in one local commit (reset and restore together): a
+        # refused one, or a callback that raises, leaves the Group as it was.
+        floor = exc.detail.get("floor")
+        needed = floor if type(floor) is int and floor > 0 else 1
+        agent._restore(restore_snapshot(exc), group=group, org=org, high_water_seq=needed, replace=True)
+        delivery.stats.restores += 1
+    else:
+        agent.reset_group(group)
     return delivery.catch_up(group)
 
 

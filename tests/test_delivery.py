@@ -862,8 +862,9 @@ def test_rebuild_group_of_a_group_behind_a_replay_floor_restores_its_snapshot(tm
     """rebuild_group of a Group whose history starts at a replay floor restores the snapshot its
     restore_snapshot callback returns and goes on after it, to the projection a Delivery with the
     same callback gives a fresh store. Without the callback it is CURSOR_TOO_OLD before the Group
-    is forgotten (it used to reset the Group first, and had no way to take the callback at all)."""
-    from mwpstore.errors import CursorTooOld
+    is forgotten (it used to reset the Group first, and had no way to take the callback at all),
+    and a snapshot it refuses leaves the Group as it was."""
+    from mwpstore.errors import CursorTooOld, SnapshotInvalid
     from mwpstore.snapshot import SigningKey
 
     signer = SigningKey.generate()
@@ -876,6 +877,16 @@ def test_rebuild_group_of_a_group_behind_a_replay_floor_restores_its_snapshot(tm
     for floor in (15, 1):  # a floor at the first Event refuses the read before it too
         with pytest.raises(CursorTooOld):
             rebuild_group(agent, FlooredSource(ALL_EVENTS, floor, at_floor), "g-a")
+        assert agent.projection_dump() == before and agent.cursor("g-a") == len(history)
+    # a snapshot below the floor, a forged one and a callback that raises: each refused, the Group
+    # left as it was (the reset and the restore are one local commit)
+    forged = bytearray(at_floor)
+    forged[len(forged) // 2] ^= 1
+    for refused, fetch in ((SnapshotInvalid, lambda error: _snapshot_of(history, 10, signer)),
+                           (SnapshotInvalid, lambda error: bytes(forged)),
+                           (OSError, lambda error: (_ for _ in ()).throw(OSError("the snapshot store is down")))):
+        with pytest.raises(refused):
+            rebuild_group(agent, source, "g-a", org="org-1", restore_snapshot=fetch)
         assert agent.projection_dump() == before and agent.cursor("g-a") == len(history)
     fetched: list = []
     assert rebuild_group(agent, source, "g-a", org="org-1",
