@@ -1897,7 +1897,9 @@ class Authority:
         """Write a signed snapshot of ``group`` at its current head; return its reference.
 
         The snapshot file is durable before its reference is logged, and the reference is what
-        moves the Group's replay floor (see :meth:`replay_floor`).
+        moves the Group's replay floor (see :meth:`replay_floor`). A Group archived and compacted
+        is ``InvalidState`` (state ``compacted``) unless its head already has a reference signed
+        with the current key (its final snapshot's): its index no longer holds its state.
         """
         canonical.check_id(group, "group")
         self._check_writable("snapshot")  # before its file is written
@@ -1915,6 +1917,16 @@ class Authority:
                 ref = _decode_note(existing, SnapshotRef)
                 if ref.key_id == self.signing_key.key_id:  # already signed with the current key: reuse it
                     return ref
+            value = index.get(txn, b"states", state_key(group, f"group:{group}"))
+            if value is not None and (decode_state(value)[1] or {}).get("compacted"):
+                # Its index keeps only the Group aggregate and the Memberships: signed, they would
+                # claim a state at the head that the Group never had (its Missions, WorkItems,
+                # tombstones gone). Its state is in its final snapshot and audit log.
+                raise InvalidState(
+                    f"group {group!r} is archived and compacted: its state is in its final snapshot and audit log, "
+                    "and no new snapshot of it can be taken",
+                    state="compacted",
+                )
             prefix = group.encode() + b"\x00"
             aggregates = []
             for key, value in index.range(txn, b"states", prefix):

@@ -594,6 +594,30 @@ def test_an_event_after_the_final_snapshot_of_a_compacted_group_is_readable_afte
         assert [event.seq for event in authority.read(GROUP, after=ref.seq)] == [deletion.seq]
 
 
+def test_no_snapshot_of_a_compacted_group_signs_the_state_compaction_left(tmp_path):
+    """A compacted Group's index keeps only its Group aggregate and Memberships: a snapshot taken
+    from it (at its head under a newer key, or at the head an audit.delete moved) would sign a
+    state the Group never had, its Missions gone. Refused, nothing written; the final snapshot,
+    signed with the current key, is still the answer at its own head."""
+    with open_with_group(str(tmp_path / "s")) as authority:
+        _fill(authority, GROUP, 2)
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive")
+        authority.compact()
+        assert authority.snapshot(GROUP) == record.final_snapshot
+        authority.rotate_signing_key()
+        directory = os.path.join(authority.path, "snapshots", GROUP)
+        files = sorted(os.listdir(directory))
+        with pytest.raises(InvalidState) as caught:
+            authority.snapshot(GROUP)  # at the final snapshot's sequence, under the new key
+        assert caught.value.detail["state"] == "compacted"
+        authority.delete_audit_log(GROUP, actor=OWNER, action_id="del", basis="legal")
+        with pytest.raises(InvalidState):
+            authority.snapshot(GROUP)  # at the head the deletion moved
+        assert sorted(os.listdir(directory)) == files
+        assert authority.snapshots(GROUP) == [record.final_snapshot]
+        assert authority.verify().ok
+
+
 def test_an_accepted_audit_log_deletion_is_not_undone_by_finishing_the_archive(tmp_path):
     with open_with_group(str(tmp_path / "s")) as authority:
         _fill(authority, GROUP, 2)
