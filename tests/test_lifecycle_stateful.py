@@ -450,19 +450,36 @@ class LifecycleMachine(RuleBasedStateMachine):
             self._refused(NotFound, call)
             return
         model = self.groups[group]
-        if model.archived:
+        if model.record is not None:
             assert call() == model.record  # completed: the existing record, nothing accepted
             return
-        record = call()
-        event("archived")
-        command = Command(actor=OWNER, action_id=action_id, group=group, kind="group.archive", target=group,
-                          body={"reason": reason} if reason else {})
-        self._record(command, self.authority.accept(command))  # answered by its receipt
-        model.archived = True
+        if model.audit_deleted:  # group.archive accepted alone, then audit.delete: not written again
+            error = self._refused(InvalidState, call)
+            assert error.detail["state"] == "deleted"
+            return
+        if model.archived:  # group.archive accepted alone (an archive() cut short): finished now
+            record = call()
+            event("archive finished")
+        else:
+            record = call()
+            event("archived")
+            command = Command(actor=OWNER, action_id=action_id, group=group, kind="group.archive", target=group,
+                              body={"reason": reason} if reason else {})
+            self._record(command, self.authority.accept(command))  # answered by its receipt
+            model.archived = True
         assert (record.group, record.last_seq, record.events, record.final_snapshot.seq) == (group, model.head, model.head, model.head)
         assert record.final_snapshot.key_id == self.authority.signing_key.key_id
         model.snapshots[model.head] = record.final_snapshot
         model.record = record
+
+    @rule(group=groups)
+    def accept_group_archive(self, group: str) -> None:
+        """``group.archive`` accepted on its own, as an archive() cut short after it leaves it."""
+        command = Command(actor=OWNER, action_id=self._action(), group=group, kind="group.archive", target=group, body={})
+        error = self._gate(group)
+        self._submit(command, error)
+        if error is None:
+            self.groups[group].archived = True
 
     @rule(group=any_group, legal=st.booleans())
     def delete_audit_log(self, group: str, legal: bool) -> None:
@@ -489,7 +506,8 @@ class LifecycleMachine(RuleBasedStateMachine):
         event(f"audit log deleted ({basis}{', compacted' if model.compacted else ''})")
         model.audit_deleted = True
         model.tombstone_seqs.add(model.head)
-        assert not os.path.exists(os.path.join(self.directory, model.record.audit_location))
+        if model.record is not None:
+            assert not os.path.exists(os.path.join(self.directory, model.record.audit_location))
 
     @rule(milliseconds=st.sampled_from([150, 600, DAY_MS]))
     def advance_clock(self, milliseconds: int) -> None:
@@ -499,7 +517,7 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule()
     def compact(self) -> None:
-        dropped = [g for g, model in self.groups.items() if model.archived and not model.audit_deleted and not model.compacted]
+        dropped = [g for g, model in self.groups.items() if model.record is not None and not model.audit_deleted and not model.compacted]
         payloads = sum(len(model.on_disk) for g, model in self.groups.items() if g not in dropped)
         report = self.authority.compact()
         event(f"compacted ({len(dropped)} archived Groups dropped, {payloads} payloads removed)")
