@@ -45,6 +45,7 @@ from mwpstore import (
     SequenceGap,
     StoreClosed,
 )
+from mwpstore import failpoints
 from mwpstore.leases import lapse_reason
 from mwpstore.messages import ZERO_HASH, Event, encode_receipt
 from mwpstore.snapshot import SnapshotRef, check_snapshot_ref, verify_snapshot
@@ -65,9 +66,41 @@ CONSUMERS = ["c-1", "c-2"]
 WORKER = "w-1"
 DAY_MS = 86_400_000
 
+KILLS = [
+    None,  # the child exits without closing the store
+    ("authority.before_log_append", 1),  # the Command's commit: nothing written
+    ("authority.after_log_sync", 1),  # its log group durable, the index not committed
+    ("authority.after_index_commit", 1),
+    ("authority.before_log_append", 2),  # the snapshot's note: its file written, no record
+    ("authority.after_log_sync", 2),  # the note durable, not indexed
+]
+
 groups = st.sampled_from(GROUPS)
 any_group = st.sampled_from([*GROUPS, GHOST])
 missions = st.sampled_from(MISSIONS)
+
+
+def in_a_child_that_dies(work: Any, kill: tuple[str, int] | None) -> str | None:
+    """Run ``work`` in a forked child with the fail point ``kill`` armed (it dies by SIGKILL there);
+    the child never closes what it opened. Returns "ok", the class name of what ``work`` raised,
+    or None when the fail point killed it."""
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report through the pipe, never return into pytest
+        try:
+            if kill is not None:
+                failpoints._NAME, failpoints._REMAINING = kill
+            work()
+            outcome = "ok"
+        except BaseException as exc:  # noqa: BLE001 - reported to the parent
+            outcome = type(exc).__name__
+        os.write(writing, outcome.encode())
+        os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        data = pipe.read()  # until the child's end closes: it exited or was killed
+    os.waitpid(pid, 0)
+    return data.decode() or None
 
 
 @dataclass
@@ -542,6 +575,40 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.subscriptions.clear()
         self.authority = Authority.open(self.directory, clock=self.clock)
         assert self.authority.open_report.mode == "clean"
+
+    @rule(group=any_group, mission=missions, snapshot=st.booleans(), kill=st.sampled_from(KILLS))
+    def crash(self, group: str, mission: str, snapshot: bool, kill: tuple[str, int] | None) -> None:
+        """Another process opens the store, accepts a Command (and snapshots the Group), and dies
+        without closing it, at a fail point or after; the next open redoes what its index lacks
+        and removes a snapshot file no record names."""
+        command = mission_create(mission, group=group, action_id=self._action())
+        error = self._gate(group) or (AlreadyExists if f"mission:{mission}" in self.groups[group].aggregates else None)
+        self.authority.close()
+        self.subscriptions.clear()
+        directory, clock = self.directory, self.clock
+
+        def work() -> None:
+            authority = Authority.open(directory, clock=clock)  # never closed: os._exit ends the child
+            authority.accept(command)
+            if snapshot:
+                authority.snapshot(group)
+
+        outcome = in_a_child_that_dies(work, kill)
+        killed_at = None if outcome is not None else kill
+        if error is not None:  # refused; a commit without records still passes after_index_commit
+            assert outcome in (error.__name__, None)
+        else:
+            assert outcome == ("ok" if kill is None or (kill[1] == 2 and not snapshot) else None)
+        self.authority = Authority.open(self.directory, clock=self.clock)
+        assert self.authority.open_report.mode in ("clean", "redo")  # the same boot: the index is trusted
+        event(f"killed at {killed_at}" if killed_at else "exited without close")
+        if error is None and killed_at != ("authority.before_log_append", 1):
+            self._record(command, self.authority.accept(command))  # answered by its receipt
+            model = self.groups[group]
+            if snapshot and killed_at in (None, ("authority.after_log_sync", 2)):
+                ref = self.authority.snapshots(group)[-1]
+                assert (ref.seq, ref.key_id) == (model.head, self.authority.signing_key.key_id)
+                model.snapshots[model.head] = ref
 
     # -- what holds after every step ---------------------------------------------------------
 
