@@ -550,16 +550,41 @@ class LifecycleMachine(RuleBasedStateMachine):
 
     @rule()
     def compact(self) -> None:
-        dropped = [g for g, model in self.groups.items() if model.record is not None and not model.audit_deleted and not model.compacted]
-        payloads = sum(len(model.on_disk) for g, model in self.groups.items() if g not in dropped)
+        dropped, payloads = self._compaction()
         report = self.authority.compact()
         event(f"compacted ({len(dropped)} archived Groups dropped, {payloads} payloads removed)")
-        assert report.groups_compacted == sorted(dropped)
+        assert report.groups_compacted == dropped
         assert report.events_dropped == sum(self.groups[g].head for g in dropped)
         assert report.payloads_removed == payloads
+        self._compacted(dropped)
+
+    def _compaction(self) -> tuple[list[str], int]:
+        """What a compaction now drops: the archived Groups whose audit log is kept, and the
+        redacted payloads of the others still in the log."""
+        dropped = sorted(g for g, model in self.groups.items() if model.record is not None and not model.audit_deleted and not model.compacted)
+        return dropped, sum(len(model.on_disk) for g, model in self.groups.items() if g not in dropped)
+
+    def _compacted(self, dropped: list[str]) -> None:
         for g, model in self.groups.items():
             model.on_disk.clear()
             model.compacted = model.compacted or g in dropped
+
+    @rule(step=st.sampled_from(["copy", "marked", "half_switched", "switched", "indexed"]))
+    def crash_compacting(self, step: str) -> None:
+        """Another process compacts the store and dies at a step: the next open finishes the
+        switch (from the marker on) or drops the copy."""
+        dropped, _ = self._compaction()
+        self.authority.close()
+        self.subscriptions.clear()
+        directory = self.directory
+        assert in_a_child_that_dies(lambda: Authority.open(directory).compact(), (f"compaction.{step}", 1)) is None
+        self.authority = Authority.open(self.directory, clock=self.clock)
+        event(f"killed compacting at {step}")
+        if step == "copy":  # before the marker: the old log is the truth
+            assert self.authority.open_report.mode in ("clean", "redo")
+        else:
+            assert self.authority.open_report.mode == "rebuild"
+            self._compacted(dropped)
 
     @rule()
     def rebuild(self) -> None:
