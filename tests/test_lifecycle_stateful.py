@@ -505,6 +505,30 @@ class LifecycleMachine(RuleBasedStateMachine):
         model.snapshots[model.head] = record.final_snapshot
         model.record = record
 
+    @rule(group=groups, kill=st.sampled_from([
+        ("authority.after_log_sync", 1),  # group.archive durable
+        ("authority.before_log_append", 2),  # the final snapshot's file written, not its record
+        ("authority.after_log_sync", 2),
+        ("authority.before_log_append", 3),  # the audit log written, not the archive record
+        ("authority.after_log_sync", 3),
+    ]))
+    def crash_archiving(self, group: str, kill: tuple[str, int]) -> None:
+        """Another process archives a live Group and dies part-way; archive() here finishes it."""
+        if self._gate(group) is not None:
+            return
+        action_id = self._action()
+        self.authority.close()
+        self.subscriptions.clear()
+        directory, clock = self.directory, self.clock
+        work = lambda: Authority.open(directory, clock=clock).archive(group, actor=OWNER, action_id=action_id)  # noqa: E731
+        assert in_a_child_that_dies(work, kill) is None
+        self.authority = Authority.open(self.directory, clock=self.clock)
+        event(f"killed archiving at {kill}")
+        command = Command(actor=OWNER, action_id=action_id, group=group, kind="group.archive", target=group, body={})
+        self._record(command, self.authority.accept(command))  # durable before the kill
+        self.groups[group].archived = True
+        self.archive(group, "")
+
     @rule(group=groups)
     def accept_group_archive(self, group: str) -> None:
         """``group.archive`` accepted on its own, as an archive() cut short after it leaves it."""
@@ -657,6 +681,24 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert self.authority.archive_record(group) == model.record
         for (consumer, group), cursor in self.acks.items():
             assert self.authority.acked(consumer, group) == cursor
+
+    @invariant()
+    def files_match_the_records(self) -> None:
+        """Every snapshot file is at a sequence a record names (the first file there stays when a
+        newer key signs it again), and each named one is there; an archived Group's directory
+        holds its audit log alone, and none once it is deleted."""
+        for group, model in self.groups.items():
+            directory = os.path.join(self.directory, "snapshots", group)
+            names = set(os.listdir(directory)) if os.path.isdir(directory) else set()
+            named = {os.path.basename(ref.location) for ref in model.snapshots.values()}
+            assert named <= names
+            assert {int(name[:20]) for name in names} <= set(model.snapshots), names
+            directory = os.path.join(self.directory, "archive", group)
+            names = set(os.listdir(directory)) if os.path.isdir(directory) else set()
+            if model.audit_deleted:
+                assert names == set()
+            elif model.record is not None:
+                assert names == {os.path.basename(model.record.audit_location)}
 
     @invariant()
     def verify_is_clean(self) -> None:
