@@ -1,12 +1,15 @@
 """A stateful test of one durable authority across its whole lifecycle: Commands over three
-Groups interleaved with replays, collisions, ACKs, reads and subscriptions from any Cursor,
-snapshots, key rotation, redaction, archival, audit-log deletion, compaction, rebuild and
-reopen, against a plain model of what must hold.
+Groups (Missions, a worker's Membership, WorkItems claimed and their leases swept) interleaved
+with replays, collisions, ACKs, reads and subscriptions from any Cursor, snapshots, key rotation,
+redaction, archival, audit-log deletion, compaction, rebuild and reopen, and with another
+process that dies part-way through a commit, a compaction or an archive, against a plain model
+of what must hold.
 
 After every step: every receipt ever returned is returned again byte for byte; each Group's head,
 replay floor, Events (from the floor, redacted payloads as tombstones say), aggregates, snapshot
-references, archive record and ACKs equal the model's; and ``verify()`` reports no problem but
-those the docs promise (a snapshot signed by a key dropped as compromised).
+references, archive record and ACKs equal the model's; the snapshot and audit-log files are the
+ones the records name; and ``verify()`` reports no problem but those the docs promise (a snapshot
+signed by a key dropped as compromised).
 
 ``MWPSTORE_LIFECYCLE_EXAMPLES`` and ``MWPSTORE_LIFECYCLE_STEPS`` lengthen the run, e.g.
 ``MWPSTORE_LIFECYCLE_EXAMPLES=2000 MWPSTORE_LIFECYCLE_STEPS=60 python -m pytest
@@ -23,9 +26,8 @@ from typing import Any
 
 import msgspec
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
-from hypothesis import event
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from authority_helpers import OWNER, FakeClock, group_create, mission_create, mission_update
@@ -44,8 +46,8 @@ from mwpstore import (
     RevisionMismatch,
     SequenceGap,
     StoreClosed,
+    failpoints,
 )
-from mwpstore import failpoints
 from mwpstore.leases import lapse_reason
 from mwpstore.messages import ZERO_HASH, Event, encode_receipt
 from mwpstore.snapshot import SnapshotRef, check_snapshot_ref, verify_snapshot
