@@ -48,6 +48,7 @@ from mwpstore import (
     StoreClosed,
     failpoints,
 )
+from mwpstore.audit_log import FileKeyProvider
 from mwpstore.leases import lapse_reason
 from mwpstore.messages import ZERO_HASH, Event, encode_receipt
 from mwpstore.snapshot import SnapshotRef, check_snapshot_ref, verify_snapshot
@@ -162,6 +163,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.subscriptions: dict[str, Any] = {}
         self.dropped_keys: set[str] = set()
         self.retired_keys: list[str] = []
+        self.org_key: str | None = None  # the Organization's current audit-log key, once rotated
         self.counter = 0
 
     # -- helpers -----------------------------------------------------------------------------
@@ -446,6 +448,12 @@ class LifecycleMachine(RuleBasedStateMachine):
         else:
             self.dropped_keys.add(old)
 
+    @rule()
+    def rotate_organization_key(self) -> None:
+        """Audit logs written from now on use a new key of the Organization; older ones still
+        decrypt with theirs (verify reads every kept one)."""
+        self.org_key = FileKeyProvider(os.path.join(self.directory, "keys", "orgs")).rotate("acme")
+
     @precondition(lambda self: self.retired_keys)
     @rule()
     def drop_retired_key(self) -> None:
@@ -504,6 +512,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             model.archived = True
         assert (record.group, record.last_seq, record.events, record.final_snapshot.seq) == (group, model.head, model.head, model.head)
         assert record.final_snapshot.key_id == self.authority.signing_key.key_id
+        assert self.org_key in (None, record.audit_key_id)
         model.snapshots[model.head] = record.final_snapshot
         model.record = record
 
