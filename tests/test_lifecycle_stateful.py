@@ -13,7 +13,8 @@ signed by a key dropped as compromised).
 
 ``MWPSTORE_LIFECYCLE_EXAMPLES`` and ``MWPSTORE_LIFECYCLE_STEPS`` lengthen the run, e.g.
 ``MWPSTORE_LIFECYCLE_EXAMPLES=2000 MWPSTORE_LIFECYCLE_STEPS=60 python -m pytest
-tests/test_lifecycle_stateful.py --hypothesis-show-statistics``.
+tests/test_lifecycle_stateful.py --timeout=0 --hypothesis-show-statistics`` (``--timeout=0``: such
+a run takes longer than the suite's per-test timeout).
 """
 
 from __future__ import annotations
