@@ -80,15 +80,21 @@ def record_bytes(path: str, commands: list[Command]) -> list[int]:
         return [len(EVENT_TAG + encode_event(event)) for event in authority.read(GROUP, after=1)]
 
 
-def in_a_forked_child(calls: list[Callable[[], object]], timeout: float = 60.0) -> list[str]:
+def in_a_forked_child(calls: list[Callable[[], object]], timeout: float = 60.0, kill: tuple[str, int] | None = None) -> list[str]:
     """Run each call in a forked child; return what each raised (its class name) or "ok".
-    A child that has not finished after ``timeout`` seconds is killed: ``["hung"]``."""
+    A child that has not finished after ``timeout`` seconds is killed: ``["hung"]``. ``kill``
+    arms a fail point in the child (its name and the hit that fires, as ``MWPSTORE_FAILPOINT``
+    says them): a child it killed is ``["killed"]``. The child never closes what it opened."""
     import select
     import signal
 
     reading, writing = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: report through the pipe, never return into pytest
+        if kill is not None:
+            from mwpstore import failpoints
+
+            failpoints._NAME, failpoints._REMAINING = kill
         outcomes = []
         for call in calls:
             try:
@@ -106,7 +112,7 @@ def in_a_forked_child(calls: list[Callable[[], object]], timeout: float = 60.0) 
             return ["hung"]
         data = pipe.read()
     os.waitpid(pid, 0)
-    return json.loads(data)
+    return json.loads(data) if data else ["killed"]
 
 
 def close_interrupted_while_it_waits(close: Callable[[], object], use: Callable[[], object], reopen: Callable[[], object]) -> None:

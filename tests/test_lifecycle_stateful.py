@@ -31,7 +31,7 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from authority_helpers import OWNER, FakeClock, group_create, mission_create, mission_update
+from authority_helpers import OWNER, FakeClock, group_create, in_a_forked_child, mission_create, mission_update
 from work_model_support import CONTRACT
 from mwpstore import (
     ActionIdCollision,
@@ -47,7 +47,6 @@ from mwpstore import (
     RevisionMismatch,
     SequenceGap,
     StoreClosed,
-    failpoints,
 )
 from mwpstore.audit_log import FileKeyProvider
 from mwpstore.leases import lapse_reason
@@ -82,29 +81,6 @@ KILLS = [
 groups = st.sampled_from(GROUPS)
 any_group = st.sampled_from([*GROUPS, GHOST])
 missions = st.sampled_from(MISSIONS)
-
-
-def in_a_child_that_dies(work: Any, kill: tuple[str, int] | None) -> str | None:
-    """Run ``work`` in a forked child with the fail point ``kill`` armed (it dies by SIGKILL there);
-    the child never closes what it opened. Returns "ok", the class name of what ``work`` raised,
-    or None when the fail point killed it."""
-    reading, writing = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the child: report through the pipe, never return into pytest
-        try:
-            if kill is not None:
-                failpoints._NAME, failpoints._REMAINING = kill
-            work()
-            outcome = "ok"
-        except BaseException as exc:  # noqa: BLE001 - reported to the parent
-            outcome = type(exc).__name__
-        os.write(writing, outcome.encode())
-        os._exit(0)
-    os.close(writing)
-    with os.fdopen(reading, "rb") as pipe:
-        data = pipe.read()  # until the child's end closes: it exited or was killed
-    os.waitpid(pid, 0)
-    return data.decode() or None
 
 
 @dataclass
@@ -209,6 +185,11 @@ class LifecycleMachine(RuleBasedStateMachine):
             return GroupArchived
         return None
 
+    @staticmethod
+    def _open(mission: dict[str, Any] | None) -> type[Exception] | None:
+        """The refusal a Command that needs an open Mission meets, if any."""
+        return NotFound if mission is None else (InvalidState if mission["status"] != "open" else None)
+
     # -- Commands ----------------------------------------------------------------------------
 
     @initialize(created=st.sets(groups, min_size=1), staffed=st.sets(groups))
@@ -245,14 +226,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         model = self.groups.get(group)
         revision, state = model.aggregates.get(f"mission:{mission}", (0, None)) if model else (0, None)
         command = mission_update(mission, revision + 1 if stale else revision, title, group=group, action_id=self._action())
-        error = self._gate(group)
-        if error is None:
-            if stale:
-                error = RevisionMismatch
-            elif state is None:
-                error = NotFound
-            elif state["status"] != "open":
-                error = InvalidState
+        error = self._gate(group) or (RevisionMismatch if stale else self._open(state))
         self._submit(command, error)
         if error is None:
             assert self.groups[group].aggregates[f"mission:{mission}"] == (revision + 1, {**state, "title": title})
@@ -260,10 +234,7 @@ class LifecycleMachine(RuleBasedStateMachine):
     @rule(group=groups, mission=missions)
     def close_mission(self, group: str, mission: str) -> None:
         command = Command(actor=OWNER, action_id=self._action(), group=group, kind="mission.close", target=mission, body={})
-        error = self._gate(group)
-        if error is None:
-            state = self.groups[group].aggregates.get(f"mission:{mission}", (0, None))[1]
-            error = NotFound if state is None else (InvalidState if state["status"] != "open" else None)
+        error = self._gate(group) or self._open(self.groups[group].aggregates.get(f"mission:{mission}", (0, None))[1])
         self._submit(command, error)
 
     @rule(group=groups, stale=st.booleans())
@@ -280,16 +251,10 @@ class LifecycleMachine(RuleBasedStateMachine):
     def create_workitem(self, group: str, workitem: str) -> None:
         command = Command(actor=OWNER, action_id=self._action(), group=group, kind="workitem.create", target=workitem,
                           body={"mission": "m-1", "priority": 0, "contract": dict(CONTRACT)})
-        model = self.groups.get(group)
         error = self._gate(group)
         if error is None:
-            mission = model.aggregates.get("mission:m-1", (0, None))[1]
-            if f"workitem:{workitem}" in model.aggregates:
-                error = AlreadyExists
-            elif mission is None:
-                error = NotFound
-            elif mission["status"] != "open":
-                error = InvalidState
+            aggregates = self.groups[group].aggregates
+            error = AlreadyExists if f"workitem:{workitem}" in aggregates else self._open(aggregates.get("mission:m-1", (0, None))[1])
         self._submit(command, error)
 
     @rule(group=groups, workitem=st.sampled_from(WORKITEMS))
@@ -533,7 +498,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.subscriptions.clear()
         directory, clock = self.directory, self.clock
         work = lambda: Authority.open(directory, clock=clock).archive(group, actor=OWNER, action_id=action_id)  # noqa: E731
-        assert in_a_child_that_dies(work, kill) is None
+        assert in_a_forked_child([work], kill=kill) == ["killed"]
         self.authority = Authority.open(self.directory, clock=self.clock)
         event(f"killed archiving at {kill}")
         command = Command(actor=OWNER, action_id=action_id, group=group, kind="group.archive", target=group, body={})
@@ -613,7 +578,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         self.authority.close()
         self.subscriptions.clear()
         directory = self.directory
-        assert in_a_child_that_dies(lambda: Authority.open(directory).compact(), (f"compaction.{step}", 1)) is None
+        assert in_a_forked_child([lambda: Authority.open(directory).compact()], kill=(f"compaction.{step}", 1)) == ["killed"]
         self.authority = Authority.open(self.directory, clock=self.clock)
         event(f"killed compacting at {step}")
         if step == "copy":  # before the marker: the old log is the truth
@@ -654,12 +619,12 @@ class LifecycleMachine(RuleBasedStateMachine):
             if snapshot:
                 authority.snapshot(group)
 
-        outcome = in_a_child_that_dies(work, kill)
-        killed_at = None if outcome is not None else kill
+        [outcome] = in_a_forked_child([work], kill=kill)
+        killed_at = kill if outcome == "killed" else None
         if error is not None:  # refused; a commit without records still passes after_index_commit
-            assert outcome in (error.__name__, None)
+            assert outcome in (error.__name__, "killed")
         else:
-            assert outcome == ("ok" if kill is None or (kill[1] == 2 and not snapshot) else None)
+            assert outcome == ("ok" if kill is None or (kill[1] == 2 and not snapshot) else "killed")
         self.authority = Authority.open(self.directory, clock=self.clock)
         assert self.authority.open_report.mode in ("clean", "redo")  # the same boot: the index is trusted
         event(f"killed at {killed_at}" if killed_at else "exited without close")
