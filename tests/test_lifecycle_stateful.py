@@ -325,6 +325,49 @@ class LifecycleMachine(RuleBasedStateMachine):
         error = self._refused(ActionIdCollision, lambda: self.authority.accept(command))
         assert error.detail == {"actor": actor, "action_id": action_id}
 
+    @rule(group=any_group, data=st.data())
+    def accept_many(self, group: str, data: Any) -> None:
+        """One commit of a new Mission, what rests on it (its redaction, its creation again, the
+        redaction of that redaction), a repeat and a collision of earlier Commands."""
+        model = self.groups.get(group)
+        gate = self._gate(group)
+        mission = f"m-b{self._action()}"
+        create = mission_create(mission, group=group, action_id=self._action())
+        plan: list[tuple[Command, Any]] = [(create, gate)]  # (Command, its refusal or None)
+        seq = model.head + 1 if model else 1
+        if data.draw(st.booleans(), label="redact it"):
+            redaction = Command(actor=OWNER, action_id=self._action(), group=group, kind="event.redact", target=str(seq),
+                                body={"reason": "in the same commit"})
+            plan.append((redaction, gate))
+            if data.draw(st.booleans(), label="redact the redaction"):
+                plan.append((msgspec.structs.replace(redaction, action_id=self._action(), target=str(seq + 1)), gate or InvalidCommand))
+        if data.draw(st.booleans(), label="create it again"):
+            plan.append((mission_create(mission, group=group, action_id=self._action()), gate or AlreadyExists))
+        keys = sorted(set(self.sent) - self.trusted)
+        if keys and data.draw(st.booleans(), label="repeat one"):
+            plan.append((self.sent[data.draw(st.sampled_from(keys))][0], "repeat"))
+        if keys and data.draw(st.booleans(), label="collide with one"):
+            actor, action_id = data.draw(st.sampled_from(keys))
+            plan.append((Command(actor=actor, action_id=action_id, group="g-a", kind="mission.close", target="m-other"), ActionIdCollision))
+        # The Mission's creation first; the rest in any order (only the redaction takes a sequence,
+        # and the redaction of that redaction is refused before it or after it alike).
+        order = data.draw(st.permutations(range(1, len(plan))), label="order of the rest")
+        plan = [plan[0]] + [plan[i] for i in order]
+        results = self.authority.accept_many([command for command, _ in plan])
+        event(f"accept_many of {len(plan)}")
+        for (command, expected), result in zip(plan, results):
+            if expected == "repeat":
+                assert result.ok and encode_receipt(result.receipt) == self.sent[(command.actor, command.action_id)][1]
+            elif expected is not None:
+                assert not result.ok and type(result.error) is expected, (command, result)
+            else:
+                assert result.ok, (command, result)
+                self._record(command, result.receipt)
+                if command.kind == "event.redact":
+                    self.groups[group].redacted.add(int(command.target))
+                    self.groups[group].on_disk.add(int(command.target))
+                    self.groups[group].tombstone_seqs.add(self.groups[group].head)
+
     # -- reading, following, acknowledging -----------------------------------------------------
 
     @rule(group=any_group, data=st.data())
