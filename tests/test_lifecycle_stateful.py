@@ -693,6 +693,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             assert self.authority.head(group) == (model.head, model.events[-1].hash)
             floor, reference = model.floor()
             assert self.authority.replay_floor(group) == (floor, reference)
+            if reference is not None:  # what a reader below the floor is sent to fetch is there
+                check_snapshot_ref(self.authority.read_snapshot(reference), reference)
             events = self.authority.read(group, after=floor, limit=100_000)
             assert events == [model.visible(event) for event in model.events[floor:]]
             assert [event.redacted for event in events] == [event.seq in model.redacted for event in events]
