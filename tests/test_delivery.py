@@ -901,6 +901,115 @@ def test_rebuild_group_of_a_group_behind_a_replay_floor_restores_its_snapshot(tm
 
 
 
+class _FloorSaying(FlooredSource):
+    """A FlooredSource whose refusals carry ``floor`` as given (missing, malformed or not)."""
+
+    def __init__(self, events, floor, snapshot, said):
+        super().__init__(events, floor, snapshot)
+        self.said = said
+
+    def read(self, group, after=0, limit=1000):
+        from mwpstore.errors import CursorTooOld
+
+        if after < self.floor:
+            detail = {} if self.said is None else {"floor": self.said}
+            raise CursorTooOld("below the replay floor", group=group, cursor=after, **detail)
+        return super().read(group, after, limit)
+
+
+@pytest.mark.parametrize("said", [None, True, -3, 0, "15", 15], ids=["missing", "True", "-3", "0", "text", "15"])
+def test_rebuild_group_replaces_another_history_and_its_buffer_with_the_snapshot(tmp_path, said):
+    """rebuild_group's snapshot replaces whatever the Group holds here: Events of another history
+    applied up to the snapshot's sequence (the head hash differs) and Events buffered past it are
+    forgotten, and the Group ends as a fresh store's, whatever floor the refusal names. A floor
+    missing or malformed still asks for a snapshot past the first Event: one at sequence 0 is
+    refused before anything is forgotten."""
+    from mwpstore.errors import SnapshotInvalid
+    from mwpstore.messages import ZERO_HASH
+    from mwpstore.snapshot import SigningKey, create_snapshot
+
+    signer = SigningKey.generate()
+    history = HISTORIES["g-a"]
+    at_floor = _snapshot_of(history, 15, signer)
+    source = _FloorSaying(ALL_EVENTS, 15, at_floor, said)
+    forked = workload("g-a", 30, seed=99)
+    agent = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    assert deliver_batch(agent, "g-a", forked[:15]) == 15
+    with agent.begin() as tx:  # buffered past a gap, of the other history, two past the source's head
+        tx.apply_many(forked[16:18] + forked[26:28])
+    assert agent.head("g-a").buffered == 4
+    before = agent.projection_dump()
+    empty = create_snapshot(org="org-1", group="g-a", seq=0, head_hash=ZERO_HASH, aggregates=[], signer=signer,
+                            created_at_ms=1)
+    with pytest.raises(SnapshotInvalid):
+        rebuild_group(agent, source, "g-a", org="org-1", restore_snapshot=lambda error: empty)
+    assert agent.projection_dump() == before and agent.head("g-a").buffered == 4
+    assert rebuild_group(agent, source, "g-a", org="org-1", restore_snapshot=lambda error: at_floor) == len(history)
+    assert agent.head("g-a").buffered == 0
+    # a store that knows nothing of the Group (its directory deleted) is bound by org= alone
+    fresh = AgentStore.open(tmp_path / "fresh", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    assert rebuild_group(fresh, source, "g-a", org="org-1", restore_snapshot=lambda error: at_floor) == len(history)
+    assert agent.projection_dump() == fresh.projection_dump()
+    fresh.close()
+    agent.close()
+
+
+def test_rebuild_group_of_a_group_served_from_its_first_event_forgets_another_history(tmp_path):
+    """A source that serves the Group from its first Event: rebuild_group resets the Group and
+    delivers it again, so another history applied here up to the source's head is replaced, and
+    the snapshot callback is not called."""
+    history = HISTORIES["g-a"]
+    agent = AgentStore.open(tmp_path / "agent", map_size=MAP_BYTES)
+    assert deliver_batch(agent, "g-a", workload("g-a", 24, seed=99)) == len(history)
+    called: list = []
+    assert rebuild_group(agent, ListSource(ALL_EVENTS), "g-a", org="org-1",
+                         restore_snapshot=lambda error: called.append(error)) == len(history)
+    fresh = AgentStore.open(tmp_path / "fresh", map_size=MAP_BYTES)
+    assert deliver_batch(fresh, "g-a", history) == len(history)
+    assert called == [] and agent.projection_dump() == fresh.projection_dump()
+    fresh.close()
+    agent.close()
+
+
+@pytest.mark.parametrize("where", ["callback", "hook"])
+def test_rebuild_group_interrupted_in_its_restore_leaves_the_group_as_it_was(tmp_path, where):
+    """A KeyboardInterrupt from the snapshot callback, or from an application projection's
+    ``restore`` hook inside the replacing commit, leaves the Group as it was (nothing of the reset
+    is committed) and the store usable: the next rebuild_group completes."""
+    from agent_store_support import RestoringProjection
+    from mwpstore.snapshot import SigningKey
+
+    class Interrupted(RestoringProjection):
+        armed = True
+
+        def restore(self, view, snapshot):
+            super().restore(view, snapshot)
+            if self.armed:
+                raise KeyboardInterrupt
+
+    def fetch(error):
+        if where == "callback" and hook.armed:
+            raise KeyboardInterrupt
+        return at_floor
+
+    signer = SigningKey.generate()
+    history = HISTORIES["g-a"]
+    at_floor = _snapshot_of(history, 15, signer)
+    source = FlooredSource(ALL_EVENTS, 15, at_floor)
+    hook = Interrupted()
+    hook.armed = True
+    agent = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES, projections=[hook])
+    assert deliver_batch(agent, "g-a", history[:20]) == 20
+    before, head = agent.projection_dump(), agent.head("g-a")
+    with pytest.raises(KeyboardInterrupt):
+        rebuild_group(agent, source, "g-a", org="org-1", restore_snapshot=fetch)
+    assert agent.projection_dump() == before and agent.head("g-a") == head
+    hook.armed = False
+    assert rebuild_group(agent, source, "g-a", org="org-1", restore_snapshot=fetch) == len(history)
+    assert dict(agent.projection_items("g-a", "restoring")) == {b"last": b"24", b"restored-at": b"15"}
+    agent.close()
+
+
 def test_rebuild_group_reconnects_a_disconnect_of_its_first_read(tmp_path):
     """rebuild_group's read before the reset is retried after a disconnect, as every read of the
     rebuild's catch-up is: that first read raised TransportDisconnected out of the rebuild, which
