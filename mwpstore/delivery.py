@@ -172,9 +172,9 @@ class Delivery:
         try:
             events = _as_batch(self.source.read(group, after=after, limit=self.batch_events))
         except CursorTooOld as exc:
-            floor = exc.detail.get("floor")
+            floor = _floor_of(exc)
             head = self.agent.head(group)
-            if type(floor) is int and after < floor <= head.applied_seq:
+            if floor is not None and after < floor <= head.applied_seq:
                 # Applied here past the floor, in a commit that did not advance the Cursor: nothing
                 # before the floor is needed, and the floor's snapshot would roll the store back
                 # and be refused.
@@ -185,7 +185,7 @@ class Delivery:
                 raise
             # Only a snapshot at or above the floor lets the next read succeed; an older one (a
             # stale copy) would be restored, refused by the source again, and restored again.
-            needed = max(after + 1, floor if type(floor) is int else 0)
+            needed = max(after + 1, floor or 0)
             self.agent.restore(self.restore_snapshot(exc), group=group, org=self.org, high_water_seq=needed)
             self.stats.restores += 1
             return -1
@@ -314,13 +314,20 @@ def rebuild_group(
             raise
         # The snapshot replaces the Group in one local commit (reset and restore together): a
         # refused one, or a callback that raises, leaves the Group as it was.
-        floor = exc.detail.get("floor")
-        needed = floor if type(floor) is int and floor > 0 else 1
+        needed = max(1, _floor_of(exc) or 0)
         agent._restore(restore_snapshot(exc), group=group, org=org, high_water_seq=needed, replace=True)
         delivery.stats.restores += 1
     else:
         agent.reset_group(group)
     return delivery.catch_up(group)
+
+
+def _floor_of(error: CursorTooOld) -> int | None:
+    """The replay floor a ``CURSOR_TOO_OLD`` names, or None when it names none a sequence can be:
+    the error comes from the source, and a bool, a negative or one past 2**63 - 1 (which a restore
+    would have refused as its own ``high_water_seq`` argument) tells nothing."""
+    floor = error.detail.get("floor")
+    return floor if type(floor) is int and 0 <= floor <= limits.INT_ABS_MAX else None
 
 
 def _check_agent(agent: object) -> None:
@@ -415,8 +422,8 @@ class FaultyTransport:
                 # never asked for, and its Delivery would restore (or refuse) a snapshot it does
                 # not need. A floor that rose meanwhile refuses the new start too: read again from
                 # the higher one (each try starts later, the last at ``after``).
-                floor = exc.detail.get("floor")
-                start = floor if type(floor) is int and start < floor <= after else after
+                floor = _floor_of(exc)
+                start = floor if floor is not None and start < floor <= after else after
         delivered: list[Event] = []
         for event in events:
             if rng.random() < self.drop:

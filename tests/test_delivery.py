@@ -917,13 +917,14 @@ class _FloorSaying(FlooredSource):
         return super().read(group, after, limit)
 
 
-@pytest.mark.parametrize("said", [None, True, -3, 0, "15", 15], ids=["missing", "True", "-3", "0", "text", "15"])
+@pytest.mark.parametrize("said", [None, True, -3, 0, "15", 2**64, 15], ids=["missing", "True", "-3", "0", "text", "2**64", "15"])
 def test_rebuild_group_replaces_another_history_and_its_buffer_with_the_snapshot(tmp_path, said):
     """rebuild_group's snapshot replaces whatever the Group holds here: Events of another history
     applied up to the snapshot's sequence (the head hash differs) and Events buffered past it are
     forgotten, and the Group ends as a fresh store's, whatever floor the refusal names. A floor
     missing or malformed still asks for a snapshot past the first Event: one at sequence 0 is
-    refused before anything is forgotten."""
+    refused before anything is forgotten. A floor past 2**63 - 1 is malformed too: it used to
+    reach the restore as its high_water_seq argument, which refused it as the caller's mistake."""
     from mwpstore.errors import SnapshotInvalid
     from mwpstore.messages import ZERO_HASH
     from mwpstore.snapshot import SigningKey, create_snapshot
