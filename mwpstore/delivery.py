@@ -299,6 +299,7 @@ def rebuild_group(
     """
     delivery = Delivery(agent, source, batch_events=batch_events, restore_snapshot=restore_snapshot, org=org)
     canonical.check_id(group, "group")
+    agent._check_open()  # a closed store says so before the source is read or a snapshot fetched
     try:
         # CURSOR_TOO_OLD here, while the Group is still whole; a disconnect is retried as
         # catch_up retries one (it reconnected the rebuild's every read before this one was added)

@@ -972,6 +972,32 @@ def test_rebuild_group_of_a_group_served_from_its_first_event_forgets_another_hi
     agent.close()
 
 
+def test_rebuild_group_of_a_closed_store_reads_nothing_and_fetches_nothing(tmp_path):
+    """A closed AgentStore is StoreClosed before rebuild_group reads the source or calls the
+    snapshot callback: it used to read the first Event and fetch the snapshot, and only the
+    restore said the store was closed."""
+    from mwpstore.errors import StoreClosed
+    from mwpstore.snapshot import SigningKey
+
+    signer = SigningKey.generate()
+    history = HISTORIES["g-a"]
+    at_floor = _snapshot_of(history, 15, signer)
+    reads: list = []
+    fetched: list = []
+
+    class Counting(FlooredSource):
+        def read(self, group, after=0, limit=1000):
+            reads.append(after)
+            return super().read(group, after, limit)
+
+    agent = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    agent.close()
+    with pytest.raises(StoreClosed):
+        rebuild_group(agent, Counting(ALL_EVENTS, 15, at_floor), "g-a", org="org-1",
+                      restore_snapshot=lambda error: fetched.append(error) or at_floor)
+    assert reads == [] and fetched == []
+
+
 @pytest.mark.parametrize("where", ["callback", "hook"])
 def test_rebuild_group_interrupted_in_its_restore_leaves_the_group_as_it_was(tmp_path, where):
     """A KeyboardInterrupt from the snapshot callback, or from an application projection's
