@@ -311,6 +311,9 @@ def rebuild_group(
                 if in_a_row == RECONNECTS_MAX_DEFAULT:
                     raise
     except CursorTooOld as exc:
+        # closed while the source was read: said so before the snapshot is fetched, as a
+        # Delivery round's head() says it
+        agent._check_open()
         if restore_snapshot is None:
             raise
         # The snapshot replaces the Group in one local commit (reset and restore together): a

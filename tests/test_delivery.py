@@ -972,10 +972,13 @@ def test_rebuild_group_of_a_group_served_from_its_first_event_forgets_another_hi
     agent.close()
 
 
-def test_rebuild_group_of_a_closed_store_reads_nothing_and_fetches_nothing(tmp_path):
+@pytest.mark.parametrize("closed", ["before", "while it reads"])
+def test_rebuild_group_of_a_closed_store_reads_nothing_and_fetches_nothing(tmp_path, closed):
     """A closed AgentStore is StoreClosed before rebuild_group reads the source or calls the
     snapshot callback: it used to read the first Event and fetch the snapshot, and only the
-    restore said the store was closed."""
+    restore said the store was closed. A store closed while that first read runs (another thread,
+    or the source itself) is StoreClosed before the fetch too, as a Delivery round is; it used to
+    fetch the snapshot first. The Group is left as it was."""
     from mwpstore.errors import StoreClosed
     from mwpstore.snapshot import SigningKey
 
@@ -984,18 +987,26 @@ def test_rebuild_group_of_a_closed_store_reads_nothing_and_fetches_nothing(tmp_p
     at_floor = _snapshot_of(history, 15, signer)
     reads: list = []
     fetched: list = []
+    agent = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    assert deliver_batch(agent, "g-a", history[:10]) == 10
+    before = agent.projection_dump()
 
     class Counting(FlooredSource):
         def read(self, group, after=0, limit=1000):
             reads.append(after)
+            if closed == "while it reads":
+                agent.close()
             return super().read(group, after, limit)
 
-    agent = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
-    agent.close()
+    if closed == "before":
+        agent.close()
     with pytest.raises(StoreClosed):
         rebuild_group(agent, Counting(ALL_EVENTS, 15, at_floor), "g-a", org="org-1",
                       restore_snapshot=lambda error: fetched.append(error) or at_floor)
-    assert reads == [] and fetched == []
+    assert reads == ([] if closed == "before" else [0]) and fetched == []
+    reopened = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    assert reopened.projection_dump() == before and reopened.cursor("g-a") == 10
+    reopened.close()
 
 
 @pytest.mark.parametrize("where", ["callback", "hook"])
