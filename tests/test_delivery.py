@@ -955,6 +955,39 @@ def test_rebuild_group_replaces_another_history_and_its_buffer_with_the_snapshot
     agent.close()
 
 
+@pytest.mark.parametrize("said", [2**63 - 1, 2**63, 2**64], ids=["2**63-1", "2**63", "2**64"])
+def test_a_floor_past_the_largest_sequence_names_no_floor_and_the_largest_is_one(tmp_path, said):
+    """A Delivery round and rebuild_group read a refusal's floor past 2**63 - 1 as no floor: the
+    snapshot past the Cursor is restored (a round used to end in INVALID_COMMAND on the restore's
+    high_water_seq, an argument its caller never passed). 2**63 - 1 itself is a sequence: a
+    snapshot below it is refused (``sequence``) and nothing is written."""
+    from mwpstore.errors import SnapshotInvalid
+    from mwpstore.snapshot import SigningKey
+
+    signer = SigningKey.generate()
+    history = HISTORIES["g-a"]
+    at_floor = _snapshot_of(history, 15, signer)
+    source = _FloorSaying(ALL_EVENTS, 15, at_floor, said)
+    fresh = AgentStore.open(tmp_path / "fresh", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    rebuilt = AgentStore.open(tmp_path / "rebuilt", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    assert deliver_batch(rebuilt, "g-a", history[:10]) == 10
+    before = rebuilt.projection_dump()
+    delivery = Delivery(fresh, source, org="org-1", restore_snapshot=lambda error: at_floor)
+    if said > 2**63 - 1:
+        assert delivery.catch_up("g-a") == len(history) and delivery.stats.restores == 1
+        assert rebuild_group(rebuilt, source, "g-a", org="org-1", restore_snapshot=lambda error: at_floor) == len(history)
+        assert fresh.projection_dump() == rebuilt.projection_dump()
+    else:
+        for refused in (lambda: delivery.catch_up("g-a"),
+                        lambda: rebuild_group(rebuilt, source, "g-a", org="org-1", restore_snapshot=lambda error: at_floor)):
+            with pytest.raises(SnapshotInvalid) as caught:
+                refused()
+            assert caught.value.check == "sequence"
+        assert delivery.stats.restores == 0 and fresh.cursor("g-a") == 0 and rebuilt.projection_dump() == before
+    fresh.close()
+    rebuilt.close()
+
+
 def test_rebuild_group_of_a_group_served_from_its_first_event_forgets_another_history(tmp_path):
     """A source that serves the Group from its first Event: rebuild_group resets the Group and
     delivers it again, so another history applied here up to the source's head is replaced, and
@@ -972,13 +1005,14 @@ def test_rebuild_group_of_a_group_served_from_its_first_event_forgets_another_hi
     agent.close()
 
 
-@pytest.mark.parametrize("closed", ["before", "while it reads"])
+@pytest.mark.parametrize("closed", ["before", "while it reads", "in the callback"])
 def test_rebuild_group_of_a_closed_store_reads_nothing_and_fetches_nothing(tmp_path, closed):
     """A closed AgentStore is StoreClosed before rebuild_group reads the source or calls the
     snapshot callback: it used to read the first Event and fetch the snapshot, and only the
     restore said the store was closed. A store closed while that first read runs (another thread,
     or the source itself) is StoreClosed before the fetch too, as a Delivery round is; it used to
-    fetch the snapshot first. The Group is left as it was."""
+    fetch the snapshot first. Closed by the callback itself, the store refuses the restore. The
+    Group is left as it was."""
     from mwpstore.errors import StoreClosed
     from mwpstore.snapshot import SigningKey
 
@@ -998,12 +1032,17 @@ def test_rebuild_group_of_a_closed_store_reads_nothing_and_fetches_nothing(tmp_p
                 agent.close()
             return super().read(group, after, limit)
 
+    def fetch(error):
+        fetched.append(error)
+        if closed == "in the callback":
+            agent.close()
+        return at_floor
+
     if closed == "before":
         agent.close()
     with pytest.raises(StoreClosed):
-        rebuild_group(agent, Counting(ALL_EVENTS, 15, at_floor), "g-a", org="org-1",
-                      restore_snapshot=lambda error: fetched.append(error) or at_floor)
-    assert reads == ([] if closed == "before" else [0]) and fetched == []
+        rebuild_group(agent, Counting(ALL_EVENTS, 15, at_floor), "g-a", org="org-1", restore_snapshot=fetch)
+    assert reads == ([] if closed == "before" else [0]) and len(fetched) == (closed == "in the callback")
     reopened = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
     assert reopened.projection_dump() == before and reopened.cursor("g-a") == 10
     reopened.close()
