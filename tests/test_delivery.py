@@ -1005,14 +1005,15 @@ def test_rebuild_group_of_a_group_served_from_its_first_event_forgets_another_hi
     agent.close()
 
 
-@pytest.mark.parametrize("closed", ["before", "while it reads", "in the callback"])
+@pytest.mark.parametrize("closed", ["before", "while it reads", "while it reads, no callback", "in the callback"],
+                         ids=["before", "in-read", "in-read-no-callback", "in-callback"])
 def test_rebuild_group_of_a_closed_store_reads_nothing_and_fetches_nothing(tmp_path, closed):
     """A closed AgentStore is StoreClosed before rebuild_group reads the source or calls the
     snapshot callback: it used to read the first Event and fetch the snapshot, and only the
     restore said the store was closed. A store closed while that first read runs (another thread,
     or the source itself) is StoreClosed before the fetch too, as a Delivery round is; it used to
-    fetch the snapshot first. Closed by the callback itself, the store refuses the restore. The
-    Group is left as it was."""
+    fetch the snapshot first (and without a callback it is StoreClosed, not CURSOR_TOO_OLD).
+    Closed by the callback itself, the store refuses the restore. The Group is left as it was."""
     from mwpstore.errors import StoreClosed
     from mwpstore.snapshot import SigningKey
 
@@ -1028,7 +1029,7 @@ def test_rebuild_group_of_a_closed_store_reads_nothing_and_fetches_nothing(tmp_p
     class Counting(FlooredSource):
         def read(self, group, after=0, limit=1000):
             reads.append(after)
-            if closed == "while it reads":
+            if closed.startswith("while it reads"):
                 agent.close()
             return super().read(group, after, limit)
 
@@ -1041,7 +1042,8 @@ def test_rebuild_group_of_a_closed_store_reads_nothing_and_fetches_nothing(tmp_p
     if closed == "before":
         agent.close()
     with pytest.raises(StoreClosed):
-        rebuild_group(agent, Counting(ALL_EVENTS, 15, at_floor), "g-a", org="org-1", restore_snapshot=fetch)
+        rebuild_group(agent, Counting(ALL_EVENTS, 15, at_floor), "g-a", org="org-1",
+                      restore_snapshot=None if closed.endswith("no callback") else fetch)
     assert reads == ([] if closed == "before" else [0]) and len(fetched) == (closed == "in the callback")
     reopened = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
     assert reopened.projection_dump() == before and reopened.cursor("g-a") == 10
