@@ -618,6 +618,34 @@ def test_no_snapshot_of_a_compacted_group_signs_the_state_compaction_left(tmp_pa
         assert authority.verify().ok
 
 
+def test_a_snapshot_signed_before_compaction_is_still_served_after_it_and_a_rebuild(tmp_path):
+    """A rotation between archive() and compact() lets snapshot() sign the archived Group at its
+    head with the new key while its index still holds its whole state: after compaction, and after
+    an index rebuilt from the compacted log, that reference is the answer at the head, the final
+    snapshot the one CURSOR_TOO_OLD offers, and another rotation (retire=False) is refused."""
+    from mwpstore.snapshot import verify_snapshot
+
+    with open_with_group(str(tmp_path / "s")) as authority:
+        _fill(authority, GROUP, 2)
+        record = authority.archive(GROUP, actor=OWNER, action_id="archive")
+        authority.rotate_signing_key()
+        resigned = authority.snapshot(GROUP)
+        assert resigned.seq == record.final_snapshot.seq and resigned.key_id != record.final_snapshot.key_id
+        whole = verify_snapshot(authority.read_snapshot(resigned), keyring=authority.keyring(), group=GROUP)
+        assert any(effect.aggregate.startswith("mission:") for effect in whole.aggregates)
+        authority.compact()
+        for _ in ("compacted", "rebuilt"):
+            assert authority.snapshot(GROUP) == resigned
+            with pytest.raises(CursorTooOld) as caught:
+                authority.read(GROUP, after=0)
+            assert caught.value.snapshot_ref == record.final_snapshot.to_dict()
+            authority.rebuild()
+        authority.rotate_signing_key(retire=False)
+        with pytest.raises(InvalidState) as refused:
+            authority.snapshot(GROUP)
+        assert refused.value.detail["state"] == "compacted" and authority.snapshots(GROUP)[-1] == resigned
+
+
 def test_an_accepted_audit_log_deletion_is_not_undone_by_finishing_the_archive(tmp_path):
     with open_with_group(str(tmp_path / "s")) as authority:
         _fill(authority, GROUP, 2)
