@@ -1886,7 +1886,8 @@ class Authority:
         """Stop trusting a retired snapshot key (``rotate_signing_key``) that was compromised after
         it was retired: :meth:`keyring` and ``verify`` no longer accept what it signed. Take new
         snapshots of the Groups whose latest snapshot it signed (:meth:`snapshot` signs one at the
-        same sequence with the current key), so agents behind their replay floor can restore.
+        same sequence with the current key), so agents behind their replay floor can restore; a
+        Group archived and compacted keeps its final snapshot, which is never re-signed.
         ``NotFound`` when no such key is retired."""
         self._check_writable("drop_retired_key")
         with self._snapshot_lock.held("drop_retired_key"):
