@@ -7,18 +7,27 @@ keys) are created with mode 0600 and published with ``link`` instead of ``rename
 processes creating the same key at once never replace each other's key: the loser reads the
 winner's file. Reading a secret file refuses anything but a regular file owned by this user with
 no group or other permission bits and the exact expected size; the directory a secret is written
-into must be this user's and no symbolic link, and is made 0700 (``ensure_private_directory``).
+into must be this user's and no symbolic link, and is made 0700.
+
+A store writes its files below its own directory through :class:`Directory`: descriptors opened
+from the store's directory down one name at a time with ``O_NOFOLLOW`` (:func:`open_below`), and
+every file made, renamed, read or removed relative to the last one (``dir_fd``). A check of a path
+followed by a write to the same path could be raced: a symbolic link put in place of a directory
+between the two sent the write wherever it pointed. Through the descriptors there is nothing to
+race: a link met on the way is refused, and once a directory is open nothing done to its path
+changes where the files go.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import io
 import os
 import re
 import secrets
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 
 from . import failpoints
 from .errors import InvalidCommand, KeyFileInvalid, MwpError, StorageFailed, translate  # noqa: F401
@@ -43,10 +52,209 @@ def _utf8(text: str) -> bool:
     return True
 
 
-def fsync_directory(directory: str) -> None:
-    """fsync a directory so that a rename, link or unlink inside it is durable; ``StorageFailed``
-    if it cannot be opened or synced."""
+class Directory:
+    """A directory held open by its descriptor ``fd``, and ``path``, the path it was reached by (for
+    messages, and for :func:`fsync_directory`'s callers, which record paths: ``os.fspath`` gives
+    it). The ``*_at`` helpers make, rename, read and remove names relative to ``fd``: what is done
+    to ``path`` meanwhile (a symbolic link put in place of this directory or of one above it)
+    changes nothing about where they act. A context manager: leaving it closes ``fd``."""
+
+    __slots__ = ("fd", "path")
+
+    def __init__(self, fd: int, path: str) -> None:
+        self.fd = fd
+        self.path = path
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def join(self, name: str) -> str:
+        return os.path.join(self.path, name)
+
+    def close(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+    def __enter__(self) -> Directory:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+_DIRECTORY_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def open_directory(path: str, *, context: str = "") -> Directory:
+    """``path`` (a directory the caller names: it may be reached through symbolic links) as a
+    :class:`Directory`; ``StorageFailed`` if it cannot be opened."""
+    path = os.path.abspath(store_path(path))
     try:
+        return Directory(os.open(path, _DIRECTORY_FLAGS), path)
+    except OSError as exc:
+        raise translate(exc, context=context or f"opening {path}") from None
+
+
+@contextlib.contextmanager
+def open_directory_if_any(path: str) -> Iterator[Directory | None]:
+    """:func:`open_directory`, or None if ``path`` does not exist."""
+    path = os.path.abspath(store_path(path))
+    try:
+        fd = os.open(path, _DIRECTORY_FLAGS)
+    except FileNotFoundError:
+        fd = -1
+    except OSError as exc:
+        raise translate(exc, context=f"opening {path}") from None
+    if fd < 0:
+        yield None
+        return
+    with Directory(fd, path) as directory:
+        yield directory
+
+
+def open_below(
+    root: str,
+    relative: str,
+    *,
+    mode: int = 0o755,
+    create: bool = True,
+    private: bool = False,
+    private_root: bool = False,
+    sync: bool = False,
+    keys: bool | None = None,
+) -> Directory:
+    """``<root>/<relative>`` as a :class:`Directory`, reached from ``root`` one name at a time with
+    ``O_NOFOLLOW`` (:func:`open_child`, which says what each option does). ``root`` itself is the
+    caller's path and may be reached through links; with ``create`` it is made (``mode``) if
+    missing, and with ``private_root`` it is checked and made private as the directories below."""
+    root = os.path.abspath(store_path(root))
+    try:
+        fd = os.open(root, _DIRECTORY_FLAGS)
+    except FileNotFoundError:
+        if not create:
+            raise
+        makedirs_durable(root, mode)
+        fd = -1
+    except OSError as exc:
+        raise translate(exc, context=f"opening {root}") from None
+    if fd < 0:
+        try:
+            fd = os.open(root, _DIRECTORY_FLAGS)
+        except OSError as exc:
+            raise translate(exc, context=f"opening {root}") from None
+    current = Directory(fd, root)
+    try:
+        if private_root:
+            _check_private(current)
+        for name in relative.split("/") if relative else ():
+            child = open_child(
+                current, name, mode=mode, create=create, private=private, sync=sync, keys=keys, wanted=os.path.join(root, relative)
+            )
+            current.close()
+            current = child
+        return current
+    except BaseException:
+        current.close()
+        raise
+
+
+def open_child(
+    parent: Directory,
+    name: str,
+    *,
+    mode: int = 0o755,
+    create: bool = True,
+    private: bool = False,
+    sync: bool = False,
+    keys: bool | None = None,
+    wanted: str | None = None,
+) -> Directory:
+    """The directory ``name`` in ``parent``, opened ``O_DIRECTORY | O_NOFOLLOW`` relative to it.
+
+    With ``create``, a missing one is made (``mode``) and its entry synced in ``parent`` (without,
+    a missing one is ``FileNotFoundError``, for the caller to say what that means); with
+    ``sync``, one found in place is synced in ``parent`` too (a process killed between its
+    ``mkdir`` and that sync may have left it in the page cache only). A symbolic link there is
+    ``StorageFailed`` (``errno`` ``ELOOP``, ``detail`` ``path`` the link); a file there is
+    ``StorageFailed`` (``EEXIST``) naming it. With ``private`` the directory must be this user's
+    (else ``KeyFileInvalid`` reason ``owner``) and is set to 0700 through its descriptor if it
+    grants anything to group or others. With ``keys`` (the default: ``private``) a link or a
+    file there is ``KeyFileInvalid`` (reason ``type``) instead."""
+    keys = private if keys is None else keys
+    path = parent.join(name)
+    made = False
+    while True:
+        try:
+            fd = os.open(name, _DIRECTORY_FLAGS | os.O_NOFOLLOW, dir_fd=parent.fd)
+            break
+        except FileNotFoundError as exc:
+            if not create:
+                raise  # the caller says what a missing directory means
+            if made:
+                raise translate(exc, context=f"opening {path}") from None
+            try:
+                os.mkdir(name, mode, dir_fd=parent.fd)
+            except FileExistsError:
+                pass  # made meanwhile, or a dangling link: the open says which
+            except OSError as exc:
+                raise translate(exc, context=f"creating {path}") from None
+            made = True
+        except OSError as exc:
+            if exc.errno in (errno.ENOTDIR, errno.ELOOP):
+                raise _not_a_directory(parent, name, keys=keys, wanted=wanted or path) from None
+            raise translate(exc, context=f"opening {path}") from None
+    child = Directory(fd, path)
+    try:
+        if private:
+            _check_private(child)
+        if made or sync:
+            fsync_directory(parent)
+    except BaseException:
+        child.close()
+        raise
+    return child
+
+
+def _not_a_directory(parent: Directory, name: str, *, keys: bool, wanted: str) -> MwpError:
+    """What to raise for ``name`` in ``parent`` found to be no directory (a link, or anything else)."""
+    path = parent.join(name)
+    try:
+        link = stat.S_ISLNK(os.stat(name, dir_fd=parent.fd, follow_symlinks=False).st_mode)
+    except OSError:
+        link = False
+    if keys:
+        what = "a symbolic link" if link else "not a directory"
+        return KeyFileInvalid(f"key directory {path} is {what}; refusing it", path=path, reason="type")
+    if link:
+        return StorageFailed(
+            f"{path} is a symbolic link; the store's files are written only inside the store: put the directory there",
+            errno=errno.ELOOP,
+            path=path,
+        )
+    return StorageFailed(f"cannot create {wanted}: {path} exists and is not a directory", errno=errno.EEXIST, path=path)
+
+
+def _check_private(directory: Directory) -> None:
+    """``directory`` this user's (else ``KeyFileInvalid`` reason ``owner``), and set to 0700
+    through its descriptor if it grants anything to group or others."""
+    try:
+        info = os.fstat(directory.fd)
+        if info.st_uid != os.geteuid():
+            raise KeyFileInvalid(f"key directory {directory.path} is owned by another user", path=directory.path, reason="owner")
+        if info.st_mode & 0o077:
+            os.fchmod(directory.fd, 0o700)
+    except OSError as exc:
+        raise translate(exc, context=f"making {directory.path} private") from None
+
+
+def fsync_directory(directory: str | Directory) -> None:
+    """fsync a directory so that a rename, link or unlink inside it is durable; ``StorageFailed``
+    if it cannot be opened or synced. A :class:`Directory` is synced through its descriptor."""
+    try:
+        if isinstance(directory, Directory):
+            os.fsync(directory.fd)
+            return
         fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(fd)
@@ -56,9 +264,8 @@ def fsync_directory(directory: str) -> None:
         raise translate(exc, context=f"syncing the directory {directory}") from None
 
 
-def _temp_path(path: str) -> str:
-    directory, name = os.path.split(os.path.abspath(path))
-    return os.path.join(directory, f".{name}.{secrets.token_hex(8)}.tmp")
+def _temp_name(name: str) -> str:
+    return f".{name}.{secrets.token_hex(8)}.tmp"
 
 
 def write_all(fd: int, data: bytes | memoryview) -> None:
@@ -70,27 +277,38 @@ def write_all(fd: int, data: bytes | memoryview) -> None:
 
 def write_file_atomic(path: str, data: bytes, *, mode: int = 0o600) -> None:
     """Write ``data`` to ``path`` atomically: temp file, fsync, rename over ``path``, dir fsync.
+    The directory is the caller's path (it may be reached through links): :func:`write_file_at`.
 
     Raises ``StorageFailed`` on any I/O error; the temporary file is removed on any failure,
     an interrupt included.
     """
     path = store_path(path)
     _check_data(data)
-    temp = _temp_path(path)
+    parent, name = os.path.split(os.path.abspath(path))
+    with open_directory(parent, context=f"writing {path}") as directory:
+        write_file_at(directory, name, data, mode=mode)
+
+
+def write_file_at(directory: Directory, name: str, data: bytes, *, mode: int = 0o600) -> None:
+    """:func:`write_file_atomic` of ``name`` in ``directory``, every step relative to its
+    descriptor: the temporary name created ``O_CREAT | O_EXCL | O_NOFOLLOW``, renamed over
+    ``name`` and the directory synced, all in the directory opened."""
+    _check_data(data)
+    temp = _temp_name(name)
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=directory.fd)
         try:
             write_all(fd, data)
             os.fsync(fd)
         finally:
             os.close(fd)
         failpoints.hit("files.before_rename")
-        os.replace(temp, path)
-        fsync_directory(os.path.dirname(os.path.abspath(path)))
+        os.replace(temp, name, src_dir_fd=directory.fd, dst_dir_fd=directory.fd)
+        fsync_directory(directory)
     except BaseException as exc:
-        _remove_quietly(temp)  # an interrupt too: the contents may be a secret (a rotated key's seed)
+        _remove_quietly(directory, temp)  # an interrupt too: the contents may be a secret (a rotated key's seed)
         if isinstance(exc, OSError):
-            raise translate(exc, context=f"writing {path}") from None
+            raise translate(exc, context=f"writing {directory.join(name)}") from None
         raise
 
 
@@ -100,9 +318,9 @@ def _check_data(data: object) -> None:
         raise InvalidCommand(f"file contents must be bytes, not {type(data).__name__}", field="data")
 
 
-def _remove_quietly(path: str) -> None:
+def _remove_quietly(directory: Directory, name: str) -> None:
     try:
-        os.unlink(path)
+        os.unlink(name, dir_fd=directory.fd)
     except OSError:
         pass
 
@@ -156,26 +374,6 @@ def makedirs_durable(
         raise translate(exc, context=f"creating {path}") from None
 
 
-def refuse_links_below(root: str, relative: str) -> None:
-    """``StorageFailed`` (``errno`` ``ELOOP``, ``path``) if a directory of ``relative`` under
-    ``root`` (``snapshots``, ``snapshots/<group>``…) is a symbolic link: the files written there
-    would go wherever it points, outside the store. Components missing are made later, as
-    directories. ``root`` itself may be reached through links."""
-    path = os.path.abspath(store_path(root))
-    for part in relative.split("/"):
-        path = os.path.join(path, part)
-        try:
-            mode = os.lstat(path).st_mode
-        except OSError:
-            return  # missing, or in the way (a file): makedirs_durable makes it or names what is in the way
-        if stat.S_ISLNK(mode):
-            raise StorageFailed(
-                f"{path} is a symbolic link; the store's files are written only inside {root}: put the directory there",
-                errno=errno.ELOOP,
-                path=path,
-            )
-
-
 def take_lock_file(path: str, locked: Callable[[], MwpError], *, what: str) -> int:
     """Open ``path`` (created if missing) and take its exclusive flock without waiting; the
     descriptor, which holds the lock until it is closed. ``locked()`` is raised when another
@@ -210,68 +408,27 @@ def take_lock_file(path: str, locked: Callable[[], MwpError], *, what: str) -> i
     return fd
 
 
-def ensure_private_directory(
-    directory: str, *, top: str | None = None, follow_top: bool = False, root: str | None = None
-) -> None:
-    """Create ``directory`` (mode 0700) if missing, durably (its parent fsynced: a key created
-    in it must survive a power loss; with ``root``, see :func:`makedirs_durable`), and make sure
-    it is private: it and, with ``top`` (an ancestor), every directory from ``top`` down to it
-    must be a directory of this user's, not a symbolic link (a key would be written wherever it
-    points), else ``KeyFileInvalid`` (reason ``type`` or ``owner``) naming it, checked before
-    anything is made in it. One found with group or other permission bits (made by hand, or by
-    an older build) is set to 0700: its files are secrets, and their names say which keys the
-    store holds. With ``follow_top``, ``top`` itself may be reached through a symbolic link (a
-    directory the caller was given, as a store's own path may be): what it names is checked."""
-    directory = os.path.abspath(store_path(directory))
-    chain = [directory]
-    if top is not None:
-        top = os.path.abspath(store_path(top))
-        while chain[-1] != top and chain[-1].startswith(top.rstrip(os.sep) + os.sep):
-            chain.append(os.path.dirname(chain[-1]))
-    chain.reverse()
-    followed = top if follow_top else None
-    for path in chain:
-        if not (os.path.exists if path == followed else os.path.lexists)(path):
-            break  # made below, mode 0700
-        _make_private(path, follow=path == followed)
-    makedirs_durable(directory, 0o700, root=root)
-    for path in chain:
-        _make_private(path, follow=path == followed)
-
-
-def _make_private(path: str, *, follow: bool = False) -> None:
-    """``path`` opened without following a link (unless ``follow``), checked (a directory, this
-    user's) and set to 0700 through the descriptor if it grants anything to group or others."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW))
-    except OSError as exc:
-        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            what = "a symbolic link" if os.path.islink(path) else "not a directory"
-            raise KeyFileInvalid(f"key directory {path} is {what}; refusing it", path=path, reason="type") from None
-        raise translate(exc, context=f"opening {path}") from None
-    try:
-        info = os.fstat(fd)
-        if info.st_uid != os.geteuid():
-            raise KeyFileInvalid(f"key directory {path} is owned by another user", path=path, reason="owner")
-        if info.st_mode & 0o077:
-            os.fchmod(fd, 0o700)
-    except OSError as exc:
-        raise translate(exc, context=f"making {path} private") from None
-    finally:
-        os.close(fd)
-
-
 def create_secret_file(path: str, data: bytes) -> bool:
-    """Publish ``data`` at ``path`` (mode 0600) unless a file is already there.
-
-    Returns True if this call created the file, False if another one was there first (the caller
-    then reads that one). Temp file, fsync, ``link`` (never replaces), unlink temp, dir fsync.
-    """
+    """Publish ``data`` at ``path`` (mode 0600) unless a file is already there: :func:`create_secret_at`
+    in the directory of ``path`` (the caller's path: it may be reached through links)."""
     path = store_path(path)
     _check_data(data)
-    temp = _temp_path(path)
+    parent, name = os.path.split(os.path.abspath(path))
+    with open_directory(parent, context=f"creating {path}") as directory:
+        return create_secret_at(directory, name, data)
+
+
+def create_secret_at(directory: Directory, name: str, data: bytes) -> bool:
+    """Publish ``data`` as ``name`` in ``directory`` (mode 0600) unless a file is already there.
+
+    Returns True if this call created the file, False if another one was there first (the caller
+    then reads that one). Temp file, fsync, ``link`` (never replaces), unlink temp, dir fsync, each
+    relative to the directory's descriptor.
+    """
+    _check_data(data)
+    temp = _temp_name(name)
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=directory.fd)
         try:
             os.fchmod(fd, 0o600)  # the umask may have removed bits, never added: make it exact
             write_all(fd, data)
@@ -279,24 +436,32 @@ def create_secret_file(path: str, data: bytes) -> bool:
         finally:
             os.close(fd)
         try:
-            os.link(temp, path)
+            os.link(temp, name, src_dir_fd=directory.fd, dst_dir_fd=directory.fd, follow_symlinks=False)
             created = True
         except FileExistsError:
             created = False
-        os.unlink(temp)
-        fsync_directory(os.path.dirname(os.path.abspath(path)))
+        os.unlink(temp, dir_fd=directory.fd)
+        fsync_directory(directory)
         return created
     except BaseException as exc:
-        _remove_quietly(temp)  # an interrupt too: a copy of a secret must not outlive the call
+        _remove_quietly(directory, temp)  # an interrupt too: a copy of a secret must not outlive the call
         if isinstance(exc, OSError):
-            raise translate(exc, context=f"creating {path}") from None
+            raise translate(exc, context=f"creating {directory.join(name)}") from None
         raise
 
 
 def remove_with_temp_copies(path: str) -> bool:
     """Delete ``path`` and the temporary copies ``create_secret_file`` may have left of it (a kill
     between its ``link`` and its ``unlink``), durably. True if anything was removed."""
-    return _remove_durably(path, keep=False)
+    path = store_path(path)
+    parent, name = os.path.split(os.path.abspath(path))
+    with open_directory(parent, context=f"removing {path}") as directory:
+        return remove_with_temp_copies_at(directory, name)
+
+
+def remove_with_temp_copies_at(directory: Directory, name: str) -> bool:
+    """:func:`remove_with_temp_copies` of ``name`` in ``directory``, through its descriptor."""
+    return _remove_durably(directory, name, keep=False)
 
 
 def remove_temp_copies(path: str) -> bool:
@@ -304,46 +469,57 @@ def remove_temp_copies(path: str) -> bool:
     of ``path`` left beside it, and not ``path`` itself. Only for a directory this process alone
     writes (a store's, under its lock): another writer's file in mid-write would go too. True if
     anything was removed; a missing directory has none."""
-    return _remove_durably(path, keep=True)
-
-
-def _remove_durably(path: str, *, keep: bool) -> bool:
     path = store_path(path)
-    directory, name = os.path.split(os.path.abspath(path))
+    parent, name = os.path.split(os.path.abspath(path))
+    with open_directory_if_any(parent) as directory:
+        return False if directory is None else _remove_durably(directory, name, keep=True)
+
+
+def _remove_durably(directory: Directory, name: str, *, keep: bool) -> bool:
     temps = re.compile(rf"\.{re.escape(name)}\.[0-9a-f]{{16}}\.tmp")
     try:
-        try:
-            entries = os.listdir(directory)
-        except FileNotFoundError:
-            if keep:
-                return False
-            raise
-        victims = [] if keep else [path]
-        victims += [os.path.join(directory, entry) for entry in entries if temps.fullmatch(entry)]
-        removed = False
-        for victim in victims:
+        victims = [] if keep else [name]
+        victims += [entry for entry in os.listdir(directory.fd) if temps.fullmatch(entry)]
+    except OSError as exc:
+        raise translate(exc, context=f"removing {directory.join(name)}") from None
+    # a directory under a temporary file's name is no write of ours: left alone
+    return remove_names_at(directory, victims, directories_ok=keep)
+
+
+def remove_names_at(directory: Directory, names: Iterable[str], *, directories_ok: bool = False) -> bool:
+    """Unlink each of ``names`` in ``directory`` through its descriptor (one already gone is
+    skipped; with ``directories_ok`` a directory under one of them is left alone), then sync the
+    directory if anything went; True if anything did. ``StorageFailed`` on any other failure."""
+    removed = False
+    try:
+        for name in dict.fromkeys(names):
             try:
-                os.unlink(victim)
+                os.unlink(name, dir_fd=directory.fd)
                 removed = True
             except FileNotFoundError:
                 pass
             except IsADirectoryError:
-                if not keep:
+                if not directories_ok:
                     raise
-                # a directory under a temporary file's name is no write of ours: left alone
         if removed:
             fsync_directory(directory)
         return removed
     except OSError as exc:
-        raise translate(exc, context=f"removing {path}") from None
+        raise translate(exc, context=f"removing from {directory.path}") from None
 
 
-def open_regular_fd(path: str) -> int:
+def open_regular_fd(path: str, *, directory: Directory | None = None, follow: bool = True) -> int:
     """A read-only descriptor of ``path`` if it is a regular file; ``OSError`` (``EINVAL``) if it is
     a FIFO, device or socket, ``IsADirectoryError`` for a directory. The open does not block: a
-    FIFO left under a file's name must not make a reader wait for a writer."""
+    FIFO left under a file's name must not make a reader wait for a writer. With ``directory``,
+    ``path`` is a name in it, opened relative to its descriptor and never through a symbolic link
+    (``ELOOP``); without ``follow``, a symbolic link at ``path`` itself is ``ELOOP`` too."""
     path = store_path(path)
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
+    if directory is None:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | (0 if follow else os.O_NOFOLLOW))
+    else:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOFOLLOW, dir_fd=directory.fd)
+        path = directory.join(path)
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
@@ -356,9 +532,9 @@ def open_regular_fd(path: str) -> int:
         raise
 
 
-def open_regular(path: str) -> io.BufferedReader:
+def open_regular(path: str, *, directory: Directory | None = None) -> io.BufferedReader:
     """:func:`open_regular_fd` as a binary file object."""
-    fd = open_regular_fd(path)
+    fd = open_regular_fd(path, directory=directory)
     try:
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -367,14 +543,24 @@ def open_regular(path: str) -> io.BufferedReader:
 
 
 def read_secret_file(path: str, size: int) -> bytes | None:
-    """Read a secret file of exactly ``size`` bytes; None if it does not exist.
-
-    Raises ``KeyFileInvalid`` if it is not a regular file, is not owned by this user, grants any
-    permission to group or others, or has the wrong size.
-    """
+    """:func:`read_secret_at` of ``path`` in its directory (the caller's path: it may be reached
+    through links); None if the file or its directory does not exist."""
     path = store_path(path)
+    parent, name = os.path.split(os.path.abspath(path))
+    with open_directory_if_any(parent) as directory:
+        return None if directory is None else read_secret_at(directory, name, size)
+
+
+def read_secret_at(directory: Directory, name: str, size: int) -> bytes | None:
+    """Read the secret file ``name`` of ``directory``, of exactly ``size`` bytes; None if it does
+    not exist.
+
+    Raises ``KeyFileInvalid`` if it is a symbolic link or not a regular file, is not owned by this
+    user, grants any permission to group or others, or has the wrong size.
+    """
+    path = directory.join(name)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)  # a FIFO must not block
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory.fd)  # a FIFO must not block
     except FileNotFoundError:
         return None
     except OSError as exc:
@@ -414,14 +600,19 @@ def read_secret_file(path: str, size: int) -> bytes | None:
         os.close(fd)
 
 
-def read_file_capped(path: str, bytes_max: int, *, missing_ok: bool = False) -> bytes | None:
+def read_file_capped(
+    path: str, bytes_max: int, *, missing_ok: bool = False, directory: Directory | None = None
+) -> bytes | None:
     """Read a whole file if it holds at most ``bytes_max`` bytes; None if it is larger.
 
     With ``missing_ok``, a missing file also reads as None; otherwise it raises ``StorageFailed``.
+    With ``directory``, ``path`` is a name in it, read through its descriptor and never through a
+    symbolic link (``StorageFailed``, ``errno`` ``ELOOP``).
     """
     path = store_path(path)
+    shown = path if directory is None else directory.join(path)
     try:
-        with open_regular(path) as handle:
+        with open_regular(path, directory=directory) as handle:
             size = os.fstat(handle.fileno()).st_size
             if size > bytes_max:
                 return None
@@ -429,9 +620,9 @@ def read_file_capped(path: str, bytes_max: int, *, missing_ok: bool = False) -> 
     except FileNotFoundError as exc:
         if missing_ok:
             return None
-        raise translate(exc, context=f"reading {path}") from None
+        raise translate(exc, context=f"reading {shown}") from None
     except OSError as exc:
-        raise translate(exc, context=f"reading {path}") from None
+        raise translate(exc, context=f"reading {shown}") from None
     if len(data) > bytes_max:
         return None
     return data

@@ -39,16 +39,19 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from . import canonical, limits
 from ._files import (
+    Directory,
     KeyFileInvalid,
-    create_secret_file,
-    ensure_private_directory,
+    create_secret_at,
     fsync_directory,
     makedirs_durable,
+    open_below,
+    open_directory,
     open_regular,
     read_file_capped,
-    read_secret_file,
-    remove_with_temp_copies,
-    write_file_atomic,
+    read_secret_at,
+    remove_with_temp_copies_at,
+    store_path,
+    write_file_at,
 )
 from .errors import ArchiveInvalid, EventInvalid, InvalidCommand, MwpError, translate
 from .messages import ZERO_HASH, Event, check_event, decode_event
@@ -131,44 +134,74 @@ class FileKeyProvider:
 
     def __init__(self, directory: str) -> None:
         self.directory = directory
+        self._root, self._below = directory, ""
+
+    @classmethod
+    def _in_store(cls, store: str, relative: str) -> FileKeyProvider:
+        """The provider of a store's own keys, ``<store>/<relative>``: every directory from the
+        store down is opened never through a symbolic link (the store's path itself may be)."""
+        provider = cls(os.path.join(store, relative))
+        provider._root, provider._below = store, relative
+        return provider
 
     def _org_directory(self, org: str) -> str:
         canonical.check_id(org, "org")
         return os.path.join(self.directory, org)
 
+    def _open_org(self, org: str, *, create: bool) -> Directory:
+        """``<directory>/<org>``, reached from the provider's directory (or, for a store's own, from
+        the store) with ``O_NOFOLLOW`` at each name below it; every key file is then read, made or
+        removed through its descriptor, so a link put in place of a directory on the way after
+        this open changes nothing. With ``create`` (before a key is written) each directory is
+        made 0700 if missing and must be this user's (``KeyFileInvalid``); without, a missing one
+        is ``FileNotFoundError`` and a link or a file on the way is ``KeyFileInvalid`` (``type``)."""
+        canonical.check_id(org, "org")
+        relative = f"{self._below}/{org}" if self._below else org
+        return open_below(
+            self._root, relative, mode=0o700, create=create, private=create, private_root=create and not self._below, keys=True
+        )
+
     def key_for(self, org: str, key_id: str) -> bytes:
         if type(key_id) is not str or _KEY_ID_PATTERN.match(key_id) is None:
             raise KeyError(key_id)
-        key = read_secret_file(os.path.join(self._org_directory(org), f"{key_id}.key"), KEY_BYTES)
+        try:
+            directory = self._open_org(org, create=False)
+        except FileNotFoundError:
+            raise KeyError(key_id) from None
+        with directory:
+            key = read_secret_at(directory, f"{key_id}.key", KEY_BYTES)
         if key is None:
             raise KeyError(key_id)
         return key
 
     def current_key(self, org: str) -> tuple[str, bytes]:
-        directory = self._org_directory(org)
-        current = self._read_current(directory)
+        try:
+            with self._open_org(org, create=False) as directory:
+                current = self._read_current(directory)
+        except FileNotFoundError:
+            current = None
         if current is None:
-            ensure_private_directory(directory, top=self.directory, follow_top=True)
-            key_id = self._new_key(directory)
-            create_secret_file(os.path.join(directory, "CURRENT"), key_id.encode("ascii"))  # first one wins
-            current = self._read_current(directory)
-            assert current is not None
+            with self._open_org(org, create=True) as directory:
+                key_id = self._new_key(directory)
+                create_secret_at(directory, "CURRENT", key_id.encode("ascii"))  # first one wins
+                current = self._read_current(directory)
+                assert current is not None
         try:
             return current, self.key_for(org, current)
         except KeyError:  # its file was deleted (crypto-shredded): no new log is written under it
-            path = os.path.join(directory, f"{current}.key")
+            directory_path = self._org_directory(org)
+            path = os.path.join(directory_path, f"{current}.key")
             raise KeyFileInvalid(
-                f"{directory}/CURRENT names key {current}, whose file {path} is gone; rotate to a new current key",
+                f"{directory_path}/CURRENT names key {current}, whose file {path} is gone; rotate to a new current key",
                 path=path,
                 reason="missing",
             ) from None
 
     def rotate(self, org: str) -> str:
         """Create a new key and make it current; returns its key id. Old keys stay readable."""
-        directory = self._org_directory(org)
-        ensure_private_directory(directory, top=self.directory, follow_top=True)
-        key_id = self._new_key(directory)
-        write_file_atomic(os.path.join(directory, "CURRENT"), key_id.encode("ascii"), mode=0o600)
+        with self._open_org(org, create=True) as directory:
+            key_id = self._new_key(directory)
+            write_file_at(directory, "CURRENT", key_id.encode("ascii"), mode=0o600)
         return key_id
 
     def shred(self, org: str, key_id: str) -> bool:
@@ -179,19 +212,25 @@ class FileKeyProvider:
         if type(key_id) is not str or _KEY_ID_PATTERN.match(key_id) is None:
             raise InvalidCommand("key_id must be a key id (16 lowercase hex digits)", field="key_id")
         path = os.path.join(self._org_directory(org), f"{key_id}.key")
-        _refuse_other_links(path)
-        # Held open across the deletion: a hard link made after the check (a backup tool running
-        # meanwhile) keeps the key, and only the file's own link count, read once its names here
-        # are gone, can say so.
-        held = _open_key_file(path)
         try:
-            removed = remove_with_temp_copies(path)
-            info = None if held is None else os.fstat(held)
-        except OSError as exc:
+            directory = self._open_org(org, create=False)
+        except FileNotFoundError as exc:
             raise translate(exc, context=f"shredding {path}") from None
-        finally:
-            if held is not None:
-                os.close(held)
+        with directory:
+            name = f"{key_id}.key"
+            _refuse_other_links(directory, name)
+            # Held open across the deletion: a hard link made after the check (a backup tool running
+            # meanwhile) keeps the key, and only the file's own link count, read once its names here
+            # are gone, can say so.
+            held = _open_key_file(directory, name)
+            try:
+                removed = remove_with_temp_copies_at(directory, name)
+                info = None if held is None else os.fstat(held)
+            except OSError as exc:
+                raise translate(exc, context=f"shredding {path}") from None
+            finally:
+                if held is not None:
+                    os.close(held)
         if info is not None and info.st_nlink:
             raise KeyFileInvalid(
                 f"key file {path} was deleted, but {info.st_nlink} hard link(s) made to it during the shred keep "
@@ -203,27 +242,27 @@ class FileKeyProvider:
         return removed
 
     @staticmethod
-    def _new_key(directory: str) -> str:
+    def _new_key(directory: Directory) -> str:
         key_id = secrets.token_hex(8)
-        create_secret_file(os.path.join(directory, f"{key_id}.key"), secrets.token_bytes(KEY_BYTES))
+        create_secret_at(directory, f"{key_id}.key", secrets.token_bytes(KEY_BYTES))
         return key_id
 
     @staticmethod
-    def _read_current(directory: str) -> str | None:
-        data = read_file_capped(os.path.join(directory, "CURRENT"), 64, missing_ok=True)
+    def _read_current(directory: Directory) -> str | None:
+        data = read_file_capped("CURRENT", 64, missing_ok=True, directory=directory)
         if data is None:
             return None
         key_id = data.decode("ascii", "replace").strip()
         if _KEY_ID_PATTERN.match(key_id) is None:
-            raise KeyFileInvalid(f"{directory}/CURRENT does not name a key id", path=directory, reason="current")
+            raise KeyFileInvalid(f"{directory.path}/CURRENT does not name a key id", path=directory.path, reason="current")
         return key_id
 
 
-def _open_key_file(path: str) -> int | None:
-    """A descriptor of the regular file at ``path``, never through a link and never waiting; None
-    when there is none (missing, a link, anything else)."""
+def _open_key_file(directory: Directory, name: str) -> int | None:
+    """A descriptor of the regular file ``name`` in ``directory``, never through a link and never
+    waiting; None when there is none (missing, a link, anything else)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory.fd)
     except OSError:
         return None
     try:
@@ -235,18 +274,18 @@ def _open_key_file(path: str) -> int | None:
     return None
 
 
-def _refuse_other_links(path: str) -> None:
+def _refuse_other_links(directory: Directory, name: str) -> None:
     """``KeyFileInvalid`` (reason ``links``) if a name outside its own temporary copies links to the
-    key file ``path``: deleting ``path`` would leave the key readable through it, and shredding would
-    report a key destroyed that is not."""
+    key file ``name`` of ``directory``: deleting it would leave the key readable through it, and
+    shredding would report a key destroyed that is not."""
+    path = directory.join(name)
     try:
-        info = os.lstat(path)
-        directory, name = os.path.split(path)
+        info = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
         copies = 0
-        for entry in os.listdir(directory):
+        for entry in os.listdir(directory.fd):
             if re.fullmatch(rf"\.{re.escape(name)}\.[0-9a-f]{{16}}\.tmp", entry):
                 with contextlib.suppress(FileNotFoundError):
-                    other = os.lstat(os.path.join(directory, entry))
+                    other = os.stat(entry, dir_fd=directory.fd, follow_symlinks=False)
                     copies += (other.st_dev, other.st_ino) == (info.st_dev, info.st_ino)
     except FileNotFoundError:
         return
@@ -326,44 +365,24 @@ def _encode_header(
 # -- Writing -------------------------------------------------------------------------------------------
 
 
-def write_audit_log(
-    path: str,
-    *,
-    org: str,
-    group: str,
+def _write_sealed(
+    directory: Directory,
+    name: str,
+    header_raw: bytes,
+    sealer: _Sealer,
     events: Iterable[bytes],
-    key_provider: KeyProvider,
-    chunk_bytes: int = limits.AUDIT_CHUNK_BYTES,
-) -> AuditLogInfo:
-    """Encrypt ``events`` (encoded Events of ``group``, seqs 1, 2, ... in order) into ``path``.
-
-    The file appears atomically (temp file, fsync, rename, directory fsync) with mode 0600, and
-    only once complete; missing parent directories are created durably. Raises ``InvalidCommand``
-    for Events of another Group or out of order.
-    """
-    canonical.check_id(org, "org")
-    canonical.check_id(group, "group")
-    if type(chunk_bytes) is not int or not 1 <= chunk_bytes <= limits.AUDIT_CHUNK_BYTES_MAX - TAG_BYTES:
-        raise InvalidCommand(f"chunk_bytes must be 1..{limits.AUDIT_CHUNK_BYTES_MAX - TAG_BYTES}", field="chunk_bytes")
-    key_id, org_key = current_org_key(key_provider, org)
-    salt = secrets.token_bytes(SALT_BYTES)
-    header_raw = _encode_header(
-        chunk_bytes=chunk_bytes,
-        salt=salt,
-        nonce_prefix=secrets.token_bytes(NONCE_PREFIX_BYTES),
-        key_id=key_id,
-        org=org,
-        group=group,
-    )
-    header = _parse_header(header_raw)
-    sealer = _Sealer(header, AESGCM(_file_key(org_key, salt)))
-    directory = os.path.dirname(os.path.abspath(path))
-    makedirs_durable(directory)
-    temp = os.path.join(directory, f".{os.path.basename(path)}.{secrets.token_hex(8)}.tmp")
+    group: str,
+    chunk_bytes: int,
+    path: str,
+) -> tuple[int, int, bytes, int, str]:
+    """The audit log's bytes into ``name`` of ``directory`` under a fresh temporary name
+    (``O_CREAT | O_EXCL | O_NOFOLLOW``), synced and renamed into place, every step through the
+    directory's descriptor; (Events, last seq, head hash, bytes, file hash)."""
+    temp = f".{name}.{secrets.token_hex(8)}.tmp"
     count, last_seq, head_hash = 0, 0, ZERO_HASH
     file_hasher = blake3.blake3()
     try:
-        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=directory.fd)
         try:
             handle = open(fd, "wb")
         except BaseException:
@@ -389,16 +408,60 @@ def write_audit_log(
             handle.flush()
             os.fsync(handle.fileno())
             size = handle.tell()
-        os.replace(temp, path)
+        os.replace(temp, name, src_dir_fd=directory.fd, dst_dir_fd=directory.fd)
         fsync_directory(directory)
     except BaseException as exc:
         try:
-            os.unlink(temp)
+            os.unlink(temp, dir_fd=directory.fd)
         except OSError:
             pass
         if isinstance(exc, OSError):
             raise translate(exc, context=f"writing audit log {path}") from None
         raise
+    return count, last_seq, head_hash, size, file_hasher.hexdigest()
+
+
+def write_audit_log(
+    path: str,
+    *,
+    org: str,
+    group: str,
+    events: Iterable[bytes],
+    key_provider: KeyProvider,
+    chunk_bytes: int = limits.AUDIT_CHUNK_BYTES,
+    directory: Directory | None = None,
+) -> AuditLogInfo:
+    """Encrypt ``events`` (encoded Events of ``group``, seqs 1, 2, ... in order) into ``path``.
+
+    The file appears atomically (temp file, fsync, rename, directory fsync) with mode 0600, and
+    only once complete; missing parent directories are created durably. Raises ``InvalidCommand``
+    for Events of another Group or out of order. ``directory``, the directory of ``path`` already
+    open (a store's ``archive/<group>/``), is written through its descriptor and nothing is made.
+    """
+    canonical.check_id(org, "org")
+    canonical.check_id(group, "group")
+    if type(chunk_bytes) is not int or not 1 <= chunk_bytes <= limits.AUDIT_CHUNK_BYTES_MAX - TAG_BYTES:
+        raise InvalidCommand(f"chunk_bytes must be 1..{limits.AUDIT_CHUNK_BYTES_MAX - TAG_BYTES}", field="chunk_bytes")
+    key_id, org_key = current_org_key(key_provider, org)
+    salt = secrets.token_bytes(SALT_BYTES)
+    header_raw = _encode_header(
+        chunk_bytes=chunk_bytes,
+        salt=salt,
+        nonce_prefix=secrets.token_bytes(NONCE_PREFIX_BYTES),
+        key_id=key_id,
+        org=org,
+        group=group,
+    )
+    header = _parse_header(header_raw)
+    sealer = _Sealer(header, AESGCM(_file_key(org_key, salt)))
+    with contextlib.ExitStack() as stack:
+        if directory is None:
+            parent = os.path.dirname(os.path.abspath(store_path(path)))
+            makedirs_durable(parent)
+            directory = stack.enter_context(open_directory(parent, context=f"writing audit log {path}"))
+        count, last_seq, head_hash, size, file_hash = _write_sealed(
+            directory, os.path.basename(path), header_raw, sealer, events, group, chunk_bytes, path
+        )
     return AuditLogInfo(
         path=path,
         org=org,
@@ -409,7 +472,7 @@ def write_audit_log(
         bytes=size,
         last_seq=last_seq,
         head_hash=head_hash,
-        file_hash=file_hasher.hexdigest(),
+        file_hash=file_hash,
     )
 
 

@@ -11,6 +11,7 @@ does after a crash or a power loss.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import itertools
 import os
@@ -46,7 +47,17 @@ from .errors import (
     StoreNotFound,
     translate,
 )
-from ._files import ensure_private_directory, makedirs_durable, refuse_links_below, remove_temp_copies, store_path, take_lock_file
+from ._files import (
+    Directory,
+    makedirs_durable,
+    open_below,
+    open_child,
+    remove_names_at,
+    remove_temp_copies,
+    store_path,
+    take_lock_file,
+    write_file_at,
+)
 from ._lmdb_check import check_before_open, check_lmdb_file, check_map_size, check_option
 from ._sealed import DAMAGE_ERRORS, KEY_SHOWN_BYTES, damage_of, typed_damage
 from .index import (
@@ -103,7 +114,6 @@ from .snapshot import (
     retired_public_keys,
     snapshot_ref,
     verify_snapshot,
-    write_snapshot_file,
 )
 
 EVENT_TAG = b"E"
@@ -1818,7 +1828,8 @@ class Authority:
                 if self._signing_key is not None:
                     return self._signing_key
                 changes = self._key_changes
-            key = SigningKey.load_or_create(self._store_directory("keys", private=True))
+            with self._store_directory("keys", private=True) as keys:
+                key = SigningKey.load_or_create(keys)
             with self._key_lock:
                 # A rotation that began or ended while the file was read may have replaced the key
                 # read (the old one, dropped as compromised with retire=False): read it again.
@@ -1828,19 +1839,19 @@ class Authority:
                         self._signing_key = key
                     return self._signing_key
 
-    def _store_directory(self, relative: str, *, private: bool = False) -> str:
-        """``<path>/<relative>``, created if missing, with every directory from the store down
-        synced in its parent: a directory a killed process left in place may not be durable yet,
-        and a record logged next must not name a file whose directory a power loss can take.
-        Synced once per handle (a directory this process made durable stays so)."""
-        directory = os.path.join(self.path, relative)
-        if not private:  # checked at every call: a file is written there next (keys/: ensure_private_directory)
-            refuse_links_below(self.path, relative)
-        if relative not in self._durable_directories:
-            if private:  # keys/ and what is under it: checked before a key is written (a link, another owner)
-                ensure_private_directory(directory, top=os.path.join(self.path, "keys"), root=self.path)
-            else:
-                makedirs_durable(directory, 0o755, root=self.path)
+    def _store_directory(self, relative: str, *, private: bool = False) -> Directory:
+        """``<path>/<relative>``, created if missing, opened from the store's directory one name at
+        a time with ``O_NOFOLLOW`` (the store's own path may be reached through links): a symbolic
+        link on the way is ``StorageFailed`` (``ELOOP``), or for ``keys/`` and below, private,
+        ``KeyFileInvalid``; the files of the call are written through the descriptor returned
+        (the caller closes it), so a link put there after this check is never followed. Every
+        directory from the store down is synced in its parent: a directory a killed process left
+        in place may not be durable yet, and a record logged next must not name a file whose
+        directory a power loss can take. Synced once per handle (a directory this process made
+        durable stays so)."""
+        sync = relative not in self._durable_directories
+        directory = open_below(self.path, relative, mode=0o700 if private else 0o755, private=private, sync=sync)
+        if sync:
             if len(self._durable_directories) >= _DURABLE_DIRECTORIES_MAX:
                 # One per Group ever snapshotted or archived: forgotten (each checked and synced
                 # once more at its next use), or it would grow for the handle's whole life.
@@ -1853,7 +1864,9 @@ class Authority:
         (``rotate_signing_key``); add others as needed."""
         self._check_closed()
         self._refuse_readonly("keyring")  # through signing_key, it creates the key on first use
-        return Keyring([self.signing_key.public_key, *retired_public_keys(os.path.join(self.path, "keys"))])
+        signing_key = self.signing_key
+        with self._store_directory("keys", private=True) as keys:
+            return Keyring([signing_key.public_key, *retired_public_keys(keys)])
 
     @_index_errors_typed  # registered like a read: close() waits for the key files to be changed
     def rotate_signing_key(self, *, retire: bool = True) -> SigningKey:
@@ -1874,7 +1887,8 @@ class Authority:
                 self._key_changes += 1  # a key file read from now on may be the old key
             key: SigningKey | None = None
             try:
-                key = SigningKey.rotate(self._store_directory("keys", private=True), retire=retire)
+                with self._store_directory("keys", private=True) as keys:
+                    key = SigningKey.rotate(keys, retire=retire)
                 return key
             finally:
                 with self._key_lock:
@@ -1891,7 +1905,8 @@ class Authority:
         ``NotFound`` when no such key is retired."""
         self._check_writable("drop_retired_key")
         with self._snapshot_lock.held("drop_retired_key"):
-            drop_retired_key(os.path.join(self.path, "keys"), key_id)
+            with self._store_directory("keys", private=True) as keys:
+                drop_retired_key(keys, key_id)
 
     @_index_errors_typed
     def snapshot(self, group: str) -> SnapshotRef:
@@ -1948,10 +1963,10 @@ class Authority:
         # second file named after the new key; the reference to it replaces the old one.
         location = _snapshot_location(group, seq, None if existing is None else self.signing_key.key_id)
         before = None if existing is None else _decode_note(existing, SnapshotRef).location
-        path = os.path.join(self.path, location)
         try:
-            self._store_directory(os.path.dirname(location))  # the reference logged next must not outlive the directory
-            write_snapshot_file(path, data)
+            # the reference logged next must not outlive the directory: synced in its parent
+            with self._store_directory(os.path.dirname(location)) as directory:
+                write_file_at(directory, os.path.basename(location), data, mode=0o600)
             ref = snapshot_ref(data, location=location)
             self._log_note(SNAPSHOT_TAG, event_key(group, seq), _NOTE_ENCODER.encode(ref))
         except Exception:
@@ -1985,7 +2000,8 @@ class Authority:
                 value = index.get(txn, b"snapshots", event_key(group, seq))
                 named = None if value is None else _decode_note(value, SnapshotRef).location
             if named == before:
-                _discard_unrecorded(os.path.join(self.path, location))
+                with open_below(self.path, os.path.dirname(location), create=False) as directory:
+                    _discard_unrecorded(directory, os.path.basename(location))
 
     def _log_note(self, tag: bytes, key: bytes, value: bytes) -> None:
         request = _Request(None, note=(tag, key, value))
@@ -2020,7 +2036,13 @@ class Authority:
             expected.add(_snapshot_location(ref.group, ref.seq, ref.key_id))
         if ref.location not in expected:
             raise InvalidCommand("snapshot reference names an unexpected location", field="location")
-        return read_snapshot_file(os.path.join(self.path, ref.location))
+        # never through a symbolic link below the store: the bytes re-served are the store's own
+        try:
+            directory = open_below(self.path, os.path.dirname(ref.location), create=False)
+        except FileNotFoundError as exc:
+            raise translate(exc, context=f"reading {os.path.join(self.path, ref.location)}") from None
+        with directory:
+            return read_snapshot_file(os.path.basename(ref.location), directory=directory)
 
     @_index_errors_typed
     def archive(
@@ -2051,7 +2073,7 @@ class Authority:
     def _org_keys(self, key_provider: Any) -> Any:
         """The Organizations' audit-log keys: ``key_provider``, or the store's own files under
         ``keys/orgs`` when it is None (only None: any other object is the caller's provider)."""
-        return key_provider if key_provider is not None else FileKeyProvider(os.path.join(self.path, "keys", "orgs"))
+        return key_provider if key_provider is not None else FileKeyProvider._in_store(self.path, "keys/orgs")
 
     def _archive(self, group: str, *, actor: str, action_id: str, reason: str, key_provider: Any) -> ArchiveRecord:
         existing = self.archive_record(group)
@@ -2065,17 +2087,23 @@ class Authority:
         provider = self._org_keys(key_provider)
         if group_state is not None:  # a provider that cannot give the Organization's key fails here, before group.archive
             if key_provider is None:  # the store's own key files: their directories durable before a key is made or used
-                self._store_directory(f"keys/orgs/{group_state['org']}", private=True)
+                self._store_directory(f"keys/orgs/{group_state['org']}", private=True).close()
             current_org_key(provider, group_state["org"])
         if group_state is None or group_state.get("status") != "archived":
             self.accept(Command(actor=actor, action_id=action_id, group=group, kind="group.archive", target=group, body={"reason": reason} if reason else {}))
         final = self.snapshot(group)
         location = f"archive/{group}/audit-{final.seq:020d}.log"
+        # the record logged last must not outlive the directory; the file is written through it
+        with self._store_directory(f"archive/{group}") as directory:
+            return self._write_archive(group, final, location, provider, directory)
+
+    def _write_archive(self, group: str, final: SnapshotRef, location: str, provider: Any, directory: Directory) -> ArchiveRecord:
         path = os.path.join(self.path, location)
-        self._store_directory(f"archive/{group}")  # the record logged last must not outlive the directory
 
         def write_and_check() -> Any:
-            info = write_audit_log(path, org=final.org, group=group, events=self._event_payloads(group, final.seq), key_provider=provider)
+            info = write_audit_log(
+                path, org=final.org, group=group, events=self._event_payloads(group, final.seq), key_provider=provider, directory=directory
+            )
             # Compaction deletes the Group's history once the archive record exists: check first that
             # the audit log is complete, authentic and ends exactly in the signed final snapshot.
             verified = verify_snapshot(self.read_snapshot(final), keyring=self.keyring(), org=final.org, group=group)
@@ -2107,7 +2135,7 @@ class Authority:
         except BaseException:
             # A file that failed its check, or whose deletion was ordered meanwhile, is no
             # archive: remove it (a retry writes it again, unless it was deleted).
-            _discard_unrecorded(path)
+            _discard_unrecorded(directory, os.path.basename(location))
             raise
         file_hash = info.file_hash
         record = ArchiveRecord(
@@ -2128,7 +2156,7 @@ class Authority:
         except LimitExceeded:
             # Refused before anything reached the log (a full commit): no record names the
             # file; a retry writes it again.
-            _discard_unrecorded(path)
+            _discard_unrecorded(directory, os.path.basename(location))
             raise
         return record
 
@@ -2172,25 +2200,21 @@ class Authority:
         """Delete the Group's audit log: the file its archive record names, and any other history
         under ``archive/<group>/`` (an archive interrupted after writing its file and before logging
         its record, or the temporary file of one interrupted while writing)."""
-        directory = os.path.join(self.path, "archive", group)
         # Not through archive_record(): after a commit this runs in the commit role, which close()
         # waits for, having already turned new reads away (StoreClosed after the Event is durable).
         index = self.index
         with index.begin() as txn:
             value = index.get(txn, b"archives", group.encode())
             record = None if value is None else _decode_note(value, ArchiveRecord)
-        paths = [] if record is None else [os.path.join(self.path, record.audit_location)]
         try:
-            paths += [os.path.join(directory, name) for name in os.listdir(directory) if _AUDIT_FILE.fullmatch(name)]
+            # from the store down never through a link: only the store's own files are deleted
+            opened = open_below(self.path, f"archive/{group}", create=False)
         except FileNotFoundError:
-            pass
-        removed = False
-        for path in paths:
-            if os.path.lexists(path):
-                os.remove(path)
-                removed = True
-        if removed:
-            _fsync_directory(directory)
+            return
+        with opened:
+            names = [] if record is None or os.path.dirname(record.audit_location) != f"archive/{group}" else [os.path.basename(record.audit_location)]
+            names += [name for name in os.listdir(opened.fd) if _AUDIT_FILE.fullmatch(name)]
+            remove_names_at(opened, names)
 
     def _sweep_unrecorded_snapshots(self) -> None:
         """At an open after a close that was not clean (a crash, a storage failure): delete the
@@ -2202,55 +2226,69 @@ class Authority:
         (one a read-only view may still name, or one no record named: the index cannot say). A
         sweep that cannot run does not stop the open (the next open that is not clean runs it
         again)."""
-        root = os.path.join(self.path, "snapshots")
         try:
-            groups = [name for name in os.listdir(root) if canonical.id_ok(name)]
-        except OSError:
+            # from the store down never through a link: only the store's own files are deleted
+            root = open_below(self.path, "snapshots", create=False)
+        except (OSError, MwpError):
             return
-        index = self.index
-        for group in groups:
-            directory = os.path.join(root, group)
+        with root:
             try:
-                names = os.listdir(directory)
-                removed = False
-                for name in names:
-                    temp = _SNAPSHOT_TEMP.fullmatch(name)
-                    match = _SNAPSHOT_FILE.fullmatch(name if temp is None else temp.group(1))
-                    if match is None or not 1 <= int(match.group(1)) <= limits.INT_ABS_MAX:
-                        continue  # no name snapshot() gives
-                    if temp is None:
-                        with index.begin() as txn:
-                            if index.get(txn, b"snapshots", event_key(group, int(match.group(1)))) is not None:
-                                continue
-                    os.remove(os.path.join(directory, name))
-                    removed = True
-                if removed:
-                    _fsync_directory(directory)
-            except (OSError, MwpError, lmdb.Error):
-                continue
+                groups = [name for name in os.listdir(root.fd) if canonical.id_ok(name)]
+            except OSError:
+                return
+            for group in groups:
+                with contextlib.suppress(OSError, MwpError, lmdb.Error):
+                    with open_child(root, group, create=False) as directory:
+                        self._sweep_unrecorded_in(group, directory)
+
+    def _sweep_unrecorded_in(self, group: str, directory: Directory) -> None:
+        """:meth:`_sweep_unrecorded_snapshots` of one Group's directory, through its descriptor."""
+        index = self.index
+        names = os.listdir(directory.fd)
+        removed = False
+        for name in names:
+            temp = _SNAPSHOT_TEMP.fullmatch(name)
+            match = _SNAPSHOT_FILE.fullmatch(name if temp is None else temp.group(1))
+            if match is None or not 1 <= int(match.group(1)) <= limits.INT_ABS_MAX:
+                continue  # no name snapshot() gives
+            if temp is None:
+                with index.begin() as txn:
+                    if index.get(txn, b"snapshots", event_key(group, int(match.group(1)))) is not None:
+                        continue
+            os.unlink(name, dir_fd=directory.fd)
+            removed = True
+        if removed:
+            _fsync_directory(directory)
 
     def _finish_audit_deletions(self) -> None:
         """Delete audit logs whose ``audit.delete`` is durable but whose file a crash left behind,
         then their emptied directories. Whatever a Group's audit log leaves is under
         ``archive/<group>/`` (the file its record names, and those of an archive that never logged
         its record), so only the directories there are looked at: a deletion finished once is not
-        looked at again at every open."""
-        root = os.path.join(self.path, "archive")
+        looked at again at every open. Nothing is deleted through a symbolic link: ``archive/``
+        as a link is left for an open once it is a directory again, a link below it is
+        ``STORAGE_FAILED`` naming it."""
         try:
-            groups = sorted(name for name in os.listdir(root) if canonical.id_ok(name))
+            root = open_below(self.path, "archive", create=False)
         except FileNotFoundError:
             return
-        emptied = False
-        for group in groups:
-            _, state = self.state(group, f"group:{group}")
-            if state is not None and state.get("audit_deleted_at_ms") is not None:
-                self._remove_audit_log(group)
-                with contextlib.suppress(OSError):  # not empty (a file of no name archive() gives): kept
-                    os.rmdir(os.path.join(root, group))
-                    emptied = True
-        if emptied:
-            with contextlib.suppress(OSError):  # back after a power loss, it is emptied again
-                _fsync_directory(root)
+        except StorageFailed as exc:
+            if exc.detail.get("errno") == errno.ELOOP:
+                return
+            raise
+        with root:
+            groups = sorted(name for name in os.listdir(root.fd) if canonical.id_ok(name))
+            emptied = False
+            for group in groups:
+                _, state = self.state(group, f"group:{group}")
+                if state is not None and state.get("audit_deleted_at_ms") is not None:
+                    self._remove_audit_log(group)
+                    with contextlib.suppress(OSError):  # not empty (a file of no name archive() gives): kept
+                        os.rmdir(group, dir_fd=root.fd)
+                        emptied = True
+            if emptied:
+                with contextlib.suppress(OSError):  # back after a power loss, it is emptied again
+                    _fsync_directory(root)
 
     def compact(self, progress: Callable[[int, int], None] | None = None) -> Any:
         """Rewrite the log without redacted payloads and archived Groups' Events; see ``compaction``."""
@@ -3181,16 +3219,20 @@ def _lock_store(path: str) -> int:
     )
 
 
-def _discard_unrecorded(path: str) -> None:
-    """Remove, durably, a file written for a record that was never logged (a snapshot's or an audit
-    log). A failure to remove it is not raised over the error that made it unrecorded: a file no
-    record names is only clutter, never read as part of the store."""
+def _discard_unrecorded(directory: Directory, name: str) -> None:
+    """Remove, durably, the file ``name`` of ``directory`` written for a record that was never
+    logged (a snapshot's or an audit log), through the directory's descriptor. A
+    failure to remove it is not raised over the error that made it unrecorded: a file no record
+    names is only clutter, never read as part of the store."""
     with contextlib.suppress(OSError):
-        os.remove(path)
-        _fsync_directory(os.path.dirname(path))
+        os.unlink(name, dir_fd=directory.fd)
+        os.fsync(directory.fd)
 
 
-def _fsync_directory(directory: str) -> None:
+def _fsync_directory(directory: str | Directory) -> None:
+    if isinstance(directory, Directory):
+        os.fsync(directory.fd)
+        return
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

@@ -25,12 +25,14 @@ Nothing is returned unless every step passed.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import gc
 import operator
 import os
 import re
 import struct
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import blake3
@@ -40,17 +42,21 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 
 from . import _canonical_c, canonical, failpoints, limits
 from ._files import (
+    Directory,
     KeyFileInvalid,
-    create_secret_file,
-    ensure_private_directory,
+    create_secret_at,
     fsync_directory,
     makedirs_durable,
+    open_below,
+    open_child,
+    open_directory_if_any,
     read_file_capped,
-    read_secret_file,
+    read_secret_at,
     store_path,
+    write_file_at,
     write_file_atomic,
 )
-from .errors import InvalidCommand, LimitExceeded, NotFound, SnapshotInvalid, translate
+from .errors import InvalidCommand, LimitExceeded, NotFound, SnapshotInvalid, StorageFailed, translate
 from .messages import HASH_BYTES, Effect
 from .registry import public_key_is_usable
 
@@ -244,33 +250,38 @@ class SigningKey:
         return cls(Ed25519PrivateKey.from_private_bytes(seed))
 
     @classmethod
-    def load_or_create(cls, directory: str, *, name: str = SIGNING_KEY_NAME) -> SigningKey:
+    def load_or_create(cls, directory: str | Directory, *, name: str = SIGNING_KEY_NAME) -> SigningKey:
         """Load ``directory/<name>.key``, generating it on first use.
 
         The key file holds the raw 32-byte seed, mode 0600, created atomically and never replaced
         (two processes racing both end up with the same key). A key file with group or other
         permission bits, another owner, or the wrong size raises ``KeyFileInvalid``. The public
-        key is also written to ``<name>.pub`` (hex) for verifiers to trust.
+        key is also written to ``<name>.pub`` (hex) for verifiers to trust. ``directory`` (made
+        0700 if missing) must be this user's and no symbolic link; every file is read and written
+        through its descriptor (a store passes its ``keys/`` already open).
         """
         canonical.check_id(name, "name")
-        ensure_private_directory(directory)
-        path = os.path.join(directory, f"{name}.key")
-        seed = read_secret_file(path, _SEED_BYTES)
+        with _key_directory(directory) as keys:
+            return cls._load_or_create_at(keys, name)
+
+    @classmethod
+    def _load_or_create_at(cls, keys: Directory, name: str) -> SigningKey:
+        seed = read_secret_at(keys, f"{name}.key", _SEED_BYTES)
         if seed is None:
             fresh = Ed25519PrivateKey.generate().private_bytes_raw()
-            create_secret_file(path, fresh)
-            seed = read_secret_file(path, _SEED_BYTES)  # ours, or the one a racing process linked first
+            create_secret_at(keys, f"{name}.key", fresh)
+            seed = read_secret_at(keys, f"{name}.key", _SEED_BYTES)  # ours, or the one a racing process linked first
             if seed is None:
+                path = keys.join(f"{name}.key")
                 raise KeyFileInvalid(f"key file {path} vanished while being created", path=path, reason="missing")
         key = cls.from_seed(seed)
-        public_path = os.path.join(directory, f"{name}.pub")
         expected = key.public_key.hex().encode("ascii") + b"\n"
-        if read_file_capped(public_path, 4096, missing_ok=True) != expected:
-            write_file_atomic(public_path, expected, mode=0o644)
+        if _read_public_key_file(keys, f"{name}.pub") != expected:
+            write_file_at(keys, f"{name}.pub", expected, mode=0o644)
         return key
 
     @classmethod
-    def rotate(cls, directory: str, *, retire: bool = True, name: str = SIGNING_KEY_NAME) -> SigningKey:
+    def rotate(cls, directory: str | Directory, *, retire: bool = True, name: str = SIGNING_KEY_NAME) -> SigningKey:
         """Replace ``directory/<name>.key`` with a new key; return the new key.
 
         With ``retire`` (the default) the old public key is first written, durably, to
@@ -283,16 +294,17 @@ class SigningKey:
         """
         if type(retire) is not bool:  # a falsy non-bool (None, 0) would have dropped the old key
             raise InvalidCommand("retire must be True or False", field="retire")
-        current = cls.load_or_create(directory, name=name)
-        if retire:
-            retired = os.path.join(directory, RETIRED_DIRECTORY)
-            ensure_private_directory(retired)
-            fsync_directory(directory)
-            write_file_atomic(os.path.join(retired, f"{current.key_id}.pub"), _public_line(current.public_key), mode=0o600)
-        failpoints.hit("keys.after_retire")
-        fresh = Ed25519PrivateKey.generate().private_bytes_raw()
-        write_file_atomic(os.path.join(directory, f"{name}.key"), fresh, mode=0o600)
-        return cls.load_or_create(directory, name=name)  # also rewrites <name>.pub
+        canonical.check_id(name, "name")
+        with _key_directory(directory) as keys:
+            current = cls.load_or_create(keys, name=name)
+            if retire:
+                # synced in keys/ even when found in place: the retired key must outlive a power loss
+                with open_child(keys, RETIRED_DIRECTORY, mode=0o700, private=True, sync=True) as retired:
+                    write_file_at(retired, f"{current.key_id}.pub", _public_line(current.public_key), mode=0o600)
+            failpoints.hit("keys.after_retire")
+            fresh = Ed25519PrivateKey.generate().private_bytes_raw()
+            write_file_at(keys, f"{name}.key", fresh, mode=0o600)
+            return cls.load_or_create(keys, name=name)  # also rewrites <name>.pub
 
     def sign(self, data: bytes) -> bytes:
         return self._private_key.sign(data)
@@ -308,7 +320,30 @@ def _public_line(public_key: bytes) -> bytes:
     return public_key.hex().encode("ascii") + b"\n"
 
 
-def drop_retired_key(directory: str, key_id: str) -> None:
+@contextlib.contextmanager
+def _key_directory(directory: str | Directory) -> Iterator[Directory]:
+    """``directory`` as given (a :class:`Directory` a store opened), or opened from its parent:
+    the key directory itself never through a symbolic link, made 0700 if missing, and private."""
+    if isinstance(directory, Directory):
+        yield directory
+        return
+    path = os.path.abspath(store_path(directory))
+    with open_below(os.path.dirname(path), os.path.basename(path), mode=0o700, private=True) as opened:
+        yield opened
+
+
+def _read_public_key_file(keys: Directory, name: str) -> bytes | None:
+    """What ``<name>.pub`` holds, None if missing or a symbolic link (replaced by the rename that
+    rewrites it; nothing is read or written through it)."""
+    try:
+        return read_file_capped(name, 4096, missing_ok=True, directory=keys)
+    except StorageFailed as exc:
+        if exc.detail.get("errno") == errno.ELOOP:
+            return None
+        raise
+
+
+def drop_retired_key(directory: str | Directory, key_id: str) -> None:
     """Stop trusting the retired public key ``key_id`` (found compromised after it was retired):
     delete ``directory/retired/<key id>.pub``, durably. What it signed no longer verifies with
     ``retired_public_keys``' keys; take new snapshots of the Groups it signed.
@@ -318,18 +353,40 @@ def drop_retired_key(directory: str, key_id: str) -> None:
     """
     if type(key_id) is not str or _RETIRED_NAME.fullmatch(f"{key_id}.pub") is None:
         raise InvalidCommand(f"a key id is {KEY_ID_CHARS} lowercase hex characters", field="key_id")
-    retired = os.path.join(store_path(directory), RETIRED_DIRECTORY)
-    path = os.path.join(retired, f"{key_id}.pub")
+    name = f"{key_id}.pub"
+    with _existing_retired(directory) as retired:
+        if retired is None:
+            raise NotFound(f"no retired key {key_id} under {os.path.join(store_path(directory), RETIRED_DIRECTORY)}", field="key_id")
+        try:
+            os.unlink(name, dir_fd=retired.fd)
+        except FileNotFoundError:
+            raise NotFound(f"no retired key {key_id} under {retired.path}", field="key_id") from None
+        except OSError as exc:
+            raise translate(exc, context=f"removing {retired.join(name)}") from None
+        fsync_directory(retired)
+
+
+@contextlib.contextmanager
+def _existing_retired(directory: str | Directory) -> Iterator[Directory | None]:
+    """``directory/retired`` opened never through a symbolic link (``KeyFileInvalid``, reason
+    ``type``), or None if it (or ``directory``) does not exist."""
     try:
-        os.remove(path)
-    except FileNotFoundError:
-        raise NotFound(f"no retired key {key_id} under {retired}", field="key_id") from None
+        with contextlib.ExitStack() as stack:
+            keys = directory if isinstance(directory, Directory) else stack.enter_context(open_directory_if_any(directory))
+            if keys is None:
+                yield None
+                return
+            try:
+                retired = stack.enter_context(open_child(keys, RETIRED_DIRECTORY, create=False, keys=True))
+            except FileNotFoundError:
+                yield None
+                return
+            yield retired
     except OSError as exc:
-        raise translate(exc, context=f"removing {path}") from None
-    fsync_directory(retired)
+        raise translate(exc, context=f"opening {os.path.join(os.fspath(directory), RETIRED_DIRECTORY)}") from None
 
 
-def retired_public_keys(directory: str) -> list[bytes]:
+def retired_public_keys(directory: str | Directory) -> list[bytes]:
     """The public keys retired under ``directory/retired`` (by ``SigningKey.rotate``), by key id.
 
     The files are trusted like the key itself: each must be a regular file owned by this user with
@@ -337,36 +394,34 @@ def retired_public_keys(directory: str) -> list[bytes]:
     interrupted write's temporary file) raises ``KeyFileInvalid``: a trust store is never read past
     a file it cannot account for.
     """
-    retired = os.path.join(store_path(directory), RETIRED_DIRECTORY)
-    try:
-        if os.path.islink(retired):
-            raise KeyFileInvalid(f"{retired} is a symbolic link; refusing it", path=retired, reason="type")
-        names = sorted(os.listdir(retired))
-    except FileNotFoundError:
-        return []
-    except OSError as exc:
-        raise translate(exc, context=f"listing {retired}") from None
-    keys = []
-    for entry in names:
-        if entry.startswith(".") and entry.endswith(".tmp"):
-            continue  # a write that was interrupted before its rename: not a key
-        path = os.path.join(retired, entry)
-        if _RETIRED_NAME.fullmatch(entry) is None:
-            raise KeyFileInvalid(f"{path} is not a retired public key (<key id>.pub); move it away", path=path, reason="name")
-        data = read_secret_file(path, len(_public_line(bytes(limits.PUBLIC_KEY_BYTES))))
-        if data is None:
-            continue  # removed meanwhile
+    with _existing_retired(directory) as retired:
+        if retired is None:
+            return []
         try:
-            public_key = bytes.fromhex(data.decode("ascii"))
-            Ed25519PublicKey.from_public_bytes(public_key)
-        except ValueError:  # UnicodeDecodeError is a ValueError
-            public_key = b""
-        if not public_key_is_usable(public_key):
-            public_key = b""  # a small-order key authenticates nothing (see Keyring.add)
-        if key_id_of(public_key) != entry[:KEY_ID_CHARS] or data != _public_line(public_key):
-            raise KeyFileInvalid(f"{path} does not hold the public key its name says", path=path, reason="content")
-        keys.append(public_key)
-    return keys
+            names = sorted(os.listdir(retired.fd))
+        except OSError as exc:
+            raise translate(exc, context=f"listing {retired.path}") from None
+        keys = []
+        for entry in names:
+            if entry.startswith(".") and entry.endswith(".tmp"):
+                continue  # a write that was interrupted before its rename: not a key
+            path = retired.join(entry)
+            if _RETIRED_NAME.fullmatch(entry) is None:
+                raise KeyFileInvalid(f"{path} is not a retired public key (<key id>.pub); move it away", path=path, reason="name")
+            data = read_secret_at(retired, entry, len(_public_line(bytes(limits.PUBLIC_KEY_BYTES))))
+            if data is None:
+                continue  # removed meanwhile
+            try:
+                public_key = bytes.fromhex(data.decode("ascii"))
+                Ed25519PublicKey.from_public_bytes(public_key)
+            except ValueError:  # UnicodeDecodeError is a ValueError
+                public_key = b""
+            if not public_key_is_usable(public_key):
+                public_key = b""  # a small-order key authenticates nothing (see Keyring.add)
+            if key_id_of(public_key) != entry[:KEY_ID_CHARS] or data != _public_line(public_key):
+                raise KeyFileInvalid(f"{path} does not hold the public key its name says", path=path, reason="content")
+            keys.append(public_key)
+        return keys
 
 
 # -- Encoding -----------------------------------------------------------------------------------------
@@ -684,9 +739,10 @@ def write_snapshot_file(path: str, data: bytes) -> None:
     write_file_atomic(path, data, mode=0o600)
 
 
-def read_snapshot_file(path: str) -> bytes:
-    """Read a snapshot file, refusing one above the size cap before reading it."""
-    data = read_file_capped(path, SNAPSHOT_FILE_BYTES_MAX)
+def read_snapshot_file(path: str, *, directory: Directory | None = None) -> bytes:
+    """Read a snapshot file, refusing one above the size cap before reading it. With
+    ``directory``, ``path`` is a name in it, read through its descriptor, never through a link."""
+    data = read_file_capped(path, SNAPSHOT_FILE_BYTES_MAX, directory=directory)
     if data is None:
         raise _fail("size", f"{path} is larger than the {SNAPSHOT_FILE_BYTES_MAX}-byte cap")
     return data

@@ -364,13 +364,13 @@ def test_shred_says_so_when_a_hard_link_made_during_it_keeps_the_key(tmp_path, p
     key_file = tmp_path / "org-keys" / "acme" / f"{key_id}.key"
     key = provider.key_for("acme", key_id)
     elsewhere = tmp_path / "linked-meanwhile"
-    remove = audit_log.remove_with_temp_copies
+    remove = audit_log.remove_with_temp_copies_at
 
-    def linked_meanwhile(path):
-        os.link(path, elsewhere)
-        return remove(path)
+    def linked_meanwhile(directory, name):
+        os.link(directory.join(name), elsewhere)
+        return remove(directory, name)
 
-    monkeypatch.setattr(audit_log, "remove_with_temp_copies", linked_meanwhile)
+    monkeypatch.setattr(audit_log, "remove_with_temp_copies_at", linked_meanwhile)
     with pytest.raises(KeyFileInvalid) as caught:
         provider.shred("acme", key_id)
     assert caught.value.detail["reason"] == "links" and caught.value.detail["links"] == 1
@@ -404,7 +404,7 @@ def test_shred_refuses_what_is_not_a_key_id(provider, key_id):
 def test_an_interrupted_key_write_leaves_no_copy_of_the_key(tmp_path, monkeypatch):
     from mwpstore import _files
 
-    def interrupted(source, target):
+    def interrupted(source, target, **where):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(_files.os, "link", interrupted)

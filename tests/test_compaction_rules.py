@@ -469,14 +469,10 @@ def test_an_audit_log_holds_redacted_events_without_their_payload(tmp_path):
         assert authority.verify().ok
 
 
-def test_a_deleted_audit_log_is_gone_durably(tmp_path, monkeypatch):
+def test_a_deleted_audit_log_is_gone_durably(tmp_path, synced_directories):
     """The removal of an audit log is synced in its directory, as every other removal the
     engine promises is."""
-    import mwpstore.authority as authority_module
-
-    synced: list[str] = []
-    real = authority_module._fsync_directory
-    monkeypatch.setattr(authority_module, "_fsync_directory", lambda directory: (synced.append(directory), real(directory)))
+    synced = synced_directories
     with _archived_with_history(str(tmp_path / "s")) as authority:
         audit = os.path.join(authority.path, authority.archive_record(GROUP).audit_location)
         synced.clear()
@@ -541,7 +537,13 @@ def test_in_bulk_mode_the_audit_delete_is_made_durable_before_its_file_is_remove
     the log nor an archive, and no Event saying that it was ordered deleted (verify: "missing, no
     accepted audit.delete explains it"). The log is synced before the file goes."""
     steps: list[object] = []
-    real_sync, real_remove = SegmentLog.sync, os.remove
+    real_sync, real_unlink = SegmentLog.sync, os.unlink
+
+    def unlinking(path, *, dir_fd=None):
+        where = os.readlink(f"/proc/self/fd/{dir_fd}") if dir_fd is not None else os.getcwd()
+        steps.append(os.path.join(where, path))
+        return real_unlink(path, dir_fd=dir_fd)
+
     with Authority.open(str(tmp_path / "s"), sync=False) as authority:
         authority.accept(group_create())
         authority.accept_many([mission_create(f"m-{n}") for n in range(3)])
@@ -549,7 +551,7 @@ def test_in_bulk_mode_the_audit_delete_is_made_durable_before_its_file_is_remove
         assert authority.compact().groups_compacted == [GROUP]  # the audit log holds the only copy
         audit = os.path.join(authority.path, authority.archive_record(GROUP).audit_location)
         monkeypatch.setattr(SegmentLog, "sync", lambda log: (steps.append("log synced"), real_sync(log))[1])
-        monkeypatch.setattr(os, "remove", lambda path, *args, **kwargs: (steps.append(os.path.abspath(path)), real_remove(path, *args, **kwargs))[1])
+        monkeypatch.setattr(os, "unlink", unlinking)  # through the directory's descriptor
         authority.delete_audit_log(GROUP, actor=OWNER, action_id="del", basis="legal")
         monkeypatch.undo()
         assert not os.path.exists(audit)

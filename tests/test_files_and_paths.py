@@ -273,16 +273,25 @@ def test_the_temporary_file_lives_beside_the_target(tmp_path, monkeypatch, write
     target = tmp_path / "target"
     target.mkdir()
     monkeypatch.chdir(elsewhere)
-    published: list[str] = []
+    published: list[tuple[str, tuple[int, int]]] = []  # the temporary name and the directory it is in
     real_replace, real_link = os.replace, os.link
-    monkeypatch.setattr(os, "replace", lambda src, dst: (published.append(os.path.abspath(src)), real_replace(src, dst))[1])
-    monkeypatch.setattr(os, "link", lambda src, dst: (published.append(os.path.abspath(src)), real_link(src, dst))[1])
+
+    def publishing(real):
+        def call(src, dst, **where):
+            held = os.fstat(where["src_dir_fd"]) if "src_dir_fd" in where else os.stat(os.path.dirname(os.path.abspath(src)))
+            published.append((os.path.basename(src), (held.st_dev, held.st_ino)))
+            return real(src, dst, **where)
+
+        return call
+
+    monkeypatch.setattr(os, "replace", publishing(real_replace))
+    monkeypatch.setattr(os, "link", publishing(real_link))
     if write == "atomic":
         _files.write_file_atomic(str(target / "f"), b"x")
     else:
         _files.create_secret_file(str(target / "f"), b"x")
     monkeypatch.undo()
-    assert len(published) == 1 and os.path.dirname(published[0]) == str(target)
+    assert len(published) == 1 and published[0][0].startswith(".f.") and published[0][1] == _identity(target)
     assert os.listdir(elsewhere) == []
 
 
@@ -294,7 +303,7 @@ def test_a_failed_atomic_write_is_storage_failed_and_leaves_no_temporary_file(tm
     directory = tmp_path / "d"
     directory.mkdir()
 
-    def failing(src, dst):
+    def failing(src, dst, **where):
         raise OSError(errno.EIO, "injected")
 
     monkeypatch.setattr(os, "replace", failing)
@@ -311,7 +320,7 @@ def test_makedirs_durable_refuses_a_file_in_place_of_the_directory(tmp_path):
     with pytest.raises(StorageFailed):
         _files.makedirs_durable(str(tmp_path / "plain"))
     with pytest.raises(StorageFailed):
-        _files.ensure_private_directory(str(tmp_path / "plain"))
+        _files.open_below(str(tmp_path), "plain", private=True)
     assert (tmp_path / "plain").read_bytes() == b"x"
 
 
@@ -684,3 +693,200 @@ def test_a_store_directory_found_in_place_is_made_durable_before_a_record_names_
     while path != store:  # each directory found in place, and each above it, synced in its parent
         assert _identity(os.path.dirname(path)) in fsynced[start:syncs], f"{os.path.dirname(path)} was never synced before the {tag!r} record"
         path = os.path.dirname(path)
+
+
+# -- A symbolic link put in place between a check and the write (2026-12-07) -----------------------
+
+
+def swap_for_a_link_at_the_first_write(monkeypatch, store: str, relative: str, outside, temporary: str) -> list[str]:
+    """At the first ``os.open`` that creates a file whose name matches ``temporary`` (the regex of a
+    write's temporary name), move ``<store>/<relative>`` aside to ``<relative>.moved`` and put a
+    symbolic link to ``outside`` in its place: after every check the store made of the directory,
+    before anything is written in it. ``outside`` gets the directories the moved one holds (so a
+    write by path finds its way there). Returns the directories swapped (one, once it happened)."""
+    import re
+
+    real_open = os.open
+    swapped: list[str] = []
+
+    def opening(path, flags, mode=0o777, *, dir_fd=None):
+        if not swapped and flags & os.O_CREAT and re.fullmatch(temporary, os.path.basename(os.fspath(path))):
+            directory = os.path.join(store, relative)
+            os.rename(directory, directory + ".moved")
+            for below, _, _ in os.walk(directory + ".moved"):
+                os.makedirs(os.path.join(outside, os.path.relpath(below, directory + ".moved")), exist_ok=True)
+            os.symlink(outside, directory)
+            swapped.append(directory)
+        return real_open(path, flags, mode, dir_fd=dir_fd)
+
+    monkeypatch.setattr(os, "open", opening)
+    return swapped
+
+
+def files_below(directory) -> list[str]:
+    return sorted(os.path.join(below, name) for below, _, names in os.walk(directory) for name in names)
+
+
+_TEMP = r"\.{}\.[0-9a-f]{{16}}\.tmp"
+
+
+@pytest.mark.parametrize("relative", ["snapshots", f"snapshots/{GROUP}"])
+def test_a_snapshot_directory_replaced_by_a_link_after_its_check_is_not_written_through(tmp_path, monkeypatch, relative):
+    """Finding 160's check looked at ``snapshots/<group>`` and the write went by path: a link put
+    there between the two received the snapshot. The write now goes through the directory the
+    check opened: the snapshot lands in the store's own directory (moved aside here), never in
+    the one the link names."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.snapshot(GROUP)
+        authority.accept(mission_create("m-2"))
+        swapped = swap_for_a_link_at_the_first_write(monkeypatch, authority.path, relative, outside, _TEMP.format(r"\d{20}\.snap"))
+        ref = authority.snapshot(GROUP)
+        monkeypatch.undo()
+        assert swapped and files_below(outside) == []
+        moved = os.path.join(authority.path, relative + ".moved", os.path.relpath(ref.location, relative))
+        assert read_snapshot_file(moved) and not os.path.lexists(os.path.join(outside, os.path.basename(ref.location)))
+
+
+@pytest.mark.parametrize(
+    ("relative", "written"),
+    [("archive", "audit log"), (f"archive/{GROUP}", "audit log"), ("keys/orgs", "org key"), ("keys/orgs/acme", "org key")],
+)
+def test_an_archive_directory_replaced_by_a_link_after_its_check_is_not_written_through(tmp_path, monkeypatch, relative, written):
+    """As for snapshots: ``archive/<group>`` replaced by a link after the archive checked it
+    received the encrypted audit log; ``keys/orgs/<org>`` (finding 158), or ``keys/orgs``, which
+    the store's key provider followed, received the Organization's key. Every file is now made
+    through the directories opened from the store down, and nothing reaches the directory the link
+    names (the archive then fails, at its check of the file by path or at the next key read,
+    and removes what it wrote, in the store)."""
+    from mwpstore import MwpError
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.signing_key
+        os.makedirs(os.path.join(authority.path, "archive", GROUP))
+        os.makedirs(os.path.join(authority.path, "keys", "orgs", "acme"), mode=0o700)
+        temporary = _TEMP.format(r"audit-\d{20}\.log" if written == "audit log" else r"[0-9a-f]{16}\.key")
+        swapped = swap_for_a_link_at_the_first_write(monkeypatch, authority.path, relative, outside, temporary)
+        try:
+            authority.archive(GROUP, actor=OWNER, action_id="archive")
+        except MwpError:
+            pass
+        monkeypatch.undo()
+        assert swapped and files_below(outside) == []
+
+
+@pytest.mark.parametrize(("relative", "call"), [("keys", "create"), ("keys", "rotate"), ("keys/retired", "retire")])
+def test_a_key_directory_replaced_by_a_link_after_its_check_is_not_written_through(tmp_path, monkeypatch, relative, call):
+    """``keys/`` (finding 158) was checked, then the seed, the rotated seed or the retired public
+    key written by path: a link put in place of ``keys/`` or ``keys/retired/`` between the two
+    received the secret. They are now written through the directories the check opened."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with open_with_group(str(tmp_path / "s")) as authority:
+        keys = os.path.join(authority.path, "keys")
+        if call == "create":
+            os.mkdir(keys, 0o700)
+            name = _TEMP.format(r"snapshot-signing\.key")
+        else:
+            authority.rotate_signing_key()  # the key, and keys/retired with a key in it
+            name = _TEMP.format(r"snapshot-signing\.key" if call == "rotate" else r"[0-9a-f]+\.pub")
+        swapped = swap_for_a_link_at_the_first_write(monkeypatch, authority.path, relative, outside, name)
+        if call == "create":
+            key = authority.signing_key
+        else:
+            key = authority.rotate_signing_key(retire=call == "retire")
+        monkeypatch.undo()
+        assert swapped and files_below(outside) == []
+        if call != "retire":
+            with open(os.path.join(authority.path, "keys.moved", "snapshot-signing.key"), "rb") as handle:
+                assert SigningKey.from_seed(handle.read()).key_id == key.key_id
+
+
+def test_a_file_key_provider_org_directory_replaced_by_a_link_after_its_check_is_not_written_through(tmp_path, monkeypatch):
+    """``FileKeyProvider.rotate`` checked ``<directory>/<org>`` and wrote the key and ``CURRENT``
+    by path: a link put there in between received both."""
+    provider = FileKeyProvider(str(tmp_path / "org-keys"))
+    provider.current_key("acme")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    swapped = swap_for_a_link_at_the_first_write(monkeypatch, str(tmp_path / "org-keys"), "acme", outside, _TEMP.format(r"[0-9a-f]{16}\.key"))
+    key_id = provider.rotate("acme")
+    monkeypatch.undo()
+    assert swapped and files_below(outside) == []
+    moved = tmp_path / "org-keys" / "acme.moved"
+    assert (moved / f"{key_id}.key").stat().st_size == 32 and (moved / "CURRENT").read_bytes() == key_id.encode()
+
+
+def test_a_snapshot_is_never_reserved_through_a_link_below_the_store(tmp_path):
+    """``read_snapshot`` re-serves the store's own files (to agents restoring, to ``verify``): a
+    link put in place of ``snapshots/<group>`` made it serve whatever the link named. It is
+    ``STORAGE_FAILED`` (``ELOOP``) naming the link."""
+    import shutil
+
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept(mission_create("m-1"))
+        ref = authority.snapshot(GROUP)
+        directory = os.path.join(authority.path, "snapshots", GROUP)
+        shutil.copytree(directory, tmp_path / "elsewhere")
+        os.rename(directory, tmp_path / "moved")
+        os.symlink(tmp_path / "elsewhere", directory)
+        with pytest.raises(StorageFailed) as caught:
+            authority.read_snapshot(ref)
+        assert caught.value.detail["errno"] == errno.ELOOP and caught.value.detail["path"] == directory
+
+
+def test_shred_never_deletes_through_a_link_in_place_of_the_org_directory(tmp_path):
+    """``shred`` deleted by path: with ``<org>/`` a link, it deleted the key file of that name
+    wherever the link pointed, and answered True. It is ``KEY_FILE_INVALID`` (``type``) and
+    nothing is deleted."""
+    from mwpstore.errors import KeyFileInvalid
+
+    provider = FileKeyProvider(str(tmp_path / "org-keys"))
+    key_id, _ = provider.current_key("acme")
+    os.rename(tmp_path / "org-keys" / "acme", tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "org-keys" / "acme")
+    with pytest.raises(KeyFileInvalid) as caught:
+        provider.shred("acme", key_id)
+    assert caught.value.detail["reason"] == "type"
+    assert (tmp_path / "elsewhere" / f"{key_id}.key").stat().st_size == 32
+
+
+@pytest.mark.parametrize("removal", ["audit log", "unrecorded snapshot"])
+def test_a_removal_never_deletes_through_a_link_below_the_store(tmp_path, removal):
+    """The deletion of an audit log (``audit.delete``) and the open's sweep of unrecorded snapshot
+    files deleted by path: with ``archive/<group>`` or ``snapshots/<group>`` a link, they deleted
+    the files of those names wherever it pointed. They go through descriptors opened from the
+    store down: the files the link names stay."""
+    import shutil
+
+    from mwpstore import MwpError
+
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        if removal == "audit log":
+            authority.archive(GROUP, actor=OWNER, action_id="archive")
+        else:
+            authority.snapshot(GROUP)
+        relative = f"archive/{GROUP}" if removal == "audit log" else f"snapshots/{GROUP}"
+        directory = os.path.join(path, relative)
+        elsewhere = tmp_path / "elsewhere"
+        shutil.copytree(directory, elsewhere)
+        if removal == "unrecorded snapshot":
+            (elsewhere / f"{99:020d}.snap").write_bytes(b"no record names this name")
+        os.rename(directory, tmp_path / "moved")
+        os.symlink(elsewhere, directory)
+        kept = files_below(elsewhere)
+        if removal == "audit log":
+            try:  # the Event is durable; the removal refused: STORAGE_FAILED, reopen (it is not done through the link then either)
+                authority.delete_audit_log(GROUP, actor=OWNER, action_id="delete", basis="legal")
+            except MwpError as exc:
+                assert exc.detail["errno"] == errno.ELOOP and exc.detail["path"] == directory
+        else:
+            authority._sweep_unrecorded_snapshots()  # what an open after a crash runs
+        assert files_below(elsewhere) == kept

@@ -407,9 +407,9 @@ def test_rotation_syncs_the_key_directory_before_replacing_the_key(tmp_path, syn
     synced_directories.clear()
     real_replace = os.replace
 
-    def recording(src, dst):
+    def recording(src, dst, **where):
         synced_directories.append(f"replace {os.path.basename(dst)}")
-        real_replace(src, dst)
+        real_replace(src, dst, **where)
 
     monkeypatch.setattr(os, "replace", recording)
     SigningKey.rotate(directory)
@@ -481,9 +481,11 @@ def test_retired_keys_are_listed_by_key_id_and_one_removed_meanwhile_is_skipped(
     retired = sorted(keys[:3], key=lambda key: key.key_id)
     assert retired_public_keys(directory) == [key.public_key for key in retired]
 
-    real = snapshot_module.read_secret_file
+    real = snapshot_module.read_secret_at
     first = os.path.join(directory, RETIRED_DIRECTORY, f"{retired[0].key_id}.pub")
-    monkeypatch.setattr(snapshot_module, "read_secret_file", lambda path, size: None if path == first else real(path, size))
+    monkeypatch.setattr(
+        snapshot_module, "read_secret_at", lambda retired, name, size: None if retired.join(name) == first else real(retired, name, size)
+    )
     assert retired_public_keys(directory) == [key.public_key for key in retired[1:]]
 
 
@@ -496,14 +498,14 @@ def test_a_rotation_that_fails_after_replacing_the_key_never_signs_with_the_old_
 
     with open_with_group(str(tmp_path / "s")) as authority:
         old = authority.signing_key
-        real = snapshot_module.write_file_atomic
+        real = snapshot_module.write_file_at
 
-        def failing(path, data, *, mode=0o600):
-            if os.path.basename(path) == "snapshot-signing.pub":
+        def failing(directory, name, data, *, mode=0o600):
+            if name == "snapshot-signing.pub":
                 raise StorageFailed("injected")
-            return real(path, data, mode=mode)
+            return real(directory, name, data, mode=mode)
 
-        monkeypatch.setattr(snapshot_module, "write_file_atomic", failing)
+        monkeypatch.setattr(snapshot_module, "write_file_at", failing)
         with pytest.raises(StorageFailed):
             authority.rotate_signing_key()
         monkeypatch.undo()

@@ -817,13 +817,13 @@ def test_the_loser_of_a_key_creation_race_uses_the_winners_key(tmp_path, monkeyp
     from mwpstore import snapshot as snapshot_module
 
     winner = SigningKey.from_seed(b"w" * 32)
-    real = snapshot_module.create_secret_file
+    real = snapshot_module.create_secret_at
 
-    def racing(path, data):
-        real(path, b"w" * 32)  # the other process links its file first
-        return real(path, data)
+    def racing(directory, name, data):
+        real(directory, name, b"w" * 32)  # the other process links its file first
+        return real(directory, name, data)
 
-    monkeypatch.setattr(snapshot_module, "create_secret_file", racing)
+    monkeypatch.setattr(snapshot_module, "create_secret_at", racing)
     key = SigningKey.load_or_create(str(tmp_path))
     assert key.public_key == winner.public_key
     assert (tmp_path / "snapshot-signing.pub").read_bytes() == winner.public_key.hex().encode() + b"\n"

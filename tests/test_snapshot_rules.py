@@ -125,14 +125,14 @@ def test_a_snapshot_that_close_cuts_off_leaves_no_file(tmp_path, monkeypatch):
 
     with open_with_group(str(tmp_path / "store")) as authority:
         written, go_on = threading.Event(), threading.Event()
-        real_write = authority_module.write_snapshot_file
+        real_write = authority_module.write_file_at
 
-        def write_then_wait(path: str, data: bytes) -> None:
-            real_write(path, data)
+        def write_then_wait(directory, name: str, data: bytes, *, mode: int) -> None:
+            real_write(directory, name, data, mode=mode)
             written.set()
             assert go_on.wait(30)
 
-        monkeypatch.setattr(authority_module, "write_snapshot_file", write_then_wait)
+        monkeypatch.setattr(authority_module, "write_file_at", write_then_wait)
         snapshot = Caller(lambda: authority.snapshot(GROUP))
         assert written.wait(30)
         closing = Caller(authority.close)
