@@ -569,8 +569,9 @@ int sl_segments_inspect(const char *directory, const uint64_t *numbers, uint32_t
         char name[64];
         int named = segment_path(name, sizeof(name), ".", numbers[i], "");
         SL_ASSERT(named == SL_OK);
-        /* O_NONBLOCK: opening a FIFO placed under a segment's name must not wait for a writer. */
-        int fd = openat(directory_fd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+        /* O_NONBLOCK: opening a FIFO placed under a segment's name must not wait for a writer;
+         * O_NOFOLLOW: a symbolic link there is no segment of this log (ELOOP). */
+        int fd = openat(directory_fd, name, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW);
         if (fd < 0) {
             rc = fault_io(fault, -errno);
             break;
@@ -841,7 +842,8 @@ int sl_find_nonzero(int fd, uint64_t from_offset, uint64_t to_offset, uint64_t *
 
 static int io_create_file(void *context, const char *path, int *fd_out) {
     (void)context;
-    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    /* O_EXCL already refuses a link at the name (EEXIST); O_NOFOLLOW says so outright */
+    int fd = open(path, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0644);
     if (fd < 0) {
         return -errno;
     }
@@ -851,7 +853,8 @@ static int io_create_file(void *context, const char *path, int *fd_out) {
 
 static int io_open_file(void *context, const char *path, int *fd_out) {
     (void)context;
-    int fd = open(path, O_RDWR | O_CLOEXEC);
+    /* never through a symbolic link at a segment's name: appends would land in the file it names */
+    int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
         return -errno;
     }

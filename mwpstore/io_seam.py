@@ -93,7 +93,7 @@ class RecordingIO:
         return False
 
     def create_file(self, path: str) -> tuple[int, int]:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         file_id = self._next_file_id
         self._next_file_id += 1
         self._file_of_path[path] = file_id
@@ -103,7 +103,7 @@ class RecordingIO:
 
     def open_file(self, path: str) -> tuple[int, int]:
         file_id = self._file_for_path(path)
-        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW)
         self._file_of_fd[fd] = file_id
         return 0, fd
 

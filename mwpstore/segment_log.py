@@ -36,7 +36,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from mwpstore import _fork
-from mwpstore._files import makedirs_durable, open_regular, open_regular_fd, store_path, take_lock_file
+from mwpstore._files import makedirs_durable, open_regular_fd, store_path, take_lock_file
 from mwpstore._segment_log_c import ffi, lib
 from mwpstore.errors import (
     Corruption,
@@ -330,7 +330,7 @@ def _clean_end(marker: _CleanMarker, segment: _Segment) -> int | None:
     # the end may be the tail of a segment the writer seals and trims meanwhile, and a trimmed page
     # read through a map is a SIGBUS; pread just returns fewer bytes.
     try:
-        fd = open_regular_fd(segment.path)
+        fd = open_regular_fd(segment.path, follow=False)
     except OSError:
         return None  # mapping() will say why, when something reads the segment
     try:
@@ -1024,13 +1024,15 @@ class SegmentLog:
         open then reads every segment and scans the active one, as after a crash)."""
         path = os.path.join(self._directory, CLEAN_FILE_NAME)
         try:
-            with open_regular(path) as file:
+            # never through a symbolic link: a marker is trusted to skip the scan, and this log
+            # only ever renames a file of its own to the name
+            with os.fdopen(open_regular_fd(path, follow=False), "rb") as file:
                 raw = file.read(_CLEAN_LIST.size + 8)
         except FileNotFoundError:
             return None
         except OSError as exc:
-            if exc.errno == errno.EINVAL:
-                return None  # a FIFO, device or socket: not a marker this log wrote; scan instead
+            if exc.errno in (errno.EINVAL, errno.ELOOP):
+                return None  # a FIFO, device, socket or link: not a marker this log wrote; scan instead
             raise StorageFailed(f"cannot read {path}: {exc}", errno=exc.errno) from exc
         body, check = raw[:-4], raw[-4:]
         if len(body) not in (_CLEAN.size, _CLEAN_LIST.size) or zlib.crc32(body) != int.from_bytes(check, "little"):
@@ -1573,9 +1575,10 @@ def _unreadable_segment(path: str, code: int) -> StorageFailed:
 
 
 def _open_segment_fd(path: str) -> int:
-    """A descriptor of the segment file at ``path`` (a regular file only: a FIFO must not block);
+    """A descriptor of the segment file at ``path`` (a regular file only: a FIFO must not block;
+    never through a symbolic link, as the writer's own opens in ``csrc/segment_log.c``);
     ``StorageFailed`` naming the file if it cannot be opened."""
     try:
-        return open_regular_fd(path)
+        return open_regular_fd(path, follow=False)
     except OSError as exc:
         raise _unreadable_segment(path, exc.errno or errno.EIO) from None

@@ -1038,6 +1038,46 @@ def test_fifo_as_the_clean_marker_is_ignored_without_blocking(tmp_path):
     assert outcome_within(10, reopen_and_scan) == written
 
 
+def test_a_clean_marker_that_is_a_symbolic_link_is_not_trusted(tmp_path, monkeypatch):
+    """The marker lets an open skip the scan of the active segment: it is trusted as this log's
+    own. A symbolic link at its name (to a copy of the real marker, here) was read through and
+    trusted; it is passed over like a FIFO, and the open scans."""
+    _, written = _three_segments(tmp_path)
+    marker = tmp_path / CLEAN_FILE_NAME
+    os.rename(marker, tmp_path.parent / "copied-marker")
+    os.symlink(tmp_path.parent / "copied-marker", marker)
+    scans: list[bool] = []
+    real = SegmentLog._recover_last
+    monkeypatch.setattr(SegmentLog, "_recover_last", lambda log: (scans.append(True), real(log))[1])
+    with SegmentLog.open(tmp_path, readonly=True) as log:
+        assert scan_all(log) == written
+    assert scans == [True]
+
+
+@pytest.mark.parametrize("readonly", [False, True])
+def test_a_segment_that_is_a_symbolic_link_is_refused_and_never_written_through(tmp_path, readonly):
+    """A symbolic link at the active segment's name: the writer's C open (``O_RDWR``) followed it,
+    and appends went into the file it named, outside the log. The segment opens (C and Python)
+    use ``O_NOFOLLOW``: it is ``STORAGE_FAILED`` (``ELOOP``), and the file the link names is
+    unchanged."""
+    directory = tmp_path / "log"
+    infos, _ = _three_segments(directory)
+    active = infos[-1].path
+    os.remove(directory / CLEAN_FILE_NAME)  # as after a crash: every segment is opened
+    outside = tmp_path / "outside.seg"
+    os.rename(active, outside)
+    os.symlink(outside, active)
+    before = outside.read_bytes()
+    refused = None
+    try:
+        with SegmentLog.open(directory, readonly=readonly) as log:
+            scan_all(log) if readonly else log.append([b"x" * 100])
+    except StorageFailed as exc:
+        refused = exc
+    assert outside.read_bytes() == before
+    assert refused is not None and refused.detail["errno"] == errno.ELOOP
+
+
 def test_sealed_segment_left_untrimmed_is_trimmed_by_the_writer(tmp_path):
     # The state a crash leaves after a seal whose trim was not yet durable: zeros past the seal,
     # and no CLEAN marker (the first append after an open removes it).
