@@ -49,7 +49,7 @@ def test_a_segment_that_cannot_be_mapped_is_storage_failed(tmp_path, monkeypatch
         assert authority.head(GROUP)[0] == 3 and authority.verify().ok
 
 
-@pytest.mark.parametrize("call", ["listdir", "remove", "fsync"])
+@pytest.mark.parametrize("call", ["listdir", "unlink", "fsync"])
 def test_an_audit_log_whose_removal_fails_after_its_deletion_is_durable_is_removed_by_the_reopen(tmp_path, monkeypatch, call):
     """``audit.delete`` removes the Group's audit log once its Event is durable. When that removal
     fails (EIO, EROFS after a remount), the caller gets STORAGE_FAILED, not a bare OSError; the
@@ -61,10 +61,18 @@ def test_an_audit_log_whose_removal_fails_after_its_deletion_is_durable_is_remov
         audit = os.path.join(path, record.audit_location)
         real = getattr(os, call)
 
-        def failing(target: object, *args: object) -> object:
-            if call == "fsync" or os.fspath(target).startswith(os.path.dirname(audit)):  # type: ignore[arg-type]
+        def failing(target: object, *args: object, **kwargs: object) -> object:
+            # the removal goes through the directory's descriptor: a listing of it, or a name in it
+            dir_fd = kwargs.get("dir_fd")
+            if isinstance(target, int):
+                where = os.readlink(f"/proc/self/fd/{target}")
+            elif dir_fd is not None:
+                where = os.path.join(os.readlink(f"/proc/self/fd/{dir_fd}"), os.fspath(target))  # type: ignore[arg-type]
+            else:
+                where = os.fspath(target)  # type: ignore[arg-type]
+            if call == "fsync" or where.startswith(os.path.dirname(audit)):
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
-            return real(target, *args)
+            return real(target, *args, **kwargs)
 
         monkeypatch.setattr(os, call, failing)
         with pytest.raises(StorageFailed) as caught:
