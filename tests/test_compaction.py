@@ -199,10 +199,10 @@ def test_a_compaction_that_cannot_hold_the_old_logs_files_switches_nothing(tmp_p
         holding = threading.Event()
         victim = os.sep + segment_file_name(authority.log.segments()[2].first_position)
 
-        def open_fd(name: str) -> int:
+        def open_fd(name: str, **options: object) -> int:
             if holding.is_set() and name.endswith(victim):
                 raise OSError(errno.EMFILE, "Too many open files")
-            return real_open(name)
+            return real_open(name, **options)
 
         def hold(log, *args, **kwargs):
             holding.set()
