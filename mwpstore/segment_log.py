@@ -239,7 +239,10 @@ class _Segment:
     def mapping(self) -> tuple[Any, mmap.mmap]:
         """(C pointer, mmap) of the whole file, read-only, mapped on first use; ``StorageFailed``
         if the file cannot be opened, is not a regular file (a FIFO there must not block) or
-        cannot be mapped."""
+        cannot be mapped. A segment whose header was read is mapped only if the file is still that
+        header's (``_check_same_file``: ``Corruption`` segment_replaced otherwise): a handle maps
+        by name, and beside a compaction the name may by then be the new log's file, whose frames
+        would fail their checksums under this header's log id."""
         if self._map is None:
             with self._lock:
                 if self._map is None:
@@ -262,6 +265,12 @@ class _Segment:
                             f"segment {self.path} is empty; it should begin with a header.",
                             segment=self.path, offset=0, position=self.first_position, reason="header_short",
                         )
+                    if self.header is not None:
+                        try:
+                            _check_same_file(mapped[:_HEADER_BYTES], self)
+                        except Corruption:
+                            mapped.close()
+                            raise
                     self._data = ffi.from_buffer("uint8_t[]", mapped)
                     self._map = mapped
         assert self._map is not None
@@ -598,13 +607,13 @@ class SegmentLog:
             self._mapped_sealed.clear()
         for segment in self._segments:
             try:
-                _, mapped = segment.mapping()
-            except (StorageFailed, Corruption):
+                segment.mapping()  # a vouched one's header is checked on these bytes at its first read
+            except StorageFailed:
                 if every:
                     raise
-                continue
-            if segment.header is not None:  # a vouched one's header is checked on these bytes at its first read
-                _check_same_file(mapped[:_HEADER_BYTES], segment)
+            except Corruption as exc:
+                if every or exc.detail.get("reason") == "segment_replaced":
+                    raise
 
     def _open_directory(self) -> None:
         directory = self._directory

@@ -58,17 +58,23 @@ def scratch_directory(prefix: str = "mwpstore-segments-") -> str:
 
 
 @contextlib.contextmanager
-def directory_switched_at_open(monkeypatch, directory: str, *, at_open: int = 1, **options) -> Iterator[list[SegmentLog]]:
+def directory_switched_at_open(
+    monkeypatch, directory: str, *, at_open: int = 1, complete_at: int | None = None, **options
+) -> Iterator[list[SegmentLog]]:
     """As a compaction's switch: at the ``at_open``-th segment file a log open takes by name, the
     directory is renamed to ``directory + ".old"`` and a new log, opened with ``options`` and given
-    one record, takes its name, its writer still holding it. Yields the list that then holds that
-    writer; closes it at the end."""
+    one record, takes its name, its writer still holding it. With ``complete_at`` the new log takes
+    the name only at the ``complete_at``-th file taken by name: the ones between are taken in the
+    moment between the switch's two renames, when no file has its name. Yields the list that then
+    holds that writer; closes it at the end."""
     real, opened, writers = segment_log._open_segment_fd, [], []
+    complete_at = at_open if complete_at is None else complete_at
 
     def open_segment_fd(path):
         opened.append(path)
         if len(opened) == at_open:
             os.rename(directory, directory + ".old")
+        if len(opened) == complete_at:
             writers.append(SegmentLog.open(directory, **options))
             writers[0].append([b"new"])
         return real(path)

@@ -156,6 +156,30 @@ def test_a_sealed_segment_that_cannot_be_mapped_leaves_the_others_held(tmp_path)
             reader.read(segments[1].first_position)
 
 
+@pytest.mark.parametrize("segments", ["one", "several"])
+def test_a_segment_first_mapped_after_a_switch_is_segment_replaced_not_damaged(tmp_path, monkeypatch, segments):
+    """A read-only open read every header and the last segment's bytes; it then mapped the
+    segments between a compaction's two renames (no file had their names, so each was left to the
+    read that needs it), and the new log took the directory's name. The first scan mapped segment
+    0 by name: the new log's file, whose frames it checked under the old header's log id and
+    called damaged at the first frame (CORRUPTION frame_checksum). The first map of a segment whose
+    header the open read is now checked against that header: segment_replaced."""
+    directory = str(tmp_path / "log")
+    if segments == "one":
+        build(directory, [[b"old %d" % index] for index in range(20)])
+    else:
+        _several_segments(directory)
+    # files taken by name: 1, the last segment's recovery; 2, the open's map of segment 0, in the
+    # gap; 3, the next one (a map of the open's, or the scan's of segment 0) completes the switch
+    with directory_switched_at_open(monkeypatch, directory, at_open=2, complete_at=3, segment_bytes=SMALL):
+        with SegmentLog.open(directory, readonly=True) as reader:
+            with pytest.raises(Corruption) as caught:
+                scan_all(reader)
+    assert (caught.value.detail["reason"], caught.value.detail["segment"]) == (
+        "segment_replaced", os.path.join(directory, segment_file_name(0)),
+    )
+
+
 # -- the clean-close marker -------------------------------------------------------------------------
 
 
