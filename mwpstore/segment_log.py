@@ -597,11 +597,14 @@ class SegmentLog:
         handle reads, which a later read would otherwise open by name. Beside a live writer the
         name may by then be another file: a compaction renames the log directory away, puts a new
         log with new segments in its place, and deletes the old one (docs/format/segment.md). A
-        file that cannot be mapped (not a regular file, empty) is left to the first read that needs
-        it, which says why, as before: a clean open reads no sealed segment. With ``every`` (the
-        switch, whose segments the writer made) the first that cannot be mapped (no descriptor
-        left: each map holds one) is raised instead: left unmapped, a read still running on this
-        log would map the new log's file of that name, or none."""
+        file that cannot be mapped (not a regular file, empty, or gone from its name: the switch is
+        between its two renames) is left to the first read that needs it, which says why, as
+        before: a clean open reads no sealed segment. That read maps it by name, and ``mapping``
+        checks the file is still the one whose header was read (``segment_replaced`` if not), as it
+        does here, where a mismatch is raised at once. With ``every`` (the switch, whose segments
+        the writer made) the first that cannot be mapped (no descriptor left: each map holds one)
+        is raised instead: left unmapped, a read still running on this log would map the new log's
+        file of that name, or none."""
         with self._maps_lock:
             self._holding = True  # from here on _note_mapped unmaps nothing
             self._mapped_sealed.clear()
