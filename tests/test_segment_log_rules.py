@@ -162,8 +162,9 @@ def test_a_segment_first_mapped_after_a_switch_is_segment_replaced_not_damaged(t
     segments between a compaction's two renames (no file had their names, so each was left to the
     read that needs it), and the new log took the directory's name. The first scan mapped segment
     0 by name: the new log's file, whose frames it checked under the old header's log id and
-    called damaged at the first frame (CORRUPTION frame_checksum). The first map of a segment whose
-    header the open read is now checked against that header: segment_replaced."""
+    called damaged at the first frame (CORRUPTION frame_checksum). Every map of a segment whose
+    header the open read is now checked against that header: segment_replaced, and the map is not
+    kept, so a read after it is refused the same way."""
     directory = str(tmp_path / "log")
     if segments == "one":
         build(directory, [[b"old %d" % index] for index in range(20)])
@@ -175,9 +176,10 @@ def test_a_segment_first_mapped_after_a_switch_is_segment_replaced_not_damaged(t
         with SegmentLog.open(directory, readonly=True) as reader:
             with pytest.raises(Corruption) as caught:
                 scan_all(reader)
-    assert (caught.value.detail["reason"], caught.value.detail["segment"]) == (
-        "segment_replaced", os.path.join(directory, segment_file_name(0)),
-    )
+            with pytest.raises(Corruption) as again:
+                reader.read(0)
+    for error in (caught.value, again.value):
+        assert (error.detail["reason"], error.detail["segment"]) == ("segment_replaced", os.path.join(directory, segment_file_name(0)))
 
 
 # -- the clean-close marker -------------------------------------------------------------------------
