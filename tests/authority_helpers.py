@@ -26,6 +26,27 @@ class FakeClock:
         self.now_ms += milliseconds
 
 
+# Where ``in_a_forked_child(kill=...)`` can stop another process, as (fail point, hit) pairs.
+COMMIT_KILLS: list[tuple[str, int] | None] = [
+    None,  # the child exits without closing the store
+    ("authority.before_log_append", 1),  # the Command's commit: nothing written
+    ("authority.after_log_sync", 1),  # its log group durable, the index not committed
+    ("authority.after_index_commit", 1),
+]
+SNAPSHOT_KILLS = [  # after one commit: the snapshot's note (its file written first)
+    ("authority.before_log_append", 2),  # its file written, no record
+    ("authority.after_log_sync", 2),  # the note durable, not indexed
+]
+COMPACTION_STEPS = ["copy", "marked", "half_switched", "switched", "indexed"]  # compaction.<step>
+ARCHIVE_KILLS = [
+    ("authority.after_log_sync", 1),  # group.archive durable
+    ("authority.before_log_append", 2),  # the final snapshot's file written, not its record
+    ("authority.after_log_sync", 2),
+    ("authority.before_log_append", 3),  # the audit log written, not the archive record
+    ("authority.after_log_sync", 3),
+]
+
+
 _counter = itertools.count(1)
 
 

@@ -31,7 +31,18 @@ from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from authority_helpers import OWNER, FakeClock, group_create, in_a_forked_child, mission_create, mission_update
+from authority_helpers import (
+    ARCHIVE_KILLS,
+    COMMIT_KILLS,
+    COMPACTION_STEPS,
+    OWNER,
+    SNAPSHOT_KILLS,
+    FakeClock,
+    group_create,
+    in_a_forked_child,
+    mission_create,
+    mission_update,
+)
 from work_model_support import CONTRACT
 from mwpstore import (
     ActionIdCollision,
@@ -69,14 +80,7 @@ CONSUMERS = ["c-1", "c-2"]
 WORKER = "w-1"
 DAY_MS = 86_400_000
 
-KILLS = [
-    None,  # the child exits without closing the store
-    ("authority.before_log_append", 1),  # the Command's commit: nothing written
-    ("authority.after_log_sync", 1),  # its log group durable, the index not committed
-    ("authority.after_index_commit", 1),
-    ("authority.before_log_append", 2),  # the snapshot's note: its file written, no record
-    ("authority.after_log_sync", 2),  # the note durable, not indexed
-]
+KILLS = COMMIT_KILLS + SNAPSHOT_KILLS
 
 groups = st.sampled_from(GROUPS)
 any_group = st.sampled_from([*GROUPS, GHOST])
@@ -525,13 +529,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         model.snapshots[model.head] = record.final_snapshot
         model.record = record
 
-    @rule(group=groups, kill=st.sampled_from([
-        ("authority.after_log_sync", 1),  # group.archive durable
-        ("authority.before_log_append", 2),  # the final snapshot's file written, not its record
-        ("authority.after_log_sync", 2),
-        ("authority.before_log_append", 3),  # the audit log written, not the archive record
-        ("authority.after_log_sync", 3),
-    ]))
+    @rule(group=groups, kill=st.sampled_from(ARCHIVE_KILLS))
     def crash_archiving(self, group: str, kill: tuple[str, int]) -> None:
         """Another process archives a live Group and dies part-way; archive() here finishes it."""
         if self._gate(group) is not None:
@@ -613,7 +611,7 @@ class LifecycleMachine(RuleBasedStateMachine):
             model.on_disk.clear()
             model.compacted = model.compacted or g in dropped
 
-    @rule(step=st.sampled_from(["copy", "marked", "half_switched", "switched", "indexed"]))
+    @rule(step=st.sampled_from(COMPACTION_STEPS))
     def crash_compacting(self, step: str) -> None:
         """Another process compacts the store and dies at a step: the next open finishes the
         switch (from the marker on) or drops the copy."""
