@@ -2995,6 +2995,12 @@ def _index_record(
                 reason="decode",
             )
         heads[group] = (seq, digest)
+        # The Group's last Event, group.archive, left the log with the others: its time is the
+        # Group aggregate's archived_at_ms, and the last acceptance time must not fall below it.
+        [marked] = [effect.state for effect in kept if effect.aggregate == f"group:{group}"]
+        archived_ms = marked.get("archived_at_ms") if isinstance(marked, dict) else None
+        if type(archived_ms) is int and last_ms[0] < archived_ms <= limits.TIME_MS_MAX:
+            last_ms[0] = archived_ms
         for effect in kept:  # the first record of these keys in a compacted log
             writes.put(b"states", state_key(group, effect.aggregate), encode_state(effect.revision, effect.state))
     elif tag == ACK_TAG:

@@ -490,6 +490,34 @@ def test_audit_log_deletion_is_an_accepted_transition_after_retention(tmp_path):
         assert authority.read(GROUP)[-1].kind == "audit.delete"  # auditable
 
 
+@pytest.mark.parametrize("after", ["reopen", "rebuild", "killed"])
+def test_the_last_acceptance_time_survives_a_compaction_that_drops_the_newest_event(tmp_path, after):
+    """The store's newest Event is an archived Group's group.archive; compaction drops it. A clock
+    that steps back then still stamps no Event before it: after a reopen, a rebuild, or an open
+    that finishes a compaction killed after its switch (it once stamped the clock's reading: the
+    last acceptance time came from the Events left in the log alone)."""
+    clock = FakeClock(start_ms=1_700_000_000_000)
+    path = str(tmp_path / "s")
+    with open_with_group(path, clock=clock) as authority:
+        authority.accept(group_create("archived"))
+        clock.advance(1_000)
+        record = authority.archive("archived", actor=OWNER, action_id="archive")
+        if after == "killed":
+            env = dict(os.environ, MWPSTORE_FAILPOINT="compaction.switched", PYTHONPATH=REPO)
+            authority.close()
+            result = subprocess.run([sys.executable, "-c", CHILD, path], env=env, capture_output=True, text=True, timeout=120)
+            assert result.returncode == -9, result.stderr
+        else:
+            assert authority.compact().groups_compacted == ["archived"]
+            if after == "rebuild":
+                authority.rebuild()
+    clock.now_ms = 1_700_000_000_500  # the wall clock stepped back
+    with Authority.open(path, clock=clock) as authority:
+        assert authority.open_report.mode == ("rebuild" if after == "killed" else "clean")
+        assert authority.state("archived", "group:archived")[1]["compacted"] is True
+        assert authority.accept(mission_create("m-1")).accepted_at_ms == record.archived_at_ms == 1_700_000_001_000
+
+
 CHILD = """
 import sys
 from mwpstore import Authority
