@@ -1317,9 +1317,11 @@ class Authority:
                 failpoints.hit("authority.after_log_sync")
                 self._write_batch(batch, positions)
                 index.put(txn, b"meta", b"log_position", u64(self.log.end))
-                index.put(txn, b"meta", b"last_ms", u64(now_ms))
+                if batch.events:  # the last acceptance time: of an Event, as redo and rebuild take it
+                    index.put(txn, b"meta", b"last_ms", u64(now_ms))
             txn.commit()
-            self._last_ms = now_ms
+            if batch.events:  # a batch of refusals, ACKs or notes accepted nothing: no stamp to keep
+                self._last_ms = now_ms
             # Kept after the commit, inside this try: whatever cuts it short fails the handle
             # (below), so no sweep trusts a watch that missed a commit.
             if self._lease_watches and batch.events:

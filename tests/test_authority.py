@@ -403,6 +403,31 @@ def test_a_redo_of_records_without_a_time_keeps_the_last_acceptance_time(tmp_pat
         assert authority.accept(mission_create("m-2")).accepted_at_ms == first.accepted_at_ms
 
 
+@pytest.mark.parametrize("commit", ["refusal", "ack", "snapshot"])
+def test_a_commit_that_accepts_no_event_leaves_the_last_acceptance_time(tmp_path, commit):
+    """The last acceptance time is that of the last Event: a commit of refusals alone, an ACK or a
+    snapshot's note accepts none, so a clock that steps back after it stamps the next Event with
+    its own reading, in this handle as after a rebuild and a reopen (the stamp once moved up to the
+    refusal's or the note's time, and only until the reopen or the rebuild)."""
+    clock = FakeClock(start_ms=1_700_000_000_000)
+    path = str(tmp_path / "store")
+    authority = open_with_group(path, clock=clock)
+    clock.advance(1_000)
+    if commit == "refusal":
+        with pytest.raises(AlreadyExists):
+            authority.accept(group_create(GROUP, action_id="create-again"))
+    elif commit == "ack":
+        assert authority.ack("consumer", GROUP, 1) == 1
+    else:
+        assert authority.snapshot(GROUP).seq == 1
+    clock.now_ms = 1_700_000_000_500  # the wall clock stepped back, still after the last Event
+    assert authority.accept(mission_create("m-1")).accepted_at_ms == 1_700_000_000_500
+    authority.rebuild()
+    authority.close()
+    with Authority.open(path, clock=clock) as authority:
+        assert authority.accept(mission_create("m-2")).accepted_at_ms == 1_700_000_000_500
+
+
 def test_replay_floor_and_cursor_too_old_boundaries_are_exact(tmp_path):
     """The floor is the newest snapshot at most head - W (equal counts); a Cursor one below the
     floor is CURSOR_TOO_OLD, a Cursor at the floor reads on."""
