@@ -49,7 +49,7 @@ from mwpstore.snapshot import verify_snapshot
 from mwpstore.work_model import lease_id_for
 from test_work_model_durable import DurableHarness, DurableWorkModelMachine
 from test_work_model_stateful import AGENTS, WORKITEMS
-from work_model_support import CONTRACT, GROUP, Harness
+from work_model_support import CONTRACT, GROUP, START_MS, Harness
 
 EXAMPLES = int(os.environ.get("MWPSTORE_WORK_LIFECYCLE_EXAMPLES", "10"))
 STEPS = int(os.environ.get("MWPSTORE_WORK_LIFECYCLE_STEPS", "40"))
@@ -62,15 +62,32 @@ class LifecycleHarness(DurableHarness):
     another process that dies at a fail point first."""
 
     def __init__(self, path: str) -> None:
+        # The clock may step back; ``now_ms`` is then the time the next Event must be accepted at:
+        # the clock's reading, never before the last acceptance time (of any Event in the store).
+        self.clock_ms = START_MS
+        self.last_event_ms = 0
         super().__init__(path)
         self.sent: dict[tuple[str, str], tuple[Command, bytes]] = {}
         self.kill_next: list[tuple[str, int] | None] = []  # one entry: the kill armed for the next Command
         self.died: tuple[str, tuple[str, int] | None, int, int] | None = None
 
+    def clock(self) -> int:
+        return self.clock_ms
+
+    def advance(self, milliseconds: int) -> None:
+        self.clock_ms += milliseconds
+        self.now_ms = max(self.clock_ms, self.last_event_ms)
+
+    def stamped(self, receipt: Any) -> Any:
+        """Check the new Event's acceptance time: the clock's reading or the last one's."""
+        assert receipt.accepted_at_ms == self.now_ms, (receipt, self.clock_ms, self.last_event_ms)
+        self.last_event_ms = receipt.accepted_at_ms
+        return receipt
+
     def send(self, command: Command) -> Any:
         """Accept ``command`` (trusted when the engine issues it) and keep its receipt."""
         accept = self.authority.accept_trusted if command.actor == ENGINE_ACTOR else self.authority.accept
-        receipt = accept(command)
+        receipt = self.stamped(accept(command))
         self.sent[(command.actor, command.action_id)] = (command, encode_receipt(receipt))
         return receipt
 
@@ -155,6 +172,12 @@ class WorkModelLifecycleMachine(DurableWorkModelMachine):
         assert written == (1 if outcome == "ok" else 0 if kill == ("authority.before_log_append", 1) else written)
         assert written in (0, 1) and now == head + 1  # durable in the child: this was its receipt
 
+    @rule(milliseconds=st.sampled_from((1, 150, 1_000, 5_000)))
+    def clock_steps_back(self, milliseconds: int) -> None:
+        """The clock steps back (acceptance times do not, below the last one)."""
+        self.h.advance(-milliseconds)
+        self.model.now = self.h.now_ms
+
     @rule()
     def sweep(self) -> None:
         """The engine's sweep; its receipts replay as the ``lease.expire`` Commands it issued."""
@@ -163,6 +186,7 @@ class WorkModelLifecycleMachine(DurableWorkModelMachine):
         receipts = self.lh.authority.expire_leases(GROUP)
         assert [receipt.aggregate for receipt in receipts] == [f"workitem:{wi}" for wi in expected]
         for wi, receipt in zip(expected, receipts):
+            self.lh.stamped(receipt)
             command = self.expire_command(wi, leases[wi]["lease_id"])
             self.lh.sent[(command.actor, command.action_id)] = (command, encode_receipt(receipt))
 
@@ -302,7 +326,7 @@ class WorkModelLifecycleMachine(DurableWorkModelMachine):
         seq = data.draw(st.sampled_from(candidates), label="seq")
         states, _ = self.h.states()
         action_id = self._action("redact")
-        receipt = self.lh.authority.redact(GROUP, seq, actor=OWNER, action_id=action_id, reason="personal data")
+        receipt = self.lh.stamped(self.lh.authority.redact(GROUP, seq, actor=OWNER, action_id=action_id, reason="personal data"))
         command = Command(actor=OWNER, action_id=action_id, group=GROUP, kind="event.redact", target=str(seq),
                           body={"reason": "personal data"})
         self.lh.sent[(OWNER, action_id)] = (command, encode_receipt(receipt))
