@@ -4,8 +4,9 @@ work-model steps.
 
 The machine is ``DurableWorkModelMachine`` (claims, starts, renewals, checkpoints, blocks,
 submissions, failures, charges, late and foreign results, clock jumps, sweeps, session
-replacement, resolve, reassign, against the reference model), plus ``workitem.cancel`` and these
-rules:
+replacement, resolve, reassign, against the reference model), plus ``workitem.cancel``,
+Approvals (the Mission gates ``workitem.publish`` behind one: ``APPROVAL_REQUIRED`` until the one
+it names is approved) and these rules:
 
 - close and reopen, the clock moved or not while the store is closed (leases keep their deadlines,
   the clock carries on);
@@ -50,13 +51,34 @@ from mwpstore.registry import ENGINE_ACTOR
 from mwpstore.snapshot import verify_snapshot
 from mwpstore.work_model import lease_id_for
 from test_work_model_durable import DurableHarness, DurableWorkModelMachine
-from test_work_model_stateful import AGENTS, WORKITEMS
+from test_work_model_stateful import AGENTS, WORKITEMS, Model
 from work_model_support import CONTRACT, GROUP, START_MS, Harness
 
 EXAMPLES = int(os.environ.get("MWPSTORE_WORK_LIFECYCLE_EXAMPLES", "15"))
 STEPS = int(os.environ.get("MWPSTORE_WORK_LIFECYCLE_STEPS", "40"))
 
 OWNER = "owner"
+
+
+class ApprovalModel(Model):
+    """The reference model with the Mission's approval gate on ``workitem.publish``: a publication
+    under the current live lease needs an approved Approval of ``publish`` on its WorkItem, and the
+    machine names the newest one requested for it (WORK_MODEL.md, docs/work-model.md)."""
+
+    approvals: dict[str, tuple[str, str]]  # Approval id -> (WorkItem, state), in request order
+
+    def named_approval(self, wi: str) -> str | None:
+        named = [approval for approval, (workitem, _) in self.approvals.items() if workitem == wi]
+        return named[-1] if named else None
+
+    def result(self, kind: str, agent: str, wi: str, epoch: int, cost: int) -> str:
+        item = self.items[wi]
+        current = epoch == item.epoch and item.lease is not None and item.lease.agent == agent and item.lease.live(self.now)
+        if kind == "workitem.publish" and current:  # Evidence and fence refusals come before the gate
+            named = self.named_approval(wi)
+            if named is None or self.approvals[named][1] != "approved":
+                return "APPROVAL_REQUIRED"
+        return super().result(kind, agent, wi, epoch, cost)
 
 
 class LifecycleHarness(DurableHarness):
@@ -75,6 +97,10 @@ class LifecycleHarness(DurableHarness):
 
     def clock(self) -> int:
         return self.clock_ms
+
+    def setup(self, **settings: Any) -> Harness:
+        """The Group of the work-model machine, its Mission gating ``publish`` behind an Approval."""
+        return super().setup(**settings, approval_required=("publish",))
 
     def advance(self, milliseconds: int) -> None:
         self.clock_ms += milliseconds
@@ -135,6 +161,8 @@ class WorkModelLifecycleMachine(DurableWorkModelMachine):
         self.payloads_on_disk = 0  # redacted payloads no compaction removed yet
         self.counter = 0
         super().__init__()
+        self.model = ApprovalModel(now=self.model.now)
+        self.model.approvals = {}
 
     def make_harness(self) -> Harness:
         self.directory = tempfile.mkdtemp(prefix="mwp-work-lifecycle-")
@@ -158,6 +186,9 @@ class WorkModelLifecycleMachine(DurableWorkModelMachine):
     def outcome(self, actor: str, kind: str, target: str, body: dict[str, Any], *, revision: int | None = None,
                 cas: bool = False) -> tuple[str, Any]:
         self.lh.died = None
+        if kind == "workitem.publish":
+            named = self.model.named_approval(target)
+            body = body if named is None else {**body, "approval": named}
         actual, accepted = super().outcome(actor, kind, target, body, revision=revision, cas=cas)
         if self.lh.died is not None:
             self.check_the_dead_child(actual)
@@ -176,6 +207,26 @@ class WorkModelLifecycleMachine(DurableWorkModelMachine):
         elif kill == ("authority.before_log_append", 1):
             assert written == 0
         assert written in (0, 1) and now == head + 1, self.lh.died
+
+    @rule(data=st.data(), decide=st.booleans())
+    def approval(self, data: st.DataObject, decide: bool) -> None:
+        """A worker requests an Approval of ``publish`` on a WorkItem, or the approver decides one."""
+        approvals = self.model.approvals
+        if not decide or not approvals:
+            agent, wi = data.draw(st.sampled_from(AGENTS), label="agent"), data.draw(st.sampled_from(WORKITEMS), label="wi")
+            approval = f"ap-{len(approvals) + 1}"
+            actual, _ = self.outcome(agent, "approval.request", approval, {"workitem": wi, "operation": "publish"})
+            assert actual == "ok", actual
+            approvals[approval] = (wi, "pending")
+            return
+        approval = data.draw(st.sampled_from(sorted(approvals)), label="approval")
+        decision = data.draw(st.sampled_from(("approved", "approved", "rejected")), label="decision")
+        wi, state = approvals[approval]
+        expected = "ok" if state == "pending" else "INVALID_STATE"
+        actual, _ = self.outcome("a1", "approval.decide", approval, {"decision": decision}, cas=True)
+        assert actual == expected, (actual, expected)
+        if actual == "ok":
+            approvals[approval] = (wi, decision)
 
     @rule(milliseconds=st.sampled_from((1, 150, 1_000, 5_000)))
     def clock_steps_back(self, milliseconds: int) -> None:
