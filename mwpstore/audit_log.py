@@ -270,6 +270,9 @@ def _open_key_file(directory: Directory, name: str) -> int | None:
             return fd
     except OSError:
         pass
+    except BaseException:
+        os.close(fd)  # an interrupt too: a descriptor of the key held past the shred would keep it readable
+        raise
     os.close(fd)
     return None
 

@@ -380,6 +380,27 @@ def test_shred_says_so_when_a_hard_link_made_during_it_keeps_the_key(tmp_path, p
     os.remove(elsewhere)
     assert provider.shred("acme", key_id) is False  # nothing left to delete, and nothing said kept
 
+def test_shred_interrupted_as_it_checks_the_key_file_holds_no_descriptor_of_it(tmp_path, provider, log, monkeypatch):
+    """An interrupt (KeyboardInterrupt) while shred looks at the key file it holds open across
+    the deletion closes that descriptor: kept, it would keep the key readable for as long as the
+    process lives. Nothing is deleted, and the shred, run again, goes through."""
+    key_id = read_audit_log_header(log)["key_id"]
+    key_file = tmp_path / "org-keys" / "acme" / f"{key_id}.key"
+    real = os.fstat
+
+    def interrupted(fd: int) -> os.stat_result:
+        if os.readlink(f"/proc/self/fd/{fd}") == str(key_file):
+            raise KeyboardInterrupt
+        return real(fd)
+
+    monkeypatch.setattr(os, "fstat", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        provider.shred("acme", key_id)
+    monkeypatch.undo()
+    assert store_files_held(str(tmp_path)) == [] and key_file.exists()
+    assert provider.shred("acme", key_id) is True and not key_file.exists()
+
+
 def test_shred_does_not_wait_on_a_fifo_at_a_keys_name(tmp_path, provider):
     """Holding the key file open across the deletion must not wait: a FIFO at the key's name (no
     key) is removed as any other file there, at once."""
