@@ -464,15 +464,12 @@ def remove_with_temp_copies_at(directory: Directory, name: str) -> bool:
     return _remove_durably(directory, name, keep=False)
 
 
-def remove_temp_copies(path: str) -> bool:
-    """Delete, durably, the temporary files a killed ``write_file_atomic`` or ``create_secret_file``
-    of ``path`` left beside it, and not ``path`` itself. Only for a directory this process alone
-    writes (a store's, under its lock): another writer's file in mid-write would go too. True if
-    anything was removed; a missing directory has none."""
-    path = store_path(path)
-    parent, name = os.path.split(os.path.abspath(path))
-    with open_directory_if_any(parent) as directory:
-        return False if directory is None else _remove_durably(directory, name, keep=True)
+def remove_temp_copies_at(directory: Directory, name: str) -> bool:
+    """Delete, durably and through the descriptor of ``directory``, the temporary files a killed
+    :func:`write_file_at` or :func:`create_secret_at` of ``name`` left beside it, and not ``name``
+    itself. Only for a directory this process alone writes (a store's, under its lock): another
+    writer's file in mid-write would go too. True if anything was removed."""
+    return _remove_durably(directory, name, keep=True)
 
 
 def _remove_durably(directory: Directory, name: str, *, keep: bool) -> bool:

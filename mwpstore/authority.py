@@ -53,7 +53,7 @@ from ._files import (
     open_below,
     open_child,
     remove_names_at,
-    remove_temp_copies,
+    remove_temp_copies_at,
     store_path,
     take_lock_file,
     write_file_at,
@@ -596,8 +596,11 @@ class Authority:
                 # makes this process the only writer of keys/, so such a file is a dead write's.
                 # A sweep that cannot run (keys/ unreadable, or no directory) does not stop the
                 # open: the key's own use reports that, and the next open sweeps again.
-                with contextlib.suppress(MwpError):
-                    remove_temp_copies(os.path.join(self.path, "keys", f"{SIGNING_KEY_NAME}.key"))
+                # keys/ opened from the store down, never through a link: a link there (refused
+                # by the key's first use) must not have files deleted wherever it points.
+                with contextlib.suppress(MwpError, FileNotFoundError):
+                    with open_below(self.path, "keys", create=False, keys=True) as keys:
+                        remove_temp_copies_at(keys, f"{SIGNING_KEY_NAME}.key")
             except BaseException:
                 index = self._pair[1]
                 if index is not None:

@@ -14,12 +14,12 @@ import sys
 import pytest
 
 from authority_helpers import GROUP, OWNER, group_create, mission_create, open_with_group
-from mwpstore import _files
+from mwpstore import Authority, _files
 from mwpstore.audit_log import FileKeyProvider, read_audit_log_header
 from mwpstore.errors import InvalidCommand, LimitExceeded, StorageFailed
 from mwpstore.limits import GROUP_BYTES_MAX, RECORD_BYTES_MAX
 from mwpstore.segment_log import CLEAN_FILE_NAME, SegmentLog
-from mwpstore.snapshot import SigningKey, read_snapshot_file, retired_public_keys, write_snapshot_file
+from mwpstore.snapshot import SIGNING_KEY_NAME, SigningKey, read_snapshot_file, retired_public_keys, write_snapshot_file
 
 
 @pytest.mark.parametrize("obstacle", ["fifo", "symlink"])
@@ -856,17 +856,29 @@ def test_shred_never_deletes_through_a_link_in_place_of_the_org_directory(tmp_pa
     assert (tmp_path / "elsewhere" / f"{key_id}.key").stat().st_size == 32
 
 
-@pytest.mark.parametrize("removal", ["audit log", "unrecorded snapshot"])
+@pytest.mark.parametrize("removal", ["audit log", "unrecorded snapshot", "signing key copy"])
 def test_a_removal_never_deletes_through_a_link_below_the_store(tmp_path, removal):
-    """The deletion of an audit log (``audit.delete``) and the open's sweep of unrecorded snapshot
-    files deleted by path: with ``archive/<group>`` or ``snapshots/<group>`` a link, they deleted
-    the files of those names wherever it pointed. They go through descriptors opened from the
-    store down: the files the link names stay."""
+    """The deletion of an audit log (``audit.delete``), the open's sweep of unrecorded snapshot
+    files and its sweep of the signing key's temporary copies deleted by path: with
+    ``archive/<group>``, ``snapshots/<group>`` or ``keys`` a link, they deleted the files of those
+    names wherever it pointed. They go through descriptors opened from the store down: the files
+    the link names stay."""
     import shutil
 
     from mwpstore import MwpError
 
     path = str(tmp_path / "s")
+    if removal == "signing key copy":
+        with open_with_group(path) as authority:
+            authority.signing_key  # noqa: B018 - makes keys/
+        elsewhere = tmp_path / "elsewhere"
+        os.rename(os.path.join(path, "keys"), elsewhere)
+        os.symlink(elsewhere, os.path.join(path, "keys"))
+        (elsewhere / f".{SIGNING_KEY_NAME}.key.{'0' * 16}.tmp").write_bytes(b"another writer's seed in mid-write")
+        kept = files_below(elsewhere)
+        Authority.open(path).close()  # its sweep of what a killed rotation left
+        assert files_below(elsewhere) == kept
+        return
     with open_with_group(path) as authority:
         authority.accept(mission_create("m-1"))
         if removal == "audit log":
