@@ -156,6 +156,15 @@ def test_round_trip(tmp_path, provider, memory):
     assert read_audit_log_header(path)["group"] == "g1"
 
 
+def test_an_audit_log_given_by_path_makes_its_missing_directories_durably(tmp_path, provider, memory, synced_directories):
+    """``write_audit_log`` without a directory opened makes the missing directories of ``path``,
+    each synced in its parent, before the file is written."""
+    path = tmp_path / "a" / "b" / "g1.audit"
+    write_audit_log(str(path), org="acme", group="g1", events=encoded(memory), key_provider=provider)
+    assert read_all(str(path), provider) == encoded(memory)
+    assert str(tmp_path) in synced_directories and str(tmp_path / "a") in synced_directories
+
+
 def test_ciphertext_does_not_show_the_plaintext(log, memory):
     data = open(log, "rb").read()
     assert b"mission-1" not in data and b"alice" not in data

@@ -502,6 +502,10 @@ def test_removing_a_secret_removes_only_its_own_temporary_copies_and_syncs(tmp_p
     assert sorted(os.listdir(directory)) == sorted(keep)
     assert str(directory) in synced_directories
     assert _files.remove_with_temp_copies(str(directory / name)) is False
+    (directory / name).mkdir()  # a directory under the file's own name is no file to delete: said so
+    with pytest.raises(StorageFailed) as caught:
+        _files.remove_with_temp_copies(str(directory / name))
+    assert caught.value.detail["errno"] == errno.EISDIR and (directory / name).is_dir()
 
 
 def test_open_regular_fd_names_a_directory_and_leaks_no_descriptor(tmp_path):
@@ -822,22 +826,24 @@ def test_a_file_key_provider_org_directory_replaced_by_a_link_after_its_check_is
     assert (moved / f"{key_id}.key").stat().st_size == 32 and (moved / "CURRENT").read_bytes() == key_id.encode()
 
 
-def test_a_snapshot_is_never_reserved_through_a_link_below_the_store(tmp_path):
+@pytest.mark.parametrize("linked", ["directory", "file"])
+def test_a_snapshot_is_never_reserved_through_a_link_below_the_store(tmp_path, linked):
     """``read_snapshot`` re-serves the store's own files (to agents restoring, to ``verify``): a
     link put in place of ``snapshots/<group>`` made it serve whatever the link named. It is
-    ``STORAGE_FAILED`` (``ELOOP``) naming the link."""
+    ``STORAGE_FAILED`` (``ELOOP``) naming the link; so is a link in place of the snapshot file."""
     import shutil
 
     with open_with_group(str(tmp_path / "s")) as authority:
         authority.accept(mission_create("m-1"))
         ref = authority.snapshot(GROUP)
         directory = os.path.join(authority.path, "snapshots", GROUP)
-        shutil.copytree(directory, tmp_path / "elsewhere")
-        os.rename(directory, tmp_path / "moved")
+        if linked == "file":
+            directory = os.path.join(authority.path, ref.location)
+        shutil.move(directory, tmp_path / "elsewhere")
         os.symlink(tmp_path / "elsewhere", directory)
         with pytest.raises(StorageFailed) as caught:
             authority.read_snapshot(ref)
-        assert caught.value.detail["errno"] == errno.ELOOP and caught.value.detail["path"] == directory
+        assert caught.value.detail["errno"] == errno.ELOOP and directory in str(caught.value)
 
 
 def test_shred_never_deletes_through_a_link_in_place_of_the_org_directory(tmp_path):
@@ -902,3 +908,127 @@ def test_a_removal_never_deletes_through_a_link_below_the_store(tmp_path, remova
         else:
             authority._sweep_unrecorded_snapshots()  # what an open after a crash runs
         assert files_below(elsewhere) == kept
+
+
+def test_key_directories_made_through_their_own_paths_are_created_durably(tmp_path, synced_directories):
+    """A key directory a caller names (``SigningKey.load_or_create``'s, a ``FileKeyProvider``'s
+    ``<org>/``) made where its parent already exists is synced in that parent: a key created in
+    it must survive a power loss, which may otherwise take the new directory and the key with it."""
+    (tmp_path / "k").mkdir()
+    SigningKey.load_or_create(str(tmp_path / "k" / "keys"))
+    provider = FileKeyProvider(str(tmp_path / "org-keys"))
+    provider.current_key("acme")
+    assert str(tmp_path / "k") in synced_directories
+    assert str(tmp_path / "org-keys") in synced_directories
+
+
+@pytest.mark.parametrize("refusal", ["link", "file", "owner"])
+def test_a_refusal_on_the_way_down_holds_no_directory_open(tmp_path, refusal):
+    """A directory met on the way from the store down that is refused (a link, a file, another
+    user's key directory) closes every descriptor opened above it: the refusal, repeated, holds
+    nothing open."""
+    from mwpstore import MwpError
+
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.snapshot(GROUP)
+        keys = tmp_path / "s" / "keys"
+        if refusal == "link":
+            os.rename(keys, tmp_path / "moved")
+            os.symlink(tmp_path / "moved", keys)
+        elif refusal == "file":
+            os.rename(keys, tmp_path / "moved")
+            keys.write_bytes(b"")
+        else:
+            if os.geteuid() != 0:
+                pytest.skip("giving a directory to another user needs root")
+            os.chown(keys, 65534, 65534)
+        held = len(os.listdir("/proc/self/fd"))  # counted: the store holds its own directory open already
+        for _ in range(3):
+            with pytest.raises(MwpError):
+                authority.rotate_signing_key()
+        assert len(os.listdir("/proc/self/fd")) == held
+
+
+def test_a_store_whose_archive_directory_is_a_link_opens_and_deletes_nothing_through_it(tmp_path):
+    """The open's finishing of audit-log deletions passes over ``archive/`` as a symbolic link
+    (left for an open once it is a directory again): the store opens, and what the link names,
+    an audit log whose ``audit.delete`` is durable included, stays."""
+    path = str(tmp_path / "s")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.archive(GROUP, actor=OWNER, action_id="archive")
+        authority.accept(group_create("g-2"))
+    archive = os.path.join(path, "archive")
+    os.rename(archive, tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", archive)
+    kept = files_below(tmp_path / "elsewhere")
+    with Authority.open(path) as authority:
+        assert authority.head("g-2")[0] == 1
+    assert files_below(tmp_path / "elsewhere") == kept
+
+
+def test_a_public_key_file_that_is_a_link_is_replaced_never_written_through(tmp_path):
+    """``<name>.pub`` as a symbolic link is neither read nor written through: the rename that
+    rewrites it replaces the link, and the file it named is unchanged."""
+    keys = tmp_path / "keys"
+    key = SigningKey.load_or_create(str(keys))
+    outside = tmp_path / "outside.pub"
+    outside.write_bytes(b"not this store's key\n")
+    os.remove(keys / "snapshot-signing.pub")
+    os.symlink(outside, keys / "snapshot-signing.pub")
+    assert SigningKey.load_or_create(str(keys)).public_key == key.public_key
+    assert not (keys / "snapshot-signing.pub").is_symlink()
+    assert (keys / "snapshot-signing.pub").read_bytes() == key.public_key.hex().encode() + b"\n"
+    assert outside.read_bytes() == b"not this store's key\n"
+
+
+@pytest.mark.parametrize("obstacle", ["other owner", "mode 0777"])
+def test_a_file_key_provider_org_directory_found_in_place_is_used_only_if_private(tmp_path, obstacle):
+    """A provider of one's own checks ``<org>/`` as a store checks its key directories before a
+    key is written in it: another user's is ``KEY_FILE_INVALID`` (``owner``) with nothing
+    written; one of this user's with group or other bits is made 0700."""
+    if obstacle == "other owner" and os.geteuid() != 0:
+        pytest.skip("giving a directory to another user needs root")
+    from mwpstore.errors import KeyFileInvalid
+
+    org = tmp_path / "org-keys" / "acme"
+    org.mkdir(parents=True)
+    provider = FileKeyProvider(str(tmp_path / "org-keys"))
+    if obstacle == "mode 0777":
+        org.chmod(0o777)
+        provider.rotate("acme")
+        assert stat.S_IMODE(org.stat().st_mode) == 0o700
+        return
+    os.chown(org, 65534, 65534)
+    with pytest.raises(KeyFileInvalid) as caught:
+        provider.rotate("acme")
+    assert caught.value.detail["reason"] == "owner" and caught.value.detail["path"] == str(org)
+    assert os.listdir(org) == []
+
+
+@pytest.mark.parametrize("removal", ["open's sweep", "failed snapshot"])
+def test_an_unrecorded_snapshot_file_is_removed_durably(tmp_path, fsynced, removal):
+    """A snapshot file no record names, removed by the open's sweep or by the ``snapshot`` whose
+    note was refused, is removed with its directory synced after the unlink: else a power loss
+    brings it back, for the next sweep to find again."""
+    with open_with_group(str(tmp_path / "s")) as authority:
+        authority.accept(mission_create("m-1"))
+        directory = tmp_path / "s" / "snapshots" / GROUP
+        if removal == "open's sweep":
+            authority.snapshot(GROUP)
+            unrecorded = directory / f"{99:020d}.snap"
+            unrecorded.write_bytes(b"no record names this name")
+            del fsynced[:]
+            authority._sweep_unrecorded_snapshots()
+        else:
+            unrecorded = directory / f"{2:020d}.snap"
+
+            def refused(*_: object) -> None:
+                del fsynced[:]  # the file is written and synced: what follows is the removal's
+                raise LimitExceeded("refused before it reached the log", field="note")
+
+            authority._log_note = refused
+            with pytest.raises(LimitExceeded):
+                authority.snapshot(GROUP)
+        assert not unrecorded.exists() and _identity(directory) in fsynced
