@@ -258,7 +258,7 @@ def test_the_pages_give_dotted_names() -> None:
 # -- names in capitals ------------------------------------------------------------------------------
 
 # Linux and C names the pages quote that are not mwpstore's.
-OPERATING_SYSTEM_NAMES = {"FALLOC_FL_ZERO_RANGE", "O_DIRECT", "O_DSYNC", "RWF_DSYNC", "RLIMIT_AS"}
+OPERATING_SYSTEM_NAMES = {"FALLOC_FL_ZERO_RANGE", "O_DIRECT", "O_DSYNC", "RWF_DSYNC", "RLIMIT_AS", "ENAMETOOLONG"}
 
 
 def _capital_names() -> list[tuple[str, str]]:
