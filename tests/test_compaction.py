@@ -518,6 +518,70 @@ def test_the_last_acceptance_time_survives_a_compaction_that_drops_the_newest_ev
         assert authority.accept(mission_create("m-1")).accepted_at_ms == record.archived_at_ms == 1_700_000_001_000
 
 
+def test_the_last_acceptance_time_after_a_compaction_is_the_newest_of_the_log_and_the_group_records(tmp_path):
+    """Several Groups compacted, archived in any order, with a live Group's Event after them: the
+    rebuilt last acceptance time is the newest of them all, whichever record holds it (the log's
+    Event, or a G record written after it), and a second compaction, whose log already ends in G
+    records, keeps it."""
+    clock = FakeClock(start_ms=1_700_000_000_000)
+    path = str(tmp_path / "s")
+    with open_with_group(path, clock=clock) as authority:
+        for group in ("b-side", "a-side"):
+            authority.accept(group_create(group))
+        for group, step in (("b-side", 1_000), ("a-side", 1_000)):  # a-side archived last, compacted first
+            clock.advance(step)
+            authority.archive(group, actor=OWNER, action_id=f"archive-{group}")
+        clock.advance(1_000)
+        newest = authority.accept(mission_create("m-1")).accepted_at_ms  # in the log, before the G records
+        assert sorted(authority.compact().groups_compacted) == ["a-side", "b-side"]
+        authority.rebuild()
+    clock.now_ms = 1_700_000_000_500  # the wall clock stepped back
+    with Authority.open(path, clock=clock) as authority:
+        assert authority.accept(mission_create("m-2")).accepted_at_ms == newest
+        authority.compact()
+        authority.rebuild()
+    with Authority.open(path, clock=clock) as authority:
+        assert authority.accept(mission_create("m-3")).accepted_at_ms == newest
+
+
+@pytest.mark.parametrize(
+    "archived_at",
+    [None, True, 1_700_000_009_000.0, -1, 2**62 + 1, 2**64 - 1, "1700000009000", 1_700_000_009_000, 2**62],
+    ids=["missing", "bool", "float", "negative", "past TIME_MS_MAX", "u64 max", "str", "a time", "TIME_MS_MAX"],
+)
+def test_a_group_records_archived_at_ms_counts_only_as_a_time(tmp_path, archived_at):
+    """A ``G`` record's Group aggregate whose archived_at_ms is missing or not an int in
+    0..TIME_MS_MAX (not one compaction writes) leaves the last acceptance time to the other
+    records at redo and rebuild, and the store opens; a time there raises it."""
+    import msgspec
+
+    from mwpstore.authority import GROUP_TAG
+    from mwpstore.messages import Effect
+
+    clock = FakeClock(start_ms=1_700_000_000_000)
+    path = str(tmp_path / "s")
+    with open_with_group(path, clock=clock) as authority:
+        authority.accept(group_create("archived"))
+        clock.advance(1_000)
+        authority.archive("archived", actor=OWNER, action_id="archive")
+        authority.compact()
+        seq, digest = authority.head("archived")
+        _, state = authority.state("archived", "group:archived")
+    state = {key: value for key, value in state.items() if key != "archived_at_ms"}
+    if archived_at is not None:
+        state["archived_at_ms"] = archived_at
+    with SegmentLog.open(os.path.join(path, "log")) as log:
+        log.append([GROUP_TAG + msgspec.msgpack.encode(("archived", seq, digest, [Effect("group:archived", 9, state)]))])
+    last = archived_at if type(archived_at) is int and 1_700_000_009_000 <= archived_at <= 2**62 else 1_700_000_001_000
+    shutil.copytree(path, path + "-rebuilt")
+    shutil.rmtree(os.path.join(path + "-rebuilt", "index"))
+    clock.now_ms = 1_700_000_000_500  # the wall clock stepped back
+    for how, store in (("redo", path), ("rebuild", path + "-rebuilt")):
+        with Authority.open(store, clock=clock) as authority:
+            assert authority.open_report.mode == how
+            assert authority.accept(mission_create(f"m-{how}")).accepted_at_ms == last
+
+
 CHILD = """
 import sys
 from mwpstore import Authority
