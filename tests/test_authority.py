@@ -380,6 +380,20 @@ def test_acceptance_time_never_moves_backwards_when_the_clock_does(tmp_path):
         assert [event.accepted_at_ms for event in reopened.read(GROUP, after=1)] == [first.accepted_at_ms] * 3 + [1_700_000_000_500]
 
 
+def test_a_clean_reopen_takes_the_newest_events_time_from_the_index(tmp_path):
+    """The index keeps the time of the commit's own Event, not the one before it: after the clock
+    moved on and back, a clean reopen stamps no Event before the newest."""
+    clock = FakeClock(start_ms=1_700_000_000_000)
+    path = str(tmp_path / "store")
+    with open_with_group(path, clock=clock) as authority:
+        clock.advance(1_000)
+        newest = authority.accept(mission_create("m-1")).accepted_at_ms
+    clock.now_ms = 1_700_000_000_500  # the wall clock stepped back
+    with Authority.open(path, clock=clock) as authority:
+        assert authority.open_report.mode == "clean"
+        assert authority.accept(mission_create("m-2")).accepted_at_ms == newest == 1_700_000_001_000
+
+
 def test_a_redo_of_records_without_a_time_keeps_the_last_acceptance_time(tmp_path):
     """The last acceptance time survives a redo that brings none: an ACK is logged without one,
     and a redo of the ACK alone must keep the index's time, not set it to that of the redone
@@ -403,12 +417,14 @@ def test_a_redo_of_records_without_a_time_keeps_the_last_acceptance_time(tmp_pat
         assert authority.accept(mission_create("m-2")).accepted_at_ms == first.accepted_at_ms
 
 
+@pytest.mark.parametrize("reopen_first", [False, True], ids=["same handle", "reopened at once"])
 @pytest.mark.parametrize("commit", ["refusal", "ack", "snapshot"])
-def test_a_commit_that_accepts_no_event_leaves_the_last_acceptance_time(tmp_path, commit):
+def test_a_commit_that_accepts_no_event_leaves_the_last_acceptance_time(tmp_path, commit, reopen_first):
     """The last acceptance time is that of the last Event: a commit of refusals alone, an ACK or a
     snapshot's note accepts none, so a clock that steps back after it stamps the next Event with
     its own reading, in this handle as after a rebuild and a reopen (the stamp once moved up to the
-    refusal's or the note's time, and only until the reopen or the rebuild)."""
+    refusal's or the note's time, and only until the reopen or the rebuild), and in a handle
+    opened right after that commit, on the index it left (no Event or rebuild wrote it since)."""
     clock = FakeClock(start_ms=1_700_000_000_000)
     path = str(tmp_path / "store")
     authority = open_with_group(path, clock=clock)
@@ -420,6 +436,10 @@ def test_a_commit_that_accepts_no_event_leaves_the_last_acceptance_time(tmp_path
         assert authority.ack("consumer", GROUP, 1) == 1
     else:
         assert authority.snapshot(GROUP).seq == 1
+    if reopen_first:
+        authority.close()
+        authority = Authority.open(path, clock=clock)
+        assert authority.open_report.mode == "clean"
     clock.now_ms = 1_700_000_000_500  # the wall clock stepped back, still after the last Event
     assert authority.accept(mission_create("m-1")).accepted_at_ms == 1_700_000_000_500
     authority.rebuild()
