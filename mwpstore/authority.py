@@ -898,6 +898,9 @@ class Authority:
                 if pending >= REDO_COMMIT_RECORDS:
                     _flush_heads(index, txn, heads, flushed)
                     index.put(txn, b"meta", b"log_position", u64(batch.next_position))
+                    # the time goes with the position: a redo that resumes past these records
+                    # (nothing past them when this commit reached the end) never reads them again
+                    _keep_last_ms(index, txn, last_ms[0])
                     txn.commit()
                     # Each commit writes only the heads that moved since the last one, and the
                     # heads kept are bounded: a log of many Groups neither writes every head seen
@@ -912,8 +915,7 @@ class Authority:
                         progress(batch.next_position - start, end - start)
             _flush_heads(index, txn, heads, flushed)
             index.put(txn, b"meta", b"log_position", u64(end))
-            previous = index.get(txn, b"meta", b"last_ms")
-            index.put(txn, b"meta", b"last_ms", u64(max(last_ms[0], 0 if previous is None else read_u64(previous))))
+            _keep_last_ms(index, txn, last_ms[0])
             txn.commit()
         except lmdb.Error as exc:
             # A commit that cannot write (EIO, ENOSPC, a file size limit) is an I/O failure, not
@@ -2899,6 +2901,13 @@ def _collision(command: Command) -> ActionIdCollision:
         actor=command.actor,
         action_id=command.action_id,
     )
+
+
+def _keep_last_ms(index: Index, txn: lmdb.Transaction, last_ms: int) -> None:
+    """Raise the index's last acceptance time (``meta`` ``last_ms``) to ``last_ms``, the newest
+    time of the records a redo indexed so far; never lower it (records without a time bring 0)."""
+    previous = index.get(txn, b"meta", b"last_ms")
+    index.put(txn, b"meta", b"last_ms", u64(max(last_ms, 0 if previous is None else read_u64(previous))))
 
 
 def _index_records(

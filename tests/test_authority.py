@@ -607,6 +607,47 @@ def test_a_redo_interrupted_after_one_of_its_commits_resumes_from_that_commit(tm
         assert authority.accept(mission_create("m-after")).seq == head[0] + 1
 
 
+def test_a_redo_interrupted_after_its_last_commit_keeps_the_last_acceptance_time(tmp_path, monkeypatch):
+    """Redo's commits along the way record the log position they reflect; the last acceptance
+    time of the records they cover must go with it. Interrupted right after a commit that reached
+    the log's end, the next open has nothing left to redo: the time of the Events that commit
+    indexed is then the index's or none (it was written only by redo's final commit, so a clock
+    that stepped back stamped the next Event before them)."""
+    import shutil
+
+    from mwpstore import authority as authority_module
+    from mwpstore import failpoints
+
+    clock = FakeClock(start_ms=1_700_000_000_000)
+    path = str(tmp_path / "store")
+    with open_with_group(path, clock=clock):
+        pass
+    saved = str(tmp_path / "index-after-create")
+    shutil.copytree(os.path.join(path, "index"), saved)  # a clean index, behind what follows
+    with Authority.open(path, clock=clock) as authority:
+        clock.advance(1_000)
+        newest = authority.accept(mission_create("m-1")).accepted_at_ms
+    shutil.rmtree(os.path.join(path, "index"))
+    shutil.copytree(saved, os.path.join(path, "index"))
+
+    monkeypatch.setattr(authority_module, "REDO_COMMIT_RECORDS", 1)
+    hit = failpoints.hit
+
+    def interrupt(name: str) -> None:
+        if name == "authority.mid_redo":
+            raise _RedoInterrupted
+        hit(name)
+
+    monkeypatch.setattr(failpoints, "hit", interrupt)
+    with pytest.raises(_RedoInterrupted):
+        Authority.open(path, clock=clock)
+    monkeypatch.setattr(failpoints, "hit", hit)
+    clock.now_ms = 1_700_000_000_500  # the wall clock stepped back
+    with Authority.open(path, clock=clock) as authority:
+        assert (authority.open_report.mode, authority.open_report.redo_records) == ("clean", 0)  # nothing left to redo
+        assert authority.accept(mission_create("m-2")).accepted_at_ms == newest == 1_700_000_001_000
+
+
 def test_leftovers_of_an_interrupted_rebuild_or_verify_are_removed_at_open(tmp_path):
     """A rebuild or verify killed midway leaves its scratch index behind: the next open removes
     it even when it trusts the index and builds nothing (the space would stay taken otherwise)."""
