@@ -559,6 +559,26 @@ class _RedoInterrupted(Exception):
     """Raised where a crash test's child would die: right after one of redo's commits."""
 
 
+def _open_interrupted_after_a_redo_commit(monkeypatch, open_store) -> None:
+    """Call ``open_store`` with redo committing after every scan batch, interrupted right after
+    its first commit (as a crash test's child dies at ``authority.mid_redo``)."""
+    from mwpstore import authority as authority_module
+    from mwpstore import failpoints
+
+    monkeypatch.setattr(authority_module, "REDO_COMMIT_RECORDS", 1)
+    hit = failpoints.hit
+
+    def interrupt(name: str) -> None:
+        if name == "authority.mid_redo":
+            raise _RedoInterrupted
+        hit(name)
+
+    monkeypatch.setattr(failpoints, "hit", interrupt)
+    with pytest.raises(_RedoInterrupted):
+        open_store()
+    monkeypatch.setattr(failpoints, "hit", hit)
+
+
 def test_a_redo_interrupted_after_one_of_its_commits_resumes_from_that_commit(tmp_path, monkeypatch):
     """Redo commits every REDO_COMMIT_RECORDS records (after a whole scan batch, here a segment),
     each commit recording the log position and the Groups' heads it reflects. Interrupted right
@@ -566,8 +586,6 @@ def test_a_redo_interrupted_after_one_of_its_commits_resumes_from_that_commit(tm
     Events past it, a commit without the heads would make the rest break the chain."""
     import shutil
 
-    from mwpstore import authority as authority_module
-    from mwpstore import failpoints
     from mwpstore.limits import SEGMENT_BYTES_MIN
     from mwpstore.segment_log import SegmentLog
 
@@ -586,18 +604,7 @@ def test_a_redo_interrupted_after_one_of_its_commits_resumes_from_that_commit(tm
     shutil.rmtree(os.path.join(path, "index"))
     shutil.copytree(saved, os.path.join(path, "index"))
 
-    monkeypatch.setattr(authority_module, "REDO_COMMIT_RECORDS", 1)
-    hit = failpoints.hit
-
-    def interrupt(name: str) -> None:
-        if name == "authority.mid_redo":
-            raise _RedoInterrupted
-        hit(name)
-
-    monkeypatch.setattr(failpoints, "hit", interrupt)
-    with pytest.raises(_RedoInterrupted):
-        Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN)
-    monkeypatch.setattr(failpoints, "hit", hit)
+    _open_interrupted_after_a_redo_commit(monkeypatch, lambda: Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN))
     with Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN) as authority:
         assert authority.open_report.mode == "redo"
         assert authority.open_report.redo_records == sum(batches[1:])  # the first commit held batch 0 (less the create)
@@ -615,8 +622,6 @@ def test_a_redo_interrupted_after_its_last_commit_keeps_the_last_acceptance_time
     that stepped back stamped the next Event before them)."""
     import shutil
 
-    from mwpstore import authority as authority_module
-    from mwpstore import failpoints
 
     clock = FakeClock(start_ms=1_700_000_000_000)
     path = str(tmp_path / "store")
@@ -630,18 +635,7 @@ def test_a_redo_interrupted_after_its_last_commit_keeps_the_last_acceptance_time
     shutil.rmtree(os.path.join(path, "index"))
     shutil.copytree(saved, os.path.join(path, "index"))
 
-    monkeypatch.setattr(authority_module, "REDO_COMMIT_RECORDS", 1)
-    hit = failpoints.hit
-
-    def interrupt(name: str) -> None:
-        if name == "authority.mid_redo":
-            raise _RedoInterrupted
-        hit(name)
-
-    monkeypatch.setattr(failpoints, "hit", interrupt)
-    with pytest.raises(_RedoInterrupted):
-        Authority.open(path, clock=clock)
-    monkeypatch.setattr(failpoints, "hit", hit)
+    _open_interrupted_after_a_redo_commit(monkeypatch, lambda: Authority.open(path, clock=clock))
     clock.now_ms = 1_700_000_000_500  # the wall clock stepped back
     with Authority.open(path, clock=clock) as authority:
         assert (authority.open_report.mode, authority.open_report.redo_records) == ("clean", 0)  # nothing left to redo
