@@ -604,7 +604,7 @@ def read_file_capped(
 
     With ``missing_ok``, a missing file also reads as None; otherwise it raises ``StorageFailed``.
     With ``directory``, ``path`` is a name in it, read through its descriptor and never through a
-    symbolic link (``StorageFailed``, ``errno`` ``ELOOP``).
+    symbolic link (``StorageFailed``, ``errno`` ``ELOOP``, ``detail`` ``path`` the link).
     """
     path = store_path(path)
     shown = path if directory is None else directory.join(path)
@@ -619,6 +619,10 @@ def read_file_capped(
             return None
         raise translate(exc, context=f"reading {shown}") from None
     except OSError as exc:
+        if exc.errno == errno.ELOOP and directory is not None:
+            raise StorageFailed(
+                f"{shown} is a symbolic link; the store reads its own files only", errno=errno.ELOOP, path=shown
+            ) from None
         raise translate(exc, context=f"reading {shown}") from None
     if len(data) > bytes_max:
         return None

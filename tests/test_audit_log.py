@@ -914,3 +914,16 @@ def test_a_snapshot_with_another_head_hash_at_the_same_sequence_is_refused(log, 
         with pytest.raises(ArchiveInvalid) as info:
             verify_audit_log_against_snapshot(log, snapshot, provider, replay=replay)
         assert info.value.detail["check"] == "snapshot"
+
+
+def test_a_current_file_that_is_a_symbolic_link_is_refused_naming_it(tmp_path, provider):
+    """``CURRENT`` is read through the Organization directory's descriptor, never through a link:
+    one put in its place is ``STORAGE_FAILED`` (``ELOOP``) with ``detail`` ``path`` naming it, as
+    operations.md says, and the key it would have named is not used."""
+    provider.current_key("acme")
+    current = tmp_path / "org-keys" / "acme" / "CURRENT"
+    os.rename(current, tmp_path / "elsewhere")
+    os.symlink(tmp_path / "elsewhere", current)
+    with pytest.raises(StorageFailed) as caught:
+        provider.current_key("acme")
+    assert caught.value.detail["errno"] == errno.ELOOP and caught.value.detail["path"] == str(current)

@@ -830,7 +830,8 @@ def test_a_file_key_provider_org_directory_replaced_by_a_link_after_its_check_is
 def test_a_snapshot_is_never_reserved_through_a_link_below_the_store(tmp_path, linked):
     """``read_snapshot`` re-serves the store's own files (to agents restoring, to ``verify``): a
     link put in place of ``snapshots/<group>`` made it serve whatever the link named. It is
-    ``STORAGE_FAILED`` (``ELOOP``) naming the link; so is a link in place of the snapshot file."""
+    ``STORAGE_FAILED`` (``ELOOP``) naming the link in its message and in ``detail`` ``path``; so
+    is a link in place of the snapshot file."""
     import shutil
 
     with open_with_group(str(tmp_path / "s")) as authority:
@@ -844,6 +845,7 @@ def test_a_snapshot_is_never_reserved_through_a_link_below_the_store(tmp_path, l
         with pytest.raises(StorageFailed) as caught:
             authority.read_snapshot(ref)
         assert caught.value.detail["errno"] == errno.ELOOP and directory in str(caught.value)
+        assert caught.value.detail["path"] == directory
 
 
 def test_shred_never_deletes_through_a_link_in_place_of_the_org_directory(tmp_path):
