@@ -101,15 +101,13 @@ def open_directory_if_any(path: str) -> Iterator[Directory | None]:
     """:func:`open_directory`, or None if ``path`` does not exist."""
     path = os.path.abspath(store_path(path))
     try:
-        fd = os.open(path, _DIRECTORY_FLAGS)
+        directory = Directory(os.open(path, _DIRECTORY_FLAGS), path)
     except FileNotFoundError:
-        fd = -1
-    except OSError as exc:
-        raise translate(exc, context=f"opening {path}") from None
-    if fd < 0:
         yield None
         return
-    with Directory(fd, path) as directory:
+    except OSError as exc:
+        raise translate(exc, context=f"opening {path}") from None
+    with directory:
         yield directory
 
 
@@ -130,20 +128,16 @@ def open_below(
     missing, and with ``private_root`` it is checked and made private as the directories below."""
     root = os.path.abspath(store_path(root))
     try:
-        fd = os.open(root, _DIRECTORY_FLAGS)
+        current: Directory | None = Directory(os.open(root, _DIRECTORY_FLAGS), root)
     except FileNotFoundError:
         if not create:
-            raise
-        makedirs_durable(root, mode)
-        fd = -1
+            raise  # the caller says what a missing directory means
+        current = None
     except OSError as exc:
         raise translate(exc, context=f"opening {root}") from None
-    if fd < 0:
-        try:
-            fd = os.open(root, _DIRECTORY_FLAGS)
-        except OSError as exc:
-            raise translate(exc, context=f"opening {root}") from None
-    current = Directory(fd, root)
+    if current is None:
+        makedirs_durable(root, mode)
+        current = open_directory(root)
     try:
         if private_root:
             _check_private(current)
