@@ -36,6 +36,7 @@ from . import canonical, limits
 from .agent_store import AgentStore
 from .errors import OfflineRefused  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import InvalidCommand, LeaseMismatch, MwpError, Rejection
+from .leases import lease_is_live
 from .messages import Command, check_command, command_bytes
 from .registry import aggregate_key, kind_spec
 
@@ -183,7 +184,7 @@ class OfflineGuard:
         outage = self.outage()
         lease = self._held_lease(workitem)
         if outage is None:
-            if (not reversible or externally_visible) and (lease is None or not self._live(lease, now_ms)):
+            if (not reversible or externally_visible) and (lease is None or not lease_is_live(lease, now_ms)):
                 raise OfflineRefused(
                     f"an irreversible or externally visible operation on {workitem!r} needs a current lease",
                     reason="no_current_lease",
@@ -202,7 +203,7 @@ class OfflineGuard:
                 f"no lease on {workitem!r}: new work does not start while the Group service is unreachable",
                 reason="new_work",
             )
-        if not lease.get("started", True):
+        if not lease["started"]:
             # claimed but never started: not active work, and its start deadline may lapse unseen
             raise OfflineRefused(
                 f"the lease on {workitem!r} was never started: new work does not start while the Group service is unreachable",
@@ -410,21 +411,19 @@ class OfflineGuard:
         """The WorkItem's current lease if this agent holds it (per the projection), else None."""
         return _lease_held_by(self.agent.state(self.group, f"workitem:{workitem}"), self.agent_id)
 
-    @staticmethod
-    def _live(lease: dict[str, Any], now_ms: int) -> bool:
-        if now_ms >= lease["expires_at_ms"]:
-            return False
-        return bool(lease.get("started", True)) or now_ms < lease["start_by_ms"]
-
 
 def _lease_held_by(state: dict[str, Any] | None, agent_id: str) -> dict[str, Any] | None:
-    """The current lease in a WorkItem's mirrored ``state`` if ``agent_id`` holds it, else None."""
+    """The current lease in a WorkItem's mirrored ``state`` if ``agent_id`` holds it, else None.
+
+    The mirror keeps a lease as the Events carried it; one without ``started`` is taken as
+    started, so the returned copy always has the field that ``lease_is_live`` reads.
+    """
     if state is None or state.get("state") != "leased":
         return None
     lease = state.get("lease")
     if not lease or lease.get("agent") != agent_id:
         return None
-    return lease
+    return {**lease, "started": lease.get("started", True)}
 
 
 def _outcome(record: BufferedCommand) -> ReconnectOutcome:

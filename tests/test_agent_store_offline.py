@@ -8,6 +8,7 @@ Events reach the AgentStore through ``tx.apply``, as they would through delivery
 from __future__ import annotations
 
 import pytest
+from agent_store_support import ChainBuilder, apply_all, lease_record, workitem_state
 from blocking import Caller
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -442,6 +443,25 @@ def test_online_a_claimed_lease_past_its_start_deadline_is_not_current(setup):
     with pytest.raises(OfflineRefused) as info:
         setup.guard.permit("wi2", now_ms=lease["start_by_ms"], reversible=False)
     assert info.value.detail["reason"] == "no_current_lease"
+
+
+def test_a_mirrored_lease_without_a_started_field_counts_as_started(tmp_path):
+    """The mirror keeps a lease as its Events carried it; a lease without ``started`` (a chain made
+    by hand) is taken as started by the guard, online past its start-by time and offline alike."""
+    chain = ChainBuilder("g1")
+    lease = lease_record(AGENT, 1, now_ms=chain.now_ms)
+    chain.event("workitem.claim", "workitem:wi1",
+                {"workitem:wi1": workitem_state("m1", "leased", attempt=1, ownership_epoch=1, lease=lease)})
+    with AgentStore.open(tmp_path / "agent") as agent:
+        apply_all(agent, chain.events)
+        guard = OfflineGuard(agent, "g1", AGENT, grace_ms=GRACE_MS)
+        assert guard.permit("wi1", now_ms=lease["start_by_ms"], reversible=False) is None
+        with pytest.raises(OfflineRefused) as info:
+            guard.permit("wi1", now_ms=lease["expires_at_ms"], reversible=False)
+        assert info.value.detail["reason"] == "no_current_lease"
+        guard.service_unreachable(lease["start_by_ms"])
+        binding = guard.permit("wi1", now_ms=lease["start_by_ms"], reversible=True)
+        assert binding.lease_id == lease["lease_id"]
 
 
 def test_a_second_unreachable_report_keeps_the_outage_start(setup):
