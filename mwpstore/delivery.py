@@ -253,19 +253,19 @@ class Delivery:
                                    ("stalled_max", stalled_max, 1)):
             if type(value) is not int or value < least:
                 raise InvalidCommand(f"{name} must be an integer of at least {least}", field=name)
-        in_a_row = 0
-        stalled = 0
-        for _ in range(rounds_max):
+
+        def round_() -> tuple[int, int]:
             before = self.agent.cursor(group)
-            try:
-                count = self.pull_once(group)
-            except TransportDisconnected:
-                self.stats.disconnects += 1
-                in_a_row += 1
-                if in_a_row > reconnects_max:
-                    raise
-                continue
-            in_a_row = 0
+            return before, self.pull_once(group)
+
+        stalled = 0
+        rounds = 0
+        while rounds < rounds_max:
+            answer, calls = _reconnecting(round_, self.stats, reconnects_max, rounds_max - rounds)
+            rounds += calls
+            if answer is _GAVE_UP:
+                break  # every round left disconnected
+            before, count = answer
             if count == 0:
                 return self.agent.cursor(group)
             stalled = stalled + 1 if count != 0 and self.agent.cursor(group) == before else 0
@@ -303,13 +303,7 @@ def rebuild_group(
     try:
         # CURSOR_TOO_OLD here, while the Group is still whole; a disconnect is retried as
         # catch_up retries one (it reconnected the rebuild's every read before this one was added)
-        for in_a_row in range(RECONNECTS_MAX_DEFAULT + 1):
-            try:
-                source.read(group, after=0, limit=1)
-                break
-            except TransportDisconnected:
-                if in_a_row == RECONNECTS_MAX_DEFAULT:
-                    raise
+        _reconnecting(lambda: source.read(group, after=0, limit=1), delivery.stats, RECONNECTS_MAX_DEFAULT)
     except CursorTooOld as exc:
         # closed while the source was read: said so before the snapshot is fetched, as a
         # Delivery round's head() says it
@@ -324,6 +318,30 @@ def rebuild_group(
     else:
         agent.reset_group(group)
     return delivery.catch_up(group)
+
+
+_GAVE_UP: Any = object()
+"""What ``_reconnecting`` answers when its every call disconnected and none is left."""
+
+
+def _reconnecting(
+    call: Callable[[], Any], stats: DeliveryStats, reconnects_max: int, calls_max: int | None = None
+) -> tuple[Any, int]:
+    """Call ``call`` until it returns instead of raising ``TransportDisconnected``; return what it
+    returned and how many calls were made. Each disconnect is counted in ``stats``, and the one
+    after ``reconnects_max`` in a row is raised. After ``calls_max`` calls (None: no bound) that
+    all disconnected, the answer is ``_GAVE_UP``. The one reconnect loop of catch_up's rounds and
+    of rebuild_group's first read."""
+    calls = 0
+    while calls_max is None or calls < calls_max:
+        calls += 1
+        try:
+            return call(), calls
+        except TransportDisconnected:
+            stats.disconnects += 1
+            if calls > reconnects_max:
+                raise
+    return _GAVE_UP, calls
 
 
 def _floor_of(error: CursorTooOld) -> int | None:

@@ -539,6 +539,27 @@ def test_catch_up_gives_up_after_exactly_reconnects_max_reconnects_in_a_row(tmp_
     agent.close()
 
 
+def test_a_disconnected_round_is_one_of_catch_ups_rounds_max(tmp_path):
+    """``rounds_max`` bounds every round, disconnected ones too: catch_up stops after them and
+    returns the Cursor, though ``reconnects_max`` would allow more reconnects."""
+    reads = []
+
+    class DownAtFirst(ListSource):
+        def read(self, group, after=0, limit=1000):
+            reads.append(after)
+            if len(reads) <= 3:
+                raise TransportDisconnected("down")
+            return super().read(group, after, limit)
+
+    agent = AgentStore.open(tmp_path / "agent", map_size=MAP_BYTES)
+    assert deliver_batch(agent, "g-a", HISTORIES["g-a"][:2]) == 2
+    delivery = Delivery(agent, DownAtFirst(HISTORIES["g-a"]), batch_events=1)
+    assert delivery.catch_up("g-a", rounds_max=2, reconnects_max=10) == 2  # both rounds disconnected
+    assert delivery.catch_up("g-a", rounds_max=3, reconnects_max=10) == 4  # a reconnect and two batches
+    assert reads == [2, 2, 2, 2, 3] and delivery.stats.disconnects == 3
+    agent.close()
+
+
 def test_reconnects_max_counts_disconnects_in_a_row_only(tmp_path, clean_dump):
     """``reconnects_max`` bounds disconnects *in a row*: a source that drops every other read
     still gets the Group delivered with ``reconnects_max=1``, since each successful read resets
@@ -1093,7 +1114,8 @@ def test_rebuild_group_reconnects_a_disconnect_of_its_first_read(tmp_path):
     """rebuild_group's read before the reset is retried after a disconnect, as every read of the
     rebuild's catch-up is: that first read raised TransportDisconnected out of the rebuild, which
     a transport with disconnects then failed now and then. The Group stays whole until the read
-    succeeds, and after ``reconnects_max`` (1000) disconnects in a row the last is raised."""
+    succeeds (after 1000 disconnects in a row too), and the 1001st in a row, past
+    ``reconnects_max``, is raised."""
     history = HISTORIES["g-a"]
     agent = AgentStore.open(tmp_path / "agent", map_size=MAP_BYTES)
     assert deliver_batch(agent, "g-a", history) == len(history)
@@ -1110,8 +1132,9 @@ def test_rebuild_group_reconnects_a_disconnect_of_its_first_read(tmp_path):
                 raise TransportDisconnected("down")
             return super().read(group, after, limit)
 
-    assert rebuild_group(agent, Disconnecting(history, 3), "g-a") == len(history)
-    assert agent.projection_dump() == before
+    for disconnects in (3, 1000):
+        assert rebuild_group(agent, Disconnecting(history, disconnects), "g-a") == len(history)
+        assert agent.projection_dump() == before
     with pytest.raises(TransportDisconnected):
         rebuild_group(agent, Disconnecting(history, 1001), "g-a")
     assert agent.projection_dump() == before
