@@ -587,7 +587,10 @@ class AgentStore:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _check_open(self) -> None:
+    def check_open(self) -> None:
+        """Raise ``StoreClosed`` if this handle is closed, or belongs to the process it was forked
+        from; otherwise do nothing. For a caller that works elsewhere before it uses the store
+        (``delivery.rebuild_group`` reads the source and calls the snapshot callback first)."""
         if self._closed:
             raise StoreClosed("the agent store is closed; open it again")
         if self._fork_generation != _fork.generation:
@@ -597,7 +600,7 @@ class AgentStore:
 
     def begin(self) -> AgentTransaction:
         """Begin a local transaction: ``with agent.begin() as tx:`` commits on a clean exit."""
-        self._check_open()
+        self.check_open()
         if self._writer == threading.get_ident():
             raise InvalidCommand("a local transaction is already open in this thread", field="begin")
         self._write_lock.acquire()
@@ -904,7 +907,7 @@ class AgentStore:
         """``restore``; with ``replace`` (``delivery.rebuild_group``) the snapshot replaces the Group
         whatever is applied here, as a reset and a restore in one local commit: a refused snapshot
         leaves the Group as it was."""
-        self._check_open()
+        self.check_open()
         from .snapshot import verify_snapshot
 
         _check_group(group)

@@ -299,7 +299,7 @@ def rebuild_group(
     """
     delivery = Delivery(agent, source, batch_events=batch_events, restore_snapshot=restore_snapshot, org=org)
     canonical.check_id(group, "group")
-    agent._check_open()  # a closed store says so before the source is read or a snapshot fetched
+    agent.check_open()  # a closed store says so before the source is read or a snapshot fetched
     try:
         # CURSOR_TOO_OLD here, while the Group is still whole; a disconnect is retried as
         # catch_up retries one (it reconnected the rebuild's every read before this one was added)
@@ -307,7 +307,7 @@ def rebuild_group(
     except CursorTooOld as exc:
         # closed while the source was read: said so before the snapshot is fetched, as a
         # Delivery round's head() says it
-        agent._check_open()
+        agent.check_open()
         if restore_snapshot is None:
             raise
         # The snapshot replaces the Group in one local commit (reset and restore together): a

@@ -513,8 +513,9 @@ def test_a_handle_used_in_a_forked_child_is_store_closed_and_the_store_stays_int
         with agent.begin() as tx:
             tx.apply(events[1])
 
-    outcomes = in_a_forked_child([child_applies, lambda: agent.head(GROUP), lambda: agent.cursor(GROUP), agent.close])
-    assert outcomes == ["StoreClosed"] * 3 + ["ok"]  # close() in the child touches nothing
+    outcomes = in_a_forked_child([child_applies, lambda: agent.head(GROUP), lambda: agent.cursor(GROUP), agent.check_open,
+                                  agent.close])
+    assert outcomes == ["StoreClosed"] * 4 + ["ok"]  # close() in the child touches nothing
     assert agent.head(GROUP).applied_seq == 1
     apply_all(agent, events[1:3])
     assert agent.head(GROUP).applied_seq == agent.cursor(GROUP) == 3
@@ -529,7 +530,10 @@ def test_a_handle_used_in_a_forked_child_is_store_closed_and_the_store_stays_int
 
 def test_closed_store_refuses_use(tmp_path, events):
     agent = AgentStore.open(tmp_path / "a")
+    assert agent.check_open() is None
     agent.close()
+    with pytest.raises(StoreClosed):
+        agent.check_open()
     with pytest.raises(StoreClosed):
         agent.begin()
     with pytest.raises(StoreClosed):
