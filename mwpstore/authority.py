@@ -3011,8 +3011,10 @@ def _index_record(
         heads[group] = (seq, digest)
         # The Group's last Event, group.archive, left the log with the others: its time is the
         # Group aggregate's archived_at_ms, and the last acceptance time must not fall below it.
+        # _decode_group_record let through exactly one Effect of the Group aggregate, and its state
+        # a dict (the decoder's type: a dict or None; the check: not None)
         [marked] = [effect.state for effect in kept if effect.aggregate == f"group:{group}"]
-        archived_ms = marked.get("archived_at_ms") if isinstance(marked, dict) else None
+        archived_ms = marked.get("archived_at_ms")  # type: ignore[union-attr]
         if type(archived_ms) is int and last_ms[0] < archived_ms <= limits.TIME_MS_MAX:
             last_ms[0] = archived_ms
         for effect in kept:  # the first record of these keys in a compacted log

@@ -1088,6 +1088,7 @@ def _hostile_group_record(form: str) -> tuple[object, ...]:
     return {
         "first form, not marked compacted": ("ghost", 3, digest, 1, {"status": "archived"}),
         "second form, no Group aggregate": ("ghost", 3, digest, [Effect("member:o", 1, {"role": "owner"})]),
+        "second form, the Group aggregate removed": ("ghost", 3, digest, [Effect("group:ghost", 1, None)]),
         "second form, a WorkItem kept": (
             "ghost", 3, digest, [Effect("group:ghost", 1, {"compacted": True}), Effect("workitem:w", 1, {"lease": None})]
         ),
@@ -1108,6 +1109,7 @@ def _hostile_group_record(form: str) -> tuple[object, ...]:
     [
         ("first form, not marked compacted", "not a Group remainder compaction writes"),
         ("second form, no Group aggregate", "not a Group remainder compaction writes"),
+        ("second form, the Group aggregate removed", "not a Group remainder compaction writes"),
         ("second form, a WorkItem kept", "not a Group remainder compaction writes"),
         ("second form, the Group aggregate twice", "not a Group remainder compaction writes"),
         ("second form, a Membership twice", "not a Group remainder compaction writes"),
