@@ -124,6 +124,8 @@ class Index(SealedTables):
         try:
             if not readonly:
                 os.makedirs(directory, mode=0o755, exist_ok=True)  # as the store's other directories: 0777 under umask 0
+            # The writer's open ran check_before_open (and this check) on this directory just
+            # before; a read-only view, a rebuild's and verify's scratch index open only here.
             refuse_linked_files(directory, label=self.label)
             self.env = lmdb.open(
                 directory,
