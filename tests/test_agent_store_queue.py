@@ -18,6 +18,7 @@ from authority_helpers import record_unseals
 from mwpstore.agent_store import AgentStore
 from mwpstore.errors import AttemptsExhausted, BudgetExceeded, DeadlinePassed, InvalidState
 from mwpstore.registry import ENGINE_ACTOR
+from mwpstore.work_model import lapse_reason
 from work_model_support import CONTRACT, GROUP, Harness
 
 
@@ -81,6 +82,21 @@ def test_work_that_no_claim_can_take_is_not_listed(agent):
     assert listed(agent, deadline_ms) == ["ready"]
     assert not claimable(h, "deadline")
     assert claimable(h, "ready")
+
+
+def test_leased_work_whose_lease_lapsed_is_listed_only_once_lease_expire_arrives(agent):
+    """The queue changes only with Events (docs/agent-store.md, "Work queue"): a lapsed lease
+    leaves its WorkItem unlisted, though a claim would take it over, until the sweep's
+    ``lease.expire`` reaches the mirror."""
+    h = Harness().setup(workitems=("wi1",))
+    lease = h.claim_and_start("w1", "wi1")
+    h.advance(CONTRACT["lease_ms"])
+    sync(h, agent)
+    assert listed(agent, h.now_ms) == []
+    assert lapse_reason(h.lease("wi1"), h.now_ms) == "expired"  # a claim by w2 would take it over
+    h.accept(ENGINE_ACTOR, "lease.expire", "wi1", {"lease_id": lease["lease_id"]})
+    sync(h, agent)
+    assert listed(agent, h.now_ms) == ["wi1"]
 
 
 def test_work_of_a_closed_mission_is_not_listed(agent):
