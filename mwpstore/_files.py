@@ -246,16 +246,22 @@ def fsync_directory(directory: str | Directory) -> None:
     """fsync a directory so that a rename, link or unlink inside it is durable; ``StorageFailed``
     if it cannot be opened or synced. A :class:`Directory` is synced through its descriptor."""
     try:
-        if isinstance(directory, Directory):
-            os.fsync(directory.fd)
-            return
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_directory_raw(directory)
     except OSError as exc:
         raise translate(exc, context=f"syncing the directory {directory}") from None
+
+
+def fsync_directory_raw(directory: str | Directory) -> None:
+    """:func:`fsync_directory` with the ``OSError`` as it is, for a caller that handles or types
+    it itself (the log's clean marker, compaction's steps, the index's rebuild)."""
+    if isinstance(directory, Directory):
+        os.fsync(directory.fd)
+        return
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)  # O_CLOEXEC: Python adds it to every open
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _temp_name(name: str) -> str:

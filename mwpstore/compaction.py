@@ -42,6 +42,7 @@ import blake3
 import msgspec
 
 from . import failpoints
+from ._files import fsync_directory_raw as _fsync_directory  # a module name the tests replace
 from ._files import open_regular, write_all
 from .errors import MwpError, StorageFailed, translate
 from .messages import Effect, decode_event, encode_event, encode_receipt, receipt_for
@@ -68,14 +69,6 @@ class CompactionReport:
     events_dropped: int
     groups_compacted: list[str]
     seconds: float
-
-
-def _fsync_directory(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _log_bytes(directory: str) -> int:

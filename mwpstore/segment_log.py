@@ -37,6 +37,10 @@ from typing import Any
 
 from mwpstore import _fork
 from mwpstore._files import makedirs_durable, open_regular_fd, store_path, take_lock_file
+
+# The directory fsync for the clean-close marker, outside the I/O seam: the marker only ever saves
+# a scan, so a simulated power loss that forgets it loses nothing. A module name the tests replace.
+from mwpstore._files import fsync_directory_raw as _fsync_directory
 from mwpstore._segment_log_c import ffi, lib
 from mwpstore.errors import (
     Corruption,
@@ -159,16 +163,6 @@ def check_segment_bytes(segment_bytes: object) -> int:
             field="segment_bytes",
         )
     return segment_bytes
-
-
-def _fsync_directory(directory: str) -> None:
-    """Directory fsync for the clean-close marker (outside the I/O seam: the marker only ever
-    saves a scan, so a simulated power loss that forgets it loses nothing)."""
-    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def segment_file_name(first_position: int) -> str:
