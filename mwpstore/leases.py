@@ -207,11 +207,7 @@ def _member_leases(changes: Changes, agent: str, workitem_id: str, *, holding: b
 
 def grant_lease(changes: Changes, workitem_id: str, lease: dict[str, Any]) -> dict[str, Any]:
     """Make ``lease`` the WorkItem's current lease (dropping any lapsed one it replaces)."""
-    item = changes.edit(workitem_key(workitem_id))
-    assert item is not None
-    previous = item["lease"]
-    if previous is not None:
-        _member_leases(changes, previous["agent"], workitem_id, holding=False)
+    item = drop_lease(changes, workitem_id)
     item["lease"] = lease
     _member_leases(changes, lease["agent"], workitem_id, holding=True)
     return item
