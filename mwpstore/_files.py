@@ -145,8 +145,10 @@ def open_below(
             child = open_child(
                 current, name, mode=mode, create=create, private=private, sync=sync, keys=keys, wanted=os.path.join(root, relative)
             )
-            current.close()
-            current = child
+            # the child held first: an interrupt as the parent's close returns must find it in
+            # ``current``, for the handler below to close, not only in this loop's variable
+            current, parent = child, current
+            parent.close()
         return current
     except BaseException:
         current.close()

@@ -952,6 +952,30 @@ def test_a_refusal_on_the_way_down_holds_no_directory_open(tmp_path, refusal):
         assert len(os.listdir("/proc/self/fd")) == held
 
 
+@pytest.mark.parametrize("interrupted", [1, 2], ids=["first-parent", "second-parent"])
+def test_an_interrupt_as_a_parent_directory_closes_on_the_way_down_holds_nothing_open(tmp_path, monkeypatch, interrupted):
+    """``open_below`` closes each directory once its child is open. An interrupt arriving as that
+    close returns (the descriptor closed, then KeyboardInterrupt) closes the child too: it used to
+    be left open, known only to the loop, for as long as the process lived."""
+    from authority_helpers import store_files_held
+
+    (tmp_path / "root" / "a" / "b").mkdir(parents=True)
+    real_close = os.close
+    closes = []
+
+    def close(fd: int) -> None:
+        real_close(fd)
+        closes.append(fd)
+        if len(closes) == interrupted:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "close", close)
+    with pytest.raises(KeyboardInterrupt):
+        _files.open_below(str(tmp_path / "root"), "a/b", create=False)
+    monkeypatch.undo()
+    assert store_files_held(str(tmp_path / "root")) == []
+
+
 def test_a_store_whose_archive_directory_is_a_link_opens_and_deletes_nothing_through_it(tmp_path):
     """The open's finishing of audit-log deletions passes over ``archive/`` as a symbolic link
     (left for an open once it is a directory again): the store opens, and what the link names,
