@@ -410,16 +410,6 @@ def take_lock_file(path: str, locked: Callable[[], MwpError], *, what: str) -> i
     return fd
 
 
-def create_secret_file(path: str, data: bytes) -> bool:
-    """Publish ``data`` at ``path`` (mode 0600) unless a file is already there: :func:`create_secret_at`
-    in the directory of ``path`` (the caller's path: it may be reached through links)."""
-    path = store_path(path)
-    _check_data(data)
-    parent, name = os.path.split(os.path.abspath(path))
-    with open_directory(parent, context=f"creating {path}") as directory:
-        return create_secret_at(directory, name, data)
-
-
 def create_secret_at(directory: Directory, name: str, data: bytes) -> bool:
     """Publish ``data`` as ``name`` in ``directory`` (mode 0600) unless a file is already there.
 
@@ -452,17 +442,10 @@ def create_secret_at(directory: Directory, name: str, data: bytes) -> bool:
         raise
 
 
-def remove_with_temp_copies(path: str) -> bool:
-    """Delete ``path`` and the temporary copies ``create_secret_file`` may have left of it (a kill
-    between its ``link`` and its ``unlink``), durably. True if anything was removed."""
-    path = store_path(path)
-    parent, name = os.path.split(os.path.abspath(path))
-    with open_directory(parent, context=f"removing {path}") as directory:
-        return remove_with_temp_copies_at(directory, name)
-
-
 def remove_with_temp_copies_at(directory: Directory, name: str) -> bool:
-    """:func:`remove_with_temp_copies` of ``name`` in ``directory``, through its descriptor."""
+    """Delete ``name`` in ``directory`` and the temporary copies :func:`create_secret_at` may have
+    left of it (a kill between its ``link`` and its ``unlink``), durably and through the
+    directory's descriptor. True if anything was removed."""
     return _remove_durably(directory, name, keep=False)
 
 
@@ -539,15 +522,6 @@ def open_regular(path: str, *, directory: Directory | None = None) -> io.Buffere
     except BaseException:
         os.close(fd)
         raise
-
-
-def read_secret_file(path: str, size: int) -> bytes | None:
-    """:func:`read_secret_at` of ``path`` in its directory (the caller's path: it may be reached
-    through links); None if the file or its directory does not exist."""
-    path = store_path(path)
-    parent, name = os.path.split(os.path.abspath(path))
-    with open_directory_if_any(parent) as directory:
-        return None if directory is None else read_secret_at(directory, name, size)
 
 
 def read_secret_at(directory: Directory, name: str, size: int) -> bytes | None:

@@ -321,7 +321,7 @@ def test_shred_deletes_the_key_and_the_copies_an_interrupted_write_left(tmp_path
     key_id = read_audit_log_header(log)["key_id"]
     directory = tmp_path / "org-keys" / "acme"
     key_file = directory / f"{key_id}.key"
-    # What a kill between create_secret_file's link and its unlink leaves: a second 0600 copy.
+    # What a kill between create_secret_at's link and its unlink leaves: a second 0600 copy.
     leftover = directory / f".{key_id}.key.0123456789abcdef.tmp"
     leftover.write_bytes(key_file.read_bytes())
     unrelated = directory / ".ffffffffffffffff.key.0123456789abcdef.tmp"
@@ -348,7 +348,7 @@ def test_shred_refuses_a_key_file_with_another_hard_link_and_deletes_nothing(tmp
     directory = tmp_path / "org-keys" / "acme"
     key_file = directory / f"{key_id}.key"
     leftover = directory / f".{key_id}.key.0123456789abcdef.tmp"
-    os.link(key_file, leftover)  # as create_secret_file killed between its link and its unlink left it
+    os.link(key_file, leftover)  # as create_secret_at killed between its link and its unlink left it
     elsewhere = tmp_path / "copy-of-the-key"
     os.link(key_file, elsewhere)
     with pytest.raises(KeyFileInvalid) as caught:

@@ -90,8 +90,8 @@ def test_file_contents_that_are_not_bytes_leave_no_temporary_file(tmp_path):
     for contents in ("text", None, 5):
         with pytest.raises(InvalidCommand):
             write_snapshot_file(str(tmp_path / "s.snap"), contents)
-        with pytest.raises(InvalidCommand):
-            _files.create_secret_file(str(tmp_path / "k.key"), contents)
+        with pytest.raises(InvalidCommand), _files.open_directory(str(tmp_path)) as directory:
+            _files.create_secret_at(directory, "k.key", contents)
     assert os.listdir(tmp_path) == [] or os.listdir(tmp_path) == ["bounds-log"]
 
 
@@ -231,7 +231,7 @@ def test_fsync_directory_fsyncs_the_directory_itself(tmp_path, fsynced):
 
 @pytest.mark.parametrize("write", ["atomic", "secret"])
 def test_file_contents_are_fsynced_before_publishing_and_the_directory_after(tmp_path, fsynced, synced_directories, write):
-    """``write_file_atomic`` and ``create_secret_file`` fsync the file's own descriptor (the
+    """``write_file_atomic`` and ``create_secret_at`` fsync the file's own descriptor (the
     published name keeps the inode, so its identity is among the synced ones) and then fsync the
     directory holding the new name."""
     directory = tmp_path / "d"
@@ -240,7 +240,8 @@ def test_file_contents_are_fsynced_before_publishing_and_the_directory_after(tmp
     if write == "atomic":
         _files.write_file_atomic(str(path), b"contents")
     else:
-        assert _files.create_secret_file(str(path), b"contents") is True
+        with _files.open_directory(str(directory)) as held:
+            assert _files.create_secret_at(held, "f", b"contents") is True
     assert path.read_bytes() == b"contents"
     assert _identity(path) in fsynced, "the file's data was never fsynced"
     assert str(directory) in synced_directories, "the directory holding the new name was never fsynced"
@@ -258,7 +259,8 @@ def test_short_writes_are_continued_until_every_byte_is_written(tmp_path, monkey
     if write == "atomic":
         _files.write_file_atomic(str(path), contents)
     else:
-        _files.create_secret_file(str(path), contents)
+        with _files.open_directory(str(tmp_path)) as directory:
+            _files.create_secret_at(directory, "f", contents)
     monkeypatch.undo()
     assert path.read_bytes() == contents
 
@@ -266,7 +268,7 @@ def test_short_writes_are_continued_until_every_byte_is_written(tmp_path, monkey
 @pytest.mark.parametrize("write", ["atomic", "secret"])
 def test_the_temporary_file_lives_beside_the_target(tmp_path, monkeypatch, write):
     """The temporary name is in the target's own directory (same file system, so the final
-    rename or link is atomic, and ``remove_with_temp_copies`` finds a copy left there), whatever
+    rename or link is atomic, and ``remove_with_temp_copies_at`` finds a copy left there), whatever
     the working directory is."""
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
@@ -289,7 +291,8 @@ def test_the_temporary_file_lives_beside_the_target(tmp_path, monkeypatch, write
     if write == "atomic":
         _files.write_file_atomic(str(target / "f"), b"x")
     else:
-        _files.create_secret_file(str(target / "f"), b"x")
+        with _files.open_directory(str(target)) as directory:
+            _files.create_secret_at(directory, "f", b"x")
     monkeypatch.undo()
     assert len(published) == 1 and published[0][0].startswith(".f.") and published[0][1] == _identity(target)
     assert os.listdir(elsewhere) == []
@@ -340,13 +343,14 @@ def test_a_store_path_under_a_file_names_the_file_in_the_way(tmp_path, opener):
 
 
 def test_a_secret_file_is_mode_0600_whatever_the_umask(tmp_path):
-    """A umask may remove bits from the mode ``open`` is given: ``create_secret_file`` sets 0600
+    """A umask may remove bits from the mode ``open`` is given: ``create_secret_at`` sets 0600
     exactly, so an owner-only umask such as 0o277 still leaves the owner able to write it."""
     import stat
 
     previous = os.umask(0o277)
     try:
-        _files.create_secret_file(str(tmp_path / "k.key"), b"k" * 32)
+        with _files.open_directory(str(tmp_path)) as directory:
+            _files.create_secret_at(directory, "k.key", b"k" * 32)
     finally:
         os.umask(previous)
     assert stat.S_IMODE(os.stat(tmp_path / "k.key").st_mode) == 0o600
@@ -487,7 +491,7 @@ def test_a_store_directory_that_is_a_symbolic_link_is_not_written_through(tmp_pa
 
 
 def test_removing_a_secret_removes_only_its_own_temporary_copies_and_syncs(tmp_path, synced_directories):
-    """``remove_with_temp_copies`` deletes the file and ``.<name>.<16 hex>.tmp`` copies, durably
+    """``remove_with_temp_copies_at`` deletes the file and ``.<name>.<16 hex>.tmp`` copies, durably
     (the directory is fsynced), and nothing else: not a name that merely starts like a copy, nor
     one where the dots of the file's name are other characters."""
     directory = tmp_path / "d"
@@ -498,13 +502,14 @@ def test_removing_a_secret_removes_only_its_own_temporary_copies_and_syncs(tmp_p
     keep = [f".{name}.0123456789abcdef.tmpx", ".k1Xkey.0123456789abcdef.tmp", f".{name}.0123456789abcdef.tmp.bak"]
     for other in keep:
         (directory / other).write_bytes(b"not a copy")
-    assert _files.remove_with_temp_copies(str(directory / name)) is True
-    assert sorted(os.listdir(directory)) == sorted(keep)
-    assert str(directory) in synced_directories
-    assert _files.remove_with_temp_copies(str(directory / name)) is False
-    (directory / name).mkdir()  # a directory under the file's own name is no file to delete: said so
-    with pytest.raises(StorageFailed) as caught:
-        _files.remove_with_temp_copies(str(directory / name))
+    with _files.open_directory(str(directory)) as held:
+        assert _files.remove_with_temp_copies_at(held, name) is True
+        assert sorted(os.listdir(directory)) == sorted(keep)
+        assert str(directory) in synced_directories
+        assert _files.remove_with_temp_copies_at(held, name) is False
+        (directory / name).mkdir()  # a directory under the file's own name is no file to delete: said so
+        with pytest.raises(StorageFailed) as caught:
+            _files.remove_with_temp_copies_at(held, name)
     assert caught.value.detail["errno"] == errno.EISDIR and (directory / name).is_dir()
 
 
@@ -529,13 +534,13 @@ def test_a_key_file_owned_by_another_user_is_refused(tmp_path, monkeypatch):
     with reason ``owner`` (shown by letting the process claim another user id)."""
     from mwpstore.errors import KeyFileInvalid
 
-    path = tmp_path / "k.key"
-    _files.create_secret_file(str(path), b"k" * 32)
-    assert _files.read_secret_file(str(path), 32) == b"k" * 32
-    real = os.geteuid()
-    monkeypatch.setattr(os, "geteuid", lambda: real + 1)
-    with pytest.raises(KeyFileInvalid) as caught:
-        _files.read_secret_file(str(path), 32)
+    with _files.open_directory(str(tmp_path)) as directory:
+        _files.create_secret_at(directory, "k.key", b"k" * 32)
+        assert _files.read_secret_at(directory, "k.key", 32) == b"k" * 32
+        real = os.geteuid()
+        monkeypatch.setattr(os, "geteuid", lambda: real + 1)
+        with pytest.raises(KeyFileInvalid) as caught:
+            _files.read_secret_at(directory, "k.key", 32)
     assert caught.value.detail["reason"] == "owner"
 
 
@@ -543,10 +548,10 @@ def test_a_key_file_too_large_names_its_size(tmp_path):
     """A key file with more bytes than a key is refused up front, with its size in the error."""
     from mwpstore.errors import KeyFileInvalid
 
-    path = tmp_path / "k.key"
-    _files.create_secret_file(str(path), b"k" * 33)
-    with pytest.raises(KeyFileInvalid) as caught:
-        _files.read_secret_file(str(path), 32)
+    with _files.open_directory(str(tmp_path)) as directory:
+        _files.create_secret_at(directory, "k.key", b"k" * 33)
+        with pytest.raises(KeyFileInvalid) as caught:
+            _files.read_secret_at(directory, "k.key", 32)
     assert caught.value.detail["reason"] == "size" and caught.value.detail["size"] == 33
 
 
@@ -555,8 +560,8 @@ def test_a_file_growing_between_stat_and_read_is_not_taken_truncated(tmp_path, m
     (shown by an ``fstat`` reporting the old size) is refused, not returned cut to size."""
     from mwpstore.errors import KeyFileInvalid
 
-    secret = tmp_path / "k.key"
-    _files.create_secret_file(str(secret), b"k" * 33)
+    directory = _files.open_directory(str(tmp_path))
+    _files.create_secret_at(directory, "k.key", b"k" * 33)
     capped = tmp_path / "c"
     capped.write_bytes(b"c" * 11)
     real_fstat = os.fstat
@@ -567,8 +572,8 @@ def test_a_file_growing_between_stat_and_read_is_not_taken_truncated(tmp_path, m
                                info.st_atime, info.st_mtime, info.st_ctime))
 
     monkeypatch.setattr(os, "fstat", stale)
-    with pytest.raises(KeyFileInvalid) as caught:
-        _files.read_secret_file(str(secret), 32)
+    with directory, pytest.raises(KeyFileInvalid) as caught:
+        _files.read_secret_at(directory, "k.key", 32)
     assert caught.value.detail["reason"] == "size"
     assert _files.read_file_capped(str(capped), 10) is None
 
@@ -602,7 +607,8 @@ def test_an_interrupted_write_leaves_no_temporary_copy(tmp_path, monkeypatch, wr
         if write == "atomic":
             _files.write_file_atomic(str(directory / "f"), b"secret seed")
         else:
-            _files.create_secret_file(str(directory / "f"), b"secret seed")
+            with _files.open_directory(str(directory)) as held:
+                _files.create_secret_at(held, "f", b"secret seed")
     monkeypatch.undo()
     assert os.listdir(directory) == []
 

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from blocking import outcome_within
 from mwpstore import limits
-from mwpstore._files import KeyFileInvalid, create_secret_file
+from mwpstore._files import KeyFileInvalid, create_secret_at, open_directory
 from mwpstore.errors import InvalidCommand, SnapshotInvalid, StorageFailed
 from mwpstore.messages import ZERO_HASH, Command, Effect
 from mwpstore.registry import MemoryGroup
@@ -412,10 +412,10 @@ def test_signing_key_symlink_is_refused(tmp_path):
 
 
 def test_secret_file_creation_never_replaces_an_existing_key(tmp_path):
-    path = str(tmp_path / "k.key")
-    assert create_secret_file(path, b"A" * 32) is True
-    assert create_secret_file(path, b"B" * 32) is False
-    assert open(path, "rb").read() == b"A" * 32
+    with open_directory(str(tmp_path)) as directory:
+        assert create_secret_at(directory, "k.key", b"A" * 32) is True
+        assert create_secret_at(directory, "k.key", b"B" * 32) is False
+    assert (tmp_path / "k.key").read_bytes() == b"A" * 32
     assert os.listdir(tmp_path) == ["k.key"]
 
 
