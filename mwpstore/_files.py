@@ -125,8 +125,13 @@ def open_below(
     """``<root>/<relative>`` as a :class:`Directory`, reached from ``root`` one name at a time with
     ``O_NOFOLLOW`` (:func:`open_child`, which says what each option does). ``root`` itself is the
     caller's path and may be reached through links; with ``create`` it is made (``mode``) if
-    missing, and with ``private_root`` it is checked and made private as the directories below."""
+    missing, and with ``private_root`` it is checked and made private as the directories below.
+    A name ``.`` or ``..`` in ``relative`` is ``InvalidCommand`` (field ``relative``) before
+    anything is opened: the walk never leaves the directories below ``root``."""
     root = os.path.abspath(store_path(root))
+    names = relative.split("/") if relative else []
+    for name in names:
+        _check_name(name, relative)
     try:
         current: Directory | None = Directory(os.open(root, _DIRECTORY_FLAGS), root)
     except FileNotFoundError:
@@ -141,7 +146,7 @@ def open_below(
     try:
         if private_root:
             _check_private(current)
-        for name in relative.split("/") if relative else ():
+        for name in names:
             child = open_child(
                 current, name, mode=mode, create=create, private=private, sync=sync, keys=keys, wanted=os.path.join(root, relative)
             )
@@ -176,7 +181,9 @@ def open_child(
     ``StorageFailed`` (``EEXIST``) naming it. With ``private`` the directory must be this user's
     (else ``KeyFileInvalid`` reason ``owner``) and is set to 0700 through its descriptor if it
     grants anything to group or others. With ``keys`` (the default: ``private``) a link or a
-    file there is ``KeyFileInvalid`` (reason ``type``) instead."""
+    file there is ``KeyFileInvalid`` (reason ``type``) instead. ``name`` ``.`` or ``..`` is
+    ``InvalidCommand`` (field ``relative``)."""
+    _check_name(name, name)
     keys = private if keys is None else keys
     path = parent.join(name)
     made = False
@@ -210,6 +217,14 @@ def open_child(
         child.close()
         raise
     return child
+
+
+def _check_name(name: str, relative: str) -> None:
+    """``InvalidCommand`` (field ``relative``) for ``.`` or ``..`` among the names walked down:
+    the walk goes from the store down only, and either would open a directory at or above the
+    one it stands in."""
+    if name in (".", ".."):
+        raise InvalidCommand(f"{relative!r}: a directory below the store is named without '.' or '..'", field="relative")
 
 
 def _not_a_directory(parent: Directory, name: str, *, keys: bool, wanted: str) -> MwpError:

@@ -982,6 +982,30 @@ def test_an_interrupt_as_a_parent_directory_closes_on_the_way_down_holds_nothing
     assert store_files_held(str(tmp_path / "root")) == []
 
 
+@pytest.mark.parametrize("relative", [".", "..", "a/..", "a/../..", "./a", "a/."])
+def test_the_walk_down_refuses_a_name_that_is_no_step_down(tmp_path, relative):
+    """``open_below`` walks from its root down only: a name ``.`` or ``..`` (it used to open the
+    directory it stood in, or walk up to its parent) is ``InvalidCommand`` (field ``relative``),
+    before anything is opened or made; ``open_child`` given one refuses it the same way."""
+    from authority_helpers import store_files_held
+
+    base = tmp_path / "base"  # tmp_path holds the autouse fixture's log
+    root = base / "root"
+    (root / "a").mkdir(parents=True)
+    for create in (True, False):
+        with pytest.raises(InvalidCommand) as caught:
+            _files.open_below(str(base / "new"), relative, create=create)
+        assert caught.value.detail["field"] == "relative"
+        with pytest.raises(InvalidCommand):
+            _files.open_below(str(root), relative, create=create)
+    with _files.open_directory(str(root)) as held:
+        for name in (".", ".."):
+            with pytest.raises(InvalidCommand):
+                _files.open_child(held, name)
+    assert os.listdir(base) == ["root"] and os.listdir(root) == ["a"]
+    assert store_files_held(str(base)) == []
+
+
 def test_a_store_whose_archive_directory_is_a_link_opens_and_deletes_nothing_through_it(tmp_path):
     """The open's finishing of audit-log deletions passes over ``archive/`` as a symbolic link
     (left for an open once it is a directory again): the store opens, and what the link names,
