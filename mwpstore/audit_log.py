@@ -23,6 +23,7 @@ Command line (documented in ``docs/format/archive.md``)::
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import secrets
@@ -258,20 +259,29 @@ class FileKeyProvider:
         return key_id
 
 
+_NO_KEY_FILE_TO_HOLD = (errno.ENOENT, errno.ELOOP, errno.ENXIO, errno.EACCES, errno.EPERM)
+"""What the open of a key's name says when there is no key file to hold: missing, a link, a
+socket, or a file this user may not read."""
+
+
 def _open_key_file(directory: Directory, name: str) -> int | None:
     """A descriptor of the regular file ``name`` in ``directory``, never through a link and never
-    waiting; None when there is none (missing, a link, anything else)."""
+    waiting; None when there is none (missing, a link, anything else). Any other failure (``EIO``,
+    ``EMFILE``…) is ``StorageFailed``: taken as no file, it let the shred delete the key and
+    report it gone without the check for links made meanwhile that the descriptor serves."""
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=directory.fd)
-    except OSError:
-        return None
+    except OSError as exc:
+        if exc.errno in _NO_KEY_FILE_TO_HOLD:
+            return None
+        raise translate(exc, context=f"shredding {directory.join(name)}") from None
     try:
         if stat.S_ISREG(os.fstat(fd).st_mode):
             return fd
-    except OSError:
-        pass
-    except BaseException:
+    except BaseException as exc:
         os.close(fd)  # an interrupt too: a descriptor of the key held past the shred would keep it readable
+        if isinstance(exc, OSError):
+            raise translate(exc, context=f"shredding {directory.join(name)}") from None
         raise
     os.close(fd)
     return None

@@ -410,6 +410,31 @@ def test_shred_interrupted_as_it_checks_the_key_file_holds_no_descriptor_of_it(t
     assert provider.shred("acme", key_id) is True and not key_file.exists()
 
 
+@pytest.mark.parametrize("call, code", [("open", errno.EMFILE), ("open", errno.EIO), ("fstat", errno.EIO)])
+def test_shred_that_cannot_hold_the_key_file_open_deletes_nothing(tmp_path, provider, log, monkeypatch, call, code):
+    """The key file held open across the deletion is what tells a hard link made meanwhile. An
+    open or fstat of it that fails for another reason than "no such file" (too many open files,
+    an I/O error) is ``StorageFailed`` before anything is deleted: it used to be taken as no key
+    file, so the shred deleted the key and said True without that check. Run again, it goes
+    through."""
+    key_id = read_audit_log_header(log)["key_id"]
+    key_file = tmp_path / "org-keys" / "acme" / f"{key_id}.key"
+    real = getattr(os, call)
+
+    def failing(*args, **kwargs):
+        if call == "open" and args[0] == key_file.name or call == "fstat" and os.readlink(f"/proc/self/fd/{args[0]}") == str(key_file):
+            raise OSError(code, os.strerror(code))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(os, call, failing)
+    with pytest.raises(StorageFailed) as caught:
+        provider.shred("acme", key_id)
+    monkeypatch.undo()
+    assert caught.value.detail["errno"] == code
+    assert store_files_held(str(tmp_path)) == [] and provider.key_for("acme", key_id)
+    assert provider.shred("acme", key_id) is True and not key_file.exists()
+
+
 def test_shred_does_not_wait_on_a_fifo_at_a_keys_name(tmp_path, provider):
     """Holding the key file open across the deletion must not wait: a FIFO at the key's name (no
     key) is removed as any other file there, at once."""
