@@ -435,6 +435,47 @@ def test_shred_that_cannot_hold_the_key_file_open_deletes_nothing(tmp_path, prov
     assert provider.shred("acme", key_id) is True and not key_file.exists()
 
 
+@pytest.mark.parametrize("what", ["link", "socket", "EACCES", "EPERM"])
+def test_shred_removes_a_name_it_cannot_hold_as_a_key_file(tmp_path, provider, monkeypatch, what):
+    """What at a key's name gives no key file to hold across the deletion (a symbolic link, a
+    socket, or an open refused by permissions) is removed like any file there, and the shred says
+    True: a link goes and what it names stays."""
+    import socket
+
+    provider.current_key("acme")
+    directory = tmp_path / "org-keys" / "acme"
+    name = f"{'ab' * 8}.key"
+    elsewhere = tmp_path / "elsewhere.key"
+    elsewhere.write_bytes(b"k" * 32)
+    held = None
+    if what == "link":
+        os.symlink(elsewhere, directory / name)
+    elif what == "socket":
+        monkeypatch.chdir(directory)  # a socket's path is bounded (108 bytes): bound by its name here
+        held = socket.socket(socket.AF_UNIX)
+        held.bind(name)
+    else:
+        os.link(elsewhere, directory / name)
+        os.remove(elsewhere)
+        real = os.open
+        code = getattr(errno, what)
+
+        def refused(path, flags, *args, **kwargs):
+            if path == name and "dir_fd" in kwargs:
+                raise OSError(code, os.strerror(code))
+            return real(path, flags, *args, **kwargs)
+
+        monkeypatch.setattr(os, "open", refused)
+    try:
+        assert provider.shred("acme", "ab" * 8) is True
+    finally:
+        if held is not None:
+            held.close()
+    monkeypatch.undo()
+    assert not os.path.lexists(directory / name)
+    assert elsewhere.exists() == (what in ("link", "socket"))
+
+
 def test_shred_does_not_wait_on_a_fifo_at_a_keys_name(tmp_path, provider):
     """Holding the key file open across the deletion must not wait: a FIFO at the key's name (no
     key) is removed as any other file there, at once."""
