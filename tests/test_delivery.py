@@ -1071,6 +1071,47 @@ def test_rebuild_group_of_a_closed_store_reads_nothing_and_fetches_nothing(tmp_p
     reopened.close()
 
 
+@pytest.mark.parametrize("floored", [False, True], ids=["from-the-first-event", "from-a-snapshot"])
+@pytest.mark.parametrize("closed", ["agent in the catch-up", "source at the first read", "source in the catch-up"])
+def test_rebuild_group_closed_after_its_first_read_ends_in_store_closed_with_whole_commits(tmp_path, floored, closed):
+    """The AgentStore closed during the catch-up that follows the reset or the restore, or a
+    source that says ``StoreClosed`` of its own (the Authority closed): one ``StoreClosed``, no
+    local transaction or lock left, and the Group as each commit left it whole: as it was (a
+    refusal at the first read), or reset or restored with nothing of the catch-up applied."""
+    from mwpstore.errors import StoreClosed
+    from mwpstore.snapshot import SigningKey
+
+    signer = SigningKey.generate()
+    history = HISTORIES["g-a"]
+    at_floor = _snapshot_of(history, 15, signer)
+    agent = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    assert deliver_batch(agent, "g-a", history[:10]) == 10
+    before = agent.projection_dump()
+    reads: list = []
+
+    class Closing(FlooredSource):
+        def read(self, group, after=0, limit=1000):
+            reads.append(after)
+            if len(reads) == (1 if closed == "source at the first read" else 2):
+                if closed.startswith("source"):
+                    raise StoreClosed("the authority is closed")
+                agent.close()
+            return super().read(group, after, limit)
+
+    with pytest.raises(StoreClosed):
+        rebuild_group(agent, Closing(ALL_EVENTS, 15 if floored else 0, at_floor), "g-a", org="org-1",
+                      restore_snapshot=lambda error: at_floor)
+    assert agent._writer is None and agent._write_lock.acquire(blocking=False)
+    agent._write_lock.release()
+    agent.close()
+    reopened = AgentStore.open(tmp_path / "agent", trusted_keys=[signer.public_key], map_size=MAP_BYTES)
+    if closed == "source at the first read":
+        assert reopened.projection_dump() == before
+    else:
+        assert reopened.cursor("g-a") == (15 if floored else 0) and reopened.head("g-a").applied_seq == reopened.cursor("g-a")
+    reopened.close()
+
+
 @pytest.mark.parametrize("where", ["callback", "hook"])
 def test_rebuild_group_interrupted_in_its_restore_leaves_the_group_as_it_was(tmp_path, where):
     """A KeyboardInterrupt from the snapshot callback, or from an application projection's
