@@ -290,12 +290,44 @@ def test_only_temporary_files_of_the_signing_key_are_removed_at_open(tmp_path, s
     removed = os.path.join(keys, ".snapshot-signing.key.0123456789abcdef.tmp")
     with open(removed, "wb") as file:
         file.write(b"s" * 32)
+    # a copy's name held by a link to a file outside, or by a FIFO: the name goes, what a link
+    # names stays, and nothing waits on the FIFO
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"not the store's")
+    as_link = os.path.join(keys, ".snapshot-signing.key.1111111111111111.tmp")
+    os.symlink(outside, as_link)
+    as_fifo = os.path.join(keys, ".snapshot-signing.key.2222222222222222.tmp")
+    os.mkfifo(as_fifo)
     synced_directories.clear()
     with Authority.open(path):
-        assert not os.path.exists(removed)
+        assert not any(os.path.lexists(name) for name in (removed, as_link, as_fifo))
+        assert outside.read_bytes() == b"not the store's"
         assert os.path.abspath(keys) in synced_directories
         assert all(os.path.exists(os.path.join(keys, name)) for name in kept)
         assert os.path.isdir(os.path.join(keys, ".snapshot-signing.key.fedcba9876543210.tmp"))
+
+
+@pytest.mark.parametrize("obstacle", ["fifo", "file"])
+def test_a_fifo_or_a_file_in_place_of_the_key_directory_is_left_to_the_keys_use(tmp_path, obstacle):
+    """The open's sweep of the signing key's temporary copies passes over ``keys/`` that is a FIFO
+    or a file (it neither waits on the FIFO nor removes anything): the open goes through, and the
+    key's first use refuses it (``KEY_FILE_INVALID`` reason ``type``, naming ``keys``)."""
+    from blocking import outcome_within
+
+    path = str(tmp_path / "s")
+    open_with_group(path).close()
+    keys = os.path.join(path, "keys")
+    if obstacle == "fifo":
+        os.mkfifo(keys)
+    else:
+        with open(keys, "wb") as file:
+            file.write(b"x")
+    authority = outcome_within(10, lambda: Authority.open(path))
+    with authority:
+        with pytest.raises(KeyFileInvalid) as caught:
+            authority.rotate_signing_key()
+    assert caught.value.detail["reason"] == "type" and caught.value.detail["path"] == keys
+    assert not os.path.isdir(keys)
 
 
 def test_a_keys_path_that_is_no_directory_does_not_stop_the_open(tmp_path):
