@@ -1316,6 +1316,25 @@ def test_closed_store_refuses_everything(tmp_path):
             call()
 
 
+def test_a_closed_store_refuses_each_write_before_it_looks_at_the_arguments(tmp_path):
+    # The writers' gate tests the common case (open, writable, no commit of this thread, no
+    # failure) in one condition; close() must be part of it, or a closed handle answered with the
+    # error of its argument (INVALID_COMMAND for accept(None)) instead of STORE_CLOSED.
+    authority = open_with_group(str(tmp_path / "store"))
+    authority.close()
+    for call in (
+        lambda: authority.accept(None),
+        lambda: authority.accept_trusted(None),
+        lambda: authority.accept_many(None),
+        lambda: authority.expire_leases(None),
+        lambda: authority.snapshot(None),
+        lambda: authority.redact(None, -1, actor="", action_id="", reason=""),
+        lambda: authority.drop_retired_key(None),
+    ):
+        with pytest.raises(StoreClosed):
+            call()
+
+
 def test_a_closed_handle_does_not_create_the_signing_key(tmp_path):
     # signing_key after close() created keys/ in a directory this handle no longer held
     store = tmp_path / "store"
