@@ -170,7 +170,7 @@ class Index(SealedTables):
             # the index grew until its map was full), and max_readers of them left no slot for any
             # read. Cleared before every write: one lock test per other process in the table.
             self.env.reader_check()
-        return super().begin(write=write)
+        return self.env.begin(write=write, buffers=True)  # as SealedTables.begin, without its frame
 
     def close(self) -> None:
         self.env.close()
