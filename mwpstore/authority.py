@@ -2384,11 +2384,11 @@ class Authority:
         ACKs never move backwards and never exceed the Group's head (``SEQUENCE_GAP``); they are
         durable (logged) and never delete history.
         """
+        self._check_writable("ack")
         canonical.check_id(consumer, "consumer")
         canonical.check_id(group, "group")
         if type(cursor) is not int or cursor < 0:
             raise InvalidCommand("cursor must be a non-negative integer", field="cursor")
-        self._check_writable("ack")
         request = _Request(None, ack=(consumer, group, cursor))
         self._submit(_Unit([request]))
         if request.error is not None:

@@ -1330,6 +1330,7 @@ def test_a_closed_store_refuses_each_write_before_it_looks_at_the_arguments(tmp_
         lambda: authority.snapshot(None),
         lambda: authority.redact(None, -1, actor="", action_id="", reason=""),
         lambda: authority.drop_retired_key(None),
+        lambda: authority.ack(None, None, None),
     ):
         with pytest.raises(StoreClosed):
             call()
