@@ -210,6 +210,11 @@ def default_clock() -> int:
     return time.time_ns() // 1_000_000
 
 
+def _log_id_text(value: bytes | memoryview) -> str:
+    """The log id a ``meta`` entry names, as the log's own is shown (a value of another size as hex)."""
+    return str(read_u64(value)) if len(value) == 8 else bytes(value).hex()
+
+
 def current_boot_id() -> str:
     """The kernel's boot id (tells a process crash from a reboot). Tests may override it."""
     override = os.environ.get("MWPSTORE_BOOT_ID")
@@ -685,6 +690,7 @@ class Authority:
                 meta_boot = bytes(index.get(txn, b"meta", b"boot_id") or b"").decode("ascii", "replace")
                 clean = index.get(txn, b"meta", b"clean") == b"1"
                 position = index.log_position(txn)
+                log_id = index.get(txn, b"meta", b"log_id")
             if fmt != INDEX_FORMAT:
                 raise self._needs_writer("has an index of another format")
             if meta_boot != current_boot_id() and not clean:
@@ -704,6 +710,8 @@ class Authority:
             try:
                 if os.path.exists(marker) or _file_key(index_file) != before:
                     raise _Switched()
+                if log_id is not None and bytes(log_id) != u64(log.log_id):
+                    raise self._needs_writer(f"has an index of another log (log id {_log_id_text(log_id)}, the log's is {log.log_id})")
                 if not log.start <= position <= log.end:
                     raise self._needs_writer(f"has an index at log position {position}, outside the log [{log.start}, {log.end}]")
             except BaseException:
@@ -760,6 +768,9 @@ class Authority:
             index.put(txn, b"meta", b"boot_id", boot_id.encode())
             index.put(txn, b"meta", b"clean", b"0")
             index.put(txn, b"meta", b"format", INDEX_FORMAT)
+            # An index an older build wrote has no log id and was trusted as before: from here on
+            # it names the log it was judged against (a rebuilt one names it already).
+            index.put(txn, b"meta", b"log_id", u64(self.log.log_id))
             last_ms = index.get(txn, b"meta", b"last_ms")
         self.index.sync()
         self._last_ms = 0 if last_ms is None else read_u64(last_ms)
@@ -788,6 +799,7 @@ class Authority:
                 meta_boot = bytes(index.get(txn, b"meta", b"boot_id") or b"").decode("ascii", "replace")
                 clean = index.get(txn, b"meta", b"clean") == b"1"
                 position = index.log_position(txn)
+                log_id = index.get(txn, b"meta", b"log_id")
         except lmdb.Error as exc:
             index.close()
             return "rebuild", f"index unreadable ({type(exc).__name__})", None
@@ -799,7 +811,11 @@ class Authority:
                 index.close()
             raise
         verdict = None
-        if meta_boot != boot_id and not clean:
+        if log_id is not None and bytes(log_id) != u64(self.log.log_id):
+            # Built from another log: one a compaction replaced since, or another store's. Its
+            # positions name records of that log, whatever its own position says.
+            verdict = f"the index belongs to another log (log id {_log_id_text(log_id)}, the log's is {self.log.log_id})"
+        elif meta_boot != boot_id and not clean:
             verdict = "the machine restarted since the index was last written without a clean close"
         elif position > self.log.end or position < self.log.start:
             verdict = f"index position {position} is outside the log [{self.log.start}, {self.log.end}]"
@@ -831,6 +847,7 @@ class Authority:
             try:
                 with index.begin(write=True) as txn:
                     index.put(txn, b"meta", b"format", INDEX_FORMAT)
+                    index.put(txn, b"meta", b"log_id", u64(log.log_id))
                     index.put(txn, b"meta", b"log_position", u64(log.start))
                 count = self._redo(index, progress, failpoint="authority.mid_rebuild", log=log)
                 index.sync()

@@ -9,6 +9,7 @@ separates key parts (IDs never contain it).
 |              | ``boot_id``                      | kernel boot id of the last writer       |
 |              | ``clean``                        | ``1`` after a clean close, else ``0``   |
 |              | ``format``                       | index format version                    |
+|              | ``log_id``                       | u64 BE: id of the log it was built from |
 | ``events``   | group ``\\0`` seq (u64 BE)       | u64 BE log position of the Event record |
 | ``heads``    | group                            | seq u64 BE + chain hash (32)            |
 | ``states``   | group ``\\0`` aggregate key      | revision u64 BE + msgpack state         |

@@ -192,7 +192,9 @@ def store_bytes(path: str, leave_out: tuple[str, ...] = ()) -> dict[str, bytes |
 def rewrite_log_records(path: str, rewrite: Callable[[int, bytes], bytes]) -> list[tuple[int, bytes]]:
     """Copy the closed store ``path``'s log record by record, one group a record (as each accept,
     ack or snapshot wrote it), each record replaced by ``rewrite(position, record)`` (which must
-    keep its length, so that every later position stays). Returns the original records."""
+    keep its length, so that every later position stays). The index, if any, is told the copy's
+    log id, as if the log had been changed in place: it is trusted as before. Returns the
+    original records."""
     import shutil
 
     from mwpstore.segment_log import SegmentLog
@@ -203,9 +205,25 @@ def rewrite_log_records(path: str, rewrite: Callable[[int, bytes], bytes]) -> li
     with SegmentLog.open(forged) as log:
         for position, record in records:
             assert log.append([rewrite(position, record)]) == [position]
+        log_id = log.log_id
     shutil.rmtree(os.path.join(path, "log"))
     shutil.move(forged, os.path.join(path, "log"))
+    if os.path.exists(os.path.join(path, "index", "data.mdb")):
+        index_names_log(path, log_id)
     return records
+
+
+def index_names_log(path: str, log_id: int) -> None:
+    """Make the closed store ``path``'s index name the log ``log_id`` (a test's copy of the log
+    written anew stands for the same log changed in place: the open trusts the index as before)."""
+    from mwpstore.index import Index, u64
+
+    index = Index(os.path.join(path, "index"), map_size=64 * 1024 * 1024)
+    try:
+        with index.begin(write=True) as txn:
+            index.put(txn, b"meta", b"log_id", u64(log_id))
+    finally:
+        index.close()
 
 
 def store_with_one_event_rewritten(tmp_path, missions: int, rewrite) -> tuple[str, list[tuple[int, bytes]]]:

@@ -16,6 +16,7 @@ from authority_helpers import (
     FakeClock,
     group_create,
     in_a_forked_child,
+    index_names_log,
     mission_create,
     mission_update,
     open_with_group,
@@ -1481,8 +1482,10 @@ def test_a_log_record_that_is_not_an_event_is_never_read_as_one(tmp_path, tag):
     records[5] = tag + records[5][1:]
     with SegmentLog.open(str(tmp_path / "relabelled")) as log:  # the same two commit groups
         assert log.append(records[:1]) + log.append(records[1:]) == batch.positions
+        log_id = log.log_id
     shutil.rmtree(os.path.join(path, "log"))
     shutil.copytree(str(tmp_path / "relabelled"), os.path.join(path, "log"))
+    index_names_log(path, log_id)
     with Authority.open(path) as authority:
         assert authority.open_report.mode == "clean"
         for after, limit in ((0, 1000), (3, 4), (5, 1)):

@@ -1,0 +1,171 @@
+"""An ``index/`` put back beside a log it does not reflect (docs/recovery.md, step 4): one copied
+before a compaction switched the log, one of another store, one ahead of or behind its own log.
+The writer's open rebuilds what belongs to another log or runs ahead of it and redoes what is
+behind; a read-only view refuses the first two until a writer has opened the store; nothing
+answers from another log's index or applies a redo onto it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+from authority_helpers import GROUP, OWNER, group_create, in_a_forked_child, mission_create, open_with_group
+from mwpstore import Authority, InvalidState
+from mwpstore.cli import EXIT_OK, EXIT_STORE_ERROR, main
+
+ARCHIVED = "g-9"
+
+
+def _session(path, work, *, killed):
+    """Open the store and run ``work(authority)``; then close it, or leave it as a kill does
+    (a forked child that exits without closing: no clean marker, the index marked open)."""
+    if killed:
+        assert in_a_forked_child([lambda: work(Authority.open(path))]) == ["ok"]
+    else:
+        with Authority.open(path) as authority:
+            work(authority)
+
+
+def _copy_index(path, saved):
+    """What a copy of ``index/`` taken now holds (its ``data.mdb``; LMDB makes its lock file)."""
+    os.makedirs(saved)
+    shutil.copy2(os.path.join(path, "index", "data.mdb"), os.path.join(saved, "data.mdb"))
+
+
+def _put_back(path, saved):
+    shutil.rmtree(os.path.join(path, "index"))
+    shutil.copytree(saved, os.path.join(path, "index"))
+
+
+def _take_index(path, saved, work, *, killed):
+    """Run ``work`` in a session and copy the index at its end: while the store is open (as a
+    kill leaves the index) or once it is closed cleanly."""
+
+    def and_copy(authority):
+        work(authority)
+        if killed:
+            _copy_index(path, saved)
+
+    _session(path, and_copy, killed=killed)
+    if not killed:
+        _copy_index(path, saved)
+
+
+def _missions(authority, names, group=GROUP):
+    assert all(result.ok for result in authority.accept_many([mission_create(name, group=group) for name in names]))
+
+
+@pytest.fixture(params=["same boot", "boot changed"])
+def boot(request, monkeypatch):
+    """The boot id of the sessions that write the store; the put-back index is opened after
+    ``restart()``, which changes it in the second case."""
+    monkeypatch.setenv("MWPSTORE_BOOT_ID", "boot-before")
+
+    def restart():
+        if request.param == "boot changed":
+            monkeypatch.setenv("MWPSTORE_BOOT_ID", "boot-after")
+
+    return restart
+
+
+def _compacted_store(path, saved, *, killed):
+    """A store whose ``index/`` copy in ``saved`` was taken before an archive and a compaction
+    switched the log; more commits follow, so the new log reaches past the copy's position."""
+    with open_with_group(path) as authority:
+        authority.accept(group_create(ARCHIVED))
+        _missions(authority, ["m-0", "m-1"], group=ARCHIVED)
+
+    _take_index(path, saved, lambda authority: _missions(authority, ["m-2"]), killed=killed)
+
+    def archive_and_compact(authority):
+        authority.archive(ARCHIVED, actor=OWNER, action_id="archive")
+        assert authority.compact().events_dropped > 0
+        _missions(authority, [f"m-{i}" for i in range(3, 12)])
+
+    _session(path, archive_and_compact, killed=killed)
+
+
+def _expected(path):
+    with Authority.open(path) as authority:
+        return authority.head(GROUP), authority.read(GROUP), authority.archive_record(ARCHIVED)
+
+
+@pytest.mark.parametrize("killed", [False, True], ids=["closed", "killed"])
+def test_an_index_from_before_a_compaction_is_rebuilt_from_the_new_log(tmp_path, boot, killed):
+    path, saved = str(tmp_path / "store"), str(tmp_path / "saved")
+    _compacted_store(path, saved, killed=killed)
+    expected = _expected(path)
+    _put_back(path, saved)
+    boot()
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "rebuild"
+        assert "another log" in authority.open_report.reason
+        assert (authority.head(GROUP), authority.read(GROUP), authority.archive_record(ARCHIVED)) == expected
+        assert authority.verify().ok
+    with Authority.open(path) as authority:  # the rebuilt index names this log: trusted from now on
+        assert authority.open_report.mode == "clean"
+
+
+def test_a_view_and_the_commands_refuse_an_index_from_before_a_compaction_until_a_writer_rebuilds_it(tmp_path, boot, capsys):
+    path, saved = str(tmp_path / "store"), str(tmp_path / "saved")
+    _compacted_store(path, saved, killed=False)
+    expected = _expected(path)
+    _put_back(path, saved)
+    boot()
+    with pytest.raises(InvalidState) as refused:
+        Authority.open(path, readonly=True)
+    assert refused.value.detail["reason"] == "recovery_needed" and "another log" in refused.value.message
+    assert main(["tail", GROUP, "--store", path, "--json"]) == EXIT_STORE_ERROR
+    assert "INVALID_STATE" in capsys.readouterr().err
+    # verify and inspect open the store for writing: the open rebuilds the index, which verifies
+    assert main(["verify", "--store", path, "--json"]) == EXIT_OK
+    assert '"ok": true' in capsys.readouterr().out
+    with Authority.open(path, readonly=True) as view:
+        assert (view.head(GROUP), view.read(GROUP), view.archive_record(ARCHIVED)) == expected
+
+
+@pytest.mark.parametrize("same_positions", [True, False], ids=["same positions", "other positions"])
+@pytest.mark.parametrize("killed", [False, True], ids=["closed", "killed"])
+def test_an_index_of_another_store_is_rebuilt_and_never_answers(tmp_path, boot, killed, same_positions):
+    """The other store's Group has a name of the same length and the same Commands, so with as
+    many of them every position it recorded is one in this log too."""
+    path, other, saved = str(tmp_path / "store"), str(tmp_path / "other"), str(tmp_path / "saved")
+    with open_with_group(path) as authority:
+        _missions(authority, [f"m-{i}" for i in range(6)])
+    with open_with_group(other, group="g-2"):
+        pass
+    count = 6 if same_positions else 3
+    _take_index(other, saved, lambda authority: _missions(authority, [f"m-{i}" for i in range(count)], group="g-2"), killed=killed)
+    expected = _expected(path)
+    _put_back(path, saved)
+    boot()
+    with pytest.raises(InvalidState) as refused:
+        Authority.open(path, readonly=True)
+    assert refused.value.detail["reason"] == "recovery_needed"
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "rebuild"
+        assert "another log" in authority.open_report.reason
+        assert (authority.head(GROUP), authority.read(GROUP), authority.archive_record(ARCHIVED)) == expected
+        assert authority.head("g-2")[0] == 0
+        assert authority.verify().ok
+
+
+def test_an_index_an_older_build_wrote_without_a_log_id_is_trusted_and_names_the_log_from_then_on(tmp_path):
+    import lmdb
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        _missions(authority, ["m-0"])
+        log_id = authority.log.log_id
+    env = lmdb.open(os.path.join(path, "index"), max_dbs=16)
+    with env.begin(write=True) as txn:
+        assert txn.delete(b"log_id", db=env.open_db(b"meta", txn=txn))
+    env.close()
+    with Authority.open(path, readonly=True) as view:  # served as before
+        assert view.head(GROUP)[0] == 2
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "clean"
+        with authority.index.begin() as txn:
+            assert authority.index.get(txn, b"meta", b"log_id") == log_id.to_bytes(8, "big")
