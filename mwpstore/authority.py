@@ -215,6 +215,15 @@ def _log_id_text(value: bytes | memoryview) -> str:
     return str(read_u64(value)) if len(value) == 8 else bytes(value).hex()
 
 
+def _group_ends_at(log: SegmentLog, position: int) -> bool:
+    """``log.group_ends_at(position)``; True when the segment it reads is damaged or unreadable:
+    that is the log's damage, which reads, redo and ``verify`` find and report as before."""
+    try:
+        return log.group_ends_at(position)
+    except (Corruption, StorageFailed):
+        return True
+
+
 def current_boot_id() -> str:
     """The kernel's boot id (tells a process crash from a reboot). Tests may override it."""
     override = os.environ.get("MWPSTORE_BOOT_ID")
@@ -714,6 +723,8 @@ class Authority:
                     raise self._needs_writer(f"has an index of another log (log id {_log_id_text(log_id)}, the log's is {log.log_id})")
                 if not log.start <= position <= log.end:
                     raise self._needs_writer(f"has an index at log position {position}, outside the log [{log.start}, {log.end}]")
+                if not _group_ends_at(log, position):
+                    raise self._needs_writer(f"has an index at log position {position}, where no group of the log ends")
             except BaseException:
                 log.close()
                 raise
@@ -819,6 +830,11 @@ class Authority:
             verdict = "the machine restarted since the index was last written without a clean close"
         elif position > self.log.end or position < self.log.start:
             verdict = f"index position {position} is outside the log [{self.log.start}, {self.log.end}]"
+        elif not _group_ends_at(self.log, position):
+            # The same log id, but not this log's history: a copy of the index taken ahead of a log
+            # that was restored from an older copy (or cut) and has grown since. Its redo would
+            # start inside a record.
+            verdict = f"index position {position} is not where a group of the log ends"
         if verdict is not None:
             index.close()
             return "rebuild", verdict, None

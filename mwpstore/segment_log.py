@@ -1298,6 +1298,24 @@ class SegmentLog:
             raise error
         return mapped[offset[0] : offset[0] + length[0]]
 
+    def group_ends_at(self, position: int) -> bool:
+        """True if ``position`` is the log's start or where an intact commit frame ends, up to the
+        log's end: a position an index built from this log can have reached. An index that names
+        another is not this log's (docs/recovery.md, step 4)."""
+        self._check_open()
+        end, segments = self._end, self._segments
+        if not segments or position == segments[0].first_position:
+            return True
+        if position < segments[0].first_position or position > end or position % _ALIGN_BYTES != 0:
+            return False
+        segment = segments[self._segment_index(segments, position - 1)]  # a sealed one's last group ends at its seal
+        _, mapped = self._mapped(segment)
+        tail = _HEADER_BYTES + position - segment.first_position
+        if tail > min(self._readable_bytes(segment, end), len(mapped)):
+            return False
+        frame = bytes(mapped[max(tail - COMMIT_FRAME_BYTES, 0) : tail])
+        return _commit_frame_ends_at(frame, tail, position, self._log_id)
+
     @staticmethod
     def _not_a_record(position: int) -> InvalidCommand:
         return InvalidCommand(

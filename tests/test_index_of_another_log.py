@@ -152,6 +152,79 @@ def test_an_index_of_another_store_is_rebuilt_and_never_answers(tmp_path, boot, 
         assert authority.verify().ok
 
 
+def _copy_log(path, saved):
+    shutil.copytree(os.path.join(path, "log"), saved, ignore=shutil.ignore_patterns("LOCK"))
+
+
+def _restore_log(path, saved):
+    shutil.rmtree(os.path.join(path, "log"))
+    shutil.copytree(saved, os.path.join(path, "log"))
+
+
+def _index_ahead_of_a_restored_log(path, tmp_path, *, killed):
+    """A store whose log is put back from a copy older than its index's (same log id)."""
+    old_log, saved = str(tmp_path / "old-log"), str(tmp_path / "saved")
+    with open_with_group(path) as authority:
+        _missions(authority, ["m-0", "m-1"])
+    _copy_log(path, old_log)
+    _take_index(path, saved, lambda authority: _missions(authority, [f"m-{i}" for i in range(2, 8)]), killed=killed)
+    _restore_log(path, old_log)
+    _put_back(path, saved)
+    return saved
+
+
+@pytest.mark.parametrize("killed", [False, True], ids=["closed", "killed"])
+def test_an_index_ahead_of_a_log_restored_from_an_older_copy_is_rebuilt(tmp_path, boot, killed):
+    path = str(tmp_path / "store")
+    _index_ahead_of_a_restored_log(path, tmp_path, killed=killed)
+    boot()
+    with pytest.raises(InvalidState) as refused:
+        Authority.open(path, readonly=True)
+    assert refused.value.detail["reason"] == "recovery_needed"
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "rebuild"
+        assert authority.head(GROUP)[0] == 3 and authority.state(GROUP, "mission:m-2") == (0, None)
+        assert authority.verify().ok
+
+
+@pytest.mark.parametrize("killed", [False, True], ids=["closed", "killed"])
+def test_an_index_ahead_of_a_restored_log_that_grew_past_it_since_is_rebuilt(tmp_path, boot, killed):
+    """The log, restored from an older copy, was opened (its index rebuilt) and has grown past
+    the position of the index copy put back now, with other records: the same log id, and a
+    position inside the log that no group of it ends at. The open used to redo from there
+    (INVALID_COMMAND: not the start of a record), and a view to read the other history's positions."""
+    path = str(tmp_path / "store")
+    saved = _index_ahead_of_a_restored_log(path, tmp_path, killed=killed)
+    _session(path, lambda authority: _missions(authority, [f"mission-{i}-of-the-new-history" for i in range(12)]), killed=killed)
+    expected = _expected(path)
+    _put_back(path, saved)
+    boot()
+    with pytest.raises(InvalidState) as refused:
+        Authority.open(path, readonly=True)
+    assert refused.value.detail["reason"] == "recovery_needed"
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "rebuild"
+        assert (authority.head(GROUP), authority.read(GROUP), authority.archive_record(ARCHIVED)) == expected
+        assert authority.state(GROUP, "mission:m-2") == (0, None)
+        assert authority.verify().ok
+
+
+@pytest.mark.parametrize("killed", [False, True], ids=["closed", "killed"])
+def test_an_index_behind_its_log_is_redone_to_the_same_answers(tmp_path, boot, killed):
+    path, saved = str(tmp_path / "store"), str(tmp_path / "saved")
+    with open_with_group(path) as authority:
+        _missions(authority, ["m-0"])
+    _take_index(path, saved, lambda authority: _missions(authority, ["m-1"]), killed=killed)
+    _session(path, lambda authority: _missions(authority, [f"m-{i}" for i in range(2, 9)]), killed=killed)
+    expected = _expected(path)
+    _put_back(path, saved)
+    boot()
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode in ("redo", "rebuild")  # rebuild: unclean, and the boot changed
+        assert (authority.head(GROUP), authority.read(GROUP), authority.archive_record(ARCHIVED)) == expected
+        assert authority.verify().ok
+
+
 def test_an_index_an_older_build_wrote_without_a_log_id_is_trusted_and_names_the_log_from_then_on(tmp_path):
     import lmdb
 

@@ -296,6 +296,24 @@ def test_reopen_with_another_segment_size_keeps_old_segments(tmp_path):
         assert log.segments()[-1].size_bytes == 2 * SMALL
 
 
+def test_group_ends_at_names_every_group_end_and_nothing_else_across_sealed_segments(tmp_path):
+    """What the open asks of an index's position (docs/recovery.md, step 4): the log's start and
+    each group's end are, a sealed segment's last one (its seal's position) too; a record's start
+    inside a group, a frame's inside and past the end are not; after a clean reopen as well."""
+    rng = random.Random(5)
+    ends, starts = [0], []
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        for group in random_groups(rng, 120):
+            starts += log.append(group)
+            ends.append(log.end)
+        assert len(log.segments()) >= 3
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        assert all(log.group_ends_at(end) for end in ends)
+        assert {info.first_position for info in log.segments()} <= set(ends)
+        inside = [start for start in starts if start not in ends] + [ends[-1] - 8, ends[-1] + 8, ends[-1] + 64, 3]
+        assert not any(log.group_ends_at(position) for position in inside)
+
+
 def test_an_empty_active_segment_too_small_for_a_group_is_replaced_not_sealed(tmp_path):
     """A log reopened with larger segments whose active segment is still empty, given a group only
     the larger size holds: the writer sealed the empty segment, then created its successor under
