@@ -6,6 +6,7 @@ answers from another log's index or applies a redo onto it."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
@@ -119,9 +120,15 @@ def test_a_view_and_the_commands_refuse_an_index_from_before_a_compaction_until_
     assert refused.value.detail["reason"] == "recovery_needed" and "another log" in refused.value.message
     assert main(["tail", GROUP, "--store", path, "--json"]) == EXIT_STORE_ERROR
     assert "INVALID_STATE" in capsys.readouterr().err
-    # verify and inspect open the store for writing: the open rebuilds the index, which verifies
+    # inspect and verify open the store for writing: the open rebuilds the index, which verifies
+    assert main(["inspect", "--store", path, "--json"]) == EXIT_OK
+    info = json.loads(capsys.readouterr().out)
+    assert info["open"]["mode"] == "rebuild" and "another log" in info["open"]["reason"]
+    assert info["groups"][GROUP]["seq"] == expected[0][0]
     assert main(["verify", "--store", path, "--json"]) == EXIT_OK
-    assert '"ok": true' in capsys.readouterr().out
+    assert json.loads(capsys.readouterr().out)["ok"]
+    assert main(["tail", GROUP, "--store", path, "--json"]) == EXIT_OK
+    assert [json.loads(line)[1] for line in capsys.readouterr().out.splitlines()] == [event.seq for event in expected[1]]
     with Authority.open(path, readonly=True) as view:
         assert (view.head(GROUP), view.read(GROUP), view.archive_record(ARCHIVED)) == expected
 
