@@ -1303,9 +1303,10 @@ class SegmentLog:
         log's end: a position an index built from this log can have reached. An index that names
         another is not this log's (docs/recovery.md, step 4)."""
         self._check_open()
+        _check_position(position, "position")
         end, segments = self._end, self._segments
-        if not segments or position == segments[0].first_position:
-            return True
+        if not segments or position in (segments[0].first_position, end):
+            return True  # the end is a group's: the recovery that found it ends only after one
         if position < segments[0].first_position or position > end or position % _ALIGN_BYTES != 0:
             return False
         segment = segments[self._segment_index(segments, position - 1)]  # a sealed one's last group ends at its seal

@@ -312,6 +312,9 @@ def test_group_ends_at_names_every_group_end_and_nothing_else_across_sealed_segm
         assert {info.first_position for info in log.segments()} <= set(ends)
         inside = [start for start in starts if start not in ends] + [ends[-1] - 8, ends[-1] + 8, ends[-1] + 64, 3]
         assert not any(log.group_ends_at(position) for position in inside)
+        for wrong in (-8, 8.0, None):
+            with pytest.raises(InvalidCommand):
+                log.group_ends_at(wrong)
 
 
 def test_an_empty_active_segment_too_small_for_a_group_is_replaced_not_sealed(tmp_path):
