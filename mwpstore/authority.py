@@ -865,6 +865,11 @@ class Authority:
                     index.put(txn, b"meta", b"format", INDEX_FORMAT)
                     index.put(txn, b"meta", b"log_id", u64(log.log_id))
                     index.put(txn, b"meta", b"log_position", u64(log.start))
+                    # This boot's, as install() writes again: a read-only view (another process)
+                    # that opens the index once it has its name, before install() ran, must not
+                    # take an index without a boot id for one not closed before a restart.
+                    index.put(txn, b"meta", b"boot_id", current_boot_id().encode())
+                    index.put(txn, b"meta", b"clean", b"0")
                 count = self._redo(index, progress, failpoint="authority.mid_rebuild", log=log)
                 index.sync()
             except lmdb.Error as exc:

@@ -1,0 +1,552 @@
+"""Readers in other processes, stepped through every maintenance step of the writer.
+
+The writer (this process) is paused at each point of a maintenance step: the fail points
+(``mwpstore/failpoints.py``) the step passes, the index switch's renames, and, for a segment
+rollover, each file operation of the C log (through ``io_seam.RecordingIO``). While it waits, a
+child process (``cross_process_reader.py``) runs the readers from outside to completion: a
+read-only view, a bare read-only ``SegmentLog``, ``mwpstore tail``, and the snapshot and audit-log
+files read and verified. Then the writer finishes the step, and each reader must have served a
+prefix of the store's history (the same hash at each sequence; a bare log's records those of the
+log of its log id, at the same positions) or refused with a reason the docs allow at that moment;
+a fresh reader after the step serves the whole of it. The reverse too: a reader paused mid-read
+(after a page, or in its open between mapping two segment files) while the writer runs a whole
+step, then resumed.
+
+CI runs a subset of the pause points per step (the view and the bare log at every one, ``tail``
+and the files at some); ``MWPSTORE_CROSS_PROCESS_STEPS=all`` runs every reader at every point.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import blake3
+import msgspec
+import pytest
+
+from authority_helpers import GROUP, OWNER, group_create, in_a_forked_child, mission_create
+from mwpstore import Authority, authority as authority_module, failpoints, limits
+from mwpstore.io_seam import RecordingIO
+from mwpstore.segment_log import SegmentLog
+from segment_readers import scratch_directory
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+READER = os.path.join(HERE, "cross_process_reader.py")
+FULL = os.environ.get("MWPSTORE_CROSS_PROCESS_STEPS", "") == "all"
+WAIT = 60  # seconds a pause or a reader waits before the test fails instead of hanging
+ARCHIVED = "g-2"  # archived (and compacted away) during the steps that need one
+SIDE = "g-3"
+ALL = "view,log,tail,files"
+QUICK = "view,log"
+
+# What a reader may answer instead of serving, and where the docs allow it.
+# docs/api.md, "Reading from another process": a view finds a compaction marker (COMPACT-SWITCH)
+# and is refused at once; files swapped while it opens (index/ replaced) make it retry for up to
+# two seconds before it gives up the same way: INVALID_STATE, reason recovery_needed.
+VIEW_SWITCHING = {("INVALID_STATE", "recovery_needed")}
+# docs/format/segment.md, "read-only open beside a live writer": a bare open that meets a
+# compaction's switch is refused, never served: a file read by name again that is another log's
+# (segment_replaced; log_id_mismatch for one taken on a clean close's word), or a file gone from
+# its name (STORAGE_FAILED).
+LOG_SWITCHING = {("CORRUPTION", "segment_replaced"), ("CORRUPTION", "log_id_mismatch"), ("STORAGE_FAILED", None)}
+
+
+def _digest(record: bytes | memoryview) -> str:
+    return blake3.blake3(record).hexdigest(length=16)
+
+
+def _mission(number: int, group: str = GROUP) -> Any:
+    """About 1 KB: a 64 KiB segment rolls over every 50 or so."""
+    command = mission_create(f"m-{number}", group=group, action_id=f"a-{group}-{number}")
+    return msgspec.structs.replace(command, body={**command.body, "title": "x" * 1000})
+
+
+class History:
+    """What the writer's store held, gathered before and after a step: each Group's Event hashes
+    by sequence (a compaction drops an archived Group's from the log, not from its history), and
+    each log generation's records by log id."""
+
+    def __init__(self) -> None:
+        self.hashes: dict[str, list[str]] = {}
+        self.logs: dict[int, list[list[Any]]] = {}
+        self.final = 0  # the log id gathered last
+
+    def gather(self, authority: Authority) -> None:
+        for group in authority.groups():
+            floor = authority.replay_floor(group)[0]
+            known = self.hashes.setdefault(group, [])
+            after = max(floor, len(known))
+            while batch := authority.read(group, after=after, limit=1000):
+                known.extend(event.hash.hex() for event in batch)
+                after = batch[-1].seq
+        log = authority.log
+        self.final = log.log_id
+        self.logs[log.log_id] = [[p, _digest(r)] for batch in log.scan(log.start) for p, r in zip(batch.positions, batch.records)]
+
+
+class Pause:
+    """The writer thread stops at the ``count``-th time it reaches ``point`` until ``go`` is set."""
+
+    def __init__(self, point: str, count: int = 1) -> None:
+        self.point, self.remaining = point, count
+        self.reached, self.go = threading.Event(), threading.Event()
+        self.writer: int | None = None
+
+    def at(self, point: str) -> None:
+        if point != self.point or threading.get_ident() != self.writer:
+            return
+        self.remaining -= 1
+        if self.remaining == 0:
+            self.reached.set()
+            assert self.go.wait(WAIT), f"the writer waited at {point} for more than {WAIT} s"
+
+
+def run_reader(store: str, kinds: str, where: str = "") -> subprocess.Popen[str]:
+    command = [sys.executable, READER, store, kinds] + ([where] if where else [])
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=HERE, env={**os.environ, "PYTHONPATH": HERE + os.pathsep + os.environ.get("PYTHONPATH", "")})
+
+
+def reader_lines(child: subprocess.Popen[str]) -> list[dict[str, Any]]:
+    try:
+        out, err = child.communicate(timeout=WAIT)
+    except subprocess.TimeoutExpired:
+        child.kill()
+        out, err = child.communicate()
+        pytest.fail(f"a reader did not finish within {WAIT} s: {out[-2000:]} {err[-2000:]}")
+    assert child.returncode == 0, f"the reader exited with {child.returncode}: {err[-3000:]}"
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def read_from_outside(store: str, kinds: str) -> list[dict[str, Any]]:
+    return reader_lines(run_reader(store, kinds))
+
+
+def problems_in(lines: list[dict[str, Any]], history: History, allowed: dict[str, set[Any]], *, whole: History | None = None) -> list[str]:
+    """What the readers' lines show wrong against ``history``: anything raised untyped, a refusal
+    not in ``allowed`` (by reader kind), anything served that is not the history's (a prefix;
+    with ``whole``, all of it: the final store's every Group and its log's every record)."""
+    problems = []
+    for line in lines:
+        kind = line["kind"]
+        if "error" in line:
+            problems.append(f"{kind} raised: {line['error']}")
+            continue
+        if "refused" in line:
+            code, reason, message = line["refused"]
+            if (code, reason) not in allowed.get(kind, set()) and (code, None) not in allowed.get(kind, set()):
+                problems.append(f"{kind} refused with {code} ({reason}): {message}")
+            continue
+        served = line["served"]
+        if kind == "view":
+            for group, (floor, hashes) in served.items():
+                known = history.hashes.get(group, [])
+                if hashes != known[floor:floor + len(hashes)]:
+                    problems.append(f"view served {group} {floor + 1}..{floor + len(hashes)} unlike its history ({len(known)} Events)")
+                elif whole is not None and floor + len(hashes) != len(known):
+                    problems.append(f"a view after the step served {group} up to {floor + len(hashes)} of {len(known)}")
+            if whole is not None and sorted(served) != sorted(history.hashes):
+                problems.append(f"a view after the step served Groups {sorted(served)}, the store has {sorted(history.hashes)}")
+        elif kind == "log":
+            generation = history.logs.get(served["log_id"])
+            records = served["records"]
+            if generation is None:
+                problems.append(f"the bare log served log id {served['log_id']}, which the store never had")
+            elif records != generation[:len(records)]:
+                problems.append(f"the bare log served {len(records)} records that are not the first of log {served['log_id']}")
+            elif whole is not None and (served["log_id"] != whole.final or records != generation):
+                problems.append(f"the bare log after the step served {len(records)} records of log {served['log_id']}, "
+                                f"not the {len(whole.logs[whole.final])} of the final log {whole.final}")
+        elif kind == "tail":
+            for group, events in served.items():
+                if isinstance(events, dict):
+                    refusal = tuple(events.get("refused", ("", "")))[:2]
+                    # a Group whose snapshot directory holds no file yet: not created in the view
+                    if refusal not in allowed.get("view", set()) and not (refusal[0] == "NOT_FOUND" and group not in history.hashes):
+                        problems.append(f"tail of {group} failed: {events}")
+                    continue
+                known = history.hashes.get(group, [])
+                if any(seq > len(known) or known[seq - 1] != digest for seq, digest in events):
+                    problems.append(f"tail served {group} Events unlike its history: {events[:3]}...")
+                elif [seq for seq, _ in events] != list(range(events[0][0], events[0][0] + len(events))) if events else False:
+                    problems.append(f"tail served {group} Events not contiguous")
+        elif kind == "files":
+            for name, outcome in served.items():
+                if "served" not in outcome and not (whole is None and "gone" in outcome):
+                    problems.append(f"{name}: {outcome}")
+    return problems
+
+
+# -- the steps: each prepares the store and runs the step in the writer thread ---------------------
+
+
+@contextlib.contextmanager
+def paused_writer(monkeypatch, pause: Pause) -> Iterator[None]:
+    """Route the fail points, and the index switch's and the compaction's renames, to ``pause``."""
+    real_hit, real_rename, real_replace = failpoints.hit, os.rename, os.replace
+
+    def hit(name: str) -> None:
+        pause.at(name)
+        real_hit(name)
+
+    def rename(source: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        real_rename(source, target, *args, **kwargs)
+        name = os.path.basename(os.fspath(target))
+        pause.at(f"rename:{name.split('-')[0] + '-' if name.startswith('audit-') else name}")
+
+    monkeypatch.setattr(failpoints, "hit", hit)
+    def replace(source: Any, target: Any, *args: Any, **kwargs: Any) -> None:
+        real_replace(source, target, *args, **kwargs)
+        name = os.path.basename(os.fspath(target))
+        pause.at(f"replace:{name.split('-')[0] + '-' if name.startswith('audit-') else name}")
+
+    def remover(real: Callable[..., Any], verb: str) -> Callable[..., Any]:
+        def remove(target: Any, *args: Any, **kwargs: Any) -> None:
+            name = os.path.basename(os.fspath(target))
+            pause.at(f"{verb}:{name.split('-')[0] + '-' if name.startswith('audit-') else name}")  # before: still there
+            real(target, *args, **kwargs)
+
+        return remove
+
+    monkeypatch.setattr(os, "rename", rename)
+    monkeypatch.setattr(os, "replace", replace)
+    monkeypatch.setattr(os, "remove", remover(os.remove, "remove"))
+    monkeypatch.setattr(os, "unlink", remover(os.unlink, "unlink"))
+    monkeypatch.setattr(authority_module, "REDO_COMMIT_RECORDS", 10)  # the rebuild's and redo's commits come every 10 records
+    yield
+
+
+def _paused_step(monkeypatch, pause: Pause, run: Callable[[], Any], meanwhile: Callable[[], Any]) -> tuple[Any, Any]:
+    """Run the step ``run`` in a writer thread; once it waits at ``pause``'s point, ``meanwhile()``;
+    then let it finish. (What ``meanwhile`` returned, what the step returned.)"""
+    outcome: list[Any] = []
+
+    def writer() -> None:
+        pause.writer = threading.get_ident()
+        try:
+            outcome.append(run())
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            outcome.append(exc)
+        pause.reached.set()  # also when the step ended without reaching the point: said below
+
+    with paused_writer(monkeypatch, pause):
+        thread = threading.Thread(target=writer, name="writer")
+        thread.start()
+        try:
+            assert pause.reached.wait(WAIT), f"the writer never reached {pause.point}"
+            assert not outcome, f"the step ended before {pause.point}: {outcome}"
+            seen = meanwhile()
+        finally:
+            pause.go.set()
+            thread.join(WAIT)
+    assert not thread.is_alive()
+    assert not isinstance(outcome[0], BaseException), outcome
+    return seen, outcome[0]
+
+
+def make_store(path: str) -> Authority:
+    authority = Authority.open(path, segment_bytes=limits.SEGMENT_BYTES_MIN)
+    for group in (GROUP, ARCHIVED, SIDE):
+        authority.accept(group_create(group))
+    for number in range(1, 121):
+        authority.accept(_mission(number, group=(GROUP, ARCHIVED, SIDE)[number % 3]))
+    authority.snapshot(SIDE)
+    return authority
+
+
+def step_compact(authority: Authority) -> Callable[[], Any]:
+    authority.redact(GROUP, 3, actor=OWNER, action_id="redact-3", reason="test")
+    authority.archive(ARCHIVED, actor=OWNER, action_id="archive-2")
+    return authority.compact
+
+
+def step_rebuild(authority: Authority) -> Callable[[], Any]:
+    return authority.rebuild
+
+
+def step_snapshot(authority: Authority) -> Callable[[], Any]:
+    return lambda: authority.snapshot(GROUP)
+
+
+def step_archive(authority: Authority) -> Callable[[], Any]:
+    return lambda: authority.archive(ARCHIVED, actor=OWNER, action_id="archive-2")
+
+
+def step_redact(authority: Authority) -> Callable[[], Any]:
+    return lambda: authority.redact(GROUP, 4, actor=OWNER, action_id="redact-4", reason="test")
+
+
+def step_audit_delete(authority: Authority) -> Callable[[], Any]:
+    authority.archive(ARCHIVED, actor=OWNER, action_id="archive-2")
+    return lambda: authority.delete_audit_log(ARCHIVED, actor=OWNER, action_id="delete-2", basis="legal")
+
+
+def step_rotate(authority: Authority) -> Callable[[], Any]:
+    authority.signing_key  # noqa: B018 - the key made before the rotation
+    return lambda: authority.rotate_signing_key(retire=True)
+
+
+def step_accept_rollover(authority: Authority) -> Callable[[], Any]:
+    """An accept whose append seals the active segment and starts the next one."""
+    start = len(authority.log.segments())
+    number = 1000
+    while authority.log.segments()[-1].used_bytes + 4 * 1200 < limits.SEGMENT_BYTES_MIN:  # the next few roll over
+        number += 1
+        authority.accept(_mission(number))
+    assert len(authority.log.segments()) == start
+
+    def accept() -> None:
+        nonlocal number
+        while len(authority.log.segments()) == start:
+            number += 1
+            authority.accept(_mission(number))
+
+    return accept
+
+
+STEPS: dict[str, Callable[[Authority], Callable[[], Any]]] = {
+    "compact": step_compact, "rebuild": step_rebuild, "snapshot": step_snapshot, "archive": step_archive,
+    "redact": step_redact, "audit.delete": step_audit_delete, "rotate": step_rotate, "rollover": step_accept_rollover,
+}
+
+_COMMIT = ["authority.before_log_append", "authority.after_log_sync", "authority.after_index_commit"]
+# (step, pause point, hit count, readers in CI, the refusals allowed by reader kind)
+POINTS: list[tuple[str, str, int, str, dict[str, set[Any]]]] = [
+    ("compact", "compaction.copy", 1, ALL, {}),
+    ("compact", "compaction.marked", 1, ALL, {"view": VIEW_SWITCHING}),
+    ("compact", "compaction.half_switched", 1, ALL, {"view": VIEW_SWITCHING, "log": LOG_SWITCHING}),
+    ("compact", "compaction.switched", 1, ALL, {"view": VIEW_SWITCHING}),
+    ("compact", "authority.mid_rebuild", 1, QUICK, {"view": VIEW_SWITCHING}),
+    ("compact", "rename:index.old", 1, QUICK, {"view": VIEW_SWITCHING}),
+    ("compact", "compaction.indexed", 1, ALL, {"view": VIEW_SWITCHING}),
+    ("compact", "remove:COMPACT-SWITCH", 1, QUICK, {"view": VIEW_SWITCHING}),
+    ("rebuild", "authority.mid_rebuild", 1, ALL, {}),
+    ("rebuild", "rename:index.old", 1, QUICK, {"view": VIEW_SWITCHING}),
+    ("rebuild", "rename:index", 1, QUICK, {}),
+    ("snapshot", "files.before_rename", 1, ALL, {}),
+    ("snapshot", "authority.after_log_sync", 1, ALL, {}),
+    ("archive", "authority.after_log_sync", 1, QUICK, {}),
+    ("archive", "files.before_rename", 1, ALL, {}),
+    ("archive", "authority.after_log_sync", 2, QUICK, {}),
+    ("archive", "replace:audit-", 1, ALL, {}),
+    ("archive", "authority.after_log_sync", 3, ALL, {}),
+    ("redact", "authority.after_log_sync", 1, ALL, {}),
+    ("redact", "authority.after_index_commit", 1, QUICK, {}),
+    ("audit.delete", "authority.after_log_sync", 1, ALL, {}),
+    ("audit.delete", "authority.after_index_commit", 1, ALL, {}),
+    ("audit.delete", "unlink:audit-", 1, ALL, {}),
+    ("rotate", "keys.after_retire", 1, ALL, {}),
+    ("rotate", "files.before_rename", 1, ALL, {}),
+    ("rotate", "files.before_rename", 2, ALL, {}),
+    ("rollover", "authority.after_log_sync", 1, ALL, {}),
+]
+
+
+def _case_id(case: tuple[Any, ...]) -> str:
+    return f"{case[0]}@{case[1]}#{case[2]}"
+
+
+@pytest.mark.parametrize("case", POINTS, ids=_case_id)
+def test_a_reader_from_outside_at_a_maintenance_step_serves_a_prefix_or_a_refusal_the_docs_allow(tmp_path, monkeypatch, case):
+    step, point, count, kinds, allowed = case
+    kinds = ALL if FULL else kinds
+    store = scratch_directory("mwpstore-cross-")
+    authority = make_store(store)
+    try:
+        history = History()
+        run = STEPS[step](authority)
+        history.gather(authority)
+        pause = Pause(point, count)
+        lines, _ = _paused_step(monkeypatch, pause, run, lambda: read_from_outside(store, kinds))
+        history.gather(authority)
+        assert problems_in(lines, history, allowed) == []
+        after = read_from_outside(store, ALL if FULL else kinds)
+        assert problems_in(after, history, {}, whole=history) == []
+    finally:
+        authority.close()
+        shutil.rmtree(store, ignore_errors=True)
+
+
+class PausingIO(RecordingIO):
+    """The C log's file operations (``io_seam``), each numbered from ``start()`` on and reported to
+    the pause after it is done (``io:<n>``, with its kind): a pause inside ``sl_log_append``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pause: Pause | None = None
+        self.done = 0
+        self.kinds: list[str] = []
+
+    def start(self, pause: Pause) -> None:
+        self.pause, self.done, self.kinds = pause, 0, []
+
+    def _after(self, kind: str) -> None:
+        if self.pause is not None and threading.get_ident() == self.pause.writer:
+            self.done += 1
+            self.kinds.append(kind)
+            self.pause.at(f"io:{self.done}")
+
+
+def _reporting(kind: str) -> Callable[..., Any]:
+    def operation(self: PausingIO, *args: Any) -> Any:
+        result = getattr(RecordingIO, kind)(self, *args)
+        self._after(kind)
+        return result
+
+    return operation
+
+
+for _kind in ("create_file", "close_file", "write_at", "sync_file_data", "truncate_file", "allocate_file", "rename_file",
+              "remove_file", "sync_directory"):
+    setattr(PausingIO, _kind, _reporting(_kind))
+
+
+def test_a_reader_from_outside_at_each_file_operation_of_a_rollover_serves_a_prefix(monkeypatch):
+    """An accept whose append seals the active segment and starts the next: the writer stops after
+    each file operation the C log makes for it (the seal's write, its sync, the trim, the next
+    segment's creation, its header, the group, ...; in CI the seal's write, the trim, the new
+    file's creation and rename and the last), and a view and a bare log read meanwhile from
+    another process serve a prefix of the final history; none refuses."""
+    real_open = SegmentLog.open.__func__
+    ios: list[PausingIO] = []
+
+    def open_log(cls: type, directory: str, **options: Any) -> SegmentLog:
+        if not options.get("readonly"):
+            ios.append(PausingIO())
+            options["io"] = ios[-1]
+        return real_open(cls, directory, **options)
+
+    monkeypatch.setattr(SegmentLog, "open", classmethod(open_log))
+    pending, kinds = [1], None
+    while pending:
+        operation = pending.pop(0)
+        store = scratch_directory("mwpstore-cross-")
+        authority = make_store(store)
+        try:
+            history = History()
+            run = step_accept_rollover(authority)
+            history.gather(authority)
+            pause = Pause(f"io:{operation}")
+            ios[-1].start(pause)
+            lines, outcome = _paused_step(monkeypatch, pause, run, lambda: read_from_outside(store, QUICK))
+            if kinds is None:  # every operation after the first, or in CI those that change a file's size or name
+                kinds = ios[-1].kinds
+                seal = kinds.index("truncate_file") - 2  # the seal's write, synced, then the trim
+                pending = [number for number, kind in enumerate(kinds, 1) if number > 1 and (
+                    FULL or kind in ("truncate_file", "create_file", "rename_file") or number in (seal + 1, len(kinds)))]
+            assert len(authority.log.segments()) > 1
+            history.gather(authority)
+            assert problems_in(lines, history, {}) == [], (operation, kinds[operation - 1])
+            assert problems_in(read_from_outside(store, QUICK), history, {}, whole=history) == []
+        finally:
+            authority.close()
+            shutil.rmtree(store, ignore_errors=True)
+    assert {"write_at", "truncate_file", "create_file", "sync_file_data"} <= set(kinds), kinds
+
+
+# -- the reverse: a reader stopped mid-read while the writer runs a whole step ----------------------
+
+REVERSE = [
+    # (reader, where it stops, the step, the refusals allowed)
+    ("view", "page", "compact", {}),
+    ("log", "page", "compact", {}),
+    ("view", "map", "compact", {}),
+    ("log", "map", "compact", {"log": LOG_SWITCHING}),
+    ("view", "page", "rebuild", {}),
+    ("view", "map", "rebuild", {}),
+    ("log", "map", "rollover", {}),
+    ("view", "map", "rollover", {}),
+    ("view", "page", "archive", {}),
+    ("log", "page", "redact", {}),
+]
+
+
+@pytest.mark.parametrize("case", REVERSE, ids=lambda case: f"{case[0]}-at-{case[1]}-{case[2]}")
+def test_a_reader_from_outside_stopped_mid_read_across_a_whole_step_serves_a_prefix(case):
+    """The reader stops after its first page (batch), or in its open between mapping the log's
+    first segment file and its next; the writer runs the whole step; the reader goes on and must
+    serve a prefix of the history (a bare log: of the log it opened) or refuse as the docs allow
+    (a bare open that met a compaction's switch)."""
+    kind, where, step, allowed = case
+    store = scratch_directory("mwpstore-cross-")
+    authority = make_store(store)
+    try:
+        history = History()
+        run = STEPS[step](authority)
+        history.gather(authority)
+        assert len(authority.log.segments()) > 1  # a second segment file to stop before
+        child = run_reader(store, kind, where)
+        try:
+            assert child.stdout.readline().strip() == "PAUSED"
+            run()
+            child.stdin.write("go\n")
+            child.stdin.flush()
+        except BaseException:
+            child.kill()
+            raise
+        lines = reader_lines(child)
+        history.gather(authority)
+        assert [line["kind"] for line in lines] == [kind]
+        assert problems_in(lines, history, allowed) == []
+        assert problems_in(read_from_outside(store, QUICK), history, {}, whole=history) == []
+    finally:
+        authority.close()
+        shutil.rmtree(store, ignore_errors=True)
+
+
+def _killed_after_log_sync(store: str) -> None:
+    """A writer killed after its log's sync, before its index commit: the next open redoes."""
+    commands = [_mission(number) for number in range(200, 300)]
+
+    def accept_and_die() -> None:
+        with Authority.open(store, segment_bytes=limits.SEGMENT_BYTES_MIN) as writer:
+            writer.accept_many(commands)
+
+    assert in_a_forked_child([accept_and_die], kill=("authority.after_log_sync", 1)) == ["killed"]
+
+
+def _index_removed(store: str) -> None:
+    """No index: the next open rebuilds it."""
+    shutil.rmtree(os.path.join(store, "index"))
+
+
+OPENS = [
+    # (what the store needs, its preparation, the open's mode, pause point, refusals allowed)
+    ("redo", _killed_after_log_sync, "redo", "authority.mid_redo", {}),
+    # no index yet: docs/api.md, a view of a store "that needs what only a writer does at open"
+    ("rebuild", _index_removed, "rebuild", "authority.mid_rebuild", {"view": VIEW_SWITCHING}),
+    ("rebuild", _index_removed, "rebuild", "rename:index", {}),
+]
+
+
+@pytest.mark.parametrize("case", OPENS, ids=lambda case: f"{case[0]}@{case[3]}")
+def test_a_reader_from_outside_during_a_writers_recovering_open_serves_a_prefix(monkeypatch, case):
+    """The writer's open redoes the records past its index (a writer killed after its log's sync:
+    100 missions in one ``accept_many``, the last commits of it), committing every 10 records
+    (``authority.mid_redo``), or rebuilds a missing index; a reader from outside while it stops
+    serves a prefix of the history or refuses as the docs allow, and after it serves all of it."""
+    _, prepare, mode, point, allowed = case
+    store = scratch_directory("mwpstore-cross-")
+    try:
+        make_store(store).close()
+        prepare(store)
+        lines, authority = _paused_step(monkeypatch, Pause(point), lambda: Authority.open(store, segment_bytes=limits.SEGMENT_BYTES_MIN),
+                                        lambda: read_from_outside(store, ALL if FULL or point == "authority.mid_redo" else QUICK))
+        with authority:
+            assert authority.open_report.mode == mode
+            assert mode != "redo" or authority.open_report.redo_records > 10
+            history = History()
+            history.gather(authority)
+            assert problems_in(lines, history, allowed) == []
+            assert problems_in(read_from_outside(store, ALL), history, {}, whole=history) == []
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
