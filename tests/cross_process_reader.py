@@ -7,7 +7,8 @@ line per reader: ``{"kind": ..., "served": ...}``, ``{"kind": ..., "refused": [c
 message]}`` for a typed error, or ``{"kind": ..., "error": traceback}`` for anything else.
 
 - ``view``: ``Authority.open(STORE, readonly=True)``, every Group read in pages of 3 from seq 1,
-  checked contiguous and hash-chained here; served: each Group's Event hashes, in order.
+  checked contiguous and hash-chained here, and each snapshot its references name read through it
+  (``read_snapshot``) and checked against its reference; served: each Group's Event hashes.
 - ``log``: a bare ``SegmentLog.open(STORE/log, readonly=True)`` scanned in batches of 2, every
   record read again by position; served: the log id and ``[position, record digest]`` of each.
 - ``tail``: ``mwpstore tail --json`` (``cli.main``) of each Group the store's ``snapshots/`` or
@@ -38,7 +39,7 @@ from mwpstore.audit_log import FileKeyProvider, read_audit_log
 from mwpstore.errors import MwpError
 from mwpstore.messages import ZERO_HASH, Event
 from mwpstore.segment_log import SegmentLog
-from mwpstore.snapshot import Keyring, read_snapshot_file, retired_public_keys, verify_snapshot
+from mwpstore.snapshot import Keyring, check_snapshot_ref, read_snapshot_file, retired_public_keys, verify_snapshot
 
 PAGE = 3
 ORG = "acme"
@@ -83,6 +84,8 @@ def read_view(store: str, paused: bool) -> dict[str, list[str]]:
                     pause()
             if view.head(group)[0] != after:
                 raise AssertionError(f"{group}: read up to {after}, the head is {view.head(group)[0]}")
+            for ref in view.snapshots(group):  # the files its references name, checked against them
+                check_snapshot_ref(view.read_snapshot(ref), ref)
             served[group] = [floor, hashes]
     return served
 

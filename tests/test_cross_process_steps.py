@@ -253,19 +253,31 @@ def _paused_step(monkeypatch, pause: Pause, run: Callable[[], Any], meanwhile: C
     return seen, outcome[0]
 
 
-def make_store(path: str) -> Authority:
+def make_store(path: str, reopened: bool = False) -> Authority:
+    """Three Groups, 120 missions across them (several segments), a snapshot of one. ``reopened``:
+    then closed cleanly and opened again, its log's clean-close marker still there."""
     authority = Authority.open(path, segment_bytes=limits.SEGMENT_BYTES_MIN)
     for group in (GROUP, ARCHIVED, SIDE):
         authority.accept(group_create(group))
     for number in range(1, 121):
         authority.accept(_mission(number, group=(GROUP, ARCHIVED, SIDE)[number % 3]))
     authority.snapshot(SIDE)
+    if reopened:
+        authority.close()
+        authority = Authority.open(path, segment_bytes=limits.SEGMENT_BYTES_MIN)
     return authority
 
 
 def step_compact(authority: Authority) -> Callable[[], Any]:
     authority.redact(GROUP, 3, actor=OWNER, action_id="redact-3", reason="test")
     authority.archive(ARCHIVED, actor=OWNER, action_id="archive-2")
+    return authority.compact
+
+
+def step_compact_after_reopen(authority: Authority) -> Callable[[], Any]:
+    """A compaction of a store reopened after a clean close, nothing appended since: its log's
+    clean-close marker (``CLEAN``) is still there for a bare reader to take sealed segments on."""
+    assert os.path.exists(os.path.join(authority.path, "log", "CLEAN"))
     return authority.compact
 
 
@@ -314,13 +326,19 @@ def step_accept_rollover(authority: Authority) -> Callable[[], Any]:
 
 
 STEPS: dict[str, Callable[[Authority], Callable[[], Any]]] = {
-    "compact": step_compact, "rebuild": step_rebuild, "snapshot": step_snapshot, "archive": step_archive,
+    "compact": step_compact, "compact-after-reopen": step_compact_after_reopen, "rebuild": step_rebuild, "snapshot": step_snapshot, "archive": step_archive,
     "redact": step_redact, "audit.delete": step_audit_delete, "rotate": step_rotate, "rollover": step_accept_rollover,
 }
 
 _COMMIT = ["authority.before_log_append", "authority.after_log_sync", "authority.after_index_commit"]
 # (step, pause point, hit count, readers in CI, the refusals allowed by reader kind)
 POINTS: list[tuple[str, str, int, str, dict[str, set[Any]]]] = [
+    ("compact-after-reopen", "compaction.copy", 1, ALL, {}),
+    ("compact-after-reopen", "compaction.marked", 1, ALL, {"view": VIEW_SWITCHING}),
+    ("compact-after-reopen", "compaction.half_switched", 1, ALL, {"view": VIEW_SWITCHING, "log": LOG_SWITCHING}),
+    ("compact-after-reopen", "compaction.switched", 1, ALL, {"view": VIEW_SWITCHING}),
+    ("compact-after-reopen", "compaction.indexed", 1, ALL, {"view": VIEW_SWITCHING}),
+    ("compact-after-reopen", "remove:COMPACT-SWITCH", 1, ALL, {"view": VIEW_SWITCHING}),
     ("compact", "compaction.copy", 1, ALL, {}),
     ("compact", "compaction.marked", 1, ALL, {"view": VIEW_SWITCHING}),
     ("compact", "compaction.half_switched", 1, ALL, {"view": VIEW_SWITCHING, "log": LOG_SWITCHING}),
@@ -360,7 +378,7 @@ def test_a_reader_from_outside_at_a_maintenance_step_serves_a_prefix_or_a_refusa
     step, point, count, kinds, allowed = case
     kinds = ALL if FULL else kinds
     store = scratch_directory("mwpstore-cross-")
-    authority = make_store(store)
+    authority = make_store(store, reopened=step.endswith("after-reopen"))
     try:
         history = History()
         run = STEPS[step](authority)
@@ -405,23 +423,53 @@ def _reporting(kind: str) -> Callable[..., Any]:
     return operation
 
 
-for _kind in ("create_file", "close_file", "write_at", "sync_file_data", "truncate_file", "allocate_file", "rename_file",
+for _kind in ("create_file", "open_file", "close_file", "write_at", "sync_file_data", "truncate_file", "allocate_file", "rename_file",
               "remove_file", "sync_directory"):
     setattr(PausingIO, _kind, _reporting(_kind))
 
 
-def test_a_reader_from_outside_at_each_file_operation_of_a_rollover_serves_a_prefix(monkeypatch):
-    """An accept whose append seals the active segment and starts the next: the writer stops after
-    each file operation the C log makes for it (the seal's write, its sync, the trim, the next
-    segment's creation, its header, the group, ...; in CI the seal's write, the trim, the new
-    file's creation and rename and the last), and a view and a bare log read meanwhile from
-    another process serve a prefix of the final history; none refuses."""
+def _rollover(store: str) -> tuple[Authority | None, Callable[[], Any]]:
+    authority = make_store(store)
+    return authority, step_accept_rollover(authority)
+
+
+def _open_repairing_the_tail(store: str) -> tuple[Authority | None, Callable[[], Any]]:
+    """A store whose last segment has bytes that are not zero after its end (a group torn by a
+    crash), closed without its clean-close marker: the writer's open trims and zeroes them."""
+    authority = make_store(store)
+    active = authority.log.segments()[-1]
+    authority.close()
+    os.remove(os.path.join(store, "log", "CLEAN"))
+    with open(active.path, "r+b") as segment:
+        segment.seek(active.used_bytes)
+        segment.write(b"\xff" * 100)
+    return None, lambda: Authority.open(store, segment_bytes=limits.SEGMENT_BYTES_MIN)
+
+
+def _selected(kinds: list[str]) -> list[int]:
+    """The operations (numbered from 1) to stop after, but the first (stopped at already): all of
+    them, or in CI those that change a file's size or name, a segment's seal and the last."""
+    seal = kinds.index("truncate_file") - 2 if "create_file" in kinds else -1  # written, synced, then the trim
+    return [number for number, kind in enumerate(kinds, 1) if number > 1 and (
+        FULL or kind in ("truncate_file", "create_file", "rename_file") or number in (seal + 1, len(kinds)))]
+
+
+@pytest.mark.parametrize("scenario", [_rollover, _open_repairing_the_tail], ids=["rollover", "open-repairing-the-tail"])
+def test_a_reader_from_outside_at_each_file_operation_of_the_c_log_serves_a_prefix(monkeypatch, scenario):
+    """The writer stops after each file operation the C log makes (``PausingIO``) for an accept
+    whose append seals the active segment and starts the next (the seal's write, its sync, the
+    trim, the next segment's creation, its header, the group, ...), or for a writer's open that
+    cuts a torn tail; in CI after those of :func:`_selected`. A view and a bare log read meanwhile
+    from another process serve a prefix of the final history; none refuses."""
     real_open = SegmentLog.open.__func__
     ios: list[PausingIO] = []
+    armed: list[Pause] = []
 
     def open_log(cls: type, directory: str, **options: Any) -> SegmentLog:
         if not options.get("readonly"):
             ios.append(PausingIO())
+            if armed:
+                ios[-1].start(armed[0])
             options["io"] = ios[-1]
         return real_open(cls, directory, **options)
 
@@ -430,27 +478,29 @@ def test_a_reader_from_outside_at_each_file_operation_of_a_rollover_serves_a_pre
     while pending:
         operation = pending.pop(0)
         store = scratch_directory("mwpstore-cross-")
-        authority = make_store(store)
+        armed.clear()
+        authority, run = scenario(store)
         try:
             history = History()
-            run = step_accept_rollover(authority)
-            history.gather(authority)
+            if authority is not None:
+                history.gather(authority)
             pause = Pause(f"io:{operation}")
+            armed.append(pause)
             ios[-1].start(pause)
             lines, outcome = _paused_step(monkeypatch, pause, run, lambda: read_from_outside(store, QUICK))
-            if kinds is None:  # every operation after the first, or in CI those that change a file's size or name
+            authority = authority or outcome
+            if kinds is None:
                 kinds = ios[-1].kinds
-                seal = kinds.index("truncate_file") - 2  # the seal's write, synced, then the trim
-                pending = [number for number, kind in enumerate(kinds, 1) if number > 1 and (
-                    FULL or kind in ("truncate_file", "create_file", "rename_file") or number in (seal + 1, len(kinds)))]
-            assert len(authority.log.segments()) > 1
+                pending = _selected(kinds)
             history.gather(authority)
             assert problems_in(lines, history, {}) == [], (operation, kinds[operation - 1])
             assert problems_in(read_from_outside(store, QUICK), history, {}, whole=history) == []
         finally:
-            authority.close()
+            if authority is not None:
+                authority.close()
             shutil.rmtree(store, ignore_errors=True)
-    assert {"write_at", "truncate_file", "create_file", "sync_file_data"} <= set(kinds), kinds
+    assert {"truncate_file", "sync_file_data"} <= set(kinds), kinds
+    assert scenario is not _rollover or {"write_at", "create_file", "rename_file"} <= set(kinds), kinds
 
 
 # -- the reverse: a reader stopped mid-read while the writer runs a whole step ----------------------
@@ -461,6 +511,10 @@ REVERSE = [
     ("log", "page", "compact", {}),
     ("view", "map", "compact", {}),
     ("log", "map", "compact", {"log": LOG_SWITCHING}),
+    ("log", "map", "compact-after-reopen", {"log": LOG_SWITCHING}),
+    ("log", "page", "compact-after-reopen", {}),
+    ("view", "map", "compact-after-reopen", {}),
+    ("log", "map", "rebuild", {}),
     ("view", "page", "rebuild", {}),
     ("view", "map", "rebuild", {}),
     ("log", "map", "rollover", {}),
@@ -478,7 +532,7 @@ def test_a_reader_from_outside_stopped_mid_read_across_a_whole_step_serves_a_pre
     (a bare open that met a compaction's switch)."""
     kind, where, step, allowed = case
     store = scratch_directory("mwpstore-cross-")
-    authority = make_store(store)
+    authority = make_store(store, reopened=step.endswith("after-reopen"))
     try:
         history = History()
         run = STEPS[step](authority)
