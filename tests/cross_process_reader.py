@@ -157,8 +157,6 @@ def attempt(read):
         return {"served": read()}
     except MwpError as exc:
         return {"refused": [exc.code, exc.detail.get("reason"), exc.message[:300]]}
-    except FileNotFoundError as exc:  # gone between the listing and the read: said so, not judged here
-        return {"gone": str(exc)}
 
 
 def main() -> None:
