@@ -330,23 +330,24 @@ STEPS: dict[str, Callable[[Authority], Callable[[], Any]]] = {
     "redact": step_redact, "audit.delete": step_audit_delete, "rotate": step_rotate, "rollover": step_accept_rollover,
 }
 
-_COMMIT = ["authority.before_log_append", "authority.after_log_sync", "authority.after_index_commit"]
+# A compaction's points: (pause point, readers in CI, the refusals allowed by reader kind). Run on
+# a store with a redaction and an archived Group (``compact``) and, where the readers' outcomes
+# may differ, on one reopened after a clean close (``compact-after-reopen``).
+COMPACTION = [
+    ("compaction.copy", ALL, {}),
+    ("compaction.marked", ALL, {"view": VIEW_SWITCHING}),
+    ("compaction.half_switched", ALL, {"view": VIEW_SWITCHING, "log": LOG_SWITCHING}),
+    ("compaction.switched", ALL, {"view": VIEW_SWITCHING}),
+    ("authority.mid_rebuild", QUICK, {"view": VIEW_SWITCHING}),
+    ("rename:index.old", QUICK, {"view": VIEW_SWITCHING}),
+    ("compaction.indexed", ALL, {"view": VIEW_SWITCHING}),
+    ("remove:COMPACT-SWITCH", QUICK, {"view": VIEW_SWITCHING}),
+]
 # (step, pause point, hit count, readers in CI, the refusals allowed by reader kind)
 POINTS: list[tuple[str, str, int, str, dict[str, set[Any]]]] = [
-    ("compact-after-reopen", "compaction.copy", 1, ALL, {}),
-    ("compact-after-reopen", "compaction.marked", 1, ALL, {"view": VIEW_SWITCHING}),
-    ("compact-after-reopen", "compaction.half_switched", 1, ALL, {"view": VIEW_SWITCHING, "log": LOG_SWITCHING}),
-    ("compact-after-reopen", "compaction.switched", 1, ALL, {"view": VIEW_SWITCHING}),
-    ("compact-after-reopen", "compaction.indexed", 1, ALL, {"view": VIEW_SWITCHING}),
-    ("compact-after-reopen", "remove:COMPACT-SWITCH", 1, ALL, {"view": VIEW_SWITCHING}),
-    ("compact", "compaction.copy", 1, ALL, {}),
-    ("compact", "compaction.marked", 1, ALL, {"view": VIEW_SWITCHING}),
-    ("compact", "compaction.half_switched", 1, ALL, {"view": VIEW_SWITCHING, "log": LOG_SWITCHING}),
-    ("compact", "compaction.switched", 1, ALL, {"view": VIEW_SWITCHING}),
-    ("compact", "authority.mid_rebuild", 1, QUICK, {"view": VIEW_SWITCHING}),
-    ("compact", "rename:index.old", 1, QUICK, {"view": VIEW_SWITCHING}),
-    ("compact", "compaction.indexed", 1, ALL, {"view": VIEW_SWITCHING}),
-    ("compact", "remove:COMPACT-SWITCH", 1, QUICK, {"view": VIEW_SWITCHING}),
+    *[("compact", point, 1, kinds, allowed) for point, kinds, allowed in COMPACTION],
+    *[("compact-after-reopen", point, 1, kinds, allowed) for point, kinds, allowed in COMPACTION
+      if point not in ("authority.mid_rebuild", "rename:index.old")],
     ("rebuild", "authority.mid_rebuild", 1, ALL, {}),
     ("rebuild", "rename:index.old", 1, QUICK, {"view": VIEW_SWITCHING}),
     ("rebuild", "rename:index", 1, QUICK, {}),
@@ -373,25 +374,31 @@ def _case_id(case: tuple[Any, ...]) -> str:
     return f"{case[0]}@{case[1]}#{case[2]}"
 
 
-@pytest.mark.parametrize("case", POINTS, ids=_case_id)
-def test_a_reader_from_outside_at_a_maintenance_step_serves_a_prefix_or_a_refusal_the_docs_allow(tmp_path, monkeypatch, case):
-    step, point, count, kinds, allowed = case
-    kinds = ALL if FULL else kinds
+@contextlib.contextmanager
+def prepared(step: str) -> Iterator[tuple[str, Authority, History, Callable[[], Any]]]:
+    """A new store (:func:`make_store`) prepared for ``step``: its directory, the writer, the
+    history gathered so far and the step to run; closed and removed at the end."""
     store = scratch_directory("mwpstore-cross-")
     authority = make_store(store, reopened=step.endswith("after-reopen"))
     try:
         history = History()
         run = STEPS[step](authority)
         history.gather(authority)
-        pause = Pause(point, count)
-        lines, _ = _paused_step(monkeypatch, pause, run, lambda: read_from_outside(store, kinds))
-        history.gather(authority)
-        assert problems_in(lines, history, allowed) == []
-        after = read_from_outside(store, ALL if FULL else kinds)
-        assert problems_in(after, history, {}, whole=history) == []
+        yield store, authority, history, run
     finally:
         authority.close()
         shutil.rmtree(store, ignore_errors=True)
+
+
+@pytest.mark.parametrize("case", POINTS, ids=_case_id)
+def test_a_reader_from_outside_at_a_maintenance_step_serves_a_prefix_or_a_refusal_the_docs_allow(monkeypatch, case):
+    step, point, count, kinds, allowed = case
+    kinds = ALL if FULL else kinds
+    with prepared(step) as (store, authority, history, run):
+        lines, _ = _paused_step(monkeypatch, Pause(point, count), run, lambda: read_from_outside(store, kinds))
+        history.gather(authority)
+        assert problems_in(lines, history, allowed) == []
+        assert problems_in(read_from_outside(store, kinds), history, {}, whole=history) == []
 
 
 class PausingIO(RecordingIO):
@@ -531,12 +538,7 @@ def test_a_reader_from_outside_stopped_mid_read_across_a_whole_step_serves_a_pre
     serve a prefix of the history (a bare log: of the log it opened) or refuse as the docs allow
     (a bare open that met a compaction's switch)."""
     kind, where, step, allowed = case
-    store = scratch_directory("mwpstore-cross-")
-    authority = make_store(store, reopened=step.endswith("after-reopen"))
-    try:
-        history = History()
-        run = STEPS[step](authority)
-        history.gather(authority)
+    with prepared(step) as (store, authority, history, run):
         assert len(authority.log.segments()) > 1  # a second segment file to stop before
         child = run_reader(store, kind, where)
         try:
@@ -552,9 +554,6 @@ def test_a_reader_from_outside_stopped_mid_read_across_a_whole_step_serves_a_pre
         assert [line["kind"] for line in lines] == [kind]
         assert problems_in(lines, history, allowed) == []
         assert problems_in(read_from_outside(store, QUICK), history, {}, whole=history) == []
-    finally:
-        authority.close()
-        shutil.rmtree(store, ignore_errors=True)
 
 
 def _killed_after_log_sync(store: str) -> None:
