@@ -278,6 +278,16 @@ class _Segment:
     def mapped_bytes(self) -> int:
         return len(self._map) if self._map is not None else 0
 
+    def file_size(self) -> int:
+        """The size of the file this handle reads: its map's (``fstat`` of the descriptor the map
+        keeps), else the file's under its name. Beside a compaction the name may by then be the
+        new log's file, or nothing, while a read-only handle goes on reading the file it mapped."""
+        mapped = self._map
+        if mapped is not None:
+            with contextlib.suppress(ValueError, OSError):  # unmapped meanwhile: by name, below
+                return mapped.size()
+        return os.stat(self.path).st_size
+
     def unmap(self) -> None:
         with self._lock:
             mapped = self._map
@@ -1487,7 +1497,7 @@ class SegmentLog:
         end, infos = self._end, []
         for segment in self._segments:
             try:
-                size = os.stat(segment.path).st_size
+                size = segment.file_size()
             except OSError as exc:
                 raise StorageFailed(f"cannot stat {segment.path}: {exc}", errno=exc.errno) from exc
             infos.append(

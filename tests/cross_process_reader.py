@@ -8,9 +8,10 @@ message]}`` for a typed error, or ``{"kind": ..., "error": traceback}`` for anyt
 
 - ``view``: ``Authority.open(STORE, readonly=True)``, every Group read in pages of 3 from seq 1,
   checked contiguous and hash-chained here, and each snapshot its references name read through it
-  (``read_snapshot``) and checked against its reference; served: each Group's Event hashes.
+  (``read_snapshot``) and checked against its reference, and ``info()``'s segments checked the
+  same as at its open; served: each Group's Event hashes.
 - ``log``: a bare ``SegmentLog.open(STORE/log, readonly=True)`` scanned in batches of 2, every
-  record read again by position; served: the log id and ``[position, record digest]`` of each.
+  record read again by position, its ``segments()`` checked the same as at its open; served: the log id and ``[position, record digest]`` of each.
 - ``tail``: ``mwpstore tail --json`` (``cli.main``) of each Group the store's ``snapshots/`` or
   ``archive/`` name plus ``g-1``; served: each Group's ``[seq, hash]`` lines.
 - ``files``: every snapshot file (``read_snapshot_file`` and ``verify_snapshot`` against the
@@ -25,6 +26,7 @@ mapping the log's first segment file and its next (``view`` and ``log``).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
@@ -70,6 +72,7 @@ def pause_at_second_map() -> None:
 def read_view(store: str, paused: bool) -> dict[str, list[str]]:
     served: dict[str, list[str]] = {}
     with Authority.open(store, readonly=True) as view:
+        opened = view.info()["segments"]
         for group in view.groups():
             floor = view.replay_floor(group)[0]
             after, previous, hashes = floor, None, []
@@ -87,12 +90,23 @@ def read_view(store: str, paused: bool) -> dict[str, list[str]]:
             for ref in view.snapshots(group):  # the files its references name, checked against them
                 check_snapshot_ref(view.read_snapshot(ref), ref)
             served[group] = [floor, hashes]
+        check_same_segments(opened, view.info()["segments"])
     return served
+
+
+def check_same_segments(before: list[dict], after: list[dict]) -> None:
+    """A handle's segments (``info()``'s, ``segments()``'s) after a step are those it described at
+    its open: the files it reads, whatever their names hold by then. Only the active one's size may
+    differ (the writer seals and trims it)."""
+    if [{**one, "size_bytes": None} for one in before] != [{**one, "size_bytes": None} for one in after] or (
+            [one["size_bytes"] for one in before[:-1]] != [one["size_bytes"] for one in after[:-1]]):
+        raise AssertionError(f"the segments described at the open {before} are now {after}")
 
 
 def read_log(store: str, paused: bool) -> dict[str, object]:
     records: list[list[object]] = []
     with SegmentLog.open(os.path.join(store, "log"), readonly=True) as log:
+        opened = [dataclasses.asdict(segment) for segment in log.segments()]
         for batch in log.scan(log.start, batch_records=2):
             records.extend([position, digest(record)] for position, record in zip(batch.positions, batch.records))
             if paused:
@@ -101,6 +115,7 @@ def read_log(store: str, paused: bool) -> dict[str, object]:
         for position, expected in records:
             if digest(log.read(position)) != expected:
                 raise AssertionError(f"read({position}) differs from the record the scan served there")
+        check_same_segments(opened, [dataclasses.asdict(segment) for segment in log.segments()])
         return {"log_id": log.log_id, "start": log.start, "end": log.end, "records": records}
 
 
