@@ -1,24 +1,26 @@
 """Readers in other processes, stepped through every maintenance step of the writer.
 
-The writer (this process) is paused at each point of a maintenance step: the fail points
-(``mwpstore/failpoints.py``) the step passes, the index switch's renames, and, for a segment
-rollover, each file operation of the C log (through ``io_seam.RecordingIO``). While it waits, a
-child process (``cross_process_reader.py``) runs the readers from outside to completion: a
-read-only view, a bare read-only ``SegmentLog``, ``mwpstore tail``, and the snapshot and audit-log
-files read and verified. Then the writer finishes the step, and each reader must have served a
-prefix of the store's history (the same hash at each sequence; a bare log's records those of the
-log of its log id, at the same positions) or refused with a reason the docs allow at that moment;
-a fresh reader after the step serves the whole of it. The reverse too: a reader paused mid-read
-(after a page, or in its open between mapping two segment files) while the writer runs a whole
-step, then resumed.
+The writer (this process) is stopped at each point of a maintenance step: the fail points
+(``mwpstore/failpoints.py``) the step passes (compaction, rebuild, redo, snapshot, archive,
+redaction, ``audit.delete``, key rotation, an accept that rolls the log over), the renames and
+removals of the index switch, the compaction and the audit log, and each file operation of the C
+log (through ``io_seam.RecordingIO``) for a rollover and for a writer's open that cuts a torn tail.
+While it waits, a child process (``cross_process_reader.py``) runs the readers from outside to
+completion: a read-only view, a bare read-only ``SegmentLog``, ``mwpstore tail``, and the snapshot
+and audit-log files read and verified. Then the writer finishes the step, and each reader must
+have served a prefix of the store's history (the same hash at each sequence; a bare log's records
+those of the log of its log id, at the same positions) or refused with a reason the docs allow at
+that moment; a fresh reader after the step serves the whole of it. The reverse too: a reader
+stopped mid-read (after a page, or in its open between mapping two segment files) while the writer
+runs a whole step, then resumed.
 
-CI runs a subset of the pause points per step (the view and the bare log at every one, ``tail``
-and the files at some); ``MWPSTORE_CROSS_PROCESS_STEPS=all`` runs every reader at every point.
+CI runs ``tail`` and the file reads at a subset of the points (the view and the bare log at every
+one) and a subset of a rollover's file operations; ``MWPSTORE_CROSS_PROCESS_STEPS=all`` runs every
+reader at every point and every file operation.
 """
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import os
