@@ -11,7 +11,8 @@ message]}`` for a typed error, or ``{"kind": ..., "error": traceback}`` for anyt
   (``read_snapshot``) and checked against its reference, and ``info()``'s segments checked the
   same as at its open; served: each Group's Event hashes.
 - ``log``: a bare ``SegmentLog.open(STORE/log, readonly=True)`` scanned in batches of 2, every
-  record read again by position, its ``segments()`` checked the same as at its open; served: the log id and ``[position, record digest]`` of each.
+  record read again by position, its ``segments()`` checked the same as at its open and its
+  ``verify()`` counting the records served; served: the log id and ``[position, record digest]`` of each.
 - ``tail``: ``mwpstore tail --json`` (``cli.main``) of each Group the store's ``snapshots/`` or
   ``archive/`` name plus ``g-1``; served: each Group's ``[seq, hash]`` lines.
 - ``files``: every snapshot file (``read_snapshot_file`` and ``verify_snapshot`` against the
@@ -20,7 +21,8 @@ message]}`` for a typed error, or ``{"kind": ..., "error": traceback}`` for anyt
 
 ``PAUSE`` stops the first reader mid-read and prints ``PAUSED`` until a line arrives on standard
 input: ``page`` after its first page (``view``) or batch (``log``), ``map`` in the open between
-mapping the log's first segment file and its next (``view`` and ``log``).
+mapping the log's first segment file and its next, ``lastmap`` before it maps the active segment
+(``view`` and ``log``).
 """
 
 from __future__ import annotations
@@ -56,13 +58,15 @@ def pause() -> None:
     sys.stdin.readline()
 
 
-def pause_at_second_map() -> None:
-    """The open maps segment files by name (``_open_segment_fd``): pause before the second."""
+def pause_at_map(store: str, last: bool) -> None:
+    """The open maps segment files by name (``_open_segment_fd``): pause before the second, or
+    (``last``) before the last of those in the log directory now, the active segment."""
     real, seen = segment_log._open_segment_fd, []
+    active = os.path.join(store, "log", sorted(name for name in os.listdir(os.path.join(store, "log")) if name.endswith(".seg"))[-1])
 
     def open_segment_fd(path):
         seen.append(path)
-        if len(seen) == 2:
+        if (path == active) if last else len(seen) == 2:
             pause()
         return real(path)
 
@@ -116,6 +120,8 @@ def read_log(store: str, paused: bool) -> dict[str, object]:
             if digest(log.read(position)) != expected:
                 raise AssertionError(f"read({position}) differs from the record the scan served there")
         check_same_segments(opened, [dataclasses.asdict(segment) for segment in log.segments()])
+        if log.verify() != len(records):
+            raise AssertionError("verify() counts other records than the scan served")
         return {"log_id": log.log_id, "start": log.start, "end": log.end, "records": records}
 
 
@@ -177,8 +183,8 @@ def attempt(read):
 def main() -> None:
     store, kinds = sys.argv[1], sys.argv[2].split(",")
     where = sys.argv[3] if len(sys.argv) > 3 else ""
-    if where == "map":
-        pause_at_second_map()
+    if where in ("map", "lastmap"):
+        pause_at_map(store, where == "lastmap")
     readers = {"view": lambda paused: read_view(store, paused), "log": lambda paused: read_log(store, paused),
                "tail": lambda paused: read_tail(store), "files": lambda paused: read_files(store)}
     for number, kind in enumerate(kinds):

@@ -528,6 +528,9 @@ REVERSE = [
     ("view", "map", "rebuild", {}),
     ("log", "map", "rollover", {}),
     ("view", "map", "rollover", {}),
+    ("log", "lastmap", "rollover", {}),  # the writer seals and trims the segment before it is mapped
+    ("view", "lastmap", "rollover", {}),
+    ("log", "lastmap", "compact", {"log": LOG_SWITCHING}),
     ("view", "page", "archive", {}),
     ("log", "page", "redact", {}),
 ]
@@ -536,7 +539,8 @@ REVERSE = [
 @pytest.mark.parametrize("case", REVERSE, ids=lambda case: f"{case[0]}-at-{case[1]}-{case[2]}")
 def test_a_reader_from_outside_stopped_mid_read_across_a_whole_step_serves_a_prefix(case):
     """The reader stops after its first page (batch), or in its open between mapping the log's
-    first segment file and its next; the writer runs the whole step; the reader goes on and must
+    first segment file and its next, or before it maps the active segment; the writer runs the
+    whole step; the reader goes on and must
     serve a prefix of the history (a bare log: of the log it opened) or refuse as the docs allow
     (a bare open that met a compaction's switch)."""
     kind, where, step, allowed = case
