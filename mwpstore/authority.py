@@ -101,7 +101,7 @@ from .messages import (
 # opened where their errors are typed.
 from .audit_log import FileKeyProvider, current_org_key, verify_audit_log_against_snapshot, write_audit_log
 from .registry import ENGINE_ACTOR, run_transition
-from .segment_log import COMMIT_FRAME_BYTES, SegmentLog, check_segment_bytes, framed_bytes, group_bytes_max
+from .segment_log import COMMIT_FRAME_BYTES, RecordBatch, SegmentLog, check_segment_bytes, framed_bytes, group_bytes_max
 from .snapshot import (
     KEY_ID_CHARS,
     SIGNING_KEY_NAME,
@@ -929,14 +929,24 @@ class Authority:
         pending = 0
         last_ms = [0]
         try:
+            begun = start
             for batch in _gc_paused_iter(log.scan(start, end=end)):
-                _index_records(index, txn, writes, heads, batch.positions, batch.records, last_ms)
-                writes.flush(index, txn)
-                done += len(batch.positions)
-                pending += len(batch.positions)
-                if pending >= REDO_COMMIT_RECORDS:
+                positions, records = batch.positions, batch.records
+                # A commit along the way records a position where a group ends, as every other
+                # writer of the index does (the open rebuilds an index whose position is none): a
+                # batch ends after records_max records, mostly inside a group or before its commit
+                # frame, so the commit goes after the last group that ends in this batch.
+                cut = len(positions)
+                found = _last_group_end(batch, begun) if pending + cut >= REDO_COMMIT_RECORDS else None
+                begun = batch.next_position
+                if found is not None:
+                    cut, at = found
+                if cut:
+                    _index_records(index, txn, writes, heads, positions[:cut], records[:cut], last_ms)
+                    writes.flush(index, txn)
+                if found is not None and pending + cut:
                     _flush_heads(index, txn, heads, flushed)
-                    index.put(txn, b"meta", b"log_position", u64(batch.next_position))
+                    index.put(txn, b"meta", b"log_position", u64(at))
                     # the time goes with the position: a redo that resumes past these records
                     # (nothing past them when this commit reached the end) never reads them again
                     _keep_last_ms(index, txn, last_ms[0])
@@ -949,9 +959,14 @@ class Authority:
                     flushed = dict(heads)
                     failpoints.hit(failpoint)
                     txn = index.begin(write=True)
-                    pending = 0
+                    pending = -cut
                     if progress:
-                        progress(batch.next_position - start, end - start)
+                        progress(at - start, end - start)
+                if cut < len(positions):
+                    _index_records(index, txn, writes, heads, positions[cut:], records[cut:], last_ms)
+                    writes.flush(index, txn)
+                done += len(positions)
+                pending += len(positions)
             _flush_heads(index, txn, heads, flushed)
             index.put(txn, b"meta", b"log_position", u64(end))
             _keep_last_ms(index, txn, last_ms[0])
@@ -2956,6 +2971,23 @@ def _collision(command: Command) -> ActionIdCollision:
         actor=command.actor,
         action_id=command.action_id,
     )
+
+
+def _last_group_end(batch: RecordBatch, begun: int) -> tuple[int, int] | None:
+    """How many of ``batch``'s records (a scan's, which went on from ``begun``) come before the
+    last position within it where a group ends, and that position; None if there is none (a batch
+    inside one group). A group ends where a record's frame is followed by a commit frame (and maybe
+    a seal) rather than by the next record, or the batch's end; the batch's first record starts a
+    group when the scan read a commit frame before it."""
+    positions, records = batch.positions, batch.records
+    following = batch.next_position
+    for count in range(len(positions), -1, -1):
+        frame_end = positions[count - 1] + framed_bytes(len(records[count - 1])) if count else begun
+        if frame_end != following:
+            return count, following
+        if count:
+            following = positions[count - 1]
+    return None
 
 
 def _keep_last_ms(index: Index, txn: lmdb.Transaction, last_ms: int) -> None:

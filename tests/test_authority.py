@@ -42,7 +42,7 @@ from mwpstore import (
     Unauthorized,
 )
 from mwpstore.errors import AlreadyExists, UnknownKind
-from mwpstore.index import Index, receipt_key, remove_index, u64
+from mwpstore.index import Index, read_u64, receipt_key, remove_index, u64
 from mwpstore.messages import encode_receipt
 from mwpstore.segment_log import SegmentLog
 from mwpstore.snapshot import SigningKey, SnapshotRef, verify_snapshot
@@ -613,6 +613,58 @@ def test_a_redo_interrupted_after_one_of_its_commits_resumes_from_that_commit(tm
         assert authority.state(GROUP, "mission:m-19-19")[0] == 1
         assert authority.verify().ok
         assert authority.accept(mission_create("m-after")).seq == head[0] + 1
+
+
+def test_a_redo_interrupted_after_one_of_its_commits_left_a_position_where_a_group_ends_and_resumes(tmp_path, monkeypatch):
+    """A scan batch ends after so many records, mostly inside a group or just before its commit
+    frame. Redo's commits along the way recorded that batch end, where no group of the log ends,
+    and the next open, which rebuilds an index whose position is not a group end (docs/recovery.md,
+    step 4), rebuilt the whole index instead of resuming. Each commit now goes after the last group
+    that ends in its batch; a batch inside one group commits nothing."""
+    import shutil
+
+    from mwpstore import authority as authority_module
+    from mwpstore.segment_log import SegmentLog
+
+    path = str(tmp_path / "store")
+    with Authority.open(path) as authority:
+        authority.accept(group_create())
+    saved = str(tmp_path / "index-after-create")
+    shutil.copytree(os.path.join(path, "index"), saved)
+    with Authority.open(path) as authority:
+        for batch in range(6):  # groups of 3 records, then one of 25: longer than a scan batch
+            assert all(result.ok for result in authority.accept_many([mission_create(f"m-{batch}-{n}") for n in range(3)]))
+        assert all(result.ok for result in authority.accept_many([mission_create(f"m-long-{n}") for n in range(25)]))
+        head = authority.head(GROUP)
+    shutil.rmtree(os.path.join(path, "index"))
+    shutil.copytree(saved, os.path.join(path, "index"))
+    scan = SegmentLog.scan
+    monkeypatch.setattr(SegmentLog, "scan", lambda self, start=0, **kw: scan(self, start, **{**kw, "batch_records": 4}))
+    commits = []
+    put = Index.put
+
+    def recording_put(self, txn, name, key, value, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if (name, key) == (b"meta", b"log_position"):
+            commits.append(read_u64(value))
+        return put(self, txn, name, key, value, *args, **kwargs)
+
+    monkeypatch.setattr(Index, "put", recording_put)
+    monkeypatch.setattr(authority_module, "REDO_COMMIT_RECORDS", 1)
+    # each of the open's redo commits where a group ends, none inside the long group
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "redo" and authority.open_report.redo_records == 43
+    assert len(commits) >= 6  # after groups 1-5 or so, and at the end
+    with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
+        assert all(log.group_ends_at(position) for position in commits)
+    shutil.rmtree(os.path.join(path, "index"))
+    shutil.copytree(saved, os.path.join(path, "index"))
+    commits.clear()
+    _open_interrupted_after_a_redo_commit(monkeypatch, lambda: Authority.open(path))
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "redo"  # resumed, not rebuilt
+        assert authority.open_report.redo_records == 43 - 3
+        assert authority.head(GROUP) == head
+        assert authority.verify().ok
 
 
 def test_a_redo_interrupted_after_its_last_commit_keeps_the_last_acceptance_time(tmp_path, monkeypatch):
@@ -1445,7 +1497,7 @@ def test_damaged_index_values_surface_as_corruption_not_foreign_errors(tmp_path)
 
 def test_an_index_entry_pointing_at_the_wrong_record_is_corruption(tmp_path):
     from mwpstore import Corruption
-    from mwpstore.index import event_key, read_u64
+    from mwpstore.index import event_key
 
     with open_with_group(str(tmp_path / "store")) as authority:
         authority.accept_many([mission_create(f"m-{i}") for i in range(3)])
@@ -1689,14 +1741,16 @@ def test_redo_writes_each_commit_only_the_heads_its_records_moved(tmp_path, monk
     groups, tail = 200, 600
     path = str(tmp_path / "store")
     with Authority.open(path, sync=False) as authority:
-        assert all(result.ok for result in authority.accept_many([group_create(f"g-{n}") for n in range(groups)]))
-        assert all(result.ok for result in authority.accept_many([mission_create(f"m-{n}", group="g-0") for n in range(tail)]))
-        assert all(result.ok for result in authority.accept_many([mission_create("m-last", group=f"g-{n}") for n in range(groups)]))
+        commands = [group_create(f"g-{n}") for n in range(groups)]
+        commands += [mission_create(f"m-{n}", group="g-0") for n in range(tail)]
+        commands += [mission_create("m-last", group=f"g-{n}") for n in range(groups)]
+        for at in range(0, len(commands), 10):  # groups of 10 records: redo commits where a group ends
+            assert all(result.ok for result in authority.accept_many(commands[at : at + 10]))
         heads = {f"g-{n}": authority.head(f"g-{n}") for n in range(groups)}
 
     scan = SegmentLog.scan
     monkeypatch.setattr(SegmentLog, "scan", lambda self, start=0, **kw: scan(self, start, **{**kw, "batch_records": 10}))
-    monkeypatch.setattr(authority_module, "REDO_COMMIT_RECORDS", 1)  # a commit after every 10 records
+    monkeypatch.setattr(authority_module, "REDO_COMMIT_RECORDS", 1)  # a commit after every group of 10 records
     writes = []
     put = _sealed.SealedTables.put
 
