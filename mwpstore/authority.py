@@ -211,8 +211,15 @@ def default_clock() -> int:
 
 
 def _log_id_text(value: bytes | memoryview) -> str:
-    """The log id a ``meta`` entry names, as the log's own is shown (a value of another size as hex)."""
-    return str(read_u64(value)) if len(value) == 8 else bytes(value).hex()
+    """The log id a ``meta`` entry names, as the log's own is shown; a value of another size (no
+    id this engine writes: any length, from outside) as hex, its first 16 bytes only."""
+    if len(value) == 8:
+        return str(read_u64(value))
+    shown = bytes(value[:_LOG_ID_SHOWN_BYTES]).hex()
+    return shown if len(value) <= _LOG_ID_SHOWN_BYTES else f"{shown}… of {len(value)} bytes"
+
+
+_LOG_ID_SHOWN_BYTES = 16
 
 
 def _group_ends_at(log: SegmentLog, position: int) -> bool:

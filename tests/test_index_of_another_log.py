@@ -247,3 +247,27 @@ def test_an_index_an_older_build_wrote_without_a_log_id_is_trusted_and_names_the
         assert authority.open_report.mode == "clean"
         with authority.index.begin() as txn:
             assert authority.index.get(txn, b"meta", b"log_id") == log_id.to_bytes(8, "big")
+
+
+@pytest.mark.parametrize("value", [b"", b"abc", b"\x07" * 9, b"\x01" * (1 << 20)], ids=["empty", "3 bytes", "9 bytes", "1 MiB"])
+def test_an_index_whose_log_id_is_no_u64_is_rebuilt_and_its_reason_shows_a_bounded_part_of_it(tmp_path, value):
+    """``meta`` ``log_id`` is outside input: a value of another size than the u64 the engine
+    writes names no log, so the view refuses and the writer rebuilds; the reason quotes at most
+    16 bytes of it (a 1 MiB value made a reason and an error message of 2 MiB)."""
+    from mwpstore.index import Index
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        _missions(authority, ["m-0"])
+    expected = _expected(path)
+    index = Index(os.path.join(path, "index"), map_size=64 * 1024 * 1024)
+    with index.begin(write=True) as txn:
+        index.put(txn, b"meta", b"log_id", value)
+    index.close()
+    with pytest.raises(InvalidState) as refused:
+        Authority.open(path, readonly=True)
+    assert refused.value.detail["reason"] == "recovery_needed" and len(str(refused.value)) < 400
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == "rebuild" and "another log" in authority.open_report.reason
+        assert len(authority.open_report.reason) < 200
+        assert _answers(authority) == expected
