@@ -951,7 +951,7 @@ class Authority:
                 if cut:
                     _index_records(index, txn, writes, heads, positions[:cut], records[:cut], last_ms)
                     writes.flush(index, txn)
-                if found is not None and pending + cut:
+                if found is not None:
                     _flush_heads(index, txn, heads, flushed)
                     index.put(txn, b"meta", b"log_position", u64(at))
                     # the time goes with the position: a redo that resumes past these records
