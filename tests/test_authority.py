@@ -580,32 +580,58 @@ def _open_interrupted_after_a_redo_commit(monkeypatch, open_store) -> None:
     monkeypatch.setattr(failpoints, "hit", hit)
 
 
+def _index_put_back_behind(tmp_path, write, **options) -> tuple[str, tuple[int, bytes]]:
+    """A store whose clean index of its first session (a Group created) is put back after a second
+    session ran ``write(authority)``: the next open redoes what that wrote. Returns the path and
+    the Group's head."""
+    import shutil
+
+    path, saved = str(tmp_path / "store"), str(tmp_path / "index-after-create")
+    with Authority.open(path, **options) as authority:
+        authority.accept(group_create())
+    shutil.copytree(os.path.join(path, "index"), saved)
+    with Authority.open(path, **options) as authority:
+        write(authority)
+        head = authority.head(GROUP)
+    shutil.rmtree(os.path.join(path, "index"))
+    shutil.copytree(saved, os.path.join(path, "index"))
+    return path, head
+
+
+def _accept_in_groups(authority, sizes) -> None:
+    """One accept_many (one group of the log) of that many mission.create per size."""
+    for group, size in enumerate(sizes):
+        assert all(result.ok for result in authority.accept_many([mission_create(f"m-{group}-{n}") for n in range(size)]))
+
+
+def _interrupted_redo_at_a_seal(tmp_path, monkeypatch) -> tuple[str, tuple[int, bytes], list[int]]:
+    """A store of 64 KiB segments whose open was interrupted right after redo's first commit,
+    which ended with the first segment (a scan batch ends at a seal): the path, the head, and the
+    records of each scan batch."""
+    from mwpstore.limits import SEGMENT_BYTES_MIN
+    from mwpstore.segment_log import SegmentLog
+
+    path, head = _index_put_back_behind(tmp_path, lambda authority: _accept_in_groups(authority, [20] * 20), segment_bytes=SEGMENT_BYTES_MIN)
+    with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
+        batches = [len(batch.positions) for batch in log.scan(0)]
+        second = log.segments()[1].first_position
+    assert len(batches) >= 3 and sum(batches) == 401  # the first redo commit leaves more than one batch to do
+    _open_interrupted_after_a_redo_commit(monkeypatch, lambda: Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN))
+    index = Index(os.path.join(path, "index"), map_size=64 * 1024 * 1024)
+    with index.begin() as txn:
+        assert index.log_position(txn) == second
+    index.close()
+    return path, head, batches
+
+
 def test_a_redo_interrupted_after_one_of_its_commits_resumes_from_that_commit(tmp_path, monkeypatch):
     """Redo commits every REDO_COMMIT_RECORDS records (after a whole scan batch, here a segment),
     each commit recording the log position and the Groups' heads it reflects. Interrupted right
     after one, the next open redoes exactly the rest: a position recorded too far would lose the
     Events past it, a commit without the heads would make the rest break the chain."""
-    import shutil
-
     from mwpstore.limits import SEGMENT_BYTES_MIN
-    from mwpstore.segment_log import SegmentLog
 
-    path = str(tmp_path / "store")
-    with Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN) as authority:
-        authority.accept(group_create())
-    saved = str(tmp_path / "index-after-create")
-    shutil.copytree(os.path.join(path, "index"), saved)  # a clean index, behind what follows
-    with Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN) as authority:
-        for batch in range(20):
-            assert all(result.receipt for result in authority.accept_many([mission_create(f"m-{batch}-{n}") for n in range(20)]))
-        head = authority.head(GROUP)
-    with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
-        batches = [len(batch.positions) for batch in log.scan(0)]
-    assert len(batches) >= 3 and sum(batches) == 401  # the first redo commit leaves more than one batch to do
-    shutil.rmtree(os.path.join(path, "index"))
-    shutil.copytree(saved, os.path.join(path, "index"))
-
-    _open_interrupted_after_a_redo_commit(monkeypatch, lambda: Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN))
+    path, head, batches = _interrupted_redo_at_a_seal(tmp_path, monkeypatch)
     with Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN) as authority:
         assert authority.open_report.mode == "redo"
         assert authority.open_report.redo_records == sum(batches[1:])  # the first commit held batch 0 (less the create)
@@ -613,6 +639,30 @@ def test_a_redo_interrupted_after_one_of_its_commits_resumes_from_that_commit(tm
         assert authority.state(GROUP, "mission:m-19-19")[0] == 1
         assert authority.verify().ok
         assert authority.accept(mission_create("m-after")).seq == head[0] + 1
+
+
+def test_an_index_at_a_seal_whose_sealed_segment_is_damaged_is_redone_and_the_damage_reported_by_reads(tmp_path, monkeypatch):
+    """The open reads the commit frame before the index's position (docs/recovery.md, step 4), at
+    a seal's position in the sealed segment, which a clean close vouched for unread. When that
+    segment cannot be read (its header damaged since) the judgement is as before: the index is
+    trusted and redone from its position, past that segment, and the reads that reach the segment
+    and verify report the damage; neither a rebuild (which would end in Corruption at open) nor
+    the check's own Corruption out of the open."""
+    from mwpstore.limits import SEGMENT_BYTES_MIN
+    from mwpstore.segment_log import CLEAN_FILE_NAME
+
+    path, head, batches = _interrupted_redo_at_a_seal(tmp_path, monkeypatch)
+    assert os.path.exists(os.path.join(path, "log", CLEAN_FILE_NAME))  # the sealed segments are taken on its word
+    first = os.path.join(path, "log", sorted(os.listdir(os.path.join(path, "log")))[0])
+    with open(first, "r+b") as segment:
+        segment.seek(40)  # a reserved byte of the header
+        segment.write(b"\x01")
+    with Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN) as authority:
+        assert authority.open_report.mode == "redo" and authority.open_report.redo_records == sum(batches[1:])
+        assert authority.head(GROUP) == head
+        with pytest.raises(Corruption):
+            authority.read(GROUP)
+        assert not authority.verify().ok
 
 
 def test_a_redo_interrupted_after_one_of_its_commits_left_a_position_where_a_group_ends_and_resumes(tmp_path, monkeypatch):
@@ -626,18 +676,10 @@ def test_a_redo_interrupted_after_one_of_its_commits_left_a_position_where_a_gro
     from mwpstore import authority as authority_module
     from mwpstore.segment_log import SegmentLog
 
-    path = str(tmp_path / "store")
-    with Authority.open(path) as authority:
-        authority.accept(group_create())
-    saved = str(tmp_path / "index-after-create")
+    # groups of 3 records, then one of 25: longer than a scan batch
+    path, head = _index_put_back_behind(tmp_path, lambda authority: _accept_in_groups(authority, [3] * 6 + [25]))
+    saved = str(tmp_path / "index-behind")
     shutil.copytree(os.path.join(path, "index"), saved)
-    with Authority.open(path) as authority:
-        for batch in range(6):  # groups of 3 records, then one of 25: longer than a scan batch
-            assert all(result.ok for result in authority.accept_many([mission_create(f"m-{batch}-{n}") for n in range(3)]))
-        assert all(result.ok for result in authority.accept_many([mission_create(f"m-long-{n}") for n in range(25)]))
-        head = authority.head(GROUP)
-    shutil.rmtree(os.path.join(path, "index"))
-    shutil.copytree(saved, os.path.join(path, "index"))
     scan = SegmentLog.scan
     monkeypatch.setattr(SegmentLog, "scan", lambda self, start=0, **kw: scan(self, start, **{**kw, "batch_records": 4}))
     commits = []
@@ -658,13 +700,32 @@ def test_a_redo_interrupted_after_one_of_its_commits_left_a_position_where_a_gro
         assert all(log.group_ends_at(position) for position in commits)
     shutil.rmtree(os.path.join(path, "index"))
     shutil.copytree(saved, os.path.join(path, "index"))
-    commits.clear()
     _open_interrupted_after_a_redo_commit(monkeypatch, lambda: Authority.open(path))
     with Authority.open(path) as authority:
         assert authority.open_report.mode == "redo"  # resumed, not rebuilt
         assert authority.open_report.redo_records == 43 - 3
         assert authority.head(GROUP) == head
         assert authority.verify().ok
+
+
+def test_a_clean_open_of_a_store_of_many_segments_maps_none_of_them(tmp_path, monkeypatch):
+    """The open's check that the index's position is a group end reads nothing when the position is
+    the log's end, as after every clean close: a clean open costs the same whatever the number of
+    segments (a read-only view maps each of them, on purpose: SegmentLog.hold_files)."""
+    from mwpstore import segment_log
+    from mwpstore.limits import SEGMENT_BYTES_MIN
+
+    path = str(tmp_path / "store")
+    with Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN) as authority:
+        authority.accept(group_create())
+        _accept_in_groups(authority, [20] * 30)
+        assert len(authority.log.segments()) >= 4
+    mapped = []
+    mapping = segment_log._Segment.mapping
+    monkeypatch.setattr(segment_log._Segment, "mapping", lambda segment: mapped.append(segment.path) or mapping(segment))
+    with Authority.open(path, segment_bytes=SEGMENT_BYTES_MIN) as authority:
+        assert authority.open_report.mode == "clean"
+    assert mapped == []
 
 
 def test_a_redo_interrupted_after_its_last_commit_keeps_the_last_acceptance_time(tmp_path, monkeypatch):
