@@ -271,3 +271,29 @@ def test_an_index_whose_log_id_is_no_u64_is_rebuilt_and_its_reason_shows_a_bound
         assert authority.open_report.mode == "rebuild" and "another log" in authority.open_report.reason
         assert len(authority.open_report.reason) < 200
         assert _answers(authority) == expected
+
+
+def test_the_index_a_rebuild_or_a_compaction_builds_names_its_log_before_any_reopen(tmp_path):
+    """rebuild() and compact() give the index they build the log's id themselves (the open's write
+    comes only at the next open): a copy of ``index/`` taken from the running store after either
+    names its log, and one put back after the compaction is rebuilt for the log id it names."""
+    path, saved = str(tmp_path / "store"), str(tmp_path / "saved")
+
+    def log_id_of_index(authority):
+        with authority.index.begin() as txn:
+            return bytes(authority.index.get(txn, b"meta", b"log_id"))
+
+    with open_with_group(path) as authority:
+        authority.accept(group_create(ARCHIVED))
+        _missions(authority, ["m-0"], group=ARCHIVED)
+        authority.archive(ARCHIVED, actor=OWNER, action_id="archive")
+        old = authority.log.log_id
+        authority.rebuild()
+        assert log_id_of_index(authority) == old.to_bytes(8, "big")
+        _copy_index(path, saved)
+        authority.compact()
+        new = authority.log.log_id
+        assert new != old and log_id_of_index(authority) == new.to_bytes(8, "big")
+    expected = _expected(path)
+    _put_back(path, saved)
+    _refused_by_a_view_and_rebuilt(path, expected, f"the index belongs to another log (log id {old}, the log's is {new})")
