@@ -798,6 +798,42 @@ def test_clean_close_is_trusted_across_restart(tmp_path):
         del os.environ["MWPSTORE_BOOT_ID"]
 
 
+def test_a_rebuild_killed_after_its_renames_leaves_an_index_this_boot_trusts_and_a_restart_rebuilds(tmp_path, monkeypatch):
+    """A rebuild killed once its copy has the name index/, before the switch to it: the copy is
+    complete and synced, and holds this boot's id and clean = 0 from its first transaction
+    (docs/recovery.md, step 5). The next open in the same boot trusts it (nothing to redo, not
+    rebuilt a second time); after a restart it is an index not closed cleanly, and rebuilt."""
+    import shutil
+
+    path = str(tmp_path / "store")
+    killed = {boot: str(tmp_path / boot) for boot in ("this-boot", "next-boot")}
+    monkeypatch.setenv("MWPSTORE_BOOT_ID", "this-boot")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        head = authority.head(GROUP)
+        install = authority._install_index
+
+        def killed_before_the_switch(*args, **kwargs):  # type: ignore[no-untyped-def]
+            for copy in killed.values():
+                shutil.copytree(path, copy)  # the files as a kill here leaves them
+            install(*args, **kwargs)
+
+        monkeypatch.setattr(authority, "_install_index", killed_before_the_switch)
+        authority.rebuild()
+    expected = {
+        "this-boot": ("clean", "index trusted"),
+        "next-boot": ("rebuild", "the machine restarted since the index was last written without a clean close"),
+    }
+    for boot, copy in killed.items():
+        assert sorted(name for name in os.listdir(copy) if name.startswith("index")) == ["index", "index.old"]
+        monkeypatch.setenv("MWPSTORE_BOOT_ID", boot)
+        with Authority.open(copy) as authority:
+            assert (authority.open_report.mode, authority.open_report.reason) == expected[boot]
+            assert authority.open_report.redo_records == 0
+            assert authority.head(GROUP) == head
+            assert authority.verify().ok
+
+
 def test_index_ahead_of_log_is_rebuilt(tmp_path):
     path = str(tmp_path / "store")
     with open_with_group(path) as authority:
