@@ -296,6 +296,51 @@ def test_reopen_with_another_segment_size_keeps_old_segments(tmp_path):
         assert log.segments()[-1].size_bytes == 2 * SMALL
 
 
+def test_segments_give_each_files_size_whether_mapped_before_its_seal_or_never_mapped(tmp_path):
+    """segments() takes a mapped segment's size from the file its map keeps (fstat), not from the
+    map's length: a segment mapped while it was active (at its preallocated size) and trimmed to
+    its seal since is given at its trimmed size, in the writer and in a read-only log. A segment
+    not mapped (a clean reopen maps none) is given by its name."""
+
+    def on_disk(log: SegmentLog) -> list[int]:
+        return [os.stat(info.path).st_size for info in log.segments()]
+
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        log.append([b"a" * 1000])
+        with SegmentLog.open(tmp_path, readonly=True) as reader:
+            assert scan_all(reader) and log.read(0) == b"a" * 1000  # both map the active segment
+            while len(log.segments()) < 3:
+                log.append([b"b" * 1000])
+            sealed = os.stat(log.segments()[0].path).st_size
+            assert sealed < SMALL
+            assert [info.size_bytes for info in reader.segments()] == [sealed]
+            assert [info.size_bytes for info in log.segments()] == on_disk(log) == [sealed, *on_disk(log)[1:-1], SMALL]
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        assert _maps_of(tmp_path) == 0
+        assert [info.size_bytes for info in log.segments()] == on_disk(log) == [sealed, *on_disk(log)[1:-1], SMALL]
+
+
+@pytest.mark.parametrize("error", [ValueError("mmap closed or invalid"), OSError(errno.EIO, "fstat")], ids=["closed", "fstat-failed"])
+def test_a_segment_whose_map_was_closed_meanwhile_is_given_its_size_by_name(tmp_path, error):
+    """Another thread may unmap a segment (unmap(), the bounded set of maps) while segments() asks
+    its map for the size: a closed map raises ValueError. The size then comes from the name, and
+    nothing untyped escapes segments()."""
+
+    class Unmapped:
+        def size(self) -> int:
+            raise error
+
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        log.append([b"a" * 1000])
+        assert log.read(0) == b"a" * 1000
+        segment = log._segments[0]
+        mapped, segment._map = segment._map, Unmapped()
+        try:
+            assert [info.size_bytes for info in log.segments()] == [SMALL]
+        finally:
+            segment._map = mapped
+
+
 def test_group_ends_at_names_every_group_end_and_nothing_else_across_sealed_segments(tmp_path):
     """What the open asks of an index's position (docs/recovery.md, step 4): the log's start and
     each group's end are, a sealed segment's last one (its seal's position) too; a record's start
