@@ -263,6 +263,7 @@ _CHECK_CONTEXT = (
     _canonical_c.id_ok,
     _canonical_c.kind_ok,
     limits.EVENT_BYTES_MAX,
+    msgspec.structs.astuple,
 )
 
 

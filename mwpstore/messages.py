@@ -192,16 +192,16 @@ _EFFECTS_ENCODER = msgspec.msgpack.Encoder(order="sorted")
 
 
 HASHING = (
-    _EFFECTS_ENCODER.encode,
+    _EFFECTS_ENCODER.encode_into,
     canonical.canonical_bytes,
     blake3.blake3,
     canonical.DOMAIN_PAYLOAD,
     canonical.DOMAIN_EVENT,
 )
 """The calls that ``payload_hash_of`` and ``event_hash_of_fields`` make, as bound C callables
-(encode sorted msgpack, canonical bytes, the blake3 hasher) and the two domain prefixes: what
-``mwpstore._apply_c.check_run`` computes Event hashes (and from their parts an Event's encoded
-size) with."""
+(encode sorted msgpack, here into a buffer; canonical bytes; the blake3 hasher) and the two domain
+prefixes: what ``mwpstore._apply_c.check_run`` computes Event hashes (and from their parts an
+Event's encoded size) with."""
 
 
 def encode_event(event: Event) -> bytes:

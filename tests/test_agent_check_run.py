@@ -14,7 +14,7 @@ from agent_store_support import workload
 from mwpstore import agent_store, limits
 from mwpstore._apply_c import check_run
 from mwpstore.agent_store import _CHECK_CONTEXT, AgentStore, ApplyStatus, _fully_valid_run
-from mwpstore.messages import ZERO_HASH, Effect, encode_event, payload_hash_of, recompute_event_hash
+from mwpstore.messages import ZERO_HASH, Effect, Event, encode_event, payload_hash_of, recompute_event_hash
 
 GROUP = "g-1"
 EVENTS = workload(GROUP, 40, seed=3)
@@ -156,6 +156,32 @@ def test_an_exception_in_a_check_ends_the_run_and_anything_else_propagates():
     assert check_run(EVENTS, 0, _context_with(refuse), GROUP, 1, ZERO_HASH) == 0
     with pytest.raises(KeyboardInterrupt):
         check_run(EVENTS, 0, _context_with(interrupt), GROUP, 1, ZERO_HASH)
+
+
+def test_a_hasher_that_cannot_be_made_ends_the_run_at_its_start_and_anything_else_propagates():
+    """check_run makes one blake3 hasher for the run (reset after each hash) before its first
+    Event: a failure to make it ends the run where it starts, as a failed call within it would."""
+
+    def hasher_of(error):
+        def make(*data):
+            raise error
+
+        context = list(_CHECK_CONTEXT)
+        context[6] = make
+        return tuple(context)
+
+    assert check_run(EVENTS, 3, hasher_of(MemoryError()), GROUP, 4, EVENTS[2].hash) == 3
+    with pytest.raises(KeyboardInterrupt):
+        check_run(EVENTS, 3, hasher_of(KeyboardInterrupt()), GROUP, 4, EVENTS[2].hash)
+
+
+def test_check_run_reads_the_fields_in_the_order_of_the_event_struct():
+    """check_run reads an Event's fields by position from one msgspec.structs.astuple call (the
+    F_ names of csrc/agent_apply.c), the first 11 being the hashed header."""
+    assert Event.__struct_fields__ == (
+        "group", "seq", "event_id", "kind", "aggregate", "revision", "actor", "action_id", "content_hash",
+        "accepted_at_ms", "authoritative", "body", "effects", "payload_hash", "prev_hash", "hash",
+    )
 
 
 def test_check_run_refuses_arguments_of_the_wrong_shape():
