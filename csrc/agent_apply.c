@@ -390,8 +390,9 @@ static int answers_true(PyObject *predicate, PyObject *value) {
     return ok;
 }
 
-/* blake3 of the bytes objects ``parts`` one after the other (their join), as a new bytes
- * object; NULL with a Python error on failure. */
+/* blake3 of ``parts`` one after the other (their join), as a new bytes object, with the run's
+ * hasher (reset after); NULL with a Python error on failure. One part may be any buffer (the
+ * run's bytearrays); two or more must be bytes objects. */
 static PyObject *blake3_of(const check_t *check, PyObject *const *parts, int count) {
     PyObject *joined = parts[0];
     Py_INCREF(joined);
