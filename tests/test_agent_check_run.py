@@ -175,6 +175,83 @@ def test_a_hasher_that_cannot_be_made_ends_the_run_at_its_start_and_anything_els
         check_run(EVENTS, 3, hasher_of(KeyboardInterrupt()), GROUP, 4, EVENTS[2].hash)
 
 
+class _Calls:
+    """A context whose encoder, blake3 hasher and astuple wrap the real ones and log each call
+    (with the index of the Event being checked), raising ``error`` at call number ``fail_at``."""
+
+    def __init__(self, events, fail_at=0, error=None, astuple_result=None):
+        self.log, self.fail_at, self.error, self.failed_in = [], fail_at, error, None
+        index_of = {id(event): index for index, event in enumerate(events)}
+        self.checking = None
+        real = list(_CHECK_CONTEXT)
+        encoder, blake3, fields_of = real[4], real[6], real[13]
+        calls = self
+
+        class Hasher:
+            def __init__(self):
+                calls.call("blake3")
+                self.real = blake3()
+
+            def update(self, data):
+                calls.call("update")
+                self.real.update(data)
+                return self
+
+            def digest(self):
+                calls.call("digest")
+                return self.real.digest()
+
+            def reset(self):
+                calls.call("reset")
+                self.real.reset()
+
+        def encode_into(value, buffer, offset):
+            calls.call("encode_into")
+            return encoder(value, buffer, offset)
+
+        def astuple(event):
+            self.checking = index_of[id(event)]
+            self.call("astuple")
+            fields = fields_of(event)
+            return fields if astuple_result is None else astuple_result(self.checking, fields)
+
+        real[4], real[6], real[13] = encode_into, Hasher, astuple
+        self.context = tuple(real)
+
+    def call(self, name):
+        self.log.append(name)
+        if len(self.log) == self.fail_at:
+            self.failed_in = self.checking
+            raise self.error
+
+
+def test_each_hash_is_fed_once_read_and_reset_and_each_call_that_fails_ends_the_run_at_its_event():
+    """check_run's one hasher per run: every hash is one update, a digest and a reset, so none
+    starts from a state fed before. A call that raises an Exception at any point (the hasher
+    made, fed, read or reset, the encoder, astuple) ends the run at the Event being checked (at
+    its start if no Event was yet), as a failed check ends _fully_valid_run; anything else
+    propagates."""
+    events = EVENTS[:6]
+    clean = _Calls(events)
+    assert check_run(events, 0, clean.context, GROUP, 1, ZERO_HASH) == len(events)
+    hashing = " ".join(name for name in clean.log if name in ("update", "digest", "reset"))
+    assert hashing == " ".join(["update digest reset"] * (2 * len(events) + sum(e.body is not None for e in events)))
+    for fail_at in range(1, len(clean.log) + 1):
+        failing = _Calls(events, fail_at, MemoryError())
+        end = check_run(events, 0, failing.context, GROUP, 1, ZERO_HASH)
+        assert end == (failing.failed_in or 0), (fail_at, failing.log[-1])
+        with pytest.raises(KeyboardInterrupt):
+            check_run(events, 0, _Calls(events, fail_at, KeyboardInterrupt()).context, GROUP, 1, ZERO_HASH)
+
+
+@pytest.mark.parametrize("wrong", [lambda fields: fields[:-1], lambda fields: (*fields, None), list])
+def test_fields_of_the_wrong_shape_end_the_run_at_that_event(wrong):
+    """check_run reads the 16 fields by position, so a result of astuple that is not a tuple of
+    16 ends the run there (an Event's type is checked exactly, so msgspec's never is)."""
+    calls = _Calls(EVENTS, astuple_result=lambda index, fields: wrong(fields) if index == SPOILED_AT else fields)
+    assert check_run(EVENTS, 0, calls.context, GROUP, 1, ZERO_HASH) == SPOILED_AT
+
+
 def test_check_run_reads_the_fields_in_the_order_of_the_event_struct():
     """check_run reads an Event's fields by position from one msgspec.structs.astuple call (the
     F_ names of csrc/agent_apply.c), the first 11 being the hashed header."""
