@@ -222,6 +222,27 @@ def _log_id_text(value: bytes | memoryview) -> str:
 _LOG_ID_SHOWN_BYTES = 16
 
 
+def _untrusted_index(log: SegmentLog, log_id: bytes | memoryview | None, position: int, *, restarted: bool) -> str | None:
+    """Why an index whose ``meta`` names ``log_id`` and ``position`` cannot be taken as ``log``'s
+    (None if it can): the judgement of docs/recovery.md, step 4, for the writer's open (which
+    rebuilds) and a read-only view (which refuses). ``restarted``: not closed cleanly before a
+    machine restart. A log id tells first; an index of an older build names none."""
+    if log_id is not None and bytes(log_id) != u64(log.log_id):
+        # Built from another log: one a compaction replaced since, or another store's. Its
+        # positions name records of that log, whatever its own position says.
+        return f"the index belongs to another log (log id {_log_id_text(log_id)}, the log's is {log.log_id})"
+    if restarted:
+        return "the machine restarted since the index was last written without a clean close"
+    if not log.start <= position <= log.end:
+        return f"index position {position} is outside the log [{log.start}, {log.end}]"
+    if not _group_ends_at(log, position):
+        # The same log id, but not this log's history: a copy of the index taken ahead of a log
+        # that was restored from an older copy (or cut) and has grown since. Its redo would
+        # start inside a record.
+        return f"index position {position} is not where a group of the log ends"
+    return None
+
+
 def _group_ends_at(log: SegmentLog, position: int) -> bool:
     """``log.group_ends_at(position)``; True when the segment it reads is damaged or unreadable:
     that is the log's damage, which reads, redo and ``verify`` find and report as before."""
@@ -726,12 +747,9 @@ class Authority:
             try:
                 if os.path.exists(marker) or _file_key(index_file) != before:
                     raise _Switched()
-                if log_id is not None and bytes(log_id) != u64(log.log_id):
-                    raise self._needs_writer(f"has an index of another log (log id {_log_id_text(log_id)}, the log's is {log.log_id})")
-                if not log.start <= position <= log.end:
-                    raise self._needs_writer(f"has an index at log position {position}, outside the log [{log.start}, {log.end}]")
-                if not _group_ends_at(log, position):
-                    raise self._needs_writer(f"has an index at log position {position}, where no group of the log ends")
+                verdict = _untrusted_index(log, log_id, position, restarted=False)  # a restart was refused above
+                if verdict is not None:
+                    raise self._needs_writer(f"cannot read its index until a writer rebuilds it: {verdict}")
             except BaseException:
                 log.close()
                 raise
@@ -828,20 +846,7 @@ class Authority:
             with contextlib.suppress(Exception):
                 index.close()
             raise
-        verdict = None
-        if log_id is not None and bytes(log_id) != u64(self.log.log_id):
-            # Built from another log: one a compaction replaced since, or another store's. Its
-            # positions name records of that log, whatever its own position says.
-            verdict = f"the index belongs to another log (log id {_log_id_text(log_id)}, the log's is {self.log.log_id})"
-        elif meta_boot != boot_id and not clean:
-            verdict = "the machine restarted since the index was last written without a clean close"
-        elif position > self.log.end or position < self.log.start:
-            verdict = f"index position {position} is outside the log [{self.log.start}, {self.log.end}]"
-        elif not _group_ends_at(self.log, position):
-            # The same log id, but not this log's history: a copy of the index taken ahead of a log
-            # that was restored from an older copy (or cut) and has grown since. Its redo would
-            # start inside a record.
-            verdict = f"index position {position} is not where a group of the log ends"
+        verdict = _untrusted_index(self.log, log_id, position, restarted=meta_boot != boot_id and not clean)
         if verdict is not None:
             index.close()
             return "rebuild", verdict, None
@@ -949,7 +954,9 @@ class Authority:
                 if found is not None:
                     cut, at = found
                 if cut:
-                    _index_records(index, txn, writes, heads, positions[:cut], records[:cut], last_ms)
+                    whole = cut == len(positions)  # the common case: no copy of the batch's lists
+                    _index_records(index, txn, writes, heads, positions if whole else positions[:cut],
+                                   records if whole else records[:cut], last_ms)
                     writes.flush(index, txn)
                 if found is not None:
                     _flush_heads(index, txn, heads, flushed)
