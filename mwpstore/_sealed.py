@@ -150,6 +150,14 @@ class SealedTables:
         start = prefix if start is None else start
         cursor = txn.cursor(db=self.dbs[name])
         if not cursor.set_range(start):
+            # Nothing at or after ``start``: a range that is empty only because a damaged key moved
+            # its entries before ``start`` would otherwise be an answer. The database's last entry
+            # must be sound and sort before ``start``.
+            if cursor.last():
+                last = bytes(cursor.key())
+                self.unseal(name, last, cursor.value())
+                if last >= start:
+                    raise self._damage("order", name, last, "is out of key order")
             return
         # A damaged key (in a branch, or the entry just before) can make the search land past the
         # first entries of the range: the entry before the landing point must be sound and sort

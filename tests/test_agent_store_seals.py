@@ -308,6 +308,29 @@ def test_a_lost_outbox_entry_is_corruption_not_a_fresh_intent(tmp_path, events):
         assert calls == []
 
 
+def test_an_intent_whose_group_letter_flipped_is_corruption_not_an_empty_outbox(tmp_path, events):
+    """Found by the corruption suite (seed 305): one bit flipped in the Group of the outbox's only
+    entry moved it before every range over the outbox, so ``intents(group)`` answered ``[]``."""
+    path = tmp_path / "agent"
+    with _filled(path, events) as agent:
+        with agent.begin() as tx:
+            intent = tx.record_intent(GROUP, mission="m1", workitem="wi-1", ownership_epoch=1, operation="pay")
+        assert agent.intents(GROUP) == [intent]
+        entry = GROUP.encode() + b"\x00" + intent.key.encode()
+    data_file = path / "lmdb" / "data.mdb"
+    data = bytearray(data_file.read_bytes())
+    spots = [spot for spot in range(len(data)) if data.startswith(entry, spot)]
+    assert len(spots) == 2  # the outbox entry, and its presence tag b"o" + entry
+    at = next(spot for spot in spots if data[spot - 1] != ord("o"))
+    data[at] ^= 0b10  # g -> e: the key now sorts before "g-1"
+    data_file.write_bytes(bytes(data))
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        for call in (lambda: agent.intents(GROUP), lambda: agent.intents(GROUP, pending_only=True)):
+            with pytest.raises(Corruption) as caught:
+                call()
+            assert caught.value.detail["reason"] == "agent_checksum"
+
+
 def test_an_unreadable_intent_or_state_under_a_sound_seal_is_corruption_in_transactions_too(tmp_path, events):
     """Values rewritten with a matching seal that do not decode (or name another intent, or another
     Group than the one they are filed under) were typed on the read paths only: the outbox's own

@@ -115,6 +115,50 @@ def test_a_range_whose_start_is_also_the_entry_before_it_is_corruption(tmp_path)
     assert caught.value.detail["reason"] == "index_order"
 
 
+@pytest.mark.parametrize("others", [[], [b"a\x00x"]], ids=["the range's entry is the only one", "another Group's entry before it"])
+def test_a_range_emptied_by_a_damaged_key_is_corruption_not_an_empty_answer(tmp_path, others):
+    """A flipped bit in a key can move a range's entries before its start, so that nothing is left
+    at or after it and the search finds no entry at all: the last entry must still be checked
+    (here ``g`` becomes ``e``, and the damaged key fails its seal)."""
+    directory = str(tmp_path / "index")
+    keys = {key: str(number).encode() for number, key in enumerate([*others, _PREFIX + b"b"])}
+    _index_of(directory, keys)
+    assert _range(directory) == [_PREFIX + b"b"]
+    victim = _PREFIX + b"b"
+    _replace_in_file(directory, [(_node(victim, keys[victim]), b"e" + _node(victim, keys[victim])[1:])])
+    with pytest.raises(Corruption) as caught:
+        _range(directory)
+    assert caught.value.detail["reason"] == "index_checksum" and caught.value.detail["database"] == "states"
+
+
+def test_a_range_past_the_last_entry_checks_that_the_last_entry_sorts_before_it(tmp_path):
+    """A sound last entry that sorts at or after the range's start, where the search found
+    nothing, is a damaged page (the search and the entries disagree): ``CORRUPTION``, reason
+    ``index_order``. A range after every entry of a sound index is simply empty."""
+    directory = str(tmp_path / "index")
+    b, c = _PREFIX + b"b", _PREFIX + b"c"
+    _index_of(directory, {b: b"1", c: b"2"})
+    assert _range(directory, start=_PREFIX + b"d") == []
+    index = Index(directory, map_size=1 << 22)
+    try:
+        with index.begin() as txn:
+            real = txn.cursor(db=index.dbs[b"states"])
+
+            class Lost:  # the search misses every entry, the walk from the end finds c
+                def __getattr__(self, name):
+                    return getattr(real, name)
+
+                def set_range(self, start):
+                    return False
+
+            txn_proxy = type("T", (), {"cursor": lambda self, db: Lost()})()
+            with pytest.raises(Corruption) as caught:
+                list(index.range(txn_proxy, b"states", _PREFIX, _PREFIX + b"b"))
+            assert caught.value.detail["reason"] == "index_order"
+    finally:
+        index.close()
+
+
 def _last_below(directory: str, bound: bytes) -> bytes | None:
     index = Index(directory, map_size=1 << 22)
     try:
