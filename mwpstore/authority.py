@@ -807,9 +807,9 @@ class Authority:
             # An index an older build wrote has no log id and was trusted as before: from here on
             # it names the log it was judged against (a rebuilt one names it already).
             index.put(txn, b"meta", b"log_id", u64(self.log.log_id))
-            last_ms = index.get(txn, b"meta", b"last_ms")
+            last_ms = index.meta_u64(txn, b"last_ms")
         self.index.sync()
-        self._last_ms = 0 if last_ms is None else read_u64(last_ms)
+        self._last_ms = 0 if last_ms is None else last_ms
         return OpenReport(mode=mode, reason=reason, redo_records=redo)
 
     def _judge_index(self, boot_id: str) -> tuple[str, str, Index | None]:
@@ -836,6 +836,7 @@ class Authority:
                 clean = index.get(txn, b"meta", b"clean") == b"1"
                 position = index.log_position(txn)
                 log_id = index.get(txn, b"meta", b"log_id")
+                index.meta_u64(txn, b"last_ms")  # read by the open and the redo: a damaged one is judged here
         except lmdb.Error as exc:
             index.close()
             return "rebuild", f"index unreadable ({type(exc).__name__})", None
@@ -3007,8 +3008,8 @@ def _last_group_end(batch: RecordBatch, begun: int) -> tuple[int, int] | None:
 def _keep_last_ms(index: Index, txn: lmdb.Transaction, last_ms: int) -> None:
     """Raise the index's last acceptance time (``meta`` ``last_ms``) to ``last_ms``, the newest
     time of the records a redo indexed so far; never lower it (records without a time bring 0)."""
-    previous = index.get(txn, b"meta", b"last_ms")
-    index.put(txn, b"meta", b"last_ms", u64(max(last_ms, 0 if previous is None else read_u64(previous))))
+    previous = index.meta_u64(txn, b"last_ms")
+    index.put(txn, b"meta", b"last_ms", u64(max(last_ms, 0 if previous is None else previous)))
 
 
 def _index_records(

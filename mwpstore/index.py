@@ -180,8 +180,23 @@ class Index(SealedTables):
         self.env.sync(True)
 
     def log_position(self, txn: lmdb.Transaction) -> int:
-        value = self.get(txn, b"meta", b"log_position")
-        return 0 if value is None else read_u64(value)
+        """The log position this index reflects (``meta`` ``log_position``); ``CORRUPTION`` when
+        it has none, as no index this engine writes lacks it (its first commit holds it)."""
+        position = self.meta_u64(txn, b"log_position")
+        if position is None:
+            raise Corruption(f"the index's meta has no log_position; {self.remedy}", reason="index")
+        return position
+
+    def meta_u64(self, txn: lmdb.Transaction, key: bytes) -> int | None:
+        """A u64 ``meta`` entry (``log_position``, ``last_ms``), or None if absent; ``CORRUPTION``
+        for a value of another size (outside input: a wrong size must not be read as a number,
+        nor fail as a bare ``struct.error``)."""
+        value = self.get(txn, b"meta", key)
+        if value is None:
+            return None
+        if len(value) != 8:
+            raise Corruption(f"the index's meta {key.decode()} is {len(value)} bytes, not a u64; {self.remedy}", reason="index")
+        return read_u64(value)
 
     def iterate(self, name: bytes) -> Iterator[tuple[bytes, bytes]]:
         """All raw (key, sealed value) pairs of one database, in key order (a read transaction);

@@ -13,7 +13,7 @@ import shutil
 import pytest
 
 from authority_helpers import GROUP, OWNER, group_create, in_a_forked_child, mission_create, open_with_group
-from mwpstore import Authority, InvalidState
+from mwpstore import Authority, Corruption, InvalidState
 from mwpstore.cli import EXIT_OK, EXIT_STORE_ERROR, main
 
 ARCHIVED = "g-9"
@@ -297,3 +297,88 @@ def test_the_index_a_rebuild_or_a_compaction_builds_names_its_log_before_any_reo
     expected = _expected(path)
     _put_back(path, saved)
     _refused_by_a_view_and_rebuilt(path, expected, f"the index belongs to another log (log id {old}, the log's is {new})")
+
+
+def _meta(**entries):
+    """A change of the closed store's index ``meta``: each entry put, or deleted when None."""
+
+    def change(path, log):
+        from mwpstore.index import Index
+
+        index = Index(os.path.join(path, "index"), map_size=64 * 1024 * 1024)
+        try:
+            with index.begin(write=True) as txn:
+                for key, value in entries.items():
+                    value = value(log) if callable(value) else value
+                    if value is None:
+                        txn.delete(key.encode(), db=index.dbs[b"meta"])
+                    else:
+                        index.put(txn, b"meta", key.encode(), value)
+        finally:
+            index.close()
+
+    return change
+
+
+def _u64(value):
+    return value.to_bytes(8, "big")
+
+
+# (meta changed, what a view does, the writer's open mode, a part of its reason). A view refuses
+# (recovery_needed) with the writer's own reason where the judgement is _untrusted_index's.
+_JUDGED = {
+    "as closed": (_meta(), "serves", "clean", "index trusted"),
+    "no log id (an older build)": (_meta(log_id=None), "serves", "clean", "index trusted"),
+    "another log's id": (_meta(log_id=lambda log: _u64(log["id"] + 1)), "refuses", "rebuild", "the index belongs to another log"),
+    "an outsized log id": (_meta(log_id=b"\x01" * (1 << 20)), "refuses", "rebuild", "the index belongs to another log"),
+    "a position inside a group": (_meta(log_position=lambda log: _u64(log["inside"])), "refuses", "rebuild", "is not where a group of the log ends"),
+    "a position past the log's end": (_meta(log_position=lambda log: _u64(log["end"] + 8)), "refuses", "rebuild", "is outside the log"),
+    "not clean, another boot": (_meta(boot_id=b"other-boot", clean=b"0"), "restarted", "rebuild", "the machine restarted"),
+    "clean, another boot": (_meta(boot_id=b"other-boot", clean=b"1"), "serves", "clean", "index trusted"),
+    "another log's id, not clean, another boot": (
+        _meta(log_id=lambda log: _u64(log["id"] + 1), boot_id=b"other-boot", clean=b"0"), "restarted", "rebuild", "another log"),
+    "another format": (_meta(format=b"3"), "another format", "rebuild", "index format differs"),
+    "a log position of 3 bytes": (_meta(log_position=b"abc"), "damage", "rebuild", "log_position is 3 bytes"),
+    "a log position of 9 bytes": (_meta(log_position=b"\x00" * 9), "damage", "rebuild", "log_position is 9 bytes"),
+    "no log position": (_meta(log_position=None), "damage", "rebuild", "has no log_position"),
+    "a last time of 2 bytes": (_meta(last_ms=b"ab"), "serves", "rebuild", "last_ms is 2 bytes"),
+}
+
+
+@pytest.mark.parametrize("case", list(_JUDGED))
+def test_the_writer_and_a_view_judge_each_changed_index_alike(tmp_path, monkeypatch, case):
+    """One store per case, its closed index's ``meta`` changed; a read-only view opens it first
+    (it writes nothing), then the writer. The view serves exactly what the writer trusts or
+    redoes, and refuses the rest; where both judge by ``_untrusted_index`` they give one reason.
+    A ``meta`` value of the wrong size is damage (CORRUPTION) for the view and an unreadable
+    index for the writer: it was a bare ``struct.error`` from both, or a view served an index
+    without a position as if it were at 0 (and the writer's redo from 0 failed on the chain)."""
+    monkeypatch.setenv("MWPSTORE_BOOT_ID", "boot-here")
+    change, view_does, mode, reason = _JUDGED[case]
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        _missions(authority, ["m-0"])
+        group_end = authority.log.end
+        _missions(authority, ["m-1", "m-2", "m-3"])  # one group of three records
+        [batch] = authority.log.scan(group_end)
+        log = {"id": authority.log.log_id, "end": authority.log.end, "inside": batch.positions[1]}
+    expected = _expected(path)
+    change(path, log)
+    if view_does == "serves":
+        with Authority.open(path, readonly=True) as view:
+            assert view.head(GROUP) == expected[0]  # an index behind its log: the test above
+    else:
+        error = InvalidState if view_does != "damage" else Corruption
+        with pytest.raises(error) as refused:
+            Authority.open(path, readonly=True)
+        assert len(str(refused.value)) < 400
+        if view_does == "damage":
+            assert refused.value.detail["reason"] == "index" and reason in refused.value.message
+        else:
+            assert refused.value.detail["reason"] == "recovery_needed"
+            assert {"refuses": reason, "restarted": "not closed cleanly", "another format": "another format"}[view_does] in refused.value.message
+    with Authority.open(path) as authority:
+        assert authority.open_report.mode == mode and reason in authority.open_report.reason
+        assert len(authority.open_report.reason) < 200
+        assert _answers(authority) == expected
+        assert authority.verify().ok
