@@ -38,6 +38,8 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 SEAL_BYTES = 4
 KEY_SHOWN_BYTES = 200
 """At most this much of a key goes into an error message."""
+FORMAT_SHOWN_BYTES = 16
+"""At most this much of a stored format goes into an error message (see :func:`shown_format`)."""
 _crc32 = zlib.crc32
 
 
@@ -234,11 +236,15 @@ def check_stored_format(env: lmdb.Environment, expected: bytes, *, label: str, r
             return
         value = plain
     if value != expected:
-        raise Corruption(
-            f"the {label} is format {value.decode('ascii', 'replace')!r}, not {expected.decode()!r}; {remedy}",
-            reason="format",
-            format=value.decode("ascii", "replace"),
-        )
+        shown = shown_format(value)
+        raise Corruption(f"the {label} is format {shown!r}, not {expected.decode()!r}; {remedy}", reason="format", format=shown)
+
+
+def shown_format(value: bytes) -> str:
+    """A stored format as an error quotes it: outside input of any length (a sealed value may be
+    as long as LMDB allows), so its first ``FORMAT_SHOWN_BYTES`` bytes and its size when longer."""
+    shown = value[:FORMAT_SHOWN_BYTES].decode("ascii", "replace")
+    return shown if len(value) <= FORMAT_SHOWN_BYTES else f"{shown}… of {len(value)} bytes"
 
 
 def open_databases(env: lmdb.Environment, names: Iterable[bytes], *, label: str, remedy: str) -> dict[bytes, Any]:

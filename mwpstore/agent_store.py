@@ -38,7 +38,7 @@ from ._apply_c import check_run as _check_run
 from ._apply_c import run as _apply_run
 from ._files import makedirs_durable, store_path
 from ._lmdb_check import check_before_open, check_map_size, check_option
-from ._sealed import KEY_SHOWN_BYTES, SealedTables, check_stored_format, open_databases, typed_damage
+from ._sealed import KEY_SHOWN_BYTES, SealedTables, check_stored_format, open_databases, shown_format, typed_damage
 from .errors import ReconcileRequired, ProjectionFailed  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import (
     Corruption,
@@ -546,7 +546,7 @@ class AgentStore:
                 tables.put(txn, b"meta", b"format", str(FORMAT_VERSION).encode())
             elif bytes(stored) != str(FORMAT_VERSION).encode():
                 raise Corruption(
-                    f"agent store format {bytes(stored)!r} is not {FORMAT_VERSION}; delete the directory and rebuild it",
+                    f"agent store format {shown_format(bytes(stored))!r} is not {FORMAT_VERSION}; delete the directory and rebuild it",
                     reason="format",
                 )
 

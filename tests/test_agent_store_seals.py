@@ -375,3 +375,18 @@ def test_an_unreadable_intent_or_state_under_a_sound_seal_is_corruption_in_trans
             with agent.begin() as tx:
                 tx.apply(more)
         assert agent.head(GROUP).applied_seq == len(events)
+
+
+def test_a_sealed_format_of_any_length_is_quoted_in_part(tmp_path, events):
+    """A sealed format of another value and any length (outside input) is refused as another
+    format, quoting its first 16 bytes and its size: a 1 MiB one made a message and a detail of
+    1 MiB each."""
+    path = tmp_path / "agent"
+    agent = _filled(path, events)
+    with agent._env.begin(write=True) as txn:
+        agent._tables.put(txn, b"meta", b"format", b"7" * (1 << 20))
+    agent.close()
+    with pytest.raises(Corruption) as caught:
+        AgentStore.open(path)
+    assert caught.value.detail["reason"] == "format" and caught.value.detail["format"] == "7777777777777777… of 1048576 bytes"
+    assert len(caught.value.message) < 400

@@ -333,3 +333,22 @@ def test_a_sealed_head_of_the_wrong_length_is_corruption(tmp_path, extra):
         with pytest.raises(Corruption) as caught:
             authority.head(GROUP)
         assert caught.value.detail["reason"] == "index_head"
+
+
+def test_a_sealed_format_of_any_length_is_quoted_in_part(tmp_path):
+    """A sealed ``meta`` ``format`` is outside input of any length (up to LMDB's value size): the
+    errors quote its first 16 bytes and its size. A 1 MiB format made the index's open error a
+    message and a detail of 1 MiB each, and a view's refusal quoted all of it again."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        head = authority.head(GROUP)
+        with authority.index.begin(write=True) as txn:
+            authority.index.put(txn, b"meta", b"format", b"9" * (1 << 20))
+    with pytest.raises(InvalidState) as refused:
+        Authority.open(path, readonly=True)
+    assert refused.value.detail["reason"] == "recovery_needed" and len(refused.value.message) < 400
+    assert "another format ('9999999999999999… of 1048576 bytes')" in refused.value.message
+    with Authority.open(path) as reopened:
+        assert reopened.open_report.mode == "rebuild" and reopened.open_report.reason == "index format differs"
+        assert reopened.head(GROUP) == head
