@@ -272,7 +272,9 @@ def open_databases(env: lmdb.Environment, names: Iterable[bytes], *, label: str,
     return dbs
 
 
-DAMAGE_ERRORS = (lmdb.Error, msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError, struct.error)
+DAMAGE_ERRORS = (lmdb.Error, msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError, struct.error)
+"""What damaged LMDB pages or stored bytes can raise on a read path (``RecursionError``: a value
+nested deeper than its decoder goes)."""
 
 
 def typed_damage(label: str, remedy: str, reason: str, errors: tuple[type[BaseException], ...] = DAMAGE_ERRORS) -> Callable[[_F], _F]:

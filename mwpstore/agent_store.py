@@ -52,7 +52,7 @@ from .errors import (
     StoreLocked,
     translate,
 )
-from .messages import HASHING, ZERO_HASH, Effect, Event, check_event, decode_event, encode_event
+from .messages import DECODE_ERRORS, HASHING, ZERO_HASH, Effect, Event, check_event, decode_event, encode_event
 from .workitems import claim_refused
 
 FORMAT_VERSION = 2
@@ -1577,7 +1577,7 @@ class AgentTransaction:
             return None
         try:  # application projections read it through ProjectionView.state: no decorator translates
             return _STATE_DECODER.decode(data)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        except DECODE_ERRORS:
             raise Corruption(
                 f"the agent store holds a state it cannot read at {bytes(key[:KEY_SHOWN_BYTES])!r}; {self._tables.remedy}",
                 reason="agent",
@@ -1822,7 +1822,7 @@ def _decode_head(key: bytes, data: bytes) -> GroupHead:
     the apply cycle as a foreign error."""
     try:
         head = _HEAD_DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except DECODE_ERRORS:
         head = None
     if (
         head is None
@@ -1850,7 +1850,7 @@ def _load_intent(tables: _Tables, txn: lmdb.Transaction, key: str) -> Intent | N
         raise Corruption(f"the agent store's outbox lost intent {key!r}; {tables.remedy}", reason="agent_missing", database="outbox")
     try:  # checked here, not by the callers' decorators: the outbox's transactions read it too
         intent = _INTENT_DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except DECODE_ERRORS:
         intent = None
     if intent is None or intent.key != key or intent.group.encode() != bytes(group):
         raise Corruption(f"the agent store holds an impossible outbox intent {key!r}; {tables.remedy}", reason="agent", database="outbox")

@@ -78,6 +78,7 @@ from .index import (
     u64,
 )
 from .messages import (
+    DECODE_ERRORS,
     HASH_BYTES,
     ZERO_HASH,
     AcceptResult,
@@ -2954,7 +2955,7 @@ def _stored_receipt(value: bytes | memoryview) -> tuple[bytes, Receipt]:
     content_hash = bytes(value[:32])
     try:
         receipt = decode_receipt(value[32:])
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except DECODE_ERRORS as exc:
         raise Corruption(f"a stored receipt is undecodable ({exc}); run `mwpstore rebuild`", reason="index") from None
     if receipt.content_hash != content_hash:
         raise Corruption("a stored receipt disagrees with its own content hash; run `mwpstore rebuild`", reason="index")
@@ -3089,13 +3090,13 @@ def _index_record(
                 archived = msgspec.msgpack.decode(value, type=ArchiveRecord).group
                 _check_record_values(position, [], [], [], [archived])
                 key = archived.encode()
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except DECODE_ERRORS as exc:
             raise Corruption(f"log record at {position} is not a valid reference: {exc}", offset=position, reason="decode") from None
         writes.put(_note_database(tag), key, value)
     elif tag == RECEIPT_TAG:
         try:
             actor, action_id, content_hash, encoded = _RECEIPT_DECODER.decode(memoryview(record)[1:])
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except DECODE_ERRORS as exc:
             raise Corruption(f"log record at {position} is not a receipt: {exc}", offset=position, reason="decode") from None
         _check_record_values(position, [content_hash], [], [], [actor, action_id])
         writes.put(b"receipts", receipt_key(actor, action_id), content_hash + encoded)
@@ -3124,7 +3125,7 @@ def _index_record(
     elif tag == ACK_TAG:
         try:
             consumer, group, cursor = _ACK_DECODER.decode(memoryview(record)[1:])
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        except DECODE_ERRORS as exc:
             raise Corruption(f"log record at {position} is not an ACK: {exc}", offset=position, reason="decode") from None
         _check_record_values(position, [], [cursor], [], [consumer, group])
         writes.put(b"acks", ack_key(consumer, group), u64(cursor))
@@ -3143,7 +3144,7 @@ def _decode_group_record(position: int, record: bytes | memoryview) -> tuple[str
         except msgspec.ValidationError:
             group, seq, digest, revision, state = _GROUP_DECODER_FIRST.decode(body)
             kept = [Effect(f"group:{group}", revision, state)]
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except DECODE_ERRORS as exc:
         raise Corruption(f"log record at {position} is not a Group remainder: {exc}", offset=position, reason="decode") from None
     _check_record_values(position, [digest], [seq], kept, [group])
     # What compaction writes, in either form: the Group aggregate marked compacted (readers take
@@ -3257,7 +3258,7 @@ _Note = TypeVar("_Note", SnapshotRef, ArchiveRecord)
 def _decode_note(value: bytes | memoryview, kind: type[_Note]) -> _Note:
     try:
         return msgspec.msgpack.decode(value, type=kind)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except DECODE_ERRORS as exc:
         raise Corruption(f"an index {kind.__name__} is undecodable ({exc}); run `mwpstore rebuild`", reason="index") from None
 
 

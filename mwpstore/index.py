@@ -44,7 +44,7 @@ from . import limits
 from ._sealed import SEAL_BYTES, SealedTables, check_stored_format, open_databases, seal  # noqa: F401  (seal, SEAL_BYTES: part of this module's API)
 from ._lmdb_check import refuse_linked_files
 from .errors import Corruption, translate
-from .messages import HASH_BYTES, ZERO_HASH
+from .messages import DECODE_ERRORS, HASH_BYTES, ZERO_HASH
 
 INDEX_FORMAT = b"2"
 DATABASE_NAMES = (b"meta", b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots", b"archives", b"presence")
@@ -97,7 +97,7 @@ def decode_state(data: bytes | memoryview) -> tuple[int, dict[str, Any] | None]:
         return revision, None
     try:
         return revision, _STATE_DECODER.decode(data[8:])
-    except msgspec.DecodeError as exc:
+    except DECODE_ERRORS as exc:
         raise Corruption(f"index state value undecodable: {exc}", reason="index_state") from None
 
 

@@ -208,11 +208,16 @@ def encode_event(event: Event) -> bytes:
     return _EVENT_ENCODER.encode(event)
 
 
+DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError)
+"""What decoding stored or received bytes can raise: msgspec's errors, and ``RecursionError`` for
+a value nested deeper than its decoder goes (an Effect's state, a receipt's extra field)."""
+
+
 def decode_event(data: bytes | memoryview) -> Event:
     """Decode an Event from bytes; raises ``EventInvalid`` for bytes that are not an Event."""
     try:
         return _EVENT_DECODER.decode(data)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except DECODE_ERRORS as exc:
         raise EventInvalid(f"bytes are not an Event: {exc}", reason="decode") from None
 
 
@@ -221,7 +226,7 @@ def decode_events(records: Iterable[bytes]) -> list[Event]:
     over), as one list: the same checks and errors, without a Python call per Event."""
     try:
         return list(map(_EVENT_DECODER.decode, records))
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except DECODE_ERRORS as exc:
         raise EventInvalid(f"bytes are not an Event: {exc}", reason="decode") from None
 
 

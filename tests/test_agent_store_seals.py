@@ -390,3 +390,19 @@ def test_a_sealed_format_of_any_length_is_quoted_in_part(tmp_path, events):
         AgentStore.open(path)
     assert caught.value.detail["reason"] == "format" and caught.value.detail["format"] == "7777777777777777… of 1048576 bytes"
     assert len(caught.value.message) < 400
+
+
+def test_a_state_nested_past_the_decoders_depth_is_corruption(tmp_path, events):
+    """A sealed state whose msgpack nests deeper than msgspec's recursion limit is CORRUPTION
+    (reason ``agent``) for ``state`` and ``states``, as other undecodable bytes are: it was a bare
+    ``RecursionError``."""
+    path = tmp_path / "agent"
+    agent = _filled(path, events)
+    key = next(iter(agent.states(GROUP)))
+    with agent._env.begin(write=True) as txn:
+        agent._tables.put(txn, b"state", GROUP.encode() + b"\x00" + key.encode(), b"\x92\x01\x81\xa1a" + b"\x91" * 100_000 + b"\xc0", new=False)
+    for read in (lambda: agent.state(GROUP, key), lambda: agent.states(GROUP)):
+        with pytest.raises(Corruption) as caught:
+            read()
+        assert caught.value.detail["reason"] == "agent"
+    agent.close()

@@ -352,3 +352,62 @@ def test_a_sealed_format_of_any_length_is_quoted_in_part(tmp_path):
     with Authority.open(path) as reopened:
         assert reopened.open_report.mode == "rebuild" and reopened.open_report.reason == "index format differs"
         assert reopened.head(GROUP) == head
+
+
+_NESTED = b"\x91" * 100_000 + b"\xc0"  # an array in an array ..., past any decoder's recursion depth
+
+
+def _receipt_with_a_nested_extra_field(authority, command):
+    with authority.index.begin() as txn:
+        value = bytes(authority.index.get(txn, b"receipts", receipt_key(command.actor, command.action_id)))
+    assert value[32] & 0xF0 == 0x90  # the Receipt: an array of fewer than 15 fields, after the content hash
+    return value[:32] + bytes([value[32] + 1]) + value[33:] + _NESTED  # one field more, which decoding skips by walking it
+
+
+@pytest.mark.parametrize("table", ["receipts", "states"])
+def test_an_index_value_nested_past_the_decoders_depth_is_corruption(tmp_path, table):
+    """A sealed value whose msgpack nests deeper than msgspec's recursion limit (a receipt with an
+    extra, skipped field of 100,000 levels; a state) is CORRUPTION (reason ``index``, ``index_state``): it was a
+    bare ``RecursionError`` from a replay's receipt lookup and from ``state``. The replay's read
+    transaction ends on that path too: more failures than LMDB has reader slots leave the store
+    answering."""
+    command = mission_create("m-1", action_id="act-1")
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept(command)
+        with authority.index.begin(write=True) as txn:
+            if table == "receipts":
+                value = _receipt_with_a_nested_extra_field(authority, command)
+                authority.index.put(txn, b"receipts", receipt_key(command.actor, command.action_id), value, new=False)
+            else:
+                authority.index.put(txn, b"states", state_key(GROUP, "mission:m-1"), (1).to_bytes(8, "big") + b"\x81\xa1a" + _NESTED, new=False)
+        for _ in range(limits.LMDB_READERS_MAX + 8 if table == "receipts" else 1):
+            with pytest.raises(Corruption) as caught:
+                authority.accept(command) if table == "receipts" else authority.state(GROUP, "mission:m-1")
+            assert caught.value.detail["reason"] == ("index" if table == "receipts" else "index_state")
+        assert authority.accept(mission_create("m-2")).seq == 3
+
+
+def test_an_event_record_nested_past_the_decoders_depth_is_corruption_for_a_rebuild(tmp_path):
+    """An Event record in the log (checksummed, so written so) whose Effect state nests past the
+    decoder's depth: a rebuild stops with CORRUPTION (``decode``) naming the record, and ``read``
+    says EventInvalid as for any record that is no Event; both were a bare ``RecursionError``."""
+    from authority_helpers import mission_update, rewrite_log_records
+    from mwpstore import EventInvalid
+    from mwpstore.messages import decode_event
+
+    path = str(tmp_path / "store")
+    title = "t" * 1024  # the longest title: its msgpack (3 + 1024 bytes) becomes 1026 arrays and a nil
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        authority.accept(mission_update("m-1", 1, title))
+    packed = b"\xda\x04\x00" + title.encode()
+    records = rewrite_log_records(path, lambda position, record: record.replace(packed, b"\x91" * 1026 + b"\xc0"))
+    position = next(position for position, record in records if packed in record)
+    with pytest.raises(EventInvalid):
+        decode_event(_NESTED)
+    with Authority.open(path) as authority:
+        with pytest.raises(EventInvalid):
+            authority.read(GROUP)
+        with pytest.raises(Corruption) as caught:
+            authority.rebuild()
+        assert caught.value.detail == {"offset": position, "reason": "decode"}
