@@ -2441,9 +2441,9 @@ class Authority:
 
     def subscribe(self, group: str, after: int = 0) -> Subscription:
         """A live feed of ``group``'s Events after ``after``; see :class:`Subscription`."""
+        self._check_closed()  # before the arguments, as every other method
         canonical.check_id(group, "group")
         _check_after(after)
-        self._check_closed()
         self._refuse_readonly("subscribe", _VIEW_NEVER_CHANGES)
         return Subscription(self, group, after)
 
@@ -2477,13 +2477,15 @@ class Authority:
     def wait_for(self, group: str, after: int, timeout: float | None) -> bool:
         """Block until ``group``'s head passes ``after`` (True) or the timeout ends (False);
         ``StoreClosed`` if the authority is closed (before or while it waits)."""
+        # before the arguments, as every other method, and before self._published, which a
+        # parent thread may have held at a fork
+        self._check_closed()
         canonical.check_id(group, "group")
         if type(after) is not int or after < 0:
             raise InvalidCommand("after must be a non-negative integer", field="after")
         if timeout is not None and (type(timeout) not in (int, float) or not 0 <= timeout <= threading.TIMEOUT_MAX):
             raise InvalidCommand(f"timeout must be None or a number of seconds in 0..{threading.TIMEOUT_MAX:g}", field="timeout")
         deadline = None if timeout is None else time.monotonic() + timeout
-        self._check_closed()  # before self._published, which a parent thread may have held at a fork
         self._refuse_readonly("wait_for", _VIEW_NEVER_CHANGES)
         with self._published:
             while True:

@@ -1486,6 +1486,16 @@ def test_a_closed_store_refuses_each_write_before_it_looks_at_the_arguments(tmp_
             call()
 
 
+def test_a_closed_store_refuses_subscribe_and_wait_for_before_it_looks_at_the_arguments(tmp_path):
+    # as every other method of a closed handle, reads included: they said INVALID_COMMAND for
+    # a bad group or cursor
+    authority = open_with_group(str(tmp_path / "store"))
+    authority.close()
+    for call in (lambda: authority.subscribe(None, after=-1), lambda: authority.wait_for(None, -1, -1)):
+        with pytest.raises(StoreClosed):
+            call()
+
+
 def test_a_closed_handle_does_not_create_the_signing_key(tmp_path):
     # signing_key after close() created keys/ in a directory this handle no longer held
     store = tmp_path / "store"
