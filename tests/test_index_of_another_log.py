@@ -249,7 +249,9 @@ def test_an_index_an_older_build_wrote_without_a_log_id_is_trusted_and_names_the
             assert authority.index.get(txn, b"meta", b"log_id") == log_id.to_bytes(8, "big")
 
 
-@pytest.mark.parametrize("value", [b"", b"abc", b"\x07" * 9, b"\x01" * (1 << 20)], ids=["empty", "3 bytes", "9 bytes", "1 MiB"])
+@pytest.mark.parametrize(
+    "value", [b"", b"abc", b"\x07" * 9, b"\x02" * 16, b"\x01" * (1 << 20)], ids=["empty", "3 bytes", "9 bytes", "16 bytes", "1 MiB"]
+)
 def test_an_index_whose_log_id_is_no_u64_is_rebuilt_and_its_reason_shows_a_bounded_part_of_it(tmp_path, value):
     """``meta`` ``log_id`` is outside input: a value of another size than the u64 the engine
     writes names no log, so the view refuses and the writer rebuilds; the reason quotes at most
@@ -270,6 +272,8 @@ def test_an_index_whose_log_id_is_no_u64_is_rebuilt_and_its_reason_shows_a_bound
     with Authority.open(path) as authority:
         assert authority.open_report.mode == "rebuild" and "another log" in authority.open_report.reason
         assert len(authority.open_report.reason) < 200
+        if len(value) <= 16:  # shown whole
+            assert f"log id {value.hex()}, the log's" in authority.open_report.reason
         assert _answers(authority) == expected
 
 

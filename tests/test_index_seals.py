@@ -339,6 +339,8 @@ def test_a_sealed_format_of_any_length_is_quoted_in_part(tmp_path):
     """A sealed ``meta`` ``format`` is outside input of any length (up to LMDB's value size): the
     errors quote its first 16 bytes and its size. A 1 MiB format made the index's open error a
     message and a detail of 1 MiB each, and a view's refusal quoted all of it again."""
+    from mwpstore._sealed import shown_format
+
     path = str(tmp_path / "store")
     with open_with_group(path) as authority:
         authority.accept(mission_create("m-1"))
@@ -349,6 +351,7 @@ def test_a_sealed_format_of_any_length_is_quoted_in_part(tmp_path):
         Authority.open(path, readonly=True)
     assert refused.value.detail["reason"] == "recovery_needed" and len(refused.value.message) < 400
     assert "another format ('9999999999999999… of 1048576 bytes')" in refused.value.message
+    assert shown_format(b"3" * 16) == "3" * 16 and shown_format(b"3" * 17) == "3" * 16 + "… of 17 bytes"  # the bound
     with Authority.open(path) as reopened:
         assert reopened.open_report.mode == "rebuild" and reopened.open_report.reason == "index format differs"
         assert reopened.head(GROUP) == head
@@ -411,3 +414,23 @@ def test_an_event_record_nested_past_the_decoders_depth_is_corruption_for_a_rebu
         with pytest.raises(Corruption) as caught:
             authority.rebuild()
         assert caught.value.detail == {"offset": position, "reason": "decode"}
+
+
+def test_a_stored_receipt_whose_two_content_hashes_disagree_is_corruption_not_its_receipt(tmp_path):
+    """A receipts value holds the content hash twice (before the Receipt, and in it): a value
+    whose copies differ under a sound seal is CORRUPTION on a replay whose Command has the first
+    one's hash, never the Receipt it holds (nor a collision for the other)."""
+    import msgspec
+
+    from mwpstore.messages import encode_receipt
+
+    command = mission_create("m-1", action_id="act-1")
+    with open_with_group(str(tmp_path / "store")) as authority:
+        receipt = authority.accept(command)
+        other = msgspec.structs.replace(receipt, content_hash=bytes(32))
+        with authority.index.begin(write=True) as txn:
+            value = receipt.content_hash + encode_receipt(other)
+            authority.index.put(txn, b"receipts", receipt_key(command.actor, command.action_id), value, new=False)
+        with pytest.raises(Corruption) as caught:
+            authority.accept(command)
+        assert caught.value.detail["reason"] == "index"
