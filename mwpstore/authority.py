@@ -34,6 +34,7 @@ from .errors import (
     ActionIdCollision,
     Corruption,
     CursorTooOld,
+    EventInvalid,
     InvalidCommand,
     InvalidState,
     LimitExceeded,
@@ -1583,7 +1584,11 @@ class Authority:
             if target <= batch.head(command.group)[0]:
                 raise Corruption(f"the index lost Event {command.group}:{target}; run `mwpstore rebuild`", reason="index_missing")
             return True  # no such Event: decide rejects it
-        return decode_event(memoryview(self.log.read(read_u64(value)))[1:]).kind not in TOMBSTONE_KINDS
+        position = read_u64(value)
+        try:
+            return decode_event(memoryview(self.log.read(position))[1:]).kind not in TOMBSTONE_KINDS
+        except EventInvalid as exc:
+            raise Corruption(f"log record at {position} is not an Event: {exc.message}", offset=position, reason="decode") from None
 
     def _decide_ack(self, batch: _Batch, request: _Request) -> None:
         assert request.ack is not None
@@ -1839,7 +1844,10 @@ class Authority:
         Read from ``pair`` (default: the current one), records and tombstones alike."""
         pair = pair or self._pair
         with _gc.paused():
-            events = decode_events(self._read_bodies(group, after, limit, pair))
+            try:
+                events = decode_events(self._read_bodies(group, after, limit, pair))
+            except EventInvalid as exc:  # bytes the log's checksum let through: damage, not a delivery
+                raise Corruption(f"a record of group {group} after seq {after} is not an Event: {exc.message}", reason="decode") from None
         for offset, event in enumerate(events):  # the index pointed at these records: check it was right
             if event.group != group or event.seq != after + 1 + offset:
                 raise Corruption(

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from authority_helpers import GROUP, mission_create, open_with_group, store_bytes
+from authority_helpers import GROUP, OWNER, mission_create, open_with_group, store_bytes
 from mwpstore import Authority, Corruption, InvalidState, _index_c, limits
 from mwpstore.index import INDEX_FORMAT, event_key, receipt_key, seal, state_key, unseal
 
@@ -392,8 +392,9 @@ def test_an_index_value_nested_past_the_decoders_depth_is_corruption(tmp_path, t
 
 def test_an_event_record_nested_past_the_decoders_depth_is_corruption_for_a_rebuild(tmp_path):
     """An Event record in the log (checksummed, so written so) whose Effect state nests past the
-    decoder's depth: a rebuild stops with CORRUPTION (``decode``) naming the record, and ``read``
-    says EventInvalid as for any record that is no Event; both were a bare ``RecursionError``."""
+    decoder's depth: a rebuild stops with CORRUPTION (``decode``) naming the record, and so does
+    ``read`` (a record the log's checksum let through is damage, not a delivered Event that
+    failed validation); both were a bare ``RecursionError``."""
     from authority_helpers import mission_update, rewrite_log_records
     from mwpstore import EventInvalid
     from mwpstore.messages import decode_event
@@ -409,8 +410,15 @@ def test_an_event_record_nested_past_the_decoders_depth_is_corruption_for_a_rebu
     with pytest.raises(EventInvalid):
         decode_event(_NESTED)
     with Authority.open(path) as authority:
-        with pytest.raises(EventInvalid):
+        with pytest.raises(Corruption) as caught:
             authority.read(GROUP)
+        assert caught.value.detail["reason"] == "decode"
+        head = authority.head(GROUP)
+        with pytest.raises(Corruption) as caught:  # is the Event a tombstone? Its record is read to tell
+            authority.redact(GROUP, 3, actor=OWNER, action_id="redact-1", reason="r")
+        assert caught.value.detail == {"offset": position, "reason": "decode"}
+    with Authority.open(path) as authority:
+        assert authority.head(GROUP) == head  # the refused redaction wrote nothing
         with pytest.raises(Corruption) as caught:
             authority.rebuild()
         assert caught.value.detail == {"offset": position, "reason": "decode"}
