@@ -358,21 +358,21 @@ class _GroupView:
         self._batch = batch
         self._prefix = group.encode() + b"\x00"
 
-    def _entry(self, key: str) -> tuple[int, dict[str, Any] | None]:
+    def _read(self, key: str) -> tuple[int, dict[str, Any] | None]:
+        """The revision and state at ``key`` read from the index, kept for the rest of the batch
+        (``get`` and ``revision`` look in the batch first, without a call of their own)."""
         batch = self._batch
         full_key = self._prefix + key.encode()
-        entry = batch.states.get(full_key)
-        if entry is None:
-            value = batch.index.get(batch.txn, b"states", full_key)
-            entry = (0, None) if value is None else decode_state(value)
-            batch.states[full_key] = entry
+        value = batch.index.get(batch.txn, b"states", full_key)
+        entry = (0, None) if value is None else decode_state(value)
+        batch.states[full_key] = entry
         return entry
 
     def get(self, key: str) -> dict[str, Any] | None:
-        return self._entry(key)[1]
+        return (self._batch.states.get(self._prefix + key.encode()) or self._read(key))[1]
 
     def revision(self, key: str) -> int:
-        return self._entry(key)[0]
+        return (self._batch.states.get(self._prefix + key.encode()) or self._read(key))[0]
 
 
 @dataclass
@@ -2908,7 +2908,14 @@ def _acquire_through_interrupts(gate: threading.Lock) -> None:
             continue
 
 
-_CONTENT_DECODER = msgspec.json.Decoder(dict[str, Any])  # canonical bytes are JSON (docs/format/canonical.md)
+class _HashedBody(msgspec.Struct):
+    """The body of a Command's canonical content (JSON: docs/format/canonical.md); decoding only it
+    skips building the other fields' strings and the outer dict."""
+
+    body: dict[str, Any]
+
+
+_BODY_DECODER = msgspec.json.Decoder(_HashedBody)
 
 
 def _decide_on_what_was_hashed(request: _Request) -> None:
@@ -2918,7 +2925,7 @@ def _decide_on_what_was_hashed(request: _Request) -> None:
     goes to a commit, so a replay answered from its receipt pays nothing."""
     command = request.command
     if command is not None and command.body is not None and request.data:
-        body = _CONTENT_DECODER.decode(request.data)["body"]
+        body = _BODY_DECODER.decode(request.data).body
         request.command = msgspec.structs.replace(command, body=body)
 
 

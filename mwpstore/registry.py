@@ -113,8 +113,10 @@ def register(spec: KindSpec) -> KindSpec:
 
 
 def kind_spec(kind: str) -> KindSpec:
-    _load_kinds()
-    spec = REGISTRY.get(kind)
+    spec = REGISTRY.get(kind) if _KINDS_LOADED else None
+    if spec is None:
+        _load_kinds()
+        spec = REGISTRY.get(kind)
     if spec is None:
         raise UnknownKind(f"unknown kind {kind!r}; known kinds: {', '.join(sorted(REGISTRY))}", field="kind")
     return spec
