@@ -1897,3 +1897,69 @@ def test_redo_writes_each_commit_only_the_heads_its_records_moved(tmp_path, monk
         assert {f"g-{n}": authority.head(f"g-{n}") for n in range(groups)} == heads
         monkeypatch.undo()
         assert authority.verify().ok
+
+
+def _written_by_a_fixed_history(path: str) -> str:
+    """blake3 of every log record and every checked index value (events, heads, states,
+    receipts) that a fixed history of Commands writes, with a fixed clock: Missions, a Membership,
+    a WorkItem claimed, started, renewed, checkpointed, claimed again and submitted, a rejected
+    Command among them, some through ``accept_many`` and some through ``accept``."""
+    import blake3
+
+    from mwpstore.work_keys import lease_id_for
+
+    contract = {"max_attempts": 3, "backoff_initial_ms": 100, "backoff_multiplier": 2, "backoff_max_ms": 1_000,
+                "cost_limit": 50, "deadline_ms": None, "lease_ms": 60_000, "start_ms": 60_000}
+
+    def command(actor, action_id, kind, target, body, revision=None):
+        return Command(actor=actor, action_id=action_id, group=GROUP, kind=kind, target=target, body=body,
+                       expected_revision=revision)
+
+    def fence(epoch, **more):
+        return {"lease_id": lease_id_for(GROUP, "wi", epoch), "ownership_epoch": epoch, **more}
+
+    clock = FakeClock()
+    with open_with_group(path, clock=clock) as authority:
+        setup = [
+            mission_create("m1", action_id="m1"),
+            mission_update("m1", 1, "renamed", action_id="m1-u"),
+            mission_update("m1", 1, "stale", action_id="m1-stale"),  # rejected: the revision moved
+            command(OWNER, "add-w", "membership.add", "w", {"role": "worker"}, 0),
+            command(OWNER, "wi", "workitem.create", "wi", {"mission": "m1", "priority": 0, "contract": contract}),
+        ]
+        assert [result.ok for result in authority.accept_many(setup)] == [True, True, False, True, True]
+        steps = [
+            ("workitem.claim", {"session_epoch": 1}, 1),
+            ("workitem.start", fence(1), None),
+            ("lease.renew", fence(1), 3),
+            ("workitem.checkpoint", fence(1, checkpoint={"step": 3, "notes": ["a", "b"]}), None),
+            ("workitem.claim", {"session_epoch": 1}, 5),
+            ("workitem.start", fence(2), None),
+            ("workitem.submit", fence(2, submission={"ok": True, "score": 0.5}), None),
+        ]
+        for step, (kind, body, revision) in enumerate(steps):
+            clock.advance(7)
+            authority.accept(command("w", f"wi-{step}", kind, "wi", body, revision))
+        end = authority.log.end
+    digest = blake3.blake3()
+    with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
+        for batch in log.scan(0, end=end):
+            for record in batch.records:
+                digest.update(len(record).to_bytes(4, "big") + bytes(record))
+    index = Index(os.path.join(path, "index"), map_size=1 << 26, readonly=True)
+    try:
+        with index.begin() as txn:
+            for name in (b"events", b"heads", b"states", b"receipts"):
+                for key, value in index.range(txn, name, b""):
+                    digest.update(name + len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + bytes(value))
+    finally:
+        index.close()
+    return digest.hexdigest()
+
+
+def test_a_fixed_history_writes_the_same_bytes_as_before_the_accept_path_was_made_cheaper(tmp_path):
+    """The log and index formats are fixed (docs/format/): making the acceptance transaction
+    cheaper (positional Events and Context, encoders called directly, the hashed body
+    decoded alone) must not change a byte. The digest is that of the build before those changes
+    (4f07246), for the same history."""
+    assert _written_by_a_fixed_history(str(tmp_path / "s")) == "90c8cc4189694e524cba8425ed83273301b845e6c826c97a5efebcb08a4e7606"
