@@ -433,8 +433,8 @@ def test_a_mission_is_not_created_without_a_title(h: Harness):
     h.reject(InvalidCommand, "owner", "mission.create", "m2", {"cost_limit": 1}, field="body.title")
 
 
-@pytest.mark.parametrize("approvals", [[""], ["publish", ""], "publish", {"publish": 1}],
-                         ids=["an empty name", "an empty name among others", "a string", "a map"])
+@pytest.mark.parametrize("approvals", [[""], ["publish", ""], ["publish", 1], "publish", {"publish": 1}],
+                         ids=["an empty name", "an empty name among others", "a number among names", "a string", "a map"])
 def test_a_missions_approval_list_is_a_list_of_non_empty_names(h: Harness, approvals):
     h.reject(InvalidCommand, "owner", "mission.create", "m2", {"title": "t", "approval_required": approvals},
              field="body.approval_required")
