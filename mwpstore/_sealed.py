@@ -139,12 +139,22 @@ class SealedTables:
         return bool(txn.delete(key, db=self.dbs[name]))
 
     def delete_range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes) -> int:
-        """Delete every entry whose key starts with ``prefix`` (and their presence); the count."""
-        count = _delete_prefix(txn, self.dbs[name], prefix)
+        """Delete every entry whose key starts with ``prefix`` (and their presence); the count.
+        The entries that bound the walk are checked as :meth:`range` checks them: a damaged key
+        before the first entry or at the end would otherwise stop it early, silently, and leave
+        sound entries of the prefix for later reads to serve."""
+        count = _delete_prefix(txn, self.dbs[name], prefix, lambda key, stored, before: self._bound(name, key, stored, prefix, before))
         tag = self.tags.get(name)
         if tag is not None:
             _delete_prefix(txn, self.presence, tag + prefix)
         return count
+
+    def _bound(self, name: bytes, key: bytes, stored: bytes | memoryview, prefix: bytes, before: bool) -> None:
+        """Check an entry that bounds a deletion of ``prefix``: sound, and, before it, sorting
+        before the prefix."""
+        self.unseal(name, key, stored)
+        if before and key >= prefix:
+            raise self._damage("order", name, key, "is out of key order")
 
     def range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """(key, checked value) pairs whose key starts with ``prefix``, from ``start`` (default:
@@ -305,12 +315,29 @@ def damage_of(label: str, remedy: str, reason: str, exc: BaseException) -> MwpEr
     return Corruption(f"the {label} is damaged ({type(exc).__name__}: {exc}); {remedy}", reason=reason)
 
 
-def _delete_prefix(txn: lmdb.Transaction, db: Any, prefix: bytes) -> int:
+def _delete_prefix(txn: lmdb.Transaction, db: Any, prefix: bytes, bound: Callable[[bytes, Any, bool], None] | None = None) -> int:
+    """Delete the entries whose key starts with ``prefix``; the count. ``bound(key, value,
+    before)``, when given, checks each entry that bounds the walk: the one before where the search
+    landed (or the database's last entry, when it landed nowhere), ``before`` True, and the one
+    that ends the walk."""
     cursor = txn.cursor(db=db)
     count = 0
     if not cursor.set_range(prefix):
+        if bound is not None and cursor.last():
+            bound(bytes(cursor.key()), cursor.value(), True)
         return 0
-    while bytes(cursor.key()).startswith(prefix):
+    if bound is not None:
+        if cursor.prev():
+            bound(bytes(cursor.key()), cursor.value(), True)
+            cursor.next()
+        else:  # it landed on the first entry: a failed prev leaves the cursor nowhere
+            cursor.first()
+    while True:
+        key = bytes(cursor.key())
+        if not key.startswith(prefix):
+            if bound is not None:
+                bound(key, cursor.value(), False)
+            break
         if not cursor.delete():  # the cursor moves to the next entry
             break
         count += 1

@@ -331,6 +331,30 @@ def test_an_intent_whose_group_letter_flipped_is_corruption_not_an_empty_outbox(
             assert caught.value.detail["reason"] == "agent_checksum"
 
 
+def test_a_reset_over_a_state_key_moved_by_damage_is_corruption_not_a_state_left_behind(tmp_path, events):
+    """A bit flipped in the Group of a state's key (g -> e) inside the Group's states made the
+    reset's deletion start after it, so the states before it were neither deleted nor reported:
+    after ``reset_group``, ``aggregate`` still answered the Group's old ``group:g-1``. Reachable
+    where the open's structural check does not run (``check_lmdb=False``, or a file over its
+    size bound); now the reset is ``CORRUPTION`` and deletes nothing."""
+    path = tmp_path / "agent"
+    with _filled(path, events) as agent:
+        second = GROUP.encode() + b"\x00member:agent-a"
+        assert _some_state_key(agent) < second and agent.aggregate(GROUP, "member:agent-a")[0] > 0
+        cursor = agent.head(GROUP).cursor
+    data_file = path / "lmdb" / "data.mdb"
+    data = bytearray(data_file.read_bytes())
+    spots = [spot for spot in range(len(data)) if data.startswith(second, spot) and data[spot - 1] != ord("s")]
+    assert len(spots) == 1  # the state entry (its presence entry is b"s" + key)
+    data[spots[0]] ^= 0b10
+    data_file.write_bytes(bytes(data))
+    with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False) as agent:
+        with pytest.raises(Corruption) as caught:
+            agent.reset_group(GROUP)
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_checksum", "e" + second[1:].decode())
+        assert agent.head(GROUP).cursor == cursor
+
+
 def test_an_unreadable_intent_or_state_under_a_sound_seal_is_corruption_in_transactions_too(tmp_path, events):
     """Values rewritten with a matching seal that do not decode (or name another intent, or another
     Group than the one they are filed under) were typed on the read paths only: the outbox's own

@@ -235,6 +235,34 @@ def test_delete_range_counts_what_it_deleted_and_keeps_the_rest(tmp_path):
         index.close()
 
 
+@pytest.mark.parametrize(
+    ("moved_to", "reached", "survivor"),
+    [(b"e\x00b", "c", "a"), (b"g\x01b", "a", "c")],
+    ids=["a key moved before the search's landing point", "a key that ends the walk early"],
+)
+def test_delete_range_over_a_damaged_key_is_corruption_not_a_survivor(tmp_path, moved_to, reached, survivor):
+    """A damaged key inside the range either makes the search land past the first entries (g\x00b
+    moved to e\x00b: the search lands on c) or ends the walk early (moved to g\x01b): the walk
+    deleted what it reached and said so, and the entry it never reached (``survivor``) was left
+    for a later get to serve as if sound. The entries that bound the walk are checked as a range
+    checks them: ``CORRUPTION``, and nothing is deleted."""
+    directory = str(tmp_path / "index")
+    entries = {_PREFIX + name: value for name, value in ((b"a", b"1"), (b"b", b"2"), (b"c", b"3"))}
+    _index_of(directory, entries)
+    victim = _PREFIX + b"b"
+    _replace_in_file(directory, [(_node(victim, entries[victim]), moved_to + _node(victim, entries[victim])[len(moved_to) :])])
+    index = Index(directory, map_size=1 << 22)
+    try:
+        with pytest.raises(Corruption) as caught:
+            with index.begin(write=True) as txn:
+                index.delete_range(txn, b"states", _PREFIX)
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("index_checksum", moved_to.decode())
+        with index.begin() as txn:
+            assert bytes(index.get(txn, b"states", _PREFIX + reached.encode())) == entries[_PREFIX + reached.encode()]
+    finally:
+        index.close()
+
+
 # -- read paths translate what damage raises ---------------------------------------------------------
 
 
