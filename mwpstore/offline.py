@@ -33,11 +33,11 @@ import msgspec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from . import canonical, limits
-from .agent_store import AgentStore
+from .agent_store import AgentStore, _Tables
 from .errors import OfflineRefused  # noqa: F401  (defined with the other errors; re-exported here)
-from .errors import InvalidCommand, LeaseMismatch, MwpError, Rejection
+from .errors import Corruption, InvalidCommand, LeaseMismatch, MwpError, Rejection
 from .leases import lease_is_live
-from .messages import Command, check_command, command_bytes
+from .messages import DECODE_ERRORS, Command, check_command, command_bytes
 from .registry import aggregate_key, kind_spec
 
 DOMAIN_REBASE = b"mwpstore/rebase-action/v1\x00"
@@ -103,6 +103,20 @@ _BUFFERED_DECODER = msgspec.msgpack.Decoder(BufferedCommand)
 _OUTAGE_DECODER = msgspec.msgpack.Decoder(Outage)
 
 
+def _decode(decoder: msgspec.msgpack.Decoder[Any], key: bytes, data: bytes) -> Any:
+    """A stored offline record (an outage or a buffered Command) decoded; ``CORRUPTION`` for one
+    that passed its seal but does not decode (the AgentStore's read paths type only what they
+    decode themselves, and these records are decoded here)."""
+    try:
+        return decoder.decode(data)
+    except DECODE_ERRORS as exc:
+        raise Corruption(
+            f"the agent store holds an offline record it cannot read at {key[:200]!r} ({type(exc).__name__}); {_Tables.remedy}",
+            reason="agent",
+            database="offline",
+        ) from None
+
+
 def derive_action_id(old_action_id: str, changed: dict[str, Any]) -> str:
     """The Action ID of a rebased Command: a pure function of the old ID and the changed fields."""
     data = canonical.canonical_bytes({"action_id": old_action_id, "changed": changed})
@@ -154,8 +168,9 @@ class OfflineGuard:
                 )
 
     def outage(self) -> Outage | None:
-        data = self.agent._offline_read(_outage_key(self.group))
-        return None if data is None else _OUTAGE_DECODER.decode(data)
+        key = _outage_key(self.group)
+        data = self.agent._offline_read(key)
+        return None if data is None else _decode(_OUTAGE_DECODER, key, data)
 
     @property
     def offline(self) -> bool:
@@ -258,7 +273,7 @@ class OfflineGuard:
 
     def buffered(self) -> list[BufferedCommand]:
         rows = self.agent._offline_read_range(self.group.encode() + b"\x00C")
-        return [_BUFFERED_DECODER.decode(value) for _, value in rows]
+        return [_decode(_BUFFERED_DECODER, key, value) for key, value in rows]
 
     # -- reconnect ------------------------------------------------------------------------------
 
@@ -338,8 +353,8 @@ class OfflineGuard:
             # meanwhile (the outage still stood) is sent by this call, never left behind.
             with self.agent.begin() as tx:
                 left = any(
-                    _BUFFERED_DECODER.decode(value).state in _PENDING
-                    for _, value in tx._offline_range(self.group.encode() + b"\x00C")
+                    _decode(_BUFFERED_DECODER, key, value).state in _PENDING
+                    for key, value in tx._offline_range(self.group.encode() + b"\x00C")
                 )
                 if not left:
                     tx._offline_delete(_outage_key(self.group))
@@ -401,7 +416,7 @@ class OfflineGuard:
         key = _command_key(self.group, record.number)
         with self.agent.begin() as tx:
             data = tx._offline_get(key)
-            current = None if data is None else _BUFFERED_DECODER.decode(data)
+            current = None if data is None else _decode(_BUFFERED_DECODER, key, data)
             if current is not None and current.state is not record.state:
                 return current
             tx._offline_put(key, _BUFFERED_ENCODER.encode(updated))

@@ -828,3 +828,33 @@ def test_two_commands_buffered_at_once_are_both_kept(setup, monkeypatch):
         thread.join(30)
     assert not thread.is_alive() and "error" not in outcome
     assert [(record.number, record.command.action_id) for record in setup.guard.buffered()] == [(1, "cp-1"), (2, "cp-2")]
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"\x91\x01", b"\x81\xa1x" + b"\x91" * 100_000 + b"\xc0"],  # the second: {"x": [[[...]]]}, a field decoding skips
+    ids=["not a record", "nested past the decoder's depth"],
+)
+def test_an_offline_record_that_passes_its_seal_but_does_not_decode_is_corruption(setup, value):
+    """The guard decodes its outage and buffered Commands itself, outside the AgentStore's typed
+    read paths: a record rewritten under a sound seal that does not decode was msgspec's bare
+    error (or a RecursionError), not ``CORRUPTION``."""
+    from mwpstore.errors import Corruption
+    from mwpstore.offline import _command_key, _outage_key
+
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    setup.guard.buffer(setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": 1}}, action="cp-1"),
+                       now_ms=now(setup) + 5, reversible=True)
+    tables = setup.agent._tables
+    for key, calls in [
+        (_command_key(GROUP, 1), [setup.guard.buffered, lambda: setup.guard.reconnect(setup.submit, signing_key=setup.key)]),
+        (_outage_key(GROUP), [setup.guard.outage, lambda: setup.guard.permit("wi1", now_ms=now(setup), reversible=True)]),
+    ]:
+        with tables.begin(write=True) as txn:
+            tables.put(txn, b"offline", key, value, new=False)
+        for call in calls:
+            with pytest.raises(Corruption) as caught:
+                call()
+            assert (caught.value.detail["reason"], caught.value.detail["database"]) == ("agent", "offline")
+    assert setup.submitted == []
