@@ -89,8 +89,8 @@ from .messages import (
     Receipt,
     check_command,
     command_bytes,
-    decode_event,
     decode_events,
+    decode_logged_event,
     decode_receipt,
     encode_event,
     encode_receipt,
@@ -1585,10 +1585,7 @@ class Authority:
                 raise Corruption(f"the index lost Event {command.group}:{target}; run `mwpstore rebuild`", reason="index_missing")
             return True  # no such Event: decide rejects it
         position = read_u64(value)
-        try:
-            return decode_event(memoryview(self.log.read(position))[1:]).kind not in TOMBSTONE_KINDS
-        except EventInvalid as exc:
-            raise Corruption(f"log record at {position} is not an Event: {exc.message}", offset=position, reason="decode") from None
+        return decode_logged_event(position, self.log.read(position)).kind not in TOMBSTONE_KINDS
 
     def _decide_ack(self, batch: _Batch, request: _Request) -> None:
         assert request.ack is not None
@@ -2544,7 +2541,7 @@ class Authority:
                     if tag != EVENT_TAG:
                         continue
                     events += 1
-                    event = decode_event(memoryview(record)[1:])
+                    event = decode_logged_event(position, record)
                     seq, previous = heads.get(event.group, (0, ZERO_HASH))
                     if event.seq != seq + 1 or event.prev_hash != previous:
                         problems.append(f"chain break in group {event.group} at seq {event.seq} (position {position})")
@@ -3069,10 +3066,7 @@ def _index_record(
     compacted Group's record, for its archive record."""
     tag = bytes(record[:1])
     if tag == EVENT_TAG:
-        try:
-            event = decode_event(memoryview(record)[1:])
-        except MwpError as exc:
-            raise Corruption(f"log record at {position} is not an Event: {exc.message}", offset=position, reason="decode") from None
+        event = decode_logged_event(position, record)
         head = heads.get(event.group)
         if head is None:
             # The Group names the head's key: an ID first (an empty or 512-byte name was an

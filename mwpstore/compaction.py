@@ -45,7 +45,7 @@ from . import failpoints
 from ._files import fsync_directory_raw as _fsync_directory  # a module name the tests replace
 from ._files import open_regular, write_all
 from .errors import MwpError, StorageFailed, translate
-from .messages import Effect, decode_event, encode_event, encode_receipt, receipt_for
+from .messages import Effect, decode_logged_event, encode_event, encode_receipt, receipt_for
 from .segment_log import COMMIT_FRAME_BYTES, SegmentLog, framed_bytes, group_bytes_max
 
 if TYPE_CHECKING:
@@ -214,13 +214,13 @@ def _copy(authority: Authority, target: str, progress: Callable[[int, int], None
     try:
         start, end = old_log.start, old_log.end
         for batch in old_log.scan(start, end=end):
-            for record in batch.records:
+            for position, record in zip(batch.positions, batch.records):
                 counts["before"] += 1
                 data = bytes(record)
                 if data[:1] != EVENT_TAG:
                     emit(data)
                     continue
-                event = decode_event(memoryview(data)[1:])
+                event = decode_logged_event(position, data)
                 if event.group in archived:
                     receipt = receipt_for(event)
                     emit(RECEIPT_TAG + _ENCODER.encode((event.actor, event.action_id, event.content_hash, encode_receipt(receipt))))

@@ -17,7 +17,7 @@ import blake3
 import msgspec
 
 from . import canonical, limits
-from .errors import EventInvalid, InvalidCommand, LimitExceeded, MwpError, error_from_code
+from .errors import Corruption, EventInvalid, InvalidCommand, LimitExceeded, MwpError, error_from_code
 
 HASH_BYTES = 32
 ZERO_HASH = b"\x00" * HASH_BYTES
@@ -220,6 +220,16 @@ def decode_event(data: bytes | memoryview) -> Event:
         return _EVENT_DECODER.decode(data)
     except DECODE_ERRORS as exc:
         raise EventInvalid(f"bytes are not an Event: {exc}", reason="decode") from None
+
+
+def decode_logged_event(position: int, record: bytes | memoryview) -> Event:
+    """The Event of the log record at ``position`` (its tag byte first). Bytes the log's checksum
+    let through that are no Event are damage: ``CORRUPTION`` (reason ``decode``) naming the
+    record, not ``EventInvalid``, which is the error of a delivered Event."""
+    try:
+        return decode_event(memoryview(record)[1:])
+    except EventInvalid as exc:
+        raise Corruption(f"log record at {position} is not an Event: {exc.message}", offset=position, reason="decode") from None
 
 
 def decode_events(records: Iterable[bytes]) -> list[Event]:

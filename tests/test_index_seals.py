@@ -390,23 +390,30 @@ def test_an_index_value_nested_past_the_decoders_depth_is_corruption(tmp_path, t
         assert authority.accept(mission_create("m-2")).seq == 3
 
 
-def test_an_event_record_nested_past_the_decoders_depth_is_corruption_for_a_rebuild(tmp_path):
-    """An Event record in the log (checksummed, so written so) whose Effect state nests past the
-    decoder's depth: a rebuild stops with CORRUPTION (``decode``) naming the record, and so does
-    ``read`` (a record the log's checksum let through is damage, not a delivered Event that
-    failed validation); both were a bare ``RecursionError``."""
+def _a_log_with_an_event_record_nested_too_deep(path: str) -> int:
+    """A store at ``path`` whose log holds, checksummed, an Event (group GROUP, seq 3) whose Effect
+    state nests past the decoder's depth, and its index trusted; the record's position."""
     from authority_helpers import mission_update, rewrite_log_records
-    from mwpstore import EventInvalid
-    from mwpstore.messages import decode_event
 
-    path = str(tmp_path / "store")
     title = "t" * 1024  # the longest title: its msgpack (3 + 1024 bytes) becomes 1026 arrays and a nil
     with open_with_group(path) as authority:
         authority.accept(mission_create("m-1"))
         authority.accept(mission_update("m-1", 1, title))
     packed = b"\xda\x04\x00" + title.encode()
     records = rewrite_log_records(path, lambda position, record: record.replace(packed, b"\x91" * 1026 + b"\xc0"))
-    position = next(position for position, record in records if packed in record)
+    return next(position for position, record in records if packed in record)
+
+
+def test_an_event_record_nested_past_the_decoders_depth_is_corruption_for_a_rebuild(tmp_path):
+    """An Event record in the log (checksummed, so written so) whose Effect state nests past the
+    decoder's depth: a rebuild stops with CORRUPTION (``decode``) naming the record, and so does
+    ``read`` (a record the log's checksum let through is damage, not a delivered Event that
+    failed validation); both were a bare ``RecursionError``."""
+    from mwpstore import EventInvalid
+    from mwpstore.messages import decode_event
+
+    path = str(tmp_path / "store")
+    position = _a_log_with_an_event_record_nested_too_deep(path)
     with pytest.raises(EventInvalid):
         decode_event(_NESTED)
     with Authority.open(path) as authority:
@@ -422,6 +429,24 @@ def test_an_event_record_nested_past_the_decoders_depth_is_corruption_for_a_rebu
         with pytest.raises(Corruption) as caught:
             authority.rebuild()
         assert caught.value.detail == {"offset": position, "reason": "decode"}
+
+
+def test_a_compaction_and_verify_over_an_undecodable_event_record_say_corruption_not_event_invalid(tmp_path):
+    """A compaction reads every Event record of the log, and ``verify`` checks each: an Event
+    record the log's checksum let through that does not decode was ``EVENT_INVALID`` out of
+    ``compact()`` and an ``EVENT_INVALID`` problem in the report, the error of a delivered Event,
+    where redo, rebuild and ``read`` say ``CORRUPTION`` (``decode``) naming the record."""
+    path = str(tmp_path / "store")
+    position = _a_log_with_an_event_record_nested_too_deep(path)
+    with Authority.open(path) as authority:
+        head = authority.head(GROUP)
+        with pytest.raises(Corruption) as caught:
+            authority.compact()
+        assert caught.value.detail == {"offset": position, "reason": "decode"}
+        [problem] = authority.verify().problems
+        assert problem.startswith(f"CORRUPTION: log record at {position} is not an Event")
+    with Authority.open(path) as authority:
+        assert authority.head(GROUP) == head  # the refused compaction switched nothing
 
 
 def test_a_stored_receipt_whose_two_content_hashes_disagree_is_corruption_not_its_receipt(tmp_path):
