@@ -1579,12 +1579,11 @@ class Authority:
             if event.group == command.group and event.seq == int(command.target):
                 return event.kind not in TOMBSTONE_KINDS
         target = int(command.target)
-        value = batch.index.get(batch.txn, b"events", event_key(command.group, target))
-        if value is None:
+        position = batch.index.get_u64(batch.txn, b"events", event_key(command.group, target))
+        if position is None:
             if target <= batch.head(command.group)[0]:
                 raise Corruption(f"the index lost Event {command.group}:{target}; run `mwpstore rebuild`", reason="index_missing")
             return True  # no such Event: decide rejects it
-        position = read_u64(value)
         return decode_logged_event(position, self.log.read(position)).kind not in TOMBSTONE_KINDS
 
     def _decide_ack(self, batch: _Batch, request: _Request) -> None:
@@ -1599,8 +1598,7 @@ class Authority:
         key = ack_key(consumer, group)
         previous = batch.acks.get(key)
         if previous is None:
-            value = batch.index.get(batch.txn, b"acks", key)
-            previous = 0 if value is None else read_u64(value)
+            previous = batch.index.get_u64(batch.txn, b"acks", key) or 0
         if cursor <= previous:
             # Nothing to write: ACKs never move backwards. The request stays an ACK: a batch
             # withdrawn before its log append is decided again by the next leader.
@@ -2475,8 +2473,7 @@ class Authority:
         canonical.check_id(group, "group")
         index = self.index
         with index.begin() as txn:
-            value = index.get(txn, b"acks", ack_key(consumer, group))
-            return 0 if value is None else read_u64(value)
+            return index.get_u64(txn, b"acks", ack_key(consumer, group)) or 0
 
     @_damage_typed
     def wait_for(self, group: str, after: int, timeout: float | None) -> bool:

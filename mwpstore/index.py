@@ -41,7 +41,7 @@ import lmdb
 import msgspec
 
 from . import limits
-from ._sealed import SEAL_BYTES, SealedTables, check_stored_format, open_databases, seal  # noqa: F401  (seal, SEAL_BYTES: part of this module's API)
+from ._sealed import KEY_SHOWN_BYTES, SEAL_BYTES, SealedTables, check_stored_format, open_databases, seal  # noqa: F401  (seal, SEAL_BYTES: part of this module's API)
 from ._lmdb_check import refuse_linked_files
 from .errors import Corruption, translate
 from .messages import DECODE_ERRORS, HASH_BYTES, ZERO_HASH
@@ -188,14 +188,20 @@ class Index(SealedTables):
         return position
 
     def meta_u64(self, txn: lmdb.Transaction, key: bytes) -> int | None:
-        """A u64 ``meta`` entry (``log_position``, ``last_ms``), or None if absent; ``CORRUPTION``
-        for a value of another size (outside input: a wrong size must not be read as a number,
-        nor fail as a bare ``struct.error``)."""
-        value = self.get(txn, b"meta", key)
+        """A u64 ``meta`` entry (``log_position``, ``last_ms``), or None if absent (see :meth:`get_u64`)."""
+        return self.get_u64(txn, b"meta", key)
+
+    def get_u64(self, txn: lmdb.Transaction, name: bytes, key: bytes) -> int | None:
+        """A u64 value (a ``meta`` position or time, an Event's log position, an ACK's cursor), or
+        None if absent; ``CORRUPTION`` (reason ``index``) for a value of another size under a sound
+        seal (outside input: a wrong size must not be read as a number, nor fail as a bare
+        ``struct.error``, which a commit reports as an unexpected storage failure)."""
+        value = self.get(txn, name, key)
         if value is None:
             return None
         if len(value) != 8:
-            raise Corruption(f"the index's meta {key.decode()} is {len(value)} bytes, not a u64; {self.remedy}", reason="index")
+            shown = key.decode("utf-8", "replace") if name == b"meta" else repr(bytes(key[:KEY_SHOWN_BYTES]))
+            raise Corruption(f"the index's {name.decode()} {shown} is {len(value)} bytes, not a u64; {self.remedy}", reason="index")
         return read_u64(value)
 
     def iterate(self, name: bytes) -> Iterator[tuple[bytes, bytes]]:

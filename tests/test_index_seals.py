@@ -449,6 +449,36 @@ def test_a_compaction_and_verify_over_an_undecodable_event_record_say_corruption
         assert authority.head(GROUP) == head  # the refused compaction switched nothing
 
 
+@pytest.mark.parametrize("size", [3, 9])
+@pytest.mark.parametrize("database", ["acks", "events"])
+def test_a_u64_index_value_of_another_size_is_corruption_on_reads_and_in_a_commit(tmp_path, database, size):
+    """An ACK's cursor and an Event's log position are u64 values: one of another size under a
+    sound seal (outside input, as for meta's in finding 209) was read as its first 8 bytes by
+    ``acked`` and by an ACK or a redaction, or, shorter, failed inside the commit as a bare
+    ``struct.error``, reported as an unexpected ``STORAGE_FAILED``. Now each is ``CORRUPTION``
+    (reason ``index``), and the commit writes nothing."""
+    from mwpstore.index import ack_key
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        seq = authority.head(GROUP)[0]
+        authority.ack("c-1", GROUP, seq - 1)
+        key = ack_key("c-1", GROUP) if database == "acks" else event_key(GROUP, seq)
+        with authority.index.begin(write=True) as txn:
+            stored = bytes(authority.index.get(txn, database.encode(), key))
+            authority.index.put(txn, database.encode(), key, (stored + stored)[:size], new=False)
+        calls = [lambda: authority.redact(GROUP, seq, actor=OWNER, action_id="redact-1", reason="r")]
+        if database == "acks":
+            calls = [lambda: authority.acked("c-1", GROUP), lambda: authority.ack("c-1", GROUP, seq)]
+        for call in calls:
+            with pytest.raises(Corruption) as caught:
+                call()
+            assert caught.value.detail == {"reason": "index"}
+    with Authority.open(path) as authority:
+        assert authority.head(GROUP)[0] == seq  # the refused commit wrote nothing
+
+
 def test_a_stored_receipt_whose_two_content_hashes_disagree_is_corruption_not_its_receipt(tmp_path):
     """A receipts value holds the content hash twice (before the Receipt, and in it): a value
     whose copies differ under a sound seal is CORRUPTION on a replay whose Command has the first
