@@ -430,3 +430,37 @@ def test_a_state_nested_past_the_decoders_depth_is_corruption(tmp_path, events):
             read()
         assert caught.value.detail["reason"] == "agent"
     agent.close()
+
+
+def test_a_state_head_or_intent_nested_past_the_decoders_depth_is_corruption_inside_a_transaction(tmp_path, events):
+    """Inside a local transaction no decorator types what a decoder raises (a projection's own
+    errors pass there): the mirrored state, the Group head and an outbox intent are decoded by
+    functions that type their own errors, RecursionError included."""
+    import msgspec
+
+    from mwpstore.agent_store import _INTENT_ENCODER
+
+    nested = b"\x91" * 100_000 + b"\xc0"
+    path = tmp_path / "agent"
+    with _filled(path, events) as agent:
+        with agent.begin() as tx:
+            intent = tx.record_intent(GROUP, mission="m1", workitem="wi-1", ownership_epoch=1, operation="pay")
+        head = msgspec.msgpack.encode(agent.head(GROUP))  # an array: one more element, nested
+        encoded = _INTENT_ENCODER.encode(intent)  # a map: one more field, {"x": [[[...]]]}, which decoding skips
+        record_again = {"mission": "m1", "workitem": "wi-1", "ownership_epoch": 1, "operation": "pay"}
+        tables = agent._tables
+        for name, key, value, call in [
+            (b"state", GROUP.encode() + b"\x00group:g-1", b"\x92\x01\x81\xa1a" + nested, lambda tx: tx.state(GROUP, "group:g-1")),
+            (b"heads", GROUP.encode(), bytes([head[0] + 1]) + head[1:] + nested, lambda tx: tx.advance_cursor(GROUP)),
+            (b"outbox", GROUP.encode() + b"\x00" + intent.key.encode(), bytes([encoded[0] + 1]) + encoded[1:] + b"\xa1x" + nested,
+             lambda tx: tx.record_intent(GROUP, **record_again)),
+        ]:
+            with tables.begin(write=True) as txn:
+                stored = bytes(tables.get(txn, name, key))
+                tables.put(txn, name, key, value, new=False)
+            with pytest.raises(Corruption) as caught:
+                with agent.begin() as tx:
+                    call(tx)
+            assert caught.value.detail["reason"] == "agent", name
+            with tables.begin(write=True) as txn:
+                tables.put(txn, name, key, stored, new=False)

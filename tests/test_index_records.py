@@ -16,11 +16,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mwpstore import Command, _index_c, limits
-from mwpstore.authority import ACK_TAG, EVENT_TAG, GROUP_TAG, RECEIPT_TAG
+from mwpstore.authority import ACK_TAG, ARCHIVE_TAG, EVENT_TAG, GROUP_TAG, RECEIPT_TAG, SNAPSHOT_TAG
 from mwpstore.index import Index, PendingWrites
 from mwpstore.messages import Effect, Event, encode_event
 from mwpstore.registry import MemoryGroup
 from mwpstore.torture import index_bytes, index_meaning, index_paths
+from test_index_seals import _NESTED
 
 MAP_BYTES = 64 * 1024 * 1024
 CONTRACT = {
@@ -348,8 +349,14 @@ def test_impossible_values_are_corruption_either_way(index, forgery):
         GROUP_TAG + msgspec.msgpack.encode(("g-1", -1, b"\x01" * 32, [])),
         GROUP_TAG + msgspec.msgpack.encode(("g-1", 5, b"\x01" * 31, [])),
         GROUP_TAG + msgspec.msgpack.encode(("g-1", 5, b"\x01" * 32, [Effect("group:g-1", 0, None)])),
+        # nested past the decoder's depth, where decoding goes down: a state (its nil replaced),
+        # and a field of a note that decoding skips, {"x": [[[...]]]}
+        GROUP_TAG + msgspec.msgpack.encode(("g-1", 5, b"\x01" * 32, [Effect("group:g-1", 1, {"a": None})]))[:-1] + _NESTED,
+        SNAPSHOT_TAG + b"\x81\xa1x" + _NESTED,
+        ARCHIVE_TAG + b"\x81\xa1x" + _NESTED,
     ],
-    ids=["ACK consumer", "ACK cursor", "receipt hash", "receipt actor", "Group seq", "Group hash", "Group revision"],
+    ids=["ACK consumer", "ACK cursor", "receipt hash", "receipt actor", "Group seq", "Group hash", "Group revision",
+         "Group state nested", "snapshot note nested", "archive note nested"],
 )
 def test_impossible_values_in_other_records_are_corruption(index, record):
     """The records compaction and ACKs write are held to the same rules as Events."""

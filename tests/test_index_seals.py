@@ -390,6 +390,26 @@ def test_an_index_value_nested_past_the_decoders_depth_is_corruption(tmp_path, t
         assert authority.accept(mission_create("m-2")).seq == 3
 
 
+@pytest.mark.parametrize("call", ["accept_many", "accept_trusted"])
+def test_a_receipt_nested_past_the_decoders_depth_is_corruption_inside_a_commit_too(tmp_path, call):
+    """``accept_many`` and ``accept_trusted`` have no receipt lookup before the commit: the
+    commit's own decision reads the stored receipt, and a nested one is CORRUPTION there too, not
+    a RecursionError reported as an unexpected storage failure."""
+    command = mission_create("m-1", action_id="act-1")
+    with open_with_group(str(tmp_path / "store")) as authority:
+        authority.accept(command)
+        with authority.index.begin(write=True) as txn:
+            value = _receipt_with_a_nested_extra_field(authority, command)
+            authority.index.put(txn, b"receipts", receipt_key(command.actor, command.action_id), value, new=False)
+        if call == "accept_many":
+            [result] = authority.accept_many([command])
+            assert (result.error_code, result.detail) == ("CORRUPTION", {"reason": "index"})
+        else:
+            with pytest.raises(Corruption) as caught:
+                authority.accept_trusted(command)
+            assert caught.value.detail == {"reason": "index"}
+
+
 def _a_log_with_an_event_record_nested_too_deep(path: str) -> int:
     """A store at ``path`` whose log holds, checksummed, an Event (group GROUP, seq 3) whose Effect
     state nests past the decoder's depth, and its index trusted; the record's position."""
