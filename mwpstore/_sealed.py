@@ -150,10 +150,11 @@ class SealedTables:
         return count
 
     def _bound(self, name: bytes, key: bytes, stored: bytes | memoryview, prefix: bytes, before: bool) -> None:
-        """Check an entry that bounds a deletion of ``prefix``: sound, and, before it, sorting
-        before the prefix."""
+        """Check an entry that bounds a deletion of ``prefix``: sound, sorting before the prefix
+        when it is before it and after it otherwise (see :meth:`range`: a damaged branch key can
+        make the search land below the prefix)."""
         self.unseal(name, key, stored)
-        if before and key >= prefix:
+        if (key >= prefix) if before else (key < prefix):
             raise self._damage("order", name, key, "is out of key order")
 
     def range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
@@ -171,6 +172,13 @@ class SealedTables:
                 if last >= start:
                     raise self._damage("order", name, last, "is out of key order")
             return
+        # A branch key raised by damage sends the search to the leaf before the right one; LMDB
+        # runs off its end and lands on the next leaf's first entry without comparing it, which
+        # can sort before ``start``: served, it would add entries before the start, or end a
+        # range at once as an entry outside its prefix.
+        landed = bytes(cursor.key())
+        if landed < start:
+            raise self._damage("order", name, landed, "is out of key order")
         # A damaged key (in a branch, or the entry just before) can make the search land past the
         # first entries of the range: the entry before the landing point must be sound and sort
         # before ``start``.
@@ -319,7 +327,7 @@ def _delete_prefix(txn: lmdb.Transaction, db: Any, prefix: bytes, bound: Callabl
     """Delete the entries whose key starts with ``prefix``; the count. ``bound(key, value,
     before)``, when given, checks each entry that bounds the walk: the one before where the search
     landed (or the database's last entry, when it landed nowhere), ``before`` True, and the one
-    that ends the walk."""
+    that ends the walk (the landing point itself, when it is outside the prefix)."""
     cursor = txn.cursor(db=db)
     count = 0
     if not cursor.set_range(prefix):

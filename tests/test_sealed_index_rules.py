@@ -193,20 +193,25 @@ def test_a_search_for_the_last_entry_below_a_bound_checks_both_entries_it_reads(
     assert caught.value.detail["reason"] == reason
 
 
-def test_a_search_that_lands_below_its_bound_is_corruption(tmp_path):
-    """A search goes down the branch keys: with the first entry of a leaf moved below the branch
-    key that leads to it (a damaged page), a search for a bound between the two lands on that
-    entry, which sorts before the bound. That is damage, not the entry before the bound."""
-    directory = str(tmp_path / "index")
-    entries = {_PREFIX + b"%04d" % (10 * n): b"v" * 40 for n in range(200)}  # several leaf pages
+def _index_of_several_leaves(directory: str) -> tuple[dict[bytes, bytes], bytes]:
+    """An index whose states hold 200 entries over several leaf pages, and the first key of a leaf
+    (after the first), which is in the file twice: in its node and as the branch key to it."""
+    entries = {_PREFIX + b"%04d" % (10 * n): b"v" * 40 for n in range(200)}
     index = Index(directory, map_size=1 << 22)
     with index.begin(write=True) as txn:  # appended: each split leaves no stale copy of a node behind
         txn.cursor(db=index.dbs[b"states"]).putmulti([(key, seal(b"states", key, value)) for key, value in entries.items()], append=True)
     index.close()
     with open(os.path.join(directory, "data.mdb"), "rb") as handle:
         data = handle.read()
-    # a leaf's first key is in the file twice: in its node and as the branch key leading to it
-    first = next(key for key in list(entries)[1:] if data.count(key) == 2)
+    return entries, next(key for key in list(entries)[1:] if data.count(key) == 2)
+
+
+def test_a_search_that_lands_below_its_bound_is_corruption(tmp_path):
+    """A search goes down the branch keys: with the first entry of a leaf moved below the branch
+    key that leads to it (a damaged page), a search for a bound between the two lands on that
+    entry, which sorts before the bound. That is damage, not the entry before the bound."""
+    directory = str(tmp_path / "index")
+    entries, first = _index_of_several_leaves(directory)
     number = int(first[len(_PREFIX):])
     moved, bound = _PREFIX + b"%04d" % (number - 5), _PREFIX + b"%04d" % (number - 3)
     assert _last_below(directory, bound) == _PREFIX + b"%04d" % (number - 10)
@@ -214,6 +219,38 @@ def test_a_search_that_lands_below_its_bound_is_corruption(tmp_path):
     with pytest.raises(Corruption) as caught:
         _last_below(directory, bound)
     assert caught.value.detail["reason"] == "index_order"
+
+
+@pytest.mark.parametrize("read", ["a range from a start", "a deletion of a prefix"])
+def test_a_search_a_raised_branch_key_sent_to_the_leaf_before_is_corruption(tmp_path, read):
+    """With the branch key to a leaf raised past every key, a search for a key of that leaf goes
+    to the leaf before, runs off its end, and LMDB lands on the first entry of the next leaf
+    without comparing it: one that sorts before the start. A range served it and the entries after
+    it (more than asked for; a range by prefix would have ended at once, empty), and a deletion of
+    the prefix of the next entry deleted nothing and said so."""
+    directory = str(tmp_path / "index")
+    _, first = _index_of_several_leaves(directory)
+    number = int(first[len(_PREFIX):])
+    start, following = _PREFIX + b"%04d" % (number + 5), _PREFIX + b"%04d" % (number + 10)
+    path = os.path.join(directory, "data.mdb")
+    with open(path, "rb") as handle:
+        data = bytearray(handle.read())
+    node = _node(first, b"v" * 40)
+    [branch] = [at for at in range(len(data)) if data.startswith(first, at) and not data.startswith(node, at)]
+    data[branch : branch + len(first)] = _PREFIX + b"9999"
+    with open(path, "wb") as handle:
+        handle.write(data)
+    index = Index(directory, map_size=1 << 22)
+    try:
+        with pytest.raises(Corruption) as caught:
+            with index.begin(write=True) as txn:
+                if read == "a range from a start":
+                    list(index.range(txn, b"states", _PREFIX, start))
+                else:
+                    index.delete_range(txn, b"states", following)
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("index_order", first.decode())
+    finally:
+        index.close()
 
 
 # -- deleting ranges -------------------------------------------------------------------------------
