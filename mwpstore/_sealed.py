@@ -11,7 +11,9 @@ AgentStore) read and write their values only through :class:`SealedTables`:
   of an existing key is ``CORRUPTION`` instead of "absent";
 - a range checks that the entry before its start sorts before it (a damaged branch key cannot skip
   the first entries), that keys strictly increase, and that the entry ending the range is sound (a
-  damaged key that fell outside the prefix cannot end the range early).
+  damaged key that fell outside the prefix cannot end the range early);
+- a deletion of a range checks the entries that bound it the same way, and the seal of each entry
+  it deletes (a key of another prefix moved into it by damage is not deleted unreported).
 
 The format is in ``docs/format/index.md`` ("Seals and presence").
 """
@@ -142,8 +144,16 @@ class SealedTables:
         """Delete every entry whose key starts with ``prefix`` (and their presence); the count.
         The entries that bound the walk are checked as :meth:`range` checks them: a damaged key
         before the first entry or at the end would otherwise stop it early, silently, and leave
-        sound entries of the prefix for later reads to serve."""
-        count = _delete_prefix(txn, self.dbs[name], prefix, lambda key, stored, before: self._bound(name, key, stored, prefix, before))
+        sound entries of the prefix for later reads to serve. Each entry it deletes must be sound
+        too: a key of another prefix that damage moved into this one (a bit of its Group flipped)
+        would otherwise go with it, unreported, and that prefix's later ranges answer without it."""
+        count = _delete_prefix(
+            txn,
+            self.dbs[name],
+            prefix,
+            lambda key, stored, before: self._bound(name, key, stored, prefix, before),
+            lambda key, stored: self.unseal(name, key, stored),
+        )
         tag = self.tags.get(name)
         if tag is not None:
             _delete_prefix(txn, self.presence, tag + prefix)
@@ -323,11 +333,18 @@ def damage_of(label: str, remedy: str, reason: str, exc: BaseException) -> MwpEr
     return Corruption(f"the {label} is damaged ({type(exc).__name__}: {exc}); {remedy}", reason=reason)
 
 
-def _delete_prefix(txn: lmdb.Transaction, db: Any, prefix: bytes, bound: Callable[[bytes, Any, bool], None] | None = None) -> int:
+def _delete_prefix(
+    txn: lmdb.Transaction,
+    db: Any,
+    prefix: bytes,
+    bound: Callable[[bytes, Any, bool], None] | None = None,
+    deleted: Callable[[bytes, Any], None] | None = None,
+) -> int:
     """Delete the entries whose key starts with ``prefix``; the count. ``bound(key, value,
     before)``, when given, checks each entry that bounds the walk: the one before where the search
     landed (or the database's last entry, when it landed nowhere), ``before`` True, and the one
-    that ends the walk (the landing point itself, when it is outside the prefix)."""
+    that ends the walk (the landing point itself, when it is outside the prefix). ``deleted(key,
+    value)``, when given, checks each entry before it is deleted."""
     cursor = txn.cursor(db=db)
     count = 0
     if not cursor.set_range(prefix):
@@ -346,6 +363,8 @@ def _delete_prefix(txn: lmdb.Transaction, db: Any, prefix: bytes, bound: Callabl
             if bound is not None:
                 bound(key, cursor.value(), False)
             break
+        if deleted is not None:
+            deleted(key, cursor.value())
         if not cursor.delete():  # the cursor moves to the next entry
             break
         count += 1

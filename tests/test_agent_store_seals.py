@@ -355,6 +355,38 @@ def test_a_reset_over_a_state_key_moved_by_damage_is_corruption_not_a_state_left
         assert agent.head(GROUP).cursor == cursor
 
 
+@pytest.mark.parametrize("deletion", ["reset_group"])
+def test_a_deletion_over_another_groups_inbox_key_moved_by_damage_is_corruption_not_a_lost_entry(tmp_path, deletion):
+    """A bit flipped in the Group of g-3's first inbox key (g-3 -> g-1) put it right after g-1's
+    entries: ``reset_group("g-1")`` deleted it with them, unreported, and ``inbox_seqs("g-3")``
+    then answered 2..10 without an error,
+    where before the deletion it said ``CORRUPTION``. Each entry a deletion reaches must pass its
+    seal: the deletion is ``CORRUPTION`` and deletes nothing, and the damage stays reported."""
+    path = tmp_path / "agent"
+    agent = AgentStore.open(path, projections=[CountingProjection()])
+    with agent:
+        for group in ("g-1", "g-3"):
+            with agent.begin() as tx:
+                for event in workload(group, 10, seed=5):
+                    tx.apply(event)
+                tx.advance_cursor(group)
+        assert agent.inbox_seqs("g-3") == list(range(1, 11))
+    moved = b"g-3\x00" + (1).to_bytes(8, "big")
+    data_file = path / "lmdb" / "data.mdb"
+    data = bytearray(data_file.read_bytes())
+    [spot] = [spot for spot in range(len(data)) if data.startswith(moved, spot)]
+    data[spot + 2] ^= 0b10  # "3" -> "1"
+    data_file.write_bytes(bytes(data))
+    with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False) as agent:
+        head = agent.head("g-1")
+        with pytest.raises(Corruption) as caught:
+            getattr(agent, deletion)("g-1")
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_checksum", "g-1\x00" + moved[4:].decode())
+        assert agent.head("g-1") == head
+        with pytest.raises(Corruption):
+            agent.inbox_seqs("g-3")
+
+
 def test_an_unreadable_intent_or_state_under_a_sound_seal_is_corruption_in_transactions_too(tmp_path, events):
     """Values rewritten with a matching seal that do not decode (or name another intent, or another
     Group than the one they are filed under) were typed on the read paths only: the outbox's own

@@ -301,6 +301,29 @@ def test_delete_range_over_a_damaged_key_is_corruption_not_a_survivor(tmp_path, 
         index.close()
 
 
+def test_delete_range_checks_the_seal_of_each_entry_it_deletes(tmp_path):
+    """A bit flipped in the first key of the next prefix (g\x02c -> g\x00c) moved that entry into
+    the prefix being deleted, right after its own entries: the walk deleted it with them,
+    unreported, and a range over the next prefix then answered without it (g\x02d alone). Each
+    entry the walk deletes must pass its seal: ``CORRUPTION``, and nothing is deleted."""
+    directory = str(tmp_path / "index")
+    entries = {key: b"v" for key in (_PREFIX + b"a", _PREFIX + b"b", b"g\x02c", b"g\x02d")}
+    _index_of(directory, entries)
+    _replace_in_file(directory, [(_node(b"g\x02c", b"v"), b"g\x00c" + _node(b"g\x02c", b"v")[3:])])
+    index = Index(directory, map_size=1 << 22)
+    try:
+        with pytest.raises(Corruption) as caught:
+            with index.begin(write=True) as txn:
+                index.delete_range(txn, b"states", _PREFIX)
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("index_checksum", "g\x00c")
+        with index.begin() as txn:
+            assert [bytes(index.get(txn, b"states", _PREFIX + name)) for name in (b"a", b"b")] == [b"v", b"v"]
+            with pytest.raises(Corruption):  # the damage is still reported to the next prefix
+                list(index.range(txn, b"states", b"g\x02"))
+    finally:
+        index.close()
+
+
 # -- read paths translate what damage raises ---------------------------------------------------------
 
 
