@@ -1709,7 +1709,11 @@ class AgentTransaction:
         end = _seq_key(group, head.cursor)
         cursor = self._txn.cursor(db=self._tables.dbs[b"inbox"])  # the inbox keeps no presence entries
         if head.cursor > head.pruned_seq and cursor.set_range(start):
-            while bytes(cursor.key()) <= end:
+            while (key := bytes(cursor.key())) <= end:
+                # Each entry must be sound before it goes: another Group's key that damage moved
+                # into this range would otherwise be deleted unreported, and that Group's inbox
+                # answer without it.
+                self._tables.unseal(b"inbox", key, cursor.value())
                 if not cursor.delete():
                     break
                 count += 1

@@ -355,11 +355,11 @@ def test_a_reset_over_a_state_key_moved_by_damage_is_corruption_not_a_state_left
         assert agent.head(GROUP).cursor == cursor
 
 
-@pytest.mark.parametrize("deletion", ["reset_group"])
+@pytest.mark.parametrize("deletion", ["reset_group", "prune_inbox"])
 def test_a_deletion_over_another_groups_inbox_key_moved_by_damage_is_corruption_not_a_lost_entry(tmp_path, deletion):
     """A bit flipped in the Group of g-3's first inbox key (g-3 -> g-1) put it right after g-1's
-    entries: ``reset_group("g-1")`` deleted it with them, unreported, and ``inbox_seqs("g-3")``
-    then answered 2..10 without an error,
+    entries: ``reset_group("g-1")`` and ``prune_inbox("g-1")`` deleted it with them (the prune said
+    11 for 10 entries), unreported, and ``inbox_seqs("g-3")`` then answered 2..10 without an error,
     where before the deletion it said ``CORRUPTION``. Each entry a deletion reaches must pass its
     seal: the deletion is ``CORRUPTION`` and deletes nothing, and the damage stays reported."""
     path = tmp_path / "agent"
