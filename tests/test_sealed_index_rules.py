@@ -324,6 +324,36 @@ def test_delete_range_checks_the_seal_of_each_entry_it_deletes(tmp_path):
         index.close()
 
 
+@pytest.mark.parametrize("found", [True, False], ids=["the entry before the landing point", "the last entry, where the search found none"])
+def test_delete_range_refuses_a_bounding_entry_before_it_that_equals_the_prefix(tmp_path, found):
+    """A key equal to the prefix starts with it: a search that skipped it (a damaged branch) would
+    leave it behind, sound, if the entry before the walk were only required not to sort after the
+    prefix. It must sort strictly before it: ``CORRUPTION`` (``index_order``), nothing deleted."""
+    directory = str(tmp_path / "index")
+    entries = {b"f\x00z": b"1", _PREFIX: b"2", **({_PREFIX + b"a": b"3"} if found else {})}
+    _index_of(directory, entries)
+    index = Index(directory, map_size=1 << 22)
+    try:
+        with pytest.raises(Corruption) as caught:
+            with index.begin(write=True) as txn:
+                real = txn.cursor(db=index.dbs[b"states"])
+
+                class Skipping:  # the search passes over the entry equal to the prefix
+                    def __getattr__(self, name):
+                        return getattr(real, name)
+
+                    def set_range(self, key):
+                        return real.set_range(key + b"a") if found else False
+
+                txn_proxy = type("T", (), {"cursor": lambda self, db: Skipping()})()
+                index.delete_range(txn_proxy, b"states", _PREFIX)
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("index_order", _PREFIX.decode())
+        with index.begin() as txn:
+            assert [key for key, _ in index.range(txn, b"states", b"")] == list(entries)
+    finally:
+        index.close()
+
+
 # -- read paths translate what damage raises ---------------------------------------------------------
 
 
