@@ -324,6 +324,24 @@ def test_delete_range_checks_the_seal_of_each_entry_it_deletes(tmp_path):
         index.close()
 
 
+def test_delete_range_whose_entries_damage_moved_before_it_checks_the_last_entry(tmp_path):
+    """With the prefix's only entry moved before it by a flipped bit (g -> e), the search finds no
+    entry at or after the prefix: the walk must still check the database's last entry, or the
+    deletion says 0 and succeeds over the damage. ``CORRUPTION`` (``index_checksum``)."""
+    directory = str(tmp_path / "index")
+    victim = _PREFIX + b"b"
+    _index_of(directory, {b"a\x00x": b"1", victim: b"2"})
+    _replace_in_file(directory, [(_node(victim, b"2"), b"e" + _node(victim, b"2")[1:])])
+    index = Index(directory, map_size=1 << 22)
+    try:
+        with pytest.raises(Corruption) as caught:
+            with index.begin(write=True) as txn:
+                index.delete_range(txn, b"states", _PREFIX)
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("index_checksum", "e\x00b")
+    finally:
+        index.close()
+
+
 @pytest.mark.parametrize("found", [True, False], ids=["the entry before the landing point", "the last entry, where the search found none"])
 def test_delete_range_refuses_a_bounding_entry_before_it_that_equals_the_prefix(tmp_path, found):
     """A key equal to the prefix starts with it: a search that skipped it (a damaged branch) would
