@@ -858,3 +858,33 @@ def test_an_offline_record_that_passes_its_seal_but_does_not_decode_is_corruptio
                 call()
             assert (caught.value.detail["reason"], caught.value.detail["database"]) == ("agent", "offline")
     assert setup.submitted == []
+
+
+@pytest.mark.parametrize("damaged_at", [1, 2], ids=["while its own step is stored", "before the outage's end is decided"])
+def test_a_buffered_command_that_stops_decoding_during_a_reconnect_is_corruption(setup, damaged_at):
+    """``reconnect`` decodes a stored record again where it stores a step (another reconnect may
+    have moved it) and where it decides whether any Command is left before it ends the outage:
+    a record rewritten meanwhile (here by ``sync``, called before each record's step) that does
+    not decode is ``CORRUPTION`` there too, and the outage stands."""
+    from mwpstore.errors import Corruption
+    from mwpstore.offline import _command_key
+
+    setup.guard.service_unreachable(now(setup))
+    fence = setup.harness.fence("wi1")
+    for number in (1, 2):
+        setup.guard.buffer(setup.offline_command("workitem.checkpoint", {**fence, "checkpoint": {"step": number}}, action=f"cp-{number}"),
+                           now_ms=now(setup) + number, reversible=True)
+    tables = setup.agent._tables
+    calls = []
+
+    def sync():
+        calls.append(1)
+        if len(calls) == damaged_at:
+            with tables.begin(write=True) as txn:
+                tables.put(txn, b"offline", _command_key(GROUP, 1), b"\x91\x01", new=False)
+        setup.sync()
+
+    with pytest.raises(Corruption) as caught:
+        setup.guard.reconnect(setup.submit, signing_key=setup.key, sync=sync)
+    assert (caught.value.detail["reason"], caught.value.detail["database"]) == ("agent", "offline")
+    assert setup.guard.offline and len(calls) == damaged_at
