@@ -12,6 +12,7 @@ State values are plain JSON-like dicts; revisions are kept by the engine, not in
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -123,22 +124,30 @@ def kind_spec(kind: str) -> KindSpec:
 
 
 _KINDS_LOADED = False
+_KINDS_LOADING = threading.RLock()
 
 
 def _load_kinds() -> None:
-    """Import the modules that register kinds (once)."""
+    """Import the modules that register kinds (once). ``_KINDS_LOADED`` is set only once they
+    all are, under a lock: set before the imports, another thread's first ``kind_spec`` during
+    them found the flag set and a kind not yet registered, and refused a valid Command as
+    ``UNKNOWN_KIND``. (Reentrant: an import that asks for a kind meanwhile gets the modules in
+    progress, as before.)"""
     global _KINDS_LOADED
     if _KINDS_LOADED:
         return
-    _KINDS_LOADED = True
-    from . import kinds  # noqa: F401  (registers group.* and mission.*)
-    from . import redaction  # noqa: F401  (registers event.redact and audit.delete)
+    with _KINDS_LOADING:
+        if _KINDS_LOADED:
+            return
+        from . import kinds  # noqa: F401  (registers group.* and mission.*)
+        from . import redaction  # noqa: F401  (registers event.redact and audit.delete)
 
-    import importlib
-    import importlib.util
+        import importlib
+        import importlib.util
 
-    if importlib.util.find_spec(f"{__package__}.work_model") is not None:
-        importlib.import_module(f"{__package__}.work_model")  # registers the work-model kinds
+        if importlib.util.find_spec(f"{__package__}.work_model") is not None:
+            importlib.import_module(f"{__package__}.work_model")  # registers the work-model kinds
+        _KINDS_LOADED = True
 
 
 def aggregate_key(aggregate_type: str, target: str) -> str:

@@ -2077,3 +2077,48 @@ def test_every_kind_accepted_or_rejected_gives_the_same_outcomes_and_bytes_as_be
     change no outcome, no rejection's code, message or detail, no log record and no index value.
     The digest is that of the build before those changes (0743b1d), for the same history."""
     assert _outcomes_and_bytes_of_every_kind(str(tmp_path / "s")) == "b238b68a8da0996ac9721fa8120113898a3e843330c0904ca8996889ac3af2df"
+
+
+_KINDS_LOADED_MEANWHILE = r"""
+import sys, threading
+from mwpstore import Command, MemoryGroup
+from mwpstore.errors import UnknownKind
+
+loading, asked, answered = threading.Event(), threading.Event(), threading.Event()
+
+
+class PauseInTheWorkModelsImport:  # holds the first thread inside the kinds' loading
+    def find_spec(self, name, path=None, target=None):
+        if name == "mwpstore.work_model" and threading.current_thread().name == "first":
+            loading.set()
+            asked.wait(10)
+            answered.wait(1)  # the fixed loading makes the second thread wait for it: no answer yet
+        return None
+
+
+sys.meta_path.insert(0, PauseInTheWorkModelsImport())
+command = Command(actor="owner", action_id="c", group="g-1", kind="group.create", target="g-1", body={"org": "acme"})
+first = threading.Thread(name="first", target=lambda: MemoryGroup("g-1").accept(command, now_ms=1))
+first.start()
+loading.wait(10)
+asked.set()
+try:
+    from mwpstore.registry import kind_spec
+
+    print(kind_spec("workitem.create").kind)
+except UnknownKind as exc:
+    print(exc.code)
+answered.set()
+first.join()
+"""
+
+
+def test_a_kind_asked_for_while_another_thread_loads_the_kinds_is_known():
+    """The kinds are registered by importing their modules at the first ``kind_spec``. The flag
+    that says so was set before the imports: a second thread's first Command meanwhile found it
+    set and its kind not yet registered, and a valid Command was ``UNKNOWN_KIND`` (seen with four
+    ``MemoryGroup``\\ s accepting their first ``group.create`` at once). Now the second thread waits
+    for the loading to end. A fresh interpreter, whose first thread is held inside the work
+    model's import while the second asks for a work-model kind."""
+    result = subprocess.run([sys.executable, "-c", _KINDS_LOADED_MEANWHILE], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "workitem.create\n", "")
