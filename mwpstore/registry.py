@@ -12,6 +12,7 @@ State values are plain JSON-like dicts; revisions are kept by the engine, not in
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -125,6 +126,9 @@ def kind_spec(kind: str) -> KindSpec:
 
 _KINDS_LOADED = False
 _KINDS_LOADING = threading.RLock()
+# A fork waits for a loading in another thread to end: the child has no such thread, and would
+# wait forever for the lock it held (each Command of the child, whatever its kind).
+os.register_at_fork(before=_KINDS_LOADING.acquire, after_in_parent=_KINDS_LOADING.release, after_in_child=_KINDS_LOADING.release)
 
 
 def _load_kinds() -> None:
@@ -132,7 +136,7 @@ def _load_kinds() -> None:
     all are, under a lock: set before the imports, another thread's first ``kind_spec`` during
     them found the flag set and a kind not yet registered, and refused a valid Command as
     ``UNKNOWN_KIND``. (Reentrant: an import that asks for a kind meanwhile gets the modules in
-    progress, as before.)"""
+    progress, as before.) A fork waits for a loading in progress (``os.register_at_fork`` above)."""
     global _KINDS_LOADED
     if _KINDS_LOADED:
         return

@@ -2122,3 +2122,66 @@ def test_a_kind_asked_for_while_another_thread_loads_the_kinds_is_known():
     model's import while the second asks for a work-model kind."""
     result = subprocess.run([sys.executable, "-c", _KINDS_LOADED_MEANWHILE], capture_output=True, text=True, timeout=60)
     assert (result.returncode, result.stdout, result.stderr) == (0, "workitem.create\n", "")
+
+
+_FORKED_DURING_THE_KINDS_LOADING = r"""
+import os, signal, sys, threading
+from mwpstore.errors import UnknownKind
+from mwpstore.registry import kind_spec
+
+loading, release = threading.Event(), threading.Event()
+
+
+class PauseInTheWorkModelsImport:  # holds the first thread inside the kinds' loading
+    def find_spec(self, name, path=None, target=None):
+        if name == "mwpstore.work_model" and threading.current_thread().name == "first":
+            loading.set()
+            release.wait(10)
+        return None
+
+
+sys.meta_path.insert(0, PauseInTheWorkModelsImport())
+first = threading.Thread(name="first", target=lambda: kind_spec("group.create"))
+first.start()
+loading.wait(10)
+child = []
+
+
+def fork_and_ask():
+    pid = os.fork()
+    if pid == 0:
+        signal.alarm(20)  # a child that waits for the lock of a thread it does not have: ended here
+        answers = []
+        for kind in ("group.create", "workitem.create"):
+            try:
+                answers.append(kind_spec(kind).kind)
+            except UnknownKind as exc:
+                answers.append(exc.code)
+        print(" ".join(answers), flush=True)
+        os._exit(0)
+    child.append(pid)
+
+
+forker = threading.Thread(target=fork_and_ask)
+forker.start()
+forker.join(1)  # the fixed fork waits for the loading: not forked yet
+release.set()
+forker.join()
+first.join()
+_, status = os.waitpid(child[0], 0)
+print(os.waitstatus_to_exitcode(status))
+"""
+
+
+def test_a_process_forked_while_another_thread_loads_the_kinds_knows_them():
+    """The kinds are loaded under a lock (finding 221). A process forked while another thread
+    held it inherited it held, by a thread the child does not have: the child's first
+    ``kind_spec``, of any kind, waited for it forever. Now a fork waits for the loading to end.
+    A fresh interpreter whose first thread is held inside the work model's import while a second
+    forks; the child, ended by an alarm if it waits, asks for a kind of each module."""
+    # (-W: Python 3.12 and later warn of a fork in a process with threads.)
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", _FORKED_DURING_THE_KINDS_LOADING],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "group.create workitem.create\n0\n", "")
