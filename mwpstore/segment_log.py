@@ -218,7 +218,7 @@ class _Segment:
     ``header`` is None for a sealed segment that open took on the word of a clean close (see
     ``SegmentLog._vouched_segments``): its header and seal are checked when it is first mapped."""
 
-    __slots__ = ("first_position", "path", "header", "sealed", "sealed_used_bytes", "_map", "_data", "_lock")
+    __slots__ = ("first_position", "path", "header", "sealed", "sealed_used_bytes", "_view", "_lock")
 
     def __init__(self, path: str, header: Any, first_position: int | None = None) -> None:
         self.first_position: int = header.first_position if header is not None else first_position
@@ -226,8 +226,9 @@ class _Segment:
         self.header = header  # struct sl_header *, or None until checked
         self.sealed = False
         self.sealed_used_bytes = 0
-        self._map: mmap.mmap | None = None
-        self._data: Any = None
+        # (C pointer, mmap), or None: one attribute, so a reader takes both in one step while
+        # another thread unmaps (two, a reader could see the map present, then gone).
+        self._view: tuple[Any, mmap.mmap] | None = None
         self._lock = threading.Lock()
 
     def mapping(self) -> tuple[Any, mmap.mmap]:
@@ -237,9 +238,11 @@ class _Segment:
         header's (``_check_same_file``: ``Corruption`` segment_replaced otherwise): a handle maps
         by name, and beside a compaction the name may by then be the new log's file, whose frames
         would fail their checksums under this header's log id."""
-        if self._map is None:
+        view = self._view
+        if view is None:
             with self._lock:
-                if self._map is None:
+                view = self._view
+                if view is None:
                     fd = _open_segment_fd(self.path)
                     try:
                         for attempt in range(8):
@@ -265,34 +268,34 @@ class _Segment:
                         except Corruption:
                             mapped.close()
                             raise
-                    self._data = ffi.from_buffer("uint8_t[]", mapped)
-                    self._map = mapped
-        assert self._map is not None
-        return self._data, self._map
+                    view = self._view = (ffi.from_buffer("uint8_t[]", mapped), mapped)
+        return view
 
     def forget_map(self) -> None:
         """Drop the map without the segment's lock (a forked child's copy, where no other thread
         runs): it is unmapped once nothing else refers to it."""
-        self._map = self._data = None
+        self._view = None
 
     def mapped_bytes(self) -> int:
-        return len(self._map) if self._map is not None else 0
+        view = self._view
+        return len(view[1]) if view is not None else 0
 
     def file_size(self) -> int:
         """The size of the file this handle reads: its map's (``fstat`` of the descriptor the map
         keeps), else the file's under its name. Beside a compaction the name may by then be the
         new log's file, or nothing, while a read-only handle goes on reading the file it mapped."""
-        mapped = self._map
-        if mapped is not None:
+        view = self._view
+        if view is not None:
             with contextlib.suppress(ValueError, OSError):  # unmapped meanwhile: by name, below
-                return mapped.size()
+                return view[1].size()
         return os.stat(self.path).st_size
 
     def unmap(self) -> None:
         with self._lock:
-            mapped = self._map
-            self._map = self._data = None
-            if mapped is not None:
+            view, self._view = self._view, None
+            if view is not None:
+                mapped = view[1]
+                del view  # and the C pointer with it: only a reader's own hold may keep the map
                 try:
                     mapped.close()
                 except BufferError:

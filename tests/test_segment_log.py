@@ -182,6 +182,60 @@ def test_reads_from_many_threads_beside_appends_read_every_record_right_with_few
         assert _maps_of(tmp_path) <= 2 + 1  # the bound and the active segment, once every read is done
 
 
+def test_a_read_that_found_its_segment_mapped_reads_it_when_another_thread_unmaps_it(tmp_path, monkeypatch):
+    """A segment is mapped at its first read and unmapped when it is the least recently read
+    beyond the bound. A read that had found the map present and was then overtaken by the unmap
+    raised a bare ``AssertionError`` (without ``-O``: a ``TypeError``, the map gone): the map and
+    its C pointer were two attributes, read one after the other. Now they are one, taken once.
+    The reading thread is held (``sys.settrace``) right after the first line of
+    ``_Segment.mapping``, while the main thread's read of another sealed segment unmaps its one
+    (room for one map)."""
+    from mwpstore import segment_log
+
+    monkeypatch.setattr(segment_log, "SEGMENT_MAPS_MAX", 1)
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        while len(log.segments()) < 3:
+            log.append([b"x" * 2000] * 8)
+        first, second = [info.first_position for info in log.segments()[:2]]
+        assert log.read(first) == b"x" * 2000  # mapped
+        held, go = threading.Event(), threading.Event()
+        mapping = segment_log._Segment.mapping.__code__
+
+        def trace(frame, event, arg):
+            if frame.f_code is not mapping:
+                return None
+            lines = [0]
+
+            def in_mapping(frame, event, arg):
+                if event == "line":
+                    lines[0] += 1
+                    if lines[0] == 2:  # the first line has run: the map was looked up
+                        held.set()
+                        go.wait(10)
+                return in_mapping
+
+            return in_mapping
+
+        outcome: list[object] = []
+
+        def reader() -> None:
+            sys.settrace(trace)
+            try:
+                outcome.append(log.read(first))
+            except BaseException as exc:  # noqa: BLE001 - the assertion below shows it
+                outcome.append(exc)
+            finally:
+                sys.settrace(None)
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        assert held.wait(10)
+        assert log.read(second) == b"x" * 2000  # unmaps the first segment
+        go.set()
+        thread.join(60)
+        assert outcome == [b"x" * 2000]
+
+
 def test_rollover_seals_segments_and_keeps_positions_contiguous(tmp_path):
     rng = random.Random(2)
     with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
@@ -334,11 +388,12 @@ def test_a_segment_whose_map_was_closed_meanwhile_is_given_its_size_by_name(tmp_
         log.append([b"a" * 1000])
         assert log.read(0) == b"a" * 1000
         segment = log._segments[0]
-        mapped, segment._map = segment._map, Unmapped()
+        view = segment._view
+        segment._view = (view[0], Unmapped())
         try:
             assert [info.size_bytes for info in log.segments()] == [SMALL]
         finally:
-            segment._map = mapped
+            segment._view = view
 
 
 def test_group_ends_at_names_every_group_end_and_nothing_else_across_sealed_segments(tmp_path):
