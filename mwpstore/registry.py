@@ -13,6 +13,7 @@ State values are plain JSON-like dicts; revisions are kept by the engine, not in
 from __future__ import annotations
 
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -108,10 +109,21 @@ REGISTRY: dict[str, KindSpec] = {}
 
 
 def register(spec: KindSpec) -> KindSpec:
-    assert spec.kind not in REGISTRY, f"kind {spec.kind} registered twice"
+    registered = REGISTRY.get(spec.kind)
+    assert registered is None or _of_a_failed_import(registered), f"kind {spec.kind} registered twice"
     canonical.check_kind(spec.kind)
     REGISTRY[spec.kind] = spec
     return spec
+
+
+def _of_a_failed_import(spec: KindSpec) -> bool:
+    """Whether ``spec`` was registered by a run of its module that is no longer the module: an
+    import that failed part way (an interrupt, an error). Python forgets such a module and runs it
+    again at the next import, which registers its kinds anew; refused, that import, and so every
+    later ``kind_spec``, failed with "registered twice"."""
+    defined_in = getattr(spec.decide, "__globals__", None)
+    module = sys.modules.get(getattr(spec.decide, "__module__", None) or "")
+    return defined_in is not None and getattr(module, "__dict__", None) is not defined_in
 
 
 def kind_spec(kind: str) -> KindSpec:

@@ -2185,3 +2185,61 @@ def test_a_process_forked_while_another_thread_loads_the_kinds_knows_them():
         capture_output=True, text=True, timeout=60,
     )
     assert (result.returncode, result.stdout, result.stderr) == (0, "group.create workitem.create\n0\n", "")
+
+
+_LOADING_INTERRUPTED = r"""
+import sys
+from mwpstore import canonical, registry
+
+check_kind = canonical.check_kind
+
+
+def interrupted(kind):  # an interrupt inside a module's registrations, after its first
+    if kind == sys.argv[1]:
+        raise KeyboardInterrupt
+    return check_kind(kind)
+
+
+registry.canonical.check_kind = interrupted
+try:
+    if sys.argv[2] == "kind_spec":
+        registry.kind_spec("group.create")
+    else:
+        import mwpstore.authority
+except KeyboardInterrupt:
+    pass
+registry.canonical.check_kind = check_kind
+if sys.argv[2] == "import-again":
+    import mwpstore.authority
+answers = []
+for kind in ("group.create", "membership.add", "membership.change", "event.redact", "audit.delete", "workitem.create"):
+    try:
+        answers.append(registry.kind_spec(kind).kind)
+    except BaseException as exc:
+        answers.append(type(exc).__name__)
+print(" ".join(answers))
+"""
+
+
+@pytest.mark.parametrize(
+    ("interrupted_at", "then"),
+    [("membership.change", "kind_spec"), ("audit.delete", "import"), ("audit.delete", "import-again")],
+    ids=["the first kind_spec's loading", "an import of the authority", "an import of the authority, then again"],
+)
+def test_kinds_whose_first_loading_was_interrupted_are_loaded_at_the_next_ask(interrupted_at, then):
+    """A module that registers kinds and whose import fails part way (an interrupt, an error)
+    is forgotten by Python and run again at the next import, with the kinds it registered before
+    it failed still registered: its second run failed ``register``'s assertion ("registered
+    twice"), and so did every later ``kind_spec`` of the process, ``group.create`` included (since
+    finding 221, which retries a failed loading; before it, a loading that failed left the
+    missing kinds ``UNKNOWN_KIND``, and an import that failed outside the loading, the assertion).
+    Now a kind registered by a run of a module that is no longer the module may be registered
+    again. A fresh interpreter whose registration of one kind raises ``KeyboardInterrupt`` once,
+    in the first loading or in an import of the authority (then the kinds are asked for, or the
+    import is run again first)."""
+    result = subprocess.run(
+        [sys.executable, "-c", _LOADING_INTERRUPTED, interrupted_at, then],
+        capture_output=True, text=True, timeout=60,
+    )
+    expected = "group.create membership.add membership.change event.redact audit.delete workitem.create\n"
+    assert (result.returncode, result.stdout, result.stderr) == (0, expected, "")
