@@ -1709,6 +1709,13 @@ class AgentTransaction:
         end = _seq_key(group, head.cursor)
         cursor = self._txn.cursor(db=self._tables.dbs[b"inbox"])  # the inbox keeps no presence entries
         if head.cursor > head.pruned_seq and cursor.set_range(start):
+            # A branch key raised by damage sends the search to the leaf before; LMDB lands on the
+            # next leaf's first entry without comparing it, which can be a sound entry of a Group
+            # sorting before this one: the walk would delete it, and the entries after it, as
+            # this Group's (SealedTables.range checks its landing entry the same way).
+            landed = bytes(cursor.key())
+            if landed < start:
+                raise self._tables._damage("order", b"inbox", landed, "is out of key order")
             while (key := bytes(cursor.key())) <= end:
                 # Each entry must be sound before it goes: another Group's key that damage moved
                 # into this range would otherwise be deleted unreported, and that Group's inbox

@@ -387,6 +387,46 @@ def test_a_deletion_over_another_groups_inbox_key_moved_by_damage_is_corruption_
             agent.inbox_seqs("g-3")
 
 
+def test_a_prune_whose_search_a_raised_branch_key_sent_to_the_leaf_before_is_corruption(tmp_path):
+    """g-0's 300 inbox entries and g-1's 10 span several leaves; the last leaf starts inside g-0's
+    entries and holds g-1's. With the branch key to that leaf raised past g-1's keys (a damaged
+    branch page), the search for g-1's first entry goes to the leaf before, runs off its end, and
+    LMDB lands on the last leaf's first entry, g-0's, without comparing it. ``prune_inbox("g-1")``
+    deleted from there: 34 entries, g-0's last 24 among them, sound and unreported, and
+    ``inbox_seqs("g-0")`` then answered 276 entries without an error. The entry the search lands
+    on must sort at or after the start: ``CORRUPTION`` (``agent_order``), nothing pruned, and g-1's
+    own range still reports the damage."""
+    path = tmp_path / "agent"
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        with agent.begin() as tx:  # one transaction: no stale copy of a page in the file
+            for group, count in (("g-0", 300), ("g-1", 10)):
+                for event in workload(group, count, seed=5):
+                    tx.apply(event)
+                tx.advance_cursor(group)
+        with agent._env.begin() as txn:
+            nodes = {bytes(key): bytes(key) + bytes(value) for key, value in txn.cursor(db=_raw(agent, b"inbox"))}
+        head = agent.head("g-1")
+    data_file = path / "lmdb" / "data.mdb"
+    data = bytearray(data_file.read_bytes())
+
+    def branches(key: bytes) -> list[int]:  # where the key lies without its node's value after it
+        return [spot for spot in range(len(data)) if data.startswith(key, spot) and not data.startswith(nodes[key], spot)]
+
+    first = max(key for key in nodes if key.startswith(b"g-0\x00") and branches(key))
+    assert first > min(nodes) and max(nodes).startswith(b"g-1\x00")
+    [branch] = branches(first)
+    data[branch : branch + 3] = b"g-9"  # past every key of g-1
+    data_file.write_bytes(bytes(data))
+    with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False) as agent:
+        with pytest.raises(Corruption) as caught:
+            agent.prune_inbox("g-1")
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_order", first.decode())
+        assert agent.head("g-1") == head
+        assert agent.inbox_seqs("g-0") == list(range(1, 301))
+        with pytest.raises(Corruption):  # g-1's own range meets the damage as the prune did
+            agent.inbox_seqs("g-1")
+
+
 def test_an_unreadable_intent_or_state_under_a_sound_seal_is_corruption_in_transactions_too(tmp_path, events):
     """Values rewritten with a matching seal that do not decode (or name another intent, or another
     Group than the one they are filed under) were typed on the read paths only: the outbox's own
