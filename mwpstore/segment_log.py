@@ -810,6 +810,15 @@ class SegmentLog:
                 del recent[oldest]
                 oldest.unmap()
 
+    def _note_sealed(self, segment: _Segment) -> None:
+        """Count a segment the writer just sealed among the maps ``SEGMENT_MAPS_MAX`` bounds, if
+        a read mapped it while it was active: ``_mapped`` counts only segments sealed when read,
+        so a reader following the log's tail left every segment it read mapped, with its
+        descriptor, for the handle's life. (A read that maps it after ``sealed`` is set counts it
+        there; one that mapped it before is seen here.)"""
+        if segment.mapped_bytes():
+            self._note_mapped(segment)
+
     def _load_header(self, path: str, number: int) -> _Segment:
         directory, name = os.path.split(path)
         return self._inspect_all(directory, [(number, name)])[0][0]
@@ -1245,11 +1254,13 @@ class SegmentLog:
         if first_position != active.first_position:  # rolled over: the seal ends where the new segment starts
             active.sealed_used_bytes = _HEADER_BYTES + first_position - active.first_position + _SEAL_BYTES
             active.sealed = True
+            self._note_sealed(active)
             path = os.path.join(self._directory, segment_file_name(first_position))
             self._segments = self._segments + (self._load_header(path, first_position),)
         elif state.sealed and not active.sealed:  # sealed, then creating the next segment failed
             active.sealed_used_bytes = _HEADER_BYTES + end - active.first_position + _SEAL_BYTES
             active.sealed = True
+            self._note_sealed(active)
         elif int(state.segment_bytes) != int(active.header.segment_bytes):
             # The empty active segment was too small for the group and the writer replaced it
             # with a larger one under the same name: a map of the old file would show nothing of

@@ -123,6 +123,26 @@ def test_the_sealed_segments_a_log_unmaps_are_the_least_recently_read(tmp_path, 
         assert segment_file_name(sealed[1]) not in {os.path.basename(name) for name in mapped}
 
 
+def test_segments_read_while_active_count_among_the_bounded_maps_once_sealed(tmp_path, monkeypatch):
+    """A read maps the active segment too, and only segments sealed when read were counted against
+    the bound: a reader following the log's tail (each record read as it is appended) left every
+    segment it read mapped, with its descriptor, once the writer sealed it: 12 maps for 12
+    segments with room for 2. The writer counts a mapped segment when it seals it."""
+    from mwpstore import segment_log
+
+    monkeypatch.setattr(segment_log, "SEGMENT_MAPS_MAX", 2)
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        descriptors = len(os.listdir("/proc/self/fd"))
+        written = []
+        while len(log.segments()) < 12:
+            [position] = log.append([b"x" * 2000])
+            assert log.read(position) == b"x" * 2000
+            written.append(position)
+        assert _maps_of(tmp_path) <= 2 + 1  # the bound and the active segment
+        assert len(os.listdir("/proc/self/fd")) - descriptors <= 2 + 1
+        assert [log.read(position) for position in written] == [b"x" * 2000] * len(written)
+
+
 def test_reads_from_many_threads_beside_appends_read_every_record_right_with_few_maps(tmp_path, monkeypatch):
     """Sealed segments are unmapped and mapped again while other threads read and scan them
     (segment_log.SEGMENT_MAPS_MAX, here 2), beside appends that roll the log over and a read-only
