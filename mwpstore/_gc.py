@@ -8,6 +8,8 @@ enabled before: an application that disabled it keeps it disabled.
 
 A process forked while other threads are inside a pause has none of them: its count is its own
 thread's pauses alone, and with none the collector is resumed in it (if it was enabled before).
+A fork waits for the lock, so no other thread is between disabling the collector and counting its
+pause, or between counting its end and enabling the collector, when the child's count is taken.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 import threading
 from collections.abc import Iterator
 
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: a fork from a signal handler inside it must not wait for itself
 _depth = 0
 _was_enabled = False
 _this_thread = threading.local()  # .depth: the pauses the calling thread is inside
@@ -43,14 +45,25 @@ def paused() -> Iterator[None]:
                 gc.enable()
 
 
+def _before_fork() -> None:
+    """Held across the fork: a thread that had disabled the collector and not yet counted its
+    pause (or counted its end and not yet enabled it) left the child a count of 0 with the
+    collector disabled, which nothing in the child would enable again."""
+    _lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _lock.release()
+
+
 def _after_fork_in_child() -> None:
-    """The child has only the thread that forked: the other threads' pauses never end in it, and
-    the lock may have been held by one of them."""
+    """The child has only the thread that forked: the other threads' pauses never end in it (the
+    lock, held by the forking thread, is made anew)."""
     global _lock, _depth
-    _lock = threading.Lock()
+    _lock = threading.RLock()
     inherited, _depth = _depth, getattr(_this_thread, "depth", 0)
     if inherited and not _depth and _was_enabled:
         gc.enable()
 
 
-os.register_at_fork(after_in_child=_after_fork_in_child)
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 _FORKED_DURING_A_READ = r"""
 import gc, os, sys, threading
 from mwpstore import Authority, Command
@@ -77,4 +79,69 @@ pid = os.fork()
 if pid == 0:
     print(after_pause, gc.isenabled(), flush=True)
 os._exit(0) if pid == 0 else os.waitpid(pid, 0)
+"""
+
+
+@pytest.mark.parametrize(("where", "expected"), [("entering", "True paused\nTrue\n"), ("leaving", "True paused\nTrue\n"), ("disabled by the application", "False paused\nFalse\n")])
+def test_a_process_forked_while_another_thread_enters_or_leaves_a_pause_has_its_collector_enabled(where, expected):
+    """A pause disables the collector, then counts itself under a lock; its end uncounts itself,
+    then enables the collector. A fork from another thread between the two (the child hook looked
+    only at the count) left the child a count of 0 with the collector disabled, and nothing in it
+    would enable it again: ``False``. The fork now waits for the lock. A fresh interpreter whose
+    pausing thread is held (``sys.settrace``) at that line until the fork begins (a fork hook of
+    the script's own, which runs before mwpstore's, lets it go); the child, then the parent, say
+    whether the collector is enabled, and a thread of the child pauses it too (a lock held at the
+    fork would make it wait: ``hung`` after 10 s). An application that had disabled the collector
+    before the pause keeps it disabled in both."""
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", _FORKED_INSIDE_THE_LOCK, where],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, expected, "")
+
+
+_FORKED_INSIDE_THE_LOCK = r"""
+import gc, inspect, os, sys, threading
+from mwpstore import _gc
+
+where = sys.argv[1]
+code = _gc.paused.__wrapped__.__code__
+source, first = inspect.getsourcelines(_gc.paused.__wrapped__)
+wanted = "if _depth == 0 and _was_enabled:" if where == "leaving" else "_depth += 1"
+if where == "disabled by the application":
+    gc.disable()
+target = first + [line.strip() for line in source].index(wanted)
+held, go = threading.Event(), threading.Event()
+
+def trace(frame, event, arg):
+    if frame.f_code is not code:
+        return None
+    def inside(frame, event, arg):
+        if event == "line" and frame.f_lineno == target and not held.is_set():
+            held.set()
+            go.wait(10)
+        return inside
+    return inside
+
+def pausing():
+    sys.settrace(trace)
+    with _gc.paused():
+        pass
+    sys.settrace(None)
+
+thread = threading.Thread(target=pausing)
+thread.start()
+held.wait(10)
+os.register_at_fork(before=go.set)  # runs before mwpstore's own hooks: lets the thread on
+pid = os.fork()
+if pid == 0:
+    done = []
+    pauser = threading.Thread(target=lambda: done.append(_gc.paused().__enter__()), daemon=True)
+    pauser.start()  # a thread of the child pauses too (the lock is not the parent's)
+    pauser.join(10)
+    print(gc.isenabled(), "paused" if done else "hung", flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+thread.join()
+print(gc.isenabled(), flush=True)
 """
