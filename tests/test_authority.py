@@ -2187,6 +2187,73 @@ def test_a_process_forked_while_another_thread_loads_the_kinds_knows_them():
     assert (result.returncode, result.stdout, result.stderr) == (0, "group.create workitem.create\n0\n", "")
 
 
+def test_a_fork_before_the_kinds_are_loaded_leaves_the_loading_to_every_thread_of_both_processes():
+    """The fork hook of finding 222 takes the kinds' lock before a fork and gives it back after,
+    in the parent and in the child. A fork before any loading: the forking thread holds the lock
+    across it, and a hook that did not give it back in one of the two processes left it held by
+    that process's forking thread, so another thread's first ``kind_spec`` there waited forever
+    (the forking thread itself would go through: the lock is reentrant). In each process a new
+    thread asks for a kind of the work model; one that waits is reported as ``hung`` after 10 s."""
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", _FORKED_BEFORE_THE_KINDS_LOADING],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "False\nchild workitem.create\nparent workitem.create\n", "")
+
+
+_FORKED_BEFORE_THE_KINDS_LOADING = r"""
+import os, threading
+from mwpstore import registry
+
+print(registry._KINDS_LOADED, flush=True)
+
+
+def asked_in_a_new_thread():
+    answer = []
+    thread = threading.Thread(target=lambda: answer.append(registry.kind_spec("workitem.create").kind), daemon=True)
+    thread.start()
+    thread.join(10)
+    return answer[0] if answer else "hung"
+
+
+pid = os.fork()
+if pid == 0:
+    print("child", asked_in_a_new_thread(), flush=True)
+    os._exit(0)
+os.waitpid(pid, 0)
+print("parent", asked_in_a_new_thread(), flush=True)
+"""
+
+
+def test_a_kind_registered_twice_by_a_live_module_is_still_refused():
+    """Finding 225 lets a kind be registered again when its spec came from a run of its module
+    that failed (its ``decide`` belongs to a module that is no longer in ``sys.modules``). A spec
+    of a live module registered again, or a copy of it, or one whose ``decide`` has no module
+    globals to tell by (a callable object), is still refused ("registered twice"), and the
+    registered spec is kept."""
+    import dataclasses
+
+    from mwpstore.registry import REGISTRY, kind_spec, register
+
+    spec = kind_spec("group.create")
+
+    class Decide:
+        def __call__(self, view, command, context):
+            return spec.decide(view, command, context)
+
+    for again in (spec, dataclasses.replace(spec), dataclasses.replace(spec, decide=Decide())):
+        with pytest.raises(AssertionError, match="group.create registered twice"):
+            register(again)
+        assert REGISTRY["group.create"] is spec
+    loose = dataclasses.replace(spec, kind="test.loose", decide=Decide())
+    try:
+        assert register(loose) is loose
+        with pytest.raises(AssertionError, match="test.loose registered twice"):
+            register(dataclasses.replace(loose))
+    finally:
+        REGISTRY.pop("test.loose", None)
+
+
 _LOADING_INTERRUPTED = r"""
 import sys
 from mwpstore import canonical, registry
