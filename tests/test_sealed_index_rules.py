@@ -324,6 +324,25 @@ def test_delete_range_checks_the_seal_of_each_entry_it_deletes(tmp_path):
         index.close()
 
 
+def test_delete_range_checks_the_seal_of_the_first_entry_it_deletes_too(tmp_path):
+    """A bit flipped in the Group of the entry just before the prefix (e\x00x -> g\x00x) leaves it
+    where it was, first in the page: the search for the prefix lands on it, and it is the first
+    entry the walk deletes (no entry before it to check). The walk deleted it with the prefix's
+    own entries, 3 in all, unreported. It must pass its seal like every other entry it deletes."""
+    directory = str(tmp_path / "index")
+    entries = {b"e\x00x": b"1", _PREFIX + b"b": b"2", _PREFIX + b"c": b"3"}
+    _index_of(directory, entries)
+    _replace_in_file(directory, [(_node(b"e\x00x", b"1"), b"g" + _node(b"e\x00x", b"1")[1:])])
+    index = Index(directory, map_size=1 << 22)
+    try:
+        with pytest.raises(Corruption) as caught:
+            with index.begin(write=True) as txn:
+                index.delete_range(txn, b"states", _PREFIX)
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("index_checksum", "g\x00x")
+    finally:
+        index.close()
+
+
 def test_delete_range_whose_entries_damage_moved_before_it_checks_the_last_entry(tmp_path):
     """With the prefix's only entry moved before it by a flipped bit (g -> e), the search finds no
     entry at or after the prefix: the walk must still check the database's last entry, or the
