@@ -2225,6 +2225,43 @@ print("parent", asked_in_a_new_thread(), flush=True)
 """
 
 
+def test_a_process_forked_by_the_loading_thread_itself_goes_on_with_the_loading():
+    """The fork hook takes the kinds' lock, which is reentrant: a fork from inside the loading, in
+    the thread that loads (here a ``sys.meta_path`` finder forks when the work model is imported),
+    is let through, and the child's thread goes on with the loading it was in. A lock that is not
+    reentrant would make that fork wait for itself forever (ended by an alarm: exit status -14)."""
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", _FORKED_BY_THE_LOADING_THREAD],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (0, "child workitem.create\nparent workitem.create\n", "")
+
+
+_FORKED_BY_THE_LOADING_THREAD = r"""
+import os, signal, sys
+from mwpstore import registry
+
+signal.alarm(20)
+forked = []
+
+
+class ForkInTheWorkModelsImport:
+    def find_spec(self, name, path=None, target=None):
+        if name == "mwpstore.work_model" and not forked:
+            forked.append(os.fork())
+        return None
+
+
+sys.meta_path.insert(0, ForkInTheWorkModelsImport())
+kind = registry.kind_spec("workitem.create").kind
+if forked[0] == 0:
+    print("child", kind, flush=True)
+    os._exit(0)
+os.waitpid(forked[0], 0)
+print("parent", kind, flush=True)
+"""
+
+
 def test_a_kind_registered_twice_by_a_live_module_is_still_refused():
     """Finding 225 lets a kind be registered again when its spec came from a run of its module
     that failed (its ``decide`` belongs to a module that is no longer in ``sys.modules``). A spec
@@ -2285,6 +2322,9 @@ for kind in ("group.create", "membership.add", "membership.change", "event.redac
     except BaseException as exc:
         answers.append(type(exc).__name__)
 print(" ".join(answers))
+# every kind is the live module's, not one of the failed run's (whose functions keep that run's
+# globals: its caches, its classes)
+print(all(spec.decide.__globals__ is sys.modules[spec.decide.__module__].__dict__ for spec in registry.REGISTRY.values()))
 """
 
 
@@ -2308,5 +2348,5 @@ def test_kinds_whose_first_loading_was_interrupted_are_loaded_at_the_next_ask(in
         [sys.executable, "-c", _LOADING_INTERRUPTED, interrupted_at, then],
         capture_output=True, text=True, timeout=60,
     )
-    expected = "group.create membership.add membership.change event.redact audit.delete workitem.create\n"
+    expected = "group.create membership.add membership.change event.redact audit.delete workitem.create\nTrue\n"
     assert (result.returncode, result.stdout, result.stderr) == (0, expected, "")
