@@ -65,6 +65,52 @@ def test_the_collector_stays_as_the_application_left_it():
     assert (result.returncode, result.stdout, result.stderr) == (0, "False False\n", "")
 
 
+def test_a_fork_with_no_pause_in_progress_leaves_the_collector_as_it_is():
+    """The child hook enables the collector only when the parent had pauses in progress: after a
+    pause that began with the collector enabled, an application that disabled it and forked (no
+    pause in progress) has it disabled in the child too."""
+    result = subprocess.run([sys.executable, "-c", _NO_PAUSE_AT_THE_FORK], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "False\n", "")
+
+
+_NO_PAUSE_AT_THE_FORK = r"""
+import gc, os
+from mwpstore import _gc
+
+with _gc.paused():
+    pass
+gc.disable()
+pid = os.fork()
+if pid == 0:
+    print(gc.isenabled(), flush=True)
+os._exit(0) if pid == 0 else os.waitpid(pid, 0)
+"""
+
+
+def test_a_child_forked_inside_its_own_nested_pauses_resumes_the_collector_when_the_outer_ends():
+    """The child keeps the forking thread's own pauses: forked inside two nested ones, the
+    collector stays paused in the child until the outer one ends there."""
+    result = subprocess.run([sys.executable, "-c", _FORKED_INSIDE_NESTED_PAUSES], capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "False False True\n", "")
+
+
+_FORKED_INSIDE_NESTED_PAUSES = r"""
+import gc, os
+from mwpstore import _gc
+
+seen = []
+with _gc.paused():
+    with _gc.paused():
+        pid = os.fork()
+        seen.append(gc.isenabled())
+    seen.append(gc.isenabled())
+seen.append(gc.isenabled())
+if pid == 0:
+    print(*seen, flush=True)
+os._exit(0) if pid == 0 else os.waitpid(pid, 0)
+"""
+
+
 _DISABLED_BY_THE_APPLICATION = r"""
 import gc, os
 from mwpstore import _gc
