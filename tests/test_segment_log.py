@@ -416,6 +416,24 @@ def test_a_segment_whose_map_was_closed_meanwhile_is_given_its_size_by_name(tmp_
             segment._view = view
 
 
+def test_a_read_only_view_gives_the_size_of_the_file_it_mapped_not_of_the_name(tmp_path):
+    """A read-only view maps every segment as it opens and reads those files (beside a compaction
+    the names may by then be another log's files). ``segments()`` gives each one's size from its
+    map, not from whatever file now has its name: a sealed segment's name replaced by a file of
+    another size does not change what the view says of it."""
+    with SegmentLog.open(tmp_path, segment_bytes=SMALL) as log:
+        while len(log.segments()) < 3:
+            log.append([b"x" * 2000] * 8)
+        with SegmentLog.open(tmp_path, readonly=True) as view:
+            before = [info.size_bytes for info in view.segments()]
+            path = view.segments()[0].path
+            with open(path + ".new", "wb") as other:
+                other.write(b"\0" * 4096)
+            os.replace(path + ".new", path)
+            assert [info.size_bytes for info in view.segments()] == before
+            assert before[0] != 4096
+
+
 def test_group_ends_at_names_every_group_end_and_nothing_else_across_sealed_segments(tmp_path):
     """What the open asks of an index's position (docs/recovery.md, step 4): the log's start and
     each group's end are, a sealed segment's last one (its seal's position) too; a record's start
@@ -1403,6 +1421,31 @@ def test_the_c_writer_refuses_an_end_that_wraps_past_the_segment(tmp_path):
         assert lib.sl_log_open(lib.sl_io_default(), directory, damaged, end, SMALL, 1, handle, fault) == lib.SL_E_ARGUMENT
     with open(tmp_path / segment_file_name(0), "rb") as file:
         assert file.read(lib.SL_SEGMENT_HEADER_BYTES) == raw
+
+
+def test_a_forked_childs_close_drops_its_copies_of_the_maps(tmp_path):
+    """A child's close() does not take the segments' locks (a parent thread may have held one at
+    the fork) but still drops each segment's map: the child's copies of the parent's maps go
+    with it, and their descriptors, instead of living as long as the child keeps the handle."""
+    directory = str(tmp_path / "log")
+    log = SegmentLog.open(directory, segment_bytes=SMALL)
+    while len(log.segments()) < 4:
+        log.append([b"x" * 2000] * 8)
+    for info in log.segments():
+        log.read(info.first_position)
+    assert _maps_of(directory) == 4
+    reading, writing = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        log.close()
+        os.write(writing, str(_maps_of(directory)).encode())
+        os._exit(0)
+    os.close(writing)
+    with os.fdopen(reading, "rb") as pipe:
+        maps = pipe.read().decode()
+    os.waitpid(pid, 0)
+    log.close()
+    assert maps == "0"
 
 
 def test_a_log_handle_does_not_cross_fork(tmp_path):
