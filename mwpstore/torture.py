@@ -53,6 +53,8 @@ from typing import Any
 from .errors import Corruption, MwpError
 
 SUITES = ("crash", "power", "corruption", "disk", "fuzz", "concurrency")
+OPTIONAL_SUITES = ("lmdb-sweep",)
+"""Suites that run only when named (``--suite lmdb-sweep``): not part of the default run."""
 DEFAULT_COUNTS = {"crash": 12, "power": 400, "corruption": 600, "disk": 15, "fuzz": 2000, "concurrency": 2}
 """The short run of each suite (what CI and ``mwpstore torture`` without ``--count`` do)."""
 
@@ -1414,6 +1416,574 @@ def run_corruption(count: int | None = None, seconds: float | None = None, seed:
         "records": len(fixture.records),
     })
 
+
+
+# -- lmdb-sweep: every byte of every used page of two small LMDB files, damaged ----------------------
+#
+# The corruption suite's LMDB families flip random bits; this suite flips every byte of every page
+# LMDB can reach in two small, deterministic stores (an AgentStore and an authority's index), and
+# for each damaged copy runs the whole read surface and a set of writes, with the open's structural
+# check on and off. Each answer must equal the undamaged store's (after the same writes) or be a
+# typed error (``MwpError``); anything else is a violation naming the file, offset, bit and call.
+
+SWEEP_STORES = ("agent", "index")
+SWEEP_CHECKS = (True, False)
+SWEEP_TIMEOUT_S = 60
+"""A case (one damaged copy, both checks) that runs longer than this is a hang."""
+SWEEP_CHUNK = 60
+"""Cases per child process."""
+SWEEP_AGENT_ID = "w1"
+SWEEP_NOW_MS = 2_000_000
+_SWEEP_KEY = bytes(range(1, 33))
+"""The Ed25519 seed of the swept AgentStore's member (fixed: the fixture is the same every run)."""
+
+
+def _sweep_clock() -> int:
+    return SWEEP_NOW_MS
+
+
+def _sweep_groups() -> dict[str, Any]:
+    """The swept AgentStore's three Groups, made by the work-model rules in memory (no disk, no
+    randomness): g-1 with a started WorkItem held by w1 (leased, for the offline guard), g-2 with a
+    gap (its last Event arrives first and is buffered), g-3 small (pruned, reset and rebuilt)."""
+    import msgspec
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from .messages import Command, command_bytes
+    from .registry import MemoryGroup, aggregate_key, kind_spec
+
+    key = Ed25519PrivateKey.from_private_bytes(_SWEEP_KEY)
+    public = key.public_key().public_bytes_raw().hex()
+    contract = {"max_attempts": 3, "backoff_initial_ms": 100, "backoff_multiplier": 2, "backoff_max_ms": 1_000,
+                "cost_limit": 50, "deadline_ms": None, "lease_ms": 600_000, "start_ms": 200_000}
+    groups: dict[str, Any] = {}
+    for name in ("g-1", "g-2", "g-3"):
+        group = MemoryGroup(name)
+        actions = iter(range(1, 1000))
+
+        def accept(actor: str, kind: str, target: str, body: dict[str, Any], *, cas: bool = False) -> None:
+            revision = group.revision(aggregate_key(kind_spec(kind).aggregate_type, target)) if cas else None
+            command = Command(actor=actor, action_id=f"{name}-a{next(actions)}", group=name, kind=kind, target=target,
+                              body=body, expected_revision=revision)
+            if actor == SWEEP_AGENT_ID:
+                command = msgspec.structs.replace(command, signature=key.sign(command_bytes(command)))
+            group.accept(command, now_ms=SWEEP_NOW_MS - 1000 + len(group.events))
+
+        accept(OWNER, "group.create", name, {"org": ORG})
+        if name == "g-3":
+            accept(OWNER, "mission.create", "m-3", {"title": "three", "cost_limit": 10, "approval_required": []})
+        else:
+            accept(OWNER, "membership.add", SWEEP_AGENT_ID, {"role": "worker", "public_key": public}, cas=True)
+            accept(OWNER, "mission.create", "m1", {"title": "one", "cost_limit": 1_000, "approval_required": []})
+            for workitem, priority in (("wi1", 0), ("wi2", 5)):
+                accept(OWNER, "workitem.create", workitem, {"mission": "m1", "priority": priority, "contract": contract})
+            if name == "g-1":
+                session = group.get(f"member:{SWEEP_AGENT_ID}")["session_epoch"]
+                accept(SWEEP_AGENT_ID, "workitem.claim", "wi1", {"session_epoch": session}, cas=True)
+                lease = group.get("workitem:wi1")["lease"]
+                accept(SWEEP_AGENT_ID, "workitem.start", "wi1",
+                       {"lease_id": lease["lease_id"], "ownership_epoch": lease["ownership_epoch"]})
+            else:
+                accept(OWNER, "mission.update", "m1", {"title": "one, renamed"}, cas=True)
+        groups[name] = group
+    groups["key"] = key
+    return groups
+
+
+def _sweep_build_agent(path: str) -> None:
+    """The swept AgentStore: states of 3 Groups, a work queue, inbox entries (g-3's pruned), a
+    buffered Event (g-2's last, before the one before it), two outbox intents (one with a receipt)
+    and an OfflineGuard's outage and buffered Command (g-1)."""
+    import msgspec
+
+    from .agent_store import AgentStore
+    from .messages import Command, command_bytes
+    from .offline import OfflineGuard
+
+    groups = _sweep_groups()
+    with AgentStore.open(path, projections=[CountingProjection()], clock=_sweep_clock) as agent:
+        with agent.begin() as tx:
+            for name in ("g-1", "g-3"):
+                for event in groups[name].events:
+                    tx.apply(event)
+                tx.advance_cursor(name)
+            events = groups["g-2"].events
+            for event in events[:-2]:
+                tx.apply(event)
+            tx.advance_cursor("g-2")
+            tx.apply(events[-1])  # out of order: buffered until events[-2] arrives
+            tx.record_intent("g-1", mission="m1", workitem="wi1", ownership_epoch=1, operation="notify",
+                             request={"to": "ops"})
+            tx.record_intent("g-2", mission="m1", workitem="wi2", ownership_epoch=1, operation="bill")
+        agent.prune_inbox("g-3")
+        agent.record_receipt(agent.intents("g-2")[0].key, {"id": "r-1"})
+        guard = OfflineGuard(agent, "g-1", SWEEP_AGENT_ID, grace_ms=60_000)
+        guard.service_unreachable(SWEEP_NOW_MS)
+        lease = groups["g-1"].get("workitem:wi1")["lease"]
+        command = Command(actor=SWEEP_AGENT_ID, action_id="offline-1", group="g-1", kind="workitem.checkpoint",
+                          target="wi1", body={"lease_id": lease["lease_id"], "ownership_epoch": lease["ownership_epoch"],
+                                              "checkpoint": {"step": 1}})
+        command = msgspec.structs.replace(command, signature=groups["key"].sign(command_bytes(command)))
+        guard.buffer(command, now_ms=SWEEP_NOW_MS + 1, reversible=True)
+
+
+def _sweep_agent_reads(agent: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """Every read of the AgentStore's API over every Group and key the fixture holds (and one of
+    each that it does not)."""
+    from .offline import OfflineGuard
+
+    calls: list[tuple[str, Callable[[], Any]]] = [("groups", agent.groups)]
+    for group in ("g-1", "g-2", "g-3", "g-9"):
+        guard = OfflineGuard(agent, group, SWEEP_AGENT_ID, grace_ms=60_000)
+        calls += [
+            (f"head {group}", lambda g=group: agent.head(g)),
+            (f"cursor {group}", lambda g=group: agent.cursor(g)),
+            (f"ack_position {group}", lambda g=group: agent.ack_position(g)),
+            (f"states {group}", lambda g=group: agent.states(g)),
+            (f"inbox_seqs {group}", lambda g=group: agent.inbox_seqs(g)),
+            (f"buffered_seqs {group}", lambda g=group: agent.buffered_seqs(g)),
+            (f"work_queue {group}", lambda g=group: agent.work_queue(g, 2**62)),
+            (f"work_queue {group} limit 1", lambda g=group: agent.work_queue(g, 2**62, limit=1)),
+            (f"projection_items {group}", lambda g=group: agent.projection_items(g, CountingProjection.name)),
+            (f"projection_dump {group}", lambda g=group: agent.projection_dump(g)),
+            (f"projection_digest {group}", lambda g=group: agent.projection_digest(g)),
+            (f"intents {group}", lambda g=group: agent.intents(g)),
+            (f"outage {group}", guard.outage),
+            (f"buffered {group}", guard.buffered),
+        ]
+        for key in ("group:" + group, f"member:{SWEEP_AGENT_ID}", "mission:m1", "mission:m-3", "workitem:wi1",
+                    "workitem:wi2", "workitem:wi9"):
+            calls.append((f"aggregate {group} {key}", lambda g=group, k=key: agent.aggregate(g, k)))
+        for workitem in ("wi1", "wi2"):
+            calls.append((f"checkpoint {group} {workitem}", lambda g=group, w=workitem: agent.checkpoint(g, w)))
+        for seq in (1, 3, 99):
+            key = f"seen:{seq:012d}"
+            calls.append((f"projection_get {group} {key}", lambda g=group, k=key: agent.projection_get(g, CountingProjection.name, k)))
+    calls += [
+        ("intents", agent.intents),
+        ("intents pending", lambda: agent.intents(pending_only=True)),
+        ("projection_dump", agent.projection_dump),
+        ("projection_digest", agent.projection_digest),
+    ]
+    return calls
+
+
+def _sweep_agent_writes(agent: Any) -> list[tuple[str, Callable[[], Any]]]:
+    """The writes run on each damaged AgentStore, in order, each followed by every read."""
+    from .offline import OfflineGuard
+
+    groups = _sweep_groups()
+    g2 = groups["g-2"].events
+    intent_keys: dict[str, str] = {}
+
+    def intent_key(group: str) -> str:
+        # the key is computed, not read: a damaged outbox must not choose the key the write uses
+        from .work_keys import external_idempotency_key
+
+        mission, workitem, operation = {"g-1": ("m1", "wi1", "notify"), "g-2": ("m1", "wi2", "bill")}[group]
+        return intent_keys.setdefault(group, external_idempotency_key(mission, workitem, 1, operation))
+
+    def apply_next() -> Any:
+        with agent.begin() as tx:
+            status = tx.apply(g2[-2])
+            cursor = tx.advance_cursor("g-2")
+        return [status.name, cursor]
+
+    def rebuild_g3() -> Any:
+        agent.reset_group("g-3")
+        with agent.begin() as tx:
+            statuses = [tx.apply(event).name for event in groups["g-3"].events]
+            cursor = tx.advance_cursor("g-3")
+        return [statuses, cursor]
+
+    def new_intent() -> Any:
+        with agent.begin() as tx:
+            return tx.record_intent("g-3", mission="m-3", workitem="wi3", ownership_epoch=1, operation="page")
+
+    return [
+        ("apply the next Event of g-2", apply_next),
+        ("reset_group g-3 and rebuild it", rebuild_g3),
+        ("prune_inbox g-1", lambda: agent.prune_inbox("g-1")),
+        ("prune_inbox g-2", lambda: agent.prune_inbox("g-2")),
+        ("mark_dispatched g-1", lambda: agent.mark_dispatched(intent_key("g-1"))),
+        ("record_receipt g-1", lambda: agent.record_receipt(intent_key("g-1"), {"id": "r-2"})),
+        ("record_intent g-3", new_intent),
+        ("service_unreachable g-2", lambda: OfflineGuard(agent, "g-2", SWEEP_AGENT_ID, grace_ms=1).service_unreachable(SWEEP_NOW_MS)),
+        ("reset_group g-1", lambda: agent.reset_group("g-1")),
+    ]
+
+
+def _sweep_build_index(root: str) -> None:
+    """The swept authority: three Groups of a few Missions each, receipts, ACKs of two consumers."""
+    from .authority import Authority
+
+    with Authority.open(os.path.join(root, "store"), clock=_sweep_clock) as authority:
+        for group in ("g-1", "g-2", "g-3"):
+            authority.accept(group_create_command(group))
+        for number in range(3):
+            for group in ("g-1", "g-2"):
+                authority.accept(_mission_create(group, f"m-{number}", f"{group}-m{number}"))
+        authority.accept(_mission_update("g-1", "m-0", 1, "renamed", "g-1-u0"))
+        authority.ack("c-1", "g-1", 3)
+        authority.ack("c-1", "g-2", 2)
+        authority.ack("c-2", "g-1", 1)
+
+
+def _sweep_index_reads(authority: Any) -> list[tuple[str, Callable[[], Any]]]:
+    calls: list[tuple[str, Callable[[], Any]]] = [("groups", authority.groups)]
+    for group in ("g-1", "g-2", "g-3", "g-9"):
+        calls += [
+            (f"head {group}", lambda g=group: authority.head(g)),
+            (f"read {group}", lambda g=group: [repr(event) for event in authority.read(g)]),
+            (f"read {group} after 2", lambda g=group: [repr(event) for event in authority.read(g, after=2, limit=2)]),
+            (f"aggregates {group}", lambda g=group: authority.aggregates(g)),
+            (f"aggregates {group} mission", lambda g=group: authority.aggregates(g, prefix="mission:")),
+            (f"replay_floor {group}", lambda g=group: authority.replay_floor(g)),
+        ]
+        for key in ("group:" + group, "mission:m-0", "mission:m-2", "mission:m-9"):
+            calls.append((f"state {group} {key}", lambda g=group, k=key: authority.state(g, k)))
+        for consumer in ("c-1", "c-2", "c-9"):
+            calls.append((f"acked {consumer} {group}", lambda g=group, c=consumer: authority.acked(c, g)))
+    return calls
+
+
+def _sweep_index_writes(authority: Any) -> list[tuple[str, Callable[[], Any]]]:
+    return [
+        ("accept a duplicate", lambda: authority.accept(_mission_create("g-1", "m-1", "g-1-m1"))),
+        ("accept a duplicate of an update", lambda: authority.accept(_mission_update("g-1", "m-0", 1, "renamed", "g-1-u0"))),
+        ("accept a new Command", lambda: authority.accept(_mission_create("g-2", "m-7", "g-2-m7"))),
+        ("accept a compare-and-set", lambda: authority.accept(_mission_update("g-2", "m-1", 1, "again", "g-2-u1"))),
+        ("ack c-1 g-1", lambda: authority.ack("c-1", "g-1", 4)),
+        ("ack c-2 g-2", lambda: authority.ack("c-2", "g-2", 1)),
+        ("ack c-1 g-2 backwards", lambda: authority.ack("c-1", "g-2", 1)),
+    ]
+
+
+def _sweep_answer(call: Callable[[], Any]) -> tuple[str, str]:
+    """(kind, text) of one call: ("ok", its answer), ("typed", the error code) or ("foreign", the
+    error). A typed error's message is not compared: damage may word it any way."""
+    try:
+        value = call()
+    except MwpError as exc:
+        return "typed", exc.code
+    except Exception as exc:
+        return "foreign", _describe(exc)
+    return "ok", json.dumps(value, sort_keys=True, default=repr)
+
+
+@contextlib.contextmanager
+def _sweep_open(kind: str, directory: str, check: bool) -> Iterator[Any]:
+    if kind == "agent":
+        from .agent_store import AgentStore
+
+        with AgentStore.open(directory, projections=[CountingProjection()], clock=_sweep_clock, check_lmdb=check) as agent:
+            yield agent
+    else:
+        from .authority import Authority
+
+        with _boot_id("lmdb-sweep"), Authority.open(os.path.join(directory, "store"), clock=_sweep_clock,
+                                                   check_lmdb=check) as authority:
+            yield authority
+
+
+def _sweep_session(kind: str, directory: str, check: bool, skip: frozenset[int] = frozenset()) -> dict[str, Any]:
+    """Open the store at ``directory``, read everything, then run each write (but those in
+    ``skip``, whose reads are taken to be the reads before them), reading everything after each:
+    {"open": answer, "reads": [[(name, answer)...] before and after each write], "writes": [(name,
+    answer)], "applied": indexes of the writes that succeeded}."""
+    reads_of = _sweep_agent_reads if kind == "agent" else _sweep_index_reads
+    writes_of = _sweep_agent_writes if kind == "agent" else _sweep_index_writes
+    session: dict[str, Any] = {"open": ("ok", ""), "reads": [], "writes": [], "applied": []}
+    try:
+        with _sweep_open(kind, directory, check) as store:
+            reads = reads_of(store)
+            session["reads"].append([(name, _sweep_answer(call)) for name, call in reads])
+            for number, (name, write) in enumerate(writes_of(store)):
+                if number in skip:  # refused on the damaged copy: nothing may have changed
+                    session["writes"].append((name, ("skipped", "")))
+                    session["reads"].append(session["reads"][-1])
+                    continue
+                answer = _sweep_answer(write)
+                session["writes"].append((name, answer))
+                if answer[0] == "ok":
+                    session["applied"].append(number)
+                session["reads"].append([(read_name, _sweep_answer(call)) for read_name, call in reads])
+    except MwpError as exc:
+        session["open"] = ("typed", exc.code)
+    except Exception as exc:
+        session["open"] = ("foreign", _describe(exc))
+    return session
+
+
+class _SweepOracle:
+    """The undamaged store's sessions, one for each set of writes that a damaged copy let through
+    (a write refused with a typed error is skipped in the oracle's session), made on demand."""
+
+    def __init__(self, kind: str, fixture: str, work: str) -> None:
+        self.kind = kind
+        self.fixture = fixture
+        self.work = work
+        self.sessions: dict[frozenset[int], dict[str, Any]] = {}
+        self.writes = len((_sweep_agent_writes if kind == "agent" else _sweep_index_writes)(None))
+
+    def session(self, skip: frozenset[int]) -> dict[str, Any]:
+        if skip not in self.sessions:
+            target = os.path.join(self.work, "oracle")
+            shutil.rmtree(target, ignore_errors=True)
+            shutil.copytree(self.fixture, target, ignore=shutil.ignore_patterns(*_SWEEP_IGNORE))
+            self.sessions[skip] = _sweep_session(self.kind, target, True, skip)
+            shutil.rmtree(target, ignore_errors=True)
+        return self.sessions[skip]
+
+
+_SWEEP_IGNORE = ("lock.mdb", "agent.lock", "LOCK")
+
+
+def _sweep_judge(session: dict[str, Any], oracle: _SweepOracle) -> list[str]:
+    """The violations of one damaged session against the oracle's session of the same writes."""
+    if session["open"][0] == "foreign":
+        return [f"open: {session['open'][1]}"]
+    if session["open"][0] == "typed":
+        return []
+    skip = frozenset(range(oracle.writes)) - frozenset(session["applied"])
+    expected = oracle.session(skip)
+    problems: list[str] = []
+    after = "before any write"
+    for step, reads in enumerate(session["reads"]):
+        if step:
+            name, answer = session["writes"][step - 1]
+            after = f"after {name!r}"
+            want = expected["writes"][step - 1][1]
+            if answer[0] == "foreign":
+                problems.append(f"write {name!r}: {answer[1]}")
+            elif answer[0] == "ok" and tuple(answer) != tuple(want):
+                problems.append(f"write {name!r} answered {answer[1][:300]}, not {want[1][:300]}")
+        for (name, answer), (_, want) in zip(reads, expected["reads"][step]):
+            if answer[0] == "foreign":
+                problems.append(f"{name} ({after}): {answer[1]}")
+            elif answer[0] == "ok" and tuple(answer) != tuple(want):
+                problems.append(f"{name} ({after}) answered {answer[1][:300]}, not {want[1][:300]}")
+    return problems
+
+
+def lmdb_page_spans(path: str) -> list[tuple[int, int]]:
+    """The byte spans of an LMDB data file that LMDB reads: both meta pages' headers and metas, and
+    every page reachable from the newer meta (the free list's tree, the main tree, each named
+    database's tree, their overflow pages), without the free gap inside each page (between its
+    pointers and its nodes, which LMDB never reads). Sorted (start, end) pairs."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    # The meta page (LMDB 0.9, 64-bit): a 16-byte page header, then magic u32, version u32, address
+    # u64, map size u64, two MDB_db records of 48 bytes (free list, main), last page u64, txn id u64.
+    meta_bytes = 16 + 136
+    page_size = struct.unpack_from("<I", data, 16 + 24)[0]  # the free list's MDB_db md_pad holds the page size
+    metas = [struct.unpack_from("<Q", data, page * page_size + 16 + 128)[0] for page in (0, 1)]
+    current = 0 if metas[0] >= metas[1] else 1
+    spans = [(0, meta_bytes), (page_size, page_size + meta_bytes)]
+    base = current * page_size + 16 + 24
+    roots = [struct.unpack_from("<Q", data, base + 40)[0], struct.unpack_from("<Q", data, base + 48 + 40)[0]]
+    named: list[int] = []
+    seen: set[int] = set()
+
+    def walk(page: int, main: bool) -> None:
+        if page == 0xFFFFFFFFFFFFFFFF or page in seen or (page + 1) * page_size > len(data):
+            return
+        seen.add(page)
+        at = page * page_size
+        flags, lower, upper = struct.unpack_from("<HHH", data, at + 10)
+        if flags & 0x04:  # an overflow page on its own: covered by the leaf that points at it
+            return
+        spans.append((at, at + lower))
+        spans.append((at + upper, at + page_size))
+        for pointer in range(16, lower, 2):
+            node = at + struct.unpack_from("<H", data, at + pointer)[0]
+            lo, hi, node_flags, key_size = struct.unpack_from("<HHHH", data, node)
+            if flags & 0x01:  # branch: the child's page number is in lo, hi and flags
+                walk(lo | hi << 16 | node_flags << 32, main)
+            elif node_flags & 0x01:  # a value in overflow pages
+                first = struct.unpack_from("<Q", data, node + 8 + key_size)[0]
+                pages = struct.unpack_from("<I", data, first * page_size + 12)[0]
+                spans.append((first * page_size, (first + pages) * page_size))
+            elif main and node_flags & 0x02:  # a named database's record: its root is its last field
+                named.append(struct.unpack_from("<Q", data, node + 8 + key_size + 40)[0])
+
+    walk(roots[0], False)
+    walk(roots[1], True)
+    for root in named:
+        walk(root, False)
+    spans.sort()
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        elif end > start:
+            merged.append((start, end))
+    return merged
+
+
+def sweep_cases(kind: str, fixture: str, bits: str = "all") -> list[tuple[int, int]]:
+    """Every (offset, bit) the sweep flips in ``kind``'s data file: every byte of
+    :func:`lmdb_page_spans`, each of its 8 bits (``bits="all"``) or one bit per byte, rotating
+    with the offset (``bits="rotating"``)."""
+    spans = lmdb_page_spans(os.path.join(fixture, _sweep_data_file(kind)))
+    offsets = [offset for start, end in spans for offset in range(start, end)]
+    if bits == "all":
+        return [(offset, bit) for offset in offsets for bit in range(8)]
+    return [(offset, offset % 8) for offset in offsets]
+
+
+def _sweep_data_file(kind: str) -> str:
+    return os.path.join("lmdb", "data.mdb") if kind == "agent" else os.path.join("store", "index", "data.mdb")
+
+
+def lmdb_sweep_child(argv: list[str]) -> None:
+    """Run sweep cases in isolation (a damaged B-tree may take the process down or hang it):
+    ``KIND FIXTURE WORK_DIR CASES_JSON``, each case ``[offset, bit, check]``; one JSON line when a
+    case starts and one when it ends."""
+    kind, fixture, work, cases_path = argv
+    with open(cases_path) as handle:
+        cases = json.load(handle)
+    oracle = _SweepOracle(kind, fixture, work)
+    data_file = _sweep_data_file(kind)
+    for number, (offset, bit, check) in enumerate(cases):
+        print(json.dumps({"start": number}), flush=True)
+        target = os.path.join(work, f"case-{number}")
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(fixture, target, ignore=shutil.ignore_patterns(*_SWEEP_IGNORE))
+        _mutate_file(os.path.join(target, data_file), offset,
+                     lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
+        session = _sweep_session(kind, target, check)
+        shutil.rmtree(target, ignore_errors=True)
+        found = _sweep_judge(session, oracle)
+        label = "checked" if check else "unchecked"
+        problems = [f"{kind} {data_file} offset {offset} bit {bit} ({label} open): {problem}" for problem in found]
+        if found:
+            outcome = "violation"
+        elif session["open"][0] == "typed":
+            outcome = f"refused_at_open:{session['open'][1]}"
+        elif any(answer[0] == "typed" for reads in session["reads"] for _, answer in reads) or \
+                any(answer[0] == "typed" for _, answer in session["writes"]):
+            outcome = "typed_error"
+        else:
+            outcome = "no_effect"
+        print(json.dumps({"done": number, "offset": offset, "bit": bit, "check": check, "outcome": outcome,
+                          "problems": problems}), flush=True)
+
+
+def _sweep_chunk(kind: str, fixture: str, work: str, cases: list[tuple[int, int, bool]]) -> list[dict[str, Any]]:
+    """Run ``cases`` in children, one after another: a child that dies or hangs on a case counts
+    that case (``interpreter_crash`` / ``hang``) and the next child goes on after it."""
+    results: list[dict[str, Any]] = []
+    remaining = list(cases)
+    os.makedirs(work, exist_ok=True)
+    while remaining:
+        cases_path = os.path.join(work, "cases.json")
+        with open(cases_path, "w") as handle:
+            json.dump(remaining, handle)
+        command = _python_command("lmdb_sweep_child", kind, fixture, work, cases_path)
+        try:
+            child = subprocess.run(command, capture_output=True, text=True, timeout=SWEEP_TIMEOUT_S * len(remaining))
+            stdout, stderr, died = child.stdout, child.stderr, f"exit {child.returncode}"
+            outcome = "interpreter_crash"
+        except subprocess.TimeoutExpired as exc:
+            stdout = exc.stdout.decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+            stderr = exc.stderr.decode() if isinstance(exc.stderr, bytes) else (exc.stderr or "")
+            died, outcome = "hung", "hang"
+        done = 0
+        for line in stdout.splitlines():
+            item = json.loads(line)
+            if "done" in item:
+                results.append(item)
+                done += 1
+        if done < len(remaining):
+            offset, bit, check = remaining[done]
+            label = "checked" if check else "unchecked"
+            results.append({"offset": offset, "bit": bit, "check": check, "outcome": outcome,
+                            "problems": [f"{kind} {_sweep_data_file(kind)} offset {offset} bit {bit} ({label} open): "
+                                         f"the process {died}: {stderr[-800:]}"]})
+            done += 1
+        remaining = remaining[done:]
+    return results
+
+
+def run_lmdb_sweep(count: int | None = None, seconds: float | None = None, seed: int = 1,
+                   progress: Progress | None = None, *, stores: tuple[str, ...] = SWEEP_STORES, bits: str = "all",
+                   offsets: list[int] | None = None, stride: int = 1, workers: int = 1,
+                   record: str | None = None) -> dict[str, Any]:
+    """The exhaustive LMDB damage sweep (``docs/reliability.md``, "lmdb-sweep"): every byte of
+    every used page of each store's data file, each bit (``bits``), in order. ``count`` or
+    ``seconds`` stop it early (a slice; the cases are in order, ``seed`` is unused: the sweep is
+    the same every run); ``offsets`` keeps only those byte offsets, ``stride`` every stride-th case
+    (a spread slice, as CI runs); ``workers`` children at a time; ``record`` a file that gets one
+    JSON line per case (offset, bit, check, outcome, problems)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    started = time.monotonic()
+    findings = Findings()
+    outcomes: dict[str, dict[str, int]] = {}
+    figures: dict[str, Any] = {}
+    done = 0
+    with _scratch("lmdb-sweep") as root:
+        plan: list[tuple[str, str, tuple[int, int]]] = []
+        for kind in stores:
+            fixture = os.path.join(root, f"fixture-{kind}")
+            if kind == "agent":
+                _sweep_build_agent(fixture)
+            else:
+                with _boot_id("lmdb-sweep"):
+                    _sweep_build_index(fixture)
+            for name in _SWEEP_IGNORE:
+                for place in (os.path.join(fixture, name), os.path.join(fixture, "lmdb", name),
+                              os.path.join(fixture, "store", "index", name)):
+                    if os.path.exists(place):
+                        os.remove(place)
+            cases = sweep_cases(kind, fixture, bits)
+            if offsets is not None:
+                wanted = set(offsets)
+                cases = [case for case in cases if case[0] in wanted]
+            cases = cases[::stride]
+            data = os.path.join(fixture, _sweep_data_file(kind))
+            figures[kind] = {"file_bytes": os.path.getsize(data), "swept_bytes": len({offset for offset, _ in cases}),
+                             "cases": len(cases)}
+            outcomes[kind] = {}
+            plan += [(kind, fixture, case) for case in cases]
+        budget = Budget(count, seconds, len(plan) * len(SWEEP_CHECKS))
+        chunks: list[tuple[str, str, list[tuple[int, int]]]] = []
+        for kind in stores:
+            mine = [(fixture, (offset, bit, check)) for k, fixture, (offset, bit) in plan if k == kind
+                    for check in SWEEP_CHECKS]
+            for at in range(0, len(mine), SWEEP_CHUNK):
+                chunks.append((kind, mine[0][0], [case for _, case in mine[at:at + SWEEP_CHUNK]]))
+        lock = threading.Lock()
+
+        def run(number: int) -> None:
+            nonlocal done
+            kind, fixture, cases = chunks[number]
+            with lock:
+                if not budget.more(done):
+                    return
+                cases = cases[:max(0, budget.count - done)] if budget.count is not None else cases
+            results = _sweep_chunk(kind, fixture, os.path.join(root, f"work-{number}"), cases)
+            shutil.rmtree(os.path.join(root, f"work-{number}"), ignore_errors=True)
+            with lock:
+                for item in results:
+                    done += 1
+                    mode = "checked" if item["check"] else "unchecked"
+                    tally = outcomes[kind].setdefault(mode, {})
+                    tally[item["outcome"]] = tally.get(item["outcome"], 0) + 1
+                    if item["problems"]:
+                        # one violation per damaged copy and open; its first problem described
+                        findings.add(item["problems"][0] + (f" (and {len(item['problems']) - 1} more)" if len(item["problems"]) > 1 else ""))
+                if record is not None:
+                    with open(record, "a") as handle:
+                        for item in results:
+                            handle.write(json.dumps({"store": kind, **item}) + "\n")
+                budget.report(done, progress)
+
+        with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+            list(pool.map(run, range(len(chunks))))
+    return _result("lmdb-sweep", seed, done, started, findings, {
+        "cases": done, "bits": bits, "stores": figures, "outcomes": outcomes})
 
 
 # -- disk: failed fsyncs, ENOSPC and short writes --------------------------------------------------
@@ -3087,6 +3657,7 @@ def _suite_functions() -> dict[str, Callable[..., dict[str, Any]]]:
         "disk": run_disk,
         "fuzz": run_fuzz,
         "concurrency": run_concurrency,
+        "lmdb-sweep": run_lmdb_sweep,
     }
 
 
@@ -3098,6 +3669,9 @@ def run_suite(name: str, *, count: int | None = None, seconds: float | None = No
     verify_every = os.environ.get("MWPSTORE_VERIFY_EVERY")
     if verify_every and name in ("crash", "power"):
         options["verify_every"] = max(1, int(verify_every))
+    if name == "lmdb-sweep":
+        options["bits"] = os.environ.get("MWPSTORE_SWEEP_BITS", "rotating")
+        options["workers"] = max(1, int(os.environ.get("MWPSTORE_SWEEP_WORKERS", "1")))
     try:
         return _suite_functions()[name](count=count, seconds=seconds, seed=seed, progress=progress, **options)
     except Exception as exc:  # the harness itself failed: report it, never pass silently
@@ -3111,9 +3685,9 @@ def run_torture(args: Any) -> int:
     from .cli import EXIT_CHECK_FAILED, EXIT_OK, EXIT_USAGE, Progress as ProgressBar, print_table
 
     names = args.suite or list(SUITES)
-    unknown = [name for name in names if name not in SUITES]
+    unknown = [name for name in names if name not in SUITES + OPTIONAL_SUITES]
     if unknown:
-        print(f"unknown suite(s) {unknown}; choose from {list(SUITES)}", file=sys.stderr)
+        print(f"unknown suite(s) {unknown}; choose from {list(SUITES + OPTIONAL_SUITES)}", file=sys.stderr)
         return EXIT_USAGE
     if (args.count is not None and args.count < 1) or (args.seconds is not None and args.seconds <= 0):
         print("--count must be positive and --seconds above zero", file=sys.stderr)
@@ -3121,7 +3695,8 @@ def run_torture(args: Any) -> int:
     results = []
     for name in names:
         if not args.json:
-            budget = f"{args.count} iterations" if args.count else (f"{args.seconds:g} s" if args.seconds else f"{DEFAULT_COUNTS[name]} iterations (short run)")
+            short = f"{DEFAULT_COUNTS[name]} iterations (short run)" if name in DEFAULT_COUNTS else "every case"
+            budget = f"{args.count} iterations" if args.count else (f"{args.seconds:g} s" if args.seconds else short)
             print(f"suite {name}: {budget}, seed {args.seed}", file=sys.stderr, flush=True)
         result = run_suite(name, count=args.count, seconds=args.seconds, seed=args.seed, progress=ProgressBar(name))
         results.append(result)

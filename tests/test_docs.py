@@ -247,7 +247,7 @@ def test_every_documented_mwpstore_command_line_parses(page: str, arguments: str
         return
     except SystemExit as exit:  # argparse: unknown subcommand or option, missing argument
         raise AssertionError(f"{page}: `mwpstore {arguments}` does not parse ({argv})") from exit
-    assert set(getattr(args, "suite", None) or []) <= set(torture.SUITES)
+    assert set(getattr(args, "suite", None) or []) <= set(torture.SUITES + torture.OPTIONAL_SUITES)
 
 
 def _subcommand_parsers() -> dict[str, "argparse.ArgumentParser"]:

@@ -417,3 +417,75 @@ def test_a_second_snapshot_at_the_same_sequence_never_breaks_the_first_reference
         monkeypatch.undo()
         problems = torture.check_authority(authority, oracle, full_verify=False)
     assert problems == []
+
+
+# -- lmdb-sweep: every byte of two small LMDB files ---------------------------------------------
+
+
+def test_the_sweep_covers_each_used_page_but_not_its_free_gap(tmp_path):
+    """The swept spans are the meta pages' metas and the pages reachable from the current meta
+    without the gap between a page's pointers and its nodes: they touch as many pages as LMDB
+    counts in its trees (plus the free list's), and far fewer bytes than the file holds."""
+    import lmdb
+
+    fixture = str(tmp_path / "agent")
+    torture._sweep_build_agent(fixture)
+    data = os.path.join(fixture, "lmdb", "data.mdb")
+    spans = torture.lmdb_page_spans(data)
+    env = lmdb.open(os.path.join(fixture, "lmdb"), readonly=True, lock=False, max_dbs=32)
+    try:
+        page, last = env.stat()["psize"], env.info()["last_pgno"]
+        with env.begin() as txn:
+            names = [bytes(key) for key, _ in txn.cursor()]
+            stats = [txn.stat()] + [txn.stat(env.open_db(name, txn=txn, create=False)) for name in names]
+    finally:
+        env.close()
+    in_trees = sum(stat["branch_pages"] + stat["leaf_pages"] + stat["overflow_pages"] for stat in stats)
+    touched = {number for start, end in spans for number in range(start // page, (end - 1) // page + 1)}
+    assert {0, 1} <= touched and max(touched) <= last
+    assert 2 + in_trees <= len(touched) <= 2 + in_trees + 2  # the metas, the trees, the free list's page(s)
+    swept = sum(end - start for start, end in spans)
+    assert swept < (last + 1) * page // 4  # the free gaps are left out
+    cases = torture.sweep_cases("agent", fixture, "rotating")
+    assert len(cases) == swept and {bit for _, bit in cases} == set(range(8))
+    assert len(torture.sweep_cases("agent", fixture, "all")) == 8 * swept
+
+
+def test_the_sweep_judge_catches_a_wrong_answer_a_foreign_error_and_a_changed_write(tmp_path, monkeypatch):
+    """The sweep's oracle bites: with the seal check taken out, a flipped bit in a stored state is
+    a wrong answer; a bare exception from a read, and a write that answers differently, are
+    violations too."""
+    from mwpstore import _sealed
+
+    fixture = str(tmp_path / "agent")
+    torture._sweep_build_agent(fixture)
+    oracle = torture._SweepOracle("agent", fixture, str(tmp_path / "work"))
+    os.makedirs(oracle.work)
+    intact = oracle.session(frozenset())
+    assert intact["open"] == ("ok", "") and len(intact["applied"]) == oracle.writes
+    assert torture._sweep_judge(intact, oracle) == []
+
+    damaged = str(tmp_path / "damaged")
+    import shutil
+
+    shutil.copytree(fixture, damaged, ignore=shutil.ignore_patterns(*torture._SWEEP_IGNORE))
+    data = os.path.join(damaged, "lmdb", "data.mdb")
+    with open(data, "r+b") as handle:
+        content = bytearray(handle.read())
+        at = content.index(b"three")  # in the state of g-3's Mission (the only copy in the file)
+        content[at] ^= 0x01
+        handle.seek(0)
+        handle.write(content)
+    monkeypatch.setattr(_sealed, "_unseal", lambda stored, key, seed, most: bytes(stored[:-4]))
+    session = torture._sweep_session("agent", damaged, False)
+    problems = torture._sweep_judge(session, oracle)
+    assert any(problem.startswith("states g-3 (before any write) answered") for problem in problems), problems
+
+    broken = json.loads(json.dumps(intact))
+    broken["reads"][2][0] = [broken["reads"][2][0][0], ["foreign", "KeyError: 'x'"]]
+    broken["writes"][3] = [broken["writes"][3][0], ["ok", "41"]]
+    problems = torture._sweep_judge(broken, oracle)
+    assert len(problems) == 2
+    assert any(problem.startswith("write 'prune_inbox g-2' answered 41") for problem in problems)
+    assert any(problem.startswith(f"{broken['reads'][2][0][0]} (after 'reset_group g-3 and rebuild it'): KeyError")
+               for problem in problems), problems
