@@ -12,8 +12,8 @@ AgentStore) read and write their values only through :class:`SealedTables`:
 - a range checks that the entry before its start sorts before it (a damaged branch key cannot skip
   the first entries), that keys strictly increase, and that the entry ending the range is sound (a
   damaged key that fell outside the prefix cannot end the range early);
-- a deletion of a range checks the entries that bound it the same way, and the seal of each entry
-  it deletes (a key of another prefix moved into it by damage is not deleted unreported).
+- a deletion of a range checks the same, and each entry it deletes before deleting it (an entry
+  of another key that damage moved into the range cannot be erased with it).
 
 The format is in ``docs/format/index.md`` ("Seals and presence").
 """
@@ -140,32 +140,33 @@ class SealedTables:
             txn.delete(tag + key, db=self.presence)
         return bool(txn.delete(key, db=self.dbs[name]))
 
-    def delete_range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes) -> int:
-        """Delete every entry whose key starts with ``prefix`` (and their presence); the count.
-        The entries that bound the walk are checked as :meth:`range` checks them: a damaged key
-        before the first entry or at the end would otherwise stop it early, silently, and leave
-        sound entries of the prefix for later reads to serve. Each entry it deletes must be sound
-        too: a key of another prefix that damage moved into this one (a bit of its Group flipped)
-        would otherwise go with it, unreported, and that prefix's later ranges answer without it."""
-        count = _delete_prefix(
-            txn,
-            self.dbs[name],
-            prefix,
-            lambda key, stored, before: self._bound(name, key, stored, prefix, before),
-            lambda key, stored: self.unseal(name, key, stored),
-        )
+    def delete_range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes | None = None,
+                     last: bytes | None = None) -> int:
+        """Delete every entry whose key starts with ``prefix`` (and their presence), from ``start``
+        (default: the prefix) up to ``last`` included (default: the prefix's end); the count.
+        Everything the walk reads is checked as :meth:`range` checks it: the entries that bound
+        it (a damaged key before the first entry or at the end would otherwise stop it early,
+        silently, and leave sound entries for later reads to serve), and each entry it deletes,
+        sound and in key order (an entry of another key that damage moved into the range would
+        otherwise be erased, silently, and missing from later reads of its own range). On
+        ``CORRUPTION`` the caller's transaction must abort: part of the range may be deleted."""
+        start = prefix if start is None else start
+
+        def bound(key: bytes, stored: Any, before: bool) -> None:
+            self.unseal(name, key, stored)
+            if (key >= start) if before else (key < prefix if last is None else key <= last):
+                raise self._damage("order", name, key, "is out of key order")
+
+        def entry(key: bytes, stored: Any, previous: bytes) -> None:
+            self.unseal(name, key, stored)
+            if key <= previous:
+                raise self._damage("order", name, key, "is out of key order")
+
+        count = _delete_prefix(txn, self.dbs[name], prefix, bound, entry, start, last)
         tag = self.tags.get(name)
         if tag is not None:
-            _delete_prefix(txn, self.presence, tag + prefix)
+            _delete_prefix(txn, self.presence, tag + prefix, start=tag + start, last=None if last is None else tag + last)
         return count
-
-    def _bound(self, name: bytes, key: bytes, stored: bytes | memoryview, prefix: bytes, before: bool) -> None:
-        """Check an entry that bounds a deletion of ``prefix``: sound, sorting before the prefix
-        when it is before it and after it otherwise (see :meth:`range`: a damaged branch key can
-        make the search land below the prefix)."""
-        self.unseal(name, key, stored)
-        if (key >= prefix) if before else (key < prefix):
-            raise self._damage("order", name, key, "is out of key order")
 
     def range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes | None = None) -> Iterator[tuple[bytes, bytes]]:
         """(key, checked value) pairs whose key starts with ``prefix``, from ``start`` (default:
@@ -333,21 +334,18 @@ def damage_of(label: str, remedy: str, reason: str, exc: BaseException) -> MwpEr
     return Corruption(f"the {label} is damaged ({type(exc).__name__}: {exc}); {remedy}", reason=reason)
 
 
-def _delete_prefix(
-    txn: lmdb.Transaction,
-    db: Any,
-    prefix: bytes,
-    bound: Callable[[bytes, Any, bool], None] | None = None,
-    deleted: Callable[[bytes, Any], None] | None = None,
-) -> int:
-    """Delete the entries whose key starts with ``prefix``; the count. ``bound(key, value,
+def _delete_prefix(txn: lmdb.Transaction, db: Any, prefix: bytes, bound: Callable[[bytes, Any, bool], None] | None = None,
+                   entry: Callable[[bytes, Any, bytes], None] | None = None, start: bytes | None = None,
+                   last: bytes | None = None) -> int:
+    """Delete the entries whose key starts with ``prefix``, from ``start`` (default: the prefix)
+    up to ``last`` included (default: none after the prefix); the count. ``bound(key, value,
     before)``, when given, checks each entry that bounds the walk: the one before where the search
     landed (or the database's last entry, when it landed nowhere), ``before`` True, and the one
-    that ends the walk (the landing point itself, when it is outside the prefix). ``deleted(key,
-    value)``, when given, checks each entry before it is deleted."""
+    that ends the walk (the landing point itself, when it is outside the range). ``entry(key,
+    value, previous key)``, when given, checks each entry before it is deleted."""
     cursor = txn.cursor(db=db)
     count = 0
-    if not cursor.set_range(prefix):
+    if not cursor.set_range(prefix if start is None else start):
         if bound is not None and cursor.last():
             bound(bytes(cursor.key()), cursor.value(), True)
         return 0
@@ -357,14 +355,16 @@ def _delete_prefix(
             cursor.next()
         else:  # it landed on the first entry: a failed prev leaves the cursor nowhere
             cursor.first()
+    previous = b""
     while True:
         key = bytes(cursor.key())
-        if not key.startswith(prefix):
+        if not key.startswith(prefix) or (last is not None and key > last):
             if bound is not None:
                 bound(key, cursor.value(), False)
             break
-        if deleted is not None:
-            deleted(key, cursor.value())
+        if entry is not None:
+            entry(key, cursor.value(), previous)
+            previous = key
         if not cursor.delete():  # the cursor moves to the next entry
             break
         count += 1

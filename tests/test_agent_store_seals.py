@@ -536,3 +536,54 @@ def test_a_state_head_or_intent_nested_past_the_decoders_depth_is_corruption_ins
             assert caught.value.detail["reason"] == "agent", name
             with tables.begin(write=True) as txn:
                 tables.put(txn, name, key, stored, new=False)
+
+
+# -- writes over keys that damage moved (found by the exhaustive LMDB sweep, torture lmdb-sweep) --
+
+
+def _two_groups(path, groups):
+    agent = AgentStore.open(path, projections=[CountingProjection()])
+    with agent.begin() as tx:
+        for group in groups:
+            for event in workload(group, 8, seed=5):
+                tx.apply(event)
+            tx.advance_cursor(group)
+    return agent
+
+
+def _flip_in_live_key(path, key: bytes, at: int, bit: int) -> None:
+    """Flip ``bit`` of byte ``at`` of ``key`` where the file holds it as a node's key in a page
+    LMDB uses (not a stale copy on a free page, not inside a presence key)."""
+    from mwpstore import torture
+
+    data_file = path / "lmdb" / "data.mdb"
+    data = bytearray(data_file.read_bytes())
+    spots = [spot for start, end in torture.lmdb_page_spans(str(data_file)) for spot in range(start, end)
+             if data.startswith(key, spot) and int.from_bytes(data[spot - 2:spot], "little") == len(key)]
+    assert len(spots) == 1, spots
+    data[spots[0] + at] ^= 1 << bit
+    data_file.write_bytes(bytes(data))
+
+
+def test_a_reset_that_would_erase_an_entry_damage_moved_in_from_another_group_is_corruption(tmp_path):
+    """One bit flipped in the Group of ``g-2``'s last projection key made it a ``g-3`` key, right
+    before ``g-3``'s entries. ``reset_group("g-3")`` checked only the entries bounding its walk,
+    erased that entry with ``g-3``'s, and succeeded; ``projection_items("g-2")``, ``CORRUPTION``
+    before the reset, then answered 12 entries of 13 without an error. The deletion now checks the
+    seal and key order of each entry it deletes: ``CORRUPTION``, and the transaction deletes
+    nothing. Reachable where the open's structural check does not run."""
+    path = tmp_path / "agent"
+    with _two_groups(path, ["g-2", "g-3"]) as agent:
+        items = agent.projection_items("g-2", CountingProjection.name)
+        assert len(items) == 13
+    _flip_in_live_key(path, b"g-2\x00counter\x00" + items[-1][0], 2, 0)
+    with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False) as agent:
+        with pytest.raises(Corruption):
+            agent.projection_items("g-2", CountingProjection.name)
+        with pytest.raises(Corruption) as caught:
+            agent.reset_group("g-3")
+        assert caught.value.detail["reason"] == "agent_checksum"
+        assert caught.value.detail["key"] == "g-3\x00counter\x00" + items[-1][0].decode()
+        assert agent.head("g-3").applied_seq == 8
+        with pytest.raises(Corruption):
+            agent.projection_items("g-2", CountingProjection.name)
