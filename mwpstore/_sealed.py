@@ -159,7 +159,8 @@ class SealedTables:
 
         def entry(key: bytes, stored: Any, previous: bytes) -> None:
             self.unseal(name, key, stored)
-            if key <= previous:
+            # the first below the start: a damaged branch key sent the search to the leaf before
+            if key <= previous or key < start:
                 raise self._damage("order", name, key, "is out of key order")
 
         count = _delete_prefix(txn, self.dbs[name], prefix, bound, entry, start, last)

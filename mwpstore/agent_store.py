@@ -1705,27 +1705,11 @@ class AgentTransaction:
         self._flush()
         head = self._head(_check_group(group))
         count = 0
-        start = _seq_key(group, head.pruned_seq + 1)
-        end = _seq_key(group, head.cursor)
-        cursor = self._txn.cursor(db=self._tables.dbs[b"inbox"])  # the inbox keeps no presence entries
-        if head.cursor > head.pruned_seq and cursor.set_range(start):
-            # A branch key raised by damage sends the search to the leaf before; LMDB lands on the
-            # next leaf's first entry without comparing it, which can be a sound entry of a Group
-            # sorting before this one: the walk would delete it, and the entries after it, as
-            # this Group's (SealedTables.range checks its landing entry the same way).
-            landed = bytes(cursor.key())
-            if landed < start:
-                raise self._tables._damage("order", b"inbox", landed, "is out of key order")
-            while (key := bytes(cursor.key())) <= end:
-                # Each entry must be sound before it goes: another Group's key that damage moved
-                # into this range would otherwise be deleted unreported, and that Group's inbox
-                # answer without it.
-                self._tables.unseal(b"inbox", key, cursor.value())
-                if not cursor.delete():
-                    break
-                count += 1
-                if not cursor.key():
-                    break
+        if head.cursor > head.pruned_seq:
+            # checked as a deletion of a Group's entries is: the entries that bound it and each one
+            # it deletes (a damaged key that ended the raw walk early made the count short)
+            count = self._tables.delete_range(self._txn, b"inbox", _prefix(group), _seq_key(group, head.pruned_seq + 1),
+                                              _seq_key(group, head.cursor))
         if head.pruned_seq != head.cursor and head.cursor > head.pruned_seq:
             head.pruned_seq = head.cursor
             self._dirty.add(group)

@@ -587,3 +587,21 @@ def test_a_reset_that_would_erase_an_entry_damage_moved_in_from_another_group_is
         assert agent.head("g-3").applied_seq == 8
         with pytest.raises(Corruption):
             agent.projection_items("g-2", CountingProjection.name)
+
+
+def test_a_prune_whose_last_inbox_key_damage_moved_past_the_group_is_corruption_not_a_short_count(tmp_path):
+    """With one bit flipped in the Group of the inbox's last key (``g-2`` -> ``g/2``: still in key
+    order, so the open's structural check passes it), ``prune_inbox("g-2")`` deleted the other
+    entries with a raw cursor, checked nothing, and answered 7 where 8 entries were pruned. It now
+    deletes as a deletion of a Group's entries does: the entry that ends its walk must be sound."""
+    path = tmp_path / "agent"
+    with _two_groups(path, ["g-1", "g-2"]) as agent:
+        assert agent.inbox_seqs("g-2") == list(range(1, 9))
+    _flip_in_live_key(path, b"g-2\x00" + (8).to_bytes(8, "big"), 1, 1)
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:  # the structural check runs
+        with pytest.raises(Corruption) as caught:
+            agent.prune_inbox("g-2")
+        assert (caught.value.detail["reason"], caught.value.detail["database"]) == ("agent_checksum", "inbox")
+        assert agent.head("g-2").pruned_seq == 0
+        with pytest.raises(Corruption):
+            agent.inbox_seqs("g-2")  # nothing was deleted: the damage is still reported
