@@ -327,6 +327,24 @@ def typed_damage(label: str, remedy: str, reason: str, errors: tuple[type[BaseEx
     return decorate
 
 
+LMDB_DAMAGE_ERRORS = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.BadTxnError,
+                      lmdb.BadValsizeError, lmdb.BadDbiError, lmdb.IncompatibleError)
+"""The LMDB errors that damaged pages give, as the exhaustive damage sweep met them in writes
+(``BadTxnError``: an operation after one of them failed inside LMDB, which then refuses the rest of
+the transaction; ``BadDbiError`` and ``IncompatibleError``: a damaged record of a named database)."""
+
+
+def lmdb_cause(exc: BaseException) -> lmdb.Error | None:
+    """The LMDB error behind ``exc``: itself, or the one that the binding left set when it raised
+    ``SystemError`` ("returned a result with an exception set", seen from ``Cursor.delete`` on a
+    damaged page); None for any other error."""
+    if isinstance(exc, lmdb.Error):
+        return exc
+    if isinstance(exc, SystemError) and isinstance(exc.__cause__, lmdb.Error):
+        return exc.__cause__
+    return None
+
+
 def damage_of(label: str, remedy: str, reason: str, exc: BaseException) -> MwpError:
     """The ``CORRUPTION`` that a foreign error met on a read path of ``label`` stands for; a full
     reader table is none (``StorageFailed``, reason ``readers_full``: the read may be retried)."""

@@ -38,7 +38,17 @@ from ._apply_c import check_run as _check_run
 from ._apply_c import run as _apply_run
 from ._files import makedirs_durable, store_path
 from ._lmdb_check import check_before_open, check_map_size, check_option
-from ._sealed import KEY_SHOWN_BYTES, SealedTables, check_stored_format, open_databases, shown_format, typed_damage
+from ._sealed import (
+    KEY_SHOWN_BYTES,
+    LMDB_DAMAGE_ERRORS,
+    SealedTables,
+    check_stored_format,
+    damage_of,
+    lmdb_cause,
+    open_databases,
+    shown_format,
+    typed_damage,
+)
 from .errors import ReconcileRequired, ProjectionFailed  # noqa: F401  (defined with the other errors; re-exported here)
 from .errors import (
     Corruption,
@@ -375,6 +385,17 @@ _damage_typed = typed_damage("agent store", _Tables.remedy, "agent")
 """Read paths of the AgentStore: damaged LMDB pages or bytes are ``CORRUPTION``, never foreign."""
 _lmdb_damage_typed = typed_damage("agent store", _Tables.remedy, "agent", (lmdb.Error,))
 """Transaction paths that also run application code: only LMDB's own errors are translated."""
+
+
+def _transaction_error(exc: Exception, context: str) -> MwpError:
+    """The typed error of a foreign one inside a local transaction: LMDB's errors of damaged pages
+    (also when the binding wraps one in ``SystemError``) are ``CORRUPTION`` of the agent store
+    (reason ``agent``), its other errors and the rest as :func:`translate` types them (a full map
+    is ``LIMIT_EXCEEDED``, a failed disk ``STORAGE_FAILED``)."""
+    cause = lmdb_cause(exc)
+    if isinstance(cause, LMDB_DAMAGE_ERRORS):
+        return damage_of("agent store", _Tables.remedy, "agent", cause)
+    return translate(cause or exc, context=context)
 
 
 
@@ -1290,6 +1311,10 @@ class AgentTransaction:
                 raise ProjectionFailed(
                     f"the local transaction was aborted: {self._failed!r}", reason=type(self._failed).__name__
                 ) from self._failed
+            if isinstance(exc, Exception) and not isinstance(exc, MwpError) and lmdb_cause(exc) is not None:
+                # LMDB failed inside the block (a write over a damaged page: reset_group, prune_inbox,
+                # an intent, an OfflineGuard record): typed, as a read's error is; nothing was written
+                raise _transaction_error(exc, "in a local transaction") from None
 
     # -- the boundaries ------------------------------------------------------------------------
 
@@ -1305,7 +1330,7 @@ class AgentTransaction:
         except BaseException as exc:
             self.abort()
             if isinstance(exc, Exception):
-                raise translate(exc, context="committing a local transaction") from None
+                raise _transaction_error(exc, "committing a local transaction") from None
             raise
         self._done = True
         self._store._end()

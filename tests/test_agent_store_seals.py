@@ -605,3 +605,48 @@ def test_a_prune_whose_last_inbox_key_damage_moved_past_the_group_is_corruption_
         assert agent.head("g-2").pruned_seq == 0
         with pytest.raises(Corruption):
             agent.inbox_seqs("g-2")  # nothing was deleted: the damage is still reported
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["an LMDB error", "an LMDB error inside SystemError"])
+@pytest.mark.parametrize("write", ["reset_group", "prune_inbox", "record_receipt", "service_unreachable"])
+def test_an_lmdb_error_inside_a_local_transaction_is_corruption_not_a_bare_lmdb_error(tmp_path, monkeypatch, write, wrapped):
+    """A write over a damaged page (the exhaustive sweep, with the open's structural check off:
+    e.g. ``reset_group`` raised ``lmdb.CorruptedError`` "Located page was wrong type",
+    ``PageNotFoundError``, ``BadTxnError`` after one of them, and the binding's ``SystemError``
+    "returned a result with an exception set" from ``Cursor.delete``) let LMDB's error out of
+    the local transaction bare: only reads and ``apply`` were typed. LMDB's errors inside a local
+    transaction are now ``CORRUPTION`` (reason ``agent``), and nothing is written."""
+    from mwpstore import _sealed
+    from mwpstore.offline import OfflineGuard
+
+    path = tmp_path / "agent"
+    with _two_groups(path, [GROUP]) as agent:
+        with agent.begin() as tx:
+            key = tx.record_intent(GROUP, mission="m", workitem="wi", ownership_epoch=1, operation="notify").key
+    calls = {
+        "reset_group": lambda agent: agent.reset_group(GROUP),
+        "prune_inbox": lambda agent: agent.prune_inbox(GROUP),
+        "record_receipt": lambda agent: agent.record_receipt(key, {"id": "r"}),
+        "service_unreachable": lambda agent: OfflineGuard(agent, GROUP, "w1", grace_ms=1).service_unreachable(5),
+    }
+
+    def failing(*args, **kwargs):
+        error = lmdb.CorruptedError("mdb_cursor_del: MDB_CORRUPTED: Located page was wrong type")
+        if not wrapped:
+            raise error
+        try:
+            raise error
+        except lmdb.Error as cause:
+            raise SystemError("<method 'delete' of 'Cursor' objects> returned a result with an exception set") from cause
+
+    real_put = _sealed.SealedTables.put
+    monkeypatch.setattr(_sealed, "_delete_prefix", failing)
+    monkeypatch.setattr(_sealed.SealedTables, "put", lambda self, txn, name, *rest, **options: (
+        failing() if name in (b"outbox", b"offline") else real_put(self, txn, name, *rest, **options)))
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        before = agent.projection_digest(), agent.head(GROUP), agent.intents()
+        with pytest.raises(Corruption) as caught:
+            calls[write](agent)
+        assert caught.value.detail["reason"] == "agent"
+        assert "CorruptedError" in caught.value.message
+        assert (agent.projection_digest(), agent.head(GROUP), agent.intents()) == before
