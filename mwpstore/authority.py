@@ -531,7 +531,8 @@ class Authority:
         ``progress(done, total)`` is called while redoing or rebuilding the index.
         ``check_lmdb``: check the index's LMDB file structure before LMDB maps it (True always,
         False never, None when the file is at most ``limits.LMDB_CHECK_AT_OPEN_BYTES_MAX``
-        bytes); a damaged index is rebuilt from the log (``open_report.reason`` says so).
+        bytes; the two meta pages always); a damaged index is rebuilt from the log
+        (``open_report.reason`` says so).
 
         ``readonly=True`` opens a read-only view of an existing store, beside the process that
         holds it open for writing (or with none): it takes no lock, runs no recovery and writes

@@ -192,8 +192,9 @@ def test_open_refuses_a_directory_with_either_mark_of_an_agent_store(tmp_path, l
 
 
 def test_an_index_file_lmdb_cannot_open_is_rebuilt_when_the_structure_check_is_off(tmp_path):
-    """check_lmdb=False skips the structure check, not the judgement: an index whose file LMDB
-    refuses to open (no valid meta page) is rebuilt from the log, and open says why."""
+    """check_lmdb=False skips the structure check's walk of the pages, not its check of the two
+    meta pages nor the judgement: an index with no valid meta page is rebuilt from the log, and
+    open says why."""
     path = str(tmp_path / "store")
     with open_with_group(path) as authority:
         authority.accept(mission_create("m-1"))
@@ -203,7 +204,7 @@ def test_an_index_file_lmdb_cannot_open_is_rebuilt_when_the_structure_check_is_o
         handle.write(b"\x5a" * size)
     with Authority.open(path, check_lmdb=False) as authority:
         assert authority.open_report.mode == "rebuild"
-        assert authority.open_report.reason == "index unreadable (CORRUPTION)"
+        assert authority.open_report.reason == "index damaged (CORRUPTION: page_size on page 0)"
         assert authority.head(GROUP)[0] == 2 and authority.verify().ok
 
 

@@ -844,3 +844,54 @@ def test_the_check_refuses_what_is_no_regular_file_without_waiting(tmp_path, kin
                           env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
     assert done.returncode == 0, done.stderr
     assert int(done.stdout) == (errno.EISDIR if kind == "directory" else errno.EINVAL)
+
+
+@pytest.mark.parametrize("check", [False, None], ids=["check_lmdb=False", "a file over the size bound"])
+def test_a_flipped_transaction_id_is_corruption_where_the_pages_are_not_walked(tmp_path, monkeypatch, check):
+    """A bit flipped in the older meta page's transaction id makes LMDB pick that meta: the store
+    one commit behind, consistent and sealed. The structural check refuses it, but it did not run
+    with ``check_lmdb=False`` or for a file over its size bound, and the AgentStore answered from
+    the older snapshot without an error (its last local transaction, here an outbox intent,
+    gone). The two meta pages are now checked at every open (two reads)."""
+    path = tmp_path / "agent"
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        with agent.begin() as tx:
+            for event in workload(GROUP, 5, seed=5):
+                tx.apply(event)
+            tx.advance_cursor(GROUP)
+        with agent.begin() as tx:
+            tx.record_intent(GROUP, mission="m", workitem="wi", ownership_epoch=1, operation="notify")
+    data_file = path / "lmdb" / "data.mdb"
+    data = bytearray(data_file.read_bytes())
+    page = struct.unpack_from("<I", data, 40)[0]
+    ids = [struct.unpack_from("<Q", data, number * page + 144)[0] for number in (0, 1)]
+    older = 0 if ids[0] < ids[1] else 1
+    data[older * page + 144 + 1] ^= 0b1  # its id grows by 256: now the higher one
+    data_file.write_bytes(bytes(data))
+    if check is None:
+        monkeypatch.setattr(limits, "LMDB_CHECK_AT_OPEN_BYTES_MAX", len(data) - 1)
+    with pytest.raises(Corruption) as caught:
+        AgentStore.open(path, projections=[CountingProjection()], check_lmdb=check)
+    assert (caught.value.detail["reason"], caught.value.detail["check"], caught.value.detail["page"]) == (
+        "lmdb_structure", "meta", older)
+    with pytest.raises(Corruption) as walked:
+        AgentStore.open(path, projections=[CountingProjection()], check_lmdb=True)
+    assert walked.value.detail["check"] == "meta"  # the walk's verdict, the same
+
+
+def test_the_meta_pages_check_passes_every_sound_store_and_a_new_one(tmp_path):
+    """The meta check that runs without the walk raises nothing on a store at rest after each of
+    its first commits (ids 0/1, 1/2, 2/3 ...: both parities), nor on an index."""
+    path = tmp_path / "agent"
+    for number in range(4):
+        with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False) as agent:
+            with agent.begin() as tx:
+                tx.record_intent(GROUP, mission="m", workitem=f"wi{number}", ownership_epoch=1, operation="notify")
+        with AgentStore.open(path, check_lmdb=False) as agent:
+            assert len(agent.intents()) == number + 1
+        AgentStore.open(path, check_lmdb=True).close()
+    store = str(tmp_path / "store")
+    with open_with_group(store) as authority:
+        authority.accept(mission_create("m-1"))
+    with Authority.open(store, check_lmdb=False) as authority:
+        assert authority.open_report.mode != "rebuild" and authority.head(GROUP)[0] == 2
