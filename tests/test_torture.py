@@ -422,6 +422,34 @@ def test_a_second_snapshot_at_the_same_sequence_never_breaks_the_first_reference
 # -- lmdb-sweep: every byte of two small LMDB files ---------------------------------------------
 
 
+def test_lmdb_sweep_slice_over_both_stores():
+    """A spread slice of the exhaustive sweep (every 200th byte of each store's used pages, a
+    rotating bit): each damaged copy, opened with the structural check and without, answers every
+    read and write as the undamaged store does, or with a typed error. The full sweep and its
+    figures are in docs/reliability.md."""
+    result = torture.run_lmdb_sweep(stride=200, bits="rotating")
+    _assert_clean(result)
+    figures = result["details"]["stores"]
+    assert figures["agent"]["cases"] > 30 and figures["index"]["cases"] > 20, figures
+    for kind in ("agent", "index"):
+        for mode in ("checked", "unchecked"):
+            outcomes = result["details"]["outcomes"][kind][mode]
+            assert outcomes.get("typed_error", 0) > 0 and outcomes.get("no_effect", 0) > 0, (kind, mode, outcomes)
+
+
+def test_a_crash_without_the_structural_check_is_counted_but_no_violation(monkeypatch):
+    """An open without the structural check may die inside LMDB (what the check is for): the
+    sweep counts it apart; the same crash in an open with the check is a violation."""
+    def chunk(kind, fixture, work, cases):
+        return [{"offset": offset, "bit": bit, "check": check, "outcome": "interpreter_crash",
+                 "problems": [f"{kind} offset {offset} bit {bit}: the process exit -7"]} for offset, bit, check in cases]
+
+    monkeypatch.setattr(torture, "_sweep_chunk", chunk)
+    result = torture.run_lmdb_sweep(stores=("agent",), offsets=[0], bits="rotating")
+    assert result["details"]["outcomes"]["agent"] == {"checked": {"interpreter_crash": 1}, "unchecked": {"interpreter_crash": 1}}
+    assert result["violations"] == 1 and "[meta]" in result["details"]["violation_messages"][0]
+
+
 def test_the_sweep_covers_each_used_page_but_not_its_free_gap(tmp_path):
     """The swept spans are the meta pages' metas and the pages reachable from the current meta
     without the gap between a page's pointers and its nodes: they touch as many pages as LMDB
@@ -489,3 +517,12 @@ def test_the_sweep_judge_catches_a_wrong_answer_a_foreign_error_and_a_changed_wr
     assert any(problem.startswith("write 'prune_inbox g-2' answered 41") for problem in problems)
     assert any(problem.startswith(f"{broken['reads'][2][0][0]} (after 'reset_group g-3 and rebuild it'): KeyError")
                for problem in problems), problems
+
+
+def test_command_runs_the_lmdb_sweep_only_when_named():
+    completed = _cli("--suite", "lmdb-sweep", "--count", "4", "--json")
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    (result,) = json.loads(completed.stdout)["results"]
+    assert (result["suite"], result["iterations"], result["violations"]) == ("lmdb-sweep", 4, 0)
+    assert result["details"]["bits"] == "rotating"
+    assert "lmdb-sweep" not in torture.SUITES  # the default run leaves it out
