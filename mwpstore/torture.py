@@ -1696,6 +1696,8 @@ def _sweep_session(kind: str, directory: str, check: bool, skip: frozenset[int] 
     session: dict[str, Any] = {"open": ("ok", ""), "reads": [], "writes": [], "applied": []}
     try:
         with _sweep_open(kind, directory, check) as store:
+            if kind == "index" and store.open_report.mode == "rebuild":
+                session["rebuilt"] = store.open_report.reason  # the open found the damage: allowed
             reads = reads_of(store)
             session["reads"].append([(name, _sweep_answer(call)) for name, call in reads])
             for number, (name, write) in enumerate(writes_of(store)):
@@ -1883,6 +1885,8 @@ def lmdb_sweep_child(argv: list[str]) -> None:
             outcome = "violation"
         elif session["open"][0] == "typed":
             outcome = f"refused_at_open:{session['open'][1]}"
+        elif "rebuilt" in session:
+            outcome = "rebuilt_at_open"
         elif any(answer[0] == "typed" for reads in session["reads"] for _, answer in reads) or \
                 any(answer[0] == "typed" for _, answer in session["writes"]):
             outcome = "typed_error"
