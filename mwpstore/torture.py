@@ -1478,9 +1478,12 @@ def _sweep_groups() -> dict[str, Any]:
             for workitem, priority in (("wi1", 0), ("wi2", 5)):
                 accept(OWNER, "workitem.create", workitem, {"mission": "m1", "priority": priority, "contract": contract})
             if name == "g-1":
-                session = group.get(f"member:{SWEEP_AGENT_ID}")["session_epoch"]
-                accept(SWEEP_AGENT_ID, "workitem.claim", "wi1", {"session_epoch": session}, cas=True)
-                lease = group.get("workitem:wi1")["lease"]
+                member = group.get(f"member:{SWEEP_AGENT_ID}")
+                assert member is not None
+                accept(SWEEP_AGENT_ID, "workitem.claim", "wi1", {"session_epoch": member["session_epoch"]}, cas=True)
+                item = group.get("workitem:wi1")
+                assert item is not None
+                lease = item["lease"]
                 accept(SWEEP_AGENT_ID, "workitem.start", "wi1",
                        {"lease_id": lease["lease_id"], "ownership_epoch": lease["ownership_epoch"]})
             else:
@@ -1530,38 +1533,40 @@ def _sweep_build_agent(path: str) -> None:
 def _sweep_agent_reads(agent: Any) -> list[tuple[str, Callable[[], Any]]]:
     """Every read of the AgentStore's API over every Group and key the fixture holds (and one of
     each that it does not)."""
+    from functools import partial
+
     from .offline import OfflineGuard
 
     calls: list[tuple[str, Callable[[], Any]]] = [("groups", agent.groups)]
     for group in ("g-1", "g-2", "g-3", "g-9"):
         guard = OfflineGuard(agent, group, SWEEP_AGENT_ID, grace_ms=60_000)
         calls += [
-            (f"head {group}", lambda g=group: agent.head(g)),
-            (f"cursor {group}", lambda g=group: agent.cursor(g)),
-            (f"ack_position {group}", lambda g=group: agent.ack_position(g)),
-            (f"states {group}", lambda g=group: agent.states(g)),
-            (f"inbox_seqs {group}", lambda g=group: agent.inbox_seqs(g)),
-            (f"buffered_seqs {group}", lambda g=group: agent.buffered_seqs(g)),
-            (f"work_queue {group}", lambda g=group: agent.work_queue(g, 2**62)),
-            (f"work_queue {group} limit 1", lambda g=group: agent.work_queue(g, 2**62, limit=1)),
-            (f"projection_items {group}", lambda g=group: agent.projection_items(g, CountingProjection.name)),
-            (f"projection_dump {group}", lambda g=group: agent.projection_dump(g)),
-            (f"projection_digest {group}", lambda g=group: agent.projection_digest(g)),
-            (f"intents {group}", lambda g=group: agent.intents(g)),
+            (f"head {group}", partial(agent.head, group)),
+            (f"cursor {group}", partial(agent.cursor, group)),
+            (f"ack_position {group}", partial(agent.ack_position, group)),
+            (f"states {group}", partial(agent.states, group)),
+            (f"inbox_seqs {group}", partial(agent.inbox_seqs, group)),
+            (f"buffered_seqs {group}", partial(agent.buffered_seqs, group)),
+            (f"work_queue {group}", partial(agent.work_queue, group, 2**62)),
+            (f"work_queue {group} limit 1", partial(agent.work_queue, group, 2**62, limit=1)),
+            (f"projection_items {group}", partial(agent.projection_items, group, CountingProjection.name)),
+            (f"projection_dump {group}", partial(agent.projection_dump, group)),
+            (f"projection_digest {group}", partial(agent.projection_digest, group)),
+            (f"intents {group}", partial(agent.intents, group)),
             (f"outage {group}", guard.outage),
             (f"buffered {group}", guard.buffered),
         ]
         for key in ("group:" + group, f"member:{SWEEP_AGENT_ID}", "mission:m1", "mission:m-3", "workitem:wi1",
                     "workitem:wi2", "workitem:wi9"):
-            calls.append((f"aggregate {group} {key}", lambda g=group, k=key: agent.aggregate(g, k)))
+            calls.append((f"aggregate {group} {key}", partial(agent.aggregate, group, key)))
         for workitem in ("wi1", "wi2"):
-            calls.append((f"checkpoint {group} {workitem}", lambda g=group, w=workitem: agent.checkpoint(g, w)))
+            calls.append((f"checkpoint {group} {workitem}", partial(agent.checkpoint, group, workitem)))
         for seq in (1, 3, 99):
             key = f"seen:{seq:012d}"
-            calls.append((f"projection_get {group} {key}", lambda g=group, k=key: agent.projection_get(g, CountingProjection.name, k)))
+            calls.append((f"projection_get {group} {key}", partial(agent.projection_get, group, CountingProjection.name, key)))
     calls += [
         ("intents", agent.intents),
-        ("intents pending", lambda: agent.intents(pending_only=True)),
+        ("intents pending", partial(agent.intents, pending_only=True)),
         ("projection_dump", agent.projection_dump),
         ("projection_digest", agent.projection_digest),
     ]
@@ -1630,20 +1635,25 @@ def _sweep_build_index(root: str) -> None:
 
 
 def _sweep_index_reads(authority: Any) -> list[tuple[str, Callable[[], Any]]]:
+    from functools import partial
+
+    def events(group: str, after: int = 0, limit: int = 1000) -> list[str]:
+        return [repr(event) for event in authority.read(group, after=after, limit=limit)]
+
     calls: list[tuple[str, Callable[[], Any]]] = [("groups", authority.groups)]
     for group in ("g-1", "g-2", "g-3", "g-9"):
         calls += [
-            (f"head {group}", lambda g=group: authority.head(g)),
-            (f"read {group}", lambda g=group: [repr(event) for event in authority.read(g)]),
-            (f"read {group} after 2", lambda g=group: [repr(event) for event in authority.read(g, after=2, limit=2)]),
-            (f"aggregates {group}", lambda g=group: authority.aggregates(g)),
-            (f"aggregates {group} mission", lambda g=group: authority.aggregates(g, prefix="mission:")),
-            (f"replay_floor {group}", lambda g=group: authority.replay_floor(g)),
+            (f"head {group}", partial(authority.head, group)),
+            (f"read {group}", partial(events, group)),
+            (f"read {group} after 2", partial(events, group, 2, 2)),
+            (f"aggregates {group}", partial(authority.aggregates, group)),
+            (f"aggregates {group} mission", partial(authority.aggregates, group, prefix="mission:")),
+            (f"replay_floor {group}", partial(authority.replay_floor, group)),
         ]
         for key in ("group:" + group, "mission:m-0", "mission:m-2", "mission:m-9"):
-            calls.append((f"state {group} {key}", lambda g=group, k=key: authority.state(g, k)))
+            calls.append((f"state {group} {key}", partial(authority.state, group, key)))
         for consumer in ("c-1", "c-2", "c-9"):
-            calls.append((f"acked {consumer} {group}", lambda g=group, c=consumer: authority.acked(c, g)))
+            calls.append((f"acked {consumer} {group}", partial(authority.acked, consumer, group)))
     return calls
 
 
@@ -1953,8 +1963,8 @@ def run_lmdb_sweep(count: int | None = None, seconds: float | None = None, seed:
 
     started = time.monotonic()
     findings = Findings()
-    outcomes: dict[str, dict[str, int]] = {}
-    by_role: dict[str, dict[str, int]] = {}
+    outcomes: dict[str, dict[str, dict[str, int]]] = {}
+    by_role: dict[str, int] = {}
     figures: dict[str, Any] = {}
     roles: dict[str, list[tuple[int, int, str]]] = {}
     done = 0
@@ -1990,7 +2000,7 @@ def run_lmdb_sweep(count: int | None = None, seconds: float | None = None, seed:
             outcomes[kind] = {}
             plan += [(kind, fixture, case) for case in cases]
         budget = Budget(count, seconds, len(plan) * len(SWEEP_CHECKS))
-        chunks: list[tuple[str, str, list[tuple[int, int]]]] = []
+        chunks: list[tuple[str, str, list[tuple[int, int, bool]]]] = []
         for kind in stores:
             mine = [(fixture, (offset, bit, check)) for k, fixture, (offset, bit) in plan if k == kind
                     for check in SWEEP_CHECKS]
