@@ -501,7 +501,8 @@ class AgentStore:
         Before LMDB maps the store's file, its page structure is checked (``check_lmdb``: True
         always, False never, None when the file is at most ``limits.LMDB_CHECK_AT_OPEN_BYTES_MAX``
         bytes; the two meta pages always): a damaged file gives ``Corruption`` (reason
-        ``lmdb_structure``) instead of a crash inside LMDB or the previous commit's snapshot. Raises ``StoreLocked`` when another handle (any process) has it open.
+        ``lmdb_structure``) instead of a crash inside LMDB or the previous commit's snapshot.
+        Raises ``StoreLocked`` when another handle (any process) has it open.
         """
         # every option is checked before anything is created
         if type(verify) is not str or verify not in VERIFY_MODES:
