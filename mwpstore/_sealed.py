@@ -115,18 +115,34 @@ class SealedTables:
         if tag is not None and new:
             txn.put(tag + key, b"", db=self.presence)
 
-    def put_many(self, txn: lmdb.Transaction, name: bytes, items: list[tuple[bytes, bytes]], new: list[bytes] | None = None) -> None:
+    def put_many(self, txn: lmdb.Transaction, name: bytes, items: list[tuple[bytes, bytes]], new: list[bytes] | None = None,
+                 *, fresh: bool = False) -> None:
         """Write ``items``; record presence for the keys in ``new`` (default: every key). A caller
-        that knows a key was written before (a later revision, a Group's next head) leaves it out."""
-        self.put_many_sealed(txn, name, _seal_items(items, self._seeds[name]), new)
+        that knows a key was written before (a later revision, a Group's next head) leaves it out.
+        ``fresh``: no key may exist yet; one that does is ``CORRUPTION`` (see
+        :meth:`put_many_sealed`)."""
+        self.put_many_sealed(txn, name, _seal_items(items, self._seeds[name]), new, fresh=fresh)
 
     def seed(self, name: bytes) -> int:
         """The CRC-32 of a database's name: where the seal of its entries starts."""
         return self._seeds[name]
 
-    def put_many_sealed(self, txn: lmdb.Transaction, name: bytes, items: list[tuple[bytes, bytes]], new: list[bytes] | None = None) -> None:
-        """``put_many`` of values already sealed for ``name`` (by :func:`seal`)."""
-        txn.cursor(db=self.dbs[name]).putmulti(items)
+    def put_many_sealed(self, txn: lmdb.Transaction, name: bytes, items: list[tuple[bytes, bytes]], new: list[bytes] | None = None,
+                        *, fresh: bool = False) -> None:
+        """``put_many`` of values already sealed for ``name`` (by :func:`seal`). With ``fresh``, a
+        key that exists already is not overwritten but ``CORRUPTION``: where every key written is
+        new (an AgentStore's inbox entry of a newly applied Event), an existing one is an entry
+        whose key damage moved there, and overwriting it would erase that entry and its damage
+        without a trace."""
+        db = self.dbs[name]
+        _, added = txn.cursor(db=db).putmulti(items, overwrite=not fresh)
+        if fresh and added != len(items):
+            for key, sealed in items:
+                stored = txn.get(key, db=db)
+                if stored is not None and bytes(stored) != sealed:
+                    self.unseal(name, key, stored)  # a moved entry fails its seal here
+                    raise self._damage("order", name, key, "already holds an entry where a new one goes")
+            raise self._damage("order", name, items[0][0], "already holds an entry where a new one goes")
         tag = self.tags.get(name)
         if tag is not None:
             keys = [key for key, _ in items] if new is None else new

@@ -1661,7 +1661,9 @@ class AgentTransaction:
     def _flush_caches(self) -> None:
         txn, tables = self._txn, self._tables
         if self._inbox_writes:
-            tables.put_many(txn, b"inbox", sorted(self._inbox_writes.items()))
+            # every key is new (the inbox holds exactly the applied, unpruned range): one that exists
+            # is another entry's key moved there by damage, which an overwrite would erase
+            tables.put_many(txn, b"inbox", sorted(self._inbox_writes.items()), fresh=True)
             self._inbox_writes.clear()
         if not self._state_writes:
             return

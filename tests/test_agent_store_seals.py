@@ -650,3 +650,29 @@ def test_an_lmdb_error_inside_a_local_transaction_is_corruption_not_a_bare_lmdb_
         assert caught.value.detail["reason"] == "agent"
         assert "CorruptedError" in caught.value.message
         assert (agent.projection_digest(), agent.head(GROUP), agent.intents()) == before
+
+
+def test_an_applied_event_whose_inbox_key_damage_already_holds_is_corruption_not_an_overwrite(tmp_path):
+    """One bit flipped in the sequence of a Group's last inbox key (4 read as 5) keeps the file in
+    key order, so the open's structural check passes it. Applying Event 5 then wrote its inbox
+    entry over the damaged one: the damage was gone, and with it Event 4's entry, so
+    ``inbox_seqs`` answered [1, 2, 3, 5] without an error. A new inbox entry is now written
+    without overwriting: an existing key is ``CORRUPTION`` and the transaction writes nothing."""
+    events = workload(GROUP, 6, seed=5)
+    path = tmp_path / "agent"
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        with agent.begin() as tx:
+            for event in events[:4]:
+                tx.apply(event)
+            tx.advance_cursor(GROUP)
+    _flip_in_live_key(path, GROUP.encode() + b"\x00" + (4).to_bytes(8, "big"), 11, 0)
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:  # the structural check runs
+        with pytest.raises(Corruption):
+            agent.inbox_seqs(GROUP)
+        with pytest.raises(Corruption) as caught:
+            with agent.begin() as tx:
+                tx.apply(events[4])
+        assert (caught.value.detail["reason"], caught.value.detail["database"]) == ("agent_checksum", "inbox")
+        assert agent.head(GROUP).applied_seq == 4
+        with pytest.raises(Corruption):
+            agent.inbox_seqs(GROUP)
