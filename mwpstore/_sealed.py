@@ -11,7 +11,8 @@ AgentStore) read and write their values only through :class:`SealedTables`:
   of an existing key is ``CORRUPTION`` instead of "absent";
 - a range checks that the entry before its start sorts before it (a damaged branch key cannot skip
   the first entries), that keys strictly increase, and that the entry ending the range is sound (a
-  damaged key that fell outside the prefix cannot end the range early);
+  damaged key that fell outside the prefix cannot end the range early); with presence entries, that
+  none of its keys lies before the first entry it served or after the last;
 - a deletion of a range checks the same, and each entry it deletes before deleting it (an entry
   of another key that damage moved into the range cannot be erased with it).
 
@@ -199,6 +200,7 @@ class SealedTables:
                 self.unseal(name, last, cursor.value())
                 if last >= start:
                     raise self._damage("order", name, last, "is out of key order")
+            self._range_ends(txn, name, prefix, start, None, b"")
             return
         # A branch key raised by damage sends the search to the leaf before the right one; LMDB
         # runs off its end and lands on the next leaf's first entry without comparing it, which
@@ -217,6 +219,7 @@ class SealedTables:
                 raise self._damage("order", name, before, "is out of key order")
             cursor.next()
         previous = b""
+        first = None
         unseal = self.unseal
         for key, stored in cursor:
             key = bytes(key)
@@ -226,9 +229,32 @@ class SealedTables:
                 # The entry that ends the range must be sound too: a damaged key that merely
                 # fell outside the prefix would otherwise end the range early, silently.
                 unseal(name, key, stored)
-                return
+                break
             previous = key
+            if first is None:
+                first = key
             yield key, unseal(name, key, stored)
+        self._range_ends(txn, name, prefix, start, first, previous)
+
+    def _range_ends(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes, first: bytes | None,
+                    last: bytes) -> None:
+        """For a database with presence entries: none of the range's keys before the first entry
+        it served, nor after the last. A damaged key at either end of a range, in key order (so
+        the structural check passes the file), fails its seal while it is the range's neighbour;
+        a later write that puts a sound entry between them (another Group's new key) hid it from
+        the range, which then answered without it. Two searches of the presence tree."""
+        tag = self.tags.get(name)
+        if tag is None:
+            return
+        cursor = txn.cursor(db=self.presence)
+        if cursor.set_range(tag + start):
+            found = bytes(cursor.key())
+            if found.startswith(tag + prefix) and (first is None or found != tag + first):
+                raise self._damage("missing", name, found[1:], "lost the entry")
+        if first is not None and cursor.set_range(tag + last + b"\x00"):
+            found = bytes(cursor.key())
+            if found.startswith(tag + prefix):
+                raise self._damage("missing", name, found[1:], "lost the entry")
 
     def last_below(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, bound: bytes) -> tuple[bytes, bytes] | None:
         """The last (key, checked value) whose key starts with ``prefix`` and sorts before

@@ -676,3 +676,27 @@ def test_an_applied_event_whose_inbox_key_damage_already_holds_is_corruption_not
         assert agent.head(GROUP).applied_seq == 4
         with pytest.raises(Corruption):
             agent.inbox_seqs(GROUP)
+
+
+def test_a_range_whose_last_entry_a_later_write_hid_is_corruption_not_an_empty_answer(tmp_path):
+    """One bit flipped in the Group of the outbox's last key (``g-2`` -> ``o-2``) keeps the file in
+    key order (the open's structural check passes it); ``intents("g-2")`` meets it as the entry
+    that ends the range and fails its seal. A later ``record_intent`` in ``g-3`` puts a sound key
+    between the two, and ``intents("g-2")`` then answered [] without an error. A range over a
+    database with presence entries now asks the presence tree whether a key of the range lies
+    before the first entry it served or after the last: ``CORRUPTION`` (``agent_missing``)."""
+    path = tmp_path / "agent"
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        with agent.begin() as tx:
+            tx.record_intent("g-1", mission="m", workitem="wi1", ownership_epoch=1, operation="notify")
+            key = tx.record_intent("g-2", mission="m", workitem="wi2", ownership_epoch=1, operation="bill").key
+    _flip_in_live_key(path, b"g-2\x00" + key.encode(), 0, 3)
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:  # the structural check runs
+        with pytest.raises(Corruption):
+            agent.intents("g-2")
+        with agent.begin() as tx:
+            tx.record_intent("g-3", mission="m", workitem="wi3", ownership_epoch=1, operation="page")
+        with pytest.raises(Corruption) as caught:
+            agent.intents("g-2")
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_missing", "g-2\x00" + key)
+        assert [intent.group for intent in agent.intents("g-1")] == ["g-1"]  # a sound range still answers
