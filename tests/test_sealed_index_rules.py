@@ -696,3 +696,53 @@ def test_archive_and_close_write_new_states_and_never_change_the_ones_they_read(
     status = before["status"]
     h.accept("owner", kind, target, {})
     assert before["status"] == status and h.get(key)["status"] != status
+
+
+class _LandingBelow:
+    """A write transaction whose cursors' first search over ``states`` lands on ``landing``, as
+    LMDB does when a raised branch key sends the search to the leaf before and it runs off that
+    leaf's end: onto the next leaf's first entry, without comparing it."""
+
+    def __init__(self, txn, states, landing: bytes) -> None:
+        self._txn, self._states, self._landing = txn, states, landing
+
+    def __getattr__(self, name):
+        return getattr(self._txn, name)
+
+    def cursor(self, db=None):
+        cursor = self._txn.cursor(db=db)
+        if db is not self._states:
+            return cursor
+        landing = self._landing
+
+        class Cursor:
+            def __getattr__(self, name):
+                return getattr(cursor, name)
+
+            def set_range(self, key):
+                return cursor.set_range(landing)
+
+        return Cursor()
+
+
+def test_delete_range_from_a_start_whose_search_lands_on_an_entry_of_the_prefix_below_it_is_corruption(tmp_path):
+    """A deletion from a start inside the prefix (``prune_inbox`` deletes from the pruned sequence
+    up to the Cursor) whose search lands below the start, on a sound entry of the same prefix,
+    would delete that entry and count it. The first entry deleted must sort at or after the start:
+    ``CORRUPTION`` (``index_order``), and the transaction is aborted by the caller."""
+    index = Index(str(tmp_path / "index"), map_size=1 << 22)
+    try:
+        with index.begin(write=True) as txn:
+            for name in (b"a", b"b", b"c", b"d"):
+                index.put(txn, b"states", _PREFIX + name, b"v")
+        with pytest.raises(Corruption) as caught:
+            with index.begin(write=True) as txn:
+                landed = _LandingBelow(txn, index.dbs[b"states"], _PREFIX + b"b")
+                index.delete_range(landed, b"states", _PREFIX, _PREFIX + b"c", _PREFIX + b"d")
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("index_order", "g\x00b")
+        with index.begin(write=True) as txn:  # the same deletion, searched as LMDB searches a sound tree
+            assert index.delete_range(txn, b"states", _PREFIX, _PREFIX + b"c", _PREFIX + b"d") == 2
+        with index.begin() as txn:
+            assert [bytes(key) for key, _ in index.range(txn, b"states", _PREFIX)] == [_PREFIX + b"a", _PREFIX + b"b"]
+    finally:
+        index.close()
