@@ -1942,6 +1942,13 @@ def _written_by_a_fixed_history(path: str) -> str:
             authority.accept(command("w", f"wi-{step}", kind, "wi", body, revision))
         end = authority.log.end
     digest = blake3.blake3()
+    _digest_store_bytes(digest, path, end, (b"events", b"heads", b"states", b"receipts"))
+    return digest.hexdigest()
+
+
+def _digest_store_bytes(digest, path: str, end: int, names: tuple[bytes, ...]) -> None:
+    """Feed ``digest`` every log record up to ``end``, then every checked value of the index's
+    ``names``, each with its length (and the database's name and the key), in order."""
     with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
         for batch in log.scan(0, end=end):
             for record in batch.records:
@@ -1949,12 +1956,11 @@ def _written_by_a_fixed_history(path: str) -> str:
     index = Index(os.path.join(path, "index"), map_size=1 << 26, readonly=True)
     try:
         with index.begin() as txn:
-            for name in (b"events", b"heads", b"states", b"receipts"):
+            for name in names:
                 for key, value in index.range(txn, name, b""):
                     digest.update(name + len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + bytes(value))
     finally:
         index.close()
-    return digest.hexdigest()
 
 
 def test_a_fixed_history_writes_the_same_bytes_as_before_the_accept_path_was_made_cheaper(tmp_path):
@@ -2055,18 +2061,7 @@ def _outcomes_and_bytes_of_every_kind(path: str) -> str:
         end = authority.log.end
     assert (sum(outcome[0] == "ok" for outcome in outcomes), len(outcomes)) == (39, 51)
     digest = blake3.blake3(repr(outcomes).encode())
-    with SegmentLog.open(os.path.join(path, "log"), readonly=True) as log:
-        for batch in log.scan(0, end=end):
-            for record in batch.records:
-                digest.update(len(record).to_bytes(4, "big") + bytes(record))
-    index = Index(os.path.join(path, "index"), map_size=1 << 26, readonly=True)
-    try:
-        with index.begin() as txn:
-            for name in (b"events", b"heads", b"states", b"receipts", b"acks"):
-                for key, value in index.range(txn, name, b""):
-                    digest.update(name + len(key).to_bytes(4, "big") + key + len(value).to_bytes(4, "big") + bytes(value))
-    finally:
-        index.close()
+    _digest_store_bytes(digest, path, end, (b"events", b"heads", b"states", b"receipts", b"acks"))
     return digest.hexdigest()
 
 

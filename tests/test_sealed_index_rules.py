@@ -301,44 +301,36 @@ def test_delete_range_over_a_damaged_key_is_corruption_not_a_survivor(tmp_path, 
         index.close()
 
 
-def test_delete_range_checks_the_seal_of_each_entry_it_deletes(tmp_path):
-    """A bit flipped in the first key of the next prefix (g\x02c -> g\x00c) moved that entry into
-    the prefix being deleted, right after its own entries: the walk deleted it with them,
-    unreported, and a range over the next prefix then answered without it (g\x02d alone). Each
-    entry the walk deletes must pass its seal: ``CORRUPTION``, and nothing is deleted."""
+@pytest.mark.parametrize(
+    ("entries", "moved", "damaged"),
+    [
+        ({_PREFIX + b"a": b"v", _PREFIX + b"b": b"v", b"g\x02c": b"v", b"g\x02d": b"v"}, b"g\x02c", b"g\x00c"),
+        ({b"e\x00x": b"1", _PREFIX + b"b": b"2", _PREFIX + b"c": b"3"}, b"e\x00x", b"g\x00x"),
+    ],
+    ids=["the next prefix's first key, moved after the prefix's entries", "the key before the prefix, moved where the search lands"],
+)
+def test_delete_range_checks_the_seal_of_each_entry_it_deletes(tmp_path, entries, moved, damaged):
+    """A bit flipped in another prefix's key moves that entry into the prefix being deleted: after
+    its own entries (g\x02c -> g\x00c), or first in the page, where the search lands and no entry
+    before it is checked (e\x00x -> g\x00x). The walk deleted it with them, unreported, and a
+    range over its own prefix then answered without it (g\x02d alone). Each entry the walk deletes
+    must pass its seal: ``CORRUPTION``, nothing is deleted, and the damage is still reported to
+    the moved entry's own prefix."""
     directory = str(tmp_path / "index")
-    entries = {key: b"v" for key in (_PREFIX + b"a", _PREFIX + b"b", b"g\x02c", b"g\x02d")}
     _index_of(directory, entries)
-    _replace_in_file(directory, [(_node(b"g\x02c", b"v"), b"g\x00c" + _node(b"g\x02c", b"v")[3:])])
+    _replace_in_file(directory, [(_node(moved, entries[moved]), damaged + _node(moved, entries[moved])[len(damaged) :])])
     index = Index(directory, map_size=1 << 22)
     try:
         with pytest.raises(Corruption) as caught:
             with index.begin(write=True) as txn:
                 index.delete_range(txn, b"states", _PREFIX)
-        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("index_checksum", "g\x00c")
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("index_checksum", damaged.decode())
         with index.begin() as txn:
-            assert [bytes(index.get(txn, b"states", _PREFIX + name)) for name in (b"a", b"b")] == [b"v", b"v"]
-            with pytest.raises(Corruption):  # the damage is still reported to the next prefix
-                list(index.range(txn, b"states", b"g\x02"))
-    finally:
-        index.close()
-
-
-def test_delete_range_checks_the_seal_of_the_first_entry_it_deletes_too(tmp_path):
-    """A bit flipped in the Group of the entry just before the prefix (e\x00x -> g\x00x) leaves it
-    where it was, first in the page: the search for the prefix lands on it, and it is the first
-    entry the walk deletes (no entry before it to check). The walk deleted it with the prefix's
-    own entries, 3 in all, unreported. It must pass its seal like every other entry it deletes."""
-    directory = str(tmp_path / "index")
-    entries = {b"e\x00x": b"1", _PREFIX + b"b": b"2", _PREFIX + b"c": b"3"}
-    _index_of(directory, entries)
-    _replace_in_file(directory, [(_node(b"e\x00x", b"1"), b"g" + _node(b"e\x00x", b"1")[1:])])
-    index = Index(directory, map_size=1 << 22)
-    try:
-        with pytest.raises(Corruption) as caught:
-            with index.begin(write=True) as txn:
-                index.delete_range(txn, b"states", _PREFIX)
-        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("index_checksum", "g\x00x")
+            for key, value in entries.items():
+                if key.startswith(_PREFIX):
+                    assert bytes(index.get(txn, b"states", key)) == value
+            with pytest.raises(Corruption):
+                list(index.range(txn, b"states", moved[:2]))
     finally:
         index.close()
 
