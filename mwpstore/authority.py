@@ -381,6 +381,9 @@ class _Batch:
     txn: lmdb.Transaction
     states: dict[bytes, tuple[int, dict[str, Any] | None]] = field(default_factory=dict)
     dirty_states: dict[bytes, bytes] = field(default_factory=dict)
+    # The state keys written at revision 1 in this batch: their presence entries (a key can reach
+    # revision 2 in the same batch, so the final revision does not say it).
+    created_states: set[bytes] = field(default_factory=set)
     heads: dict[str, tuple[int, bytes]] = field(default_factory=dict)
     receipts: dict[bytes, tuple[bytes, Receipt, bytes]] = field(default_factory=dict)
     acks: dict[bytes, int] = field(default_factory=dict)
@@ -1563,6 +1566,8 @@ class Authority:
             full_key = prefix + effect.aggregate.encode()
             batch.states[full_key] = (effect.revision, effect.state)
             batch.dirty_states[full_key] = encode_state(effect.revision, effect.state)
+            if effect.revision == 1:
+                batch.created_states.add(full_key)
         batch.heads[command.group] = (event.seq, event.hash)
         batch.receipts[key] = (request.content_hash, receipt, encode_receipt(receipt))
         batch.add_record(record, framed)
@@ -1620,9 +1625,10 @@ class Authority:
         index.put_many(
             txn, b"events", [(event_key(event.group, event.seq), u64(position)) for event, position in zip(batch.events, event_positions)]
         )
-        # Presence is recorded once per key: an aggregate's revision 1, a Group's first Event.
-        states = batch.states
-        index.put_many(txn, b"states", list(batch.dirty_states.items()), [key for key in batch.dirty_states if states[key][0] == 1])
+        # Presence is recorded once per key: an aggregate's revision 1 (also when a later Event of
+        # the batch took it further), a Group's first Event.
+        created = batch.created_states
+        index.put_many(txn, b"states", list(batch.dirty_states.items()), [key for key in batch.dirty_states if key in created])
         index.put_many(
             txn,
             b"heads",

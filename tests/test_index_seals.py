@@ -298,6 +298,28 @@ def test_presence_survives_rebuild_for_keys_written_many_times(tmp_path):
             authority.head(GROUP)
 
 
+def test_an_aggregate_created_and_updated_in_one_commit_keeps_its_presence(tmp_path):
+    """An aggregate created and taken to revision 2 by two Commands of one commit has its presence
+    entry like any other: a range of the Group's aggregates over it and a later one is their
+    answer, not CORRUPTION ("lost the entry" at the later key), and its lost entry is CORRUPTION,
+    not absent."""
+    from authority_helpers import mission_update
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        results = authority.accept_many([mission_create("m-1", action_id="c-1"), mission_update("m-1", 1, "second", action_id="u-1")])
+        assert [result.receipt.revision for result in results] == [1, 2]
+        authority.accept(mission_create("m-2"))
+        assert [(name, revision) for name, revision, _ in authority.aggregates(GROUP, prefix="mission:")] == [
+            ("mission:m-1", 2),
+            ("mission:m-2", 1),
+        ]
+        with authority.index.env.begin(write=True) as txn:
+            txn.delete(state_key(GROUP, "mission:m-1"), db=_raw(authority, b"states"))
+        with pytest.raises(Corruption) as caught:
+            authority.state(GROUP, "mission:m-1")
+        assert caught.value.detail["reason"] == "index_missing"
+
+
 @pytest.mark.parametrize("kept", [1, 8])
 def test_an_index_that_lost_some_of_its_databases_is_corruption_not_refilled(tmp_path, kept):
     """An environment that holds some of the index's databases is an index that lost the others
