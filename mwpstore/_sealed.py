@@ -200,7 +200,7 @@ class SealedTables:
                 self.unseal(name, last, cursor.value())
                 if last >= start:
                     raise self._damage("order", name, last, "is out of key order")
-            self._range_ends(txn, name, prefix, start, None, b"")
+            self._range_start(txn, name, prefix, start, None)
             return
         # A branch key raised by damage sends the search to the leaf before the right one; LMDB
         # runs off its end and lands on the next leaf's first entry without comparing it, which
@@ -230,19 +230,26 @@ class SealedTables:
                 # fell outside the prefix would otherwise end the range early, silently.
                 unseal(name, key, stored)
                 break
-            previous = key
             if first is None:
+                # before the first entry is served: the caller may write to the range between
+                # entries (a projection deleting the row it just read), which moves its start
                 first = key
+                self._range_start(txn, name, prefix, start, first)
+            previous = key
             yield key, unseal(name, key, stored)
-        self._range_ends(txn, name, prefix, start, first, previous)
+        if first is None:
+            self._range_start(txn, name, prefix, start, None)
+        else:
+            self._range_end(txn, name, prefix, previous)
 
-    def _range_ends(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes, first: bytes | None,
-                    last: bytes) -> None:
-        """For a database with presence entries: none of the range's keys before the first entry
-        it served, nor after the last. A damaged key at either end of a range, in key order (so
-        the structural check passes the file), fails its seal while it is the range's neighbour;
-        a later write that puts a sound entry between them (another Group's new key) hid it from
-        the range, which then answered without it. Two searches of the presence tree."""
+    def _range_start(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes, first: bytes | None) -> None:
+        """For a database with presence entries: none of the range's keys lies before ``first``,
+        the first entry it serves (None: it serves none), checked before that entry is served
+        (the caller may write to the range between entries: a projection deleting the row it has
+        just read). With :meth:`_range_end`: a damaged key at either end of a range, in key order
+        (so the structural check passes the file), fails its seal while it is the range's
+        neighbour; a later write that puts a sound entry between them (another Group's new key)
+        hid it from the range, which then answered without it. One search of the presence tree."""
         tag = self.tags.get(name)
         if tag is None:
             return
@@ -251,7 +258,15 @@ class SealedTables:
             found = bytes(cursor.key())
             if found.startswith(tag + prefix) and (first is None or found != tag + first):
                 raise self._damage("missing", name, found[1:], "lost the entry")
-        if first is not None and cursor.set_range(tag + last + b"\x00"):
+
+    def _range_end(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, last: bytes) -> None:
+        """For a database with presence entries: none of the range's keys lies after ``last``,
+        the last entry it served (see :meth:`_range_start`). One search of the presence tree."""
+        tag = self.tags.get(name)
+        if tag is None:
+            return
+        cursor = txn.cursor(db=self.presence)
+        if cursor.set_range(tag + last + b"\x00"):
             found = bytes(cursor.key())
             if found.startswith(tag + prefix):
                 raise self._damage("missing", name, found[1:], "lost the entry")

@@ -700,3 +700,36 @@ def test_a_range_whose_last_entry_a_later_write_hid_is_corruption_not_an_empty_a
             agent.intents("g-2")
         assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_missing", "g-2\x00" + key)
         assert [intent.group for intent in agent.intents("g-1")] == ["g-1"]  # a sound range still answers
+
+
+@pytest.mark.parametrize("change", ["delete the first row read", "put a row before the first"])
+def test_a_projection_that_writes_to_the_rows_it_is_reading_is_served_not_corruption(tmp_path, change):
+    """A projection may write to the rows of its own ``view.items(prefix)`` while it reads them (a
+    ``ProjectionView`` is bound to the local transaction): deleting the row it has just read, or
+    putting one before the first. The range's check that the presence tree holds no key of the
+    range before its first entry ran when the range ended, after those writes, and the apply was
+    ``CORRUPTION`` ("lost the entry" at the next row, or at the new one). It runs before the first
+    entry is served now."""
+
+    class Rewriting:
+        name = "rows"
+
+        def apply(self, view, event):
+            if event.seq == 1:
+                for row in (b"a1", b"a2", b"a3"):
+                    view.put(row, b"x")
+            elif event.seq == 2:
+                for row, _ in view.items(b"a"):
+                    if change == "delete the first row read" and row == b"a1":
+                        view.delete(row)
+                    elif change == "put a row before the first" and row == b"a3":
+                        view.put(b"a0", b"y")
+
+    events = workload(GROUP, 2, seed=3)[:2]
+    with AgentStore.open(tmp_path / "agent", projections=[Rewriting()]) as agent:
+        for event in events:
+            with agent.begin() as tx:
+                tx.apply(event)
+        rows = [row for row, _ in agent.projection_items(GROUP, "rows")]
+        assert rows == ([b"a2", b"a3"] if change == "delete the first row read" else [b"a0", b"a1", b"a2", b"a3"])
+        assert agent.head(GROUP).applied_seq == 2
