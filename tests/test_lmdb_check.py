@@ -895,3 +895,35 @@ def test_the_meta_pages_check_passes_every_sound_store_and_a_new_one(tmp_path):
         authority.accept(mission_create("m-1"))
     with Authority.open(store, check_lmdb=False) as authority:
         assert authority.open_report.mode != "rebuild" and authority.head(GROUP)[0] == 2
+
+
+@pytest.mark.parametrize("damage", ["page number", "main database flags", "newest id on the other parity's page"])
+def test_each_meta_page_rule_holds_where_the_pages_are_not_walked(tmp_path, damage):
+    """The meta check that runs without the walk applies each of the walk's meta rules, not only
+    the ids' distance: a meta page that names another page number, a main database with flags, or
+    consecutive ids whose newer one lies on the other parity's page (two changes: no one bit does
+    it) is ``CORRUPTION`` with ``check_lmdb=False``, as the walk finds it."""
+    path = tmp_path / "agent"
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        with agent.begin() as tx:
+            tx.record_intent(GROUP, mission="m", workitem="wi", ownership_epoch=1, operation="notify")
+    data_file = path / "lmdb" / "data.mdb"
+    data = bytearray(data_file.read_bytes())
+    page = struct.unpack_from("<I", data, 40)[0]
+    ids = [struct.unpack_from("<Q", data, number * page + 144)[0] for number in (0, 1)]
+    newest = 0 if ids[0] > ids[1] else 1
+    if damage == "page number":
+        struct.pack_into("<Q", data, 1 * page, 0)
+        expected = ("meta", 1)
+    elif damage == "main database flags":
+        struct.pack_into("<H", data, 0 * page + 88 + 4, 0x08)
+        expected = ("database", 0)
+    else:
+        high = max(ids)
+        struct.pack_into("<Q", data, newest * page + 144, high - 1)
+        struct.pack_into("<Q", data, (1 - newest) * page + 144, high)
+        expected = ("meta", 1 - newest)
+    data_file.write_bytes(bytes(data))
+    with pytest.raises(Corruption) as caught:
+        AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False)
+    assert (caught.value.detail["reason"], caught.value.detail["check"], caught.value.detail["page"]) == ("lmdb_structure", *expected)
