@@ -733,3 +733,23 @@ def test_a_projection_that_writes_to_the_rows_it_is_reading_is_served_not_corrup
         rows = [row for row, _ in agent.projection_items(GROUP, "rows")]
         assert rows == ([b"a2", b"a3"] if change == "delete the first row read" else [b"a0", b"a1", b"a2", b"a3"])
         assert agent.head(GROUP).applied_seq == 2
+
+
+def test_a_range_whose_last_entry_is_lost_while_the_next_group_follows_is_corruption_not_a_short_answer(tmp_path):
+    """The presence tree's check after the last entry a range served: g-2's second outbox entry
+    lost from the values' tree (its presence kept, as a damaged key moved away would leave it),
+    with g-3's entry after it, ended ``intents("g-2")`` at g-3's sound key with one intent of
+    two; it is ``CORRUPTION`` (``agent_missing``, naming the lost key)."""
+    path = tmp_path / "agent"
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        with agent.begin() as tx:
+            first = tx.record_intent("g-2", mission="m", workitem="wi1", ownership_epoch=1, operation="bill").key
+            second = tx.record_intent("g-2", mission="m", workitem="wi2", ownership_epoch=1, operation="bill").key
+            tx.record_intent("g-3", mission="m", workitem="wi3", ownership_epoch=1, operation="page")
+        lost = b"g-2\x00" + max(first, second).encode()
+        with agent._env.begin(write=True) as txn:
+            assert txn.delete(lost, db=_raw(agent, b"outbox"))
+        with pytest.raises(Corruption) as caught:
+            agent.intents("g-2")
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_missing", lost.decode())
+        assert [intent.group for intent in agent.intents("g-3")] == ["g-3"]
