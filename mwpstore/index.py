@@ -46,7 +46,7 @@ from ._lmdb_check import refuse_linked_files
 from .errors import Corruption, translate
 from .messages import DECODE_ERRORS, HASH_BYTES, ZERO_HASH
 
-INDEX_FORMAT = b"2"
+INDEX_FORMAT = b"3"
 DATABASE_NAMES = (b"meta", b"events", b"heads", b"states", b"receipts", b"acks", b"snapshots", b"archives", b"presence")
 # Databases whose misses are confirmed against ``presence`` (one tag byte each). Events need no
 # presence entry: a Group's head says which sequences must exist.

@@ -341,7 +341,7 @@ _JUDGED = {
     "clean, another boot": (_meta(boot_id=b"other-boot", clean=b"1"), "serves", "clean", "index trusted"),
     "another log's id, not clean, another boot": (
         _meta(log_id=lambda log: _u64(log["id"] + 1), boot_id=b"other-boot", clean=b"0"), "restarted", "rebuild", "another log"),
-    "another format": (_meta(format=b"3"), "another format", "rebuild", "index format differs"),
+    "another format": (_meta(format=b"4"), "another format", "rebuild", "index format differs"),
     "a log position of 3 bytes": (_meta(log_position=b"abc"), "damage", "rebuild", "log_position is 3 bytes"),
     "a log position of 9 bytes": (_meta(log_position=b"\x00" * 9), "damage", "rebuild", "log_position is 9 bytes"),
     "no log position": (_meta(log_position=None), "damage", "rebuild", "has no log_position"),

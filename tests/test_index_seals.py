@@ -136,7 +136,7 @@ def test_an_index_of_another_format_is_rebuilt_at_open(tmp_path, written):
         if not later:
             txn.put(b"format", b"1", db=authority.index.dbs[b"meta"])
         else:  # its seal holds: the format itself must decide
-            authority.index.put(txn, b"meta", b"format", b"3")
+            authority.index.put(txn, b"meta", b"format", b"4")
         if written.endswith("presence)"):
             txn.drop(authority.index.dbs[b"presence"], delete=True)
     authority.close()
@@ -147,7 +147,7 @@ def test_an_index_of_another_format_is_rebuilt_at_open(tmp_path, written):
         with pytest.raises(InvalidState) as caught:
             Authority.open(path, readonly=True)
         assert caught.value.detail["reason"] == "recovery_needed"
-        assert f"index of another format ({'3' if later else '1'!r})" in caught.value.message  # read before the databases
+        assert f"index of another format ({'4' if later else '1'!r})" in caught.value.message  # read before the databases
         assert store_bytes(path, leave_out=("index/lock.mdb",)) == before
     with Authority.open(path) as reopened:
         assert reopened.open_report.mode == "rebuild" and reopened.head(GROUP) == head
@@ -321,6 +321,32 @@ def test_an_aggregate_created_and_updated_in_one_commit_keeps_its_presence(tmp_p
         with pytest.raises(Corruption) as caught:
             authority.state(GROUP, "mission:m-1")
         assert caught.value.detail["reason"] == "index_missing"
+
+
+def test_an_index_of_format_2_is_rebuilt_so_an_aggregate_it_wrote_without_presence_gets_it(tmp_path):
+    """Builds before format 3 gave no presence entry to an aggregate that one commit created and
+    took past revision 1, and a range over a Group's aggregates checks the presence tree at its
+    ends: such an index, healthy otherwise, answered CORRUPTION. Format 3 says the entries are
+    there: an index of format 2 is rebuilt at the writer's open, and the range is its answer."""
+    from authority_helpers import mission_update
+
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept_many([mission_create("m-1", action_id="c-1"), mission_update("m-1", 1, "second", action_id="u-1")])
+        authority.accept(mission_create("m-2"))
+        presence = authority.index.dbs[b"presence"]
+        with authority.index.env.begin(write=True) as txn:  # as format 2 wrote it
+            tag = authority.index.tags[b"states"]
+            assert txn.delete(tag + state_key(GROUP, "mission:m-1"), db=presence)
+            authority.index.put(txn, b"meta", b"format", b"2")
+        with pytest.raises(Corruption):
+            list(authority.aggregates(GROUP, prefix="mission:"))
+    with Authority.open(path) as reopened:
+        assert (reopened.open_report.mode, reopened.open_report.reason) == ("rebuild", "index format differs")
+        assert [(name, revision) for name, revision, _ in reopened.aggregates(GROUP, prefix="mission:")] == [
+            ("mission:m-1", 2),
+            ("mission:m-2", 1),
+        ]
 
 
 @pytest.mark.parametrize("kept", [1, 8])
