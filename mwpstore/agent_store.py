@@ -1312,7 +1312,7 @@ class AgentTransaction:
                 raise ProjectionFailed(
                     f"the local transaction was aborted: {self._failed!r}", reason=type(self._failed).__name__
                 ) from self._failed
-            if isinstance(exc, Exception) and not isinstance(exc, MwpError) and lmdb_cause(exc) is not None:
+            if isinstance(exc, Exception) and lmdb_cause(exc) is not None:  # no MwpError has an LMDB cause
                 # LMDB failed inside the block (a write over a damaged page: reset_group, prune_inbox,
                 # an intent, an OfflineGuard record): typed, as a read's error is; nothing was written
                 raise _transaction_error(exc, "in a local transaction") from None
