@@ -1707,7 +1707,10 @@ class AgentTransaction:
                 indexed.append(index_key)
         if queue:
             queue.sort()
-            tables.put_many(txn, b"queue", queue)
+            # every key is new (it ends with its WorkItem's ID, whose only entry, the old one, is
+            # deleted above): one that exists is another entry's key moved there by damage, which an
+            # overwrite would erase, and the queue keeps no presence entries to miss it
+            tables.put_many(txn, b"queue", queue, fresh=True)
             tables.put_many(txn, b"queue_index", queue_index, indexed)  # in key order, as ``items``
 
     def _drain(self, group: str) -> None:

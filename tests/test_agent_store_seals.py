@@ -753,3 +753,38 @@ def test_a_range_whose_last_entry_is_lost_while_the_next_group_follows_is_corrup
             agent.intents("g-2")
         assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_missing", lost.decode())
         assert [intent.group for intent in agent.intents("g-3")] == ["g-3"]
+
+
+def test_a_queued_workitem_whose_queue_key_damage_moved_onto_a_new_one_is_corruption_not_dropped(tmp_path):
+    """One bit flipped in the WorkItem ID at the end of w1's queue key (``w1`` read as ``w3``)
+    keeps the file in key order, so the open's structural check passes it, and ``work_queue``
+    meets it and fails its seal. Queueing w3 then wrote w3's queue entry over it: the damage was
+    gone, and w1's entry with it, so ``work_queue`` answered [w3] without an error while w1 was
+    still queued (the queue keeps no presence entries to miss it). Every queue key written is new
+    (it ends with its WorkItem's ID, whose old entry is deleted first), so it is now written
+    without overwriting: ``CORRUPTION`` and the transaction writes nothing."""
+    from agent_store_support import ChainBuilder, workitem_state
+    from mwpstore.agent_store import _queue_suffix
+
+    chain = ChainBuilder(GROUP)
+    chain.event("group.create", f"group:{GROUP}", {f"group:{GROUP}": {"org": "org-1", "status": "active"}}, {"org": "org-1"})
+    chain.event("workitem.create", "workitem:w1", {"workitem:w1": workitem_state("m1", "queued")})
+    chain.event("workitem.create", "workitem:w3", {"workitem:w3": workitem_state("m1", "queued")})
+    path = tmp_path / "agent"
+    with AgentStore.open(path) as agent:
+        with agent.begin() as tx:
+            tx.apply_many(chain.events[:2])
+        assert [entry.workitem for entry in agent.work_queue(GROUP, 10**6)] == ["w1"]
+    key = GROUP.encode() + b"\x00" + _queue_suffix("w1", 0, 0)
+    _flip_in_live_key(path, key, len(key) - 1, 1)  # "1" (0x31) -> "3" (0x33)
+    with AgentStore.open(path) as agent:  # the structural check runs
+        with pytest.raises(Corruption):
+            agent.work_queue(GROUP, 10**6)
+        with pytest.raises(Corruption) as caught:
+            with agent.begin() as tx:
+                tx.apply(chain.events[2])
+        assert (caught.value.detail["reason"], caught.value.detail["database"]) == ("agent_checksum", "queue")
+        assert agent.head(GROUP).applied_seq == 2
+        with pytest.raises(Corruption):
+            agent.work_queue(GROUP, 10**6)  # nothing was written over it: still reported
+
