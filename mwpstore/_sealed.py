@@ -110,11 +110,20 @@ class SealedTables:
         return self.unseal(name, key, stored)
 
     def put(self, txn: lmdb.Transaction, name: bytes, key: bytes, value: bytes, new: bool = True) -> None:
-        """Write one entry; ``new=False`` when the key is known to exist already (presence kept)."""
-        txn.put(key, _seal(key, value, self._seeds[name]), db=self.dbs[name])
+        """Write one entry; ``new=False`` when the key is known to exist already (presence kept).
+        In a database with presence entries, an entry found under a key written for the first
+        time (no presence entry yet) must pass its seal: one that fails it is another key's entry
+        that damage moved onto this one, and the overwrite would erase it and its damage, leaving
+        a range over its own key's Group to answer without it (``CORRUPTION`` instead). A sound
+        one is the key's own, whose presence entry alone was lost: written again, as before."""
+        sealed = _seal(key, value, self._seeds[name])
+        db = self.dbs[name]
         tag = self.tags.get(name)
-        if tag is not None and new:
-            txn.put(tag + key, b"", db=self.presence)
+        if tag is not None and new and txn.put(tag + key, b"", db=self.presence, overwrite=False):
+            if txn.put(key, sealed, db=db, overwrite=False):
+                return
+            self.unseal(name, key, txn.get(key, db=db))
+        txn.put(key, sealed, db=db)
 
     def put_many(self, txn: lmdb.Transaction, name: bytes, items: list[tuple[bytes, bytes]], new: list[bytes] | None = None,
                  *, fresh: bool = False) -> None:
@@ -134,8 +143,23 @@ class SealedTables:
         key that exists already is not overwritten but ``CORRUPTION``: where every key written is
         new (an AgentStore's inbox entry of a newly applied Event), an existing one is an entry
         whose key damage moved there, and overwriting it would erase that entry and its damage
-        without a trace."""
+        without a trace. Without ``fresh``, in a database with presence entries and ``new`` None,
+        as many keys must gain an entry as gain their presence entry: a key written for the first
+        time over an entry that damage moved there is ``CORRUPTION`` too (the transaction must
+        abort: the entry is overwritten)."""
         db = self.dbs[name]
+        tag = self.tags.get(name)
+        created = 0  # keys that gain their presence entry here: written for the first time
+        if tag is not None:
+            keys = [key for key, _ in items] if new is None else new
+            if keys:
+                _, created = txn.cursor(db=self.presence).putmulti([(tag + key, b"") for key in keys], overwrite=False)
+        # With every key's presence decided here (``new`` None), as many keys must gain an entry as
+        # gained presence: one fewer is a key written for the first time over another key's entry
+        # that damage moved onto it, now erased (see :meth:`put`), or an existing key whose
+        # presence entry alone was lost; damage either way. Counted (the database's entries before
+        # and after), not searched per key, so the key is not known.
+        counted = txn.stat(db)["entries"] if created and new is None and not fresh else None
         _, added = txn.cursor(db=db).putmulti(items, overwrite=not fresh)
         if fresh and added != len(items):
             for key, sealed in items:
@@ -144,11 +168,13 @@ class SealedTables:
                     self.unseal(name, key, stored)  # a moved entry fails its seal here
                     raise self._damage("order", name, key, "already holds an entry where a new one goes")
             raise self._damage("order", name, items[0][0], "already holds an entry where a new one goes")
-        tag = self.tags.get(name)
-        if tag is not None:
-            keys = [key for key, _ in items] if new is None else new
-            if keys:
-                txn.cursor(db=self.presence).putmulti([(tag + key, b"") for key in keys])
+        if counted is not None and txn.stat(db)["entries"] - counted != created:
+            raise Corruption(
+                f"{self.label} database {name.decode()} held an entry under a key written for the first time "
+                f"(another key's that damage moved there, or its own without its presence entry); {self.remedy}",
+                reason=f"{self.reason}_order",
+                database=name.decode(),
+            )
 
     def delete(self, txn: lmdb.Transaction, name: bytes, key: bytes) -> bool:
         """Delete one entry and its presence; True if it existed."""

@@ -788,3 +788,78 @@ def test_a_queued_workitem_whose_queue_key_damage_moved_onto_a_new_one_is_corrup
         with pytest.raises(Corruption):
             agent.work_queue(GROUP, 10**6)  # nothing was written over it: still reported
 
+
+def test_a_new_aggregate_written_over_a_state_key_damage_moved_there_is_corruption_not_a_state_lost_from_the_range(tmp_path):
+    """One bit flipped in the last byte of ``mission:m1``'s state key (read as ``mission:m3``, no
+    key between them) keeps the file in key order. Creating ``mission:m3`` then wrote its state
+    over the moved entry: ``state("mission:m1")`` said ``CORRUPTION`` (its presence entry
+    remained), but ``states(GROUP)``, whose range checks presence only at its ends, answered
+    without m1 and no error. Every key that gains its presence entry in a write must gain its
+    entry too; one fewer is ``CORRUPTION`` and the transaction writes nothing."""
+    from agent_store_support import ChainBuilder, workitem_state
+
+    chain = ChainBuilder(GROUP)
+    chain.event("group.create", f"group:{GROUP}", {f"group:{GROUP}": {"org": "org-1", "status": "active"}}, {"org": "org-1"})
+    chain.event("mission.create", "mission:m1", {"mission:m1": {"title": "a", "status": "open", "cost_spent": 0}})
+    chain.event("workitem.create", "workitem:w1", {"workitem:w1": workitem_state("m1", "blocked")})
+    chain.event("mission.create", "mission:m3", {"mission:m3": {"title": "c", "status": "open", "cost_spent": 0}})
+    path = tmp_path / "agent"
+    with AgentStore.open(path) as agent:
+        with agent.begin() as tx:
+            tx.apply_many(chain.events[:3])
+        assert sorted(agent.states(GROUP)) == ["group:g-1", "mission:m1", "workitem:w1"]
+    key = GROUP.encode() + b"\x00mission:m1"
+    _flip_in_live_key(path, key, len(key) - 1, 1)
+    with AgentStore.open(path) as agent:  # the structural check runs
+        with pytest.raises(Corruption) as caught:
+            with agent.begin() as tx:
+                tx.apply(chain.events[3])
+        assert (caught.value.detail["reason"], caught.value.detail["database"]) == ("agent_order", "state")
+        assert agent.head(GROUP).applied_seq == 3
+        with pytest.raises(Corruption):
+            agent.states(GROUP)  # the moved entry is still there, and still reported
+
+
+def test_a_new_intent_written_over_an_outbox_key_damage_moved_there_is_corruption_not_an_intent_lost_from_the_range(tmp_path):
+    """The single write's form of the test above: another intent's outbox entry moved by damage
+    onto the outbox key of an intent recorded next (its key map ``intent_group`` does not hold
+    that key yet, so nothing reads the outbox entry first). The write erased the moved entry, and
+    ``intents(GROUP)`` answered without that intent, no error. An entry found under a key written
+    for the first time must pass its seal: it fails it, ``CORRUPTION``; nothing is written."""
+    from mwpstore.work_keys import external_idempotency_key
+
+    path = tmp_path / "agent"
+    with AgentStore.open(path) as agent:
+        with agent.begin() as tx:
+            keys = sorted(tx.record_intent(GROUP, mission="m", workitem=f"wi{n}", ownership_epoch=1, operation="bill").key
+                          for n in range(4))
+        moved = keys[1]  # inside the range: its ends' presence checks do not meet it
+        recorded = external_idempotency_key("m", "wi9", 1, "bill")
+        prefix = GROUP.encode() + b"\x00"
+        outbox = _raw(agent, b"outbox")
+        with agent._env.begin(write=True) as txn:  # as a flipped key leaves it: the entry, under another key
+            stored = txn.get(prefix + moved.encode(), db=outbox)
+            assert txn.delete(prefix + moved.encode(), db=outbox)
+            txn.put(prefix + recorded.encode(), stored, db=outbox)
+        with pytest.raises(Corruption):
+            agent.intents(GROUP)
+        with pytest.raises(Corruption) as caught:
+            with agent.begin() as tx:
+                tx.record_intent(GROUP, mission="m", workitem="wi9", ownership_epoch=1, operation="bill")
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_checksum", GROUP + "\x00" + recorded)
+        with pytest.raises(Corruption):
+            agent.intents(GROUP)
+        assert agent.intent(recorded) is None
+
+
+def test_a_sound_entry_whose_presence_entry_alone_was_lost_is_written_again_not_refused(tmp_path, events):
+    """The check of a key written for the first time is its entry's seal: a Group head whose
+    presence entry alone was lost passes it, so the next commit writes both again, as before."""
+    with _filled(tmp_path / "agent", events[:5]) as agent:
+        with agent._env.begin(write=True) as txn:
+            assert txn.delete(agent._tables.tags[b"heads"] + GROUP.encode(), db=agent._tables.presence)
+        with agent.begin() as tx:
+            assert tx.apply(events[5]).name == "APPLIED"
+        with agent._env.begin() as txn:
+            assert txn.get(agent._tables.tags[b"heads"] + GROUP.encode(), db=agent._tables.presence) == b""
+        assert agent.head(GROUP).applied_seq == 6
