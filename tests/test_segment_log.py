@@ -143,6 +143,34 @@ def test_segments_read_while_active_count_among_the_bounded_maps_once_sealed(tmp
         assert [log.read(position) for position in written] == [b"x" * 2000] * len(written)
 
 
+def test_a_segment_read_while_active_counts_among_the_bounded_maps_when_its_successor_could_not_be_made(tmp_path, monkeypatch):
+    """The other way a segment becomes sealed under a reader: the writer seals it, then fails to
+    create the next segment (the handle fails; its segments stay readable). A segment read while
+    it was active is counted then too, so the bound still holds: with room for one map, the
+    sealed segment read before it is unmapped, and it is the one map of the log."""
+    from mwpstore import segment_log
+
+    monkeypatch.setattr(segment_log, "SEGMENT_MAPS_MAX", 1)
+    recorder = RecordingIO()
+    record = bytes(SMALL // 3)
+    with SegmentLog.open(tmp_path / "log", segment_bytes=SMALL, io=recorder) as log:
+        older = log.append([record]) + log.append([record])
+        [active] = log.append([record])  # rolls over: the first segment sealed
+        assert len(log.segments()) == 2
+        assert log.read(older[0]) == record  # the sealed segment: counted, mapped
+        assert log.read(active) == record  # the active segment: mapped, not counted yet
+        assert _maps_of(tmp_path / "log") == 2
+        log.append([record])
+        recorder.fail_sync_at = recorder.sync_calls + 3  # the group, the seal, the trim; then the new segment
+        with pytest.raises(StorageFailed):
+            log.append([record])
+        assert recorder.failures == 1
+        assert [info.sealed for info in log.segments()] == [True, True]
+        assert _maps_of(tmp_path / "log") == 1
+        assert [segment.first_position for segment in log._mapped_sealed] == [log.segments()[1].first_position]
+        assert log.read(active) == record and log.read(older[0]) == record
+
+
 def test_reads_from_many_threads_beside_appends_read_every_record_right_with_few_maps(tmp_path, monkeypatch):
     """Sealed segments are unmapped and mapped again while other threads read and scan them
     (segment_log.SEGMENT_MAPS_MAX, here 2), beside appends that roll the log over and a read-only
