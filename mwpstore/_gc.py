@@ -20,6 +20,8 @@ import os
 import threading
 from collections.abc import Iterator
 
+from . import _fork
+
 _lock = threading.RLock()  # reentrant: a fork from a signal handler inside it must not wait for itself
 _depth = 0
 _was_enabled = False
@@ -48,8 +50,9 @@ def paused() -> Iterator[None]:
 def _before_fork() -> None:
     """Held across the fork: a thread that had disabled the collector and not yet counted its
     pause (or counted its end and not yet enabled it) left the child a count of 0 with the
-    collector disabled, which nothing in the child would enable again."""
-    _lock.acquire()
+    collector disabled, which nothing in the child would enable again. Waited for through an
+    interrupt too (``_fork.wait_for``)."""
+    _fork.wait_for(_lock)
 
 
 def _after_fork_in_parent() -> None:

@@ -12,6 +12,7 @@ State values are plain JSON-like dicts; revisions are kept by the engine, not in
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import threading
@@ -24,7 +25,7 @@ import msgspec
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from . import canonical
+from . import _fork, canonical
 from .errors import (
     GroupArchived,
     InvalidCommand,
@@ -139,8 +140,10 @@ def kind_spec(kind: str) -> KindSpec:
 _KINDS_LOADED = False
 _KINDS_LOADING = threading.RLock()
 # A fork waits for a loading in another thread to end: the child has no such thread, and would
-# wait forever for the lock it held (each Command of the child, whatever its kind).
-os.register_at_fork(before=_KINDS_LOADING.acquire, after_in_parent=_KINDS_LOADING.release, after_in_child=_KINDS_LOADING.release)
+# wait forever for the lock it held (each Command of the child, whatever its kind). It waits
+# through an interrupt too (_fork.wait_for).
+os.register_at_fork(before=functools.partial(_fork.wait_for, _KINDS_LOADING), after_in_parent=_KINDS_LOADING.release,
+                    after_in_child=_KINDS_LOADING.release)
 
 
 def _load_kinds() -> None:

@@ -2182,6 +2182,56 @@ def test_a_process_forked_while_another_thread_loads_the_kinds_knows_them():
     assert (result.returncode, result.stdout, result.stderr) == (0, "group.create workitem.create\n0\n", "")
 
 
+_FORKED_AND_INTERRUPTED_DURING_THE_KINDS_LOADING = r"""
+import os, signal, sys, threading, time
+from mwpstore.registry import kind_spec
+
+loading, release = threading.Event(), threading.Event()
+
+
+class PauseInTheWorkModelsImport:  # holds the first thread inside the kinds' loading
+    def find_spec(self, name, path=None, target=None):
+        if name == "mwpstore.work_model" and threading.current_thread().name == "first":
+            loading.set()
+            release.wait(10)
+        return None
+
+
+sys.meta_path.insert(0, PauseInTheWorkModelsImport())
+first = threading.Thread(name="first", target=lambda: kind_spec("group.create"))
+first.start()
+loading.wait(10)
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()  # while the main thread's fork waits
+threading.Timer(1.0, release.set).start()
+began = time.monotonic()
+pid = os.fork()
+if pid == 0:
+    signal.alarm(5)  # a child that waits for the lock of a thread it does not have: ended here
+    print(" ".join(kind_spec(kind).kind for kind in ("group.create", "workitem.create")), flush=True)
+    os._exit(0)
+waited = time.monotonic() - began
+first.join()
+_, status = os.waitpid(pid, 0)
+print(os.waitstatus_to_exitcode(status), waited >= 0.9, flush=True)
+"""
+
+
+def test_a_fork_interrupted_while_it_waits_for_the_kinds_loading_still_waits_for_it():
+    """The fork hook of finding 222 waits for another thread's loading of the kinds. A
+    ``KeyboardInterrupt`` in the forking (main) thread while it waited ended the hook with it, and
+    the interpreter, which only prints an exception raised in a fork hook, forked all the same:
+    the child kept the lock held by a thread it does not have and its first ``kind_spec`` waited
+    forever (ended by an alarm: exit status -14), and the parent's hook failed to release a lock
+    it did not hold (a ``RuntimeError``, printed). The hook now waits on through the interrupt,
+    which the interpreter prints once the lock is held."""
+    result = subprocess.run(
+        [sys.executable, "-W", "ignore::DeprecationWarning", "-c", _FORKED_AND_INTERRUPTED_DURING_THE_KINDS_LOADING],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert (result.returncode, result.stdout) == (0, "group.create workitem.create\n0 True\n")
+    assert "KeyboardInterrupt" in result.stderr and "RuntimeError" not in result.stderr
+
+
 def test_a_fork_before_the_kinds_are_loaded_leaves_the_loading_to_every_thread_of_both_processes():
     """The fork hook of finding 222 takes the kinds' lock before a fork and gives it back after,
     in the parent and in the child. A fork before any loading: the forking thread holds the lock
