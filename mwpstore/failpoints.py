@@ -32,6 +32,16 @@ _REMAINING = int(_COUNT) if _COUNT.isdigit() else 1
 _LOCK = threading.Lock()
 
 
+def _after_fork_in_child() -> None:
+    """A lock another thread held at the fork (counting a hit) is held for good in the child,
+    which has no such thread: its next hit of the armed point would wait forever. Made anew."""
+    global _LOCK
+    _LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def hit(name: str) -> None:
     """Kill this process with SIGKILL if ``name`` is the armed fail point (on its n-th hit)."""
     global _REMAINING
