@@ -177,11 +177,19 @@ class SealedTables:
             )
 
     def delete(self, txn: lmdb.Transaction, name: bytes, key: bytes) -> bool:
-        """Delete one entry and its presence; True if it existed."""
+        """Delete one entry and its presence; True if it existed. The entry must pass its seal
+        first, as each entry of :meth:`delete_range` does: a caller may delete a key it never
+        wrote (a projection's "delete if there"), and an entry there is another key's that damage
+        moved onto it, which the deletion would erase unseen (its own Group's ranges then
+        answered without it). One search, as before: the cursor deletes where it found it."""
         tag = self.tags.get(name)
         if tag is not None:
             txn.delete(tag + key, db=self.presence)
-        return bool(txn.delete(key, db=self.dbs[name]))
+        cursor = txn.cursor(db=self.dbs[name])
+        if not cursor.set_key(key):
+            return False
+        self.unseal(name, key, cursor.value())
+        return bool(cursor.delete())
 
     def delete_range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes | None = None,
                      last: bytes | None = None) -> int:

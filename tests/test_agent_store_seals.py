@@ -863,3 +863,64 @@ def test_a_sound_entry_whose_presence_entry_alone_was_lost_is_written_again_not_
         with agent._env.begin() as txn:
             assert txn.get(agent._tables.tags[b"heads"] + GROUP.encode(), db=agent._tables.presence) == b""
         assert agent.head(GROUP).applied_seq == 6
+
+
+class _RowsDeletingAnAbsentOne:
+    """Puts a row per Event (a1, a2, a3, then a5) and, at Event 5, deletes a4, which it never
+    wrote: an application's "delete it if it is there"."""
+
+    name = "rows"
+
+    def apply(self, view, event):
+        if event.seq == 5:
+            view.delete("a4")
+        else:
+            view.put("a5" if event.seq == 4 else f"a{event.seq}", b"v")
+
+
+def test_a_deletion_of_a_key_damage_moved_another_entry_onto_is_corruption_not_an_erased_entry(tmp_path):
+    """Row a3's entry moved by damage onto the key a4 (in key order), which the projection deletes
+    though it never wrote it. The deletion of one key deleted without reading: it erased the moved
+    entry unseen, and ``projection_items`` then answered a1, a2, a5 without an error (a3's presence
+    entry remained, but a range checks presence at its ends only). The entry is now unsealed
+    before it is deleted: ``CORRUPTION`` (``agent_checksum`` at a4), nothing written."""
+    events = workload(GROUP, 5, seed=5)
+    path = tmp_path / "agent"
+    with AgentStore.open(path, projections=[_RowsDeletingAnAbsentOne()]) as agent:
+        with agent.begin() as tx:
+            tx.apply_many(events[:4])
+        assert [key for key, _ in agent.projection_items(GROUP, "rows")] == [b"a1", b"a2", b"a3", b"a5"]
+        prefix = GROUP.encode() + b"\x00rows\x00"
+        projection = _raw(agent, b"projection")
+        with agent._env.begin(write=True) as txn:  # as a flipped key leaves it: the entry, under another key
+            stored = txn.get(prefix + b"a3", db=projection)
+            assert txn.delete(prefix + b"a3", db=projection)
+            txn.put(prefix + b"a4", stored, db=projection)
+        with pytest.raises(Corruption) as caught:
+            with agent.begin() as tx:
+                tx.apply(events[4])
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_checksum", (prefix + b"a4").decode())
+        assert agent.head(GROUP).applied_seq == 4
+        with pytest.raises(Corruption):
+            agent.projection_items(GROUP, "rows")
+
+
+def test_a_deletion_of_one_key_says_whether_its_entry_existed(tmp_path, events):
+    """``ProjectionView.delete`` answers True for a row it deleted and False for one that was not
+    there (the seal check before the deletion changes neither); the row and its presence go."""
+    answers = []
+
+    class Rows:
+        name = "rows"
+
+        def apply(self, view, event):
+            if event.seq == 1:
+                view.put("a", b"v")
+            elif event.seq == 2:
+                answers.extend([view.delete("a"), view.delete("a"), view.delete("never")])
+
+    with AgentStore.open(tmp_path / "agent", projections=[Rows()]) as agent:
+        with agent.begin() as tx:
+            tx.apply_many(events[:2])
+        assert answers == [True, False, False]
+        assert agent.projection_items(GROUP, "rows") == [] and agent.projection_get(GROUP, "rows", "a") is None
