@@ -339,6 +339,33 @@ def test_delete_range_checks_the_seal_of_each_entry_it_deletes(tmp_path, entries
         index.close()
 
 
+@pytest.mark.parametrize("new", [None, "the created keys"])
+def test_a_key_written_for_the_first_time_over_an_entry_damage_moved_there_is_corruption(tmp_path, new):
+    """A redo or a rebuild writes each aggregate's state without reading it first, recording
+    presence for those at revision 1 (``new``). b's entry moved by damage onto c's key (still in
+    key order), then c created: the write erased the moved entry, and a range of the Group
+    answered a, c, d without b and no error (b's presence entry remained; a range checks presence
+    at its ends only). As many keys must gain an entry as gain their presence entry:
+    ``CORRUPTION`` (``index_order``); the caller's transaction aborts."""
+    directory = str(tmp_path / "index")
+    a, b, c, d = _PREFIX + b"a", _PREFIX + b"b", _PREFIX + b"c", _PREFIX + b"d"
+    _index_of(directory, {a: b"1", b: b"2", d: b"4"})
+    index = Index(directory, map_size=1 << 22)
+    try:
+        with index.begin(write=True) as txn:  # as a flipped key leaves it: b's entry, under c
+            stored = bytes(txn.get(b, db=index.dbs[b"states"]))
+            assert txn.delete(b, db=index.dbs[b"states"])
+            txn.put(c, stored, db=index.dbs[b"states"])
+        with pytest.raises(Corruption) as caught:
+            with index.begin(write=True) as txn:
+                index.put_many(txn, b"states", [(a, b"1+"), (c, b"3")], None if new is None else [c])
+        assert (caught.value.detail["reason"], caught.value.detail["database"]) == ("index_order", "states")
+        with index.begin() as txn:
+            assert bytes(txn.get(c, db=index.dbs[b"states"])) == stored  # nothing written over it
+    finally:
+        index.close()
+
+
 def test_delete_range_whose_entries_damage_moved_before_it_checks_the_last_entry(tmp_path):
     """With the prefix's only entry moved before it by a flipped bit (g -> e), the search finds no
     entry at or after the prefix: the walk must still check the database's last entry, or the
