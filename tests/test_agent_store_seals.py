@@ -652,6 +652,55 @@ def test_an_lmdb_error_inside_a_local_transaction_is_corruption_not_a_bare_lmdb_
         assert (agent.projection_digest(), agent.head(GROUP), agent.intents()) == before
 
 
+def _raised(error: BaseException, wrapped: bool):
+    """A callable that raises ``error``, or the binding's ``SystemError`` with it as its cause."""
+
+    def failing(*args, **kwargs):
+        if not wrapped:
+            raise error
+        try:
+            raise error
+        except BaseException as cause:
+            raise SystemError("<method 'delete' of 'Cursor' objects> returned a result with an exception set") from cause
+
+    return failing
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "inside SystemError"])
+@pytest.mark.parametrize("error", ["CorruptedError", "PageNotFoundError", "InvalidError", "BadTxnError", "BadValsizeError",
+                                   "BadDbiError", "IncompatibleError", "MapFullError", "DiskError"])
+def test_each_lmdb_error_inside_a_local_transaction_is_typed_as_damage_or_as_translate_types_it(tmp_path, monkeypatch, error, wrapped):
+    """Every LMDB error that damaged pages give (``LMDB_DAMAGE_ERRORS``) is ``CORRUPTION``
+    (reason ``agent``, naming the error) inside a local transaction and at its commit, bare or
+    wrapped by the binding in ``SystemError``; LMDB's other errors are typed as ``translate``
+    types them (a full map ``LIMIT_EXCEEDED``, a disk error ``STORAGE_FAILED``), from the LMDB
+    error, not from the ``SystemError`` around it. Nothing is written."""
+    from mwpstore import _sealed, failpoints
+    from mwpstore.errors import LimitExceeded, StorageFailed
+
+    expected = {"MapFullError": LimitExceeded, "DiskError": StorageFailed}.get(error, Corruption)
+    path = tmp_path / "agent"
+    with _two_groups(path, [GROUP]) as agent:
+        before = agent.projection_digest(), agent.head(GROUP)
+        monkeypatch.setattr(_sealed, "_delete_prefix", _raised(getattr(lmdb, error)("injected"), wrapped))
+        with pytest.raises(expected) as caught:
+            agent.reset_group(GROUP)
+        monkeypatch.undo()
+        hit = failpoints.hit
+        monkeypatch.setattr(failpoints, "hit", lambda name: (
+            _raised(getattr(lmdb, error)("injected"), wrapped)() if name == "agent.before_commit" else hit(name)))
+        with pytest.raises(expected) as at_commit:
+            with agent.begin() as tx:
+                tx.advance_cursor(GROUP)
+                tx._dirty.add(GROUP)
+        monkeypatch.undo()
+        for raised in (caught.value, at_commit.value):
+            assert type(raised) is expected
+            if expected is Corruption:
+                assert raised.detail["reason"] == "agent" and error in raised.message
+        assert (agent.projection_digest(), agent.head(GROUP)) == before
+
+
 def test_an_applied_event_whose_inbox_key_damage_already_holds_is_corruption_not_an_overwrite(tmp_path):
     """One bit flipped in the sequence of a Group's last inbox key (4 read as 5) keeps the file in
     key order, so the open's structural check passes it. Applying Event 5 then wrote its inbox
@@ -676,6 +725,45 @@ def test_an_applied_event_whose_inbox_key_damage_already_holds_is_corruption_not
         assert agent.head(GROUP).applied_seq == 4
         with pytest.raises(Corruption):
             agent.inbox_seqs(GROUP)
+
+
+def test_applied_events_whose_second_inbox_key_damage_already_holds_are_corruption_naming_that_key(tmp_path):
+    """The no-overwrite write of several inbox entries at once: Event 4's key flipped to 6 (bit
+    1 of its sequence; still in key order), then Events 5 and 6 applied in one transaction. The
+    entry written for 5 is sound and the caller's own; the error names the key that already held
+    another entry, 6, by its failed seal."""
+    events = workload(GROUP, 6, seed=5)
+    path = tmp_path / "agent"
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        with agent.begin() as tx:
+            tx.apply_many(events[:4])
+    _flip_in_live_key(path, GROUP.encode() + b"\x00" + (4).to_bytes(8, "big"), 11, 1)
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:  # the structural check runs
+        with pytest.raises(Corruption) as caught:
+            with agent.begin() as tx:
+                tx.apply_many(events[4:6])
+        seq_6 = GROUP + "\x00" + (6).to_bytes(8, "big").decode()
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_checksum", seq_6)
+        assert agent.head(GROUP).applied_seq == 4
+
+
+def test_a_range_past_the_last_entry_of_the_database_whose_entries_were_lost_is_corruption_not_empty(tmp_path):
+    """The presence check of a range that finds no entry at or after its start: the last Group's
+    only outbox entry lost from the values' tree (its presence kept, as a damaged key moved away
+    leaves it), so that the search for ``g-3`` finds nothing and the database's last entry is
+    g-2's, sound and before it. ``intents("g-3")`` is ``CORRUPTION`` (``agent_missing``), not []."""
+    path = tmp_path / "agent"
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        with agent.begin() as tx:
+            tx.record_intent("g-2", mission="m", workitem="wi2", ownership_epoch=1, operation="bill")
+            key = tx.record_intent("g-3", mission="m", workitem="wi3", ownership_epoch=1, operation="page").key
+        lost = b"g-3\x00" + key.encode()
+        with agent._env.begin(write=True) as txn:
+            assert txn.delete(lost, db=_raw(agent, b"outbox"))
+        with pytest.raises(Corruption) as caught:
+            agent.intents("g-3")
+        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_missing", lost.decode())
+        assert [intent.group for intent in agent.intents("g-2")] == ["g-2"]
 
 
 def test_a_range_whose_last_entry_a_later_write_hid_is_corruption_not_an_empty_answer(tmp_path):

@@ -339,6 +339,31 @@ def test_delete_range_checks_the_seal_of_each_entry_it_deletes(tmp_path, entries
         index.close()
 
 
+@pytest.mark.parametrize("damage", ["two entries swapped", "an entry repeated"])
+def test_delete_range_over_keys_out_of_order_is_corruption_not_a_deletion(tmp_path, damage):
+    """The deletion's walk checks the order of the entries it deletes as a range checks them:
+    two sound entries swapped (c met before b), or one entry's node copied over its neighbour (b
+    twice), each still passing its seal, is ``CORRUPTION`` (``index_order`` at the second), and
+    nothing is deleted."""
+    directory = str(tmp_path / "index")
+    a, b, c, d = _PREFIX + b"a", _PREFIX + b"b", _PREFIX + b"c", _PREFIX + b"d"
+    _index_of(directory, {a: b"1", b: b"2", c: b"3", d: b"4"})
+    if damage == "two entries swapped":
+        _replace_in_file(directory, [(_node(b, b"2"), _node(c, b"3")), (_node(c, b"3"), _node(b, b"2"))])
+    else:
+        _replace_in_file(directory, [(_node(c, b"3"), _node(b, b"2"))])
+    index = Index(directory, map_size=1 << 22)
+    try:
+        with pytest.raises(Corruption) as caught:
+            with index.begin(write=True) as txn:
+                index.delete_range(txn, b"states", _PREFIX)
+        assert (caught.value.detail["reason"], caught.value.detail["key"].encode()) == ("index_order", b)
+        with index.begin() as txn:
+            assert bytes(index.get(txn, b"states", a)) == b"1" and bytes(index.get(txn, b"states", d)) == b"4"
+    finally:
+        index.close()
+
+
 @pytest.mark.parametrize("new", [None, "the created keys"])
 def test_a_key_written_for_the_first_time_over_an_entry_damage_moved_there_is_corruption(tmp_path, new):
     """A redo or a rebuild writes each aggregate's state without reading it first, recording
