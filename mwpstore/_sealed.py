@@ -143,10 +143,10 @@ class SealedTables:
         key that exists already is not overwritten but ``CORRUPTION``: where every key written is
         new (an AgentStore's inbox entry of a newly applied Event), an existing one is an entry
         whose key damage moved there, and overwriting it would erase that entry and its damage
-        without a trace. Without ``fresh``, in a database with presence entries, as many keys must
-        gain an entry as gain their presence entry: a key written for the first time over an entry
-        that damage moved there is ``CORRUPTION`` too (the transaction must abort: the entry is
-        overwritten)."""
+        without a trace. Without ``fresh``, in a database with presence entries, at least as many
+        keys must gain an entry as gain their presence entry: a key written for the first time
+        over an entry that damage moved there is ``CORRUPTION`` too (the transaction must abort:
+        the entry is overwritten)."""
         db = self.dbs[name]
         tag = self.tags.get(name)
         created = 0  # keys that gain their presence entry here: written for the first time
@@ -154,11 +154,13 @@ class SealedTables:
             keys = [key for key, _ in items] if new is None else new
             if keys:
                 _, created = txn.cursor(db=self.presence).putmulti([(tag + key, b"") for key in keys], overwrite=False)
-        # As many keys must gain an entry as gain their presence entry (the keys of ``new`` are
-        # the new ones, the others exist): one fewer is a key written for the first time over
-        # another key's entry that damage moved onto it, now erased (see :meth:`put`), or a key
-        # whose presence entry alone was lost; damage either way. Counted (the database's entries
-        # before and after), not searched per key, so the key is not known.
+        # At least as many keys must gain an entry as gain their presence entry (the keys of
+        # ``new`` are the new ones, the others exist): fewer is a key written for the first time
+        # over another key's entry that damage moved onto it, now erased (see :meth:`put`), or a
+        # key whose presence entry alone was lost; damage either way. Counted (the database's
+        # entries before and after), not searched per key, so the key is not known. More is a
+        # key whose entry was gone while its presence entry stayed (a deletion over a damaged
+        # presence page left it): written again, as before.
         counted = txn.stat(db)["entries"] if created and not fresh else None
         _, added = txn.cursor(db=db).putmulti(items, overwrite=not fresh)
         if fresh and added != len(items):
@@ -168,7 +170,7 @@ class SealedTables:
                     self.unseal(name, key, stored)  # a moved entry fails its seal here
                     raise self._damage("order", name, key, "already holds an entry where a new one goes")
             raise self._damage("order", name, items[0][0], "already holds an entry where a new one goes")
-        if counted is not None and txn.stat(db)["entries"] - counted != created:
+        if counted is not None and txn.stat(db)["entries"] - counted < created:
             raise Corruption(
                 f"{self.label} database {name.decode()} held an entry under a key written for the first time "
                 f"(another key's that damage moved there, or its own without its presence entry); {self.remedy}",

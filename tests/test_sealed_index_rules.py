@@ -391,6 +391,26 @@ def test_a_key_written_for_the_first_time_over_an_entry_damage_moved_there_is_co
         index.close()
 
 
+def test_a_key_written_again_whose_entry_alone_was_gone_is_written_not_refused(tmp_path):
+    """The other way the count can differ: a key whose entry was gone while its presence entry
+    stayed (as a deletion over a damaged presence page leaves it, in an open without the
+    structural check) gains an entry without gaining presence. Writing it again is no moved
+    entry erased: it is written, as before."""
+    directory = str(tmp_path / "index")
+    a, b, c = _PREFIX + b"a", _PREFIX + b"b", _PREFIX + b"c"
+    _index_of(directory, {a: b"1", b: b"2"})
+    index = Index(directory, map_size=1 << 22)
+    try:
+        with index.begin(write=True) as txn:
+            assert txn.delete(b, db=index.dbs[b"states"])  # its presence entry stays
+        with index.begin(write=True) as txn:
+            index.put_many(txn, b"states", [(b, b"2"), (c, b"3")])
+        with index.begin() as txn:
+            assert [(key, bytes(value)) for key, value in index.range(txn, b"states", _PREFIX)] == [(a, b"1"), (b, b"2"), (c, b"3")]
+    finally:
+        index.close()
+
+
 def test_delete_range_whose_entries_damage_moved_before_it_checks_the_last_entry(tmp_path):
     """With the prefix's only entry moved before it by a flipped bit (g -> e), the search finds no
     entry at or after the prefix: the walk must still check the database's last entry, or the
