@@ -44,6 +44,7 @@ struct lc_result { int32_t reason; int32_t sys_errno; uint64_t page; uint64_t va
                    uint64_t pages_in_use; uint64_t pages_free; };
 
 int lc_check_file(const char *path, struct lc_result *out);
+int lc_check_meta_pages(const char *path, struct lc_result *out);
 """
 
 # The same compiler and linker flags as the segment log (one list, in build_segment_log.py).

@@ -384,11 +384,14 @@ static int check_meta(struct walk *w, uint64_t number, uint64_t *txnid_out) {
     return LC_OK;
 }
 
-static int check_mapped(struct walk *w) {
+/*
+ * The meta stage, shared by the walk and lc_check_meta_pages: the page size, both meta pages,
+ * the one LMDB picks and the pages it names. Reads only the file's first two pages (w->map may
+ * hold no more) and its size; w->file_bytes is at least PAGE_BYTES_MIN (open_data_file).
+ * Sets w->page_bytes and w->next_page (and their result fields) and the picked meta's number.
+ */
+static int check_metas(struct walk *w, uint64_t *picked_out) {
     struct lc_result *out = w->out;
-    if (w->file_bytes < PAGE_BYTES_MIN) {
-        return damaged(w, LC_REASON_FILE_SHORT, 0, w->file_bytes);
-    }
     uint32_t page_bytes = u32_at(w->map + 40);
     if (page_bytes < PAGE_BYTES_MIN || page_bytes > PAGE_BYTES_MAX || (page_bytes & (page_bytes - 1)) != 0) {
         return damaged(w, LC_REASON_PAGE_SIZE, 0, page_bytes);
@@ -425,16 +428,27 @@ static int check_mapped(struct walk *w) {
     }
     w->next_page = last_page + 1;
     out->next_page = w->next_page;
+    *picked_out = picked;
+    return LC_OK;
+}
+
+static int check_mapped(struct walk *w) {
+    uint64_t picked;
+    int rc = check_metas(w, &picked);
+    if (rc != LC_OK) {
+        return rc;
+    }
     size_t bitmap_bytes = (size_t)((w->next_page + 7) / 8);
     w->in_use = calloc(bitmap_bytes, 1);
     w->is_free = calloc(bitmap_bytes, 1);
-    w->node_bytes_at = calloc(page_bytes / 2, sizeof(w->node_bytes_at[0]));
+    w->node_bytes_at = calloc(w->page_bytes / 2, sizeof(w->node_bytes_at[0]));
     if (w->in_use == NULL || w->is_free == NULL || w->node_bytes_at == NULL) {
         return LC_E_NO_MEMORY;
     }
+    const uint8_t *meta = page_at(w, picked);
     uint64_t free_root = u64_at(meta + 40 + 40);
     uint64_t main_root = u64_at(meta + 88 + 40);
-    int rc = free_root == NO_PAGE ? LC_OK : walk_tree(w, picked, free_root, ROLE_FREE);
+    rc = free_root == NO_PAGE ? LC_OK : walk_tree(w, picked, free_root, ROLE_FREE);
     if (rc == LC_OK && main_root != NO_PAGE) {
         rc = walk_tree(w, picked, main_root, ROLE_MAIN);
     }
@@ -457,8 +471,10 @@ static int check_mapped(struct walk *w) {
     return LC_OK;
 }
 
-int lc_check_file(const char *path, struct lc_result *out) {
-    memset(out, 0, sizeof(*out));
+/* Open the data file for reading into *fd_out: a regular file of at least PAGE_BYTES_MIN bytes
+ * (w->file_bytes and out->file_bytes set). LC_OK, LC_E_IO (out->sys_errno) or LC_E_DAMAGED. */
+static int open_data_file(const char *path, struct walk *w, int *fd_out) {
+    struct lc_result *out = w->out;
     /* O_NONBLOCK: a FIFO put where the file was (after the caller's stat) must not hang the open;
      * it is then refused as no regular file. Reads of a regular file ignore the flag. */
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
@@ -477,11 +493,68 @@ int lc_check_file(const char *path, struct lc_result *out) {
         close(fd);
         return LC_E_IO;
     }
-    struct walk w = {.file_bytes = (uint64_t)st.st_size, .out = out};
-    out->file_bytes = w.file_bytes;
-    if (w.file_bytes < PAGE_BYTES_MIN) {
+    w->file_bytes = (uint64_t)st.st_size;
+    out->file_bytes = w->file_bytes;
+    if (w->file_bytes < PAGE_BYTES_MIN) {
         close(fd);
-        return damaged(&w, LC_REASON_FILE_SHORT, 0, w.file_bytes);
+        return damaged(w, LC_REASON_FILE_SHORT, 0, w->file_bytes);
+    }
+    *fd_out = fd;
+    return LC_OK;
+}
+
+/* Read the first `bytes` bytes of the file into `buffer`. LC_OK or LC_E_IO (out->sys_errno). */
+static int read_head(int fd, uint8_t *buffer, uint64_t bytes, struct lc_result *out) {
+    uint64_t got = 0;
+    while (got < bytes) {
+        ssize_t n = pread(fd, buffer + got, (size_t)(bytes - got), (off_t)got);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            out->sys_errno = n < 0 ? errno : EIO; /* shorter than fstat said: changed under us */
+            return LC_E_IO;
+        }
+        got += (uint64_t)n;
+    }
+    return LC_OK;
+}
+
+int lc_check_meta_pages(const char *path, struct lc_result *out) {
+    memset(out, 0, sizeof(*out));
+    struct walk w = {.out = out};
+    int fd;
+    int rc = open_data_file(path, &w, &fd);
+    if (rc != LC_OK) {
+        return rc;
+    }
+    /* Both meta pages at the largest page size, or the whole file when it is shorter: exactly
+     * what is read, so a sanitizer build reports a read past it. */
+    uint64_t head_bytes = w.file_bytes < (uint64_t)META_COUNT * PAGE_BYTES_MAX ? w.file_bytes
+                                                                              : (uint64_t)META_COUNT * PAGE_BYTES_MAX;
+    uint8_t *head = malloc((size_t)head_bytes);
+    if (head == NULL) {
+        close(fd);
+        return LC_E_NO_MEMORY;
+    }
+    rc = read_head(fd, head, head_bytes, out);
+    close(fd);
+    if (rc == LC_OK) {
+        uint64_t picked;
+        w.map = head;
+        rc = check_metas(&w, &picked);
+    }
+    free(head);
+    return rc;
+}
+
+int lc_check_file(const char *path, struct lc_result *out) {
+    memset(out, 0, sizeof(*out));
+    struct walk w = {.out = out};
+    int fd;
+    int rc = open_data_file(path, &w, &fd);
+    if (rc != LC_OK) {
+        return rc;
     }
 #ifdef MWPSTORE_SANITIZE
     /* A sanitizer build (docs/reliability.md, "Sanitizers") reads the file into the heap instead:
@@ -492,21 +565,12 @@ int lc_check_file(const char *path, struct lc_result *out) {
         close(fd);
         return LC_E_NO_MEMORY;
     }
-    uint64_t got = 0;
-    while (got < w.file_bytes) {
-        ssize_t n = pread(fd, copy + got, (size_t)(w.file_bytes - got), (off_t)got);
-        if (n < 0 && errno == EINTR) {
-            continue;
-        }
-        if (n <= 0) {
-            out->sys_errno = n < 0 ? errno : EIO; /* shorter than fstat said: changed under us */
-            free(copy);
-            close(fd);
-            return LC_E_IO;
-        }
-        got += (uint64_t)n;
-    }
+    rc = read_head(fd, copy, w.file_bytes, out);
     close(fd);
+    if (rc != LC_OK) {
+        free(copy);
+        return rc;
+    }
     w.map = copy;
 #else
     void *map = mmap(NULL, (size_t)w.file_bytes, PROT_READ, MAP_SHARED, fd, 0);
@@ -519,7 +583,7 @@ int lc_check_file(const char *path, struct lc_result *out) {
     (void)madvise(map, (size_t)w.file_bytes, MADV_WILLNEED);
     w.map = map;
 #endif
-    int rc = check_mapped(&w);
+    rc = check_mapped(&w);
     free(w.in_use);
     free(w.is_free);
     free(w.node_bytes_at);

@@ -62,4 +62,9 @@ struct lc_result {
 /* Check the LMDB data file at `path` (read-only; the file is mapped, never handed to LMDB). */
 int lc_check_file(const char *path, struct lc_result *out);
 
+/* Check only the two meta pages of the file at `path`, with the walk's own meta rules and results
+ * (reasons META, PAGE_SIZE, DATABASE and FILE_SHORT; page_bytes and next_page set when they pass):
+ * reads at most the file's first 2 * 32 KiB, whatever its size. For opens that do not walk. */
+int lc_check_meta_pages(const char *path, struct lc_result *out);
+
 #endif

@@ -15,7 +15,7 @@ import dataclasses
 import errno
 import os
 import stat
-import struct
+from typing import Any, NoReturn
 
 from mwpstore._lmdb_check_c import ffi, lib
 from mwpstore import limits
@@ -44,6 +44,9 @@ _REASONS = {
     lib.LC_REASON_KEY_ORDER: "key_order",
 }
 
+_PAGE_BYTES_MIN = 512
+"""LMDB's smallest page size: a file shorter than two such pages holds no two meta pages."""
+
 
 @dataclasses.dataclass(frozen=True)
 class LmdbCheck:
@@ -61,8 +64,39 @@ def check_lmdb_file(path: str, *, label: str, remedy: str) -> LmdbCheck:
     would not be safe to hand to LMDB; ``StorageFailed`` when it cannot be read."""
     result = ffi.new("struct lc_result *")
     rc = lib.lc_check_file(os.fsencode(path), result)
-    if rc == lib.LC_OK:
-        return LmdbCheck(int(result.file_bytes), int(result.page_bytes), int(result.pages_in_use), int(result.pages_free))
+    if rc != lib.LC_OK:
+        _raise_for(rc, result, path, label, remedy)
+    return LmdbCheck(int(result.file_bytes), int(result.page_bytes), int(result.pages_in_use), int(result.pages_free))
+
+
+def check_meta_pages(path: str, *, label: str, remedy: str) -> None:
+    """The part of :func:`check_lmdb_file` that reads only the two meta pages (``lc_check_meta_pages``
+    in C: the walk's own meta rules, at most the file's first 64 KiB whatever its size), run at
+    every open that does not walk the file: both metas sound (page number, ``P_META``, magic,
+    version, database flags, a page size LMDB accepts), their transaction ids consecutive with the
+    newer one on its parity's page, and the last page the picked one names within reach of the
+    file's end. A bit flipped in a transaction id makes LMDB pick the older meta: it would open
+    the snapshot one commit behind, consistent and sealed, and every answer would be one commit old
+    without an error. Damage is ``Corruption`` (reason ``lmdb_structure``, check ``meta``,
+    ``page_size``, ``database`` or ``file_short``), as from the walk; a file too short for both
+    metas is left to the open (LMDB's own errors)."""
+    result = ffi.new("struct lc_result *")
+    rc = lib.lc_check_meta_pages(os.fsencode(path), result)
+    if rc == lib.LC_OK or (rc == lib.LC_E_DAMAGED and _shorter_than_two_metas(result)):
+        return
+    _raise_for(rc, result, path, label, remedy)
+
+
+def _shorter_than_two_metas(result: Any) -> bool:
+    """Whether a ``file_short`` verdict is about the file's size (shorter than two meta pages of
+    the page size it names, or than two of the smallest when that is unreadable), not about the
+    last page the picked meta names."""
+    page_bytes = int(result.page_bytes) or _PAGE_BYTES_MIN
+    return result.reason == lib.LC_REASON_FILE_SHORT and int(result.file_bytes) < 2 * page_bytes
+
+
+def _raise_for(rc: int, result: Any, path: str, label: str, remedy: str) -> NoReturn:
+    """The typed error of a failed check: damage, no memory, or a file that cannot be read."""
     if rc == lib.LC_E_DAMAGED:
         check = _REASONS.get(result.reason, str(result.reason))
         raise Corruption(
@@ -74,60 +108,6 @@ def check_lmdb_file(path: str, *, label: str, remedy: str) -> LmdbCheck:
         raise MemoryError(f"checking the {label}'s LMDB file {path}")
     error = int(result.sys_errno)
     raise StorageFailed(f"cannot read the {label}'s LMDB file {path}: {os.strerror(error)}", errno=error, path=path)
-
-
-_META_MAGIC = 0xBEEFC0DE
-_P_META = 0x08
-_INTEGER_KEYS = 0x08
-
-
-def check_meta_pages(path: str, *, label: str, remedy: str) -> None:
-    """The part of :func:`check_lmdb_file` that reads only the two meta pages (two reads, whatever
-    the file's size), run at every open that does not walk the file: both metas sound (page
-    number, ``P_META``, magic, version, database flags, a page size LMDB accepts) and their
-    transaction ids consecutive, the newer one on its parity's page. A bit flipped in a
-    transaction id makes LMDB pick the older meta: it would open the snapshot one commit behind,
-    consistent and sealed, and every answer would be one commit old without an error. Damage is
-    ``Corruption`` (reason ``lmdb_structure``, check ``meta`` or ``page_size``), as from the walk;
-    a file too short for both metas is left to the open (LMDB's own errors), as before."""
-    try:
-        with open(path, "rb") as handle:
-            first = handle.read(152)
-            page_bytes = struct.unpack_from("<I", first, 40)[0] if len(first) == 152 else 0
-            if not 512 <= page_bytes <= 0x8000 or page_bytes & (page_bytes - 1):
-                if len(first) < 152:
-                    return
-                _meta_damage(path, label, remedy, "page_size", 0, page_bytes)
-            handle.seek(page_bytes)
-            second = handle.read(152)
-    except OSError as exc:
-        raise StorageFailed(f"cannot read the {label}'s LMDB file {path}: {exc.strerror}", errno=exc.errno, path=path) from None
-    if len(second) < 152:
-        return
-    txnids = []
-    for number, meta in enumerate((first, second)):
-        page, flags, magic, version = struct.unpack_from("<Q2xH", meta, 0) + struct.unpack_from("<II", meta, 16)
-        free_flags = struct.unpack_from("<H", meta, 40 + 4)[0]
-        main_flags = struct.unpack_from("<H", meta, 88 + 4)[0]
-        if page != number or flags != _P_META or magic != _META_MAGIC or version != 1:
-            _meta_damage(path, label, remedy, "meta", number, 0)
-        if main_flags != 0 or free_flags != _INTEGER_KEYS:
-            _meta_damage(path, label, remedy, "database", number, main_flags << 16 | free_flags)
-        txnids.append(struct.unpack_from("<Q", meta, 144)[0])
-    picked = 1 if txnids[0] < txnids[1] else 0
-    newest, older = txnids[picked], txnids[1 - picked]
-    if not (newest == 0 and older == 0) and (newest - older != 1 or newest % 2 != picked):
-        _meta_damage(path, label, remedy, "meta", picked, newest)
-    meta = (first, second)[picked]
-    if struct.unpack_from("<I", meta, 40)[0] != page_bytes:
-        _meta_damage(path, label, remedy, "page_size", picked, struct.unpack_from("<I", meta, 40)[0])
-
-
-def _meta_damage(path: str, label: str, remedy: str, check: str, page: int, value: int) -> None:
-    raise Corruption(
-        f"the {label}'s LMDB file is damaged: check {check} failed on page {page} (value {value}); {remedy}",
-        reason="lmdb_structure", check=check, path=path, page=page, value=value,
-    )
 
 
 def check_option(check: object) -> None:

@@ -927,3 +927,90 @@ def test_each_meta_page_rule_holds_where_the_pages_are_not_walked(tmp_path, dama
     with pytest.raises(Corruption) as caught:
         AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False)
     assert (caught.value.detail["reason"], caught.value.detail["check"], caught.value.detail["page"]) == ("lmdb_structure", *expected)
+
+
+def _set_meta(d, number: int, offset: int, fmt: str, value: int) -> None:
+    struct.pack_into(fmt, d, number * PAGE + offset, value)
+
+
+def _ids(d) -> list[int]:
+    return [struct.unpack_from("<Q", d, number * PAGE + 144)[0] for number in (0, 1)]
+
+
+def _make_meta_1_newest(d) -> None:
+    """Meta 1 the newer one, with the next id (a sound pair): the sample's newest is meta 0."""
+    _set_meta(d, 1, 144, "<Q", max(_ids(d)) + 1)
+
+
+_META_RULES = {
+    # name: (damage, check, meta page named); the sample's newest meta is page 0, and each rule is
+    # met on its own: removing it from check_metas or check_meta in C fails its case
+    "page size out of range": (lambda d: _set_meta(d, 0, 40, "<I", 256), "page_size", 0),
+    "page size not a power of two": (lambda d: _set_meta(d, 0, 40, "<I", PAGE + 512), "page_size", 0),
+    "page size over 32 KiB": (lambda d: _set_meta(d, 0, 40, "<I", 1 << 16), "page_size", 0),
+    "page number of meta 1": (lambda d: _set_meta(d, 1, 0, "<Q", 0), "meta", 1),
+    "page flags of meta 0": (lambda d: _set_meta(d, 0, 10, "<H", 0x08 | 0x10), "meta", 0),
+    "magic of meta 1": (lambda d: _set_meta(d, 1, 16, "<I", 0xBEEFC0DF), "meta", 1),
+    "version of meta 0": (lambda d: _set_meta(d, 0, 20, "<I", 2), "meta", 0),
+    "main database flags of meta 1": (lambda d: _set_meta(d, 1, 88 + 4, "<H", 0x08), "database", 1),
+    "free database flags of meta 0": (lambda d: _set_meta(d, 0, 40 + 4, "<H", 0), "database", 0),
+    "ids two apart": (lambda d: _set_meta(d, 1, 144, "<Q", max(_ids(d)) - 2), "meta", 0),
+    "ids swapped: the newer on the other parity's page": (
+        lambda d: [_set_meta(d, number, 144, "<Q", id) for number, id in enumerate(reversed(_ids(d)))], "meta", 1),
+    "page size of the picked meta 1": (
+        lambda d: (_make_meta_1_newest(d), _set_meta(d, 1, 40, "<I", 2 * PAGE)), "page_size", 1),
+    "last page below the metas": (lambda d: _set_meta(d, 0, 136, "<Q", 0), "file_short", 0),
+    "last page far past the end": (lambda d: _set_meta(d, 0, 136, "<Q", 1 << 40), "file_short", 0),
+}
+
+
+@pytest.mark.parametrize("rule", list(_META_RULES))
+def test_each_meta_rule_gives_the_walks_verdict_where_only_the_metas_are_read(tmp_path, sample, rule):
+    """``check_meta_pages`` (``lc_check_meta_pages`` in C) applies the walk's meta stage itself, the
+    same C code: each rule, met alone, is the walk's ``CORRUPTION`` with the same check, page and
+    value."""
+    from mwpstore._lmdb_check import check_meta_pages
+
+    change, check, page = _META_RULES[rule]
+    path = _damaged_copy(tmp_path, sample, change)
+    walked = _check_fails(path, check)
+    with pytest.raises(Corruption) as caught:
+        check_meta_pages(path, label="test", remedy="rebuild it")
+    assert caught.value.detail == walked.detail
+    assert (caught.value.detail["reason"], caught.value.detail["check"], caught.value.detail["page"]) == (
+        "lmdb_structure", check, page)
+
+
+def test_the_meta_pages_of_a_sound_file_and_of_a_new_environment_pass(tmp_path, sample):
+    """Sound metas pass, both orders of the newer one; a new environment's two ids are both 0."""
+    from mwpstore._lmdb_check import check_meta_pages
+
+    check_meta_pages(sample, label="test", remedy="-")
+    check_meta_pages(_damaged_copy(tmp_path, sample, _make_meta_1_newest), label="test", remedy="-")
+    lmdb.open(str(tmp_path / "new"), map_size=1 << 20).close()
+    check_meta_pages(str(tmp_path / "new" / "data.mdb"), label="test", remedy="-")
+
+
+@pytest.mark.parametrize("size", [30, PAGE + 100], ids=["shorter than a meta's page size field", "meta 1 cut short"])
+def test_a_file_too_short_for_two_metas_is_left_to_lmdbs_open_where_only_the_metas_are_read(tmp_path, sample, size):
+    """The walk calls it ``file_short``; the opens that read only the metas leave it to LMDB's open,
+    which refuses it with its own error (and the index is rebuilt), as before the check was in C."""
+    from mwpstore._lmdb_check import check_meta_pages
+
+    path = _damaged_copy(tmp_path, sample, lambda d: d.__delitem__(slice(size, None)))
+    _check_fails(path, "file_short")
+    assert check_meta_pages(path, label="test", remedy="-") is None
+
+
+@pytest.mark.parametrize("kind", ["directory", "missing"])
+def test_a_meta_pages_check_that_cannot_read_the_file_is_storage_failed(tmp_path, kind):
+    from mwpstore._lmdb_check import check_meta_pages
+    from mwpstore.errors import StorageFailed
+
+    path = tmp_path / "data.mdb"
+    if kind == "directory":
+        path.mkdir()
+    with pytest.raises(StorageFailed) as caught:
+        check_meta_pages(str(path), label="index", remedy="-")
+    assert caught.value.detail["errno"] == (errno.EISDIR if kind == "directory" else errno.ENOENT)
+    assert caught.value.detail["path"] == str(path)
