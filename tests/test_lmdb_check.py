@@ -1014,3 +1014,27 @@ def test_a_meta_pages_check_that_cannot_read_the_file_is_storage_failed(tmp_path
         check_meta_pages(str(path), label="index", remedy="-")
     assert caught.value.detail["errno"] == (errno.EISDIR if kind == "directory" else errno.ENOENT)
     assert caught.value.detail["path"] == str(path)
+
+
+@pytest.mark.parametrize("bit", [24, 45])
+def test_a_flipped_last_page_number_is_corruption_not_a_full_map_where_the_pages_are_not_walked(tmp_path, bit):
+    """A bit flipped in the last page number of the meta LMDB picks, opened without the walk: LMDB
+    grew its map to the pages named, so the store opened and every write was ``LIMIT_EXCEEDED``
+    ("reopen with a larger map size"), or, for a high bit, the open was ``STORAGE_FAILED``
+    (ENOMEM). The meta stage's own rule (the last page within 2^20 pages of the file's end) now
+    runs without the walk too."""
+    path = tmp_path / "agent"
+    with AgentStore.open(path) as agent:
+        with agent.begin() as tx:
+            tx.record_intent(GROUP, mission="m", workitem="wi", ownership_epoch=1, operation="notify")
+    data_file = path / "lmdb" / "data.mdb"
+    data = bytearray(data_file.read_bytes())
+    newest = 0 if _ids(data)[0] > _ids(data)[1] else 1
+    data[newest * PAGE + 136 + bit // 8] ^= 1 << (bit % 8)
+    data_file.write_bytes(bytes(data))
+    with pytest.raises(Corruption) as caught:
+        with AgentStore.open(path, check_lmdb=False) as agent:
+            with agent.begin() as tx:
+                tx.record_intent(GROUP, mission="m", workitem="wi-2", ownership_epoch=1, operation="notify")
+    assert (caught.value.detail["reason"], caught.value.detail["check"], caught.value.detail["page"]) == (
+        "lmdb_structure", "file_short", newest)
