@@ -86,7 +86,7 @@ _WRITE_CACHE_ENTRIES_MAX = 200_000
 VERIFY_MODES = frozenset({"full", "trusted"})
 
 _DATABASES = (
-    b"meta",  # format version
+    b"meta",  # format version; the LMDB id of the last write transaction
     b"heads",  # group -> GroupHead
     b"inbox",  # group NUL seq -> event hash (applied Event IDs; pruned at or below the Cursor)
     b"buffer",  # group NUL seq -> encoded Event (beyond a gap)
@@ -114,6 +114,9 @@ _PRESENCE_TAGS = {
 }
 
 _DIGEST_DATABASES = (b"state", b"queue", b"queue_index", b"projection")
+
+_TXNID_KEY = b"txnid"
+"""The key in ``meta`` of the LMDB id of the last write transaction (see ``_Tables.record_txnid``)."""
 
 _STATE_ENCODER = msgspec.msgpack.Encoder(order="sorted")
 _STATE_DECODER = msgspec.msgpack.Decoder(tuple[int, dict[str, Any] | None])
@@ -379,6 +382,38 @@ class _Tables(SealedTables):
         )
         dbs = open_databases(env, _DATABASES, label="agent store", remedy=self.remedy)
         self._seal_tables(dbs, dbs[b"presence"], _PRESENCE_TAGS)
+        self._recorded: lmdb.Transaction | None = None  # the write transaction whose id is put
+
+    # Every write transaction that writes anything also puts its own LMDB transaction id in
+    # ``meta`` (``_TXNID_KEY``), so the snapshot LMDB opens names the transaction that wrote it,
+    # which the open compares with the id of the meta page LMDB picked (AgentStore._check_snapshot).
+    # A write transaction that writes nothing commits nothing (LMDB writes no meta page and the id
+    # does not advance), so the id is put with the first write, not at every commit. Each of
+    # SealedTables' writes comes through here (tests/test_lmdb_check.py checks the list).
+
+    def record_txnid(self, txn: lmdb.Transaction) -> None:
+        """Put ``txn``'s own id (8 bytes big-endian) in ``meta``, once per write transaction."""
+        if self._recorded is not txn:
+            SealedTables.put(self, txn, b"meta", _TXNID_KEY, txn.id().to_bytes(8, "big"))
+            self._recorded = txn
+
+    def put(self, txn: lmdb.Transaction, name: bytes, key: bytes, value: bytes, new: bool = True) -> None:
+        self.record_txnid(txn)
+        super().put(txn, name, key, value, new)
+
+    def put_many_sealed(self, txn: lmdb.Transaction, name: bytes, items: list[tuple[bytes, bytes]], new: list[bytes] | None = None,
+                        *, fresh: bool = False) -> None:
+        self.record_txnid(txn)
+        super().put_many_sealed(txn, name, items, new, fresh=fresh)
+
+    def delete(self, txn: lmdb.Transaction, name: bytes, key: bytes) -> bool:
+        self.record_txnid(txn)
+        return super().delete(txn, name, key)
+
+    def delete_range(self, txn: lmdb.Transaction, name: bytes, prefix: bytes, start: bytes | None = None,
+                     last: bytes | None = None) -> int:
+        self.record_txnid(txn)
+        return super().delete_range(txn, name, prefix, start, last)
 
 
 _damage_typed = typed_damage("agent store", _Tables.remedy, "agent")
@@ -571,6 +606,31 @@ class AgentStore:
                     f"agent store format {shown_format(bytes(stored))!r} is not {FORMAT_VERSION}; delete the directory and rebuild it",
                     reason="format",
                 )
+            else:
+                self._check_snapshot(txn)
+
+    def _check_snapshot(self, txn: lmdb.Transaction) -> None:
+        """``CORRUPTION`` (reason ``lmdb_structure``, check ``snapshot``) when the snapshot LMDB
+        opened was written by an older transaction than the meta page it picked says: a bit flipped
+        in the older meta page's transaction id (T−1 read as T+1) keeps the two ids consecutive,
+        which the structural check cannot tell from a sound pair, and LMDB opens that older
+        snapshot, one commit behind, consistent and sealed. An id recorded above the meta's is
+        a compacting copy's (``mdb_copy -c`` numbers transactions from 1 again), and no id at all a
+        store written before the id was recorded: both are recorded anew, in this transaction."""
+        tables = self._tables
+        picked = txn.id() - 1  # a write transaction's id is the picked meta's next
+        stored = tables.get(txn, b"meta", _TXNID_KEY)  # sealed: a damaged id fails its seal
+        recorded = None if stored is None else int.from_bytes(stored, "big")
+        if recorded is not None and recorded < picked:
+            data = os.path.join(self.path, "lmdb", "data.mdb")
+            raise Corruption(
+                f"the agent store's LMDB file is damaged: its meta page {picked % 2} says transaction {picked}, "
+                f"but the snapshot it leads to was written by transaction {recorded} (the commits after it "
+                f"would be missing without an error); {tables.remedy}",
+                reason="lmdb_structure", check="snapshot", path=data, page=picked % 2, value=picked, recorded=recorded,
+            )
+        if recorded != picked:
+            tables.record_txnid(txn)
 
     def close(self) -> None:
         """Close the store once the reads and the local transaction in flight have ended (their

@@ -1038,3 +1038,164 @@ def test_a_flipped_last_page_number_is_corruption_not_a_full_map_where_the_pages
                 tx.record_intent(GROUP, mission="m", workitem="wi-2", ownership_epoch=1, operation="notify")
     assert (caught.value.detail["reason"], caught.value.detail["check"], caught.value.detail["page"]) == (
         "lmdb_structure", "file_short", newest)
+
+
+# -- the flip the meta rules cannot see: the older meta's id read as the next one -------------------
+
+
+def _intents_store(path, commits: int) -> None:
+    """An AgentStore whose last ``commits`` local transactions each recorded one outbox intent."""
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        with agent.begin() as tx:
+            for event in workload(GROUP, 5, seed=5):
+                tx.apply(event)
+            tx.advance_cursor(GROUP)
+        for number in range(commits):
+            with agent.begin() as tx:
+                tx.record_intent(GROUP, mission="m", workitem=f"wi-{number}", ownership_epoch=1, operation="notify")
+
+
+def _older_meta_read_as_next(data_file) -> tuple[int, int]:
+    """Give the older meta page the id after the newer one's (T−1 → T+1: one bit, bit 1, when T−1
+    has it clear); both ids stay consecutive, the new newest on its parity's page, so every meta
+    rule passes and LMDB picks it. Returns (that page, T+1)."""
+    data = bytearray(data_file.read_bytes())
+    ids = _ids(data)
+    older = ids.index(min(ids))
+    _set_meta(data, older, 144, "<Q", max(ids) + 1)
+    data_file.write_bytes(bytes(data))
+    return older, max(ids) + 1
+
+
+@pytest.mark.parametrize("commits", [3, 4], ids=["older meta on one page", "on the other"])
+@pytest.mark.parametrize("check", [True, False], ids=["walked", "metas only"])
+def test_an_agent_store_whose_older_meta_reads_as_the_next_is_corruption_not_one_commit_behind(tmp_path, commits, check):
+    """The meta rules pass a pair of ids that stay consecutive, and the walk passes the older
+    snapshot (it is sound): LMDB opened it and the store answered one commit behind, its last
+    outbox intent gone without an error. Every write transaction now records its own id, which
+    the open compares with the picked meta's: ``CORRUPTION`` (``lmdb_structure``, check
+    ``snapshot``), nothing written."""
+    path = tmp_path / "agent"
+    _intents_store(path, commits)
+    data_file = path / "lmdb" / "data.mdb"
+    page, picked = _older_meta_read_as_next(data_file)
+    check_lmdb_file(str(data_file), label="agent", remedy="-")  # the structure is sound
+    damaged = data_file.read_bytes()
+    with pytest.raises(Corruption) as caught:
+        with AgentStore.open(path, check_lmdb=check) as agent:
+            assert len(agent.intents()) == commits  # what the old code got wrong: commits - 1
+    detail = caught.value.detail
+    assert (detail["reason"], detail["check"], detail["page"], detail["value"], detail["recorded"]) == (
+        "lmdb_structure", "snapshot", page, picked, picked - 2)
+    assert data_file.read_bytes() == damaged
+
+
+def test_an_empty_local_transaction_still_commits_nothing(tmp_path):
+    """The id is put with a transaction's first write, not at its commit: a transaction that writes
+    nothing (here a batch of duplicates, and an empty one) leaves LMDB's id where it was."""
+    from mwpstore.delivery import deliver_batch
+
+    path = tmp_path / "agent"
+    events = workload(GROUP, 8, seed=4)
+    with AgentStore.open(path) as agent:
+        deliver_batch(agent, GROUP, events)
+        before = agent._env.info()["last_txnid"]
+        deliver_batch(agent, GROUP, events)
+        with agent.begin():
+            pass
+        assert agent._env.info()["last_txnid"] == before
+    with AgentStore.open(path) as agent:
+        assert agent._env.info()["last_txnid"] == before and agent.cursor(GROUP) == 8
+
+
+def test_every_write_of_the_agent_stores_tables_records_the_transaction_id():
+    """SealedTables' methods that write are each wrapped in the AgentStore's tables, so that every
+    write transaction puts its id; a new writer there must be wrapped too (or an AgentStore written
+    through it would be refused at its next open)."""
+    import inspect
+
+    from mwpstore._sealed import SealedTables
+    from mwpstore.agent_store import _Tables
+
+    readers = {"begin", "get", "last_below", "range", "seed", "unseal"}
+    public = {name for name, _ in inspect.getmembers(SealedTables, inspect.isfunction) if not name.startswith("_")}
+    writers = public - readers - {"put_many"}  # put_many writes through put_many_sealed
+    assert writers == {"put", "put_many_sealed", "delete", "delete_range"}
+    assert all(name in vars(_Tables) for name in writers)
+    assert "put_many" not in vars(SealedTables) or "put_many_sealed" in inspect.getsource(SealedTables.put_many)
+
+
+def test_the_recorded_id_follows_every_kind_of_write_and_a_store_without_it_is_recorded_once(tmp_path):
+    """Reopened after each kind of write (applies, an intent and its receipt, a prune, a reset, an
+    OfflineGuard record, a projection's own row), a sound store opens. A store written before the
+    id was recorded (simulated: the id deleted by a raw LMDB write) is accepted and recorded at its
+    open; a flip after that is caught."""
+    from mwpstore.delivery import deliver_batch
+
+    path = tmp_path / "agent"
+    events = workload(GROUP, 30, seed=6)
+    steps = [
+        lambda agent: deliver_batch(agent, GROUP, events[:20]),
+        lambda agent: agent.record_receipt(_intent(agent), {"status": "ok"}),
+        lambda agent: agent.prune_inbox(GROUP),
+        lambda agent: deliver_batch(agent, GROUP, events[20:]),
+        lambda agent: agent.reset_group(GROUP),
+    ]
+    for step in steps:
+        with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=True) as agent:
+            step(agent)
+    with AgentStore.open(path) as agent:
+        assert agent.cursor(GROUP) == 0 and agent.states(GROUP) == {}
+    env = lmdb.open(str(path / "lmdb"), max_dbs=20)
+    with env.begin(write=True) as txn:
+        assert txn.delete(b"txnid", db=env.open_db(b"meta", txn=txn, create=False))
+    env.close()
+    with AgentStore.open(path) as agent:
+        with agent.begin() as tx:
+            tx.record_intent(GROUP, mission="m", workitem="wi-2", ownership_epoch=1, operation="notify")
+    _older_meta_read_as_next(path / "lmdb" / "data.mdb")
+    with pytest.raises(Corruption, match="snapshot it leads to"):
+        AgentStore.open(path)
+
+
+def _intent(agent) -> str:
+    with agent.begin() as tx:
+        return tx.record_intent(GROUP, mission="m", workitem="wi", ownership_epoch=1, operation="notify").key
+
+
+def test_a_compacting_copy_of_an_agent_store_opens(tmp_path):
+    """``mdb_copy -c`` (``env.copy(compact=True)``) writes the newest snapshot under transaction 1:
+    the id recorded in it is higher than the meta's, which no flip makes (the id is sealed), so it
+    is recorded anew, and the copy answers as the store did."""
+    path = tmp_path / "agent"
+    _intents_store(path, 3)
+    copy = tmp_path / "copy"
+    (copy / "lmdb").mkdir(parents=True)
+    env = lmdb.open(str(path / "lmdb"), max_dbs=20)
+    env.copy(str(copy / "lmdb"), compact=True)
+    env.close()
+    for _ in range(2):
+        with AgentStore.open(copy) as agent:
+            assert len(agent.intents()) == 3 and agent._env.info()["last_txnid"] == 2
+
+
+def test_an_index_whose_older_meta_reads_as_the_next_redoes_the_commit_it_lacks(tmp_path):
+    """The same flip in the index's file (T−1 read as T+1) is harmless there: the index records
+    the log position it reflects in the same transaction, so the older snapshot LMDB opens is
+    redone from the log. After a crash (the files as the last commit left them) the last commit's
+    record is redone; after a clean close the older snapshot is the last data commit (the close's
+    own commit only marks it clean). Either way the answers are the log's."""
+    import shutil
+
+    store = tmp_path / "store"
+    authority = open_with_group(str(store))
+    for number in range(4):
+        authority.accept(mission_create(f"m-{number}"))
+    head = authority.head(GROUP)
+    shutil.copytree(store, tmp_path / "crashed", ignore=shutil.ignore_patterns("*.lock"))
+    authority.close()
+    for name, mode, redone in (("crashed", "redo", 1), ("store", "clean", 0)):
+        _older_meta_read_as_next(tmp_path / name / "index" / "data.mdb")
+        with Authority.open(str(tmp_path / name)) as reopened:
+            assert (reopened.open_report.mode, reopened.open_report.redo_records) == (mode, redone)
+            assert reopened.head(GROUP) == head and reopened.verify().ok
