@@ -63,6 +63,9 @@ enum tree_role { ROLE_FREE, ROLE_MAIN, ROLE_NAMED };
 
 struct walk {
     const uint8_t *map;
+    uint64_t map_bytes; /* the file's first bytes that map holds: all of it for the walk */
+    int fd;             /* where the pages past map_bytes are read from (-1: none) */
+    uint8_t *page_copy; /* one page read from fd */
     uint64_t file_bytes;
     uint64_t page_bytes;
     uint64_t next_page;
@@ -384,6 +387,69 @@ static int check_meta(struct walk *w, uint64_t number, uint64_t *txnid_out) {
     return LC_OK;
 }
 
+/* Page `page` of the file, from the map or read from the file into w->page_copy (valid until the
+ * next read); NULL when it lies past the file's end or cannot be read. */
+static const uint8_t *page_for_meta_stage(struct walk *w, uint64_t page) {
+    if (page >= w->file_bytes / w->page_bytes) {
+        return NULL;
+    }
+    if ((page + 1) * w->page_bytes <= w->map_bytes) {
+        return page_at(w, page);
+    }
+    if (w->fd < 0 || w->page_copy == NULL) {
+        return NULL;
+    }
+    uint64_t got = 0;
+    while (got < w->page_bytes) {
+        ssize_t n = pread(w->fd, w->page_copy + got, (size_t)(w->page_bytes - got), (off_t)(page * w->page_bytes + got));
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n <= 0) {
+            return NULL;
+        }
+        got += (uint64_t)n;
+    }
+    return w->page_copy;
+}
+
+/*
+ * The last key of a free database from `root` down its last children: the highest transaction id
+ * with a free-list record in that snapshot. 0 (and *key_out untouched) when a page on the way is
+ * not a sound branch or leaf: the walk judges the picked meta's tree, and the other meta's is
+ * then not judged at all.
+ */
+static int last_free_key(struct walk *w, uint64_t root, uint64_t *key_out) {
+    uint64_t page = root;
+    for (int depth = 1; depth <= CURSOR_STACK_DEPTH; depth++) {
+        const uint8_t *p = page_for_meta_stage(w, page);
+        if (p == NULL || u64_at(p) != page) {
+            return 0;
+        }
+        uint16_t flags = u16_at(p + 10);
+        uint64_t lower = u16_at(p + 12);
+        uint64_t upper = u16_at(p + 14);
+        if ((flags != P_BRANCH && flags != P_LEAF) || lower <= PAGE_HEADER_BYTES || lower > upper ||
+            upper > w->page_bytes || (lower - PAGE_HEADER_BYTES) % 2 != 0) {
+            return 0;
+        }
+        uint64_t offset = u16_at(p + lower - 2);
+        if (offset < upper || offset + NODE_HEADER_BYTES > w->page_bytes) {
+            return 0;
+        }
+        const uint8_t *node = p + offset;
+        if (flags == P_LEAF) {
+            if (u16_at(node + 6) != FREE_KEY_BYTES || offset + NODE_HEADER_BYTES + FREE_KEY_BYTES > w->page_bytes) {
+                return 0;
+            }
+            *key_out = u64_at(node + NODE_HEADER_BYTES);
+            return 1;
+        }
+        page = (uint64_t)u16_at(node) | ((uint64_t)u16_at(node + 2) << 16) | ((uint64_t)u16_at(node + 4) << 32);
+    }
+    return 0;
+}
+
 /*
  * The meta stage, shared by the walk and lc_check_meta_pages: the page size, both meta pages,
  * the one LMDB picks and the pages it names. Reads only the file's first two pages (w->map may
@@ -420,6 +486,16 @@ static int check_metas(struct walk *w, uint64_t *picked_out) {
     const uint8_t *meta = w->map + picked * page_bytes;
     if (u32_at(meta + 40) != page_bytes) {
         return damaged(w, LC_REASON_PAGE_SIZE, picked, u32_at(meta + 40));
+    }
+    /* Transaction T records the pages it freed under key T, so a snapshot's free database holds no
+     * key above its own id. The newer meta's id turned into the older one's predecessor (T read as
+     * T-2) stays consecutive and LMDB opens the older snapshot; the newer meta's free database,
+     * whose last key is then above its id, shows it. (The older snapshot's pages are intact: LMDB
+     * reuses no page the newest two snapshots hold.) */
+    uint64_t other_free_root = u64_at(w->map + (1 - picked) * page_bytes + 40 + 40);
+    uint64_t last_key;
+    if (other_free_root != NO_PAGE && last_free_key(w, other_free_root, &last_key) && last_key > older) {
+        return damaged(w, LC_REASON_META, 1 - picked, last_key);
     }
     uint64_t last_page = u64_at(meta + 136);
     uint64_t pages_in_file = w->file_bytes / page_bytes;
@@ -522,7 +598,7 @@ static int read_head(int fd, uint8_t *buffer, uint64_t bytes, struct lc_result *
 
 int lc_check_meta_pages(const char *path, struct lc_result *out) {
     memset(out, 0, sizeof(*out));
-    struct walk w = {.out = out};
+    struct walk w = {.fd = -1, .out = out};
     int fd;
     int rc = open_data_file(path, &w, &fd);
     if (rc != LC_OK) {
@@ -538,19 +614,23 @@ int lc_check_meta_pages(const char *path, struct lc_result *out) {
         return LC_E_NO_MEMORY;
     }
     rc = read_head(fd, head, head_bytes, out);
-    close(fd);
     if (rc == LC_OK) {
         uint64_t picked;
         w.map = head;
-        rc = check_metas(&w, &picked);
+        w.map_bytes = head_bytes;
+        w.fd = fd;
+        w.page_copy = malloc(PAGE_BYTES_MAX);
+        rc = w.page_copy == NULL ? LC_E_NO_MEMORY : check_metas(&w, &picked);
     }
+    close(fd);
+    free(w.page_copy);
     free(head);
     return rc;
 }
 
 int lc_check_file(const char *path, struct lc_result *out) {
     memset(out, 0, sizeof(*out));
-    struct walk w = {.out = out};
+    struct walk w = {.fd = -1, .out = out};
     int fd;
     int rc = open_data_file(path, &w, &fd);
     if (rc != LC_OK) {
@@ -572,6 +652,7 @@ int lc_check_file(const char *path, struct lc_result *out) {
         return rc;
     }
     w.map = copy;
+    w.map_bytes = w.file_bytes;
 #else
     void *map = mmap(NULL, (size_t)w.file_bytes, PROT_READ, MAP_SHARED, fd, 0);
     int saved = errno;
@@ -582,6 +663,7 @@ int lc_check_file(const char *path, struct lc_result *out) {
     }
     (void)madvise(map, (size_t)w.file_bytes, MADV_WILLNEED);
     w.map = map;
+    w.map_bytes = w.file_bytes;
 #endif
     rc = check_mapped(&w);
     free(w.in_use);

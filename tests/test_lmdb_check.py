@@ -957,6 +957,8 @@ _META_RULES = {
     "ids two apart": (lambda d: _set_meta(d, 1, 144, "<Q", max(_ids(d)) - 2), "meta", 0),
     "ids swapped: the newer on the other parity's page": (
         lambda d: [_set_meta(d, number, 144, "<Q", id) for number, id in enumerate(reversed(_ids(d)))], "meta", 1),
+    "newer id read as the older one's predecessor": (
+        lambda d: _set_meta(d, 0, 144, "<Q", min(_ids(d)) - 1), "meta", 0),
     "page size of the picked meta 1": (
         lambda d: (_make_meta_1_newest(d), _set_meta(d, 1, 40, "<I", 2 * PAGE)), "page_size", 1),
     "last page below the metas": (lambda d: _set_meta(d, 0, 136, "<Q", 0), "file_short", 0),
@@ -1199,3 +1201,111 @@ def test_an_index_whose_older_meta_reads_as_the_next_redoes_the_commit_it_lacks(
         with Authority.open(str(tmp_path / name)) as reopened:
             assert (reopened.open_report.mode, reopened.open_report.redo_records) == (mode, redone)
             assert reopened.head(GROUP) == head and reopened.verify().ok
+
+
+@pytest.mark.parametrize("commits", [3, 4], ids=["newer meta on one page", "on the other"])
+@pytest.mark.parametrize("check", [True, False], ids=["walked", "metas only"])
+def test_a_newer_meta_whose_id_reads_as_the_older_ones_predecessor_is_corruption_not_one_commit_behind(tmp_path, commits, check):
+    """The other consecutive flip (T read as T−2: one bit, bit 1, when T has it set): LMDB picks
+    the sound older meta, and the store answered one commit behind, its last outbox intent gone
+    without an error (the id recorded in that snapshot is its own, so the open's comparison cannot
+    see it). The newer meta's free database names transaction T, above the id it now carries:
+    ``CORRUPTION`` (``lmdb_structure``, check ``meta``, that page), with or without the walk."""
+    path = tmp_path / "agent"
+    _intents_store(path, commits)
+    data_file = path / "lmdb" / "data.mdb"
+    data = bytearray(data_file.read_bytes())
+    ids = _ids(data)
+    newer = ids.index(max(ids))
+    _set_meta(data, newer, 144, "<Q", min(ids) - 1)
+    data_file.write_bytes(bytes(data))
+    with pytest.raises(Corruption) as caught:
+        with AgentStore.open(path, check_lmdb=check) as agent:
+            assert len(agent.intents()) == commits  # what the old code got wrong: commits - 1
+    detail = caught.value.detail
+    assert (detail["reason"], detail["check"], detail["page"]) == ("lmdb_structure", "meta", newer)
+    assert detail["value"] in (max(ids), max(ids) - 1)  # the newest free-list record's transaction
+
+
+def test_a_newer_meta_read_as_the_older_ones_predecessor_is_found_down_a_free_database_with_branches(tmp_path):
+    """The newer meta's free database several pages deep (records kept by a reader while 600
+    transactions freed pages) and far past the first 64 KiB, which the metas-only check reads
+    from the file page by page: its last key is found down the last children, in the walk and
+    without it, and a sound file passes."""
+    from mwpstore._lmdb_check import check_meta_pages
+
+    directory = str(tmp_path / "env")
+    env = lmdb.open(directory, max_dbs=2, map_size=1 << 28, sync=False)
+    db = env.open_db(b"d")
+    with env.begin(write=True) as txn:
+        for i in range(3000):
+            txn.put(b"k%06d" % i, b"v" * 100, db=db)
+    reader = env.begin()
+    for number in range(600):
+        with env.begin(write=True) as txn:
+            txn.put(b"k%06d" % (number * 5 % 3000), b"w" * 100, db=db)
+    reader.abort()
+    env.close()
+    sound = os.path.join(directory, "data.mdb")
+    data = open(sound, "rb").read()
+    ids = _ids(data)
+    newer = ids.index(max(ids))
+    free_root = struct.unpack_from("<Q", data, newer * PAGE + 40 + 40)[0]
+    assert struct.unpack_from("<H", data, free_root * PAGE + 10)[0] == P_BRANCH and free_root * PAGE > 1 << 16
+    check_meta_pages(sound, label="test", remedy="-")
+    check_lmdb_file(sound, label="test", remedy="-")
+    damaged = _damaged_copy(tmp_path, sound, lambda d: _set_meta(d, newer, 144, "<Q", min(ids) - 1))
+    walked = _check_fails(damaged, "meta")
+    with pytest.raises(Corruption) as caught:
+        check_meta_pages(damaged, label="test", remedy="rebuild it")
+    assert caught.value.detail == walked.detail and (walked.detail["page"], walked.detail["value"]) == (newer, max(ids))
+
+
+def _older_free_leaf(d) -> tuple[int, int]:
+    """(page, offset of its last node) of the older meta's free database, a single leaf in the
+    sample (that meta is page 1)."""
+    root = struct.unpack_from("<Q", d, 1 * PAGE + 40 + 40)[0]
+    assert _ids(d)[1] < _ids(d)[0] and struct.unpack_from("<H", d, root * PAGE + 10)[0] == P_LEAF
+    lower = struct.unpack_from("<H", d, root * PAGE + 12)[0]
+    return root, struct.unpack_from("<H", d, root * PAGE + lower - 2)[0]
+
+
+def _older_free_last_key(d, key: int, *, key_bytes: int = 8, page_number: int | None = None, flags: int = P_LEAF) -> None:
+    page, offset = _older_free_leaf(d)
+    struct.pack_into("<Q", d, page * PAGE + offset + 8, key)
+    struct.pack_into("<H", d, page * PAGE + offset + 6, key_bytes)
+    struct.pack_into("<QxxH", d, page * PAGE, page if page_number is None else page_number, flags)
+
+
+@pytest.mark.parametrize("damage", ["page number", "page flags", "key size"])
+def test_the_older_metas_free_database_is_not_judged_where_its_page_is_unsound(tmp_path, sample, damage):
+    """LMDB does not read the older meta's trees; the rule on its free database's last key judges
+    only a sound path to it (else a damaged free page there, never read, would refuse the file)."""
+    from mwpstore._lmdb_check import check_meta_pages
+
+    newest = max(_ids(open(sample, "rb").read()))
+    options = {"page number": {"page_number": 7}, "page flags": {"flags": P_BRANCH | 0x08}, "key size": {"key_bytes": 4}}
+
+    def change(d):
+        page, offset = _older_free_leaf(d)
+        _older_free_last_key(d, newest + 100, **options[damage])
+        if damage == "page flags":  # read as a branch, its last node would lead to the newer meta's free leaf
+            struct.pack_into("<HHH", d, page * PAGE + offset, _meta(bytes(d))[0], 0, 0)
+
+    path = _damaged_copy(tmp_path, sample, change)
+    check_meta_pages(path, label="test", remedy="-")
+    check_lmdb_file(path, label="test", remedy="-")
+
+
+def test_a_free_list_record_at_the_newer_id_under_the_older_meta_is_damage(tmp_path, sample):
+    """The rule is the older meta's own id, not the newer one's: a free-list record of the newest
+    transaction in the older snapshot (what the newer meta's id read as the one below the older's
+    leaves when that transaction freed nothing) is damage."""
+    from mwpstore._lmdb_check import check_meta_pages
+
+    newest = max(_ids(open(sample, "rb").read()))
+    path = _damaged_copy(tmp_path, sample, lambda d: _older_free_last_key(d, newest))
+    walked = _check_fails(path, "meta")
+    with pytest.raises(Corruption) as caught:
+        check_meta_pages(path, label="test", remedy="-")
+    assert caught.value.detail["check"] == "meta" and (walked.detail["page"], walked.detail["value"]) == (1, newest)
