@@ -65,7 +65,12 @@ from .errors import (
 from .messages import DECODE_ERRORS, HASHING, ZERO_HASH, Effect, Event, check_event, decode_event, encode_event
 from .workitems import claim_refused
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+"""3: format 2 (sealed values, presence) with ``meta`` ``txnid``. A store of format 2 is upgraded
+by its first open, which records the id; builds of format 2 refuse a store of format 3, whose
+commits they would make without the id."""
+
+_FORMAT_UPGRADED_AT_OPEN = b"2"
 
 BUFFERED_EVENTS_MAX = 100_000
 """Bound on Events buffered beyond a gap, per Group; more is refused with ``LIMIT_EXCEEDED``."""
@@ -374,12 +379,16 @@ class _Tables(SealedTables):
         self.env = env
         # A store of format 1 lacks presence: refused as format 1 (reason format), not as damage.
         # Its outbox intents are in no Event: they are settled with the build that wrote them.
-        check_stored_format(
-            env,
-            str(FORMAT_VERSION).encode(),
-            label="agent store",
-            remedy="settle its outbox with the build that wrote it (intents are in no Event), then " + self.remedy,
-        )
+        try:
+            check_stored_format(
+                env,
+                str(FORMAT_VERSION).encode(),
+                label="agent store",
+                remedy="settle its outbox with the build that wrote it (intents are in no Event), then " + self.remedy,
+            )
+        except Corruption as exc:
+            if exc.detail.get("format") != _FORMAT_UPGRADED_AT_OPEN.decode():
+                raise  # format 2 is upgraded by the open (AgentStore._check_format)
         dbs = open_databases(env, _DATABASES, label="agent store", remedy=self.remedy)
         self._seal_tables(dbs, dbs[b"presence"], _PRESENCE_TAGS)
         self._recorded: lmdb.Transaction | None = None  # the write transaction whose id is put
@@ -599,7 +608,9 @@ class AgentStore:
             # format 1, which stored it plain, was refused before the databases were opened
             # (check_stored_format, in _Tables).
             stored = tables.get(txn, b"meta", b"format")
-            if stored is None:
+            if stored is None or bytes(stored) == _FORMAT_UPGRADED_AT_OPEN:
+                # a new store, or one of format 2, whose snapshot records no transaction id: the
+                # write of the format records this transaction's
                 tables.put(txn, b"meta", b"format", str(FORMAT_VERSION).encode())
             elif bytes(stored) != str(FORMAT_VERSION).encode():
                 raise Corruption(
@@ -615,13 +626,16 @@ class AgentStore:
         in the older meta page's transaction id (T−1 read as T+1) keeps the two ids consecutive,
         which the structural check cannot tell from a sound pair, and LMDB opens that older
         snapshot, one commit behind, consistent and sealed. An id recorded above the meta's is
-        a compacting copy's (``mdb_copy -c`` numbers transactions from 1 again), and no id at all a
-        store written before the id was recorded: both are recorded anew, in this transaction."""
+        a compacting copy's (``mdb_copy -c`` numbers transactions from 1 again): it is recorded
+        anew, in this transaction."""
         tables = self._tables
         picked = txn.id() - 1  # a write transaction's id is the picked meta's next
         stored = tables.get(txn, b"meta", _TXNID_KEY)  # sealed: a damaged id fails its seal
-        recorded = None if stored is None else int.from_bytes(stored, "big")
-        if recorded is not None and recorded < picked:
+        if stored is None:  # written with the format, and never deleted
+            raise Corruption(f"the agent store lost its recorded transaction id; {tables.remedy}",
+                             reason="agent_missing", database="meta", key=_TXNID_KEY.decode())
+        recorded = int.from_bytes(stored, "big")
+        if recorded < picked:
             data = os.path.join(self.path, "lmdb", "data.mdb")
             raise Corruption(
                 f"the agent store's LMDB file is damaged: its meta page {picked % 2} says transaction {picked}, "

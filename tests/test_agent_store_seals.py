@@ -161,18 +161,21 @@ def test_a_store_of_the_unsealed_format_is_refused_with_a_typed_error(tmp_path, 
     assert store_bytes(str(path), leave_out=("lmdb/lock.mdb",)) == before
 
 
-@pytest.mark.parametrize("stored", ["format 2, its seal damaged", "format 2 unsealed"])
+@pytest.mark.parametrize("stored", ["the format, its seal damaged", "the format unsealed", "format 2 unsealed"])
 def test_a_damaged_format_entry_is_refused_as_damage_not_as_another_format(tmp_path, events, stored):
     """A format entry that fails its seal and is not 0.1.0's plain format is damage (reason
     agent_checksum). A damaged seal was refused as "format" with four garbage bytes for a name
     (and advice to settle the outbox with the build that wrote it), and an unsealed ``2``, which
     no build writes, opened as if it were sound."""
+    from mwpstore.agent_store import FORMAT_VERSION
     from mwpstore.index import seal
 
     path = tmp_path / "agent"
     agent = _filled(path, events)
-    sealed = seal(b"meta", b"format", b"2")
-    value = sealed[:-1] + bytes([sealed[-1] ^ 1]) if stored == "format 2, its seal damaged" else b"2"
+    current = str(FORMAT_VERSION).encode()
+    sealed = seal(b"meta", b"format", current)
+    value = {"the format, its seal damaged": sealed[:-1] + bytes([sealed[-1] ^ 1]), "the format unsealed": current,
+             "format 2 unsealed": b"2"}[stored]
     with agent._env.begin(write=True) as txn:
         assert bytes(txn.get(b"format", db=_raw(agent, b"meta"))) == sealed
         txn.put(b"format", value, db=_raw(agent, b"meta"))

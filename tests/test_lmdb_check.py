@@ -1127,11 +1127,9 @@ def test_every_write_of_the_agent_stores_tables_records_the_transaction_id():
     assert "put_many" not in vars(SealedTables) or "put_many_sealed" in inspect.getsource(SealedTables.put_many)
 
 
-def test_the_recorded_id_follows_every_kind_of_write_and_a_store_without_it_is_recorded_once(tmp_path):
-    """Reopened after each kind of write (applies, an intent and its receipt, a prune, a reset, an
-    OfflineGuard record, a projection's own row), a sound store opens. A store written before the
-    id was recorded (simulated: the id deleted by a raw LMDB write) is accepted and recorded at its
-    open; a flip after that is caught."""
+def test_the_recorded_id_follows_every_kind_of_write(tmp_path):
+    """Reopened after each kind of write (applies, an intent and its receipt, a prune, a reset,
+    each with the walk), a sound store opens, and a flip after the last is caught."""
     from mwpstore.delivery import deliver_batch
 
     path = tmp_path / "agent"
@@ -1148,16 +1146,50 @@ def test_the_recorded_id_follows_every_kind_of_write_and_a_store_without_it_is_r
             step(agent)
     with AgentStore.open(path) as agent:
         assert agent.cursor(GROUP) == 0 and agent.states(GROUP) == {}
-    env = lmdb.open(str(path / "lmdb"), max_dbs=20)
-    with env.begin(write=True) as txn:
-        assert txn.delete(b"txnid", db=env.open_db(b"meta", txn=txn, create=False))
-    env.close()
-    with AgentStore.open(path) as agent:
-        with agent.begin() as tx:
-            tx.record_intent(GROUP, mission="m", workitem="wi-2", ownership_epoch=1, operation="notify")
     _older_meta_read_as_next(path / "lmdb" / "data.mdb")
     with pytest.raises(Corruption, match="snapshot it leads to"):
         AgentStore.open(path)
+
+
+def _raw_meta(path, change) -> None:
+    """Change the store's ``meta`` database with plain LMDB writes (no id recorded)."""
+    env = lmdb.open(str(path / "lmdb"), max_dbs=20)
+    with env.begin(write=True) as txn:
+        change(txn, env.open_db(b"meta", txn=txn, create=False))
+    env.close()
+
+
+def test_a_store_of_format_2_is_upgraded_by_its_first_open_and_refused_by_a_build_of_format_2(tmp_path):
+    """Format 2 recorded no transaction id: its first open records it and writes format 3 (the
+    intents as they were), and the flip is caught from there on. A build of format 2 refuses
+    format 3 (reason ``format``), whose commits it would make without the id (its stored id would
+    then lag, and read as damage here)."""
+    from mwpstore._sealed import check_stored_format
+    from mwpstore.index import seal
+
+    path = tmp_path / "agent"
+    _intents_store(path, 2)
+    _raw_meta(path, lambda txn, meta: (txn.put(b"format", seal(b"meta", b"format", b"2"), db=meta),
+                                       txn.delete(b"txnid", db=meta)))
+    with AgentStore.open(path) as agent:
+        assert len(agent.intents()) == 2
+        with agent.begin() as tx:
+            tx.record_intent(GROUP, mission="m", workitem="wi-new", ownership_epoch=1, operation="notify")
+        with pytest.raises(Corruption) as refused:  # what a build of format 2 checks first
+            check_stored_format(agent._env, b"2", label="agent store", remedy="-")
+        assert refused.value.detail == {"reason": "format", "format": "3"}
+    _older_meta_read_as_next(path / "lmdb" / "data.mdb")
+    with pytest.raises(Corruption, match="snapshot it leads to"):
+        AgentStore.open(path)
+
+
+def test_a_store_of_format_3_without_its_recorded_id_is_corruption(tmp_path):
+    path = tmp_path / "agent"
+    _intents_store(path, 1)
+    _raw_meta(path, lambda txn, meta: txn.delete(b"txnid", db=meta))
+    with pytest.raises(Corruption) as caught:
+        AgentStore.open(path)
+    assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_missing", "txnid")
 
 
 def _intent(agent) -> str:
