@@ -975,6 +975,7 @@ class _Fixture:
     oracle: Acknowledged
     agent: str  # an AgentStore that applied both Groups, cleanly closed
     agent_dump: str  # everything its read API answers (``agent_answers``)
+    agent_dump_written: str  # the same after ``_agent_flip_write`` on a copy of it
 
 
 def _build_fixture(root: str, rng: random.Random) -> _Fixture:
@@ -1007,6 +1008,7 @@ def _build_fixture(root: str, rng: random.Random) -> _Fixture:
         agent_path = os.path.join(root, "agent")
         agent_dump = _build_agent_fixture(agent_path, authority)
         authority.close()
+    agent_dump_written = _agent_written_dump(agent_path, os.path.join(root, "agent-written"))
     keys = os.path.join(root, "org-keys")
     audit_path = os.path.join(root, "audit.log")
     provider = FileKeyProvider(keys)
@@ -1019,7 +1021,7 @@ def _build_fixture(root: str, rng: random.Random) -> _Fixture:
     _, last_first, last_used, _ = segments[-1]
     tail_start = lib.SL_SEGMENT_HEADER_BYTES + max(0, records[-TAIL_RECORDS][0] - last_first)
     return _Fixture(root, store, records, segments, (tail_start, last_used), snapshot, GROUPS[0], audit_path,
-                    audit_records, keys, boot, oracle, agent_path, agent_dump)
+                    audit_records, keys, boot, oracle, agent_path, agent_dump, agent_dump_written)
 
 
 def _build_agent_fixture(path: str, authority: Any) -> str:
@@ -1033,6 +1035,33 @@ def _build_agent_fixture(path: str, authority: Any) -> str:
         agent.prune_inbox(GROUPS[0])
         with agent.begin() as tx:
             tx.record_intent(GROUPS[1], mission="m-fixture", workitem="wi-fixture", ownership_epoch=1, operation="notify")
+        return agent_answers(agent)
+
+
+AGENT_FLIP_NOW_MS = 3_000_000
+"""The clock of the AgentStore the ``agent_lmdb_flip`` family writes to (its intent's times)."""
+
+
+def _agent_flip_clock() -> int:
+    return AGENT_FLIP_NOW_MS
+
+
+def _agent_flip_write(agent: Any) -> None:
+    """The write every ``agent_lmdb_flip`` case makes after its reads: an outbox intent in the
+    first Group (puts into the outbox, its group index and presence) and a reset of the second
+    (a deletion across every database of a Group), two local transactions."""
+    with agent.begin() as tx:
+        tx.record_intent(GROUPS[0], mission="m-flip", workitem="wi-flip", ownership_epoch=1, operation="notify")
+    agent.reset_group(GROUPS[1])
+
+
+def _agent_written_dump(fixture_agent: str, target: str) -> str:
+    """``agent_answers`` of a copy of the AgentStore fixture after ``_agent_flip_write``."""
+    from .agent_store import AgentStore
+
+    shutil.copytree(fixture_agent, target, ignore=shutil.ignore_patterns("lock.mdb", "agent.lock"))
+    with AgentStore.open(target, projections=[CountingProjection()], clock=_agent_flip_clock) as agent:
+        _agent_flip_write(agent)
         return agent_answers(agent)
 
 
@@ -1294,20 +1323,35 @@ def corruption_lmdb_child(argv: list[str]) -> None:
 
 def corruption_agent_lmdb_child(argv: list[str]) -> None:
     """Check bit flips in an AgentStore's LMDB file in isolation: ``FIXTURE_AGENT WORK_DIR
-    CASES_JSON EXPECTED_JSON``; prints one JSON line per case."""
+    CASES_JSON EXPECTED_JSON``; prints one JSON line per case. Each damaged copy answers every read
+    as the undamaged store does; then it takes ``_agent_flip_write`` and answers as the undamaged
+    store did after it, also once reopened, or refuses the write with ``CORRUPTION`` (any other
+    error there is a violation: damage is named as damage)."""
     from .agent_store import AgentStore
 
     fixture_agent, work, cases_path, expected_path = argv
     with open(cases_path) as handle:
         cases = json.load(handle)
     with open(expected_path) as handle:
-        expected = handle.read()
+        expected = json.load(handle)
 
     def judge(target: str, offset: int, bit: int) -> tuple[str, str]:
-        with AgentStore.open(target, projections=[CountingProjection()]) as agent:
-            if agent_answers(agent) == expected:
-                return "no_effect", ""
-        return "wrong", f"an AgentStore with a flipped bit at {offset} (bit {bit}) answered differently without an error"
+        flip = f"an AgentStore with a flipped bit at {offset} (bit {bit})"
+        with AgentStore.open(target, projections=[CountingProjection()], clock=_agent_flip_clock) as agent:
+            if agent_answers(agent) != expected["read"]:
+                return "wrong", f"{flip} answered differently without an error"
+            try:
+                _agent_flip_write(agent)
+            except MwpError as exc:
+                if exc.code == "CORRUPTION":
+                    return "write_refused:CORRUPTION", ""
+                return "write_refused_untyped", f"{flip} refused the write with {exc.code}, not CORRUPTION: {_describe(exc)}"
+            if agent_answers(agent) != expected["written"]:
+                return "wrong", f"{flip} answered differently after the write without an error"
+        with AgentStore.open(target, projections=[CountingProjection()], clock=_agent_flip_clock) as agent:
+            if agent_answers(agent) != expected["written"]:
+                return "wrong", f"{flip} answered differently once reopened after the write, without an error"
+        return "no_effect", ""
 
     _flip_cases(cases, fixture_agent, work, os.path.join("lmdb", "data.mdb"), ("lock.mdb", "agent.lock"), judge)
 
@@ -1330,7 +1374,7 @@ def _run_lmdb_batch(fixture: _Fixture, cases: list[tuple[int, int]], work: str, 
     oracle_path = os.path.join(work, "oracle.json")
     with open(oracle_path, "w") as handle:
         if agent:
-            handle.write(fixture.agent_dump)
+            json.dump({"read": fixture.agent_dump, "written": fixture.agent_dump_written}, handle)
         else:
             json.dump({"receipts": fixture.oracle.receipts, "snapshots": sorted(fixture.oracle.snapshots)}, handle)
     outcomes: list[tuple[str, str]] = []

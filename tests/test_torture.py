@@ -86,7 +86,8 @@ def test_corruption_short_run_of_lmdb_bit_flips():
 
 def test_corruption_short_run_of_agent_store_lmdb_bit_flips():
     """The same for an AgentStore's data.mdb: every answer of its read API equals the undamaged
-    store's, or opening/reading it is a typed error."""
+    store's, or opening/reading it is a typed error; then a write is refused with CORRUPTION or
+    leaves answers equal to the undamaged store's after the same write."""
     result = torture.run_corruption(count=200, seed=1, families=("agent_lmdb_flip",))
     _assert_clean(result)
     outcomes = result["details"]["outcomes"]["agent_lmdb_flip"]
@@ -104,6 +105,46 @@ def test_the_agent_flip_check_catches_a_silently_different_answer(tmp_path):
         authority.accept(torture._mission_create("g-1", "m-extra", "a-extra"))
         Delivery(agent, authority).catch_up("g-1")
         assert torture.agent_answers(agent) != before
+
+
+@pytest.mark.parametrize("write", ["as the fixture's", "a different write", "refused as damage", "refused otherwise"])
+def test_the_agent_flip_check_judges_the_write_after_the_reads(tmp_path, monkeypatch, capsys, write):
+    """Each ``agent_lmdb_flip`` copy also takes a write: answers that differ after it (here: the
+    write itself changed) are wrong, a refusal is ``CORRUPTION`` or a violation. The flip is in a
+    meta page's unused bytes, so the copy is the undamaged store."""
+    from mwpstore.errors import Corruption, LimitExceeded
+
+    authority, _ = _store_with_receipts(str(tmp_path / "store"))
+    with authority, AgentStore.open(str(tmp_path / "agent"), projections=[torture.CountingProjection()]) as agent:
+        Delivery(agent, authority).catch_up("g-1")
+        read = torture.agent_answers(agent)
+    written = torture._agent_written_dump(str(tmp_path / "agent"), str(tmp_path / "written"))
+    (tmp_path / "cases.json").write_text(json.dumps([[200, 0]]))
+    (tmp_path / "expected.json").write_text(json.dumps({"read": read, "written": written}))
+    (tmp_path / "work").mkdir()
+    original = torture._agent_flip_write
+
+    def changed(agent):
+        if write == "a different write":
+            original(agent)
+            with agent.begin() as tx:
+                tx.record_intent("g-1", mission="m-other", workitem="wi-other", ownership_epoch=1, operation="notify")
+        elif write == "refused as damage":
+            raise Corruption("damaged", reason="agent")
+        elif write == "refused otherwise":
+            raise LimitExceeded("the LMDB map is full")
+        else:
+            original(agent)
+
+    monkeypatch.setattr(torture, "_agent_flip_write", changed)
+    torture.corruption_agent_lmdb_child([str(tmp_path / "agent"), str(tmp_path / "work"), str(tmp_path / "cases.json"),
+                                         str(tmp_path / "expected.json")])
+    done = [json.loads(line) for line in capsys.readouterr().out.splitlines() if "done" in line]
+    expected = {"as the fixture's": ("no_effect", ""), "a different write": ("wrong", "after the write"),
+                "refused as damage": ("write_refused:CORRUPTION", ""), "refused otherwise": ("write_refused_untyped", "LIMIT_EXCEEDED")}
+    outcome, violation = expected[write]
+    assert len(done) == 1 and done[0]["outcome"] == outcome and violation in done[0]["violation"]
+    assert bool(done[0]["violation"]) == bool(violation)
 
 
 # -- the checks can fail --------------------------------------------------------------------------

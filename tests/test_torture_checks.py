@@ -812,8 +812,9 @@ def test_the_agent_lmdb_flip_judge_flags_a_store_that_answers_differently(tmp_pa
     (agent / "lmdb").mkdir(parents=True)
     (agent / "lmdb" / "data.mdb").write_bytes(bytes(64))
     (tmp_path / "cases.json").write_text("[[1, 0], [2, 0]]")
-    (tmp_path / "expected.json").write_text('{"groups": ["g-1"]}')
-    answers = iter(['{"groups": ["g-1"]}', '{"groups": []}'])
+    (tmp_path / "expected.json").write_text(json.dumps({"read": '{"groups": ["g-1"]}', "written": '{"groups": ["g-2"]}'}))
+    # the first copy: its reads, its reads after the write and once reopened; the second: its reads
+    answers = iter(['{"groups": ["g-1"]}', '{"groups": ["g-2"]}', '{"groups": ["g-2"]}', '{"groups": []}'])
 
     class Opened:
         def __enter__(self):
@@ -824,6 +825,7 @@ def test_the_agent_lmdb_flip_judge_flags_a_store_that_answers_differently(tmp_pa
 
     monkeypatch.setattr(AgentStore, "open", lambda path, **options: Opened())
     monkeypatch.setattr(torture, "agent_answers", lambda agent: next(answers))
+    monkeypatch.setattr(torture, "_agent_flip_write", lambda agent: None)
     torture.corruption_agent_lmdb_child([str(agent), str(tmp_path / "work"), str(tmp_path / "cases.json"), str(tmp_path / "expected.json")])
     done = _printed_cases(capsys)
     assert [case["outcome"] for case in done] == ["no_effect", "wrong"]
