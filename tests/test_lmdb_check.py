@@ -1341,3 +1341,31 @@ def test_a_free_list_record_at_the_newer_id_under_the_older_meta_is_damage(tmp_p
     with pytest.raises(Corruption) as caught:
         check_meta_pages(path, label="test", remedy="-")
     assert caught.value.detail["check"] == "meta" and (walked.detail["page"], walked.detail["value"]) == (1, newest)
+
+
+@pytest.mark.parametrize("write", ["put", "put_many", "delete", "delete_range"])
+def test_a_write_transaction_of_one_kind_of_write_alone_records_its_id(tmp_path, write):
+    """Each of the tables' writes records the id when it is a transaction's only kind of write
+    (the local transactions of today also put a Group head, but a later one may only delete):
+    the store reopens without a false ``snapshot`` alarm, and the write is there."""
+    from mwpstore.agent_store import _prefix
+
+    path = tmp_path / "agent"
+    _intents_store(path, 1)
+    prefix = _prefix(GROUP) + CountingProjection.name.encode() + b"\x00"
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        tables = agent._tables
+        rows = len(agent.projection_items(GROUP, CountingProjection.name))
+        intent = agent.intents()[0]
+        with tables.begin(write=True) as txn:
+            if write == "put":
+                tables.put(txn, b"projection", prefix + b"new", b"v")
+            elif write == "put_many":
+                tables.put_many(txn, b"projection", [(prefix + b"new", b"v")])
+            elif write == "delete":
+                assert tables.delete(txn, b"outbox", _prefix(GROUP) + intent.key.encode())
+            else:
+                assert tables.delete_range(txn, b"projection", prefix) == rows > 0
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        changed = {"put": (rows + 1, 1), "put_many": (rows + 1, 1), "delete": (rows, 0), "delete_range": (0, 1)}[write]
+        assert (len(agent.projection_items(GROUP, CountingProjection.name)), len(agent.intents())) == changed
