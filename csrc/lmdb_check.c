@@ -452,9 +452,10 @@ static int last_free_key(struct walk *w, uint64_t root, uint64_t *key_out) {
 
 /*
  * The meta stage, shared by the walk and lc_check_meta_pages: the page size, both meta pages,
- * the one LMDB picks and the pages it names. Reads only the file's first two pages (w->map may
- * hold no more) and its size; w->file_bytes is at least PAGE_BYTES_MIN (open_data_file).
- * Sets w->page_bytes and w->next_page (and their result fields) and the picked meta's number.
+ * the one LMDB picks and the pages it names. Reads the file's first two pages (w->map may hold
+ * no more), its size, and the pages down the older meta's free database (page_for_meta_stage);
+ * w->file_bytes is at least PAGE_BYTES_MIN (open_data_file). Sets w->page_bytes and w->next_page
+ * (and their result fields) and the picked meta's number.
  */
 static int check_metas(struct walk *w, uint64_t *picked_out) {
     struct lc_result *out = w->out;

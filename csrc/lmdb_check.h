@@ -64,7 +64,8 @@ int lc_check_file(const char *path, struct lc_result *out);
 
 /* Check only the two meta pages of the file at `path`, with the walk's own meta rules and results
  * (reasons META, PAGE_SIZE, DATABASE and FILE_SHORT; page_bytes and next_page set when they pass):
- * reads at most the file's first 2 * 32 KiB, whatever its size. For opens that do not walk. */
+ * reads the file's first 2 * 32 KiB and the few pages down the older meta's free database,
+ * whatever the file's size. For opens that do not walk. */
 int lc_check_meta_pages(const char *path, struct lc_result *out);
 
 #endif
