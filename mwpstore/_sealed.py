@@ -375,14 +375,17 @@ def open_databases(env: lmdb.Environment, names: Iterable[bytes], *, label: str,
 
     A damaged record in LMDB's main database can change a database's name; opening it by name
     would then silently create a new, empty one. So in an environment that already holds some of
-    ``names``, a missing one is ``CORRUPTION``. A new environment gets all of them in one write
-    transaction: a crash while creating them leaves none, never some.
+    ``names``, a missing one is ``CORRUPTION``; so are all of them missing from a main database
+    that holds other keys (a damaged root in the meta page, opened without the structural walk,
+    that lands on a page of another tree: the store would open empty, and the creation would
+    write into that tree). A new environment (an empty main database) gets all of them in one
+    write transaction: a crash while creating them leaves none, never some.
     """
     names = list(names)
     with env.begin() as txn:
         existing = {bytes(key) for key, _ in txn.cursor()}
     missing = [name for name in names if name not in existing]
-    if missing and len(missing) < len(names):
+    if missing and (len(missing) < len(names) or existing):
         raise Corruption(
             f"the {label} lacks its database(s) {b', '.join(missing).decode('utf-8', 'replace')}; {remedy}",
             reason="missing_database",

@@ -1369,3 +1369,29 @@ def test_a_write_transaction_of_one_kind_of_write_alone_records_its_id(tmp_path,
     with AgentStore.open(path, projections=[CountingProjection()]) as agent:
         changed = {"put": (rows + 1, 1), "put_many": (rows + 1, 1), "delete": (rows, 0), "delete_range": (0, 1)}[write]
         assert (len(agent.projection_items(GROUP, CountingProjection.name)), len(agent.intents())) == changed
+
+
+def test_a_main_root_that_lands_on_another_trees_leaf_is_corruption_not_an_empty_store(tmp_path):
+    """The main database's root in the picked meta turned into the number of a leaf of another
+    database (bit 3 of page 2 is page 10, for one), opened without the walk: LMDB read that leaf
+    as the main database, none of the store's databases was in it, and the open took the
+    environment for a new one: it answered as an empty store (no Group, no intent) and wrote the
+    databases' records into that leaf. A main database with other keys is now ``CORRUPTION``
+    (``missing_database``), nothing written."""
+    path = tmp_path / "agent"
+    _intents_store(path, 2)
+    data_file = path / "lmdb" / "data.mdb"
+    data = bytearray(data_file.read_bytes())
+    newest = _ids(data).index(max(_ids(data)))
+    _, main_root, _ = _meta(bytes(data))
+    leaf = min(page for page, flags in _reachable(bytes(data), named_only=True).items() if flags == P_LEAF and page != main_root)
+    struct.pack_into("<Q", data, newest * PAGE + 88 + 40, leaf)
+    data_file.write_bytes(bytes(data))
+    with pytest.raises(Corruption) as caught:
+        with AgentStore.open(path, check_lmdb=False) as agent:
+            assert (agent.groups(), len(agent.intents())) == ([GROUP], 2)  # what the old code got wrong: [], 0
+    assert caught.value.detail["reason"] == "missing_database"
+    assert data_file.read_bytes() == bytes(data)
+    with pytest.raises(Corruption) as walked:
+        AgentStore.open(path, check_lmdb=True)
+    assert walked.value.detail["reason"] == "lmdb_structure"
