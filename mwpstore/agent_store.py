@@ -595,8 +595,8 @@ class AgentStore:
             os.close(lock_fd)
             if isinstance(exc, MwpError):
                 raise
-            if isinstance(exc, Exception):
-                raise translate(exc, context="opening the agent store") from None
+            if isinstance(exc, Exception):  # LMDB's errors of damaged pages are the agent store's CORRUPTION
+                raise _transaction_error(exc, "opening the agent store") from None
             raise
         return store
 

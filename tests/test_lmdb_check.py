@@ -1395,3 +1395,21 @@ def test_a_main_root_that_lands_on_another_trees_leaf_is_corruption_not_an_empty
     with pytest.raises(Corruption) as walked:
         AgentStore.open(path, check_lmdb=True)
     assert walked.value.detail["reason"] == "lmdb_structure"
+
+
+def test_an_lmdb_error_of_a_damaged_page_at_an_agent_stores_open_names_the_agent_store(tmp_path):
+    """The main root turned into a meta page's number, opened without the walk: LMDB's "Located page
+    was wrong type" was typed with the index's words ("the LMDB index is damaged … Run `mwpstore
+    rebuild`", a command that cannot help an AgentStore); it is the AgentStore's ``CORRUPTION``
+    (reason ``agent``) with its remedy, as inside a local transaction."""
+    path = tmp_path / "agent"
+    _intents_store(path, 1)
+    data_file = path / "lmdb" / "data.mdb"
+    data = bytearray(data_file.read_bytes())
+    newest = _ids(data).index(max(_ids(data)))
+    struct.pack_into("<Q", data, newest * PAGE + 88 + 40, 0)
+    data_file.write_bytes(bytes(data))
+    with pytest.raises(Corruption) as caught:
+        AgentStore.open(path, check_lmdb=False)
+    assert caught.value.detail["reason"] == "agent" and "CorruptedError" in caught.value.message
+    assert "agent store" in caught.value.message and "mwpstore rebuild" not in caught.value.message
