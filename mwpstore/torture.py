@@ -3774,6 +3774,13 @@ def run_suite(name: str, *, count: int | None = None, seconds: float | None = No
     if name == "lmdb-sweep":
         options["bits"] = os.environ.get("MWPSTORE_SWEEP_BITS", "rotating")
         options["workers"] = max(1, int(os.environ.get("MWPSTORE_SWEEP_WORKERS", "1")))
+        stores = os.environ.get("MWPSTORE_SWEEP_STORES")
+        if stores:
+            options["stores"] = tuple(store.strip() for store in stores.split(",") if store.strip())
+            unknown = [store for store in options["stores"] if store not in SWEEP_STORES]
+            if unknown or not options["stores"]:
+                raise ValueError(f"MWPSTORE_SWEEP_STORES={stores!r}: choose from {list(SWEEP_STORES)}")
+        options["record"] = os.environ.get("MWPSTORE_SWEEP_RECORD") or None
     try:
         return _suite_functions()[name](count=count, seconds=seconds, seed=seed, progress=progress, **options)
     except Exception as exc:  # the harness itself failed: report it, never pass silently

@@ -500,6 +500,23 @@ def test_a_crash_without_the_structural_check_is_counted_but_no_violation(monkey
     assert result["violations"] == 1 and "[meta]" in result["details"]["violation_messages"][0]
 
 
+def test_the_sweep_runs_the_stores_named_in_the_environment_and_records_each_case(monkeypatch, tmp_path):
+    """``MWPSTORE_SWEEP_STORES`` picks the stores (one all-bits run each fits in an hour) and
+    ``MWPSTORE_SWEEP_RECORD`` gets one JSON line per case; a store it does not know is refused."""
+    record = tmp_path / "cases.jsonl"
+    monkeypatch.setenv("MWPSTORE_SWEEP_STORES", "index")
+    monkeypatch.setenv("MWPSTORE_SWEEP_RECORD", str(record))
+    result = torture.run_suite("lmdb-sweep", count=4)
+    assert (result["iterations"], result["violations"]) == (4, 0), result
+    assert list(result["details"]["stores"]) == ["index"]
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert len(lines) == 4 and {line["store"] for line in lines} == {"index"}
+    assert {line["check"] for line in lines} == {True, False}
+    monkeypatch.setenv("MWPSTORE_SWEEP_STORES", "agent,idx")
+    with pytest.raises(ValueError, match="idx"):
+        torture.run_suite("lmdb-sweep", count=4)
+
+
 def test_the_sweep_covers_each_used_page_but_not_its_free_gap(tmp_path):
     """The swept spans are the meta pages' metas and the pages reachable from the current meta
     without the gap between a page's pointers and its nodes: they touch as many pages as LMDB
