@@ -734,6 +734,7 @@ class Authority:
                 clean = index.get(txn, b"meta", b"clean") == b"1"
                 position = index.log_position(txn)
                 log_id = index.get(txn, b"meta", b"log_id")
+                index.check_meta(txn)
             if fmt != INDEX_FORMAT:
                 raise self._needs_writer("has an index of another format")
             if meta_boot != current_boot_id() and not clean:
@@ -843,6 +844,7 @@ class Authority:
                 position = index.log_position(txn)
                 log_id = index.get(txn, b"meta", b"log_id")
                 index.meta_u64(txn, b"last_ms")  # read by the open and the redo: a damaged one is judged here
+                index.check_meta(txn)  # a damaged key hides its entry: "absent" above is not enough
         except lmdb.Error as exc:
             index.close()
             return "rebuild", f"index unreadable ({type(exc).__name__})", None

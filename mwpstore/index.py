@@ -187,6 +187,16 @@ class Index(SealedTables):
             raise Corruption(f"the index's meta has no log_position; {self.remedy}", reason="index")
         return position
 
+    def check_meta(self, txn: lmdb.Transaction) -> None:
+        """``CORRUPTION`` unless every ``meta`` entry (a handful) passes its seal, read whole when
+        an open judges the index. ``meta`` keeps no presence entries: a bit flipped in one of its
+        keys (``last_ms`` read as ``last_mq``, still in key order) hid the entry, and the open read
+        "absent": no ``last_ms`` (the next Event stamped with a clock that had gone back), no
+        ``log_id`` (the index taken as an older build's, not asked whether it is the log's). The
+        seal covers the key, so the entry under the damaged key fails it."""
+        for _ in self.range(txn, b"meta", b""):
+            pass
+
     def meta_u64(self, txn: lmdb.Transaction, key: bytes) -> int | None:
         """A u64 ``meta`` entry (``log_position``, ``last_ms``), or None if absent (see :meth:`get_u64`)."""
         return self.get_u64(txn, b"meta", key)

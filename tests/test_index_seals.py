@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from authority_helpers import GROUP, OWNER, mission_create, open_with_group, store_bytes
+from authority_helpers import GROUP, OWNER, FakeClock, mission_create, open_with_group, store_bytes
 from mwpstore import Authority, Corruption, InvalidState, _index_c, limits
 from mwpstore.index import INDEX_FORMAT, event_key, receipt_key, seal, state_key, unseal
 
@@ -187,6 +187,40 @@ def test_a_damaged_format_entry_is_damage_not_another_format(tmp_path, stored):
     with Authority.open(path) as reopened:
         assert reopened.open_report.mode == "rebuild" and reopened.head(GROUP) == head
         assert reopened.open_report.reason.startswith("index unreadable (CORRUPTION: index database meta has a damaged entry")
+
+
+@pytest.mark.parametrize("key", [b"last_ms", b"log_id"])
+def test_a_meta_entry_whose_key_damage_hid_is_rebuilt_not_read_as_absent(tmp_path, key):
+    """A bit flipped in a ``meta`` key that keeps key order (``last_ms`` read as ``last_mq``) left
+    a file the structural check passes, and the open read the entry as absent: no ``last_ms``, so
+    an Event accepted after the clock went back was stamped earlier than the one before it; no
+    ``log_id``, so the index was trusted as an older build's without the question whether it is
+    this log's. Now the open reads every ``meta`` entry: the one under the damaged key fails its
+    seal, the writer rebuilds the index and a view says ``CORRUPTION``."""
+    path = str(tmp_path / "store")
+    clock = FakeClock(2_000_000)
+    with open_with_group(path, clock=clock) as authority:
+        authority.accept(mission_create("m-1"))
+    authority = Authority.open(path, clock=clock)
+    with authority.index.env.begin(write=True) as txn:
+        meta = authority.index.dbs[b"meta"]
+        value = txn.get(key, db=meta)
+        assert txn.delete(key, db=meta)
+        damaged = key[:-1] + bytes([key[-1] ^ 0x02])  # its last byte's bit 1: still between its neighbours
+        txn.put(damaged, value, db=meta)
+    authority.close()
+    with pytest.raises(Corruption) as caught:
+        Authority.open(path, readonly=True)
+    assert caught.value.detail == {"reason": "index_checksum", "database": "meta", "key": damaged.decode()}
+    clock.now_ms = 1_000_000  # the clock went back
+    with Authority.open(path, clock=clock) as reopened:
+        assert reopened.open_report.mode == "rebuild"
+        assert reopened.open_report.reason.startswith(
+            f"index unreadable (CORRUPTION: index database meta has a damaged entry at key {damaged!r}")
+        reopened.accept(mission_create("m-2"))
+        assert [event.accepted_at_ms for event in reopened.read(GROUP)] == [2_000_000, 2_000_000, 2_000_000]
+        with reopened.index.env.begin() as txn:
+            assert reopened.index.get(txn, b"meta", key) is not None
 
 
 def test_a_view_of_an_index_lmdb_finds_damaged_while_its_format_is_read_is_corruption(tmp_path):
