@@ -189,14 +189,14 @@ def test_a_damaged_format_entry_is_damage_not_another_format(tmp_path, stored):
         assert reopened.open_report.reason.startswith("index unreadable (CORRUPTION: index database meta has a damaged entry")
 
 
-@pytest.mark.parametrize("key", [b"last_ms", b"log_id"])
+@pytest.mark.parametrize("key", [b"boot_id", b"last_ms", b"log_id"])
 def test_a_meta_entry_whose_key_damage_hid_is_rebuilt_not_read_as_absent(tmp_path, key):
     """A bit flipped in a ``meta`` key that keeps key order (``last_ms`` read as ``last_mq``) left
     a file the structural check passes, and the open read the entry as absent: no ``last_ms``, so
     an Event accepted after the clock went back was stamped earlier than the one before it; no
     ``log_id``, so the index was trusted as an older build's without the question whether it is
-    this log's. Now the open reads every ``meta`` entry: the one under the damaged key fails its
-    seal, the writer rebuilds the index and a view says ``CORRUPTION``."""
+    this log's. Now the open reads every ``meta`` entry (``boot_id``: the first), the one under the
+    damaged key fails its seal, the writer rebuilds the index and a view says ``CORRUPTION``."""
     path = str(tmp_path / "store")
     clock = FakeClock(2_000_000)
     with open_with_group(path, clock=clock) as authority:
