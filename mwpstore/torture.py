@@ -1486,6 +1486,12 @@ def _sweep_clock() -> int:
     return SWEEP_NOW_MS
 
 
+def _sweep_clock_back() -> int:
+    """The swept index's clock after its fixture was written: gone back, so that an Event accepted
+    on a copy that lost its ``last_ms`` is stamped earlier than the undamaged store stamps it."""
+    return SWEEP_NOW_MS - 1000
+
+
 def _sweep_groups() -> dict[str, Any]:
     """The swept AgentStore's three Groups, made by the work-model rules in memory (no disk, no
     randomness): g-1 with a started WorkItem held by w1 (leased, for the offline guard), g-2 with a
@@ -1735,7 +1741,7 @@ def _sweep_open(kind: str, directory: str, check: bool) -> Iterator[Any]:
     else:
         from .authority import Authority
 
-        with _boot_id("lmdb-sweep"), Authority.open(os.path.join(directory, "store"), clock=_sweep_clock,
+        with _boot_id("lmdb-sweep"), Authority.open(os.path.join(directory, "store"), clock=_sweep_clock_back,
                                                    check_lmdb=check) as authority:
             yield authority
 

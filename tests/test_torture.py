@@ -517,6 +517,22 @@ def test_the_sweep_runs_the_stores_named_in_the_environment_and_records_each_cas
         torture.run_suite("lmdb-sweep", count=4)
 
 
+def test_the_swept_index_runs_with_its_clock_gone_back_so_a_lost_last_ms_is_seen(tmp_path):
+    """The swept index is opened with a clock behind its fixture's: a damaged copy that lost its
+    ``meta`` ``last_ms`` (a flipped bit in the key, which the structural check passes) would stamp
+    the new Command earlier than the undamaged store does. Every flip of the key's last byte is
+    found by the open (the index rebuilt), none is an answer."""
+    fixture = str(tmp_path / "index")
+    with torture._boot_id("lmdb-sweep"):
+        torture._sweep_build_index(fixture)
+    with open(os.path.join(fixture, torture._sweep_data_file("index")), "rb") as handle:
+        offset = handle.read().index(b"last_ms") + len(b"last_ms") - 1
+    assert torture._sweep_clock_back() < torture._sweep_clock()
+    result = torture.run_lmdb_sweep(stores=("index",), offsets=[offset], bits="all")
+    _assert_clean(result)
+    assert result["details"]["outcomes"]["index"] == {"checked": {"rebuilt_at_open": 8}, "unchecked": {"rebuilt_at_open": 8}}
+
+
 def test_the_sweep_covers_each_used_page_but_not_its_free_gap(tmp_path):
     """The swept spans are the meta pages' metas and the pages reachable from the current meta
     without the gap between a page's pointers and its nodes: they touch as many pages as LMDB
