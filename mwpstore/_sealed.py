@@ -391,11 +391,30 @@ def open_databases(env: lmdb.Environment, names: Iterable[bytes], *, label: str,
             reason="missing_database",
         )
     if not missing:
-        return {name: env.open_db(name, create=False) for name in names}
+        dbs = {name: env.open_db(name, create=False) for name in names}
+        _check_database_flags(env, dbs, label=label, remedy=remedy)
+        return dbs
     with env.begin(write=True) as txn:
         dbs = {name: env.open_db(name, txn=txn) for name in names}
         failpoints.hit("lmdb.databases_created")
     return dbs
+
+
+def _check_database_flags(env: lmdb.Environment, dbs: dict[bytes, Any], *, label: str, remedy: str) -> None:
+    """Every database is created with no flags. LMDB takes a database's flags from its record in
+    the main database, so a flipped bit there (``MDB_DUPSORT``, ``MDB_INTEGERKEY``, ...) would make
+    later writes add duplicates instead of replacing, or compare keys as integers: ``CORRUPTION``
+    (``database_flags``) at open, before any write. The structural walk refuses such a record too;
+    this is for the opens that do not walk the file."""
+    with env.begin() as txn:
+        for name, db in dbs.items():
+            flags = db.flags(txn)
+            if any(flags.values()):
+                set_flags = ", ".join(sorted(flag for flag, on in flags.items() if on))
+                raise Corruption(
+                    f"the {label}'s database {name.decode('utf-8', 'replace')} carries flags it was not created with ({set_flags}); {remedy}",
+                    reason="database_flags",
+                )
 
 
 DAMAGE_ERRORS = (lmdb.Error, msgspec.DecodeError, msgspec.ValidationError, RecursionError, UnicodeDecodeError, struct.error)

@@ -257,3 +257,26 @@ def record_unseals(monkeypatch, owner: type, table: bytes) -> list[bytes]:
 
     monkeypatch.setattr(owner, "unseal", counting_unseal)
     return unsealed
+
+
+def set_database_flag(lmdb_dir, name: bytes, flag: int) -> int:
+    """Set ``flag`` in every record of the named database ``name`` in ``data.mdb`` (earlier
+    commits leave copies of the main database's leaf in free pages): a leaf node is its 8-byte
+    header (data size, flags ``F_SUBDATA``, key size), the key, then the record, whose flags
+    follow its 4 bytes of padding. Returns how many records were changed."""
+    path = os.path.join(lmdb_dir, "data.mdb")
+    data = bytearray(open(path, "rb").read())
+    changed = 0
+    start = 0
+    while (at := data.find(name, start)) >= 0:
+        start = at + 1
+        header = at - 8
+        if header < 0 or data[header + 4 : header + 6] != b"\x02\x00" or int.from_bytes(data[header + 6 : header + 8], "little") != len(name):
+            continue
+        flags = at + len(name) + 4
+        data[flags] |= flag
+        changed += 1
+    with open(path, "wb") as handle:
+        handle.write(data)
+    return changed
+

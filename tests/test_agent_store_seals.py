@@ -13,7 +13,7 @@ import lmdb
 import pytest
 
 from agent_store_support import CountingProjection, workload
-from authority_helpers import store_bytes
+from authority_helpers import set_database_flag, store_bytes
 from mwpstore.agent_store import AgentStore, GroupHead
 from mwpstore.errors import Corruption
 
@@ -1015,3 +1015,17 @@ def test_a_deletion_of_one_key_says_whether_its_entry_existed(tmp_path, events):
             tx.apply_many(events[:2])
         assert answers == [True, False, False]
         assert agent.projection_items(GROUP, "rows") == [] and agent.projection_get(GROUP, "rows", "a") is None
+
+
+@pytest.mark.parametrize("flag", [0x04, 0x08], ids=["dupsort", "integerkey"])
+def test_a_database_record_given_flags_is_corruption_at_open_not_writes_that_add_duplicates(tmp_path, events, flag):
+    """Found by the all-bits damage sweep (an index's `acks` and `heads` records with a bit of
+    their flags flipped to ``MDB_DUPSORT``, opened without the structural walk: a later write
+    added a duplicate instead of replacing, and the answers went wrong). Every database is created
+    with no flags, so any flag at open is CORRUPTION (``database_flags``), before any write."""
+    path = tmp_path / "agent"
+    _filled(path, events).close()
+    assert set_database_flag(str(path / "lmdb"), b"heads", flag) >= 1
+    with pytest.raises(Corruption) as caught:
+        AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False)
+    assert caught.value.detail["reason"] == "database_flags"

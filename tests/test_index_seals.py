@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from authority_helpers import GROUP, OWNER, FakeClock, mission_create, open_with_group, store_bytes
+from authority_helpers import GROUP, OWNER, FakeClock, mission_create, open_with_group, set_database_flag, store_bytes
 from mwpstore import Authority, Corruption, InvalidState, _index_c, limits
 from mwpstore.index import INDEX_FORMAT, event_key, receipt_key, seal, state_key, unseal
 
@@ -602,3 +602,21 @@ def test_a_stored_receipt_whose_two_content_hashes_disagree_is_corruption_not_it
         with pytest.raises(Corruption) as caught:
             authority.accept(command)
         assert caught.value.detail["reason"] == "index"
+
+
+def test_an_index_database_record_given_dupsort_is_rebuilt_at_open_not_written_with_duplicates(tmp_path):
+    """Found by the all-bits damage sweep (bit 2 of the `acks` and `heads` records' flags, in an
+    open without the structural walk: the next commit added a second head for the Group instead of
+    replacing the first, and `head` answered one Event behind). The flag makes the index
+    CORRUPTION (``database_flags``) at open, which the writer's open rebuilds from the log."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        head = authority.head(GROUP)
+    assert set_database_flag(os.path.join(path, "index"), b"heads", 0x04) >= 1
+    with Authority.open(path, check_lmdb=False) as reopened:
+        assert reopened.open_report.mode == "rebuild"
+        assert reopened.open_report.reason == "index unreadable (CORRUPTION)"
+        assert reopened.head(GROUP) == head
+        reopened.accept(mission_create("m-flag"))
+        assert reopened.head(GROUP)[0] == head[0] + 1
+        assert reopened.verify().ok
