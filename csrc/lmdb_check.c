@@ -597,11 +597,33 @@ static int read_head(int fd, uint8_t *buffer, uint64_t bytes, struct lc_result *
     return LC_OK;
 }
 
-int lc_check_meta_pages(const char *path, struct lc_result *out) {
+/* The first `bytes` of the file read into a new heap block (*copy), exactly that long, so that a
+ * sanitizer build reports a read past them. The caller frees it; on an error there is none. */
+static int read_copy(int fd, uint64_t bytes, struct lc_result *out, uint8_t **copy) {
+    *copy = malloc((size_t)bytes);
+    if (*copy == NULL) {
+        return LC_E_NO_MEMORY;
+    }
+    int rc = read_head(fd, *copy, bytes, out);
+    if (rc != LC_OK) {
+        free(*copy);
+        *copy = NULL;
+    }
+    return rc;
+}
+
+/* What both entry points do first: a cleared result, a walk that owns no descriptor yet, and the
+ * data file opened (its size in w->file_bytes). */
+static int start_check(const char *path, struct lc_result *out, struct walk *w, int *fd) {
     memset(out, 0, sizeof(*out));
-    struct walk w = {.fd = -1, .out = out};
+    *w = (struct walk){.fd = -1, .out = out};
+    return open_data_file(path, w, fd);
+}
+
+int lc_check_meta_pages(const char *path, struct lc_result *out) {
+    struct walk w;
     int fd;
-    int rc = open_data_file(path, &w, &fd);
+    int rc = start_check(path, out, &w, &fd);
     if (rc != LC_OK) {
         return rc;
     }
@@ -609,12 +631,8 @@ int lc_check_meta_pages(const char *path, struct lc_result *out) {
      * what is read, so a sanitizer build reports a read past it. */
     uint64_t head_bytes = w.file_bytes < (uint64_t)META_COUNT * PAGE_BYTES_MAX ? w.file_bytes
                                                                               : (uint64_t)META_COUNT * PAGE_BYTES_MAX;
-    uint8_t *head = malloc((size_t)head_bytes);
-    if (head == NULL) {
-        close(fd);
-        return LC_E_NO_MEMORY;
-    }
-    rc = read_head(fd, head, head_bytes, out);
+    uint8_t *head;
+    rc = read_copy(fd, head_bytes, out, &head);
     if (rc == LC_OK) {
         uint64_t picked;
         w.map = head;
@@ -630,10 +648,9 @@ int lc_check_meta_pages(const char *path, struct lc_result *out) {
 }
 
 int lc_check_file(const char *path, struct lc_result *out) {
-    memset(out, 0, sizeof(*out));
-    struct walk w = {.fd = -1, .out = out};
+    struct walk w;
     int fd;
-    int rc = open_data_file(path, &w, &fd);
+    int rc = start_check(path, out, &w, &fd);
     if (rc != LC_OK) {
         return rc;
     }
@@ -641,15 +658,10 @@ int lc_check_file(const char *path, struct lc_result *out) {
     /* A sanitizer build (docs/reliability.md, "Sanitizers") reads the file into the heap instead:
      * AddressSanitizer knows where a heap block ends, so a read past the file's last byte is
      * reported, where in a mapping it would land unnoticed in the rest of the last page. */
-    uint8_t *copy = malloc((size_t)w.file_bytes);
-    if (copy == NULL) {
-        close(fd);
-        return LC_E_NO_MEMORY;
-    }
-    rc = read_head(fd, copy, w.file_bytes, out);
+    uint8_t *copy;
+    rc = read_copy(fd, w.file_bytes, out, &copy);
     close(fd);
     if (rc != LC_OK) {
-        free(copy);
         return rc;
     }
     w.map = copy;
