@@ -2119,8 +2119,8 @@ def test_a_kind_asked_for_while_another_thread_loads_the_kinds_is_known():
     assert (result.returncode, result.stdout, result.stderr) == (0, "workitem.create\n", "")
 
 
-_FORKED_DURING_THE_KINDS_LOADING = r"""
-import os, signal, sys, threading
+_FIRST_THREAD_HELD_IN_THE_KINDS_LOADING = r"""
+import os, signal, sys, threading, time
 from mwpstore.errors import UnknownKind
 from mwpstore.registry import kind_spec
 
@@ -2139,6 +2139,11 @@ sys.meta_path.insert(0, PauseInTheWorkModelsImport())
 first = threading.Thread(name="first", target=lambda: kind_spec("group.create"))
 first.start()
 loading.wait(10)
+"""
+"""The start of a child script: its thread "first" is held inside the work model's import, the
+kinds' loading, until the script sets ``release``."""
+
+_FORKED_DURING_THE_KINDS_LOADING = _FIRST_THREAD_HELD_IN_THE_KINDS_LOADING + r"""
 child = []
 
 
@@ -2182,25 +2187,7 @@ def test_a_process_forked_while_another_thread_loads_the_kinds_knows_them():
     assert (result.returncode, result.stdout, result.stderr) == (0, "group.create workitem.create\n0\n", "")
 
 
-_FORKED_AND_INTERRUPTED_DURING_THE_KINDS_LOADING = r"""
-import os, signal, sys, threading, time
-from mwpstore.registry import kind_spec
-
-loading, release = threading.Event(), threading.Event()
-
-
-class PauseInTheWorkModelsImport:  # holds the first thread inside the kinds' loading
-    def find_spec(self, name, path=None, target=None):
-        if name == "mwpstore.work_model" and threading.current_thread().name == "first":
-            loading.set()
-            release.wait(10)
-        return None
-
-
-sys.meta_path.insert(0, PauseInTheWorkModelsImport())
-first = threading.Thread(name="first", target=lambda: kind_spec("group.create"))
-first.start()
-loading.wait(10)
+_FORKED_AND_INTERRUPTED_DURING_THE_KINDS_LOADING = _FIRST_THREAD_HELD_IN_THE_KINDS_LOADING + r"""
 threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()  # while the main thread's fork waits
 threading.Timer(1.0, release.set).start()
 began = time.monotonic()
