@@ -42,6 +42,13 @@ def _meta(data: bytes) -> tuple[int, int, int]:
     return free_root, main_root, struct.unpack_from("<Q", data, base + 136)[0]
 
 
+def _meta_pages(data_file) -> tuple[bytearray, int, list[int]]:
+    """The file's bytes (to damage), its page size, and the transaction ids of meta pages 0 and 1."""
+    data = bytearray(data_file.read_bytes())
+    page = struct.unpack_from("<I", data, 40)[0]
+    return data, page, [struct.unpack_from("<Q", data, number * page + 144)[0] for number in (0, 1)]
+
+
 def _nodes(data: bytes, page: int):
     base = page * PAGE
     lower = struct.unpack_from("<H", data, base + 12)[0]
@@ -862,9 +869,7 @@ def test_a_flipped_transaction_id_is_corruption_where_the_pages_are_not_walked(t
         with agent.begin() as tx:
             tx.record_intent(GROUP, mission="m", workitem="wi", ownership_epoch=1, operation="notify")
     data_file = path / "lmdb" / "data.mdb"
-    data = bytearray(data_file.read_bytes())
-    page = struct.unpack_from("<I", data, 40)[0]
-    ids = [struct.unpack_from("<Q", data, number * page + 144)[0] for number in (0, 1)]
+    data, page, ids = _meta_pages(data_file)
     older = 0 if ids[0] < ids[1] else 1
     data[older * page + 144 + 1] ^= 0b1  # its id grows by 256: now the higher one
     data_file.write_bytes(bytes(data))
@@ -908,9 +913,7 @@ def test_each_meta_page_rule_holds_where_the_pages_are_not_walked(tmp_path, dama
         with agent.begin() as tx:
             tx.record_intent(GROUP, mission="m", workitem="wi", ownership_epoch=1, operation="notify")
     data_file = path / "lmdb" / "data.mdb"
-    data = bytearray(data_file.read_bytes())
-    page = struct.unpack_from("<I", data, 40)[0]
-    ids = [struct.unpack_from("<Q", data, number * page + 144)[0] for number in (0, 1)]
+    data, page, ids = _meta_pages(data_file)
     newest = 0 if ids[0] > ids[1] else 1
     if damage == "page number":
         struct.pack_into("<Q", data, 1 * page, 0)
