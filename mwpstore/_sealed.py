@@ -392,7 +392,7 @@ def open_databases(env: lmdb.Environment, names: Iterable[bytes], *, label: str,
         )
     if not missing:
         dbs = {name: env.open_db(name, create=False) for name in names}
-        _check_database_flags(env, dbs, label=label, remedy=remedy)
+        check_database_flags(env, dbs, label=label, remedy=remedy)
         return dbs
     with env.begin(write=True) as txn:
         dbs = {name: env.open_db(name, txn=txn) for name in names}
@@ -400,12 +400,12 @@ def open_databases(env: lmdb.Environment, names: Iterable[bytes], *, label: str,
     return dbs
 
 
-def _check_database_flags(env: lmdb.Environment, dbs: dict[bytes, Any], *, label: str, remedy: str) -> None:
+def check_database_flags(env: lmdb.Environment, dbs: dict[bytes, Any], *, label: str, remedy: str) -> None:
     """Every database is created with no flags. LMDB takes a database's flags from its record in
     the main database, so a flipped bit there (``MDB_DUPSORT``, ``MDB_INTEGERKEY``, ...) would make
     later writes add duplicates instead of replacing, or compare keys as integers: ``CORRUPTION``
     (``database_flags``) at open, before any write. The structural walk refuses such a record too;
-    this is for the opens that do not walk the file."""
+    this is for the opens that do not walk the file (every read-only view among them)."""
     with env.begin() as txn:
         for name, db in dbs.items():
             flags = db.flags(txn)

@@ -41,7 +41,7 @@ import lmdb
 import msgspec
 
 from . import limits
-from ._sealed import KEY_SHOWN_BYTES, SEAL_BYTES, SealedTables, check_stored_format, open_databases, seal  # noqa: F401  (seal, SEAL_BYTES: part of this module's API)
+from ._sealed import KEY_SHOWN_BYTES, SEAL_BYTES, SealedTables, check_database_flags, check_stored_format, open_databases, seal  # noqa: F401  (seal, SEAL_BYTES: part of this module's API)
 from ._lmdb_check import refuse_linked_files
 from .errors import Corruption, translate
 from .messages import DECODE_ERRORS, HASH_BYTES, ZERO_HASH
@@ -153,6 +153,11 @@ class Index(SealedTables):
                     # read through it fails with EINVAL.
                     for name in DATABASE_NAMES:
                         self.dbs[name] = self.env.open_db(name, create=False)
+                    # A view never walks the file (the walk would race the writer's commits), so
+                    # a flag that damage set in a database's record is found here, as the
+                    # writer's open finds it: reads under MDB_INTEGERKEY or MDB_REVERSEKEY
+                    # search by another key order.
+                    check_database_flags(self.env, self.dbs, label="index", remedy=self.remedy)
                 else:
                     self.dbs = open_databases(self.env, DATABASE_NAMES, label="index", remedy=self.remedy)
             except BaseException:

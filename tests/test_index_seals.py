@@ -620,3 +620,20 @@ def test_an_index_database_record_given_dupsort_is_rebuilt_at_open_not_written_w
         reopened.accept(mission_create("m-flag"))
         assert reopened.head(GROUP)[0] == head[0] + 1
         assert reopened.verify().ok
+
+
+@pytest.mark.parametrize("name, flag", [(b"states", 0x02), (b"heads", 0x04), (b"events", 0x08)], ids=["reverse_key", "dupsort", "integerkey"])
+def test_a_read_only_view_of_an_index_whose_database_record_gained_a_flag_is_corruption(tmp_path, name, flag):
+    """A view does not walk the file (the walk would race the writer), so until it read the
+    databases' flags it answered from a database searched by another key order: ``states`` under
+    MDB_REVERSEKEY said "lost the entry" of every Mission, the others answered from trees whose
+    flags no writer would keep. It is CORRUPTION (``database_flags``) at the view's open, as at
+    the writer's."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-flag"))
+    assert set_database_flag(os.path.join(path, "index"), name, flag) >= 1
+    with pytest.raises(Corruption) as caught:
+        Authority.open(path, readonly=True)
+    assert caught.value.detail["reason"] == "database_flags"
+    assert name.decode() in caught.value.message
