@@ -443,10 +443,13 @@ def typed_damage(label: str, remedy: str, reason: str, errors: tuple[type[BaseEx
 
 
 LMDB_DAMAGE_ERRORS = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.BadTxnError,
-                      lmdb.BadValsizeError, lmdb.BadDbiError, lmdb.IncompatibleError)
+                      lmdb.BadValsizeError, lmdb.BadDbiError, lmdb.IncompatibleError, lmdb.CursorFullError,
+                      lmdb.PageFullError)
 """The LMDB errors that damaged pages give, as the exhaustive damage sweep met them in writes
 (``BadTxnError``: an operation after one of them failed inside LMDB, which then refuses the rest of
-the transaction; ``BadDbiError`` and ``IncompatibleError``: a damaged record of a named database)."""
+the transaction; ``BadDbiError`` and ``IncompatibleError``: a damaged record of a named database),
+and the two that LMDB calls internal errors, which only a damaged file reaches (``CursorFullError``:
+a cycle of branch pages; ``PageFullError``: a page that does not hold what its header says)."""
 
 
 def lmdb_cause(exc: BaseException) -> lmdb.Error | None:

@@ -61,7 +61,7 @@ from ._files import (
 )
 from ._files import fsync_directory_raw as _fsync_directory  # a module name the tests replace
 from ._lmdb_check import check_before_open, check_lmdb_file, check_map_size, check_option
-from ._sealed import DAMAGE_ERRORS, KEY_SHOWN_BYTES, damage_of, typed_damage
+from ._sealed import DAMAGE_ERRORS, KEY_SHOWN_BYTES, damage_of, lmdb_cause, typed_damage
 from .index import (
     INDEX_FORMAT,
     Index,
@@ -1534,7 +1534,11 @@ class Authority:
             request.error = exc
             return rests_on_batch
         except Exception as exc:  # a bug in a kind's decide/evolve must not take the batch down
-            request.error = MwpError(f"internal error deciding {command.kind}: {type(exc).__name__}: {exc}")
+            cause = lmdb_cause(exc)
+            if cause is not None:  # the rules read states through the index: its damage, not a bug
+                request.error = damage_of(*_INDEX_DAMAGE, cause)
+            else:
+                request.error = MwpError(f"internal error deciding {command.kind}: {type(exc).__name__}: {exc}")
             return rests_on_batch
         # What event.redact's pure decide cannot see, asked only once decide has accepted it (the
         # actor may redact, the Group is live, the target is an existing sequence).

@@ -330,9 +330,10 @@ def translate(exc: BaseException, *, context: str = "") -> MwpError:
 
     from . import limits
 
-    if isinstance(exc, lmdb.CorruptedError) or isinstance(exc, lmdb.PageNotFoundError) or isinstance(
-        exc, lmdb.InvalidError
-    ):
+    # CursorFullError: a search that never reached a leaf (a cycle of damaged branch pages);
+    # PageFullError: a node that did not fit a page LMDB sized itself. Neither happens in a
+    # sound file.
+    if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.CursorFullError, lmdb.PageFullError)):
         return Corruption(
             f"the LMDB index is damaged{where}: {exc}. Run `mwpstore rebuild` to regenerate it from the log.",
             reason=type(exc).__name__,

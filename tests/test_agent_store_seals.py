@@ -13,7 +13,7 @@ import lmdb
 import pytest
 
 from agent_store_support import CountingProjection, workload
-from authority_helpers import set_database_flag, store_bytes
+from authority_helpers import loop_database_root, set_database_flag, store_bytes
 from mwpstore.agent_store import AgentStore, GroupHead
 from mwpstore.errors import Corruption
 
@@ -671,7 +671,8 @@ def _raised(error: BaseException, wrapped: bool):
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "inside SystemError"])
 @pytest.mark.parametrize("error", ["CorruptedError", "PageNotFoundError", "InvalidError", "BadTxnError", "BadValsizeError",
-                                   "BadDbiError", "IncompatibleError", "MapFullError", "DiskError"])
+                                   "BadDbiError", "IncompatibleError", "CursorFullError", "PageFullError", "MapFullError",
+                                   "DiskError"])
 def test_each_lmdb_error_inside_a_local_transaction_is_typed_as_damage_or_as_translate_types_it(tmp_path, monkeypatch, error, wrapped):
     """Every LMDB error that damaged pages give (``LMDB_DAMAGE_ERRORS``) is ``CORRUPTION``
     (reason ``agent``, naming the error) inside a local transaction and at its commit, bare or
@@ -1029,3 +1030,25 @@ def test_a_database_record_given_flags_is_corruption_at_open_not_writes_that_add
     with pytest.raises(Corruption) as caught:
         AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False)
     assert caught.value.detail["reason"] == "database_flags"
+
+
+def test_a_write_into_a_database_whose_branch_pages_loop_is_corruption_not_a_storage_failure(tmp_path):
+    """A cycle of damaged branch pages (the inbox's root naming itself as each child), in an open
+    without the structural walk: the commit's write searched until LMDB's cursor stack was full
+    (``CursorFullError``, an internal error of LMDB), which was ``STORAGE_FAILED`` ("LMDB failed"),
+    an answer that retrying or reopening never changes. It is the store's damage: ``CORRUPTION``
+    (reason ``agent``) with the remedy, and nothing is applied."""
+    events = workload(GROUP, 400, seed=5)
+    path = tmp_path / "agent"
+    with _filled(path, events[:300]) as agent:
+        head = agent.head(GROUP)
+    loop_database_root(str(path / "lmdb"), b"inbox")
+    with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False) as agent:
+        with pytest.raises(Corruption) as caught:
+            with agent.begin() as tx:
+                for event in events[300:]:
+                    tx.apply(event)
+                tx.advance_cursor(GROUP)
+        assert caught.value.detail["reason"] == "agent"
+        assert "CursorFullError" in caught.value.message
+        assert agent.head(GROUP) == head

@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from authority_helpers import GROUP, OWNER, FakeClock, mission_create, open_with_group, set_database_flag, store_bytes
+from authority_helpers import GROUP, OWNER, FakeClock, loop_database_root, mission_create, open_with_group, set_database_flag, store_bytes
 from mwpstore import Authority, Corruption, InvalidState, _index_c, limits
 from mwpstore.index import INDEX_FORMAT, event_key, receipt_key, seal, state_key, unseal
 
@@ -637,3 +637,46 @@ def test_a_read_only_view_of_an_index_whose_database_record_gained_a_flag_is_cor
         Authority.open(path, readonly=True)
     assert caught.value.detail["reason"] == "database_flags"
     assert name.decode() in caught.value.message
+
+
+def _looped_index(path: str, name: bytes) -> None:
+    with open_with_group(path) as authority:
+        authority.accept_many([mission_create(f"m{i}") for i in range(300)])
+    loop_database_root(os.path.join(path, "index"), name)
+
+
+def test_a_state_read_by_the_rules_in_a_looping_index_is_corruption_not_an_internal_error(tmp_path):
+    """A cycle of damaged branch pages in ``states`` (an open without the structural walk): the
+    rules' read of the new Mission's state raised ``CursorFullError`` inside ``decide``, which was
+    answered as a bug in the kind ("internal error deciding mission.create", code ``MWP_ERROR``).
+    It is the index's damage: ``CORRUPTION`` (reason ``index``) naming the remedy."""
+    path = str(tmp_path / "store")
+    _looped_index(path, b"states")
+    with Authority.open(path, check_lmdb=False) as authority:
+        with pytest.raises(Corruption) as caught:
+            authority.accept(mission_create("m-new"))
+        assert caught.value.detail["reason"] == "index"
+        assert "CursorFullError" in caught.value.message and "mwpstore rebuild" in caught.value.message
+
+
+def test_a_commit_into_a_looping_index_names_the_damage_and_the_rebuild_keeps_its_event(tmp_path):
+    """The same cycle in ``events``: the commit's write failed after the log held the batch. Its
+    cause was ``STORAGE_FAILED`` ("LMDB failed"); it is ``CORRUPTION`` now, and the reopen's redo
+    refuses the index with the remedy instead of a storage failure. A checked open rebuilds the
+    index from the log, which holds the Event whose commit was reported failed."""
+    from mwpstore import StorageFailed
+
+    path = str(tmp_path / "store")
+    _looped_index(path, b"events")
+    with Authority.open(path, check_lmdb=False) as authority:
+        head = authority.head(GROUP)[0]
+        with pytest.raises(StorageFailed) as caught:
+            authority.accept(mission_create("m-new"))
+        assert caught.value.detail["cause"] == "CORRUPTION"
+    with pytest.raises(Corruption) as reopened:
+        Authority.open(path, check_lmdb=False)
+    assert "mwpstore rebuild" in reopened.value.message
+    with Authority.open(path, check_lmdb=True) as authority:
+        assert authority.open_report.mode == "rebuild"
+        assert authority.head(GROUP)[0] == head + 1
+        assert authority.verify().ok
