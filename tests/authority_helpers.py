@@ -310,7 +310,7 @@ def loop_database_root(lmdb_dir, name: bytes) -> int:
                 pending.append(lo | hi << 16 | flags << 32)
             elif bytes(data[at + 8 : at + 8 + key_bytes]) == name:
                 root = struct.unpack_from("<Q", data, at + 8 + key_bytes + 40)[0]
-    assert root is not None, f"no database {name!r}"
+    assert root is not None and root != 2**64 - 1, f"no database {name!r}, or an empty one"
     assert struct.unpack_from("<H", data, root * page_size + 10)[0] & 0x01, f"the root of {name!r} is not a branch page"
     for at, _ in nodes(root):
         struct.pack_into("<HHH", data, at, root & 0xFFFF, root >> 16 & 0xFFFF, 0)
