@@ -161,6 +161,15 @@ class SealedTables:
         # entries before and after), not searched per key, so the key is not known. More is a
         # key whose entry was gone while its presence entry stayed (a deletion over a damaged
         # presence page left it): written again, as before.
+        if created == len(items) and not fresh:
+            # Every key gained its presence entry (a commit's new receipts, a new aggregate's first
+            # state): each must gain an entry, so none may exist, and the items are written as
+            # ``fresh`` writes them. The count of the keys added is the entries gained, without
+            # the two ``stat`` calls (a dict of six fields each, about 7.7k instructions).
+            _, added = txn.cursor(db=db).putmulti(items, overwrite=False)
+            if added < created:
+                raise self._moved_under_new_key(name)
+            return
         counted = txn.stat(db)["entries"] if created and not fresh else None
         _, added = txn.cursor(db=db).putmulti(items, overwrite=not fresh)
         if fresh and added != len(items):
@@ -171,12 +180,17 @@ class SealedTables:
                     raise self._damage("order", name, key, "already holds an entry where a new one goes")
             raise self._damage("order", name, items[0][0], "already holds an entry where a new one goes")
         if counted is not None and txn.stat(db)["entries"] - counted < created:
-            raise Corruption(
-                f"{self.label} database {name.decode()} held an entry under a key written for the first time "
-                f"(another key's that damage moved there, or its own without its presence entry); {self.remedy}",
-                reason=f"{self.reason}_order",
-                database=name.decode(),
-            )
+            raise self._moved_under_new_key(name)
+
+    def _moved_under_new_key(self, name: bytes) -> Corruption:
+        """What :meth:`put_many_sealed` raises when fewer keys gained an entry than gained their
+        presence entry."""
+        return Corruption(
+            f"{self.label} database {name.decode()} held an entry under a key written for the first time "
+            f"(another key's that damage moved there, or its own without its presence entry); {self.remedy}",
+            reason=f"{self.reason}_order",
+            database=name.decode(),
+        )
 
     def delete(self, txn: lmdb.Transaction, name: bytes, key: bytes) -> bool:
         """Delete one entry and its presence; True if it existed. The entry must pass its seal
