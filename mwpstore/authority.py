@@ -1379,6 +1379,12 @@ class Authority:
             for request in requests:
                 request.error = error
             return
+        if len(requests) == 1:
+            # The pause is for bulk work: a commit of one Command leaves too few objects alive for
+            # the collector to run inside it (none ran in 5,000 single accepts, paused or not),
+            # and the pause itself cost 19k of an accept's 465k instructions.
+            self._commit_batch(requests)
+            return
         with _gc.paused():
             self._commit_batch(requests)
 
