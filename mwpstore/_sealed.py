@@ -152,7 +152,9 @@ class SealedTables:
         created = 0  # keys that gain their presence entry here: written for the first time
         if tag is not None:
             keys = [key for key, _ in items] if new is None else new
-            if keys:
+            if len(keys) == 1:  # as putmulti counts it, without a cursor (a commit's one new key)
+                created = int(txn.put(tag + keys[0], b"", db=self.presence, overwrite=False))
+            elif keys:
                 _, created = txn.cursor(db=self.presence).putmulti([(tag + key, b"") for key in keys], overwrite=False)
         # At least as many keys must gain an entry as gain their presence entry (the keys of
         # ``new`` are the new ones, the others exist): fewer is a key written for the first time
@@ -166,7 +168,10 @@ class SealedTables:
             # state): each must gain an entry, so none may exist, and the items are written as
             # ``fresh`` writes them. The count of the keys added is the entries gained, without
             # the two ``stat`` calls (a dict of six fields each, about 7.7k instructions).
-            _, added = txn.cursor(db=db).putmulti(items, overwrite=False)
+            if len(items) == 1:
+                added = int(txn.put(*items[0], db=db, overwrite=False))
+            else:
+                _, added = txn.cursor(db=db).putmulti(items, overwrite=False)
             if added < created:
                 raise self._moved_under_new_key(name)
             return

@@ -392,13 +392,15 @@ def test_a_key_written_for_the_first_time_over_an_entry_damage_moved_there_is_co
 
 
 @pytest.mark.parametrize("new", [None, "the created keys"])
-def test_a_write_of_new_keys_only_over_an_entry_damage_moved_there_is_corruption(tmp_path, new):
+@pytest.mark.parametrize("count", [1, 2], ids=["one key", "two keys"])
+def test_a_write_of_new_keys_only_over_an_entry_damage_moved_there_is_corruption(tmp_path, new, count):
     """As above, with every key written gaining its presence entry (a commit's new receipt, a new
     aggregate's first state), which ``put_many_sealed`` writes without overwriting and counts
-    without ``stat``: c created over b's moved entry is ``CORRUPTION`` (``index_order``), the
-    moved entry is not written over, and a write of keys that are all new is written whole."""
+    without ``stat`` (one key: with ``Transaction.put``, without a cursor): c created over b's
+    moved entry is ``CORRUPTION`` (``index_order``), the moved entry is not written over, and a
+    write of keys that are all new is written whole."""
     directory = str(tmp_path / "index")
-    a, b, c, d, e = _PREFIX + b"a", _PREFIX + b"b", _PREFIX + b"c", _PREFIX + b"d", _PREFIX + b"e"
+    a, b, c, d = _PREFIX + b"a", _PREFIX + b"b", _PREFIX + b"c", _PREFIX + b"d"
     _index_of(directory, {a: b"1", b: b"2", d: b"4"})
     index = Index(directory, map_size=1 << 22)
     try:
@@ -406,17 +408,20 @@ def test_a_write_of_new_keys_only_over_an_entry_damage_moved_there_is_corruption
             stored = bytes(txn.get(b, db=index.dbs[b"states"]))
             assert txn.delete(b, db=index.dbs[b"states"])
             txn.put(c, stored, db=index.dbs[b"states"])
+        others = [(_PREFIX + b"e", b"5")][: count - 1]
         with pytest.raises(Corruption) as caught:
             with index.begin(write=True) as txn:
-                index.put_many(txn, b"states", [(c, b"3"), (e, b"5")], None if new is None else [c, e])
+                items = [(c, b"3"), *others]
+                index.put_many(txn, b"states", items, None if new is None else [key for key, _ in items])
         assert (caught.value.detail["reason"], caught.value.detail["database"]) == ("index_order", "states")
         with index.begin() as txn:
             assert bytes(txn.get(c, db=index.dbs[b"states"])) == stored  # nothing written over it
-            assert txn.get(e, db=index.dbs[b"states"]) is None
+            assert all(txn.get(key, db=index.dbs[b"states"]) is None for key, _ in others)
+        written = [(_PREFIX + b"f", b"6"), (_PREFIX + b"g", b"7")][:count]
         with index.begin(write=True) as txn:
-            index.put_many(txn, b"states", [(e, b"5"), (_PREFIX + b"f", b"6")], None if new is None else [e, _PREFIX + b"f"])
+            index.put_many(txn, b"states", written, None if new is None else [key for key, _ in written])
         with index.begin() as txn:
-            assert bytes(index.get(txn, b"states", e)) == b"5" and bytes(index.get(txn, b"states", _PREFIX + b"f")) == b"6"
+            assert [(key, bytes(index.get(txn, b"states", key))) for key, _ in written] == written
     finally:
         index.close()
 
