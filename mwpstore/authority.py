@@ -416,7 +416,7 @@ class _Batch:
     def head(self, group: str) -> tuple[int, bytes]:
         head = self.heads.get(group)
         if head is None:
-            head = decode_head(self.index.get(self.txn, b"heads", group.encode()))
+            head = self.index.head(self.txn, group)
         return head
 
 
@@ -1799,7 +1799,7 @@ class Authority:
         canonical.check_id(group, "group")
         index = self.index
         with index.begin() as txn:
-            return decode_head(index.get(txn, b"heads", group.encode()))
+            return index.head(txn, group)
 
     @_index_errors_typed
     def groups(self) -> list[str]:
@@ -1906,7 +1906,7 @@ class Authority:
         positions: list[int] = []
         prefix = group.encode() + b"\x00"
         with index.begin() as txn:
-            head = decode_head(index.get(txn, b"heads", group.encode()))[0]
+            head = index.head(txn, group)[0]
             wanted = min(head - after, limit)
             if wanted >= _SCAN_READ_MIN:
                 # The common case, a Group's Events written one after another: the log between the
@@ -2048,7 +2048,7 @@ class Authority:
     def _snapshot(self, group: str) -> SnapshotRef:
         index = self.index
         with index.begin() as txn:  # one read transaction: head and states agree
-            seq, head_hash = decode_head(index.get(txn, b"heads", group.encode()))
+            seq, head_hash = index.head(txn, group)
             if seq == 0:
                 raise NotFound(f"group {group!r} does not exist", field="group")
             existing = index.get(txn, b"snapshots", event_key(group, seq))
@@ -2459,7 +2459,7 @@ class Authority:
             newest = index.last_below(txn, b"snapshots", prefix, group.encode() + b"\x01")
             if newest is None:
                 return 0, None
-            head = decode_head(index.get(txn, b"heads", group.encode()))[0]
+            head = index.head(txn, group)[0]
             if head - window < 1:
                 return 0, None
             eligible = index.last_below(txn, b"snapshots", prefix, event_key(group, head - window + 1))

@@ -192,6 +192,17 @@ class Index(SealedTables):
             raise Corruption(f"the index's meta has no log_position; {self.remedy}", reason="index")
         return position
 
+    def head(self, txn: lmdb.Transaction, group: str) -> tuple[int, bytes]:
+        """(sequence, chain hash) of the Group's last Event (``heads``); (0, zero hash) for an
+        unknown Group. ``CORRUPTION`` (``index_head``) when ``events`` holds the Event after it:
+        a ``heads`` page written back from an older transaction (a lost write) holds sound entries
+        under sound seals, and its head, behind the Group's Events, hid them from reads and gave
+        the next Event a sequence the log already held (a chain break in the log). One lookup."""
+        head = decode_head(self.get(txn, b"heads", group.encode()))
+        if txn.get(event_key(group, head[0] + 1), db=self.dbs[b"events"]) is not None:
+            raise self._damage("head", b"heads", group.encode(), f"is behind its Events (Event {head[0] + 1} is indexed)")
+        return head
+
     def check_meta(self, txn: lmdb.Transaction) -> None:
         """``CORRUPTION`` unless every ``meta`` entry (a handful) passes its seal, read whole when
         an open judges the index. ``meta`` keeps no presence entries: a bit flipped in one of its

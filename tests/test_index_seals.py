@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from authority_helpers import GROUP, OWNER, FakeClock, loop_database_root, mission_create, open_with_group, set_database_flag, store_bytes
 from mwpstore import Authority, Corruption, InvalidState, _index_c, limits
-from mwpstore.index import INDEX_FORMAT, event_key, receipt_key, seal, state_key, unseal
+from mwpstore.index import INDEX_FORMAT, encode_head, event_key, receipt_key, seal, state_key, unseal
 
 
 def _raw(authority: Authority, name: bytes):
@@ -83,6 +83,31 @@ def test_a_lost_head_is_corruption_not_an_empty_group(tmp_path):
         with pytest.raises(Corruption):
             authority.head(GROUP)
         assert authority.head("g-never") == (0, bytes(32))  # a real miss is still a miss
+
+
+def test_a_head_written_back_from_an_older_commit_is_corruption_not_a_sequence_the_log_holds(tmp_path):
+    """A lost write of the ``heads`` page leaves the page an older commit wrote: its entries are
+    sound and sealed, so the structural check and the seals pass it, and the Group's head was
+    Event 1 of 4. ``head`` answered it, ``read`` stopped there, and the next Command was accepted
+    as Event 2 a second time: a chain break in the log, which no rebuild can read past. The Event
+    after the head is indexed: ``CORRUPTION``, and the log is left as it was."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        first = authority.head(GROUP)
+        authority.accept_many([mission_create(f"m-{i}") for i in range(3)])
+        head = authority.head(GROUP)
+        with authority.index.env.begin(write=True) as txn:  # the sealed entry of the older commit
+            txn.put(GROUP.encode(), seal(b"heads", GROUP.encode(), encode_head(*first)), db=_raw(authority, b"heads"))
+    with Authority.open(path, check_lmdb=True) as authority:
+        assert authority.open_report.mode == "clean"
+        for call in (lambda: authority.head(GROUP), lambda: authority.read(GROUP), lambda: authority.accept(mission_create("m-new"))):
+            with pytest.raises(Corruption) as caught:
+                call()
+            assert caught.value.detail["reason"] == "index_head" and caught.value.detail["database"] == "heads"
+        assert not any("chain" in problem for problem in authority.verify().problems)
+    with Authority.open(path) as authority:
+        authority.rebuild()
+        assert authority.head(GROUP) == head and authority.verify().ok
 
 
 def test_a_lost_last_event_entry_is_corruption_not_a_short_read(tmp_path):
@@ -659,24 +684,21 @@ def test_a_state_read_by_the_rules_in_a_looping_index_is_corruption_not_an_inter
         assert "CursorFullError" in caught.value.message and "mwpstore rebuild" in caught.value.message
 
 
-def test_a_commit_into_a_looping_index_names_the_damage_and_the_rebuild_keeps_its_event(tmp_path):
-    """The same cycle in ``events``: the commit's write failed after the log held the batch. Its
-    cause was ``STORAGE_FAILED`` ("LMDB failed"); it is ``CORRUPTION`` now, and the reopen's redo
-    refuses the index with the remedy instead of a storage failure. A checked open rebuilds the
-    index from the log, which holds the Event whose commit was reported failed."""
+def test_an_accept_into_a_looping_events_database_is_corruption_before_the_log(tmp_path):
+    """The same cycle in ``events``: the commit's write failed after the log held the batch, with
+    the cause ``STORAGE_FAILED`` ("LMDB failed"), then ``CORRUPTION``. A Group's head is now
+    checked against ``events`` (the Event after it must not be indexed), so the accept meets the
+    cycle while it decides, before anything reaches the log; the failure still names the damage
+    and the remedy. A checked open rebuilds the index from the log, whose head is unchanged."""
     from mwpstore import StorageFailed
 
     path = str(tmp_path / "store")
     _looped_index(path, b"events")
     with Authority.open(path, check_lmdb=False) as authority:
-        head = authority.head(GROUP)[0]
         with pytest.raises(StorageFailed) as caught:
             authority.accept(mission_create("m-new"))
-        assert caught.value.detail["cause"] == "CORRUPTION"
-    with pytest.raises(Corruption) as reopened:
-        Authority.open(path, check_lmdb=False)
-    assert "mwpstore rebuild" in reopened.value.message
+        assert caught.value.detail["cause"] == "CORRUPTION" and "mwpstore rebuild" in caught.value.message
     with Authority.open(path, check_lmdb=True) as authority:
         assert authority.open_report.mode == "rebuild"
-        assert authority.head(GROUP)[0] == head + 1
+        assert authority.head(GROUP)[0] == 301  # the Group's creation and 300 Missions: nothing appended
         assert authority.verify().ok
