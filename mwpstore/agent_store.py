@@ -121,6 +121,9 @@ _PRESENCE_TAGS = {
 _DIGEST_DATABASES = (b"state", b"queue", b"queue_index", b"projection")
 
 _TXNID_KEY = b"txnid"
+_CREATION_TXNID = 1
+"""The LMDB id of a new store's first commit, which creates its databases (the format is written by
+the next)."""
 """The key in ``meta`` of the LMDB id of the last write transaction (see ``_Tables.record_txnid``)."""
 
 _STATE_ENCODER = msgspec.msgpack.Encoder(order="sorted")
@@ -608,6 +611,13 @@ class AgentStore:
             # format 1, which stored it plain, was refused before the databases were opened
             # (check_stored_format, in _Tables).
             stored = tables.get(txn, b"meta", b"format")
+            if stored is None and txn.id() - 1 > _CREATION_TXNID:
+                # Past the creation's commit, the format is there (the next commit wrote it):
+                # without it the main database is an older commit's (a lost write of its page,
+                # read without the walk: the empty databases of the creation, or roots of a
+                # snapshot before the format), or the key is damaged; the store would open as new.
+                raise Corruption(f"the agent store lost its format entry; {tables.remedy}",
+                                 reason="agent_missing", database="meta", key="format")
             if stored is None or bytes(stored) == _FORMAT_UPGRADED_AT_OPEN:
                 # a new store, or one of format 2, whose snapshot records no transaction id: the
                 # write of the format records this transaction's

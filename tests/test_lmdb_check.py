@@ -1400,6 +1400,51 @@ def test_a_main_root_that_lands_on_another_trees_leaf_is_corruption_not_an_empty
     assert walked.value.detail["reason"] == "lmdb_structure"
 
 
+def test_a_main_database_of_the_creation_commit_is_corruption_not_an_empty_store(tmp_path):
+    """The main database's leaf written back as the creation commit left it (a lost write of the
+    page: every database record empty), opened without the walk: the records are sound, the
+    names all there, and ``meta`` empty, so the open took the store for a new one, wrote its
+    format and answered as an empty store (no Group, no intent). A store whose picked meta is past
+    the creation's commit and has no format is ``CORRUPTION`` (``agent_missing``), nothing written;
+    the walk refuses the file (its pages are lost)."""
+    path = tmp_path / "agent"
+    _intents_store(path, 2)
+    data_file = path / "lmdb" / "data.mdb"
+    data = bytearray(data_file.read_bytes())
+    _, main_root, _ = _meta(bytes(data))
+    for at, _, _, flags, key_bytes in _nodes(bytes(data), main_root):
+        assert flags == F_SUBDATA
+        struct.pack_into("<6Q", data, at + 8 + key_bytes, 0, 0, 0, 0, 0, 2**64 - 1)  # an empty database's record
+    data_file.write_bytes(bytes(data))
+    with pytest.raises(Corruption) as caught:
+        with AgentStore.open(path, check_lmdb=False) as agent:
+            assert (agent.groups(), len(agent.intents())) == ([GROUP], 2)  # what the old code got wrong: [], 0
+    assert caught.value.detail["reason"] == "agent_missing" and caught.value.detail["key"] == "format"
+    assert data_file.read_bytes() == bytes(data)
+    with pytest.raises(Corruption) as walked:
+        AgentStore.open(path, check_lmdb=True)
+    assert walked.value.detail["reason"] == "lmdb_structure"
+
+
+def test_a_new_store_and_one_whose_first_open_stopped_after_the_creation_open_as_new(tmp_path):
+    """The creation's commit alone (a crash before the format's) is still a new store: the rule
+    above counts from it."""
+    from mwpstore.agent_store import _DATABASES
+
+    path = tmp_path / "agent"
+    os.makedirs(path / "lmdb")
+    environment = lmdb.open(str(path / "lmdb"), max_dbs=32, subdir=True)
+    with environment.begin(write=True) as txn:  # as open_databases creates them: one commit
+        for name in _DATABASES:
+            environment.open_db(name, txn=txn)
+    assert environment.info()["last_txnid"] == 1
+    environment.close()
+    with AgentStore.open(path, check_lmdb=True) as agent:
+        assert agent.groups() == []
+    with AgentStore.open(path, check_lmdb=False) as agent:
+        assert agent.groups() == []
+
+
 def test_an_lmdb_error_of_a_damaged_page_at_an_agent_stores_open_names_the_agent_store(tmp_path):
     """The main root turned into a meta page's number, opened without the walk: LMDB's "Located page
     was wrong type" was typed with the index's words ("the LMDB index is damaged … Run `mwpstore
