@@ -1645,7 +1645,6 @@ def _sweep_agent_writes(agent: Any) -> list[tuple[str, Callable[[], Any]]]:
         return [status.name, cursor]
 
     def rebuild_g3() -> Any:
-        agent.reset_group("g-3")
         with agent.begin() as tx:
             statuses = [tx.apply(event).name for event in groups["g-3"].events]
             cursor = tx.advance_cursor("g-3")
@@ -1657,7 +1656,9 @@ def _sweep_agent_writes(agent: Any) -> list[tuple[str, Callable[[], Any]]]:
 
     return [
         ("apply the next Event of g-2", apply_next),
-        ("reset_group g-3 and rebuild it", rebuild_g3),
+        # two writes, each one transaction: a write the judge finds refused must have changed nothing
+        ("reset_group g-3", lambda: agent.reset_group("g-3")),
+        ("rebuild g-3", rebuild_g3),
         ("prune_inbox g-1", lambda: agent.prune_inbox("g-1")),
         ("prune_inbox g-2", lambda: agent.prune_inbox("g-2")),
         ("mark_dispatched g-1", lambda: agent.mark_dispatched(intent_key("g-1"))),
