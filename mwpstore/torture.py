@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import errno
+import functools
 import json
 import os
 import random
@@ -1465,13 +1466,23 @@ def run_corruption(count: int | None = None, seconds: float | None = None, seed:
 # -- lmdb-sweep: every byte of every used page of two small LMDB files, damaged ----------------------
 #
 # The corruption suite's LMDB families flip random bits; this suite flips every byte of every page
-# LMDB can reach in two small, deterministic stores (an AgentStore and an authority's index), and
+# LMDB can reach in two small, deterministic stores (an AgentStore and an authority's index), or
+# damages each such page whole (zeros, garbage, another page's bytes, an older image's page), and
 # for each damaged copy runs the whole read surface and a set of writes, with the open's structural
 # check on and off. Each answer must equal the undamaged store's (after the same writes) or be a
-# typed error (``MwpError``); anything else is a violation naming the file, offset, bit and call.
+# typed error (``MwpError``); anything else is a violation naming the file, offset and bit (or
+# page, its role and the damage) and call.
 
 SWEEP_STORES = ("agent", "index")
 SWEEP_CHECKS = (True, False)
+SWEEP_DAMAGES = ("bits", "pages")
+"""What a case damages: one bit of one byte (``bits``), or one whole page (``pages``)."""
+SWEEP_PAGE_DAMAGES = ("zero", "garble", "other", "stale")
+"""How a page is damaged: read back as zeros, as seeded garbage, as another used page of the file (a
+misdirected write), or as the same page of an older image of the file (a lost write)."""
+SWEEP_IMAGES = ("early", "middle")
+"""The older images of each swept file the fixture builders keep: after an early commit and after
+a middle one."""
 SWEEP_TIMEOUT_S = 60
 """A case (one damaged copy, both checks) that runs longer than this is a hang."""
 SWEEP_CHUNK = 60
@@ -1543,10 +1554,11 @@ def _sweep_groups() -> dict[str, Any]:
     return groups
 
 
-def _sweep_build_agent(path: str) -> None:
+def _sweep_build_agent(path: str, images: str | None = None) -> None:
     """The swept AgentStore: states of 3 Groups, a work queue, inbox entries (g-3's pruned), a
     buffered Event (g-2's last, before the one before it), two outbox intents (one with a receipt)
-    and an OfflineGuard's outage and buffered Command (g-1)."""
+    and an OfflineGuard's outage and buffered Command (g-1). ``images``: a directory that gets
+    copies of ``data.mdb`` after an early commit and a middle one (:data:`SWEEP_IMAGES`)."""
     import msgspec
 
     from .agent_store import AgentStore
@@ -1568,8 +1580,10 @@ def _sweep_build_agent(path: str) -> None:
             tx.record_intent("g-1", mission="m1", workitem="wi1", ownership_epoch=1, operation="notify",
                              request={"to": "ops"})
             tx.record_intent("g-2", mission="m1", workitem="wi2", ownership_epoch=1, operation="bill")
+        _sweep_keep_image(images, "early", os.path.join(path, _sweep_data_file("agent")))
         agent.prune_inbox("g-3")
         agent.record_receipt(agent.intents("g-2")[0].key, {"id": "r-1"})
+        _sweep_keep_image(images, "middle", os.path.join(path, _sweep_data_file("agent")))
         guard = OfflineGuard(agent, "g-1", SWEEP_AGENT_ID, grace_ms=60_000)
         guard.service_unreachable(SWEEP_NOW_MS)
         lease = groups["g-1"].get("workitem:wi1")["lease"]
@@ -1669,16 +1683,20 @@ def _sweep_agent_writes(agent: Any) -> list[tuple[str, Callable[[], Any]]]:
     ]
 
 
-def _sweep_build_index(root: str) -> None:
-    """The swept authority: three Groups of a few Missions each, receipts, ACKs of two consumers."""
+def _sweep_build_index(root: str, images: str | None = None) -> None:
+    """The swept authority: three Groups of a few Missions each, receipts, ACKs of two consumers.
+    ``images`` as for :func:`_sweep_build_agent`."""
     from .authority import Authority
 
     with Authority.open(os.path.join(root, "store"), clock=_sweep_clock) as authority:
+        data = os.path.join(root, _sweep_data_file("index"))
         for group in ("g-1", "g-2", "g-3"):
             authority.accept(group_create_command(group))
+        _sweep_keep_image(images, "early", data)
         for number in range(3):
             for group in ("g-1", "g-2"):
                 authority.accept(_mission_create(group, f"m-{number}", f"{group}-m{number}"))
+        _sweep_keep_image(images, "middle", data)
         authority.accept(_mission_update("g-1", "m-0", 1, "renamed", "g-1-u0"))
         authority.ack("c-1", "g-1", 3)
         authority.ack("c-1", "g-2", 2)
@@ -1921,27 +1939,152 @@ def _sweep_data_file(kind: str) -> str:
     return os.path.join("lmdb", "data.mdb") if kind == "agent" else os.path.join("store", "index", "data.mdb")
 
 
+def _sweep_images(fixture: str) -> str:
+    """Where the older images of ``fixture``'s data file are kept (beside it, not copied with it)."""
+    return fixture + "-images"
+
+
+def _sweep_keep_image(images: str | None, name: str, data: str) -> None:
+    if images is not None:
+        os.makedirs(images, exist_ok=True)
+        shutil.copyfile(data, os.path.join(images, name + ".mdb"))
+
+
+def lmdb_page_roles(path: str) -> dict[int, str]:
+    """Each page of :func:`lmdb_byte_roles` with its role: ``meta``, or the tree it belongs to
+    (``free``, ``main`` or the named database's name) and its kind (``branch``, ``leaf``,
+    ``overflow``), e.g. ``"states leaf"``."""
+    with open(path, "rb") as handle:
+        data = handle.read()
+    page_size = struct.unpack_from("<I", data, 16 + 24)[0]
+    metas = [struct.unpack_from("<Q", data, page * page_size + 16 + 128)[0] for page in (0, 1)]
+    base = (0 if metas[0] >= metas[1] else 1) * page_size + 16 + 24
+    roles = {0: "meta", 1: "meta"}
+
+    def walk(page: int, tree: str) -> None:
+        if page == 0xFFFFFFFFFFFFFFFF or page in roles or (page + 1) * page_size > len(data):
+            return
+        at = page * page_size
+        flags, lower = struct.unpack_from("<HH", data, at + 10)
+        roles[page] = f"{tree} {'branch' if flags & 0x01 else 'leaf'}"
+        for pointer in range(16, lower, 2):
+            node = at + struct.unpack_from("<H", data, at + pointer)[0]
+            lo, hi, node_flags, key_size = struct.unpack_from("<HHHH", data, node)
+            if flags & 0x01:
+                walk(lo | hi << 16 | node_flags << 32, tree)
+            elif node_flags & 0x01:  # a value in overflow pages
+                first = struct.unpack_from("<Q", data, node + 8 + key_size)[0]
+                count = struct.unpack_from("<I", data, first * page_size + 12)[0]
+                for number in range(first, first + count):
+                    roles[number] = f"{tree} overflow"
+            elif tree == "main" and node_flags & 0x02:  # a named database's record
+                name = data[node + 8:node + 8 + key_size].decode("ascii", "replace")
+                walk(struct.unpack_from("<Q", data, node + 8 + key_size + 40)[0], name)
+
+    walk(struct.unpack_from("<Q", data, base + 40)[0], "free")
+    walk(struct.unpack_from("<Q", data, base + 48 + 40)[0], "main")
+    return dict(sorted(roles.items()))
+
+
+def sweep_page_cases(kind: str, fixture: str) -> list[tuple[int, str]]:
+    """Every (page, damage) the page sweep makes of ``kind``'s data file, over every page of
+    :func:`lmdb_page_roles`: ``zero``, ``garble``, ``other N`` (page N's bytes: the next used page,
+    and the first used page after it of another tree, of the same kind where there is one) and
+    ``stale IMAGE`` (the page's bytes in an older image, :data:`SWEEP_IMAGES`, where the page
+    existed then and differs)."""
+    path = os.path.join(fixture, _sweep_data_file(kind))
+    roles = lmdb_page_roles(path)
+    with open(path, "rb") as handle:
+        data = handle.read()
+    page_size = struct.unpack_from("<I", data, 16 + 24)[0]
+    used = list(roles)
+    images: dict[str, bytes] = {}
+    for name in SWEEP_IMAGES:
+        image_path = os.path.join(_sweep_images(fixture), name + ".mdb")
+        if os.path.exists(image_path):
+            with open(image_path, "rb") as handle:
+                images[name] = handle.read()
+    cases: list[tuple[int, str]] = []
+    for at, page in enumerate(used):
+        cases += [(page, "zero"), (page, "garble")]
+        after = used[at + 1:] + used[:at]
+        sources = [after[0]]
+        tree, _, kind_of_page = roles[page].partition(" ")
+        if tree != "meta":
+            others = [number for number in after if roles[number].partition(" ")[0] not in (tree, "meta")]
+            alike = [number for number in others if roles[number].partition(" ")[2] == kind_of_page]
+            if alike or others:
+                sources.append((alike or others)[0])
+        cases += [(page, f"other {source}") for source in dict.fromkeys(sources)]
+        current = data[page * page_size:(page + 1) * page_size]
+        for name, image in images.items():
+            old = image[page * page_size:(page + 1) * page_size]
+            if len(old) == page_size and old != current:
+                cases.append((page, f"stale {name}"))
+    return cases
+
+
+def _sweep_damage_page(path: str, fixture: str, page: int, damage: str) -> None:
+    """Damage one page of the data file at ``path`` (a copy of ``fixture``'s) as ``damage`` says."""
+    with open(path, "r+b") as handle:
+        content = bytearray(handle.read())
+        page_size = struct.unpack_from("<I", content, 16 + 24)[0]
+        how, _, argument = damage.partition(" ")
+        if how == "zero":
+            replacement = bytes(page_size)
+        elif how == "garble":
+            replacement = random.Random(f"garble {page}").randbytes(page_size)
+        elif how == "other":
+            source = int(argument)
+            replacement = bytes(content[source * page_size:(source + 1) * page_size])
+        elif how == "stale":
+            with open(os.path.join(_sweep_images(fixture), argument + ".mdb"), "rb") as image:
+                image.seek(page * page_size)
+                replacement = image.read(page_size)
+        else:
+            raise ValueError(f"unknown page damage {damage!r}")
+        assert len(replacement) == page_size
+        content[page * page_size:(page + 1) * page_size] = replacement
+        handle.seek(0)
+        handle.write(content)
+
+
+def _flip_bit(content: bytearray, at: int, *, bit: int) -> None:
+    content[at] ^= 1 << bit
+
+
+def _sweep_case_fields(first: int, second: int | str) -> dict[str, Any]:
+    """A case's fields in its record: ``offset`` and ``bit``, or ``page`` and ``damage``."""
+    return {"page": first, "damage": second} if isinstance(second, str) else {"offset": first, "bit": second}
+
+
+def _sweep_case_text(first: int, second: int | str) -> str:
+    return f"page {first} {second}" if isinstance(second, str) else f"offset {first} bit {second}"
+
+
 def lmdb_sweep_child(argv: list[str]) -> None:
     """Run sweep cases in isolation (a damaged B-tree may take the process down or hang it):
-    ``KIND FIXTURE WORK_DIR CASES_JSON``, each case ``[offset, bit, check]``; one JSON line when a
-    case starts and one when it ends."""
+    ``KIND FIXTURE WORK_DIR CASES_JSON``, each case ``[offset, bit, check]`` or ``[page, damage,
+    check]`` (:func:`sweep_page_cases`); one JSON line when a case starts and one when it ends."""
     kind, fixture, work, cases_path = argv
     with open(cases_path) as handle:
         cases = json.load(handle)
     oracle = _SweepOracle(kind, fixture, work)
     data_file = _sweep_data_file(kind)
-    for number, (offset, bit, check) in enumerate(cases):
+    for number, (first, second, check) in enumerate(cases):
         print(json.dumps({"start": number}), flush=True)
         target = os.path.join(work, f"case-{number}")
         shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(fixture, target, ignore=shutil.ignore_patterns(*_SWEEP_IGNORE))
-        _mutate_file(os.path.join(target, data_file), offset,
-                     lambda content, at: content.__setitem__(at, content[at] ^ (1 << bit)))
+        if isinstance(second, str):
+            _sweep_damage_page(os.path.join(target, data_file), fixture, first, second)
+        else:
+            _mutate_file(os.path.join(target, data_file), first, functools.partial(_flip_bit, bit=second))
         session = _sweep_session(kind, target, check)
         shutil.rmtree(target, ignore_errors=True)
         found = _sweep_judge(session, oracle)
         label = "checked" if check else "unchecked"
-        problems = [f"{kind} {data_file} offset {offset} bit {bit} ({label} open): {problem}" for problem in found]
+        problems = [f"{kind} {data_file} {_sweep_case_text(first, second)} ({label} open): {problem}" for problem in found]
         if found:
             outcome = "violation"
         elif session["open"][0] == "typed":
@@ -1953,11 +2096,11 @@ def lmdb_sweep_child(argv: list[str]) -> None:
             outcome = "typed_error"
         else:
             outcome = "no_effect"
-        print(json.dumps({"done": number, "offset": offset, "bit": bit, "check": check, "outcome": outcome,
+        print(json.dumps({"done": number, **_sweep_case_fields(first, second), "check": check, "outcome": outcome,
                           "problems": problems}), flush=True)
 
 
-def _sweep_chunk(kind: str, fixture: str, work: str, cases: list[tuple[int, int, bool]]) -> list[dict[str, Any]]:
+def _sweep_chunk(kind: str, fixture: str, work: str, cases: list[tuple[int, int | str, bool]]) -> list[dict[str, Any]]:
     """Run ``cases`` in children, one after another: a child that dies or hangs on a case counts
     that case (``interpreter_crash`` / ``hang``) and the next child goes on after it."""
     results: list[dict[str, Any]] = []
@@ -1983,10 +2126,10 @@ def _sweep_chunk(kind: str, fixture: str, work: str, cases: list[tuple[int, int,
                 results.append(item)
                 done += 1
         if done < len(remaining):
-            offset, bit, check = remaining[done]
+            first, second, check = remaining[done]
             label = "checked" if check else "unchecked"
-            results.append({"offset": offset, "bit": bit, "check": check, "outcome": outcome,
-                            "problems": [f"{kind} {_sweep_data_file(kind)} offset {offset} bit {bit} ({label} open): "
+            results.append({**_sweep_case_fields(first, second), "check": check, "outcome": outcome,
+                            "problems": [f"{kind} {_sweep_data_file(kind)} {_sweep_case_text(first, second)} ({label} open): "
                                          f"the process {died}: {stderr[-800:]}"]})
             done += 1
         remaining = remaining[done:]
@@ -1996,13 +2139,16 @@ def _sweep_chunk(kind: str, fixture: str, work: str, cases: list[tuple[int, int,
 def run_lmdb_sweep(count: int | None = None, seconds: float | None = None, seed: int = 1,
                    progress: Progress | None = None, *, stores: tuple[str, ...] = SWEEP_STORES, bits: str = "rotating",
                    offsets: list[int] | None = None, stride: int = 1, workers: int = 1,
-                   record: str | None = None) -> dict[str, Any]:
+                   record: str | None = None, damage: str = "bits", pages: list[int] | None = None) -> dict[str, Any]:
     """The exhaustive LMDB damage sweep (``docs/reliability.md``, "lmdb-sweep"): every byte of
-    every used page of each store's data file, each bit (``bits``), in order. ``count`` or
+    every used page of each store's data file, each bit (``bits``), in order; or with
+    ``damage="pages"``, every used page, each damaged whole in each way of
+    :func:`sweep_page_cases` (zeros, garbage, another page's bytes, an older image's). ``count`` or
     ``seconds`` stop it early (a slice; the cases are in order, ``seed`` is unused: the sweep is
-    the same every run); ``offsets`` keeps only those byte offsets, ``stride`` every stride-th case
-    (a spread slice, as CI runs); ``workers`` children at a time; ``record`` a file that gets one
-    JSON line per case (store, offset, role of the byte, bit, check, outcome, problems).
+    the same every run); ``offsets`` keeps only those byte offsets (``pages`` those page numbers),
+    ``stride`` every stride-th case (a spread slice, as CI runs); ``workers`` children at a time;
+    ``record`` a file that gets one JSON line per case (store, offset and bit or page and damage,
+    the role of the byte or page, check, outcome, problems).
 
     A case is one damaged copy opened one way (with the structural check, or without). A violation
     is a wrong answer, a foreign error or a hang; so is a crash of the process in an open with the
@@ -2012,48 +2158,62 @@ def run_lmdb_sweep(count: int | None = None, seconds: float | None = None, seed:
     import bisect
     from concurrent.futures import ThreadPoolExecutor
 
+    if damage not in SWEEP_DAMAGES:
+        raise ValueError(f"damage {damage!r}: choose from {list(SWEEP_DAMAGES)}")
     started = time.monotonic()
     findings = Findings()
     outcomes: dict[str, dict[str, dict[str, int]]] = {}
     by_role: dict[str, int] = {}
     figures: dict[str, Any] = {}
     roles: dict[str, list[tuple[int, int, str]]] = {}
+    page_roles: dict[str, dict[int, str]] = {}
     done = 0
 
-    def role_of(kind: str, offset: int) -> str:
+    def role_of(kind: str, item: dict[str, Any]) -> str:
+        if "page" in item:
+            return page_roles[kind].get(item["page"], "?")
         spans = roles[kind]
-        at = bisect.bisect_right(spans, (offset, float("inf"), "")) - 1
-        return spans[at][2] if at >= 0 and spans[at][0] <= offset < spans[at][1] else "?"
+        at = bisect.bisect_right(spans, (item["offset"], float("inf"), "")) - 1
+        return spans[at][2] if at >= 0 and spans[at][0] <= item["offset"] < spans[at][1] else "?"
 
     with _scratch("lmdb-sweep") as root:
-        plan: list[tuple[str, str, tuple[int, int]]] = []
+        plan: list[tuple[str, str, tuple[int, int | str]]] = []
         for kind in stores:
             fixture = os.path.join(root, f"fixture-{kind}")
             if kind == "agent":
-                _sweep_build_agent(fixture)
+                _sweep_build_agent(fixture, _sweep_images(fixture))
             else:
                 with _boot_id("lmdb-sweep"):
-                    _sweep_build_index(fixture)
+                    _sweep_build_index(fixture, _sweep_images(fixture))
             for name in _SWEEP_IGNORE:
                 for place in (os.path.join(fixture, name), os.path.join(fixture, "lmdb", name),
                               os.path.join(fixture, "store", "index", name)):
                     if os.path.exists(place):
                         os.remove(place)
-            cases = sweep_cases(kind, fixture, bits)
-            if offsets is not None:
-                wanted = set(offsets)
-                cases = [case for case in cases if case[0] in wanted]
-            cases = cases[::stride]
             data = os.path.join(fixture, _sweep_data_file(kind))
             roles[kind] = lmdb_byte_roles(data)
-            figures[kind] = {"file_bytes": os.path.getsize(data), "swept_bytes": len({offset for offset, _ in cases}),
-                             "cases": len(cases)}
+            page_roles[kind] = lmdb_page_roles(data)
+            cases: list[tuple[int, int | str]]
+            if damage == "pages":
+                cases = list(sweep_page_cases(kind, fixture))
+                wanted = None if pages is None else set(pages)
+            else:
+                cases = list(sweep_cases(kind, fixture, bits))
+                wanted = None if offsets is None else set(offsets)
+            if wanted is not None:
+                cases = [case for case in cases if case[0] in wanted]
+            cases = cases[::stride]
+            figures[kind] = {"file_bytes": os.path.getsize(data), "cases": len(cases)}
+            if damage == "pages":
+                figures[kind]["swept_pages"] = len({page for page, _ in cases})
+            else:
+                figures[kind]["swept_bytes"] = len({offset for offset, _ in cases})
             outcomes[kind] = {}
             plan += [(kind, fixture, case) for case in cases]
         budget = Budget(count, seconds, len(plan) * len(SWEEP_CHECKS))
-        chunks: list[tuple[str, str, list[tuple[int, int, bool]]]] = []
+        chunks: list[tuple[str, str, list[tuple[int, int | str, bool]]]] = []
         for kind in stores:
-            mine = [(fixture, (offset, bit, check)) for k, fixture, (offset, bit) in plan if k == kind
+            mine = [(fixture, (first, second, check)) for k, fixture, (first, second) in plan if k == kind
                     for check in SWEEP_CHECKS]
             for at in range(0, len(mine), SWEEP_CHUNK):
                 chunks.append((kind, mine[0][0], [case for _, case in mine[at:at + SWEEP_CHUNK]]))
@@ -2072,7 +2232,7 @@ def run_lmdb_sweep(count: int | None = None, seconds: float | None = None, seed:
                 for item in results:
                     done += 1
                     mode = "checked" if item["check"] else "unchecked"
-                    item["role"] = role_of(kind, item["offset"])
+                    item["role"] = role_of(kind, item)
                     tally = outcomes[kind].setdefault(mode, {})
                     tally[item["outcome"]] = tally.get(item["outcome"], 0) + 1
                     if item["outcome"] == "interpreter_crash" and not item["check"]:
@@ -2080,6 +2240,8 @@ def run_lmdb_sweep(count: int | None = None, seconds: float | None = None, seed:
                     if item["problems"]:
                         # one violation per damaged copy and open; its first problem described
                         place = f"{kind} {mode} {item['role']}"
+                        if "damage" in item:
+                            place += " " + item["damage"].partition(" ")[0]
                         by_role[place] = by_role.get(place, 0) + 1
                         more = len(item["problems"]) - 1
                         findings.add(f"[{item['role']}] " + item["problems"][0] + (f" (and {more} more)" if more else ""))
@@ -2091,8 +2253,11 @@ def run_lmdb_sweep(count: int | None = None, seconds: float | None = None, seed:
 
         with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
             list(pool.map(run, range(len(chunks))))
-    return _result("lmdb-sweep", seed, done, started, findings, {
-        "cases": done, "bits": bits, "stores": figures, "outcomes": outcomes, "violations_by_role": by_role})
+    details: dict[str, Any] = {"cases": done, "damage": damage, "stores": figures, "outcomes": outcomes,
+                               "violations_by_role": by_role}
+    if damage == "bits":
+        details["bits"] = bits
+    return _result("lmdb-sweep", seed, done, started, findings, details)
 
 
 # -- disk: failed fsyncs, ENOSPC and short writes --------------------------------------------------
@@ -3780,6 +3945,9 @@ def run_suite(name: str, *, count: int | None = None, seconds: float | None = No
         options["verify_every"] = max(1, int(verify_every))
     if name == "lmdb-sweep":
         options["bits"] = os.environ.get("MWPSTORE_SWEEP_BITS", "rotating")
+        options["damage"] = os.environ.get("MWPSTORE_SWEEP_DAMAGE", "bits")
+        if options["damage"] not in SWEEP_DAMAGES:
+            raise ValueError(f"MWPSTORE_SWEEP_DAMAGE={options['damage']!r}: choose from {list(SWEEP_DAMAGES)}")
         options["workers"] = max(1, int(os.environ.get("MWPSTORE_SWEEP_WORKERS", "1")))
         stores = os.environ.get("MWPSTORE_SWEEP_STORES")
         if stores:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -577,7 +578,6 @@ def test_the_sweep_judge_catches_a_wrong_answer_a_foreign_error_and_a_changed_wr
     assert torture._sweep_judge(intact, oracle) == []
 
     damaged = str(tmp_path / "damaged")
-    import shutil
 
     shutil.copytree(fixture, damaged, ignore=shutil.ignore_patterns(*torture._SWEEP_IGNORE))
     data = os.path.join(damaged, "lmdb", "data.mdb")
@@ -601,6 +601,134 @@ def test_the_sweep_judge_catches_a_wrong_answer_a_foreign_error_and_a_changed_wr
     assert any(problem.startswith("write 'prune_inbox g-2' answered 41") for problem in problems)
     assert any(problem.startswith(f"{broken['reads'][2][0][0]} (after 'reset_group g-3'): KeyError")
                for problem in problems), problems
+
+
+def _pages_by_number(path: str) -> dict[int, bytes]:
+    with open(path, "rb") as handle:
+        data = handle.read()
+    return {number: data[number * 4096:(number + 1) * 4096] for number in range(len(data) // 4096)}
+
+
+def test_the_page_sweep_damages_every_used_page_each_way(tmp_path):
+    """``damage="pages"``: every page the byte sweep touches (both metas and every tree page) is
+    read back as zeros, as garbage, as the next used page and as a used page of another tree (a
+    misdirected write), and as the same page of each older image where it differs (a lost write:
+    the fixture keeps one after an early commit and one after a middle one)."""
+    fixture = str(tmp_path / "agent")
+    torture._sweep_build_agent(fixture, torture._sweep_images(fixture))
+    data = os.path.join(fixture, "lmdb", "data.mdb")
+    roles = torture.lmdb_page_roles(data)
+    touched = {number for start, end in torture.lmdb_page_spans(data) for number in range(start // 4096, (end - 1) // 4096 + 1)}
+    assert set(roles) == touched and roles[0] == roles[1] == "meta"
+    current = _pages_by_number(data)
+    images = {name: _pages_by_number(os.path.join(torture._sweep_images(fixture), name + ".mdb")) for name in torture.SWEEP_IMAGES}
+    by_page: dict[int, list[str]] = {}
+    for page, damage in torture.sweep_page_cases("agent", fixture):
+        by_page.setdefault(page, []).append(damage)
+    assert set(by_page) == set(roles)
+    for page, damages in by_page.items():
+        assert damages[:2] == ["zero", "garble"], damages
+        sources = [int(damage.split()[1]) for damage in damages if damage.startswith("other ")]
+        assert sources and page not in sources and set(sources) <= set(roles)
+        tree = roles[page].split()[0]
+        assert tree == "meta" or any(roles[source].split()[0] not in (tree, "meta") for source in sources), (page, damages)
+        for name, image in images.items():
+            assert (f"stale {name}" in damages) == (page in image and image[page] != current[page]), (page, name)
+    kinds = {damage.split()[0] for damages in by_page.values() for damage in damages}
+    assert kinds == set(torture.SWEEP_PAGE_DAMAGES)
+    assert all(any(f"stale {name}" in damages for damages in by_page.values()) for name in torture.SWEEP_IMAGES)
+
+    copy = str(tmp_path / "copy.mdb")
+    page, other = 2, next(int(damage.split()[1]) for damage in by_page[2] if damage.startswith("other "))
+    stale = next(damage for damages in by_page.values() for damage in damages if damage.startswith("stale "))
+    stale_page = next(number for number, damages in by_page.items() if stale in damages)
+    for number, damage, want in ((page, "zero", bytes(4096)), (page, f"other {other}", current[other]),
+                                 (stale_page, stale, images[stale.split()[1]][stale_page]), (page, "garble", None)):
+        shutil.copyfile(data, copy)
+        torture._sweep_damage_page(copy, fixture, number, damage)
+        damaged = _pages_by_number(copy)
+        assert {n for n in current if damaged[n] != current[n]} == {number}, damage
+        assert want is None or damaged[number] == want, damage
+    garbled = damaged[page]
+    torture._sweep_damage_page(copy, fixture, page, "garble")
+    assert _pages_by_number(copy)[page] == garbled  # seeded: the same garbage every run
+
+
+def test_lmdb_sweep_of_whole_pages_over_both_stores(tmp_path):
+    """A slice of the page sweep (every fourth case of each store): each copy with one page read
+    back as zeros, garbage, another page or an older image's page, opened with the structural
+    check and without, answers as the undamaged store or with a typed error. Left through, and
+    only it: the lost write of the newer meta page, which leaves the two meta pages exactly as a
+    crash before that commit's meta write would (consecutive ids, the older snapshot sound and
+    sealed): the AgentStore opens one commit behind in both opens. The full run's figures are in
+    docs/reliability.md."""
+    record = tmp_path / "cases.jsonl"
+    result = torture.run_lmdb_sweep(damage="pages", stride=4, record=str(record))
+    cases = [json.loads(line) for line in record.read_text().splitlines()]
+    assert {case["damage"].split()[0] for case in cases} == set(torture.SWEEP_PAGE_DAMAGES)
+    left = [case for case in cases if case["outcome"] == "violation"]
+    for case in left:
+        assert (case["store"], case["role"], case["damage"].split()[0]) == ("agent", "meta", "stale"), case
+    assert result["violations"] == len(left) <= 2, result["details"]["violation_messages"][:5]
+    assert result["details"]["damage"] == "pages" and "bits" not in result["details"]
+    for kind in ("agent", "index"):
+        assert result["details"]["stores"][kind]["swept_pages"] > 5
+        outcomes = result["details"]["outcomes"][kind]
+        assert sum(outcomes["checked"].values()) == sum(outcomes["unchecked"].values()) > 10, outcomes
+
+
+def test_the_page_sweep_finds_a_heads_page_written_back_from_an_older_commit(tmp_path):
+    """The index's ``heads`` page read back as the early image holds it (a lost write): sound
+    entries under sound seals, Group g-1's head at Event 1 of 5. The structural check passes it;
+    ``head``, ``read`` and a new Command in g-1 are ``CORRUPTION`` (the Event after the head is
+    indexed), never an answer from the older head."""
+    fixture = str(tmp_path / "index")
+    with torture._boot_id("lmdb-sweep"):
+        torture._sweep_build_index(fixture, torture._sweep_images(fixture))
+    data = os.path.join(fixture, torture._sweep_data_file("index"))
+    (page,) = [number for number, role in torture.lmdb_page_roles(data).items() if role == "heads leaf"]
+    early = _pages_by_number(os.path.join(torture._sweep_images(fixture), "early.mdb"))[page]
+    assert early != _pages_by_number(data)[page] and b"g-1" in early  # an older heads leaf at that page
+    result = torture.run_lmdb_sweep(stores=("index",), damage="pages", pages=[page])
+    _assert_clean(result)
+    assert result["details"]["outcomes"]["index"]["checked"].get("typed_error", 0) >= 1
+
+
+def test_a_refused_rebuild_after_a_reset_that_committed_is_no_violation(tmp_path):
+    """The AgentStore's projection page read back as the buffer's (a misdirected write), opened
+    without the walk: ``reset_group("g-3")`` commits, and the rebuild of g-3 after it is refused
+    with ``CORRUPTION``. Both answers are right; as one write of the sweep ("reset_group g-3 and
+    rebuild it"), the refusal made the judge expect the reads of a store the reset had not touched,
+    and the reset's empty g-3 read as 80 wrong answers."""
+    fixture = str(tmp_path / "agent")
+    torture._sweep_build_agent(fixture, torture._sweep_images(fixture))
+    roles = torture.lmdb_page_roles(os.path.join(fixture, "lmdb", "data.mdb"))
+    (page,) = [number for number, role in roles.items() if role == "projection leaf"]
+    damages = [damage for number, damage in torture.sweep_page_cases("agent", fixture)
+               if number == page and damage.startswith("other ") and roles[int(damage.split()[1])] == "buffer leaf"]
+    assert damages, roles
+    record = tmp_path / "cases.jsonl"
+    result = torture.run_lmdb_sweep(stores=("agent",), damage="pages", pages=[page], record=str(record))
+    _assert_clean(result)
+    (case,) = [json.loads(line) for line in record.read_text().splitlines()
+               if json.loads(line)["damage"] == damages[0] and not json.loads(line)["check"]]
+    assert case["outcome"] == "typed_error", case
+
+
+def test_the_sweep_takes_its_damage_from_the_environment(monkeypatch, tmp_path):
+    """``MWPSTORE_SWEEP_DAMAGE=pages`` sweeps whole pages (the record names page and damage);
+    ``bits`` is the default; another value is refused."""
+    record = tmp_path / "cases.jsonl"
+    monkeypatch.setenv("MWPSTORE_SWEEP_STORES", "index")
+    monkeypatch.setenv("MWPSTORE_SWEEP_RECORD", str(record))
+    monkeypatch.setenv("MWPSTORE_SWEEP_DAMAGE", "pages")
+    result = torture.run_suite("lmdb-sweep", count=4)
+    assert (result["iterations"], result["violations"], result["details"]["damage"]) == (4, 0, "pages"), result
+    lines = [json.loads(line) for line in record.read_text().splitlines()]
+    assert [(line["page"], line["damage"], line["role"]) for line in lines[:2]] == [(0, "zero", "meta")] * 2
+    monkeypatch.setenv("MWPSTORE_SWEEP_DAMAGE", "blocks")
+    with pytest.raises(ValueError, match="blocks"):
+        torture.run_suite("lmdb-sweep", count=4)
 
 
 def test_command_runs_the_lmdb_sweep_only_when_named():
