@@ -47,7 +47,8 @@
  * then ends there. Event hashes are computed with the same calls as
  * messages.event_hash_of_fields and payload_hash_of (the sorted encoder's encode_into, into two
  * buffers kept for the run, and one blake3 hasher reset after each hash); the Event's encoded size
- * (EVENT_BYTES_MAX) is added up from the parts hashed, instead of encoding the Event once more.
+ * (EVENT_BYTES_MAX) is added up from the parts hashed and the body's length (msgpack_size, which
+ * walks the body without encoding it), instead of encoding the Event once more.
  * The fields are read with one astuple call (msgspec.structs.astuple). An Exception raised
  * by a call ends the run, as in _fully_valid_run (apply() then decides that Event); anything else
  * propagates.
@@ -362,10 +363,11 @@ typedef struct {
     Py_ssize_t event_bytes_max;
     /* Made for the run (new references). One blake3 hasher, its bound update, digest and reset:
      * fed, read and reset for each hash, which costs less than constructing a hasher each time.
-     * Two bytearrays that encode_into writes: ``scratch`` the body (for its size only) and the
-     * effects; ``chained`` what the Event hash covers, the domain prefix (written once), the
-     * previous hash, the header (written at the offset after both), the effects' digest and the
-     * payload hash. Any error ends the run, so nothing left half-fed is used again. */
+     * Two bytearrays that encode_into writes: ``scratch`` the effects (and the body, for its size
+     * only, when msgpack_size cannot tell it); ``chained`` what the Event hash covers, the domain
+     * prefix (written once), the previous hash, the header (written at the offset after both), the
+     * effects' digest and the payload hash. Any error ends the run, so nothing left half-fed is
+     * used again. */
     PyObject *update, *digest, *reset, *scratch, *chained;
 } check_t;
 
@@ -443,6 +445,75 @@ static int encoded_into(const check_t *check, PyObject *value, PyObject *buffer,
     if (result == NULL) return -1;
     Py_DECREF(result);
     return 1;
+}
+
+/* The bytes of a msgpack head for a length ``count`` of a kind whose fixed form holds up to
+ * ``fixed_max`` (-1 when it has none) and whose 8-bit form exists when ``has_8``: 1, 2, 3 or 5. */
+static Py_ssize_t head_bytes(Py_ssize_t count, Py_ssize_t fixed_max, int has_8) {
+    if (count <= fixed_max) return 1;
+    if (has_8 && count <= 0xff) return 2;
+    return count <= 0xffff ? 3 : 5;
+}
+
+#define MS_DEPTH_MAX 64 /* deeper than content_ok lets through (BODY_DEPTH_MAX 32) */
+
+/* The length of the sorted encoder's msgpack for ``value`` (encode_into's, without encoding it:
+ * key order does not change a length), for the values content may hold and exact bytes: None,
+ * bool, int within a long long, float (always float64), str, bytes, list, tuple and dict with str
+ * keys, each of exactly that type; the smallest form of each int and head, as msgspec writes
+ * them. -1 (no Python error left) for anything else, a str with no UTF-8 (a lone surrogate) or
+ * deeper than MS_DEPTH_MAX: the caller encodes that value instead. tests/test_agent_check_run.py
+ * holds it to len(encode(value)) over arbitrary values and at every width boundary. */
+static Py_ssize_t msgpack_size(PyObject *value, int depth) {
+    if (depth > MS_DEPTH_MAX) return -1;
+    if (value == Py_None || PyBool_Check(value)) return 1;
+    if (PyLong_CheckExact(value)) {
+        int overflow = 0;
+        long long number = PyLong_AsLongLongAndOverflow(value, &overflow);
+        if (overflow || (number == -1 && PyErr_Occurred())) {
+            PyErr_Clear();
+            return -1; /* above 2**63 - 1 or below -2**63: content never holds them */
+        }
+        if (number >= 0)
+            return number < 0x80 ? 1 : number <= 0xff ? 2 : number <= 0xffff ? 3 : number <= 0xffffffffLL ? 5 : 9;
+        return number >= -32 ? 1 : number >= -0x80 ? 2 : number >= -0x8000 ? 3 : number >= -0x80000000LL ? 5 : 9;
+    }
+    if (PyFloat_CheckExact(value)) return 9;
+    if (PyUnicode_CheckExact(value)) {
+        Py_ssize_t size = 0;
+        if (PyUnicode_AsUTF8AndSize(value, &size) == NULL) {
+            PyErr_Clear();
+            return -1;
+        }
+        return head_bytes(size, 31, 1) + size;
+    }
+    if (PyBytes_CheckExact(value)) {
+        Py_ssize_t size = PyBytes_Size(value);
+        return head_bytes(size, -1, 1) + size;
+    }
+    int is_list = PyList_CheckExact(value);
+    if (is_list || PyTuple_CheckExact(value)) {
+        Py_ssize_t count = is_list ? PyList_Size(value) : PyTuple_Size(value);
+        Py_ssize_t total = head_bytes(count, 15, 0);
+        for (Py_ssize_t i = 0; i < count; i++) { /* no Python code runs here: the list stays as it is */
+            Py_ssize_t item = msgpack_size(is_list ? PyList_GetItem(value, i) : PyTuple_GetItem(value, i), depth + 1);
+            if (item < 0) return -1;
+            total += item;
+        }
+        return total;
+    }
+    if (PyDict_CheckExact(value)) {
+        Py_ssize_t total = head_bytes(PyDict_Size(value), 15, 0), position = 0;
+        PyObject *key = NULL, *item = NULL;
+        while (PyDict_Next(value, &position, &key, &item)) {
+            if (!PyUnicode_CheckExact(key)) return -1;
+            Py_ssize_t key_size = msgpack_size(key, depth + 1), item_size = msgpack_size(item, depth + 1);
+            if (key_size < 0 || item_size < 0) return -1;
+            total += key_size + item_size;
+        }
+        return total;
+    }
+    return -1;
 }
 
 /* One effect, in the order Python checks it. The first pass is _check_shape's: an effect_type
@@ -525,9 +596,10 @@ static int fields_valid(const check_t *check, PyObject *fields, long long seq, c
 
     /* The Event's encoded size, from the parts hashed below: it is an array16 of its 16 fields,
      * the 11 header fields as encoded in the hashed header (a fixarray, less its 1-byte head),
-     * then body, effects and three 32-byte bin8 hashes. Once the body and states are
-     * content_ok, the sorted encoder and encode_event give their parts the same bytes but for
-     * the order of map entries (tests/test_agent_check_run.py meets the limit at the same byte). */
+     * then body (its msgpack_size), effects and three 32-byte bin8 hashes. Once the body and
+     * states are content_ok, the sorted encoder and encode_event give their parts the same bytes
+     * but for the order of map entries (tests/test_agent_check_run.py meets the limit at the same
+     * byte). */
     Py_ssize_t size = 3 + 3 * (2 + AA_HASH_BYTES);
 
     PyObject *payload_hash = f[F_PAYLOAD_HASH];
@@ -535,8 +607,12 @@ static int fields_valid(const check_t *check, PyObject *fields, long long seq, c
         size += 1;
     } else {
         if ((ok = answers_true(check->content_ok, f[F_BODY])) != 1) return ok;
-        if ((ok = encoded_into(check, f[F_BODY], check->scratch, 0)) != 1) return ok;
-        size += PyByteArray_Size(check->scratch);
+        Py_ssize_t body_size = msgpack_size(f[F_BODY], 0); /* it is not hashed: its length is enough */
+        if (body_size < 0) {
+            if ((ok = encoded_into(check, f[F_BODY], check->scratch, 0)) != 1) return ok;
+            body_size = PyByteArray_Size(check->scratch);
+        }
+        size += body_size;
         PyObject *canonical = PyObject_CallFunctionObjArgs(check->canonical_bytes, f[F_BODY], NULL);
         if (canonical == NULL) return -1;
         if (!PyBytes_CheckExact(canonical)) {
@@ -684,12 +760,23 @@ static PyObject *check_events(const check_t *check, PyObject *events, Py_ssize_t
     return PyLong_FromSsize_t(i);
 }
 
+/* msgpack_size(value) -> int | None: msgpack_size's answer, for the tests that hold it to
+ * msgspec's encoding (None where it cannot tell). */
+static PyObject *aa_msgpack_size(PyObject *module, PyObject *value) {
+    (void)module;
+    Py_ssize_t size = msgpack_size(value, 0);
+    if (size < 0) Py_RETURN_NONE;
+    return PyLong_FromSsize_t(size);
+}
+
 static PyMethodDef aa_methods[] = {
     {"run", (PyCFunction)(void (*)(void))aa_run, METH_FASTCALL,
      "run(events, start, context, group, prefix, next_seq, prev_hash, inbox_writes, state_writes, writes_max) -> "
      "stop; see csrc/agent_apply.c."},
     {"check_run", (PyCFunction)(void (*)(void))aa_check_run, METH_FASTCALL,
      "check_run(events, start, context, group, next_seq, prev_hash) -> end; see csrc/agent_apply.c."},
+    {"msgpack_size", (PyCFunction)(void (*)(void))aa_msgpack_size, METH_O,
+     "msgpack_size(value) -> the length of value's msgpack, or None; see csrc/agent_apply.c."},
     {NULL, NULL, 0, NULL},
 };
 

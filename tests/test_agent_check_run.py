@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import msgspec
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agent_store_support import workload
 from mwpstore import agent_store, limits
-from mwpstore._apply_c import check_run
+from mwpstore._apply_c import check_run, msgpack_size
 from mwpstore.agent_store import _CHECK_CONTEXT, AgentStore, ApplyStatus, _fully_valid_run
 from mwpstore.messages import ZERO_HASH, Effect, Event, encode_event, payload_hash_of, recompute_event_hash
 
@@ -396,3 +398,83 @@ def test_every_effect_passes_the_shape_checks_before_any_is_checked_for_content(
     states = sum(effect.state is not None for effect in event.effects)
     assert calls[: len(event.effects)] == ["aggregate"] * len(event.effects)
     assert calls.count("content") == states + (event.body is not None) and "aggregate" not in calls[len(event.effects) :]
+
+
+_SORTED_ENCODE = msgspec.msgpack.Encoder(order="sorted").encode
+
+
+def _width_boundaries():
+    """Values at each msgpack width boundary (msgspec writes the smallest form): ints, strs
+    (code points and UTF-8 bytes apart), bins, arrays (lists and tuples) and maps."""
+    values = []
+    for edge in (0, 0x7F, 0xFF, 0xFFFF, 0xFFFFFFFF, 2**63 - 1):
+        values += [edge - 1, edge, edge + 1] if edge < 2**63 - 1 else [edge - 1, edge]
+    for edge in (-32, -0x80, -0x8000, -0x80000000, -(2**63)):
+        values += [edge + 1, edge, edge - 1] if edge > -(2**63) else [edge + 1, edge]
+    for length in (0, 1, 15, 16, 31, 32, 255, 256, 65535, 65536):
+        values += ["s" * length, "é" * length, b"b" * length, [None] * length, (0,) * length,
+                   {f"k{index}": index for index in range(length)}]
+    return values + [None, True, False, 0.0, -1.5, float("inf"), float("nan")]
+
+
+@pytest.mark.parametrize("value", _width_boundaries(), ids=lambda value: f"{type(value).__name__}-{len(_SORTED_ENCODE(value))}")
+def test_msgpack_size_is_the_encoders_length_at_every_width_boundary(value):
+    """check_run adds a body's length up with msgpack_size instead of encoding it: it must be the
+    length of the sorted encoder's msgpack, byte for byte."""
+    assert msgpack_size(value) == len(_SORTED_ENCODE(value))
+    assert msgpack_size({"body": [value, {"again": value}]}) == len(_SORTED_ENCODE({"body": [value, {"again": value}]}))
+
+
+_sizable_scalars = (
+    st.none() | st.booleans() | st.integers(-(2**63), 2**63 - 1) | st.floats() | st.text() | st.binary()
+    | st.sampled_from(["", "é" * 16, "\U0001f600" * 8, "s" * 31, "s" * 32, 127, 128, -32, -33, 255, 256])
+)
+_sizable = st.recursive(
+    _sizable_scalars,
+    lambda inner: st.lists(inner, max_size=20) | st.lists(inner, max_size=17).map(tuple)
+    | st.dictionaries(st.text(max_size=8), inner, max_size=20),
+    max_leaves=60,
+)
+_odd_scalars = st.sampled_from(
+    [2**63, 2**64 - 1, 2**64, -(2**63) - 1, "\ud800", bytearray(b"x"), set(), frozenset({1}), 1j, msgspec.msgpack.Ext(1, b"x")]
+)
+_odd = st.recursive(
+    _sizable_scalars | _odd_scalars,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=4) | st.integers(), inner, max_size=5),
+    max_leaves=20,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(value=_sizable)
+def test_msgpack_size_is_the_encoders_length_of_any_value_content_may_hold(value):
+    assert msgpack_size(value) == len(_SORTED_ENCODE(value))
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=_odd)
+def test_msgpack_size_of_anything_else_is_none_or_the_encoders_length(value):
+    """Where msgpack_size cannot tell (a type content never holds, an int beyond 64 bits, a str
+    without UTF-8), it answers None and check_run encodes the body instead."""
+    size = msgpack_size(value)
+    try:
+        expected = len(_SORTED_ENCODE(value))
+    except (TypeError, ValueError, OverflowError, msgspec.EncodeError):
+        expected = None
+    assert size is None or size == expected
+
+
+def test_a_body_msgpack_size_cannot_tell_is_encoded_for_its_size():
+    """Past content_ok no body is one msgpack_size cannot tell; with a content check that lets an
+    int above 2**63 through, check_run measures the body by encoding it (one more encode_into)."""
+    event = _resealed(EVENTS[SPOILED_AT], body={**EVENTS[SPOILED_AT].body, "big": 2**64 - 1})
+    events = [*EVENTS[:SPOILED_AT], event]
+    counts = []
+    for body_event in (EVENTS[SPOILED_AT], event):
+        calls = _Calls([*EVENTS[:SPOILED_AT], body_event])
+        context = list(calls.context)
+        context[9] = lambda value: True
+        assert check_run([*EVENTS[:SPOILED_AT], body_event], 0, tuple(context), GROUP, 1, ZERO_HASH) == SPOILED_AT + 1
+        counts.append(calls.log.count("encode_into"))
+    assert counts[1] == counts[0] + 1
+    assert msgpack_size(event.body) is None and len(events) == SPOILED_AT + 1
