@@ -8,7 +8,9 @@
  *   run(events, start, context, group, prefix, next_seq, prev_hash, inbox_writes, state_writes,
  *       writes_max) -> stop
  *
- * with context = (event_type, effect_type, checked, checked_max, kind_ok, id_ok), which takes
+ * with context = (event_type, effect_type, checked, checked_max, kind_ok, id_ok, astuple)
+ * (agent_store._RUN_CONTEXT; astuple is msgspec.structs.astuple, which reads an Event's fields in
+ * one call), which takes
  * events[start:] for as long as each one is, exactly as apply() would see it in trusted mode,
  * the plain next Event of ``group``: an ``event_type`` object whose fields have the types
  * admit_trusted_event and _check_shape require, whose Group is ``group``, whose sequence is
@@ -68,11 +70,20 @@
 #define AA_HASH_BYTES 32
 #define AA_KEY_BYTES_MAX 1024 /* group + NUL + aggregate; longer goes to apply() */
 
-static PyObject *s_group, *s_seq, *s_event_id, *s_kind, *s_aggregate, *s_revision, *s_accepted_at_ms,
-    *s_authoritative, *s_body, *s_effects, *s_prev_hash, *s_hash, *s_state;
+static PyObject *s_aggregate, *s_revision, *s_state; /* an Effect's fields */
+
+#define CR_FIELDS 16
+
+/* The Event's fields in the order of its encoding, as astuple gives them (Event.__struct_fields__,
+ * which tests/test_agent_check_run.py holds to this order); the first 11 are the hashed header. */
+enum {
+    F_GROUP, F_SEQ, F_EVENT_ID, F_KIND, F_AGGREGATE, F_REVISION, F_ACTOR, F_ACTION_ID, F_CONTENT_HASH,
+    F_ACCEPTED_AT_MS, F_AUTHORITATIVE, F_BODY, F_EFFECTS, F_PAYLOAD_HASH, F_PREV_HASH, F_HASH,
+};
+#define CR_HEADER_FIELDS 11
 
 typedef struct {
-    PyObject *event_type, *effect_type, *group, *checked, *kind_ok, *id_ok;
+    PyObject *event_type, *effect_type, *group, *checked, *kind_ok, *id_ok, *astuple;
     Py_ssize_t checked_max;
     const char *group_utf8;
     Py_ssize_t group_size;
@@ -158,74 +169,67 @@ static int decimal(long long value, char *out) {
     return count;
 }
 
-/* 1 if ``event`` is the plain next Event (see the top of the file), with its hash and effects in
- * *taken; 0 if apply() must decide it; -1 on a Python error. */
-static int take_event(const run_t *run, PyObject *event, long long seq, const unsigned char *prev, taken_t *taken) {
-    if ((PyObject *)Py_TYPE(event) != run->event_type) return 0;
-    PyObject *value = NULL;
-    int ok = field(event, s_group, is_str, &value);
-    if (ok != 1) return ok;
-    ok = value == run->group || PyUnicode_Compare(value, run->group) == 0;
-    Py_DECREF(value);
+/* take_event's checks of the fields ``fields`` (astuple's result, held by the caller): 1, 0 or -1. */
+static int take_fields(const run_t *run, PyObject *fields, long long seq, const unsigned char *prev) {
+    if (!PyTuple_CheckExact(fields) || PyTuple_Size(fields) != CR_FIELDS) return 0;
+    PyObject *f[CR_FIELDS]; /* borrowed */
+    for (int k = 0; k < CR_FIELDS; k++) f[k] = PyTuple_GetItem(fields, k);
+    if (!is_str(f[F_GROUP])) return 0;
+    int ok = f[F_GROUP] == run->group || PyUnicode_Compare(f[F_GROUP], run->group) == 0;
     if (!ok) return PyErr_Occurred() ? -1 : 0;
 
-    ok = field(event, s_seq, is_exact_int, &value);
-    if (ok != 1) return ok;
+    if (!is_exact_int(f[F_SEQ])) return 0;
     int overflow = 0;
-    long long got = PyLong_AsLongLongAndOverflow(value, &overflow);
-    Py_DECREF(value);
+    long long got = PyLong_AsLongLongAndOverflow(f[F_SEQ], &overflow);
     if (got == -1 && PyErr_Occurred()) return -1;
     if (overflow || got != seq) return 0;
 
-    ok = field(event, s_event_id, is_str, &value);
-    if (ok != 1) return ok;
+    if (!is_str(f[F_EVENT_ID])) return 0;
     Py_ssize_t id_size = 0;
-    const char *id = PyUnicode_AsUTF8AndSize(value, &id_size);
+    const char *id = PyUnicode_AsUTF8AndSize(f[F_EVENT_ID], &id_size);
     if (id == NULL) {
-        Py_DECREF(value);
         PyErr_Clear(); /* not encodable: apply() names the problem */
         return 0;
     }
     char digits[24];
     int digit_count = decimal(seq, digits);
-    ok = id_size == run->group_size + 1 + digit_count && memcmp(id, run->group_utf8, (size_t)run->group_size) == 0 &&
-         id[run->group_size] == ':' && memcmp(id + run->group_size + 1, digits, (size_t)digit_count) == 0;
-    Py_DECREF(value);
-    if (!ok) return 0;
+    if (id_size != run->group_size + 1 + digit_count || memcmp(id, run->group_utf8, (size_t)run->group_size) != 0 ||
+        id[run->group_size] != ':' || memcmp(id + run->group_size + 1, digits, (size_t)digit_count) != 0)
+        return 0;
 
-    ok = field(event, s_prev_hash, is_hash, &value);
-    if (ok != 1) return ok;
-    ok = memcmp(PyBytes_AsString(value), prev, AA_HASH_BYTES) == 0;
-    Py_DECREF(value);
-    if (!ok) return 0;
+    if (!is_hash(f[F_PREV_HASH]) || memcmp(PyBytes_AsString(f[F_PREV_HASH]), prev, AA_HASH_BYTES) != 0) return 0;
+    if (!is_str(f[F_KIND]) || !is_str(f[F_AGGREGATE]) || !is_exact_int(f[F_REVISION]) ||
+        !is_exact_int(f[F_ACCEPTED_AT_MS]) || !is_bool(f[F_AUTHORITATIVE]) || !is_dict_or_none(f[F_BODY]) ||
+        !is_list(f[F_EFFECTS]))
+        return 0;
 
-    if ((ok = field(event, s_kind, is_str, NULL)) != 1) return ok;
-    if ((ok = field(event, s_aggregate, is_str, NULL)) != 1) return ok;
-    if ((ok = field(event, s_revision, is_exact_int, NULL)) != 1) return ok;
-    if ((ok = field(event, s_accepted_at_ms, is_exact_int, NULL)) != 1) return ok;
-    if ((ok = field(event, s_authoritative, is_bool, NULL)) != 1) return ok;
-    if ((ok = field(event, s_body, is_dict_or_none, NULL)) != 1) return ok;
-
-    PyObject *effects = NULL;
-    if ((ok = field(event, s_effects, is_list, &effects)) != 1) return ok;
+    PyObject *effects = f[F_EFFECTS]; /* the caller's tuple holds it while kind_ok/id_ok run */
     for (Py_ssize_t i = 0; i < PyList_Size(effects); i++) { /* kind_ok/id_ok may be Python code */
         PyObject *effect = PyList_GetItem(effects, i);
         Py_XINCREF(effect);
         ok = effect == NULL ? -1 : effect_ok(run, effect);
         Py_XDECREF(effect);
-        if (ok != 1) {
-            Py_DECREF(effects);
-            return ok;
-        }
+        if (ok != 1) return ok;
     }
-    PyObject *hash = NULL;
-    if ((ok = field(event, s_hash, is_hash, &hash)) != 1) {
-        Py_DECREF(effects);
-        return ok;
+    return is_hash(f[F_HASH]);
+}
+
+/* 1 if ``event`` is the plain next Event (see the top of the file), with its hash and effects in
+ * *taken; 0 if apply() must decide it; -1 on a Python error. Its fields are read with one
+ * astuple call (a frozen Struct: no code runs to read a field) and checked in their order. */
+static int take_event(const run_t *run, PyObject *event, long long seq, const unsigned char *prev, taken_t *taken) {
+    if ((PyObject *)Py_TYPE(event) != run->event_type) return 0;
+    PyObject *fields = PyObject_CallFunctionObjArgs(run->astuple, event, NULL);
+    if (fields == NULL) return -1;
+    int ok = take_fields(run, fields, seq, prev);
+    if (ok == 1) {
+        taken->hash = PyTuple_GetItem(fields, F_HASH);
+        taken->effects = PyTuple_GetItem(fields, F_EFFECTS);
+        Py_INCREF(taken->hash);
+        Py_INCREF(taken->effects);
     }
-    taken->hash = hash;
-    taken->effects = effects;
-    return 1;
+    Py_DECREF(fields);
+    return ok;
 }
 
 /* prefix + tail as a new bytes object; NULL with a Python error on failure. */
@@ -295,8 +299,9 @@ static PyObject *aa_run(PyObject *module, PyObject *const *args, Py_ssize_t narg
         return NULL;
     }
     PyObject *events = args[0], *context = args[2], *inbox = args[7], *states = args[8];
-    if (!PyTuple_CheckExact(context) || PyTuple_Size(context) != 6) {
-        PyErr_SetString(PyExc_TypeError, "run: context is (event_type, effect_type, checked, checked_max, kind_ok, id_ok)");
+    if (!PyTuple_CheckExact(context) || PyTuple_Size(context) != 7) {
+        PyErr_SetString(PyExc_TypeError,
+                        "run: context is (event_type, effect_type, checked, checked_max, kind_ok, id_ok, astuple)");
         return NULL;
     }
     run_t run = {
@@ -305,10 +310,12 @@ static PyObject *aa_run(PyObject *module, PyObject *const *args, Py_ssize_t narg
         .checked = PyTuple_GetItem(context, 2),
         .kind_ok = PyTuple_GetItem(context, 4),
         .id_ok = PyTuple_GetItem(context, 5),
+        .astuple = PyTuple_GetItem(context, 6),
         .group = args[3],
     };
     if (!PyList_CheckExact(events) || !PyType_Check(run.event_type) || !PyType_Check(run.effect_type) ||
         !PySet_CheckExact(run.checked) || !PyCallable_Check(run.kind_ok) || !PyCallable_Check(run.id_ok) ||
+        !PyCallable_Check(run.astuple) ||
         !PyUnicode_CheckExact(run.group) || !PyBytes_CheckExact(args[4]) || !PyBytes_CheckExact(args[6]) ||
         PyBytes_Size(args[6]) != AA_HASH_BYTES || !PyDict_CheckExact(inbox) || !PyDict_CheckExact(states)) {
         PyErr_SetString(PyExc_TypeError, "run: an argument has the wrong type");
@@ -370,16 +377,6 @@ typedef struct {
      * used again. */
     PyObject *update, *digest, *reset, *scratch, *chained;
 } check_t;
-
-#define CR_FIELDS 16
-
-/* The Event's fields in the order of its encoding, as astuple gives them (Event.__struct_fields__,
- * which tests/test_agent_check_run.py holds to this order); the first 11 are the hashed header. */
-enum {
-    F_GROUP, F_SEQ, F_EVENT_ID, F_KIND, F_AGGREGATE, F_REVISION, F_ACTOR, F_ACTION_ID, F_CONTENT_HASH,
-    F_ACCEPTED_AT_MS, F_AUTHORITATIVE, F_BODY, F_EFFECTS, F_PAYLOAD_HASH, F_PREV_HASH, F_HASH,
-};
-#define CR_HEADER_FIELDS 11
 
 static PyObject *s_digest, *s_update, *s_reset;
 
@@ -787,12 +784,8 @@ static int intern(PyObject **slot, const char *name) {
 
 static int aa_exec(PyObject *module) {
     (void)module;
-    if (intern(&s_group, "group") < 0 || intern(&s_seq, "seq") < 0 || intern(&s_event_id, "event_id") < 0 ||
-        intern(&s_kind, "kind") < 0 || intern(&s_aggregate, "aggregate") < 0 || intern(&s_revision, "revision") < 0 ||
-        intern(&s_accepted_at_ms, "accepted_at_ms") < 0 || intern(&s_authoritative, "authoritative") < 0 ||
-        intern(&s_body, "body") < 0 || intern(&s_effects, "effects") < 0 || intern(&s_prev_hash, "prev_hash") < 0 ||
-        intern(&s_hash, "hash") < 0 || intern(&s_state, "state") < 0 || intern(&s_digest, "digest") < 0 ||
-        intern(&s_update, "update") < 0 || intern(&s_reset, "reset") < 0)
+    if (intern(&s_aggregate, "aggregate") < 0 || intern(&s_revision, "revision") < 0 || intern(&s_state, "state") < 0 ||
+        intern(&s_digest, "digest") < 0 || intern(&s_update, "update") < 0 || intern(&s_reset, "reset") < 0)
         return -1;
     return 0;
 }

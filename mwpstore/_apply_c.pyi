@@ -6,7 +6,7 @@ from typing import Any
 def run(
     events: list[Any],
     start: int,
-    context: tuple[type, type, set[str], int, Callable[[object], bool], Callable[[object], bool]],
+    context: tuple[type, type, set[str], int, Callable[[object], bool], Callable[[object], bool], Callable[[Any], tuple[Any, ...]]],
     group: str,
     prefix: bytes,
     next_seq: int,

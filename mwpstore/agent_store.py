@@ -250,7 +250,9 @@ _CHECKED_AGGREGATES_MAX = 100_000
 
 
 # What mwpstore._apply_c.run needs besides the Events (csrc/agent_apply.c).
-_RUN_CONTEXT = (Event, Effect, _CHECKED_AGGREGATES, _CHECKED_AGGREGATES_MAX, _canonical_c.kind_ok, _canonical_c.id_ok)
+_RUN_CONTEXT = (
+    Event, Effect, _CHECKED_AGGREGATES, _CHECKED_AGGREGATES_MAX, _canonical_c.kind_ok, _canonical_c.id_ok, msgspec.structs.astuple,
+)
 
 
 def _check_aggregate(aggregate: object) -> None:

@@ -207,7 +207,7 @@ def test_an_error_inside_the_c_run_leaves_the_transaction_only_abortable(tmp_pat
         raise MemoryError("simulated")
 
     agent_store._CHECKED_AGGREGATES.clear()  # so the run must check a new aggregate key
-    monkeypatch.setattr(agent_store, "_RUN_CONTEXT", (Event, Effect, agent_store._CHECKED_AGGREGATES, 10, failing, _canonical_c.id_ok))
+    monkeypatch.setattr(agent_store, "_RUN_CONTEXT", (Event, Effect, agent_store._CHECKED_AGGREGATES, 10, failing, _canonical_c.id_ok, msgspec.structs.astuple))
     agent = AgentStore.open(tmp_path / "a", verify="trusted")
     with pytest.raises(ProjectionFailed):
         with agent.begin() as tx:
@@ -221,10 +221,10 @@ def test_an_error_inside_the_c_run_leaves_the_transaction_only_abortable(tmp_pat
 
 def test_the_c_run_refuses_malformed_arguments():
     events = EVENTS["g-1"]
-    context = (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok)
+    context = (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok, msgspec.structs.astuple)
     good = [events, 1, context, "g-1", b"g-1\x00", 2, events[0].hash, {}, {}, 100]
     assert _apply_c.run(*good) == len(events)
-    for position, bad in [(0, tuple(events)), (2, context[:5]), (3, b"g-1"), (6, b"short"), (7, []), (9, "100")]:
+    for position, bad in [(0, tuple(events)), (2, context[:6]), (2, (*context[:6], None)), (3, b"g-1"), (6, b"short"), (7, []), (9, "100")]:
         arguments = list(good)
         arguments[position] = bad
         with pytest.raises(TypeError):
@@ -242,7 +242,7 @@ def test_the_c_run_survives_predicates_that_change_its_list():
         events.clear()  # drops the list's references to the Events being checked
         return True
 
-    context = (Event, Effect, set(), 10, clearing, _canonical_c.id_ok)
+    context = (Event, Effect, set(), 10, clearing, _canonical_c.id_ok, msgspec.structs.astuple)
     inbox: dict = {}
     # The Event being checked is held by the run; the list ends early: it stops there.
     assert _apply_c.run(events, 1, context, "g-1", b"g-1\x00", 2, EVENTS["g-1"][0].hash, inbox, {}, 100) == 2
@@ -251,7 +251,7 @@ def test_the_c_run_survives_predicates_that_change_its_list():
 
 def test_the_c_run_stops_at_the_first_event_apply_must_decide():
     events = EVENTS["g-1"]
-    context = (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok)
+    context = (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok, msgspec.structs.astuple)
     for how in [*range(8), *range(9, 14)]:
         spoiled = events[:5] + [_spoiled(events[5], how)] + events[6:]
         inbox: dict = {}
@@ -284,7 +284,7 @@ def test_an_aggregate_key_the_c_run_refuses_is_not_remembered_as_checked(tmp_pat
 
 def test_the_c_run_stops_right_after_the_event_that_fills_the_write_cache():
     events = EVENTS["g-1"]
-    context = (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok)
+    context = (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok, msgspec.structs.astuple)
     filled: set[bytes] = set()  # the cache entries after each Event from events[1] on
     sizes = []
     for event in events[1:8]:
@@ -407,3 +407,31 @@ def test_a_batch_of_many_groups_hands_each_run_only_its_own_events(tmp_path, mon
         assert [agent.head(group).applied_seq for group in groups] == [per_group] * len(groups)
     assert len(handed) == len(groups)  # one run per Group: its Events after the first
     assert sum(handed) == (per_group - 1) * len(groups)  # before: each run also held every later Event
+
+
+def test_the_c_run_reads_each_events_fields_with_one_astuple_call():
+    """The run reads an Event's fields by position from one astuple call (the F_ order of
+    csrc/agent_apply.c): a result that is not a tuple of 16 makes apply() decide that Event, an
+    error of the call propagates."""
+    events = EVENTS["g-1"]
+    calls = []
+
+    def astuple_of(wrong_at=None, wrong=None):
+        def astuple(event):
+            calls.append(event.seq)
+            fields = msgspec.structs.astuple(event)
+            if event.seq == wrong_at:
+                if isinstance(wrong, BaseException):
+                    raise wrong
+                return wrong(fields)
+            return fields
+
+        return (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok, astuple)
+
+    assert Event.__struct_fields__[12] == "effects" and Event.__struct_fields__[15] == "hash"
+    assert _apply_c.run(events, 1, astuple_of(), "g-1", b"g-1\x00", 2, events[0].hash, {}, {}, 10_000) == len(events)
+    assert calls == [event.seq for event in events[1:]]
+    for wrong in (lambda fields: fields[:-1], lambda fields: (*fields, None), list):
+        assert _apply_c.run(events, 1, astuple_of(4, wrong), "g-1", b"g-1\x00", 2, events[0].hash, {}, {}, 10_000) == 3
+    with pytest.raises(MemoryError):
+        _apply_c.run(events, 1, astuple_of(4, MemoryError()), "g-1", b"g-1\x00", 2, events[0].hash, {}, {}, 10_000)

@@ -444,7 +444,7 @@ def test_the_c_run_remembers_checked_aggregate_keys_only_up_to_its_bound():
     assert len(keys) >= 3
     for checked_max in (0, 2):
         checked: set[str] = set()
-        context = (Event, Effect, checked, checked_max, _canonical_c.kind_ok, _canonical_c.id_ok)
+        context = (Event, Effect, checked, checked_max, _canonical_c.kind_ok, _canonical_c.id_ok, msgspec.structs.astuple)
         assert _apply_c.run(events, 1, context, "g-1", b"g-1\x00", 2, events[0].hash, {}, {}, 10_000) == len(events)
         assert len(checked) == checked_max and checked <= keys
 
