@@ -121,10 +121,10 @@ _PRESENCE_TAGS = {
 _DIGEST_DATABASES = (b"state", b"queue", b"queue_index", b"projection")
 
 _TXNID_KEY = b"txnid"
+"""The key in ``meta`` of the LMDB id of the last write transaction (see ``_Tables.record_txnid``)."""
 _CREATION_TXNID = 1
 """The LMDB id of a new store's first commit, which creates its databases (the format is written by
 the next)."""
-"""The key in ``meta`` of the LMDB id of the last write transaction (see ``_Tables.record_txnid``)."""
 
 _STATE_ENCODER = msgspec.msgpack.Encoder(order="sorted")
 _STATE_DECODER = msgspec.msgpack.Decoder(tuple[int, dict[str, Any] | None])
