@@ -397,14 +397,17 @@ def open_databases(env: lmdb.Environment, names: Iterable[bytes], *, label: str,
     ``names``, a missing one is ``CORRUPTION``; so are all of them missing from a main database
     that holds other keys (a damaged root in the meta page, opened without the structural walk,
     that lands on a page of another tree: the store would open empty, and the creation would
-    write into that tree). A new environment (an empty main database) gets all of them in one
-    write transaction: a crash while creating them leaves none, never some.
+    write into that tree), and all of them missing from an empty main database that a commit
+    already wrote (the first commit creates them: a main root lost in the picked meta page, opened
+    without the walk, where the creation's commit would overwrite the other, sound meta page). A
+    new environment (no commit yet) gets all of them in one write transaction: a crash while
+    creating them leaves none, never some.
     """
     names = list(names)
     with env.begin() as txn:
         existing = {bytes(key) for key, _ in txn.cursor()}
     missing = [name for name in names if name not in existing]
-    if missing and (len(missing) < len(names) or existing):
+    if missing and (len(missing) < len(names) or existing or env.info()["last_txnid"] > 0):
         raise Corruption(
             f"the {label} lacks its database(s) {b', '.join(missing).decode('utf-8', 'replace')}; {remedy}",
             reason="missing_database",

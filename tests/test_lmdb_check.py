@@ -1426,6 +1426,26 @@ def test_a_main_database_of_the_creation_commit_is_corruption_not_an_empty_store
     assert walked.value.detail["reason"] == "lmdb_structure"
 
 
+def test_a_main_root_lost_in_the_picked_meta_is_corruption_with_nothing_written(tmp_path):
+    """The picked meta page's main database record read back empty (root ``P_INVALID``), opened
+    without the walk: every database is missing from an empty main database, which only a new
+    environment has. The open created them in a commit of its own, over the other meta page (the
+    sound one, one commit older), and only then found no format: refused, but the file's one way
+    back was gone. Every database missing after a commit is ``CORRUPTION`` (``missing_database``)
+    before any write."""
+    path = tmp_path / "agent"
+    _intents_store(path, 2)
+    data_file = path / "lmdb" / "data.mdb"
+    data, _, txnids = _meta_pages(data_file)
+    picked = txnids.index(max(txnids))
+    struct.pack_into("<IHH5Q", data, picked * PAGE + 88, 0, 0, 0, 0, 0, 0, 0, 2**64 - 1)  # an empty main database
+    data_file.write_bytes(bytes(data))
+    with pytest.raises(Corruption) as caught:
+        AgentStore.open(path, check_lmdb=False)
+    assert caught.value.detail["reason"] == "missing_database"
+    assert data_file.read_bytes() == bytes(data)
+
+
 def test_a_new_store_and_one_whose_first_open_stopped_after_the_creation_open_as_new(tmp_path):
     """The creation's commit alone (a crash before the format's) is still a new store: the rule
     above counts from it."""
