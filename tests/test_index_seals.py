@@ -110,6 +110,37 @@ def test_a_head_written_back_from_an_older_commit_is_corruption_not_a_sequence_t
         assert authority.head(GROUP) == head and authority.verify().ok
 
 
+def test_a_head_one_event_behind_is_corruption(tmp_path):
+    """The ``heads`` page of the commit just before the last: the head is one Event behind, and
+    the Event after it is the Group's last, the only one the lookup may find."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept_many([mission_create(f"m-{i}") for i in range(2)])
+        before = authority.head(GROUP)
+        authority.accept(mission_create("m-last"))
+        with authority.index.env.begin(write=True) as txn:
+            txn.put(GROUP.encode(), seal(b"heads", GROUP.encode(), encode_head(*before)), db=_raw(authority, b"heads"))
+        with pytest.raises(Corruption) as caught:
+            authority.head(GROUP)
+        assert caught.value.detail["reason"] == "index_head"
+
+
+def test_a_group_whose_head_and_its_presence_entry_are_lost_is_corruption_not_a_new_group(tmp_path):
+    """Both pages written back from before the Group's first Event (two lost writes): its head
+    reads as absent, and the presence tree, which would tell a lost entry, has no entry either.
+    The Group's Event 1 is indexed: ``CORRUPTION``, not a Group at 0 whose next Event is 1 again."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        authority.accept(mission_create("m-1"))
+        with authority.index.env.begin(write=True) as txn:
+            assert txn.delete(GROUP.encode(), db=_raw(authority, b"heads"))
+            assert txn.delete(b"h" + GROUP.encode(), db=_raw(authority, b"presence"))
+        for call in (lambda: authority.head(GROUP), lambda: authority.accept(mission_create("m-2"))):
+            with pytest.raises(Corruption) as caught:
+                call()
+            assert caught.value.detail["reason"] == "index_head"
+
+
 def test_a_lost_last_event_entry_is_corruption_not_a_short_read(tmp_path):
     with open_with_group(str(tmp_path / "store")) as authority:
         authority.accept_many([mission_create(f"m-{i}") for i in range(3)])
