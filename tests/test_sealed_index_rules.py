@@ -391,6 +391,26 @@ def test_a_key_written_for_the_first_time_over_an_entry_damage_moved_there_is_co
         index.close()
 
 
+def test_a_fresh_write_over_an_entry_damage_moved_there_names_the_key(tmp_path):
+    """``fresh`` in a database with presence entries, every key new to both: the moved entry is
+    found by its key (its seal fails there), as ``fresh`` promises, not only counted."""
+    directory = str(tmp_path / "index")
+    b, c = _PREFIX + b"b", _PREFIX + b"c"
+    _index_of(directory, {b: b"2"})
+    index = Index(directory, map_size=1 << 22)
+    try:
+        with index.begin(write=True) as txn:  # as a flipped key leaves it: b's entry, under c
+            stored = bytes(txn.get(b, db=index.dbs[b"states"]))
+            assert txn.delete(b, db=index.dbs[b"states"])
+            txn.put(c, stored, db=index.dbs[b"states"])
+        with pytest.raises(Corruption) as caught:
+            with index.begin(write=True) as txn:
+                index.put_many(txn, b"states", [(c, b"3")], fresh=True)
+        assert caught.value.detail.get("key") == c.decode()
+    finally:
+        index.close()
+
+
 @pytest.mark.parametrize("new", [None, "the created keys"])
 @pytest.mark.parametrize("count", [1, 2], ids=["one key", "two keys"])
 def test_a_write_of_new_keys_only_over_an_entry_damage_moved_there_is_corruption(tmp_path, new, count):
