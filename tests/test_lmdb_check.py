@@ -1446,6 +1446,24 @@ def test_a_main_root_lost_in_the_picked_meta_is_corruption_with_nothing_written(
     assert data_file.read_bytes() == bytes(data)
 
 
+def test_a_main_database_of_the_creation_commit_under_the_formats_commit_is_corruption(tmp_path):
+    """As above, at the first commit past the creation: a store opened once and closed (its format's
+    commit, LMDB id 2), whose main leaf went back to the creation's."""
+    path = tmp_path / "agent"
+    AgentStore.open(path).close()  # the creation (LMDB id 1) and the format (id 2), nothing after
+    data_file = path / "lmdb" / "data.mdb"
+    data, _, txnids = _meta_pages(data_file)
+    assert max(txnids) == 2
+    _, main_root, _ = _meta(bytes(data))
+    for at, _, _, flags, key_bytes in _nodes(bytes(data), main_root):
+        struct.pack_into("<6Q", data, at + 8 + key_bytes, 0, 0, 0, 0, 0, 2**64 - 1)  # an empty database's record
+    data_file.write_bytes(bytes(data))
+    with pytest.raises(Corruption) as caught:
+        AgentStore.open(path, check_lmdb=False).close()
+    assert caught.value.detail["reason"] == "agent_missing"
+    assert data_file.read_bytes() == bytes(data)
+
+
 def test_a_new_store_and_one_whose_first_open_stopped_after_the_creation_open_as_new(tmp_path):
     """The creation's commit alone (a crash before the format's) is still a new store: the rule
     above counts from it."""
