@@ -7,6 +7,7 @@ is ``CORRUPTION`` — never a wrong state, a second Event for a replayed Command
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import zlib
@@ -16,7 +17,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from authority_helpers import GROUP, OWNER, FakeClock, loop_database_root, mission_create, open_with_group, set_database_flag, store_bytes
-from mwpstore import Authority, Corruption, InvalidState, _index_c, limits
+from mwpstore import Authority, Command, Corruption, InvalidState, _index_c, limits
 from mwpstore.index import INDEX_FORMAT, encode_head, event_key, receipt_key, seal, state_key, unseal
 
 
@@ -100,7 +101,8 @@ def test_a_head_written_back_from_an_older_commit_is_corruption_not_a_sequence_t
             txn.put(GROUP.encode(), seal(b"heads", GROUP.encode(), encode_head(*first)), db=_raw(authority, b"heads"))
     with Authority.open(path, check_lmdb=True) as authority:
         assert authority.open_report.mode == "clean"
-        for call in (lambda: authority.head(GROUP), lambda: authority.read(GROUP), lambda: authority.accept(mission_create("m-new"))):
+        calls = (authority.head, authority.read, authority.snapshot, lambda group: authority.accept(mission_create("m-new")))
+        for call in (functools.partial(call, GROUP) for call in calls):
             with pytest.raises(Corruption) as caught:
                 call()
             assert caught.value.detail["reason"] == "index_head" and caught.value.detail["database"] == "heads"
@@ -108,6 +110,25 @@ def test_a_head_written_back_from_an_older_commit_is_corruption_not_a_sequence_t
     with Authority.open(path) as authority:
         authority.rebuild()
         assert authority.head(GROUP) == head and authority.verify().ok
+
+
+def test_a_replay_floor_over_a_head_written_back_is_corruption(tmp_path):
+    """``replay_floor`` reads the head once the Group has a window and a snapshot: an older head
+    moved the floor back (the window counted from it)."""
+    with Authority.open(str(tmp_path / "store")) as authority:
+        policy = {"replay_window_events": 2}
+        authority.accept(Command(actor=OWNER, action_id="g", group=GROUP, kind="group.create", target=GROUP,
+                                 body={"org": "acme", "policy": policy}))
+        authority.accept_many([mission_create(f"m-{i}") for i in range(5)])
+        before = authority.head(GROUP)
+        authority.snapshot(GROUP)
+        authority.accept_many([mission_create(f"n-{i}") for i in range(3)])
+        assert authority.replay_floor(GROUP)[0] == 6
+        with authority.index.env.begin(write=True) as txn:
+            txn.put(GROUP.encode(), seal(b"heads", GROUP.encode(), encode_head(*before)), db=_raw(authority, b"heads"))
+        with pytest.raises(Corruption) as caught:
+            authority.replay_floor(GROUP)
+        assert caught.value.detail["reason"] == "index_head"
 
 
 def test_a_head_one_event_behind_is_corruption(tmp_path):
