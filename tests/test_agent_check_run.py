@@ -464,6 +464,34 @@ def test_msgpack_size_of_anything_else_is_none_or_the_encoders_length(value):
     assert size is None or size == expected
 
 
+class _Int(int):
+    pass
+
+
+class _Str(str):
+    pass
+
+
+class _Float(float):
+    pass
+
+
+def _cycle() -> list:
+    cycle: list = []
+    cycle.append(cycle)
+    return cycle
+
+
+@pytest.mark.parametrize("value", [_Int(3), _Str("s"), _Float(1.5), {"k": _Int(3)}, [_Str("s")], {_Str("k"): 1},
+                                   _cycle(), {"k": _cycle()}],
+                         ids=["int subclass", "str subclass", "float subclass", "in a dict", "in a list", "subclass key",
+                              "cycle", "cycle inside"])
+def test_msgpack_size_of_a_subclass_or_a_cycle_is_none(value):
+    """Exact types only (the encoder refuses an int or str subclass, which content_ok never lets
+    through), and a bounded depth: a list that holds itself is None, not a walk that never ends."""
+    assert msgpack_size(value) is None
+
+
 def test_a_body_msgpack_size_cannot_tell_is_encoded_for_its_size():
     """Past content_ok no body is one msgpack_size cannot tell; with a content check that lets an
     int above 2**63 through, check_run measures the body by encoding it (one more encode_into)."""
