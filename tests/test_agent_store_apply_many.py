@@ -229,6 +229,8 @@ def test_the_c_run_refuses_malformed_arguments():
         arguments[position] = bad
         with pytest.raises(TypeError):
             _apply_c.run(*arguments)
+    with pytest.raises(TypeError):  # refused before any Event is looked at, with none to take
+        _apply_c.run(events, len(events), (*context[:6], None), "g-1", b"g-1\x00", 2, events[0].hash, {}, {}, 100)
     with pytest.raises(ValueError):
         _apply_c.run(events, 1, context, "g-1", b"g-1\x00", 0, events[0].hash, {}, {}, 100)
     with pytest.raises(TypeError):
