@@ -483,12 +483,14 @@ def _cycle() -> list:
 
 
 @pytest.mark.parametrize("value", [_Int(3), _Str("s"), _Float(1.5), {"k": _Int(3)}, [_Str("s")], {_Str("k"): 1},
-                                   _cycle(), {"k": _cycle()}],
+                                   _cycle(), {"k": _cycle()}, "\ud800", ["\ud800"], {"\ud800": 1}, {"k": "\ud800"}],
                          ids=["int subclass", "str subclass", "float subclass", "in a dict", "in a list", "subclass key",
-                              "cycle", "cycle inside"])
-def test_msgpack_size_of_a_subclass_or_a_cycle_is_none(value):
+                              "cycle", "cycle inside", "surrogate", "surrogate in a list", "surrogate key",
+                              "surrogate value"])
+def test_msgpack_size_of_a_subclass_a_cycle_or_a_lone_surrogate_is_none(value):
     """Exact types only (the encoder refuses an int or str subclass, which content_ok never lets
-    through), and a bounded depth: a list that holds itself is None, not a walk that never ends."""
+    through), a bounded depth (a list that holds itself is None, not a walk that never ends), and
+    a str with no UTF-8 is None with no error left set (the caller encodes that body)."""
     assert msgpack_size(value) is None
 
 
