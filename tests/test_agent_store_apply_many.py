@@ -29,7 +29,8 @@ class _SubEffect(Effect):
 
 
 def _spoiled(event: Event, how: int) -> Event:
-    """A malformed copy of ``event`` (trusted mode refuses all but ``how == 8``)."""
+    """A malformed copy of ``event`` (trusted mode refuses all but ``how == 8``; the schedules
+    below draw from the first 14)."""
     if how == 0:
         return msgspec.structs.replace(event, seq=str(event.seq))
     if how == 1:
@@ -56,6 +57,16 @@ def _spoiled(event: Event, how: int) -> Event:
         return msgspec.structs.replace(event, prev_hash=event.prev_hash[:31] + bytes([event.prev_hash[31] ^ 1]))
     if how == 13:  # the same effects, as instances of a subclass of Effect
         return msgspec.structs.replace(event, effects=[_SubEffect(e.aggregate, e.revision, e.state) for e in event.effects])
+    if how == 14:  # each field the C run checks the type of, of another type
+        return msgspec.structs.replace(event, revision=True)
+    if how == 15:
+        return msgspec.structs.replace(event, accepted_at_ms=str(event.accepted_at_ms))
+    if how == 16:
+        return msgspec.structs.replace(event, kind=None)
+    if how == 17:
+        return msgspec.structs.replace(event, aggregate=None)
+    if how == 18:
+        return msgspec.structs.replace(event, effects=tuple(event.effects))
     # the same hash over a changed body: only full validation (the payload hash) refuses it
     return msgspec.structs.replace(event, body={"forged": True})
 
@@ -254,7 +265,7 @@ def test_the_c_run_survives_predicates_that_change_its_list():
 def test_the_c_run_stops_at_the_first_event_apply_must_decide():
     events = EVENTS["g-1"]
     context = (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok, msgspec.structs.astuple)
-    for how in [*range(8), *range(9, 14)]:
+    for how in [*range(8), *range(9, 19)]:
         spoiled = events[:5] + [_spoiled(events[5], how)] + events[6:]
         inbox: dict = {}
         states: dict = {}
