@@ -12,6 +12,7 @@ import os
 import sys
 import zlib
 
+import lmdb
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -734,6 +735,26 @@ def test_a_state_read_by_the_rules_in_a_looping_index_is_corruption_not_an_inter
             authority.accept(mission_create("m-new"))
         assert caught.value.detail["reason"] == "index"
         assert "CursorFullError" in caught.value.message and "mwpstore rebuild" in caught.value.message
+
+
+def test_a_state_read_under_decide_that_the_binding_left_as_system_error_is_corruption(tmp_path, monkeypatch):
+    """The binding raises ``SystemError`` with the LMDB error as its cause where a damaged page
+    makes a call return with an error set (``lmdb_cause``): under ``decide`` that too is the
+    index's damage, not an internal error of the kind."""
+    from mwpstore.index import Index
+
+    read = Index.get
+
+    def damaged(self, txn, name, key):
+        if name == b"states":
+            raise SystemError("returned a result with an exception set") from lmdb.CorruptedError("damaged page")
+        return read(self, txn, name, key)
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        monkeypatch.setattr(Index, "get", damaged)
+        with pytest.raises(Corruption) as caught:
+            authority.accept(mission_create("m-new"))
+        assert caught.value.detail["reason"] == "index" and "CorruptedError" in caught.value.message
 
 
 def test_an_accept_into_a_looping_events_database_is_corruption_before_the_log(tmp_path):
