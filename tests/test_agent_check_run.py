@@ -482,10 +482,16 @@ def _cycle() -> list:
     return cycle
 
 
+def _dict_cycle() -> dict:
+    cycle: dict = {}
+    cycle["k"] = cycle
+    return cycle
+
+
 @pytest.mark.parametrize("value", [_Int(3), _Str("s"), _Float(1.5), {"k": _Int(3)}, [_Str("s")], {_Str("k"): 1},
-                                   _cycle(), {"k": _cycle()}, "\ud800", ["\ud800"], {"\ud800": 1}, {"k": "\ud800"}],
+                                   _cycle(), {"k": _cycle()}, _dict_cycle(), "\ud800", ["\ud800"], {"\ud800": 1}, {"k": "\ud800"}],
                          ids=["int subclass", "str subclass", "float subclass", "in a dict", "in a list", "subclass key",
-                              "cycle", "cycle inside", "surrogate", "surrogate in a list", "surrogate key",
+                              "cycle", "cycle inside", "dict cycle", "surrogate", "surrogate in a list", "surrogate key",
                               "surrogate value"])
 def test_msgpack_size_of_a_subclass_a_cycle_or_a_lone_surrogate_is_none(value):
     """Exact types only (the encoder refuses an int or str subclass, which content_ok never lets
