@@ -2010,8 +2010,8 @@ def sweep_page_cases(kind: str, fixture: str) -> list[tuple[int, str]]:
         after = used[at + 1:] + used[:at]
         sources = [after[0]]
         tree, _, kind_of_page = roles[page].partition(" ")
-        if tree != "meta":
-            others = [number for number in after if roles[number].partition(" ")[0] not in (tree, "meta")]
+        if roles[page] != "meta":  # a meta page's role is "meta" alone; the AgentStore's database `meta` has "meta leaf"
+            others = [number for number in after if roles[number] != "meta" and roles[number].partition(" ")[0] != tree]
             alike = [number for number in others if roles[number].partition(" ")[2] == kind_of_page]
             if alike or others:
                 sources.append((alike or others)[0])
