@@ -87,6 +87,12 @@ def test_a_lost_head_is_corruption_not_an_empty_group(tmp_path):
         assert authority.head("g-never") == (0, bytes(32))  # a real miss is still a miss
 
 
+def _put_head(authority: Authority, txn, head: tuple[int, bytes]) -> None:
+    """Put ``head`` back under the Group's key, sealed as a commit of the time wrote it (what a
+    lost write of the ``heads`` page leaves)."""
+    txn.put(GROUP.encode(), seal(b"heads", GROUP.encode(), encode_head(*head)), db=_raw(authority, b"heads"))
+
+
 def test_a_head_written_back_from_an_older_commit_is_corruption_not_a_sequence_the_log_holds(tmp_path):
     """A lost write of the ``heads`` page leaves the page an older commit wrote: its entries are
     sound and sealed, so the structural check and the seals pass it, and the Group's head was
@@ -99,7 +105,7 @@ def test_a_head_written_back_from_an_older_commit_is_corruption_not_a_sequence_t
         authority.accept_many([mission_create(f"m-{i}") for i in range(3)])
         head = authority.head(GROUP)
         with authority.index.env.begin(write=True) as txn:  # the sealed entry of the older commit
-            txn.put(GROUP.encode(), seal(b"heads", GROUP.encode(), encode_head(*first)), db=_raw(authority, b"heads"))
+            _put_head(authority, txn, first)
     with Authority.open(path, check_lmdb=True) as authority:
         assert authority.open_report.mode == "clean"
         calls = (authority.head, authority.read, authority.snapshot, lambda group: authority.accept(mission_create("m-new")))
@@ -126,7 +132,7 @@ def test_a_replay_floor_over_a_head_written_back_is_corruption(tmp_path):
         authority.accept_many([mission_create(f"n-{i}") for i in range(3)])
         assert authority.replay_floor(GROUP)[0] == 6
         with authority.index.env.begin(write=True) as txn:
-            txn.put(GROUP.encode(), seal(b"heads", GROUP.encode(), encode_head(*before)), db=_raw(authority, b"heads"))
+            _put_head(authority, txn, before)
         with pytest.raises(Corruption) as caught:
             authority.replay_floor(GROUP)
         assert caught.value.detail["reason"] == "index_head"
@@ -141,7 +147,7 @@ def test_a_head_one_event_behind_is_corruption(tmp_path):
         before = authority.head(GROUP)
         authority.accept(mission_create("m-last"))
         with authority.index.env.begin(write=True) as txn:
-            txn.put(GROUP.encode(), seal(b"heads", GROUP.encode(), encode_head(*before)), db=_raw(authority, b"heads"))
+            _put_head(authority, txn, before)
         with pytest.raises(Corruption) as caught:
             authority.head(GROUP)
         assert caught.value.detail["reason"] == "index_head"

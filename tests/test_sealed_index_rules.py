@@ -364,6 +364,25 @@ def test_delete_range_over_keys_out_of_order_is_corruption_not_a_deletion(tmp_pa
         index.close()
 
 
+def _move_entry(index: Index, source: bytes, target: bytes) -> bytes:
+    """Move the ``states`` entry at ``source`` under ``target``, as a flipped key leaves it (still
+    in key order, its seal still the source key's); returns the moved sealed bytes."""
+    with index.begin(write=True) as txn:
+        stored = bytes(txn.get(source, db=index.dbs[b"states"]))
+        assert txn.delete(source, db=index.dbs[b"states"])
+        txn.put(target, stored, db=index.dbs[b"states"])
+    return stored
+
+
+def _index_with_b_moved_under_c(directory: str) -> tuple[Index, tuple[bytes, ...], bytes]:
+    """An index whose ``states`` held a, b and d, with b's entry moved under c (see
+    :func:`_move_entry`): the index (the caller closes it), the four keys, the moved bytes."""
+    a, b, c, d = _PREFIX + b"a", _PREFIX + b"b", _PREFIX + b"c", _PREFIX + b"d"
+    _index_of(directory, {a: b"1", b: b"2", d: b"4"})
+    index = Index(directory, map_size=1 << 22)
+    return index, (a, b, c, d), _move_entry(index, b, c)
+
+
 @pytest.mark.parametrize("new", [None, "the created keys"])
 def test_a_key_written_for_the_first_time_over_an_entry_damage_moved_there_is_corruption(tmp_path, new):
     """A redo or a rebuild writes each aggregate's state without reading it first, recording
@@ -372,15 +391,8 @@ def test_a_key_written_for_the_first_time_over_an_entry_damage_moved_there_is_co
     answered a, c, d without b and no error (b's presence entry remained; a range checks presence
     at its ends only). As many keys must gain an entry as gain their presence entry:
     ``CORRUPTION`` (``index_order``); the caller's transaction aborts."""
-    directory = str(tmp_path / "index")
-    a, b, c, d = _PREFIX + b"a", _PREFIX + b"b", _PREFIX + b"c", _PREFIX + b"d"
-    _index_of(directory, {a: b"1", b: b"2", d: b"4"})
-    index = Index(directory, map_size=1 << 22)
+    index, (a, b, c, d), stored = _index_with_b_moved_under_c(str(tmp_path / "index"))
     try:
-        with index.begin(write=True) as txn:  # as a flipped key leaves it: b's entry, under c
-            stored = bytes(txn.get(b, db=index.dbs[b"states"]))
-            assert txn.delete(b, db=index.dbs[b"states"])
-            txn.put(c, stored, db=index.dbs[b"states"])
         with pytest.raises(Corruption) as caught:
             with index.begin(write=True) as txn:
                 index.put_many(txn, b"states", [(a, b"1+"), (c, b"3")], None if new is None else [c])
@@ -399,10 +411,7 @@ def test_a_fresh_write_over_an_entry_damage_moved_there_names_the_key(tmp_path):
     _index_of(directory, {b: b"2"})
     index = Index(directory, map_size=1 << 22)
     try:
-        with index.begin(write=True) as txn:  # as a flipped key leaves it: b's entry, under c
-            stored = bytes(txn.get(b, db=index.dbs[b"states"]))
-            assert txn.delete(b, db=index.dbs[b"states"])
-            txn.put(c, stored, db=index.dbs[b"states"])
+        stored = _move_entry(index, b, c)
         with pytest.raises(Corruption) as caught:
             with index.begin(write=True) as txn:
                 index.put_many(txn, b"states", [(c, b"3")], fresh=True)
@@ -419,15 +428,8 @@ def test_a_write_of_new_keys_only_over_an_entry_damage_moved_there_is_corruption
     without ``stat`` (one key: with ``Transaction.put``, without a cursor): c created over b's
     moved entry is ``CORRUPTION`` (``index_order``), the moved entry is not written over, and a
     write of keys that are all new is written whole."""
-    directory = str(tmp_path / "index")
-    a, b, c, d = _PREFIX + b"a", _PREFIX + b"b", _PREFIX + b"c", _PREFIX + b"d"
-    _index_of(directory, {a: b"1", b: b"2", d: b"4"})
-    index = Index(directory, map_size=1 << 22)
+    index, (a, b, c, d), stored = _index_with_b_moved_under_c(str(tmp_path / "index"))
     try:
-        with index.begin(write=True) as txn:  # as a flipped key leaves it: b's entry, under c
-            stored = bytes(txn.get(b, db=index.dbs[b"states"]))
-            assert txn.delete(b, db=index.dbs[b"states"])
-            txn.put(c, stored, db=index.dbs[b"states"])
         others = [(_PREFIX + b"e", b"5")][: count - 1]
         with pytest.raises(Corruption) as caught:
             with index.begin(write=True) as txn:
