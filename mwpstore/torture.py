@@ -1847,6 +1847,36 @@ def _sweep_judge(session: dict[str, Any], oracle: _SweepOracle) -> list[str]:
     return problems
 
 
+def lmdb_roots(data: bytes) -> tuple[int, dict[str, int]]:
+    """An LMDB data file's page size and the root page of each of its trees as the newer meta page
+    names them: ``free``, ``main`` and every named database (its record in the main tree, found by
+    walking that tree); an empty tree's root is 2**64 - 1. The meta page (LMDB 0.9, 64-bit): a
+    16-byte page header, then magic u32, version u32, address u64, map size u64, two MDB_db records
+    of 48 bytes (free list, main; the root is at 40), last page u64, txn id u64; the free list's
+    record's md_pad holds the page size."""
+    page_size = struct.unpack_from("<I", data, 16 + 24)[0]
+    metas = [struct.unpack_from("<Q", data, page * page_size + 16 + 128)[0] for page in (0, 1)]
+    base = (0 if metas[0] >= metas[1] else 1) * page_size + 16 + 24
+    roots = {"free": struct.unpack_from("<Q", data, base + 40)[0], "main": struct.unpack_from("<Q", data, base + 48 + 40)[0]}
+    pending, seen = [roots["main"]], set()
+    while pending:
+        page = pending.pop()
+        if page == 0xFFFFFFFFFFFFFFFF or page in seen or (page + 1) * page_size > len(data):
+            continue
+        seen.add(page)
+        at = page * page_size
+        flags, lower = struct.unpack_from("<HH", data, at + 10)
+        for pointer in range(16, lower, 2):
+            node = at + struct.unpack_from("<H", data, at + pointer)[0]
+            lo, hi, node_flags, key_size = struct.unpack_from("<HHHH", data, node)
+            if flags & 0x01:
+                pending.append(lo | hi << 16 | node_flags << 32)
+            elif node_flags & 0x02:  # a named database's record
+                name = data[node + 8:node + 8 + key_size].decode("ascii", "replace")
+                roots[name] = struct.unpack_from("<Q", data, node + 8 + key_size + 40)[0]
+    return page_size, roots
+
+
 def lmdb_byte_roles(path: str) -> list[tuple[int, int, str]]:
     """The byte spans of an LMDB data file that LMDB reads, each with its role: ``meta`` (both meta
     pages' headers and metas), ``header`` (a page's 16-byte header), ``offsets`` (its node
@@ -1857,15 +1887,10 @@ def lmdb_byte_roles(path: str) -> list[tuple[int, int, str]]:
     never reads). Sorted (start, end, role)."""
     with open(path, "rb") as handle:
         data = handle.read()
-    # The meta page (LMDB 0.9, 64-bit): a 16-byte page header, then magic u32, version u32, address
-    # u64, map size u64, two MDB_db records of 48 bytes (free list, main), last page u64, txn id u64.
-    meta_bytes = 16 + 136
-    page_size = struct.unpack_from("<I", data, 16 + 24)[0]  # the free list's MDB_db md_pad holds the page size
-    metas = [struct.unpack_from("<Q", data, page * page_size + 16 + 128)[0] for page in (0, 1)]
-    current = 0 if metas[0] >= metas[1] else 1
+    meta_bytes = 16 + 136  # a meta page's header and meta (see lmdb_roots)
+    page_size, trees = lmdb_roots(data)
     spans = [(0, meta_bytes, "meta"), (page_size, page_size + meta_bytes, "meta")]
-    base = current * page_size + 16 + 24
-    roots = [struct.unpack_from("<Q", data, base + 40)[0], struct.unpack_from("<Q", data, base + 48 + 40)[0]]
+    roots = [trees["free"], trees["main"]]
     named: list[int] = []
     seen: set[int] = set()
 
@@ -1956,9 +1981,7 @@ def lmdb_page_roles(path: str) -> dict[int, str]:
     ``overflow``), e.g. ``"states leaf"``."""
     with open(path, "rb") as handle:
         data = handle.read()
-    page_size = struct.unpack_from("<I", data, 16 + 24)[0]
-    metas = [struct.unpack_from("<Q", data, page * page_size + 16 + 128)[0] for page in (0, 1)]
-    base = (0 if metas[0] >= metas[1] else 1) * page_size + 16 + 24
+    page_size, roots = lmdb_roots(data)
     roles = {0: "meta", 1: "meta"}
 
     def walk(page: int, tree: str) -> None:
@@ -1977,12 +2000,9 @@ def lmdb_page_roles(path: str) -> dict[int, str]:
                 count = struct.unpack_from("<I", data, first * page_size + 12)[0]
                 for number in range(first, first + count):
                     roles[number] = f"{tree} overflow"
-            elif tree == "main" and node_flags & 0x02:  # a named database's record
-                name = data[node + 8:node + 8 + key_size].decode("ascii", "replace")
-                walk(struct.unpack_from("<Q", data, node + 8 + key_size + 40)[0], name)
 
-    walk(struct.unpack_from("<Q", data, base + 40)[0], "free")
-    walk(struct.unpack_from("<Q", data, base + 48 + 40)[0], "main")
+    for tree, root in roots.items():  # free, main, then the named databases
+        walk(root, tree)
     return dict(sorted(roles.items()))
 
 

@@ -284,35 +284,21 @@ def set_database_flag(lmdb_dir, name: bytes, flag: int) -> int:
 
 def loop_database_root(lmdb_dir, name: bytes) -> int:
     """Point every child of the named database's root branch page back at the root itself (a
-    cycle that no search leaves: LMDB descends until its cursor stack is full). The root is read
-    from the database's record in the main database of the meta page LMDB would use; returns the
-    root's page number (``AssertionError`` if the root is a leaf: the database is too small)."""
+    cycle that no search leaves: LMDB descends until its cursor stack is full). The root is the
+    one the meta page LMDB would use names (``torture.lmdb_roots``); returns its page number
+    (``AssertionError`` if the database is missing, empty, or its root a leaf: too small)."""
+    from mwpstore.torture import lmdb_roots
+
     path = os.path.join(lmdb_dir, "data.mdb")
     data = bytearray(open(path, "rb").read())
-    page_size = struct.unpack_from("<I", data, 16 + 24)[0]
-    meta = max((0, 1), key=lambda n: struct.unpack_from("<Q", data, n * page_size + 16 + 128)[0])
-    main_root = struct.unpack_from("<Q", data, meta * page_size + 88 + 40)[0]  # the main database's md_root
-
-    def nodes(page: int):
-        base = page * page_size
-        lower = struct.unpack_from("<H", data, base + 12)[0]
-        for i in range((lower - 16) // 2):
-            at = base + struct.unpack_from("<H", data, base + 16 + 2 * i)[0]
-            yield at, struct.unpack_from("<HHHH", data, at)
-
-    root = None
-    pending = [main_root]
-    while pending and root is None:
-        page = pending.pop()
-        branch = struct.unpack_from("<H", data, page * page_size + 10)[0] & 0x01
-        for at, (lo, hi, flags, key_bytes) in nodes(page):
-            if branch:
-                pending.append(lo | hi << 16 | flags << 32)
-            elif bytes(data[at + 8 : at + 8 + key_bytes]) == name:
-                root = struct.unpack_from("<Q", data, at + 8 + key_bytes + 40)[0]
+    page_size, roots = lmdb_roots(bytes(data))
+    root = roots.get(name.decode())
     assert root is not None and root != 2**64 - 1, f"no database {name!r}, or an empty one"
-    assert struct.unpack_from("<H", data, root * page_size + 10)[0] & 0x01, f"the root of {name!r} is not a branch page"
-    for at, _ in nodes(root):
+    base = root * page_size
+    assert struct.unpack_from("<H", data, base + 10)[0] & 0x01, f"the root of {name!r} is not a branch page"
+    lower = struct.unpack_from("<H", data, base + 12)[0]
+    for pointer in range(16, lower, 2):
+        at = base + struct.unpack_from("<H", data, base + pointer)[0]
         struct.pack_into("<HHH", data, at, root & 0xFFFF, root >> 16 & 0xFFFF, 0)
     with open(path, "wb") as handle:
         handle.write(data)
