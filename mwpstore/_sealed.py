@@ -34,7 +34,7 @@ from . import failpoints, limits
 from ._index_c import seal as _seal
 from ._index_c import seal_items as _seal_items
 from ._index_c import unseal as _unseal
-from .errors import Corruption, MwpError, translate
+from .errors import LMDB_FILE_DAMAGE, Corruption, MwpError, translate
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -464,14 +464,12 @@ def typed_damage(label: str, remedy: str, reason: str, errors: tuple[type[BaseEx
     return decorate
 
 
-LMDB_DAMAGE_ERRORS = (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.BadTxnError,
-                      lmdb.BadValsizeError, lmdb.BadDbiError, lmdb.IncompatibleError, lmdb.CursorFullError,
-                      lmdb.PageFullError)
-"""The LMDB errors that damaged pages give, as the exhaustive damage sweep met them in writes
-(``BadTxnError``: an operation after one of them failed inside LMDB, which then refuses the rest of
-the transaction; ``BadDbiError`` and ``IncompatibleError``: a damaged record of a named database),
-and the two that LMDB calls internal errors, which only a damaged file reaches (``CursorFullError``:
-a cycle of branch pages; ``PageFullError``: a page that does not hold what its header says)."""
+LMDB_DAMAGE_ERRORS = tuple(getattr(lmdb, name) for name in LMDB_FILE_DAMAGE) + (
+    lmdb.BadTxnError, lmdb.BadValsizeError, lmdb.BadDbiError, lmdb.IncompatibleError)
+"""The LMDB errors that damaged pages give: those ``translate`` makes ``CORRUPTION``
+(``errors.LMDB_FILE_DAMAGE``), and those the exhaustive damage sweep met in writes (``BadTxnError``:
+an operation after one of them failed inside LMDB, which then refuses the rest of the transaction;
+``BadDbiError`` and ``IncompatibleError``: a damaged record of a named database)."""
 
 
 def lmdb_cause(exc: BaseException) -> lmdb.Error | None:

@@ -320,6 +320,13 @@ def error_from_code(code: str, message: str, detail: dict[str, Any] | None = Non
     return error
 
 
+LMDB_FILE_DAMAGE = ("CorruptedError", "PageNotFoundError", "InvalidError", "CursorFullError", "PageFullError")
+"""The LMDB binding's errors (by name: this module imports no lmdb at load) that only a damaged file
+gives, which :func:`translate` makes ``CORRUPTION``. ``CursorFullError``: a search that never
+reached a leaf (a cycle of damaged branch pages); ``PageFullError``: a node that did not fit a page
+LMDB sized itself. ``_sealed.LMDB_DAMAGE_ERRORS`` adds the errors damage gives inside a write."""
+
+
 def translate(exc: BaseException, *, context: str = "") -> MwpError:
     """Translate a foreign exception into an ``MwpError``. The one place that knows foreign types."""
     if isinstance(exc, MwpError):
@@ -330,10 +337,7 @@ def translate(exc: BaseException, *, context: str = "") -> MwpError:
 
     from . import limits
 
-    # CursorFullError: a search that never reached a leaf (a cycle of damaged branch pages);
-    # PageFullError: a node that did not fit a page LMDB sized itself. Neither happens in a
-    # sound file.
-    if isinstance(exc, (lmdb.CorruptedError, lmdb.PageNotFoundError, lmdb.InvalidError, lmdb.CursorFullError, lmdb.PageFullError)):
+    if isinstance(exc, tuple(getattr(lmdb, name) for name in LMDB_FILE_DAMAGE)):
         return Corruption(
             f"the LMDB index is damaged{where}: {exc}. Run `mwpstore rebuild` to regenerate it from the log.",
             reason=type(exc).__name__,
