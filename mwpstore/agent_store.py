@@ -613,7 +613,8 @@ class AgentStore:
             # format 1, which stored it plain, was refused before the databases were opened
             # (check_stored_format, in _Tables).
             stored = tables.get(txn, b"meta", b"format")
-            if stored is None and txn.id() - 1 > _CREATION_TXNID:
+            picked = txn.id() - 1  # the id of the meta page LMDB picked: a write transaction's is the next
+            if stored is None and picked > _CREATION_TXNID:
                 # Past the creation's commit, the format is there (the next commit wrote it):
                 # without it the main database is an older commit's (a lost write of its page,
                 # read without the walk: the empty databases of the creation, or roots of a
@@ -630,18 +631,18 @@ class AgentStore:
                     reason="format",
                 )
             else:
-                self._check_snapshot(txn)
+                self._check_snapshot(txn, picked)
 
-    def _check_snapshot(self, txn: lmdb.Transaction) -> None:
+    def _check_snapshot(self, txn: lmdb.Transaction, picked: int) -> None:
         """``CORRUPTION`` (reason ``lmdb_structure``, check ``snapshot``) when the snapshot LMDB
-        opened was written by an older transaction than the meta page it picked says: a bit flipped
+        opened was written by an older transaction than the meta page it picked says (``picked``,
+        that page's id): a bit flipped
         in the older meta page's transaction id (T−1 read as T+1) keeps the two ids consecutive,
         which the structural check cannot tell from a sound pair, and LMDB opens that older
         snapshot, one commit behind, consistent and sealed. An id recorded above the meta's is
         a compacting copy's (``mdb_copy -c`` numbers transactions from 1 again): it is recorded
         anew, in this transaction."""
         tables = self._tables
-        picked = txn.id() - 1  # a write transaction's id is the picked meta's next
         stored = tables.get(txn, b"meta", _TXNID_KEY)  # sealed: a damaged id fails its seal
         if stored is None:  # written with the format, and never deleted
             raise Corruption(f"the agent store lost its recorded transaction id; {tables.remedy}",
