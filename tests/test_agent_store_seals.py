@@ -751,6 +751,18 @@ def test_applied_events_whose_second_inbox_key_damage_already_holds_are_corrupti
         assert agent.head(GROUP).applied_seq == 4
 
 
+def _lost_intent_is_missing(agent: AgentStore, group: str, key: str, *, other: str) -> None:
+    """Delete ``group``'s outbox entry of ``key`` from the values' tree (its presence entry kept, as
+    a damaged key moved away leaves it): ``intents(group)`` is ``CORRUPTION`` (``agent_missing``,
+    naming the key), and ``other``'s intents still answer."""
+    lost = group.encode() + b"\x00" + key.encode()
+    with agent._env.begin(write=True) as txn:
+        assert txn.delete(lost, db=_raw(agent, b"outbox"))
+    with pytest.raises(Corruption) as caught:
+        agent.intents(group)
+    assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_missing", lost.decode())
+    assert [intent.group for intent in agent.intents(other)] == [other]
+
 def test_a_range_past_the_last_entry_of_the_database_whose_entries_were_lost_is_corruption_not_empty(tmp_path):
     """The presence check of a range that finds no entry at or after its start: the last Group's
     only outbox entry lost from the values' tree (its presence kept, as a damaged key moved away
@@ -761,13 +773,7 @@ def test_a_range_past_the_last_entry_of_the_database_whose_entries_were_lost_is_
         with agent.begin() as tx:
             tx.record_intent("g-2", mission="m", workitem="wi2", ownership_epoch=1, operation="bill")
             key = tx.record_intent("g-3", mission="m", workitem="wi3", ownership_epoch=1, operation="page").key
-        lost = b"g-3\x00" + key.encode()
-        with agent._env.begin(write=True) as txn:
-            assert txn.delete(lost, db=_raw(agent, b"outbox"))
-        with pytest.raises(Corruption) as caught:
-            agent.intents("g-3")
-        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_missing", lost.decode())
-        assert [intent.group for intent in agent.intents("g-2")] == ["g-2"]
+        _lost_intent_is_missing(agent, "g-3", key, other="g-2")
 
 
 def test_a_range_whose_last_entry_a_later_write_hid_is_corruption_not_an_empty_answer(tmp_path):
@@ -838,13 +844,7 @@ def test_a_range_whose_last_entry_is_lost_while_the_next_group_follows_is_corrup
             first = tx.record_intent("g-2", mission="m", workitem="wi1", ownership_epoch=1, operation="bill").key
             second = tx.record_intent("g-2", mission="m", workitem="wi2", ownership_epoch=1, operation="bill").key
             tx.record_intent("g-3", mission="m", workitem="wi3", ownership_epoch=1, operation="page")
-        lost = b"g-2\x00" + max(first, second).encode()
-        with agent._env.begin(write=True) as txn:
-            assert txn.delete(lost, db=_raw(agent, b"outbox"))
-        with pytest.raises(Corruption) as caught:
-            agent.intents("g-2")
-        assert (caught.value.detail["reason"], caught.value.detail["key"]) == ("agent_missing", lost.decode())
-        assert [intent.group for intent in agent.intents("g-3")] == ["g-3"]
+        _lost_intent_is_missing(agent, "g-2", max(first, second), other="g-3")
 
 
 def test_a_queued_workitem_whose_queue_key_damage_moved_onto_a_new_one_is_corruption_not_dropped(tmp_path):
