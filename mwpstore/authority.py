@@ -61,7 +61,7 @@ from ._files import (
 )
 from ._files import fsync_directory_raw as _fsync_directory  # a module name the tests replace
 from ._lmdb_check import check_before_open, check_lmdb_file, check_map_size, check_option
-from ._sealed import DAMAGE_ERRORS, KEY_SHOWN_BYTES, damage_of, lmdb_cause, typed_damage
+from ._sealed import DAMAGE_ERRORS, KEY_SHOWN_BYTES, LMDB_DAMAGE_ERRORS, damage_of, lmdb_cause, typed_damage
 from .index import (
     INDEX_FORMAT,
     Index,
@@ -1447,13 +1447,21 @@ class Authority:
                     request.receipt = None
                     request.error = None
                 raise _Withdrawn(exc) from None
+            damage = None if appending else lmdb_cause(exc)
             if isinstance(exc, MwpError) and not isinstance(exc, (StorageFailed, Corruption)):
                 error: MwpError = exc  # refused before anything reached the disk (e.g. a limit)
             elif isinstance(exc, MwpError):
                 error = self._failure = exc
+            elif isinstance(damage, LMDB_DAMAGE_ERRORS):
+                # An index read of the batch (a receipt, a head, an ACK, the Event a head must not
+                # be behind) met what only a damaged file gives, before anything reached the log:
+                # the index's damage and its remedy, not a failure that a reopen or a retry mends.
+                # Writes are refused, as after any damage found inside a commit.
+                error = self._failure = damage_of(*_INDEX_DAMAGE, damage)
             else:
                 # The log may already hold the batch: refuse writes; reopening redoes the index.
-                cause = translate(exc, context="committing a batch") if isinstance(exc, Exception) else None
+                # The cause is the LMDB error's, not that of the binding's SystemError around it.
+                cause = translate(lmdb_cause(exc) or exc, context="committing a batch") if isinstance(exc, Exception) else None
                 # the cause's facts go along: an errno, or field map_size for an index map found full
                 error = self._failure = StorageFailed(
                     f"the commit failed ({cause.message if cause else type(exc).__name__}); reopen the authority",
@@ -1549,7 +1557,13 @@ class Authority:
             return rests_on_batch
         except Exception as exc:  # a bug in a kind's decide/evolve must not take the batch down
             cause = lmdb_cause(exc)
-            if cause is not None:  # the rules read states through the index: its damage, not a bug
+            if isinstance(cause, LMDB_DAMAGE_ERRORS):
+                # The rules read states through the index: its damage, not a bug. LMDB refuses
+                # the rest of a transaction that met it (MDB_BAD_TXN), so the whole batch fails
+                # here, before the log append: decided on, the Commands before this one would
+                # reach the log and then fail at the index's commit.
+                raise damage_of(*_INDEX_DAMAGE, cause) from None
+            if cause is not None:  # another LMDB error under the rules: answered as the index's
                 request.error = damage_of(*_INDEX_DAMAGE, cause)
             else:
                 request.error = MwpError(f"internal error deciding {command.kind}: {type(exc).__name__}: {exc}")

@@ -282,9 +282,11 @@ def set_database_flag(lmdb_dir, name: bytes, flag: int) -> int:
     return changed
 
 
-def loop_database_root(lmdb_dir, name: bytes) -> int:
+def loop_database_root(lmdb_dir, name: bytes, *, last_child_only: bool = False) -> int:
     """Point every child of the named database's root branch page back at the root itself (a
-    cycle that no search leaves: LMDB descends until its cursor stack is full). The root is the
+    cycle that no search leaves: LMDB descends until its cursor stack is full); with
+    ``last_child_only``, only its last child, so that only the keys after the last separator meet
+    the cycle and the others are read as before. The root is the
     one the meta page LMDB would use names (``torture.lmdb_roots``); returns its page number
     (``AssertionError`` if the database is missing, empty, or its root a leaf: too small)."""
     from mwpstore.torture import lmdb_roots
@@ -297,7 +299,7 @@ def loop_database_root(lmdb_dir, name: bytes) -> int:
     base = root * page_size
     assert struct.unpack_from("<H", data, base + 10)[0] & 0x01, f"the root of {name!r} is not a branch page"
     lower = struct.unpack_from("<H", data, base + 12)[0]
-    for pointer in range(16, lower, 2):
+    for pointer in range(lower - 2 if last_child_only else 16, lower, 2):
         at = base + struct.unpack_from("<H", data, base + pointer)[0]
         struct.pack_into("<HHH", data, at, root & 0xFFFF, root >> 16 & 0xFFFF, 0)
     with open(path, "wb") as handle:

@@ -17,8 +17,18 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from authority_helpers import GROUP, OWNER, FakeClock, loop_database_root, mission_create, open_with_group, set_database_flag, store_bytes
-from mwpstore import Authority, Command, Corruption, InvalidState, _index_c, limits
+from authority_helpers import (
+    GROUP,
+    OWNER,
+    FakeClock,
+    group_create,
+    loop_database_root,
+    mission_create,
+    open_with_group,
+    set_database_flag,
+    store_bytes,
+)
+from mwpstore import Authority, Command, Corruption, InvalidState, StorageFailed, _index_c, limits
 from mwpstore.index import INDEX_FORMAT, encode_head, event_key, receipt_key, seal, state_key, unseal
 
 
@@ -767,17 +777,159 @@ def test_an_accept_into_a_looping_events_database_is_corruption_before_the_log(t
     """The same cycle in ``events``: the commit's write failed after the log held the batch, with
     the cause ``STORAGE_FAILED`` ("LMDB failed"), then ``CORRUPTION``. A Group's head is now
     checked against ``events`` (the Event after it must not be indexed), so the accept meets the
-    cycle while it decides, before anything reaches the log; the failure still names the damage
-    and the remedy. A checked open rebuilds the index from the log, whose head is unchanged."""
-    from mwpstore import StorageFailed
-
+    cycle while it decides, before anything reaches the log: the index's damage (``CORRUPTION``,
+    reason ``index``, naming the remedy), no longer ``STORAGE_FAILED`` asking for a reopen. Writes
+    are refused after it, naming the damage. A checked open rebuilds the index from the log, whose
+    head is unchanged."""
     path = str(tmp_path / "store")
     _looped_index(path, b"events")
     with Authority.open(path, check_lmdb=False) as authority:
-        with pytest.raises(StorageFailed) as caught:
+        with pytest.raises(Corruption) as caught:
             authority.accept(mission_create("m-new"))
-        assert caught.value.detail["cause"] == "CORRUPTION" and "mwpstore rebuild" in caught.value.message
+        assert caught.value.detail["reason"] == "index" and "mwpstore rebuild" in caught.value.message
+        with pytest.raises(StorageFailed) as refused:
+            authority.accept(mission_create("m-other"))
+        assert "CursorFullError" in refused.value.message and "mwpstore rebuild" in refused.value.message
     with Authority.open(path, check_lmdb=True) as authority:
         assert authority.open_report.mode == "rebuild"
         assert authority.head(GROUP)[0] == 301  # the Group's creation and 300 Missions: nothing appended
         assert authority.verify().ok
+
+
+def _looped_groups(path: str, name: bytes, *, last_child_only: bool = False) -> str:
+    """A store of 150 Groups (g-1 to g-150) and 300 Missions in g-1, with ``name``'s root looped
+    (enough of each Group-keyed database for its root to be a branch page); its log's end."""
+    with Authority.open(path) as authority:
+        authority.accept_many([group_create(f"g-{i}") for i in range(1, 151)])
+        authority.accept_many([mission_create(f"m{i}") for i in range(300)])
+        end = authority.log.end
+    loop_database_root(os.path.join(path, "index"), name, last_child_only=last_child_only)
+    return end
+
+
+@pytest.mark.parametrize("write", ["accept", "accept_many", "ack"])
+def test_a_head_read_in_a_commit_from_a_looping_heads_database_is_corruption_not_a_storage_failure(tmp_path, write):
+    """``_Batch.head`` (the decision's read of ``heads``, and of ``events`` since the check of a
+    head against its Events) ran outside the rules' try: its ``CursorFullError`` went to the
+    commit's own handler and came back ``STORAGE_FAILED`` ("the commit failed (...); reopen the
+    authority"), though nothing had reached the log and no reopen mends the file. It is the
+    index's damage, ``CORRUPTION`` (reason ``index``) with the remedy, for an accept, a batch and an
+    ACK alike; the log is unchanged."""
+    path = str(tmp_path / "store")
+    end = _looped_groups(path, b"heads")
+    with Authority.open(path, check_lmdb=False) as authority:
+        calls = {
+            "accept": lambda: authority.accept(mission_create("m-new")),
+            "accept_many": lambda: _raise_first(authority.accept_many([mission_create("m-new"), mission_create("m-next")])),
+            "ack": lambda: authority.ack("c-1", GROUP, 1),
+        }
+        with pytest.raises(Corruption) as caught:
+            calls[write]()
+        assert caught.value.detail["reason"] == "index" and "CursorFullError" in caught.value.message
+        assert "mwpstore rebuild" in caught.value.message
+        assert authority.log.end == end
+
+
+def _raise_first(results):
+    for result in results:
+        if result.error is not None:
+            raise result.error
+    return results
+
+
+def test_a_receipt_read_in_a_commit_from_a_looping_receipts_database_is_corruption(tmp_path):
+    """``accept`` looks its receipt up before it joins a commit (a read path, already
+    ``CORRUPTION``); ``accept_many`` and the lease sweep do not, and the commit's own lookup met
+    the cycle outside the rules' try: every Command of the batch was ``STORAGE_FAILED``. Each is
+    the index's damage now."""
+    path = str(tmp_path / "store")
+    _looped_groups(path, b"receipts")
+    with Authority.open(path, check_lmdb=False) as authority:
+        results = authority.accept_many([mission_create("m-new"), mission_create("m-next")])
+        assert [result.error.code for result in results] == ["CORRUPTION", "CORRUPTION"]
+        assert all(result.error.detail["reason"] == "index" for result in results)
+
+
+def test_an_ack_whose_read_meets_a_looping_acks_database_is_corruption(tmp_path):
+    """``_decide_ack`` reads the stored ACK inside the commit, before the log append: a cycle in
+    ``acks`` was ``STORAGE_FAILED``, now ``CORRUPTION``."""
+    path = str(tmp_path / "store")
+    with open_with_group(path) as authority:
+        for number in range(150):
+            authority.ack(f"c-{number}", GROUP, 1)
+        end = authority.log.end
+    loop_database_root(os.path.join(path, "index"), b"acks")
+    with Authority.open(path, check_lmdb=False) as authority:
+        with pytest.raises(Corruption) as caught:
+            authority.ack("c-0", GROUP, 1)
+        assert caught.value.detail["reason"] == "index"
+        assert authority.log.end == end
+
+
+def test_a_batch_whose_rules_meet_damage_appends_none_of_its_commands(tmp_path):
+    """Only the keys past the last separator of ``states`` loop (g-99's). In one batch, a Mission
+    of g-1 was decided and a Mission of g-99 met the cycle under the rules (``CORRUPTION`` for it
+    alone); LMDB refuses the rest of a transaction that met such an error, so the batch's Event
+    of g-1 reached the log and its index write failed: ``STORAGE_FAILED`` for g-1's caller, the
+    handle failed with "MDB_BAD_TXN", and the Event in the log for the next rebuild. The damage met
+    under the rules now fails the whole batch before the log append: both Commands are the index's
+    damage, the log is unchanged, and a rebuild finds g-1 where it was."""
+    path = str(tmp_path / "store")
+    end = _looped_groups(path, b"states", last_child_only=True)
+    with Authority.open(path, check_lmdb=False) as authority:
+        assert authority.state(GROUP, "mission:m1")[0] == 1  # g-1's keys are read as before
+        results = authority.accept_many([mission_create("m-good"), mission_create("m-bad", group="g-99")])
+        assert [result.error.code if result.error else "ok" for result in results] == ["CORRUPTION", "CORRUPTION"]
+        assert authority.log.end == end
+        with pytest.raises(StorageFailed) as refused:
+            authority.accept(mission_create("m-later"))
+        assert "MDB_BAD_TXN" not in refused.value.message and "CursorFullError" in refused.value.message
+    with Authority.open(path, check_lmdb=True) as authority:
+        assert authority.open_report.mode == "rebuild"
+        assert authority.head(GROUP)[0] == 301
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "inside SystemError"])
+@pytest.mark.parametrize("error", ["CorruptedError", "PageNotFoundError", "InvalidError", "BadTxnError", "BadValsizeError",
+                                   "BadDbiError", "IncompatibleError", "CursorFullError", "PageFullError", "MapFullError",
+                                   "ReadersFullError", "DiskError", "Error"])
+def test_each_lmdb_error_of_a_commit_s_read_before_the_log_is_typed_as_damage_or_as_before(tmp_path, monkeypatch, error, wrapped):
+    """A commit's read of a Group's head before the log append: the errors that damaged pages give
+    (``LMDB_DAMAGE_ERRORS``, bare or wrapped by the binding in ``SystemError``) are the index's
+    damage (``CORRUPTION``, reason ``index``) and refuse later writes naming it; LMDB's other errors
+    (a full map, a full reader table, a disk error) keep the commit's failure, ``STORAGE_FAILED``
+    with the translated cause. Nothing reaches the log either way."""
+    from mwpstore import _sealed
+    from mwpstore.index import Index
+
+    damage = isinstance(getattr(lmdb, error)("x"), _sealed.LMDB_DAMAGE_ERRORS)
+    cause = {"MapFullError": "LIMIT_EXCEEDED"}.get(error, "STORAGE_FAILED")
+    with open_with_group(str(tmp_path / "store")) as authority:
+        end = authority.log.end
+        failing = _raised(getattr(lmdb, error)("injected"), wrapped)
+        monkeypatch.setattr(Index, "head", lambda self, txn, group: failing())
+        with pytest.raises(Corruption if damage else StorageFailed) as caught:
+            authority.accept(mission_create("m-new"))
+        monkeypatch.undo()
+        if damage:
+            assert caught.value.detail["reason"] == "index" and error in caught.value.message
+        else:
+            assert caught.value.detail["cause"] == cause and "reopen the authority" in caught.value.message
+        assert authority.log.end == end
+        with pytest.raises(StorageFailed) as refused:
+            authority.accept(mission_create("m-later"))
+        assert caught.value.message in refused.value.message
+
+
+def _raised(error: BaseException, wrapped: bool):
+    """A callable that raises ``error``, or the binding's ``SystemError`` with it as its cause."""
+
+    def failing(*args, **kwargs):
+        if not wrapped:
+            raise error
+        try:
+            raise error
+        except BaseException as cause:
+            raise SystemError("<built-in method get of Transaction object> returned a result with an exception set") from cause
+
+    return failing
