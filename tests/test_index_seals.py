@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import os
+import shutil
 import sys
 import zlib
 
@@ -28,7 +29,7 @@ from authority_helpers import (
     set_database_flag,
     store_bytes,
 )
-from mwpstore import Authority, Command, Corruption, InvalidState, StorageFailed, _index_c, limits
+from mwpstore import Authority, Command, Corruption, InvalidState, MwpError, Rejection, StorageFailed, _index_c, limits
 from mwpstore.index import INDEX_FORMAT, encode_head, event_key, receipt_key, seal, state_key, unseal
 
 
@@ -933,3 +934,127 @@ def _raised(error: BaseException, wrapped: bool):
             raise SystemError("<built-in method get of Transaction object> returned a result with an exception set") from cause
 
     return failing
+
+
+# -- every write of the authority against a looped root of each database ----------------------------
+
+_PROBE_SEGMENT_BYTES = 1024 * 1024  # each case copies the store: not a 64 MiB segment each time
+_PROBED_DATABASES = ["heads", "events", "states", "receipts", "acks", "snapshots", "archives", "presence"]
+_PROBED_WRITES = ["accept", "accept_replay", "accept_many", "accept_many_replay", "accept_trusted", "accept_new_group", "ack",
+                  "ack_new", "snapshot", "snapshot_taken", "archive", "archive_done", "redact", "delete_audit_log",
+                  "expire_leases", "compact", "rebuild"]
+
+
+@pytest.fixture(scope="module")
+def probe_stores(tmp_path_factory):
+    """Two stores in which every database a write reads, but ``meta``, has a branch page as its root:
+    150 Groups, 300 Missions in g-1, 150 consumers' ACKs, 40 snapshots, and Group g1 of the work
+    model with a lease that lapsed; the first also has 20 archived Groups (g-42 to g-61). An open
+    reads the state of every archived Group (``_finish_audit_deletions``), so ``states`` is looped
+    in the second. Returns both paths and a replayed Command."""
+    from test_work_model_durable import DurableHarness
+    from work_model_support import CONTRACT, Harness
+
+    class SmallSegments(DurableHarness):
+        def __init__(self, path: str) -> None:
+            Harness.__init__(self)
+            self.path, self.sync = path, False
+            self.authority = Authority.open(path, clock=self.clock, sync=False, segment_bytes=_PROBE_SEGMENT_BYTES)
+
+    base = tmp_path_factory.mktemp("probe")
+    replay = mission_create("m0")
+    stores = {}
+    for name, archived in (("archived", True), ("plain", False)):
+        path = str(base / name)
+        harness = SmallSegments(path)
+        harness.setup(workitems=("wi1",))
+        harness.claim("w1", "wi1")
+        harness.advance(CONTRACT["start_ms"])  # not started in time: lapsed at any later clock
+        harness.authority.close()
+        with Authority.open(path, sync=False, segment_bytes=_PROBE_SEGMENT_BYTES) as authority:
+            authority.accept_many([group_create(f"g-{i}") for i in range(1, 151)])
+            authority.accept_many([replay] + [mission_create(f"m{i}") for i in range(1, 300)])
+            for number in range(150):
+                authority.ack(f"c-{number}", GROUP, 1)
+            for number in range(2, 42):
+                authority.snapshot(f"g-{number}")
+            if archived:
+                for number in range(42, 62):
+                    authority.archive(f"g-{number}", actor=OWNER, action_id=f"archive-{number}")
+        stores[name] = path
+    return stores, replay
+
+
+def _probe_write(authority: Authority, write: str, replay: Command):
+    calls = {
+        "accept": lambda: authority.accept(mission_create("m-new")),
+        "accept_replay": lambda: authority.accept(replay),
+        "accept_many": lambda: authority.accept_many([mission_create("m-new"), mission_create("m-next")]),
+        "accept_many_replay": lambda: authority.accept_many([replay]),
+        "accept_trusted": lambda: authority.accept_trusted(mission_create("m-trusted")),
+        "accept_new_group": lambda: authority.accept(group_create("g-new")),
+        "ack": lambda: authority.ack("c-0", GROUP, 2),
+        "ack_new": lambda: authority.ack("c-new", GROUP, 1),
+        "snapshot": lambda: authority.snapshot(GROUP),
+        "snapshot_taken": lambda: authority.snapshot("g-2"),
+        "archive": lambda: authority.archive("g-100", actor=OWNER, action_id="archive-new"),
+        "archive_done": lambda: authority.archive("g-42", actor=OWNER, action_id="archive-42"),
+        "redact": lambda: authority.redact(GROUP, 5, actor=OWNER, action_id="redact-new", reason="probe"),
+        "delete_audit_log": lambda: authority.delete_audit_log("g-43", actor=OWNER, action_id="delete-new", basis="legal"),
+        "expire_leases": lambda: authority.expire_leases("g1"),
+        "compact": lambda: authority.compact(),
+        "rebuild": lambda: authority.rebuild(),
+    }
+    return calls[write]()
+
+
+# The answers of the probe below: by database, the writes answered CORRUPTION; every other write
+# answers as over a sound index, but two whose damage is met after the log holds their Event
+# (STORAGE_FAILED, cause CORRUPTION): the ACK's presence entry written into the cycle, and the
+# audit.delete whose audit log's record cannot be read to remove the file.
+_PROBE_DAMAGE = {
+    "heads": "accept accept_many accept_new_group accept_trusted ack ack_new archive compact delete_audit_log expire_leases redact snapshot snapshot_taken",
+    "events": "accept accept_many accept_new_group accept_trusted ack ack_new archive compact delete_audit_log expire_leases redact snapshot snapshot_taken",
+    "states": "accept accept_many accept_new_group accept_trusted archive archive_done compact delete_audit_log expire_leases redact snapshot",
+    "receipts": "accept accept_many accept_many_replay accept_new_group accept_replay accept_trusted archive delete_audit_log expire_leases redact",
+    "acks": "ack ack_new",
+    "snapshots": "archive snapshot snapshot_taken",
+    "archives": "archive archive_done compact",
+    "presence": "accept accept_many accept_new_group accept_trusted ack_new archive compact delete_audit_log expire_leases redact snapshot",
+}
+_PROBE_AFTER_THE_LOG = {("presence", "ack"), ("archives", "delete_audit_log")}
+
+
+@pytest.mark.parametrize("write", _PROBED_WRITES)
+@pytest.mark.parametrize("database", _PROBED_DATABASES)
+def test_each_write_of_the_authority_over_a_looped_database_is_answered_as_damage(tmp_path, probe_stores, database, write):
+    """Each public write of the authority, in a store opened without the structural walk whose
+    ``database`` has a cycle of damaged branch pages: the answer is the write's own (an answer, a
+    rejection) or the index's damage (``CORRUPTION``), never a foreign error, and
+    ``STORAGE_FAILED`` only once the log holds the batch (its cause then ``CORRUPTION``). A handle
+    that refuses writes afterwards names the damage as its failure, unless the log grew."""
+    stores, replay = probe_stores
+    path = str(tmp_path / "store")
+    shutil.copytree(stores["plain" if database == "states" else "archived"], path)
+    loop_database_root(os.path.join(path, "index"), database.encode())
+    with Authority.open(path, check_lmdb=False, segment_bytes=_PROBE_SEGMENT_BYTES) as authority:
+        end = authority.log.end
+        try:
+            outcome = _probe_write(authority, write, replay)
+            errors = [result.error for result in outcome if result.error is not None] if isinstance(outcome, list) and write.startswith("accept") else []
+        except MwpError as exc:
+            errors = [exc]
+        grew = authority.log.end != end
+        failure = authority._failure
+    answers = sorted({"-" if isinstance(error, Rejection) else error.code for error in errors}) or ["ok"]
+    for error in errors:
+        if isinstance(error, StorageFailed):
+            assert grew and error.detail.get("cause") == "CORRUPTION", (answers, error.message)
+        else:
+            assert isinstance(error, (Rejection, Corruption)), (answers, error.message)
+    assert failure is None or isinstance(failure, Corruption) or grew, failure.message
+    if (database, write) in _PROBE_AFTER_THE_LOG:
+        expected = ["STORAGE_FAILED"]
+    else:
+        expected = ["CORRUPTION"] if write in _PROBE_DAMAGE[database].split() else ["ok"]
+    assert answers == expected, [error.message for error in errors]
