@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import itertools
 import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, Protocol, cast
+from typing import Any, Protocol, TypeVar, cast
 
 import blake3
 import lmdb
@@ -430,10 +431,10 @@ class _Tables(SealedTables):
         return super().delete_range(txn, name, prefix, start, last)
 
 
+_F = TypeVar("_F", bound=Callable[..., Any])
+
 _damage_typed = typed_damage("agent store", _Tables.remedy, "agent")
 """Read paths of the AgentStore: damaged LMDB pages or bytes are ``CORRUPTION``, never foreign."""
-_lmdb_damage_typed = typed_damage("agent store", _Tables.remedy, "agent", (lmdb.Error,))
-"""Transaction paths that also run application code: only LMDB's own errors are translated."""
 
 
 def _transaction_error(exc: Exception, context: str) -> MwpError:
@@ -445,6 +446,22 @@ def _transaction_error(exc: Exception, context: str) -> MwpError:
     if isinstance(cause, LMDB_DAMAGE_ERRORS):
         return damage_of("agent store", _Tables.remedy, "agent", cause)
     return translate(cause or exc, context=context)
+
+
+def _lmdb_damage_typed(method: _F) -> _F:
+    """Transaction paths that also run application code (a projection's errors pass unchanged):
+    only LMDB's own errors are translated, as ``_transaction_error`` types them. A full map met
+    while an Event is applied was the store's damage, whose remedy (delete the store, rebuild it)
+    cannot help: it is ``LIMIT_EXCEEDED`` (field ``map_size``), as at the commit."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except lmdb.Error as exc:
+            raise _transaction_error(exc, "in a local transaction") from None
+
+    return wrapper  # type: ignore[return-value]
 
 
 

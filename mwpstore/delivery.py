@@ -84,6 +84,8 @@ def deliver_batch(agent: AgentStore, group: str, events: Iterable[Any], stats: D
                     raise EventInvalid(f"an Event of group {event.group!r} was delivered for {group!r}", reason="group")
                 stats.add(tx.apply(event))
             except (EventInvalid, LimitExceeded) as exc:
+                if _store_full(exc):
+                    raise
                 stats.rejected += 1
                 if len(stats.rejections) < REJECTIONS_KEPT_MAX:
                     stats.rejections.append(exc)
@@ -111,6 +113,8 @@ def _apply_skipping_rejected(tx: Any, events: list[Event], stats: DeliveryStats)
         try:
             tx._apply_into(events if start == 0 else events[start:], statuses)
         except (EventInvalid, LimitExceeded) as exc:  # statuses stops just before it
+            if _store_full(exc):
+                raise
             rejected = 1
             stats.rejected += 1
             if len(stats.rejections) < REJECTIONS_KEPT_MAX:
@@ -119,6 +123,13 @@ def _apply_skipping_rejected(tx: Any, events: list[Event], stats: DeliveryStats)
             stats.add(status)
         stats.received += len(statuses) + rejected
         start += len(statuses) + rejected
+
+
+def _store_full(exc: MwpError) -> bool:
+    """Whether an error out of ``apply`` is the AgentStore's map found full (``LIMIT_EXCEEDED``,
+    field ``map_size``): no fault of the Event, whose skipping would leave a gap, and LMDB refuses
+    the rest of the transaction. It ends the batch, as the same error at its commit does."""
+    return isinstance(exc, LimitExceeded) and exc.detail.get("field") == "map_size"
 
 
 class Delivery:

@@ -705,6 +705,91 @@ def test_each_lmdb_error_inside_a_local_transaction_is_typed_as_damage_or_as_tra
         assert (agent.projection_digest(), agent.head(GROUP)) == before
 
 
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "inside SystemError"])
+@pytest.mark.parametrize("error", ["CorruptedError", "PageNotFoundError", "InvalidError", "BadTxnError", "BadValsizeError",
+                                   "BadDbiError", "IncompatibleError", "CursorFullError", "PageFullError", "MapFullError",
+                                   "DiskError", "Error"])
+def test_each_lmdb_error_inside_apply_advance_cursor_and_apply_many_is_typed_as_at_the_commit(tmp_path, monkeypatch, error, wrapped):
+    """``apply``, ``apply_many`` and ``advance_cursor`` made every LMDB error they met the store's
+    damage (``CORRUPTION``, "delete the agent store and rebuild it"), a full map and a failed disk
+    among them, where the same error at the commit was ``LIMIT_EXCEEDED`` or ``STORAGE_FAILED``.
+    They type it as the rest of a local transaction does: the errors that damaged pages give are
+    ``CORRUPTION`` (reason ``agent``), the others as ``translate`` types them. Nothing is written."""
+    from mwpstore import agent_store
+    from mwpstore.errors import LimitExceeded, StorageFailed
+
+    expected = {"MapFullError": LimitExceeded, "DiskError": StorageFailed, "Error": StorageFailed}.get(error, Corruption)
+    events = workload("g-2", 3, seed=3)
+    path = tmp_path / "agent"
+    with _two_groups(path, [GROUP]) as agent:
+        before = agent.projection_digest(), agent.head(GROUP)
+        monkeypatch.setattr(agent_store, "_load_head", _raised(getattr(lmdb, error)("injected"), wrapped))
+        calls = {
+            "apply": lambda tx: tx.apply(events[0]),
+            "apply_many": lambda tx: tx.apply_many(events),
+            "advance_cursor": lambda tx: tx.advance_cursor("g-2"),
+        }
+        for name, call in calls.items():
+            with pytest.raises(expected) as caught:
+                with agent.begin() as tx:
+                    call(tx)
+            assert type(caught.value) is expected, name
+            if expected is Corruption:
+                assert caught.value.detail["reason"] == "agent" and error in caught.value.message
+            elif expected is LimitExceeded:
+                assert caught.value.detail["field"] == "map_size"
+        monkeypatch.undo()
+        assert (agent.projection_digest(), agent.head(GROUP)) == before
+        assert agent.groups() == [GROUP]
+
+
+def test_a_full_map_met_while_events_are_applied_is_limit_exceeded_not_damage(tmp_path):
+    """With full checks and a projection, ``apply`` writes as it goes, so a map too small for a
+    batch fills inside ``apply``: that was ``CORRUPTION`` ("the agent store is damaged
+    (MapFullError ...); delete the agent store and rebuild it"), a remedy that would meet the same
+    full map. It is ``LIMIT_EXCEEDED`` (field ``map_size``), as when the commit fills the map; the
+    store is unchanged and takes the next transaction."""
+    from mwpstore.errors import LimitExceeded
+
+    events = workload(GROUP, 3000, seed=1)
+    with AgentStore.open(tmp_path / "agent", projections=[CountingProjection()], map_size=256 * 1024) as agent:
+        with pytest.raises(LimitExceeded) as caught:
+            with agent.begin() as tx:
+                for event in events:
+                    tx.apply(event)
+        assert caught.value.detail["field"] == "map_size" and "larger map size" in caught.value.message
+        assert agent.head(GROUP).applied_seq == 0
+        with agent.begin() as tx:
+            tx.apply(events[0])
+        assert agent.head(GROUP).applied_seq == 1
+
+
+@pytest.mark.parametrize("given", ["events", "bytes"])
+def test_a_full_map_met_by_deliver_batch_is_limit_exceeded_not_a_rejected_event(tmp_path, given):
+    """``deliver_batch`` counts an Event that ``apply`` refuses with ``LIMIT_EXCEEDED`` as rejected
+    and goes on with the next. Once ``apply`` typed a full map as ``LIMIT_EXCEEDED`` (field
+    ``map_size``), that map was counted as the Event's fault: the Event skipped, its
+    ``LimitExceeded`` in ``stats.rejections``, and the next Event met the failed transaction
+    (``PROJECTION_FAILED``, "MapFullError, e.g. in an application projection"); before that it
+    was ``CORRUPTION``. A full map ends the batch, ``LIMIT_EXCEEDED`` with nothing applied and no
+    Event counted as rejected, for a batch of Events (``apply_many``) and of their bytes (one
+    ``apply`` each)."""
+    from mwpstore.delivery import DeliveryStats, deliver_batch
+    from mwpstore.errors import LimitExceeded
+    from mwpstore.messages import encode_event
+
+    events = workload(GROUP, 3000, seed=1)
+    batch = events if given == "events" else [encode_event(event) for event in events]
+    with AgentStore.open(tmp_path / "agent", projections=[CountingProjection()], map_size=256 * 1024) as agent:
+        stats = DeliveryStats()
+        with pytest.raises(LimitExceeded) as caught:
+            deliver_batch(agent, GROUP, batch, stats)
+        assert caught.value.detail["field"] == "map_size"
+        assert (stats.rejected, stats.rejections) == (0, [])
+        assert agent.head(GROUP).applied_seq == 0
+        assert deliver_batch(agent, GROUP, batch[:10]) == 10
+
+
 def test_an_applied_event_whose_inbox_key_damage_already_holds_is_corruption_not_an_overwrite(tmp_path):
     """One bit flipped in the sequence of a Group's last inbox key (4 read as 5) keeps the file in
     key order, so the open's structural check passes it. Applying Event 5 then wrote its inbox
