@@ -9,6 +9,8 @@ alarm.
 
 from __future__ import annotations
 
+import os
+
 import lmdb
 import pytest
 
@@ -1137,3 +1139,126 @@ def test_a_write_into_a_database_whose_branch_pages_loop_is_corruption_not_a_sto
         assert caught.value.detail["reason"] == "agent"
         assert "CursorFullError" in caught.value.message
         assert agent.head(GROUP) == head
+
+
+# -- every write of the AgentStore against a looped root of each database ------------------------
+
+_PROBED_GROUPS = 150
+_PROBED_DATABASES = ["heads", "inbox", "buffer", "state", "queue", "queue_index", "projection", "outbox", "intent_group",
+                     "offline", "presence"]
+# By database, the writes answered CORRUPTION; every other write answers as over a sound store
+# (mark_uncertain of an intent never dispatched: INVALID_STATE).
+_PROBE_DAMAGE = {
+    "heads": "apply_next apply_duplicate apply_many_new apply_new_group advance_cursor deliver_batch reset_group "
+             "restore_verified rebuild_group prune_inbox",
+    "inbox": "apply_next apply_duplicate apply_many_new apply_new_group deliver_batch reset_group restore_verified "
+             "rebuild_group prune_inbox",
+    "buffer": "apply_next deliver_batch reset_group restore_verified rebuild_group",
+    "state": "apply_next apply_many_new apply_new_group deliver_batch reset_group restore_verified rebuild_group",
+    "queue": "apply_next apply_many_new deliver_batch reset_group restore_verified rebuild_group",
+    "queue_index": "apply_next apply_many_new deliver_batch reset_group restore_verified rebuild_group",
+    "projection": "apply_next apply_many_new apply_new_group deliver_batch reset_group restore_verified rebuild_group",
+    "outbox": "record_intent mark_dispatched record_receipt mark_uncertain reconcile dispatch",
+    "intent_group": "record_intent mark_dispatched record_receipt mark_uncertain reconcile dispatch",
+    "offline": "service_unreachable",
+    "presence": "apply_next apply_many_new apply_new_group record_intent deliver_batch reset_group restore_verified "
+                "rebuild_group prune_inbox mark_dispatched record_receipt dispatch service_unreachable",
+}
+
+
+@pytest.fixture(scope="module")
+def probe_store(tmp_path_factory):
+    """An AgentStore in which every database but ``meta`` has a branch page as its root: 150
+    Groups of 20 Events each (the last buffered, the one before it missing), an outbox intent and
+    an outage in each. Returns its path, the Groups' histories (and one of a Group never applied,
+    g-new) and the intents' keys."""
+    from mwpstore.offline import OfflineGuard
+
+    path = str(tmp_path_factory.mktemp("probe") / "agent")
+    histories = {f"g-{i}": workload(f"g-{i}", 20, seed=i) for i in range(1, _PROBED_GROUPS + 1)}
+    histories["g-new"] = workload("g-new", 6, seed=999)
+    keys = {}
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        with agent.begin() as tx:
+            for number in range(1, _PROBED_GROUPS + 1):
+                group = f"g-{number}"
+                for event in histories[group][:-2]:
+                    tx.apply(event)
+                tx.advance_cursor(group)
+                tx.apply(histories[group][-1])  # buffered behind the missing one
+                keys[group] = tx.record_intent(group, mission=f"m{number}", workitem="w1", ownership_epoch=1, operation="notify").key
+        for number in range(1, _PROBED_GROUPS + 1):
+            OfflineGuard(agent, f"g-{number}", "agent-a", grace_ms=60_000).service_unreachable(1_000)
+    return path, histories, keys
+
+
+def _probe_write(agent, write, histories, keys):
+    from types import SimpleNamespace
+
+    from mwpstore.delivery import ListSource, deliver_batch, rebuild_group
+    from mwpstore.messages import Effect
+    from mwpstore.offline import OfflineGuard
+
+    def in_transaction(call):
+        with agent.begin() as tx:
+            return call(tx)
+
+    g1 = histories["g-1"]
+    snapshot = SimpleNamespace(group="g-2", org="org-1", seq=40, head_hash=b"\x01" * 32,
+                               aggregates=[Effect(aggregate="group:g-2", revision=1, state={"org": "org-1", "status": "active"})])
+    calls = {
+        "apply_next": lambda: in_transaction(lambda tx: (tx.apply(g1[-2]), tx.advance_cursor("g-1"))),
+        "apply_duplicate": lambda: in_transaction(lambda tx: tx.apply(g1[0])),
+        "apply_many_new": lambda: in_transaction(lambda tx: tx.apply_many(histories["g-new"])),
+        "apply_new_group": lambda: in_transaction(lambda tx: (tx.apply(histories["g-new"][0]), tx.advance_cursor("g-new"))),
+        "advance_cursor": lambda: in_transaction(lambda tx: tx.advance_cursor("g-2")),
+        "record_intent": lambda: in_transaction(
+            lambda tx: tx.record_intent("g-3", mission="m-new", workitem="w9", ownership_epoch=1, operation="page")),
+        "deliver_batch": lambda: deliver_batch(agent, "g-1", [g1[-2]]),
+        "reset_group": lambda: agent.reset_group("g-2"),
+        "restore_verified": lambda: agent.restore_verified(snapshot, group="g-2"),
+        "rebuild_group": lambda: rebuild_group(agent, ListSource(histories["g-2"]), "g-2"),
+        "prune_inbox": lambda: agent.prune_inbox("g-1"),
+        "mark_dispatched": lambda: agent.mark_dispatched(keys["g-1"]),
+        "record_receipt": lambda: agent.record_receipt(keys["g-1"], {"id": "r-1"}),
+        "mark_uncertain": lambda: agent.mark_uncertain(keys["g-1"], "lost"),
+        "reconcile": lambda: agent.reconcile(keys["g-1"], lambda intent: None),
+        "dispatch": lambda: agent.dispatch(keys["g-1"], lambda intent: {"id": "r-1"}),
+        "service_unreachable": lambda: OfflineGuard(agent, "g-new", "agent-a", grace_ms=1).service_unreachable(2_000),
+    }
+    return calls[write]()
+
+
+_PROBED_WRITES = ["apply_next", "apply_duplicate", "apply_many_new", "apply_new_group", "advance_cursor", "record_intent",
+                  "deliver_batch", "reset_group", "restore_verified", "rebuild_group", "prune_inbox", "mark_dispatched",
+                  "record_receipt", "mark_uncertain", "reconcile", "dispatch", "service_unreachable"]
+
+
+@pytest.mark.parametrize("write", _PROBED_WRITES)
+@pytest.mark.parametrize("database", _PROBED_DATABASES)
+def test_each_write_of_the_agent_store_over_a_looped_database_is_answered_as_damage(tmp_path, probe_store, database, write):
+    """Each write of the AgentStore's API (a local transaction's apply, apply_many,
+    advance_cursor and record_intent, delivery's batch and rebuild, a reset, a restore, the
+    outbox's steps, an outage), in a store opened without the structural walk whose ``database``
+    has a cycle of damaged branch pages: the write's own answer, or ``CORRUPTION`` (reason
+    ``agent``) with nothing written; never ``STORAGE_FAILED``, an untyped error or a foreign one."""
+    import shutil
+
+    from mwpstore.errors import MwpError
+
+    source, histories, keys = probe_store
+    path = str(tmp_path / "agent")
+    shutil.copytree(source, path)
+    loop_database_root(os.path.join(path, "lmdb"), database.encode())
+    with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False) as agent:
+        before = agent._tables.env.info()["last_txnid"]
+        try:
+            _probe_write(agent, write, histories, keys)
+            answer = "ok"
+        except MwpError as exc:
+            answer = exc.code
+            if isinstance(exc, Corruption):
+                assert exc.detail["reason"] == "agent" and "CursorFullError" in exc.message, exc.message
+                assert agent._tables.env.info()["last_txnid"] == before  # nothing committed
+    expected = "CORRUPTION" if write in _PROBE_DAMAGE[database].split() else "INVALID_STATE" if write == "mark_uncertain" else "ok"
+    assert answer == expected
