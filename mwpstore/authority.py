@@ -1238,9 +1238,17 @@ class Authority:
 
     def _check_not_failed(self) -> None:
         if self._failure is not None:
-            raise StorageFailed(
-                f"the authority refuses writes after a storage failure ({self._failure.message}); reopen it"
-            )
+            raise self._refusal()
+
+    def _refusal(self) -> StorageFailed:
+        """The refusal of a write once ``self._failure`` is set, carrying the failure's facts: a
+        failed commit's (its ``cause``, an errno), or the code of damage found inside a commit as
+        ``cause`` (``CORRUPTION``, ``reason`` ``index``), which a reopen with the structural check
+        rebuilds and one without it meets again: a caller tells the two from the detail."""
+        failure = self._failure
+        assert failure is not None
+        detail = dict(failure.detail) if isinstance(failure, StorageFailed) else {**failure.detail, "cause": failure.code}
+        return StorageFailed(f"the authority refuses writes after a storage failure ({failure.message}); reopen it", **detail)
 
     def _check_closed(self) -> None:
         """``StoreClosed`` after close() or in a forked child; unlike ``_check_open``, a handle
@@ -1375,7 +1383,7 @@ class Authority:
         """The leader's work: decide, append with one log commit, index, publish."""
         requests = [request for unit in units for request in unit.requests]
         if self._failure is not None:
-            error = StorageFailed("the authority refuses writes after a storage failure; reopen it")
+            error = self._refusal()
             for request in requests:
                 request.error = error
             return

@@ -920,6 +920,12 @@ def test_each_lmdb_error_of_a_commit_s_read_before_the_log_is_typed_as_damage_or
         with pytest.raises(StorageFailed) as refused:
             authority.accept(mission_create("m-later"))
         assert caught.value.message in refused.value.message
+        # the refusal carries the failure's facts: the damage's code as its cause, or the failed
+        # commit's own cause (a caller tells a damaged index from a failed disk without the message)
+        if damage:
+            assert refused.value.detail == {**caught.value.detail, "cause": "CORRUPTION"}
+        else:
+            assert refused.value.detail == caught.value.detail
 
 
 def _raised(error: BaseException, wrapped: bool):
