@@ -92,6 +92,9 @@ _ALIGN_BYTES = lib.SL_FRAME_ALIGN_BYTES
 _SEAL_BYTES = lib.SL_SEAL_FRAME_BYTES
 COMMIT_FRAME_BYTES = lib.SL_COMMIT_FRAME_BYTES
 _PAGE_BYTES = mmap.PAGESIZE
+# The most records an append's kept arrays grow to (an authority commit holds at most
+# limits.COMMIT_BATCH_COMMANDS_MAX): 48 KiB per handle at most; a larger group gets its own.
+_APPEND_BUFFER_RECORDS = 4096
 _HEADER_NAMES = struct.Struct("<QQ")  # log id, first position: adjacent in the header
 assert lib.SL_HEADER_OFFSET_FIRST_POSITION == lib.SL_HEADER_OFFSET_LOG_ID + 8
 
@@ -516,6 +519,15 @@ class SegmentLog:
         self._segments: tuple[_Segment, ...] = ()
         self._end = 0
         self._write_lock = threading.Lock()
+        # The C structs and arrays of an append, made once per handle and used under _write_lock
+        # (four ffi.new and their frees were a fifth of a one-record append's Python cost). The
+        # arrays grow with the largest group up to _APPEND_BUFFER_RECORDS records; a larger group
+        # gets arrays of its own. The C calls clear the fault and fill the state on every call.
+        self._append_fault: Any = None
+        self._append_state: Any = None
+        self._append_lengths: Any = None
+        self._append_positions: Any = None
+        self._append_room = 0
         self._failed = False
         self._clean_marker = False
         self._log_id = 0
@@ -693,6 +705,8 @@ class SegmentLog:
                 1 if self._sync else 0, handle, segment=active,
             )
             self._handle = handle[0]
+            self._append_fault = ffi.new("struct sl_fault *")
+            self._append_state = ffi.new("struct sl_log_state *")
             if not self._sync:
                 self._mark_bulk()
             else:
@@ -1229,24 +1243,32 @@ class SegmentLog:
             )
         if len(blob) > GROUP_BYTES_MAX:
             raise LimitExceeded(f"a group holds at most {GROUP_BYTES_MAX} bytes (got {len(blob)}).", field="records")
-        lengths_c = ffi.new("uint32_t[]", lengths)
-        positions_c = ffi.new("uint64_t[]", count)
-        fault = ffi.new("struct sl_fault *")
         with self._write_lock:
             self._check_open()
             if self._failed:  # also one the C writer does not know of (the marker's removal): never retried
-                raise self._error(lib.SL_E_FAILED, fault, segment=self._segments[-1])
+                raise self._error(lib.SL_E_FAILED, ffi.new("struct sl_fault *"), segment=self._segments[-1])
             if self._clean_marker:
                 self._drop_clean_marker()
+            if count <= self._append_room:
+                lengths_c, positions_c = self._append_lengths, self._append_positions
+                lengths_c[0:count] = lengths
+            elif count <= _APPEND_BUFFER_RECORDS:
+                lengths_c = self._append_lengths = ffi.new("uint32_t[]", lengths)
+                positions_c = self._append_positions = ffi.new("uint64_t[]", count)
+                self._append_room = count
+            else:
+                lengths_c, positions_c = ffi.new("uint32_t[]", lengths), ffi.new("uint64_t[]", count)
+            fault = self._append_fault
             rc = lib.sl_log_append(self._handle, blob, len(blob), lengths_c, count, positions_c, fault)
             self._observe_writer()
             if rc != lib.SL_OK:
                 raise self._error(rc, fault, segment=self._segments[-1])
-        return ffi.unpack(positions_c, count)
+            return ffi.unpack(positions_c, count)
 
     def _observe_writer(self) -> None:
-        """Publish what the C writer did: first a seal or a new segment, then the new end."""
-        state = ffi.new("struct sl_log_state *")
+        """Publish what the C writer did: first a seal or a new segment, then the new end
+        (``_write_lock`` held: the state struct is the handle's own)."""
+        state = self._append_state
         lib.sl_log_state(self._handle, state)
         self._failed = bool(state.failed)
         active = self._segments[-1]
