@@ -151,8 +151,9 @@ import gc, inspect, os, sys, threading
 from mwpstore import _gc
 
 where = sys.argv[1]
-code = _gc.paused.__wrapped__.__code__
-source, first = inspect.getsourcelines(_gc.paused.__wrapped__)
+function = _gc.paused.__exit__ if where == "leaving" else _gc.paused.__enter__
+code = function.__code__
+source, first = inspect.getsourcelines(function)
 wanted = "if _depth == 0 and _was_enabled:" if where == "leaving" else "_depth += 1"
 if where == "disabled by the application":
     gc.disable()
@@ -182,7 +183,12 @@ os.register_at_fork(before=go.set)  # runs before mwpstore's own hooks: lets the
 pid = os.fork()
 if pid == 0:
     done = []
-    pauser = threading.Thread(target=lambda: done.append(_gc.paused().__enter__()), daemon=True)
+
+    def pause():
+        with _gc.paused():
+            done.append(True)
+
+    pauser = threading.Thread(target=pause, daemon=True)
     pauser.start()  # a thread of the child pauses too (the lock is not the parent's)
     pauser.join(10)
     print(gc.isenabled(), "paused" if done else "hung", flush=True)
