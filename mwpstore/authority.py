@@ -485,6 +485,7 @@ class Authority:
     _leader: bool
     _exclusive_waiting: int
     _published: threading.Condition
+    _published_waiting: int  # the wait_for calls inside _published (its lock held to change it)
     _last_ms: int
     _signing_key: SigningKey | None
     _key_lock: threading.Lock  # guards _signing_key and _key_changes
@@ -595,6 +596,7 @@ class Authority:
         self._leader = False
         self._exclusive_waiting = 0
         self._published = threading.Condition(threading.Lock())
+        self._published_waiting = 0
         self._last_ms = 0
         self._signing_key = None
         self._key_lock = threading.Lock()
@@ -1366,7 +1368,10 @@ class Authority:
         following = self._queue[0] if self._queue and not self._exclusive_waiting else None
         if following is None:
             self._leader = False
-            self._wake.notify_all()  # close() and _exclusive() wait for this
+            if self._exclusive_waiting or self._closed:
+                # close() (_closed set before it waits) and _exclusive() (counted while it waits)
+                # wait for this, no one else: the Condition's notify_all is three Python calls
+                self._wake.notify_all()
         else:
             following.gate.release()  # its caller leads now (the role never lapses)
 
@@ -1510,7 +1515,10 @@ class Authority:
                     [r for r in requests if r.receipt is not None and r.receipt.kind == "audit.delete" and r.receipt.group == group],
                     error,
                 )
-        if batch.events or batch.acks:
+        # Only a wait_for in progress needs waking: counted before its first look at the head,
+        # so one that this reads as absent looks after the index commit above and sees it. The
+        # Condition's notify_all is five Python calls with its lock (about 3k instructions).
+        if (batch.events or batch.acks) and self._published_waiting:
             with self._published:
                 self._published.notify_all()
 
@@ -2539,19 +2547,23 @@ class Authority:
         deadline = None if timeout is None else time.monotonic() + timeout
         self._refuse_readonly("wait_for", _VIEW_NEVER_CHANGES)
         with self._published:
-            while True:
-                if self.head(group)[0] > after:
-                    return True
-                if self._closed:  # close() began after head() read: closed while waiting, as head() would say
-                    raise StoreClosed("the authority is closed; open it again")
-                remaining = None if deadline is None else deadline - time.monotonic()
-                if remaining is not None and remaining <= 0:
-                    return False
-                # From a callback of this thread's running commit, rebuild or compaction (the
-                # clock, a progress callable) no commit can publish until that call returns:
-                # the wait would last its whole timeout, or for ever, and hold every writer up.
-                self._refuse_inside_commit("wait_for")
-                self._published.wait(remaining)
+            self._published_waiting += 1  # before the first look at the head (see _commit_batch)
+            try:
+                while True:
+                    if self.head(group)[0] > after:
+                        return True
+                    if self._closed:  # close() began after head() read: closed while waiting, as head() would say
+                        raise StoreClosed("the authority is closed; open it again")
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        return False
+                    # From a callback of this thread's running commit, rebuild or compaction (the
+                    # clock, a progress callable) no commit can publish until that call returns:
+                    # the wait would last its whole timeout, or for ever, and hold every writer up.
+                    self._refuse_inside_commit("wait_for")
+                    self._published.wait(remaining)
+            finally:
+                self._published_waiting -= 1
 
     # -- checking and rebuilding -----------------------------------------------------------------
 

@@ -1059,6 +1059,24 @@ def test_wait_for_without_a_timeout_raises_store_closed_when_the_authority_close
     assert not thread.is_alive() and len(outcome) == 1 and isinstance(outcome[0], StoreClosed)
 
 
+def test_wait_for_without_a_timeout_wakes_at_the_next_commit_of_its_group(tmp_path):
+    """A commit wakes wait_for only while one is in progress (counted in ``_published_waiting``
+    before its first look at the head): a waiter with no timeout asleep in it wakes at the next
+    Event of its Group, and the count is back to 0 once it returns."""
+    authority = open_with_group(str(tmp_path / "store"))
+    head = authority.head(GROUP)[0]
+    outcome: list[object] = []
+    thread = threading.Thread(target=lambda: outcome.append(authority.wait_for(GROUP, head, None)), daemon=True)
+    thread.start()
+    while not authority._published._waiters:  # type: ignore[attr-defined]  # the waiter sleeps in wait_for
+        thread.join(0.01)
+    assert authority._published_waiting == 1
+    authority.accept(mission_create("m-wakes"))
+    thread.join(30)
+    assert not thread.is_alive() and outcome == [True] and authority._published_waiting == 0
+    authority.close()
+
+
 @pytest.mark.parametrize("body", [{"title": "a\ud800b", "cost_limit": 1}, {"title": "t", "cost_limit": 1, "\udc00": 1},
                                   {"title": "t", "cost_limit": 1, "x": [{"y": "\udfff"}]}])
 def test_a_lone_surrogate_in_a_body_is_an_invalid_command(tmp_path, body):
