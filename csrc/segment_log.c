@@ -1319,6 +1319,14 @@ int sl_log_append(struct sl_log *log, const uint8_t *data, uint64_t data_bytes,
     return SL_OK;
 }
 
+int sl_log_append_state(struct sl_log *log, const uint8_t *data, uint64_t data_bytes,
+                        const uint32_t *lengths, uint32_t count, uint64_t *positions_out,
+                        struct sl_fault *fault, struct sl_log_state *state_out) {
+    int rc = sl_log_append(log, data, data_bytes, lengths, count, positions_out, fault);
+    sl_log_state(log, state_out);
+    return rc;
+}
+
 int sl_log_sync(struct sl_log *log, struct sl_fault *fault) {
     SL_ASSERT(log != NULL);
     fault_clear(fault);

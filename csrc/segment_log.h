@@ -204,6 +204,11 @@ int sl_log_open(const struct sl_io *io, const char *directory, const struct sl_h
 int sl_log_append(struct sl_log *log, const uint8_t *data, uint64_t data_bytes,
                   const uint32_t *lengths, uint32_t count, uint64_t *positions_out,
                   struct sl_fault *fault);
+/* sl_log_append, then sl_log_state into state_out whatever it returned: one call for what the
+ * Python writer reads after every append. */
+int sl_log_append_state(struct sl_log *log, const uint8_t *data, uint64_t data_bytes,
+                        const uint32_t *lengths, uint32_t count, uint64_t *positions_out,
+                        struct sl_fault *fault, struct sl_log_state *state_out);
 int sl_log_sync(struct sl_log *log, struct sl_fault *fault);
 void sl_log_state(const struct sl_log *log, struct sl_log_state *out);
 void sl_log_close(struct sl_log *log);

@@ -1226,16 +1226,17 @@ class SegmentLog:
             raise LimitExceeded(f"a group holds at most {GROUP_RECORDS_MAX} records (got {count}).", field="records")
         try:
             lengths = list(map(len, records))
+            longest, total = max(lengths), sum(lengths)  # each taken once
             # the bounds before the join, which would copy all of it (a memoryview of wide items
             # counts items here, fewer than its bytes: the checks after the join catch that one)
-            if max(lengths) <= RECORD_BYTES_MAX and sum(lengths) > GROUP_BYTES_MAX:
-                raise LimitExceeded(f"a group holds at most {GROUP_BYTES_MAX} bytes (got {sum(lengths)}).", field="records")
-            blob = b"".join(records) if max(lengths) <= RECORD_BYTES_MAX else b""
+            if longest <= RECORD_BYTES_MAX and total > GROUP_BYTES_MAX:
+                raise LimitExceeded(f"a group holds at most {GROUP_BYTES_MAX} bytes (got {total}).", field="records")
+            blob = b"".join(records) if longest <= RECORD_BYTES_MAX else b""
         except TypeError:
             raise InvalidCommand("every record must be bytes, bytearray or memoryview.", field="records") from None
-        if blob and len(blob) != sum(lengths):  # e.g. a memoryview whose items are wider than a byte
+        if blob and len(blob) != total:  # e.g. a memoryview whose items are wider than a byte
             lengths = [memoryview(record).nbytes for record in records]
-        longest = max(lengths)
+            longest = max(lengths)
         if longest > RECORD_BYTES_MAX:
             raise LimitExceeded(
                 f"a record holds at most {RECORD_BYTES_MAX} bytes (record {lengths.index(longest)} has {longest}).",
@@ -1258,18 +1259,16 @@ class SegmentLog:
                 self._append_room = count
             else:
                 lengths_c, positions_c = ffi.new("uint32_t[]", lengths), ffi.new("uint64_t[]", count)
-            fault = self._append_fault
-            rc = lib.sl_log_append(self._handle, blob, len(blob), lengths_c, count, positions_c, fault)
-            self._observe_writer()
+            fault, state = self._append_fault, self._append_state
+            rc = lib.sl_log_append_state(self._handle, blob, len(blob), lengths_c, count, positions_c, fault, state)
+            self._observe_writer(state)
             if rc != lib.SL_OK:
                 raise self._error(rc, fault, segment=self._segments[-1])
             return ffi.unpack(positions_c, count)
 
-    def _observe_writer(self) -> None:
-        """Publish what the C writer did: first a seal or a new segment, then the new end
-        (``_write_lock`` held: the state struct is the handle's own)."""
-        state = self._append_state
-        lib.sl_log_state(self._handle, state)
+    def _observe_writer(self, state: Any) -> None:
+        """Publish what the C writer did, from the ``struct sl_log_state`` its append filled
+        (``_write_lock`` held): first a seal or a new segment, then the new end."""
         self._failed = bool(state.failed)
         active = self._segments[-1]
         first_position, end = int(state.first_position), int(state.end_position)
