@@ -199,7 +199,7 @@ class Index(SealedTables):
         under sound seals, and its head, behind the Group's Events, hid them from reads and gave
         the next Event a sequence the log already held (a chain break in the log). One lookup."""
         head = decode_head(self.get(txn, b"heads", group.encode()))
-        if txn.get(event_key(group, head[0] + 1), db=self.dbs[b"events"]) is not None:
+        if txn.get(event_key(group, head[0] + 1), None, self.dbs[b"events"]) is not None:  # positional: see SealedTables.get
             raise self._damage("head", b"heads", group.encode(), f"is behind its Events (Event {head[0] + 1} is indexed)")
         return head
 
