@@ -1132,12 +1132,16 @@ class Authority:
         Raises the typed rejection (nothing changed) or ``StorageFailed``.
         """
         self._check_writable("accept")
-        return self._accept_one(self._prepare(command))
-
-    def _accept_one(self, request: _Request) -> Receipt:
-        receipt = self._lookup_receipt(request)
+        data, content_hash = self._checked(command)
+        # A replay is answered here, before a _Request is made for a commit it will not join.
+        receipt = self._lookup_receipt(command, content_hash)
         if receipt is not None:
             return receipt
+        return self._commit_one(_Request(command, data, content_hash))
+
+    def _commit_one(self, request: _Request) -> Receipt:
+        """The receipt of one prepared request that no receipt answered, committed on its own
+        unit (or the request's rejection, raised)."""
         self._submit(_Unit([request]))
         if request.error is not None:
             raise request.error
@@ -1185,19 +1189,24 @@ class Authority:
         return [result for result in results if result is not None]
 
     def _prepare(self, command: Command, *, trusted: bool = False) -> _Request:
+        data, content_hash = self._checked(command, trusted)
+        return _Request(command, data, content_hash, trusted)
+
+    def _checked(self, command: Command, trusted: bool = False) -> tuple[bytes, bytes]:
+        """The Command checked (``check_command``; the engine's actor only when ``trusted``):
+        its canonical content bytes and their content hash."""
         check_command(command)
         if command.actor == ENGINE_ACTOR and not trusted:
             raise InvalidCommand(f"actor {ENGINE_ACTOR!r} is reserved for the engine", field="actor")
         data = command_bytes(command)
-        return _Request(command, data, canonical.content_hash(data), trusted)
+        return data, canonical.content_hash(data)
 
     @_index_errors_typed
-    def _lookup_receipt(self, request: _Request) -> Receipt | None:
+    def _lookup_receipt(self, command: Command, content_hash: bytes) -> Receipt | None:
         """Fast path for replays: the stored receipt, without joining a commit (the caller
-        passed ``_check_writable``)."""
-        command = request.command
-        assert command is not None
-        index = self.index
+        passed ``_check_writable`` and ``_checked``)."""
+        index = self._pair[1]
+        assert index is not None  # as the index property, without its frame
         txn = index.begin()
         try:
             value = index.get(txn, b"receipts", receipt_key(command.actor, command.action_id))
@@ -1207,8 +1216,8 @@ class Authority:
             txn.abort()
         if value is None:
             return None
-        content_hash, receipt = _stored_receipt(value)
-        if content_hash != request.content_hash:
+        stored_hash, receipt = _stored_receipt(value)
+        if stored_hash != content_hash:
             raise _collision(command)
         return receipt
 
@@ -1696,7 +1705,11 @@ class Authority:
     def accept_trusted(self, command: Command) -> Receipt:
         """Accept a Command the engine issues itself (``system_only`` kinds such as ``lease.expire``)."""
         self._check_writable("accept_trusted")
-        return self._accept_one(self._prepare(command, trusted=True))
+        data, content_hash = self._checked(command, trusted=True)
+        receipt = self._lookup_receipt(command, content_hash)
+        if receipt is not None:
+            return receipt
+        return self._commit_one(_Request(command, data, content_hash, True))
 
     @_index_errors_typed
     def expire_leases(self, group: str, *, now_ms: int | None = None) -> list[Receipt]:
