@@ -110,7 +110,12 @@ class SealedTables:
             if tag is not None and txn.get(tag + key, None, self.presence) is not None:
                 raise self._damage("missing", name, key, "lost the entry")
             return None
-        return self.unseal(name, key, stored)
+        # unseal's check and error without its frame: every sealed lookup (a replay's receipt,
+        # a decision's states) comes through here.
+        body = _unseal(stored, key, self._seeds[name], limits.LMDB_VALUE_BYTES_MAX)
+        if body is None:
+            raise self._damage("checksum", name, key, "has a damaged entry")
+        return body
 
     def put(self, txn: lmdb.Transaction, name: bytes, key: bytes, value: bytes, new: bool = True) -> None:
         """Write one entry; ``new=False`` when the key is known to exist already (presence kept).

@@ -6,9 +6,12 @@ import itertools
 import json
 import os
 import struct
+import sys
+import zlib
 from collections.abc import Callable
 
 from mwpstore import Authority, Command
+from mwpstore import _sealed
 
 OWNER = "owner"
 GROUP = "g-1"
@@ -246,17 +249,20 @@ def store_with_one_event_rewritten(tmp_path, missions: int, rewrite) -> tuple[st
 
 
 def record_unseals(monkeypatch, owner: type, table: bytes) -> list[bytes]:
-    """The keys of ``table`` that ``owner.unseal`` (a class's method: ``Index``, ``SealedTables``)
-    unseals from now on, in order, for a test that pins how many entries a lookup reads."""
+    """The keys of ``table`` that ``owner`` (a class: ``Index``, ``SealedTables``) unseals from
+    now on, in order, for a test that pins how many entries a lookup reads. Counted at the C call
+    that ``unseal`` and ``get`` both make (``get`` makes it without ``unseal``'s frame), for the
+    tables of ``owner``'s instances."""
     unsealed: list[bytes] = []
-    unseal = owner.unseal
+    unseal = _sealed._unseal
+    seed = zlib.crc32(table)
 
-    def counting_unseal(self, name, key, stored):  # type: ignore[no-untyped-def]
-        if name == table:
+    def counting_unseal(stored, key, table_seed, most):  # type: ignore[no-untyped-def]
+        if table_seed == seed and isinstance(sys._getframe(1).f_locals.get("self"), owner):  # get's or unseal's self
             unsealed.append(bytes(key))
-        return unseal(self, name, key, stored)
+        return unseal(stored, key, table_seed, most)
 
-    monkeypatch.setattr(owner, "unseal", counting_unseal)
+    monkeypatch.setattr(_sealed, "_unseal", counting_unseal)
     return unsealed
 
 
