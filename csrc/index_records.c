@@ -826,6 +826,76 @@ static PyObject *ir_seal_items(PyObject *module, PyObject *const *args, Py_ssize
     return out;
 }
 
+/* record_bytes(data, starts, stops, split_tags) -> list | (list, bytes): a scan batch's records
+ * copied out of ``data`` (the segment's read-only map), record i being data[starts[i]:stops[i]];
+ * ``starts`` and ``stops`` are buffers of native uint64 offsets, the arrays sl_scan filled. With
+ * ``split_tags`` each record's first byte goes to the returned bytes instead and the list holds
+ * the rest (an empty record gives b"" and no tag byte), as SegmentLog.scan hands them over. Every
+ * offset is checked against data before anything is copied: a stop before its start or past
+ * data is ValueError, so nothing outside data is read. */
+static PyObject *ir_record_bytes(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    if (nargs != 4) {
+        PyErr_SetString(PyExc_TypeError, "record_bytes takes (data, starts, stops, split_tags)");
+        return NULL;
+    }
+    int split = PyObject_IsTrue(args[3]);
+    if (split < 0) return NULL;
+    Py_buffer data, starts, stops;
+    if (PyObject_GetBuffer(args[0], &data, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(args[1], &starts, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    if (PyObject_GetBuffer(args[2], &stops, PyBUF_SIMPLE) < 0) {
+        PyBuffer_Release(&starts);
+        PyBuffer_Release(&data);
+        return NULL;
+    }
+    PyObject *records = NULL, *tags = NULL, *result = NULL;
+    Py_ssize_t count = starts.len / 8, tag_count = 0;
+    const unsigned char *bytes = (const unsigned char *)data.buf;
+    unsigned char *tag_out = NULL;
+    if (starts.len != stops.len || starts.len % 8 != 0) {
+        PyErr_SetString(PyExc_ValueError, "record_bytes: starts and stops must be uint64 arrays of one length");
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint64_t start, stop;
+        memcpy(&start, (const unsigned char *)starts.buf + 8 * i, 8);
+        memcpy(&stop, (const unsigned char *)stops.buf + 8 * i, 8);
+        if (start > stop || stop > (uint64_t)data.len) {
+            PyErr_SetString(PyExc_ValueError, "record_bytes: a record lies outside the data");
+            goto done;
+        }
+        tag_count += stop > start;
+    }
+    records = PyList_New(count);
+    if (records == NULL) goto done;
+    if (split) {
+        tags = PyBytes_FromStringAndSize(NULL, tag_count);
+        if (tags == NULL) goto done;
+        tag_out = (unsigned char *)PyBytes_AsString(tags);
+        if (tag_out == NULL) goto done;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        uint64_t start, stop;
+        memcpy(&start, (const unsigned char *)starts.buf + 8 * i, 8);
+        memcpy(&stop, (const unsigned char *)stops.buf + 8 * i, 8);
+        if (split && stop > start) *tag_out++ = bytes[start++];
+        PyObject *record = PyBytes_FromStringAndSize((const char *)bytes + start, (Py_ssize_t)(stop - start));
+        if (record == NULL || PyList_SetItem(records, i, record) < 0) goto done; /* SetItem steals record */
+    }
+    result = split ? PyTuple_Pack(2, records, tags) : Py_NewRef(records);
+done:
+    Py_XDECREF(tags);
+    Py_XDECREF(records);
+    PyBuffer_Release(&stops);
+    PyBuffer_Release(&starts);
+    PyBuffer_Release(&data);
+    return result;
+}
+
 static PyMethodDef ir_methods[] = {
     {"index_events", ir_index_events, METH_VARARGS,
      "index_events(records, positions, start, heads, (items, new), (seeds)) -> (stop, last_ms); see csrc/index_records.c."},
@@ -835,6 +905,8 @@ static PyMethodDef ir_methods[] = {
      "seal_items([(key, value)], seed) -> [(key, sealed value)]; see csrc/index_records.c."},
     {"unseal", (PyCFunction)(void (*)(void))ir_unseal, METH_FASTCALL,
      "unseal(stored, key, seed, size_max) -> bytes | None; see csrc/index_records.c."},
+    {"record_bytes", (PyCFunction)(void (*)(void))ir_record_bytes, METH_FASTCALL,
+     "record_bytes(data, starts, stops, split_tags) -> list | (list, bytes); see csrc/index_records.c."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -630,6 +630,34 @@ def test_a_scan_with_split_tags_hands_each_first_byte_apart(tmp_path):
         assert caught.value.field == "split_tags"
 
 
+def test_record_bytes_copies_each_record_and_reads_nothing_outside_the_data():
+    """``_index_c.record_bytes``, what a scan's batches are made with: record i is
+    data[starts[i]:stops[i]] as bytes (with ``split_tags``, its first byte in the tags and the
+    rest in the list; an empty record gives b"" and no tag); an offset outside the data, a stop
+    before its start, or arrays of two lengths are ValueError before anything is copied."""
+    import struct
+
+    from mwpstore._index_c import record_bytes
+
+    data = b"..Efirst...A.Xthird..Elast"
+
+    def offsets(values: list[int]) -> bytes:
+        return struct.pack(f"={len(values)}Q", *values)
+
+    starts, stops = [2, 11, 13, 20, 21], [8, 12, 19, 20, 26]
+    assert record_bytes(data, offsets(starts), offsets(stops), False) == [data[a:b] for a, b in zip(starts, stops)]
+    records, tags = record_bytes(memoryview(data), offsets(starts), offsets(stops), True)
+    assert records == [b"first", b"", b"third", b"", b"last"] and tags == b"EAXE"
+    assert all(type(record) is bytes for record in records)
+    assert record_bytes(data, b"", b"", True) == ([], b"") and record_bytes(data, b"", b"", False) == []
+    assert record_bytes(data, offsets([0]), offsets([len(data)]), False) == [data]
+    for bad_starts, bad_stops in (([0], [len(data) + 1]), ([5], [4]), ([2**64 - 1], [2**64 - 1]), ([0, 1], [1])):
+        with pytest.raises(ValueError):
+            record_bytes(data, offsets(bad_starts), offsets(bad_stops), True)
+    with pytest.raises(ValueError):
+        record_bytes(data, offsets([0])[:7], offsets([0])[:7], False)
+
+
 def test_a_new_log_directory_is_made_durable_in_its_parent(tmp_path):
     """The directory a new log creates is an entry of its parent: without a sync of the parent, a
     power cut can take the directory, and every acknowledged group in it, away. The crash model
