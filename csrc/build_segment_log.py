@@ -145,9 +145,6 @@ int sl_scan(const uint8_t *data, uint64_t data_bytes, const struct sl_header *he
             uint64_t stop_position, uint32_t records_max, struct sl_scan_state *state,
             uint64_t *positions_out, uint64_t *starts_out, uint64_t *stops_out,
             uint32_t *count_out, struct sl_fault *fault);
-#define SL_BATCH_FORMAT_RECORD_BYTES_MAX ...
-int sl_batch_format(const uint64_t *starts, const uint64_t *stops, uint32_t count, int split_tag,
-                    char *out, size_t out_bytes, size_t *written_out);
 int sl_find_nonzero(int fd, uint64_t from_offset, uint64_t to_offset, uint64_t *found_out,
                     struct sl_fault *fault);
 

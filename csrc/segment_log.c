@@ -712,52 +712,6 @@ int sl_scan(const uint8_t *data, uint64_t data_bytes, const struct sl_header *he
     return SL_OK;
 }
 
-static size_t decimal(char *out, uint64_t value) {
-    char digits[20];
-    size_t n = 0;
-    do {
-        digits[n++] = (char)('0' + value % 10);
-        value /= 10;
-    } while (value != 0);
-    for (size_t i = 0; i < n; i++) {
-        out[i] = digits[n - 1 - i];
-    }
-    return n;
-}
-
-int sl_batch_format(const uint64_t *starts, const uint64_t *stops, uint32_t count, int split_tag,
-                    char *out, size_t out_bytes, size_t *written_out) {
-    SL_ASSERT(starts != NULL && stops != NULL && out != NULL && written_out != NULL);
-    *written_out = 0;
-    if (out_bytes < 1 + (size_t)count * SL_BATCH_FORMAT_RECORD_BYTES_MAX) {
-        return SL_E_ARGUMENT;
-    }
-    size_t n = 0;
-    out[n++] = '<';
-    uint64_t previous = count > 0 ? starts[0] : 0;
-    for (uint32_t i = 0; i < count; i++) {
-        SL_ASSERT(starts[i] >= previous && stops[i] >= starts[i]);
-        if (starts[i] > previous) { /* skip the frame header (and any commit frame before it) */
-            n += decimal(out + n, starts[i] - previous);
-            out[n++] = 'x';
-        }
-        if (split_tag && stops[i] == starts[i]) { /* no tag byte: two empty objects */
-            out[n++] = '0';
-            out[n++] = 's';
-            out[n++] = '0';
-        } else if (split_tag) {
-            out[n++] = 'c';
-            n += decimal(out + n, stops[i] - starts[i] - 1);
-        } else {
-            n += decimal(out + n, stops[i] - starts[i]);
-        }
-        out[n++] = 's';
-        previous = stops[i];
-    }
-    *written_out = n;
-    return SL_OK;
-}
-
 int sl_verify_sealed(const uint8_t *data, uint64_t data_bytes, const struct sl_header *header,
                      uint64_t *end_position_out, struct sl_fault *fault) {
     SL_ASSERT(data != NULL && header != NULL && end_position_out != NULL);

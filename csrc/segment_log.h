@@ -175,13 +175,6 @@ int sl_scan(const uint8_t *data, uint64_t data_bytes, const struct sl_header *he
             uint64_t stop_position, uint32_t records_max, struct sl_scan_state *state,
             uint64_t *positions_out, uint64_t *starts_out, uint64_t *stops_out,
             uint32_t *count_out, struct sl_fault *fault);
-/* A struct-module format ("<16x100s...") that, unpacked at offset starts[0], yields the records
- * between starts[i] and stops[i] as bytes: one Python call makes a whole batch of objects. With
- * split_tag, each record comes as two objects, its first byte ('c') and the rest ("<16xc99s...");
- * an empty record as two empty ones ("0s0s"), so a caller that checks the tags sees it. */
-#define SL_BATCH_FORMAT_RECORD_BYTES_MAX 43 /* two 20-digit numbers, 'x', 'c' and 's' */
-int sl_batch_format(const uint64_t *starts, const uint64_t *stops, uint32_t count, int split_tag,
-                    char *out, size_t out_bytes, size_t *written_out);
 int sl_find_nonzero(int fd, uint64_t from_offset, uint64_t to_offset, uint64_t *found_out,
                     struct sl_fault *fault);
 
