@@ -1175,7 +1175,8 @@ class Authority:
         slots: list[int] = []
         for slot, command in enumerate(commands):
             try:
-                requests.append(self._prepare(command))
+                data, content_hash = self._checked(command)  # as _prepare, without its frame
+                requests.append(_Request(command, data, content_hash))
                 slots.append(slot)
             except MwpError as exc:
                 results[slot] = AcceptResult.failed(exc)

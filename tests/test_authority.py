@@ -1721,14 +1721,14 @@ def test_accept_many_decides_the_commands_it_was_given_when_the_sequence_changes
         assert [result.unwrap().seq for result in results] == [2, 3, 4]
 
         growing = [mission_create("m-3")]
-        prepare = authority._prepare
+        checked = authority._checked
 
-        def prepare_while_the_list_grows(command, **options):
+        def check_while_the_list_grows(command, *options):
             if len(growing) == 1:
                 growing.append(mission_create("m-4"))  # as another thread would, mid-call
-            return prepare(command, **options)
+            return checked(command, *options)
 
-        monkeypatch.setattr(authority, "_prepare", prepare_while_the_list_grows)
+        monkeypatch.setattr(authority, "_checked", check_while_the_list_grows)
         assert [result.unwrap().seq for result in authority.accept_many(growing)] == [5]
         monkeypatch.undo()
         assert authority.accept(growing[1]).seq == 6  # decided afresh, not by the call before
