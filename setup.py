@@ -9,6 +9,8 @@
 - ``mwpstore._index_c``: index entries of Event records for redo and rebuild
   (``csrc/index_records.c``), a CPython extension (limited API) because it builds the bytes,
   tuples and dict entries the LMDB writes take; ``authority._index_record`` is its reference.
+  It also seals and unseals index values, and makes the ``bytes`` of a scan's records
+  (``record_bytes``) for ``SegmentLog.scan``.
 - ``mwpstore._apply_c``: the AgentStore's in-order apply runs and their full validation
   (``csrc/agent_apply.c``), limited API; ``agent_store`` keeps the Python definitions.
 

@@ -1,6 +1,6 @@
 /*
- * Index entries of Event records, for redo and rebuild, and the seal check of sealed reads: the
- * module mwpstore._index_c.
+ * Index entries of Event records, for redo and rebuild, the seal check of sealed reads, and the
+ * bytes of a segment log scan's records (record_bytes): the module mwpstore._index_c.
  *
  * Redo and rebuild turn every Event record of the log into index entries (docs/format/index.md):
  *
