@@ -896,6 +896,74 @@ done:
     return result;
 }
 
+/* seal_sorted(writes, seed, encode=None) -> list: [(key, sealed value)] for the dict ``writes`` of
+ * bytes keys, in key order, each value sealed as seal() seals it (encode(value) first, when
+ * ``encode`` is given). What SealedTables.put_many would be handed as
+ * seal_items(sorted(writes.items()), seed) (after [(key, encode(value)) ...]), without a tuple per
+ * item to sort and one more to seal; tests/test_index_seals.py compares the two. An AgentStore's
+ * commit writes its cached inbox entries and states with it. encode may be Python code that
+ * changes the dict: each key and value is held while it runs, and a key gone from the dict is a
+ * RuntimeError. */
+static PyObject *ir_seal_sorted(PyObject *module, PyObject *const *args, Py_ssize_t nargs) {
+    (void)module;
+    uint32_t seed;
+    if (nargs < 2 || nargs > 3 || !PyDict_CheckExact(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "seal_sorted takes (dict of bytes keys, seed[, encode])");
+        return NULL;
+    }
+    if (seed_arg(args[1], &seed) < 0) return NULL;
+    PyObject *writes = args[0], *encode = nargs == 3 && args[2] != Py_None ? args[2] : NULL;
+    if (encode != NULL && !PyCallable_Check(encode)) {
+        PyErr_SetString(PyExc_TypeError, "seal_sorted: encode must be callable or None");
+        return NULL;
+    }
+    PyObject *keys = PyDict_Keys(writes);
+    if (keys == NULL) return NULL;
+    Py_ssize_t count = PyList_Size(keys);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        if (!PyBytes_CheckExact(PyList_GetItem(keys, i))) { /* sorting compares bytes only: no Python code runs */
+            PyErr_SetString(PyExc_TypeError, "seal_sorted takes a dict of bytes keys");
+            Py_DECREF(keys);
+            return NULL;
+        }
+    }
+    if (PyList_Sort(keys) < 0) {
+        Py_DECREF(keys);
+        return NULL;
+    }
+    PyObject *out = PyList_New(count);
+    if (out == NULL) {
+        Py_DECREF(keys);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *key = PyList_GetItem(keys, i); /* held by keys, which only this function holds */
+        PyObject *value = PyDict_GetItemWithError(writes, key); /* borrowed */
+        if (value == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "seal_sorted: the dict changed");
+            goto failed;
+        }
+        Py_INCREF(value);
+        PyObject *data = value;
+        if (encode != NULL) {
+            data = PyObject_CallFunctionObjArgs(encode, value, NULL);
+            Py_DECREF(value);
+            if (data == NULL) goto failed;
+        }
+        PyObject *sealed = sealed_value(key, data, seed);
+        Py_DECREF(data);
+        PyObject *pair = sealed == NULL ? NULL : PyTuple_Pack(2, key, sealed);
+        Py_XDECREF(sealed);
+        if (pair == NULL || PyList_SetItem(out, i, pair) < 0) goto failed; /* SetItem steals pair */
+    }
+    Py_DECREF(keys);
+    return out;
+failed:
+    Py_DECREF(out);
+    Py_DECREF(keys);
+    return NULL;
+}
+
 static PyMethodDef ir_methods[] = {
     {"index_events", ir_index_events, METH_VARARGS,
      "index_events(records, positions, start, heads, (items, new), (seeds)) -> (stop, last_ms); see csrc/index_records.c."},
@@ -903,6 +971,8 @@ static PyMethodDef ir_methods[] = {
      "seal(key, value, seed) -> bytes; see csrc/index_records.c."},
     {"seal_items", (PyCFunction)(void (*)(void))ir_seal_items, METH_FASTCALL,
      "seal_items([(key, value)], seed) -> [(key, sealed value)]; see csrc/index_records.c."},
+    {"seal_sorted", (PyCFunction)(void (*)(void))ir_seal_sorted, METH_FASTCALL,
+     "seal_sorted({key: value}, seed[, encode]) -> [(key, sealed value)] in key order; see csrc/index_records.c."},
     {"unseal", (PyCFunction)(void (*)(void))ir_unseal, METH_FASTCALL,
      "unseal(stored, key, seed, size_max) -> bytes | None; see csrc/index_records.c."},
     {"record_bytes", (PyCFunction)(void (*)(void))ir_record_bytes, METH_FASTCALL,

@@ -1,4 +1,8 @@
-# Types of the C extension built from csrc/index_records.c (used by mwpstore/authority.py and mwpstore/_sealed.py).
+# Types of the C extension built from csrc/index_records.c (used by mwpstore/authority.py, mwpstore/_sealed.py and
+# mwpstore/agent_store.py).
+
+from collections.abc import Callable
+from typing import Any
 
 ID_CHARS_MAX: int
 
@@ -15,3 +19,4 @@ def index_events(
 def unseal(stored: bytes | memoryview, key: bytes | memoryview, seed: int, size_max: int, /) -> bytes | None: ...
 def seal(key: bytes | memoryview, value: bytes | memoryview, seed: int, /) -> bytes: ...
 def seal_items(items: list[tuple[bytes, bytes]], seed: int, /) -> list[tuple[bytes, bytes]]: ...
+def seal_sorted(writes: dict[bytes, Any], seed: int, encode: Callable[[Any], bytes] | None = None, /) -> list[tuple[bytes, bytes]]: ...

@@ -38,6 +38,7 @@ from . import _canonical_c, _files, _fork, canonical, failpoints, limits
 from ._apply_c import check_run as _check_run
 from ._apply_c import run as _apply_run
 from ._files import makedirs_durable, store_path
+from ._index_c import seal_sorted as _seal_sorted
 from ._lmdb_check import check_before_open, check_map_size, check_option
 from ._sealed import (
     KEY_SHOWN_BYTES,
@@ -1764,18 +1765,19 @@ class AgentTransaction:
 
     def _flush_caches(self) -> None:
         txn, tables = self._txn, self._tables
+        # The caches are sorted, encoded and sealed by one C call each (``_index_c.seal_sorted``):
+        # the same (key, sealed value) list as ``put_many`` makes of the sorted items.
         if self._inbox_writes:
             # every key is new (the inbox holds exactly the applied, unpruned range): one that exists
             # is another entry's key moved there by damage, which an overwrite would erase
-            tables.put_many(txn, b"inbox", sorted(self._inbox_writes.items()), fresh=True)
+            tables.put_many_sealed(txn, b"inbox", _seal_sorted(self._inbox_writes, tables.seed(b"inbox")), fresh=True)
             self._inbox_writes.clear()
-        if not self._state_writes:
+        writes = self._state_writes
+        if not writes:
             return
-        encode = _STATE_ENCODER.encode
-        items = sorted(self._state_writes.items())
-        self._state_writes.clear()
+        self._state_writes = {}
         try:
-            values = [(key, encode(value)) for key, value in items]
+            values = _seal_sorted(writes, tables.seed(b"state"), _STATE_ENCODER.encode)
         except _ENCODE_ERRORS as exc:  # only verify="trusted" lets unchecked content this far
             self._failed = EventInvalid(
                 f"an Effect's state cannot be stored ({exc}); verify='trusted' does not check content, "
@@ -1783,7 +1785,7 @@ class AgentTransaction:
                 reason="state",
             )
             raise self._failed from None
-        tables.put_many(txn, b"state", values)
+        tables.put_many_sealed(txn, b"state", values)
         # The work queue follows the last state of each WorkItem written in this transaction:
         # old entries are deleted one by one, new ones written in two batches (a WorkItem's new
         # queue key is never another's old one: the key ends with the WorkItem ID).
@@ -1791,12 +1793,12 @@ class AgentTransaction:
         queue_index: list[tuple[bytes, bytes]] = []
         indexed: list[bytes] = []  # queue_index keys written for the first time (their presence)
         get = tables.get
-        for key, (_, state) in items:
+        for key, _ in values:
             separator = key.index(b"\x00") + 1
             if not key.startswith(b"workitem:", separator):
                 continue
             index_key = key[:separator] + key[separator + 9 :]
-            new = _queue_suffix_for(key[separator + 9 :].decode(), state)
+            new = _queue_suffix_for(key[separator + 9 :].decode(), writes[key][1])
             old = get(txn, b"queue_index", index_key)
             if old == new:
                 continue
@@ -1815,7 +1817,7 @@ class AgentTransaction:
             # deleted above): one that exists is another entry's key moved there by damage, which an
             # overwrite would erase, and the queue keeps no presence entries to miss it
             tables.put_many(txn, b"queue", queue, fresh=True)
-            tables.put_many(txn, b"queue_index", queue_index, indexed)  # in key order, as ``items``
+            tables.put_many(txn, b"queue_index", queue_index, indexed)  # in key order, as ``values``
 
     def _drain(self, group: str) -> None:
         """Apply buffered Events that have become contiguous; drop one whose chain link fails."""

@@ -39,6 +39,7 @@ import sys
 import textwrap
 import zlib
 from collections import OrderedDict
+from collections.abc import Hashable
 from decimal import Decimal
 from enum import IntEnum
 
@@ -1278,7 +1279,7 @@ def test_what_the_lmdb_check_passes_lmdb_reads_without_crashing(tmp_path):
 
 
 def test_index_c_survives_arguments_of_every_type():
-    """index_events, seal, seal_items and unseal with each argument replaced by a value of another
+    """index_events, seal, seal_items, seal_sorted and unseal with each argument replaced by a value of another
     type: a typed error or an answer, never a crash, and nothing appended on an error before the
     first record."""
     records = [_plain_event()]
@@ -1314,6 +1315,12 @@ def test_index_c_survives_arguments_of_every_type():
         for arguments in ([value, 1], [[value], 1], [[(b"k", value)], 1], [[(b"k", b"v")], value]):
             try:
                 assert type(_index_c.seal_items(*arguments)) is list
+            except (TypeError, ValueError, OverflowError):
+                pass
+        for arguments in ([value, 1], [{value: b"v"}, 1] if isinstance(value, Hashable) else [{}, value],
+                          [{b"k": value}, 1], [{b"k": b"v"}, value], [{b"k": b"v"}, 1, value]):
+            try:
+                assert type(_index_c.seal_sorted(*arguments)) is list
             except (TypeError, ValueError, OverflowError):
                 pass
 

@@ -14,8 +14,9 @@ import sys
 import zlib
 
 import lmdb
+import msgspec
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from authority_helpers import (
@@ -374,6 +375,57 @@ def test_the_c_seal_check_agrees_with_zlib(name, key, value, flip):
     if value:
         assert _index_c.unseal(stored, key, seed, len(value) - 1) is None
     assert _index_c.unseal(stored[:3], key, seed, limits.LMDB_VALUE_BYTES_MAX) is None
+
+
+_STATES = st.recursive(
+    st.none() | st.booleans() | st.integers(min_value=-(2**63), max_value=2**64 - 1) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(deadline=None)
+@given(writes=st.dictionaries(st.binary(max_size=40), st.tuples(st.integers(min_value=1, max_value=2**40), _STATES),
+                              max_size=30),
+       seed=st.integers(min_value=0, max_value=2**32 - 1))
+def test_seal_sorted_is_seal_items_of_the_sorted_encoded_items(writes, seed):
+    """``_index_c.seal_sorted`` (an AgentStore commit's inbox and states) gives what ``put_many``
+    wrote before it: ``seal_items`` of the items sorted by key, each value encoded first when an
+    encoder is given; the dict is left as it was."""
+    encode = msgspec.msgpack.Encoder(order="sorted").encode
+    before = dict(writes)
+    assert _index_c.seal_sorted(writes, seed, encode) == _index_c.seal_items(
+        [(key, encode(value)) for key, value in sorted(writes.items())], seed)
+    raw = {key: encode(value) for key, value in writes.items()}
+    assert _index_c.seal_sorted(raw, seed) == _index_c.seal_sorted(raw, seed, None) == _index_c.seal_items(sorted(raw.items()), seed)
+    assert writes == before
+
+
+def test_seal_sorted_refuses_what_is_not_a_dict_of_bytes_and_passes_on_the_encoders_error():
+    for args in (([(b"k", b"v")], 0), ({"k": b"v"}, 0), ({b"k": b"v", 1: b"w"}, 0), ({b"k": None}, 0),
+                 ({b"k": b"v"}, -1), ({b"k": b"v"}, 2**32), ({b"k": b"v"},), ({b"k": b"v"}, 0, "encode"),
+                 ({b"k": b"v"}, 0, len), ({b"k": b"v"}, 0, None, None)):
+        with pytest.raises((TypeError, ValueError, OverflowError)):
+            _index_c.seal_sorted(*args)
+    with pytest.raises(TypeError):
+        _index_c.seal_sorted({b"k": (1, {"x": object()})}, 0, msgspec.msgpack.Encoder(order="sorted").encode)
+    assert _index_c.seal_sorted({}, 0, len) == []
+
+
+def test_seal_sorted_holds_each_key_and_value_while_the_encoder_changes_the_dict():
+    """``encode`` may be Python code: one that empties the dict leaves the key and value it was
+    given intact, and the next key, gone, is a RuntimeError."""
+    writes: dict = {}
+
+    def encode(value: object) -> bytes:
+        writes.clear()
+        return bytes(repr(value), "ascii") * 20
+
+    writes.update({b"a": [1] * 50, b"b": [2] * 50})
+    with pytest.raises(RuntimeError):
+        _index_c.seal_sorted(writes, 5, encode)
+    writes.update({b"a": [1] * 50})
+    assert _index_c.seal_sorted(writes, 5, encode) == _index_c.seal_items([(b"a", repr([1] * 50).encode() * 20)], 5)
 
 
 def test_the_c_seal_functions_refuse_wrong_arguments():
