@@ -91,10 +91,26 @@ typedef struct {
     Py_ssize_t prefix_size;
 } run_t;
 
-/* The fields of one Event that the writes need (new references), filled by take_event. */
+#define AA_EFFECTS_HELD 8 /* effects whose aggregate and state the checks keep for the writes */
+
+/* The fields of one Event that the writes need (new references), filled by take_event: its hash,
+ * its effects and, for the first ``held`` of them, the aggregate and state the checks read (the
+ * writes read them again only for an effect past AA_EFFECTS_HELD). */
 typedef struct {
     PyObject *hash, *effects;
+    PyObject *aggregates[AA_EFFECTS_HELD], *states[AA_EFFECTS_HELD];
+    Py_ssize_t held;
 } taken_t;
+
+static void release_taken(taken_t *taken) {
+    Py_CLEAR(taken->hash);
+    Py_CLEAR(taken->effects);
+    for (Py_ssize_t i = 0; i < taken->held; i++) {
+        Py_DECREF(taken->aggregates[i]);
+        Py_DECREF(taken->states[i]);
+    }
+    taken->held = 0;
+}
 
 static int is_exact_int(PyObject *value) {
     return PyLong_CheckExact(value);
@@ -145,16 +161,24 @@ static int aggregate_ok(const run_t *run, PyObject *aggregate) {
 }
 
 /* 1 if the effect is an effect_type whose aggregate is a checked key and whose state is a dict
- * or None; 0 if not; -1 on a Python error. */
-static int effect_ok(const run_t *run, PyObject *effect) {
+ * or None; 0 if not; -1 on a Python error. When it is 1 and ``taken`` has room, the aggregate and
+ * state are kept in it (new references) for the writes. */
+static int effect_ok(const run_t *run, PyObject *effect, taken_t *taken) {
     if ((PyObject *)Py_TYPE(effect) != run->effect_type) return 0;
     PyObject *aggregate = PyObject_GetAttr(effect, s_aggregate);
     if (aggregate == NULL) return -1;
     int ok = PyUnicode_CheckExact(aggregate) ? PySet_Contains(run->checked, aggregate) : 0;
     if (ok == 0 && PyUnicode_CheckExact(aggregate)) ok = aggregate_ok(run, aggregate);
+    PyObject *state = NULL;
+    if (ok == 1) ok = field(effect, s_state, is_dict_or_none, &state);
+    if (ok == 1 && taken->held < AA_EFFECTS_HELD) {
+        taken->aggregates[taken->held] = aggregate;
+        taken->states[taken->held++] = state;
+        return 1;
+    }
+    Py_XDECREF(state);
     Py_DECREF(aggregate);
-    if (ok != 1) return ok;
-    return field(effect, s_state, is_dict_or_none, NULL);
+    return ok;
 }
 
 /* The decimal digits of a positive ``value`` in ``out`` (no terminator); their count. */
@@ -170,7 +194,7 @@ static int decimal(long long value, char *out) {
 }
 
 /* take_event's checks of the fields ``fields`` (astuple's result, held by the caller): 1, 0 or -1. */
-static int take_fields(const run_t *run, PyObject *fields, long long seq, const unsigned char *prev) {
+static int take_fields(const run_t *run, PyObject *fields, long long seq, const unsigned char *prev, taken_t *taken) {
     if (!PyTuple_CheckExact(fields) || PyTuple_Size(fields) != CR_FIELDS) return 0;
     PyObject *f[CR_FIELDS]; /* borrowed */
     for (int k = 0; k < CR_FIELDS; k++) f[k] = PyTuple_GetItem(fields, k);
@@ -207,7 +231,7 @@ static int take_fields(const run_t *run, PyObject *fields, long long seq, const 
     for (Py_ssize_t i = 0; i < PyList_Size(effects); i++) { /* kind_ok/id_ok may be Python code */
         PyObject *effect = PyList_GetItem(effects, i);
         Py_XINCREF(effect);
-        ok = effect == NULL ? -1 : effect_ok(run, effect);
+        ok = effect == NULL ? -1 : effect_ok(run, effect, taken);
         Py_XDECREF(effect);
         if (ok != 1) return ok;
     }
@@ -221,12 +245,14 @@ static int take_event(const run_t *run, PyObject *event, long long seq, const un
     if ((PyObject *)Py_TYPE(event) != run->event_type) return 0;
     PyObject *fields = PyObject_CallFunctionObjArgs(run->astuple, event, NULL);
     if (fields == NULL) return -1;
-    int ok = take_fields(run, fields, seq, prev);
+    int ok = take_fields(run, fields, seq, prev, taken);
     if (ok == 1) {
         taken->hash = PyTuple_GetItem(fields, F_HASH);
         taken->effects = PyTuple_GetItem(fields, F_EFFECTS);
         Py_INCREF(taken->hash);
         Py_INCREF(taken->effects);
+    } else {
+        release_taken(taken);
     }
     Py_DECREF(fields);
     return ok;
@@ -255,11 +281,19 @@ static int write_event(const run_t *run, long long seq, const taken_t *taken, Py
     for (Py_ssize_t i = 0; i < count; i++) {
         PyObject *effect = PyList_GetItem(taken->effects, i); /* borrowed */
         if (effect == NULL) return -1;
-        PyObject *aggregate = PyObject_GetAttr(effect, s_aggregate);
-        PyObject *revision = aggregate == NULL ? NULL : PyObject_GetAttr(effect, s_revision);
-        PyObject *state = revision == NULL ? NULL : PyObject_GetAttr(effect, s_state);
+        PyObject *aggregate, *state;
+        if (i < taken->held) { /* read by the checks */
+            aggregate = taken->aggregates[i];
+            state = taken->states[i];
+            Py_INCREF(aggregate);
+            Py_INCREF(state);
+        } else {
+            aggregate = PyObject_GetAttr(effect, s_aggregate);
+            state = aggregate == NULL ? NULL : PyObject_GetAttr(effect, s_state);
+        }
+        PyObject *revision = state == NULL ? NULL : PyObject_GetAttr(effect, s_revision);
         Py_ssize_t size = 0;
-        const char *utf8 = state == NULL ? NULL : PyUnicode_AsUTF8AndSize(aggregate, &size);
+        const char *utf8 = revision == NULL ? NULL : PyUnicode_AsUTF8AndSize(aggregate, &size);
         PyObject *entry_key = utf8 == NULL ? NULL : prefixed(run, utf8, size);
         PyObject *entry = entry_key == NULL ? NULL : PyTuple_Pack(2, revision, state);
         failed = entry == NULL || PyDict_SetItem(states, entry_key, entry) < 0;
@@ -340,7 +374,7 @@ static PyObject *aa_run(PyObject *module, PyObject *const *args, Py_ssize_t narg
     memcpy(prev, PyBytes_AsString(args[6]), AA_HASH_BYTES);
     Py_ssize_t i = start;
     for (; i < PyList_Size(events); i++, seq++) {
-        taken_t taken = {NULL, NULL};
+        taken_t taken = {.hash = NULL, .effects = NULL, .held = 0};
         PyObject *event = PyList_GetItem(events, i);
         if (event == NULL) return NULL;
         Py_INCREF(event); /* held: kind_ok and id_ok may be Python code that changes the list */
@@ -350,8 +384,7 @@ static PyObject *aa_run(PyObject *module, PyObject *const *args, Py_ssize_t narg
         if (ok == 0) break;
         int failed = write_event(&run, seq, &taken, inbox, states);
         if (!failed) memcpy(prev, PyBytes_AsString(taken.hash), AA_HASH_BYTES);
-        Py_DECREF(taken.hash);
-        Py_DECREF(taken.effects);
+        release_taken(&taken);
         if (failed) return NULL;
         if (PyDict_Size(inbox) + PyDict_Size(states) >= writes_max || seq == LLONG_MAX) {
             i++;

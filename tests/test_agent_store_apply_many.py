@@ -448,3 +448,29 @@ def test_the_c_run_reads_each_events_fields_with_one_astuple_call():
         assert _apply_c.run(events, 1, astuple_of(4, wrong), "g-1", b"g-1\x00", 2, events[0].hash, {}, {}, 10_000) == 3
     with pytest.raises(MemoryError):
         _apply_c.run(events, 1, astuple_of(4, MemoryError()), "g-1", b"g-1\x00", 2, events[0].hash, {}, {}, 10_000)
+
+
+@pytest.mark.parametrize("count", [1, 7, 8, 9, 20])
+def test_the_c_run_writes_every_effect_of_an_event_with_many(count):
+    """The checks keep the aggregate and state of an Event's first effects (AA_EFFECTS_HELD, 8) for
+    the writes, which read the others again: every effect is written, in order (a later effect of
+    the same aggregate is the one kept), and an Event whose last effect fails a check writes
+    nothing and holds nothing (the run stops before it)."""
+    events = list(EVENTS["g-1"][:3])
+    effects = [Effect(f"workitem:e{index % 5 if index >= 10 else index}", index + 1, {"n": index} if index % 3 else None)
+               for index in range(count)]
+    events[1] = msgspec.structs.replace(events[1], effects=effects)
+    events[2] = msgspec.structs.replace(events[2], prev_hash=events[1].hash)
+    context = (Event, Effect, set(), 10, _canonical_c.kind_ok, _canonical_c.id_ok, msgspec.structs.astuple)
+    states: dict = {}
+    assert _apply_c.run(events, 1, context, "g-1", b"g-1\x00", 2, events[0].hash, {}, states, 10_000) == 3
+    expected = {b"g-1\x00" + effect.aggregate.encode(): (effect.revision, effect.state) for effect in effects}
+    expected.update({b"g-1\x00" + effect.aggregate.encode(): (effect.revision, effect.state) for effect in events[2].effects})
+    assert states == expected
+    for effect in effects:
+        assert states[b"g-1\x00" + effect.aggregate.encode()][1] is expected[b"g-1\x00" + effect.aggregate.encode()][1]
+    spoiled = [*events[:1], msgspec.structs.replace(events[1], effects=[*effects, Effect("workitem:z", 1, [1])])]
+    states = {}
+    inbox: dict = {}
+    assert _apply_c.run(spoiled, 1, context, "g-1", b"g-1\x00", 2, events[0].hash, inbox, states, 10_000) == 1
+    assert inbox == {} and states == {}
