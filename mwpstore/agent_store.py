@@ -1792,14 +1792,16 @@ class AgentTransaction:
         queue: list[tuple[bytes, bytes]] = []
         queue_index: list[tuple[bytes, bytes]] = []
         indexed: list[bytes] = []  # queue_index keys written for the first time (their presence)
-        get = tables.get
+        workitems: list[tuple[bytes, int]] = []
         for key, _ in values:
             separator = key.index(b"\x00") + 1
-            if not key.startswith(b"workitem:", separator):
-                continue
-            index_key = key[:separator] + key[separator + 9 :]
+            if key.startswith(b"workitem:", separator):
+                workitems.append((key, separator))
+        index_keys = [key[:separator] + key[separator + 9 :] for key, separator in workitems]
+        # their entries read together (one LMDB call, and one for the presence of those not found)
+        olds = tables.get_many(txn, b"queue_index", index_keys)
+        for (key, separator), index_key, old in zip(workitems, index_keys, olds):
             new = _queue_suffix_for(key[separator + 9 :].decode(), writes[key][1])
-            old = get(txn, b"queue_index", index_key)
             if old == new:
                 continue
             if old is not None:

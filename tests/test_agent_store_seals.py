@@ -13,6 +13,8 @@ import os
 
 import lmdb
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from agent_store_support import CountingProjection, workload
 from authority_helpers import loop_database_root, set_database_flag, store_bytes
@@ -1262,3 +1264,44 @@ def test_each_write_of_the_agent_store_over_a_looped_database_is_answered_as_dam
                 assert agent._tables.env.info()["last_txnid"] == before  # nothing committed
     expected = "CORRUPTION" if write in _PROBE_DAMAGE[database].split() else "INVALID_STATE" if write == "mark_uncertain" else "ok"
     assert answer == expected
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(stored=st.lists(st.binary(min_size=1, max_size=12), max_size=12, unique=True),
+       asked=st.lists(st.binary(min_size=1, max_size=12), max_size=12, unique=True),
+       damage=st.lists(st.tuples(st.integers(min_value=0, max_value=20), st.sampled_from(["lose", "spoil"])), max_size=3))
+def test_get_many_answers_and_refuses_as_get_does_key_by_key(tmp_path_factory, stored, asked, damage):
+    """``SealedTables.get_many`` (a commit's reads of its WorkItems' queue index entries) gives
+    what ``get`` gives for each key, in order, and refuses with the error of the first key that
+    ``get`` refuses: an entry lost while its presence entry stayed, or one that fails its seal."""
+    path = tmp_path_factory.mktemp("get-many") / "agent"
+    prefix = GROUP.encode() + b"\x00"
+    keys = [prefix + key for key in stored]
+    with AgentStore.open(path) as agent:
+        tables = agent._tables
+        with agent._env.begin(write=True, buffers=True) as txn:
+            tables.put_many(txn, b"queue_index", [(key, b"v" + key) for key in sorted(keys)])
+            for at, how in damage:
+                if keys:
+                    key = keys[at % len(keys)]
+                    if how == "lose":
+                        txn.delete(key, db=_raw(agent, b"queue_index"))
+                    else:
+                        txn.put(key, b"spoiled!", db=_raw(agent, b"queue_index"))
+        wanted = [prefix + key for key in asked] + keys[::2]
+        wanted = list(dict.fromkeys(wanted))
+        with agent._env.begin(write=True, buffers=True) as txn:
+            expected: list = []
+            error = None
+            for key in wanted:
+                try:
+                    expected.append(tables.get(txn, b"queue_index", key))
+                except Corruption as exc:
+                    error = exc.detail
+                    break
+            if error is None:
+                assert tables.get_many(txn, b"queue_index", wanted) == expected
+            else:
+                with pytest.raises(Corruption) as caught:
+                    tables.get_many(txn, b"queue_index", wanted)
+                assert caught.value.detail == error

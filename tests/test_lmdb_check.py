@@ -1122,7 +1122,7 @@ def test_every_write_of_the_agent_stores_tables_records_the_transaction_id():
     from mwpstore._sealed import SealedTables
     from mwpstore.agent_store import _Tables
 
-    readers = {"begin", "get", "last_below", "range", "seed", "unseal"}
+    readers = {"begin", "get", "get_many", "last_below", "range", "seed", "unseal"}
     public = {name for name, _ in inspect.getmembers(SealedTables, inspect.isfunction) if not name.startswith("_")}
     writers = public - readers - {"put_many"}  # put_many writes through put_many_sealed
     assert writers == {"put", "put_many_sealed", "delete", "delete_range"}
