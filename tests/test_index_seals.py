@@ -397,7 +397,10 @@ def test_seal_sorted_is_seal_items_of_the_sorted_encoded_items(writes, seed):
     assert _index_c.seal_sorted(writes, seed, encode) == _index_c.seal_items(
         [(key, encode(value)) for key, value in sorted(writes.items())], seed)
     raw = {key: encode(value) for key, value in writes.items()}
-    assert _index_c.seal_sorted(raw, seed) == _index_c.seal_sorted(raw, seed, None) == _index_c.seal_items(sorted(raw.items()), seed)
+    expected = _index_c.seal_items(sorted(raw.items()), seed)
+    assert _index_c.seal_sorted(raw, seed) == _index_c.seal_sorted(raw, seed, None) == expected
+    # added in key order (as an inbox's keys are) and in reverse
+    assert _index_c.seal_sorted(dict(sorted(raw.items())), seed) == _index_c.seal_sorted(dict(sorted(raw.items(), reverse=True)), seed) == expected
     assert writes == before
 
 
