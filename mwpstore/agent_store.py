@@ -453,14 +453,22 @@ def _lmdb_damage_typed(method: _F) -> _F:
     """Transaction paths that also run application code (a projection's errors pass unchanged):
     only LMDB's own errors are translated, as ``_transaction_error`` types them. A full map met
     while an Event is applied was the store's damage, whose remedy (delete the store, rebuild it)
-    cannot help: it is ``LIMIT_EXCEEDED`` (field ``map_size``), as at the commit."""
+    cannot help: it is ``LIMIT_EXCEEDED`` (field ``map_size``), as at the commit.
+
+    LMDB refuses every later operation of a transaction in which one failed (``MDB_BAD_TXN``,
+    which reads as damage), so the transaction is failed too: a caller that catches the error
+    (``apply`` documents ``LIMIT_EXCEEDED`` for a malformed Event, after which it goes on) is
+    then told it can only abort, not that the store is damaged."""
 
     @functools.wraps(method)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: AgentTransaction, *args: Any, **kwargs: Any) -> Any:
         try:
-            return method(*args, **kwargs)
+            return method(self, *args, **kwargs)
         except lmdb.Error as exc:
-            raise _transaction_error(exc, "in a local transaction") from None
+            error = _transaction_error(exc, "in a local transaction")
+            if self._failed is None:
+                self._failed = error
+            raise error from None
 
     return wrapper  # type: ignore[return-value]
 

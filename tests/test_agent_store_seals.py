@@ -772,6 +772,37 @@ def test_a_full_map_met_while_events_are_applied_is_limit_exceeded_not_damage(tm
         assert agent.head(GROUP).applied_seq == 1
 
 
+def test_a_full_map_caught_inside_the_block_leaves_a_failed_transaction_not_damage(tmp_path):
+    """A full map met where ``apply`` writes a buffered Event (no projection, so nothing else
+    marks the transaction failed) is ``LIMIT_EXCEEDED``, the error ``apply`` documents for a
+    malformed Event after which the transaction stays usable. LMDB refuses the rest of that
+    transaction (``MDB_BAD_TXN``): a caller that caught it and went on was told the store is
+    damaged (``CORRUPTION``, "delete the agent store and rebuild it") by the next ``apply``, by
+    ``advance_cursor`` and by the commit at the block's end. The transaction is failed: each is
+    ``PROJECTION_FAILED`` naming the ``LimitExceeded``, nothing is written, and the store takes
+    the next transaction."""
+    from mwpstore.errors import LimitExceeded, ProjectionFailed
+
+    events = workload(GROUP, 3000, seed=1)
+    with AgentStore.open(tmp_path / "agent", map_size=256 * 1024) as agent:
+        with pytest.raises(ProjectionFailed) as ended:
+            with agent.begin() as tx:
+                with pytest.raises(LimitExceeded) as caught:
+                    for event in reversed(events[1:]):  # each one buffered, beyond the gap at 1
+                        tx.apply(event)
+                assert caught.value.detail["field"] == "map_size"
+                for call in (lambda: tx.apply(events[0]), lambda: tx.advance_cursor(GROUP)):
+                    with pytest.raises(ProjectionFailed) as refused:
+                        call()
+                    assert refused.value.detail["reason"] == "LimitExceeded"
+        assert ended.value.detail["reason"] == "LimitExceeded"
+        assert isinstance(ended.value.__cause__, LimitExceeded)
+        assert agent.head(GROUP).applied_seq == 0 and agent.head(GROUP).buffered == 0
+        with agent.begin() as tx:
+            tx.apply(events[0])
+        assert agent.head(GROUP).applied_seq == 1
+
+
 @pytest.mark.parametrize("given", ["events", "bytes"])
 def test_a_full_map_met_by_deliver_batch_is_limit_exceeded_not_a_rejected_event(tmp_path, given):
     """``deliver_batch`` counts an Event that ``apply`` refuses with ``LIMIT_EXCEEDED`` as rejected
