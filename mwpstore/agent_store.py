@@ -464,10 +464,13 @@ def _lmdb_damage_typed(method: _F) -> _F:
     def wrapper(self: AgentTransaction, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
-        except lmdb.Error as exc:
+        except (lmdb.Error, SystemError) as exc:  # SystemError: the binding's, around an LMDB error
+            if lmdb_cause(exc) is None:
+                raise
             error = _transaction_error(exc, "in a local transaction")
-            if self._failed is None:
-                self._failed = error
+            # typed also where the error had already failed it (a projection's write, a flush):
+            # the transaction's refusals then name LimitExceeded, not MapFullError
+            self._failed = error
             raise error from None
 
     return wrapper  # type: ignore[return-value]
@@ -1486,7 +1489,8 @@ class AgentTransaction:
         The next Event in the Group's sequence is applied (then any buffered successors); an Event
         already applied or buffered is a DUPLICATE; a later one is BUFFERED. A malformed Event
         raises ``EventInvalid``/``LimitExceeded`` before anything is written, so the transaction
-        stays usable. An application projection that raises aborts the whole transaction.
+        stays usable. An application projection that raises aborts the whole transaction, and so
+        does an LMDB error (a full map is ``LimitExceeded`` too, field ``map_size``).
         """
         if self._done or self._failed is not None or threading.get_ident() != self._thread:
             self._check_usable()

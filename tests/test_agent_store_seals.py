@@ -724,7 +724,7 @@ def test_each_lmdb_error_inside_apply_advance_cursor_and_apply_many_is_typed_as_
     They type it as the rest of a local transaction does: the errors that damaged pages give are
     ``CORRUPTION`` (reason ``agent``), the others as ``translate`` types them. Nothing is written."""
     from mwpstore import agent_store
-    from mwpstore.errors import LimitExceeded, StorageFailed
+    from mwpstore.errors import LimitExceeded, ProjectionFailed, StorageFailed
 
     expected = {"MapFullError": LimitExceeded, "DiskError": StorageFailed, "Error": StorageFailed}.get(error, Corruption)
     events = workload("g-2", 3, seed=3)
@@ -746,9 +746,37 @@ def test_each_lmdb_error_inside_apply_advance_cursor_and_apply_many_is_typed_as_
                 assert caught.value.detail["reason"] == "agent" and error in caught.value.message
             elif expected is LimitExceeded:
                 assert caught.value.detail["field"] == "map_size"
+            # caught inside the block, the error is the same (each of the three types it itself)
+            # and the transaction is failed: LMDB refuses the rest of it, so the block's end aborts
+            with pytest.raises(ProjectionFailed) as ended:
+                with agent.begin() as tx:
+                    with pytest.raises(expected):
+                        call(tx)
+            assert ended.value.detail["reason"] == expected.__name__, name
         monkeypatch.undo()
         assert (agent.projection_digest(), agent.head(GROUP)) == before
         assert agent.groups() == [GROUP]
+
+
+def test_a_full_map_met_by_apply_many_s_own_flush_is_limit_exceeded_inside_the_block(tmp_path, monkeypatch):
+    """``apply_many`` writes its caches itself once a run fills them (``_WRITE_CACHE_ENTRIES_MAX``
+    entries), outside any ``apply``: a full map met there is ``LIMIT_EXCEEDED`` (field
+    ``map_size``) to a caller inside the block too, and the transaction can only abort."""
+    from mwpstore import agent_store
+    from mwpstore.errors import LimitExceeded, ProjectionFailed
+
+    events = workload(GROUP, 200, seed=2)
+    with AgentStore.open(tmp_path / "agent") as agent:
+        monkeypatch.setattr(agent_store, "_WRITE_CACHE_ENTRIES_MAX", 50)
+        monkeypatch.setattr(agent_store._Tables, "put_many", _raised(lmdb.MapFullError("injected"), False))
+        with pytest.raises(ProjectionFailed) as ended:
+            with agent.begin() as tx:
+                with pytest.raises(LimitExceeded) as caught:
+                    tx.apply_many(events)
+                assert caught.value.detail["field"] == "map_size"
+        assert ended.value.detail["reason"] == "LimitExceeded"
+        monkeypatch.undo()
+        assert agent.head(GROUP).applied_seq == 0
 
 
 def test_a_full_map_met_while_events_are_applied_is_limit_exceeded_not_damage(tmp_path):
@@ -801,6 +829,52 @@ def test_a_full_map_caught_inside_the_block_leaves_a_failed_transaction_not_dama
         with agent.begin() as tx:
             tx.apply(events[0])
         assert agent.head(GROUP).applied_seq == 1
+
+
+def test_a_full_map_met_by_a_projection_s_write_fails_the_transaction_naming_limit_exceeded(tmp_path):
+    """A full map met by a projection's write fails the transaction there (``_run_projection``)
+    with the LMDB error itself; the refusals after it name the typed error (``LimitExceeded``),
+    as ``apply`` raised it, not ``MapFullError``."""
+    from mwpstore.errors import LimitExceeded, ProjectionFailed
+
+    events = workload(GROUP, 3000, seed=1)
+    with AgentStore.open(tmp_path / "agent", projections=[CountingProjection()], map_size=256 * 1024) as agent:
+        with pytest.raises(ProjectionFailed) as ended:
+            with agent.begin() as tx:
+                with pytest.raises(LimitExceeded):
+                    for event in events:
+                        tx.apply(event)
+                with pytest.raises(ProjectionFailed) as refused:
+                    tx.advance_cursor(GROUP)
+                assert refused.value.detail["reason"] == "LimitExceeded"
+        assert ended.value.detail["reason"] == "LimitExceeded"
+        assert agent.head(GROUP).applied_seq == 0
+
+
+@pytest.mark.parametrize("given", ["events", "bytes"])
+def test_an_event_limit_exceeded_other_than_a_full_map_is_still_a_rejected_event(tmp_path, monkeypatch, given):
+    """Only a full map (field ``map_size``) ends a ``deliver_batch``: any other ``LIMIT_EXCEEDED``
+    out of ``apply`` is the Event's fault, counted as rejected, and the rest of the batch applies."""
+    from mwpstore.agent_store import AgentTransaction
+    from mwpstore.delivery import DeliveryStats, deliver_batch
+    from mwpstore.errors import LimitExceeded
+    from mwpstore.messages import encode_event
+
+    events = workload(GROUP, 5, seed=1)
+    batch = events if given == "events" else [encode_event(event) for event in events]
+    original = AgentTransaction.apply
+
+    def apply(self, event):
+        if event is batch[1] or (type(event) is not bytes and event.seq == 2):
+            raise LimitExceeded("the Event is too large", field="body")
+        return original(self, event)
+
+    with AgentStore.open(tmp_path / "agent", projections=[CountingProjection()]) as agent:
+        monkeypatch.setattr(AgentTransaction, "apply", apply)
+        stats = DeliveryStats()
+        deliver_batch(agent, GROUP, batch, stats)
+        assert stats.rejected == 1 and stats.rejections[0].detail == {"field": "body"}
+        assert agent.head(GROUP).applied_seq == 1 and agent.head(GROUP).buffered == 3
 
 
 @pytest.mark.parametrize("given", ["events", "bytes"])

@@ -983,6 +983,74 @@ def test_each_lmdb_error_of_a_commit_s_read_before_the_log_is_typed_as_damage_or
             assert refused.value.detail == caught.value.detail
 
 
+def test_a_caller_queued_behind_a_batch_that_met_damage_is_refused_with_its_facts(tmp_path, monkeypatch):
+    """A caller whose Command was queued while the leader's batch met damage before the log append
+    is answered by the next leader's ``_commit``, not by the check made before queueing: its
+    refusal carries the same facts as a later caller's (``cause`` ``CORRUPTION``, ``reason``
+    ``index``); it named no cause. Nothing of either Command reaches the log."""
+    import threading
+    import time
+
+    from mwpstore.index import Index
+
+    original = Index.head
+    other: list[BaseException] = []
+
+    def background() -> None:
+        try:
+            authority.accept(mission_create("m-other"))
+        except BaseException as exc:  # the answer under test
+            other.append(exc)
+
+    thread = threading.Thread(target=background)
+
+    def head(self, txn, group):
+        if authority._committer == threading.get_ident() and not thread.is_alive() and not other:
+            # the leader's read inside its commit: the other caller queues behind it first
+            thread.start()
+            deadline = time.monotonic() + 10
+            while not authority._queue and time.monotonic() < deadline:
+                time.sleep(0.001)
+            raise lmdb.CursorFullError("injected")
+        return original(self, txn, group)
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        end = authority.log.end
+        monkeypatch.setattr(Index, "head", head)
+        with pytest.raises(Corruption) as caught:
+            authority.accept(mission_create("m-main"))
+        thread.join(10)
+        monkeypatch.undo()
+        assert caught.value.detail == {"reason": "index"}
+        assert len(other) == 1 and isinstance(other[0], StorageFailed)
+        assert other[0].detail == {"reason": "index", "cause": "CORRUPTION"}
+        assert caught.value.message in other[0].message
+        assert authority.log.end == end
+
+
+@pytest.mark.parametrize("error", ["DiskError", "Error"])
+def test_an_lmdb_error_other_than_damage_under_the_rules_answers_its_command_only(tmp_path, monkeypatch, error):
+    """Finding 254 fails the whole batch only for the errors damaged pages give: another LMDB error
+    met while a Command is decided (a failed disk, LMDB's base error) answers that Command as the
+    index's (``CORRUPTION``), and the batch's other Commands go on (finding 252, left as it is)."""
+    from mwpstore.index import Index
+
+    original = Index.get
+
+    def get(self, txn, name, key):
+        if name == b"states" and b"m-bad" in bytes(key):
+            raise getattr(lmdb, error)("injected")
+        return original(self, txn, name, key)
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        monkeypatch.setattr(Index, "get", get)
+        results = authority.accept_many([mission_create("m-good"), mission_create("m-bad")])
+        monkeypatch.undo()
+        assert results[0].error is None and results[1].error.code == "CORRUPTION"
+        assert authority.state(GROUP, "mission:m-good")[0] == 1
+        assert authority.accept(mission_create("m-later")).seq > 0
+
+
 def _raised(error: BaseException, wrapped: bool):
     """A callable that raises ``error``, or the binding's ``SystemError`` with it as its cause."""
 
