@@ -758,6 +758,25 @@ def test_each_lmdb_error_inside_apply_advance_cursor_and_apply_many_is_typed_as_
         assert agent.groups() == [GROUP]
 
 
+def test_a_system_error_without_an_lmdb_cause_out_of_apply_passes_unchanged(tmp_path, monkeypatch):
+    """Only a ``SystemError`` the binding raised around an LMDB error is typed by ``apply``,
+    ``apply_many`` and ``advance_cursor``: any other passes unchanged (a bug, as a projection's
+    errors pass), and the transaction is not marked failed by it."""
+    from mwpstore import agent_store
+
+    events = workload("g-2", 3, seed=3)
+    with _two_groups(tmp_path / "agent", [GROUP]) as agent:
+        monkeypatch.setattr(agent_store, "_load_head", _raised(SystemError("not LMDB's"), False))
+        for call in (lambda tx: tx.apply(events[0]), lambda tx: tx.apply_many(events), lambda tx: tx.advance_cursor("g-2")):
+            with pytest.raises(SystemError, match="not LMDB's"):
+                with agent.begin() as tx:
+                    with pytest.raises(SystemError, match="not LMDB's"):
+                        call(tx)
+                    assert tx._failed is None
+                    raise SystemError("not LMDB's")  # the block ends by it: aborted, nothing written
+        monkeypatch.undo()
+
+
 def test_a_full_map_met_by_apply_many_s_own_flush_is_limit_exceeded_inside_the_block(tmp_path, monkeypatch):
     """``apply_many`` writes its caches itself once a run fills them (``_WRITE_CACHE_ENTRIES_MAX``
     entries), outside any ``apply``: a full map met there is ``LIMIT_EXCEEDED`` (field
