@@ -2,7 +2,7 @@
 same way, every time.
 
 On a shared 2-core machine wall-clock rates cannot tell two builds apart; instruction counts can.
-Run from the checkout (about 5 minutes per repeat with every path)::
+Run from the checkout (about 6 minutes per repeat with every path)::
 
     python bench/count_instructions.py                      # every path once
     python bench/count_instructions.py --repeat 3 --json counts.json
