@@ -312,3 +312,19 @@ def loop_database_root(lmdb_dir, name: bytes, *, last_child_only: bool = False) 
         handle.write(data)
     return root
 
+
+
+def raising(error: BaseException, wrapped: bool, method: str = "<built-in method get of Transaction object>"):
+    """A callable that raises ``error``, or, ``wrapped``, the ``SystemError`` py-lmdb raises
+    around an LMDB error from some of its methods ("<method> returned a result with an exception
+    set"), with ``error`` as its cause."""
+
+    def failing(*args, **kwargs):
+        if not wrapped:
+            raise error
+        try:
+            raise error
+        except BaseException as cause:
+            raise SystemError(f"{method} returned a result with an exception set") from cause
+
+    return failing

@@ -17,11 +17,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from agent_store_support import CountingProjection, workload
-from authority_helpers import loop_database_root, set_database_flag, store_bytes
+from authority_helpers import loop_database_root, raising, set_database_flag, store_bytes
 from mwpstore.agent_store import AgentStore, GroupHead
 from mwpstore.errors import Corruption
 
 GROUP = "g-1"
+_CURSOR_DELETE = "<method 'delete' of 'Cursor' objects>"  # what the binding's SystemError names
 
 
 @pytest.fixture
@@ -641,14 +642,7 @@ def test_an_lmdb_error_inside_a_local_transaction_is_corruption_not_a_bare_lmdb_
         "service_unreachable": lambda agent: OfflineGuard(agent, GROUP, "w1", grace_ms=1).service_unreachable(5),
     }
 
-    def failing(*args, **kwargs):
-        error = lmdb.CorruptedError("mdb_cursor_del: MDB_CORRUPTED: Located page was wrong type")
-        if not wrapped:
-            raise error
-        try:
-            raise error
-        except lmdb.Error as cause:
-            raise SystemError("<method 'delete' of 'Cursor' objects> returned a result with an exception set") from cause
+    failing = raising(lmdb.CorruptedError("mdb_cursor_del: MDB_CORRUPTED: Located page was wrong type"), wrapped, _CURSOR_DELETE)
 
     real_put = _sealed.SealedTables.put
     monkeypatch.setattr(_sealed, "_delete_prefix", failing)
@@ -661,20 +655,6 @@ def test_an_lmdb_error_inside_a_local_transaction_is_corruption_not_a_bare_lmdb_
         assert caught.value.detail["reason"] == "agent"
         assert "CorruptedError" in caught.value.message
         assert (agent.projection_digest(), agent.head(GROUP), agent.intents()) == before
-
-
-def _raised(error: BaseException, wrapped: bool):
-    """A callable that raises ``error``, or the binding's ``SystemError`` with it as its cause."""
-
-    def failing(*args, **kwargs):
-        if not wrapped:
-            raise error
-        try:
-            raise error
-        except BaseException as cause:
-            raise SystemError("<method 'delete' of 'Cursor' objects> returned a result with an exception set") from cause
-
-    return failing
 
 
 @pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "inside SystemError"])
@@ -694,13 +674,13 @@ def test_each_lmdb_error_inside_a_local_transaction_is_typed_as_damage_or_as_tra
     path = tmp_path / "agent"
     with _two_groups(path, [GROUP]) as agent:
         before = agent.projection_digest(), agent.head(GROUP)
-        monkeypatch.setattr(_sealed, "_delete_prefix", _raised(getattr(lmdb, error)("injected"), wrapped))
+        monkeypatch.setattr(_sealed, "_delete_prefix", raising(getattr(lmdb, error)("injected"), wrapped, _CURSOR_DELETE))
         with pytest.raises(expected) as caught:
             agent.reset_group(GROUP)
         monkeypatch.undo()
         hit = failpoints.hit
         monkeypatch.setattr(failpoints, "hit", lambda name: (
-            _raised(getattr(lmdb, error)("injected"), wrapped)() if name == "agent.before_commit" else hit(name)))
+            raising(getattr(lmdb, error)("injected"), wrapped, _CURSOR_DELETE)() if name == "agent.before_commit" else hit(name)))
         with pytest.raises(expected) as at_commit:
             with agent.begin() as tx:
                 tx.advance_cursor(GROUP)
@@ -731,7 +711,7 @@ def test_each_lmdb_error_inside_apply_advance_cursor_and_apply_many_is_typed_as_
     path = tmp_path / "agent"
     with _two_groups(path, [GROUP]) as agent:
         before = agent.projection_digest(), agent.head(GROUP)
-        monkeypatch.setattr(agent_store, "_load_head", _raised(getattr(lmdb, error)("injected"), wrapped))
+        monkeypatch.setattr(agent_store, "_load_head", raising(getattr(lmdb, error)("injected"), wrapped, _CURSOR_DELETE))
         calls = {
             "apply": lambda tx: tx.apply(events[0]),
             "apply_many": lambda tx: tx.apply_many(events),
@@ -766,7 +746,7 @@ def test_a_system_error_without_an_lmdb_cause_out_of_apply_passes_unchanged(tmp_
 
     events = workload("g-2", 3, seed=3)
     with _two_groups(tmp_path / "agent", [GROUP]) as agent:
-        monkeypatch.setattr(agent_store, "_load_head", _raised(SystemError("not LMDB's"), False))
+        monkeypatch.setattr(agent_store, "_load_head", raising(SystemError("not LMDB's"), False))
         for call in (lambda tx: tx.apply(events[0]), lambda tx: tx.apply_many(events), lambda tx: tx.advance_cursor("g-2")):
             with pytest.raises(SystemError, match="not LMDB's"):
                 with agent.begin() as tx:
@@ -787,7 +767,7 @@ def test_a_full_map_met_by_apply_many_s_own_flush_is_limit_exceeded_inside_the_b
     events = workload(GROUP, 200, seed=2)
     with AgentStore.open(tmp_path / "agent") as agent:
         monkeypatch.setattr(agent_store, "_WRITE_CACHE_ENTRIES_MAX", 50)
-        monkeypatch.setattr(agent_store._Tables, "put_many", _raised(lmdb.MapFullError("injected"), False))
+        monkeypatch.setattr(agent_store._Tables, "put_many", raising(lmdb.MapFullError("injected"), False))
         with pytest.raises(ProjectionFailed) as ended:
             with agent.begin() as tx:
                 with pytest.raises(LimitExceeded) as caught:

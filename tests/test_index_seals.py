@@ -27,6 +27,7 @@ from authority_helpers import (
     loop_database_root,
     mission_create,
     open_with_group,
+    raising,
     set_database_flag,
     store_bytes,
 )
@@ -962,7 +963,7 @@ def test_each_lmdb_error_of_a_commit_s_read_before_the_log_is_typed_as_damage_or
     cause = {"MapFullError": "LIMIT_EXCEEDED"}.get(error, "STORAGE_FAILED")
     with open_with_group(str(tmp_path / "store")) as authority:
         end = authority.log.end
-        failing = _raised(getattr(lmdb, error)("injected"), wrapped)
+        failing = raising(getattr(lmdb, error)("injected"), wrapped)
         monkeypatch.setattr(Index, "head", lambda self, txn, group: failing())
         with pytest.raises(Corruption if damage else StorageFailed) as caught:
             authority.accept(mission_create("m-new"))
@@ -1049,20 +1050,6 @@ def test_an_lmdb_error_other_than_damage_under_the_rules_answers_its_command_onl
         assert results[0].error is None and results[1].error.code == "CORRUPTION"
         assert authority.state(GROUP, "mission:m-good")[0] == 1
         assert authority.accept(mission_create("m-later")).seq > 0
-
-
-def _raised(error: BaseException, wrapped: bool):
-    """A callable that raises ``error``, or the binding's ``SystemError`` with it as its cause."""
-
-    def failing(*args, **kwargs):
-        if not wrapped:
-            raise error
-        try:
-            raise error
-        except BaseException as cause:
-            raise SystemError("<built-in method get of Transaction object> returned a result with an exception set") from cause
-
-    return failing
 
 
 # -- every write of the authority against a looped root of each database ----------------------------
