@@ -136,7 +136,7 @@ class SealedTables:
         lost: set[bytes] = set()
         tag = self.tags.get(name)
         if missing and tag is not None:
-            lost = {bytes(key[1:]) for key, _ in txn.cursor(db=self.presence).getmulti([tag + key for key in missing])}
+            lost = {bytes(key[len(tag):]) for key, _ in txn.cursor(db=self.presence).getmulti([tag + key for key in missing])}
         values: list[bytes | None] = []
         for key, entry in zip(keys, stored):
             if entry is None:
