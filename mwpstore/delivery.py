@@ -84,7 +84,7 @@ def deliver_batch(agent: AgentStore, group: str, events: Iterable[Any], stats: D
                     raise EventInvalid(f"an Event of group {event.group!r} was delivered for {group!r}", reason="group")
                 stats.add(tx.apply(event))
             except (EventInvalid, LimitExceeded) as exc:
-                if _store_full(exc):
+                if _ends_batch(tx, exc):
                     raise
                 stats.rejected += 1
                 if len(stats.rejections) < REJECTIONS_KEPT_MAX:
@@ -113,7 +113,7 @@ def _apply_skipping_rejected(tx: Any, events: list[Event], stats: DeliveryStats)
         try:
             tx._apply_into(events if start == 0 else events[start:], statuses)
         except (EventInvalid, LimitExceeded) as exc:  # statuses stops just before it
-            if _store_full(exc):
+            if _ends_batch(tx, exc):
                 raise
             rejected = 1
             stats.rejected += 1
@@ -125,11 +125,15 @@ def _apply_skipping_rejected(tx: Any, events: list[Event], stats: DeliveryStats)
         start += len(statuses) + rejected
 
 
-def _store_full(exc: MwpError) -> bool:
-    """Whether an error out of ``apply`` is the AgentStore's map found full (``LIMIT_EXCEEDED``,
-    field ``map_size``): no fault of the Event, whose skipping would leave a gap, and LMDB refuses
-    the rest of the transaction. It ends the batch, as the same error at its commit does."""
-    return isinstance(exc, LimitExceeded) and exc.detail.get("field") == "map_size"
+def _ends_batch(tx: Any, exc: MwpError) -> bool:
+    """Whether an error out of ``apply`` ends the batch instead of rejecting one Event: the
+    AgentStore's map found full (``LIMIT_EXCEEDED``, field ``map_size``), no fault of the Event,
+    whose skipping would leave a gap; or any error that has failed the transaction (a full map
+    too, and in trusted mode a state that cannot be stored, found when the write cache is flushed,
+    which may be in the middle of a batch), after which nothing more can apply. Either way the
+    batch ends with that error, as the same error at its commit does."""
+    full = isinstance(exc, LimitExceeded) and exc.detail.get("field") == "map_size"
+    return full or tx._failed is not None
 
 
 class Delivery:

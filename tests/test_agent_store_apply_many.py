@@ -337,6 +337,27 @@ def test_with_an_application_projection_apply_many_is_a_loop_of_apply(tmp_path, 
     agent.close()
 
 
+def test_deliver_batch_ends_the_batch_on_a_state_that_cannot_be_stored(tmp_path, monkeypatch):
+    """Trusted mode finds a state that cannot be stored when the write cache is flushed, which
+    may be in the middle of a batch, and the flush fails the transaction. ``deliver_batch`` took
+    that ``EventInvalid`` for one Event's rejection: it counted it, skipped an Event and went on,
+    and the next apply met the failed transaction (``PROJECTION_FAILED``). A rejection that has
+    failed the transaction ends the batch with its own error; nothing is applied. (Delivered as
+    bytes, such an Event is refused on its own when it is decoded, before it is applied.)"""
+    from mwpstore.delivery import DeliveryStats, deliver_batch
+
+    monkeypatch.setattr(agent_store, "_WRITE_CACHE_ENTRIES_MAX", 4)  # a flush every few Events
+    events = workload("g-1", 12, seed=5)  # Event 3's aggregate (a Membership) is written once
+    events[2] = msgspec.structs.replace(events[2], effects=[Effect(events[2].effects[0].aggregate, 1, {1: "x"})])
+    with AgentStore.open(tmp_path / "a", verify="trusted") as agent:
+        stats = DeliveryStats()
+        with pytest.raises(EventInvalid) as caught:
+            deliver_batch(agent, "g-1", events, stats)
+        assert caught.value.detail["reason"] == "state"
+        assert (stats.rejected, agent.cursor("g-1"), agent.projection_dump()) == (0, 0, [])
+        assert deliver_batch(agent, "g-1", workload("g-1", 12, seed=5)) == 12  # the store takes the next batch
+
+
 def test_trusted_mode_refuses_unstorable_content_with_a_typed_error_and_commits_nothing(tmp_path):
     """Trusted mode does not walk content; what cannot be stored is still a typed error, found
     when the state is encoded (at the latest when the transaction commits), never half-written."""
