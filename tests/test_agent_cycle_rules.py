@@ -502,8 +502,9 @@ def _with_unstorable_state(event):
 def test_a_flush_that_cannot_encode_a_state_leaves_the_transaction_only_abortable(tmp_path, monkeypatch):
     """When the write-back cache is flushed part-way (at its bound) and a state cannot be encoded,
     the inbox entries may already be written and the cached states are gone: the ``EventInvalid``
-    can be caught (``deliver_batch`` catches it to skip a rejected Event), but the transaction can
-    then only abort, and nothing of it is committed."""
+    can be caught, but the transaction can then only abort, and nothing of it is committed.
+    ``deliver_batch`` ends its batch with that ``EventInvalid`` (finding 257), not with the failed
+    transaction's ``PROJECTION_FAILED`` at the next Event."""
     from mwpstore.delivery import deliver_batch
 
     monkeypatch.setattr(agent_store, "_WRITE_CACHE_ENTRIES_MAX", 4)
@@ -518,7 +519,8 @@ def test_a_flush_that_cannot_encode_a_state_leaves_the_transaction_only_abortabl
             assert caught.value.detail["reason"] == "state"
             with pytest.raises(ProjectionFailed):
                 tx.apply(batch[2])
-    with pytest.raises(ProjectionFailed):
+    with pytest.raises(EventInvalid) as caught:
         deliver_batch(store, GROUP, batch)
+    assert caught.value.detail["reason"] == "state"
     assert store.head(GROUP).applied_seq == 0 and store.inbox_seqs(GROUP) == [] and store.projection_dump() == []
     store.close()
