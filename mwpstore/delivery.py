@@ -63,7 +63,9 @@ def deliver_batch(agent: AgentStore, group: str, events: Iterable[Any], stats: D
     """Apply one batch in one local transaction, advance the Cursor, commit; return the Cursor.
 
     An Event that fails validation is counted as rejected and skipped (nothing of it is written);
-    the rest of the batch still applies. An Event of another Group is rejected. ``events`` may be
+    the rest of the batch still applies. An Event of another Group is rejected. An error that
+    leaves the transaction unusable (a full map; in trusted mode a state that cannot be stored)
+    ends the batch with that error, and nothing of the batch is committed. ``events`` may be
     any iterable of Events (a source's answer); it is taken as a list.
     """
     _check_agent(agent)
