@@ -100,10 +100,18 @@ def test_a_lost_head_is_corruption_not_an_empty_group(tmp_path):
         assert authority.head("g-never") == (0, bytes(32))  # a real miss is still a miss
 
 
-def _put_head(authority: Authority, txn, head: tuple[int, bytes]) -> None:
+def _put_head(authority: Authority, head: tuple[int, bytes]) -> None:
     """Put ``head`` back under the Group's key, sealed as a commit of the time wrote it (what a
-    lost write of the ``heads`` page leaves)."""
-    txn.put(GROUP.encode(), seal(b"heads", GROUP.encode(), encode_head(*head)), db=_raw(authority, b"heads"))
+    lost write of the ``heads`` page leaves), in a write transaction of its own."""
+    with authority.index.env.begin(write=True) as txn:
+        txn.put(GROUP.encode(), seal(b"heads", GROUP.encode(), encode_head(*head)), db=_raw(authority, b"heads"))
+
+
+def _raises_index_head(read) -> None:
+    """``read()`` meets the head behind its Events: ``CORRUPTION``, reason ``index_head``."""
+    with pytest.raises(Corruption) as caught:
+        read()
+    assert caught.value.detail["reason"] == "index_head"
 
 
 def test_a_head_written_back_from_an_older_commit_is_corruption_not_a_sequence_the_log_holds(tmp_path):
@@ -117,8 +125,7 @@ def test_a_head_written_back_from_an_older_commit_is_corruption_not_a_sequence_t
         first = authority.head(GROUP)
         authority.accept_many([mission_create(f"m-{i}") for i in range(3)])
         head = authority.head(GROUP)
-        with authority.index.env.begin(write=True) as txn:  # the sealed entry of the older commit
-            _put_head(authority, txn, first)
+        _put_head(authority, first)  # the sealed entry of the older commit
     with Authority.open(path, check_lmdb=True) as authority:
         assert authority.open_report.mode == "clean"
         calls = (authority.head, authority.read, authority.snapshot, lambda group: authority.accept(mission_create("m-new")))
@@ -144,11 +151,8 @@ def test_a_replay_floor_over_a_head_written_back_is_corruption(tmp_path):
         authority.snapshot(GROUP)
         authority.accept_many([mission_create(f"n-{i}") for i in range(3)])
         assert authority.replay_floor(GROUP)[0] == 6
-        with authority.index.env.begin(write=True) as txn:
-            _put_head(authority, txn, before)
-        with pytest.raises(Corruption) as caught:
-            authority.replay_floor(GROUP)
-        assert caught.value.detail["reason"] == "index_head"
+        _put_head(authority, before)
+        _raises_index_head(lambda: authority.replay_floor(GROUP))
 
 
 def test_a_head_one_event_behind_is_corruption(tmp_path):
@@ -159,11 +163,8 @@ def test_a_head_one_event_behind_is_corruption(tmp_path):
         authority.accept_many([mission_create(f"m-{i}") for i in range(2)])
         before = authority.head(GROUP)
         authority.accept(mission_create("m-last"))
-        with authority.index.env.begin(write=True) as txn:
-            _put_head(authority, txn, before)
-        with pytest.raises(Corruption) as caught:
-            authority.head(GROUP)
-        assert caught.value.detail["reason"] == "index_head"
+        _put_head(authority, before)
+        _raises_index_head(lambda: authority.head(GROUP))
 
 
 def test_a_group_whose_head_and_its_presence_entry_are_lost_is_corruption_not_a_new_group(tmp_path):
@@ -177,9 +178,7 @@ def test_a_group_whose_head_and_its_presence_entry_are_lost_is_corruption_not_a_
             assert txn.delete(GROUP.encode(), db=_raw(authority, b"heads"))
             assert txn.delete(b"h" + GROUP.encode(), db=_raw(authority, b"presence"))
         for call in (lambda: authority.head(GROUP), lambda: authority.accept(mission_create("m-2"))):
-            with pytest.raises(Corruption) as caught:
-                call()
-            assert caught.value.detail["reason"] == "index_head"
+            _raises_index_head(call)
 
 
 def test_a_lost_last_event_entry_is_corruption_not_a_short_read(tmp_path):
@@ -566,9 +565,7 @@ def test_a_sealed_head_of_the_wrong_length_is_corruption(tmp_path, extra):
         value = encode_head(seq, digest)
         with authority.index.begin(write=True) as txn:
             authority.index.put(txn, b"heads", GROUP.encode(), value[:-1] if extra < 0 else value + b"\x00", new=False)
-        with pytest.raises(Corruption) as caught:
-            authority.head(GROUP)
-        assert caught.value.detail["reason"] == "index_head"
+        _raises_index_head(lambda: authority.head(GROUP))
 
 
 def test_a_sealed_format_of_any_length_is_quoted_in_part(tmp_path):
