@@ -284,6 +284,9 @@ def run_transition(
     spec = kind_spec(command.kind)
     group_state = view.get(group_key(command.group))
     if spec.creates_group:
+        if group_state is not None and group_state.get("status") == "archived":
+            # it exists, but "exists" is not the answer: an archived Group refuses every Command
+            raise GroupArchived(f"group {command.group!r} is archived and accepts no Commands")
         member = None
     else:
         if group_state is None:

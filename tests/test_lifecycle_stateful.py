@@ -182,7 +182,8 @@ class LifecycleMachine(RuleBasedStateMachine):
             self._refused(error, lambda: self.authority.accept(command))
 
     def _gate(self, group: str) -> type[Exception] | None:
-        """The refusal every Command but group.create meets before its kind's rules."""
+        """The refusal every Command but group.create meets before its kind's rules (group.create
+        meets only the archived one: it makes the Group that does not exist yet)."""
         if group not in self.groups:
             return NotFound
         if self.groups[group].archived:
@@ -214,7 +215,7 @@ class LifecycleMachine(RuleBasedStateMachine):
         if policy:
             command = msgspec.structs.replace(command, body={"org": "acme", "policy": policy})
         if group in self.groups:
-            self._submit(command, AlreadyExists)
+            self._submit(command, GroupArchived if self.groups[group].archived else AlreadyExists)
             return
         self.groups[group] = GroupModel(policy=dict(policy))
         self._submit(command, None)

@@ -334,6 +334,16 @@ def test_archived_group_refuses_work_model_commands(h: Harness) -> None:
     h.reject(GroupArchived, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
 
 
+def test_group_create_of_an_archived_group_is_group_archived(h: Harness) -> None:
+    """Once archived, every Command gets GROUP_ARCHIVED (WORK_MODEL.md, group.archive), a
+    group.create naming the Group too: the Group exists and is archived, which ALREADY_EXISTS
+    did not say. An active Group's second group.create stays ALREADY_EXISTS."""
+    h.reject(AlreadyExists, "stranger", "group.create", GROUP, {"org": "org1"})
+    h.accept("owner", "group.archive", GROUP, {})
+    for actor in ("owner", "stranger"):
+        h.reject(GroupArchived, actor, "group.create", GROUP, {"org": "org1"})
+
+
 # -- Signatures ------------------------------------------------------------------------------------
 
 
