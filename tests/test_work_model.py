@@ -334,6 +334,23 @@ def test_archived_group_refuses_work_model_commands(h: Harness) -> None:
     h.reject(GroupArchived, "w1", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
 
 
+def test_an_archived_group_refuses_every_kind_but_audit_delete(h: Harness) -> None:
+    """group.archive: "then every Command gets GROUP_ARCHIVED" (WORK_MODEL.md), before the
+    actor, its role, the expected revision or the body is looked at. audit.delete alone passes
+    (it deletes an archived Group's audit log, so it needs one)."""
+    from mwpstore.registry import REGISTRY
+
+    h.claim("w1", "wi1")
+    h.accept("owner", "group.archive", GROUP, {})
+    kind_spec("group.create")  # every kind registered
+    kinds = sorted(kind for kind in REGISTRY if kind != "audit.delete" and not kind.startswith("test."))
+    assert {"workitem.claim", "session.replace", "lease.expire", "event.redact", "group.create"} <= set(kinds)
+    for kind in kinds:
+        actor = ENGINE_ACTOR if kind_spec(kind).system_only else "w1"
+        h.reject(GroupArchived, actor, kind, GROUP if kind.startswith("group.") else "wi1", {}, revision=99)
+    assert kind_spec("audit.delete").allowed_when_archived
+
+
 def test_group_create_of_an_archived_group_is_group_archived(h: Harness) -> None:
     """Once archived, every Command gets GROUP_ARCHIVED (WORK_MODEL.md, group.archive), a
     group.create naming the Group too: the Group exists and is archived, which ALREADY_EXISTS
@@ -1037,6 +1054,19 @@ def test_wrk_019_lapsed_workitems_finds_missed_starts_and_expiries() -> None:
     assert lapsed_workitems(items, 500) == ["a", "b"]
 
 
+def test_wrk_019_lease_expire_naming_a_lease_a_takeover_replaced_is_lease_mismatch(h: Harness) -> None:
+    """The sweep against a concurrent claim: a lease.expire that names the lapsed lease another
+    worker's claim has just replaced (same millisecond) is LEASE_MISMATCH and changes nothing; the
+    new owner's live lease is not expirable (INVALID_STATE)."""
+    lapsed = h.claim("w1", "wi1")
+    h.advance(CONTRACT["start_ms"])
+    assert lapsed_workitems(h.workitem_states(), h.now_ms) == ["wi1"]
+    taken = h.claim("w2", "wi1")
+    h.reject(LeaseMismatch, ENGINE_ACTOR, "lease.expire", "wi1", {"lease_id": lapsed["lease_id"]})
+    h.reject(InvalidState, ENGINE_ACTOR, "lease.expire", "wi1", {})
+    assert h.lease("wi1") == taken and h.member("w1")["leases"] == [] and h.member("w2")["leases"] == ["wi1"]
+
+
 def test_wrk_019_lease_expire_sweep_requeues_lapsed_work(h: Harness) -> None:
     h.create_workitem("wi2")
     lease = h.claim("w1", "wi1")
@@ -1138,6 +1168,23 @@ def test_approval_required_for_submit(new_harness: Callable[[], Harness]) -> Non
     h.accept("a1", "approval.decide", "ap3", {"decision": "approved"}, cas=True)
     h.reject(ApprovalRequired, "w1", "workitem.submit", "wi1", {**body, "approval": "ap3"})
     h.accept("a1", "approval.decide", "ap1", {"decision": "approved", "reason": "looks good"}, cas=True)
+    assert h.accept("w1", "workitem.submit", "wi1", {**body, "approval": "ap1"}).authoritative
+
+
+def test_approval_gate_is_read_when_the_result_is_decided(new_harness: Callable[[], Harness]) -> None:
+    """The Mission's approval_required is read when the submission is decided, not at the claim:
+    an operation that needs an Approval from a mission.update after the claim is refused
+    (APPROVAL_REQUIRED) until an approved Approval is named, and one named while still pending
+    does not pass."""
+    h = new_harness().setup()
+    h.claim_and_start("w1", "wi1")
+    body = {**h.fence("wi1"), "submission": 1}
+    h.accept("w1", "approval.request", "ap1", {"workitem": "wi1", "operation": "submit"})
+    h.accept("owner", "mission.update", "m1", {"approval_required": ["submit"]}, cas=True)
+    h.reject(ApprovalRequired, "w1", "workitem.submit", "wi1", body)
+    error = h.reject(ApprovalRequired, "w1", "workitem.submit", "wi1", {**body, "approval": "ap1"})
+    assert error.detail["approval_state"] == "pending"
+    h.accept("a1", "approval.decide", "ap1", {"decision": "approved"}, cas=True)
     assert h.accept("w1", "workitem.submit", "wi1", {**body, "approval": "ap1"}).authoritative
 
 

@@ -175,6 +175,36 @@ def test_durable_evidence_receipt_survives_reopen_and_replays(tmp_path: Path) ->
     h.close()
 
 
+def test_durable_replay_of_a_signed_command_gets_its_original_receipt(tmp_path: Path) -> None:
+    """MWP-EVT-003 for a member with a registered key: the replay of a signed claim, after the
+    key was rotated too, gets the original receipt and appends nothing; the same claim signed
+    with the old key under a new Action ID is SIGNATURE_INVALID."""
+    import msgspec
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from mwpstore.errors import SignatureInvalid
+    from mwpstore.messages import command_bytes
+
+    h = DurableHarness(tmp_path / "store")
+    h.setup(workers=())
+    old_key, new_key = Ed25519PrivateKey.generate(), Ed25519PrivateKey.generate()
+    h.accept("owner", "membership.add", "w3", {"role": "worker", "public_key": old_key.public_key().public_bytes_raw().hex()},
+             cas=True)
+    h.signing_keys["w3"] = old_key
+    claim = h.command("w3", "workitem.claim", "wi1", {"session_epoch": 1}, cas=True)
+    receipt = h.authority.accept(claim)
+    head = len(h.events())
+    assert h.authority.accept(claim) == receipt
+    h.accept("owner", "membership.change", "w3", {"public_key": new_key.public_key().public_bytes_raw().hex()}, cas=True)
+    head += 1
+    assert h.authority.accept(claim) == receipt and len(h.events()) == head
+    renamed = msgspec.structs.replace(claim, action_id="another", signature=None)
+    renamed = msgspec.structs.replace(renamed, signature=old_key.sign(command_bytes(renamed)))
+    h.reject_command(SignatureInvalid, renamed)
+    assert h.lease("wi1")["agent"] == "w3" and h.item("wi1")["ownership_epoch"] == 1
+    h.close()
+
+
 def test_durable_accept_many_mixes_claims_evidence_and_rejections(tmp_path: Path) -> None:
     h = DurableHarness(tmp_path / "store")
     h.setup(workitems=("wi1", "wi2"))
