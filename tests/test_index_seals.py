@@ -1171,3 +1171,143 @@ def test_each_write_of_the_authority_over_a_looped_database_is_answered_as_damag
     else:
         expected = ["CORRUPTION"] if write in _PROBE_DAMAGE[database].split() else ["ok"]
     assert answers == expected, [error.message for error in errors]
+
+
+# -- every read of the authority against a looped root of each database -----------------------------
+
+_PROBED_READS = ["head", "head_unknown", "groups", "state", "state_missing", "aggregates", "read", "read_cursor",
+                 "read_below_floor", "snapshots", "read_snapshot", "archive_record", "archive_record_none", "replay_floor",
+                 "replay_floor_window", "acked", "acked_none", "subscribe_poll", "wait_for", "info", "verify"]
+_VIEW_REFUSES = {"subscribe_poll", "wait_for", "verify"}  # a read-only view: INVALID_STATE, reason readonly
+
+
+@pytest.fixture(scope="module")
+def read_probe_stores(probe_stores, tmp_path_factory):
+    """The two stores of ``probe_stores``, copied, each with a Group g-window of
+    ``replay_window_events`` 2 whose replay floor a snapshot moved to 6 (9 Events). Returns the
+    paths and, by store, the references of g-2's first snapshot."""
+    stores, _ = probe_stores
+    base = tmp_path_factory.mktemp("read-probe")
+    copies, refs = {}, {}
+    for name, source in stores.items():
+        path = str(base / name)
+        shutil.copytree(source, path)
+        with Authority.open(path, sync=False, segment_bytes=_PROBE_SEGMENT_BYTES) as authority:
+            authority.accept(Command(actor=OWNER, action_id="g-window", group="g-window", kind="group.create", target="g-window",
+                                     body={"org": "acme", "policy": {"replay_window_events": 2}}))
+            authority.accept_many([mission_create(f"w-{i}", group="g-window") for i in range(5)])
+            authority.snapshot("g-window")
+            authority.accept_many([mission_create(f"x-{i}", group="g-window") for i in range(3)])
+            assert authority.replay_floor("g-window")[0] == 6
+            refs[name] = authority.snapshots("g-2")[0]
+        copies[name] = path
+    return copies, refs
+
+
+def _probe_read(authority: Authority, read: str, ref):
+    def poll():
+        subscription = authority.subscribe(GROUP, after=290)
+        try:
+            return subscription.poll(timeout=0)
+        finally:
+            subscription.close()
+
+    calls = {
+        "head": lambda: authority.head(GROUP),
+        "head_unknown": lambda: authority.head("g-none"),
+        "groups": lambda: authority.groups(),
+        "state": lambda: authority.state(GROUP, "mission:m1"),
+        "state_missing": lambda: authority.state(GROUP, "mission:m-none"),
+        "aggregates": lambda: authority.aggregates(GROUP, prefix="mission:"),
+        "read": lambda: authority.read(GROUP),
+        "read_cursor": lambda: authority.read(GROUP, after=250, limit=20),
+        "read_below_floor": lambda: authority.read("g-window", after=2),
+        "snapshots": lambda: authority.snapshots("g-2"),
+        "read_snapshot": lambda: authority.read_snapshot(ref),
+        "archive_record": lambda: authority.archive_record("g-42"),
+        "archive_record_none": lambda: authority.archive_record("g-100"),
+        "replay_floor": lambda: authority.replay_floor(GROUP),
+        "replay_floor_window": lambda: authority.replay_floor("g-window"),
+        "acked": lambda: authority.acked("c-0", GROUP),
+        "acked_none": lambda: authority.acked("c-new", GROUP),
+        "subscribe_poll": poll,
+        "wait_for": lambda: authority.wait_for(GROUP, 1, 0),
+        "info": lambda: authority.info(),
+        "verify": lambda: authority.verify(),
+    }
+    return calls[read]()
+
+
+# The answers of the probe below: by database, the reads answered CORRUPTION; every other read
+# answers as over a sound index (read_below_floor: CURSOR_TOO_OLD), and verify reports the damage
+# (the structural check it runs names the cycle) without raising.
+_READ_DAMAGE = {
+    "heads": "head head_unknown groups read read_cursor read_below_floor replay_floor_window subscribe_poll wait_for info",
+    "events": "head head_unknown read read_cursor read_below_floor replay_floor_window subscribe_poll wait_for",
+    "states": "state state_missing aggregates read read_cursor read_below_floor replay_floor replay_floor_window subscribe_poll",
+    "receipts": "",
+    "acks": "acked acked_none",
+    "snapshots": "read_below_floor snapshots replay_floor_window",
+    "archives": "archive_record archive_record_none",
+    "presence": "head_unknown groups state_missing aggregates snapshots archive_record_none acked_none info",
+}
+
+
+@pytest.fixture(scope="module")
+def looped_views(read_probe_stores, tmp_path_factory):
+    """One copy of the read probe's store per database, that database looped, shared by the
+    read-only views (which write nothing)."""
+    stores, _ = read_probe_stores
+    base = tmp_path_factory.mktemp("looped-views")
+    paths = {}
+    for database in _PROBED_DATABASES:
+        path = str(base / database)
+        shutil.copytree(stores["plain" if database == "states" else "archived"], path)
+        loop_database_root(os.path.join(path, "index"), database.encode())
+        paths[database] = path
+    return paths
+
+
+@pytest.mark.parametrize("how", ["writer", "view"])
+@pytest.mark.parametrize("read", _PROBED_READS)
+@pytest.mark.parametrize("database", _PROBED_DATABASES)
+def test_each_read_of_the_authority_over_a_looped_database_is_answered_as_damage(tmp_path, read_probe_stores, looped_views,
+                                                                                database, read, how):
+    """Each public read of the authority, in a store opened without the structural walk (and in a
+    read-only view of it, a fresh one for each read) whose ``database`` has a cycle of damaged
+    branch pages: the read's own answer or ``CORRUPTION`` (reason ``index``), never a foreign
+    error, and the same answer from the writer and the view; ``verify`` reports the damage."""
+    from mwpstore import CursorTooOld
+
+    stores, refs = read_probe_stores
+    store = "plain" if database == "states" else "archived"
+    if how == "writer":
+        path = str(tmp_path / "store")
+        shutil.copytree(stores[store], path)
+        loop_database_root(os.path.join(path, "index"), database.encode())
+        authority = Authority.open(path, check_lmdb=False, segment_bytes=_PROBE_SEGMENT_BYTES)
+    else:
+        authority = Authority.open(looped_views[database], readonly=True)
+    with authority:
+        end = authority.log.end
+        try:
+            outcome = _probe_read(authority, read, refs[store])
+            answer = "ok"
+        except CursorTooOld:
+            answer = "CURSOR_TOO_OLD"
+        except MwpError as exc:
+            answer = exc.code
+            if isinstance(exc, Corruption):
+                assert exc.detail["reason"] == "index" and "CursorFullError" in exc.message, exc.message
+            else:
+                assert how == "view" and read in _VIEW_REFUSES and isinstance(exc, InvalidState), exc.message
+                assert exc.detail["reason"] == "readonly"
+        assert authority.log.end == end and authority._failure is None  # a read writes nothing
+    if how == "view" and read in _VIEW_REFUSES:
+        assert answer == "INVALID_STATE"
+    elif read == "verify":
+        assert answer == "ok" and not outcome.ok
+        assert any("CORRUPTION" in problem and "page_twice" in problem for problem in outcome.problems), outcome.problems
+    else:
+        expected = "CORRUPTION" if read in _READ_DAMAGE[database].split() else "CURSOR_TOO_OLD" if read == "read_below_floor" else "ok"
+        assert answer == expected
