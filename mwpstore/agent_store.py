@@ -450,8 +450,10 @@ def _transaction_error(exc: Exception, context: str) -> MwpError:
 
 
 def _lmdb_damage_typed(method: _F) -> _F:
-    """Transaction paths that also run application code (a projection's errors pass unchanged):
-    only LMDB's own errors are translated, as ``_transaction_error`` types them. A full map met
+    """The calls of a local transaction, some of which run application code (a projection's
+    errors pass unchanged): only LMDB's own errors are translated, as ``_transaction_error`` types
+    them, at the call (its reads too: a caller that catches ``MwpError`` inside the block never
+    meets LMDB's own error, e.g. ``CursorFullError`` from a damaged page). A full map met
     while an Event is applied was the store's damage, whose remedy (delete the store, rebuild it)
     cannot help: it is ``LIMIT_EXCEEDED`` (field ``map_size``), as at the commit.
 
@@ -1633,14 +1635,17 @@ class AgentTransaction:
         failpoints.hit("agent.after_cursor")
         return head.cursor
 
+    @_lmdb_damage_typed
     def cursor(self, group: str) -> int:
         self._check_usable()
         return self._head(_check_group(group)).cursor
 
+    @_lmdb_damage_typed
     def applied_seq(self, group: str) -> int:
         self._check_usable()
         return self._head(_check_group(group)).applied_seq
 
+    @_lmdb_damage_typed
     def record_intent(
         self,
         group: str,
@@ -1691,11 +1696,13 @@ class AgentTransaction:
     # Like every call of a finished (``StoreClosed``) or failed (``ProjectionFailed``) transaction,
     # they are refused: its LMDB transaction is gone, or its writes stopped part-way.
 
+    @_lmdb_damage_typed
     def state(self, group: str, key: str) -> dict[str, Any] | None:
         self._check_usable()
         found = self._get_state(_check_group(group), canonical.check_aggregate_key(key, "key"))
         return None if found is None else found[1]
 
+    @_lmdb_damage_typed
     def revision(self, group: str, key: str) -> int:
         self._check_usable()
         found = self._get_state(_check_group(group), canonical.check_aggregate_key(key, "key"))

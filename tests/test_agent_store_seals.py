@@ -1413,3 +1413,42 @@ def test_get_many_answers_and_refuses_as_get_does_key_by_key(tmp_path_factory, s
                 with pytest.raises(Corruption) as caught:
                     tables.get_many(txn, b"queue_index", wanted)
                 assert caught.value.detail == error
+
+
+@pytest.mark.parametrize("database,call", [("heads", "cursor"), ("heads", "applied_seq"), ("state", "state"), ("state", "revision"),
+                                           ("outbox", "record_intent")])
+def test_a_read_inside_a_local_transaction_over_a_looped_database_is_corruption_at_the_call(tmp_path, probe_store, database, call):
+    """``tx.cursor``, ``tx.applied_seq``, ``tx.state``, ``tx.revision`` and ``tx.record_intent``
+    over a cycle of damaged branch pages raised LMDB's own ``CursorFullError`` to the caller
+    inside the block (typed only at the block's end): a caller that catches ``MwpError`` there met
+    a foreign error, while ``apply`` and ``advance_cursor`` in the same transaction answer
+    ``CORRUPTION``. Each answers ``CORRUPTION`` (reason ``agent``) at the call, the transaction
+    can only abort, and nothing is committed."""
+    import shutil
+
+    from mwpstore.errors import ProjectionFailed
+
+    source, _, _ = probe_store
+    path = str(tmp_path / "agent")
+    shutil.copytree(source, path)
+    loop_database_root(os.path.join(path, "lmdb"), database.encode())
+    calls = {
+        "cursor": lambda tx: tx.cursor("g-1"),
+        "applied_seq": lambda tx: tx.applied_seq("g-1"),
+        "state": lambda tx: tx.state("g-1", "mission:m1"),
+        "revision": lambda tx: tx.revision("g-1", "mission:m1"),
+        "record_intent": lambda tx: tx.record_intent("g-3", mission="m-new", workitem="w9", ownership_epoch=1, operation="page"),
+    }
+    with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False) as agent:
+        before = agent._tables.env.info()["last_txnid"]
+        with pytest.raises(Corruption) as caught:
+            with agent.begin() as tx:
+                calls[call](tx)
+        assert caught.value.detail["reason"] == "agent" and "CursorFullError" in caught.value.message
+        with pytest.raises(ProjectionFailed) as failed:  # caught inside the block: the transaction can only abort
+            with agent.begin() as tx:
+                with pytest.raises(Corruption):
+                    calls[call](tx)
+                tx.advance_cursor("g-2")
+        assert failed.value.detail["reason"] == "Corruption"
+        assert agent._tables.env.info()["last_txnid"] == before
