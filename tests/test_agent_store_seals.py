@@ -1374,6 +1374,217 @@ def test_each_write_of_the_agent_store_over_a_looped_database_is_answered_as_dam
     assert answer == expected
 
 
+# -- every read of the AgentStore, and the OfflineGuard, against a looped root of each database -----
+
+_PROBED_READS = ["head", "head_unknown", "cursor", "ack_position", "groups", "state", "state_missing", "revision", "aggregate",
+                 "states", "work_queue", "checkpoint", "projection_get", "projection_items", "buffered_seqs", "inbox_seqs",
+                 "projection_dump", "projection_dump_all", "projection_digest", "projection_digest_all", "intent",
+                 "intent_unknown", "intents", "intents_all", "intents_pending", "tx_cursor", "tx_applied_seq", "tx_state",
+                 "tx_revision", "outage", "offline"]
+_DUMPS = "projection_dump projection_dump_all projection_digest projection_digest_all"
+# By database, the reads answered CORRUPTION; every other read answers as over a sound store.
+_READ_DAMAGE = {
+    "heads": f"head head_unknown cursor ack_position groups {_DUMPS} tx_cursor tx_applied_seq",
+    "inbox": "inbox_seqs",
+    "buffer": "buffered_seqs",
+    "state": f"state state_missing revision aggregate states work_queue checkpoint {_DUMPS} tx_state tx_revision",
+    "queue": f"work_queue {_DUMPS}",
+    "queue_index": _DUMPS,
+    "projection": f"projection_get projection_items {_DUMPS}",
+    "outbox": "intent intents intents_all intents_pending",
+    "intent_group": "intent intent_unknown",
+    "offline": "outage offline",
+    "presence": f"head_unknown groups state_missing states projection_items buffered_seqs {_DUMPS} intent_unknown intents "
+                "intents_all intents_pending",
+}
+
+
+def _probe_read(agent, read, keys):
+    from mwpstore.errors import MwpError
+    from mwpstore.offline import OfflineGuard
+
+    def in_transaction(call):
+        with agent.begin() as tx:
+            try:
+                return call(tx)
+            except MwpError:
+                raise
+            except Exception as exc:  # at the call, not only out of the block
+                raise AssertionError(f"a foreign error inside the block: {exc!r}") from exc
+
+    guard = OfflineGuard(agent, "g-1", "agent-a", grace_ms=60_000)
+    calls = {
+        "head": lambda: agent.head("g-1"),
+        "head_unknown": lambda: agent.head("g-none"),
+        "cursor": lambda: agent.cursor("g-1"),
+        "ack_position": lambda: agent.ack_position("g-1"),
+        "groups": lambda: agent.groups(),
+        "state": lambda: agent.state("g-1", "mission:m1"),
+        "state_missing": lambda: agent.state("g-1", "mission:m-none"),
+        "revision": lambda: agent.revision("g-1", "mission:m1"),
+        "aggregate": lambda: agent.aggregate("g-1", "mission:m1"),
+        "states": lambda: agent.states("g-1"),
+        "work_queue": lambda: agent.work_queue("g-1", 10**9),
+        "checkpoint": lambda: agent.checkpoint("g-1", "w1"),
+        "projection_get": lambda: agent.projection_get("g-1", "counter", "total"),
+        "projection_items": lambda: agent.projection_items("g-1", "counter"),
+        "buffered_seqs": lambda: agent.buffered_seqs("g-1"),
+        "inbox_seqs": lambda: agent.inbox_seqs("g-1"),
+        "projection_dump": lambda: agent.projection_dump("g-1"),
+        "projection_dump_all": lambda: agent.projection_dump(),
+        "projection_digest": lambda: agent.projection_digest("g-1"),
+        "projection_digest_all": lambda: agent.projection_digest(),
+        "intent": lambda: agent.intent(keys["g-1"]),
+        "intent_unknown": lambda: agent.intent("x" * 64),
+        "intents": lambda: agent.intents("g-1"),
+        "intents_all": lambda: agent.intents(),
+        "intents_pending": lambda: agent.intents(pending_only=True),
+        "tx_cursor": lambda: in_transaction(lambda tx: tx.cursor("g-1")),
+        "tx_applied_seq": lambda: in_transaction(lambda tx: tx.applied_seq("g-1")),
+        "tx_state": lambda: in_transaction(lambda tx: tx.state("g-1", "mission:m1")),
+        "tx_revision": lambda: in_transaction(lambda tx: tx.revision("g-1", "mission:m1")),
+        "outage": lambda: guard.outage(),
+        "offline": lambda: guard.offline,
+    }
+    return calls[read]()
+
+
+@pytest.mark.parametrize("read", _PROBED_READS)
+@pytest.mark.parametrize("database", _PROBED_DATABASES)
+def test_each_read_of_the_agent_store_over_a_looped_database_is_answered_as_damage(tmp_path, probe_store, database, read):
+    """Each public read of the AgentStore (heads and Cursors, the mirror, the work queue,
+    projections and their dump and digest, buffered and inbox sequences, the outbox, the reads of
+    a local transaction, an outage), in a store opened without the structural walk whose
+    ``database`` has a cycle of damaged branch pages: the read's own answer, or ``CORRUPTION``
+    (reason ``agent``) at the call; never an untyped or foreign error, and nothing committed."""
+    import shutil
+
+    from mwpstore.errors import MwpError
+
+    source, _, keys = probe_store
+    path = str(tmp_path / "agent")
+    shutil.copytree(source, path)
+    loop_database_root(os.path.join(path, "lmdb"), database.encode())
+    with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False) as agent:
+        before = agent._tables.env.info()["last_txnid"]
+        try:
+            _probe_read(agent, read, keys)
+            answer = "ok"
+        except MwpError as exc:
+            answer = exc.code
+            assert isinstance(exc, Corruption) and exc.detail["reason"] == "agent" and "CursorFullError" in exc.message, exc.message
+        assert agent._tables.env.info()["last_txnid"] == before
+    assert answer == ("CORRUPTION" if read in _READ_DAMAGE[database].split() else "ok")
+
+
+_OFFLINE_GROUP = "g1"  # the work model's Group: its rules give agent w1 a started lease on wi1
+
+
+@pytest.fixture(scope="module")
+def offline_probe_store(probe_store, tmp_path_factory):
+    """The store of ``probe_store`` with the work model's Group g1 (agent w1 holds a started lease
+    on wi1; wi2 is queued), whose service is unreachable, and two Commands of w1 buffered (the
+    second with an expected revision). Returns its path, the buffered records, a third Command not
+    buffered, w1's signing key, and the time of the outage."""
+    import shutil
+
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from mwpstore.messages import Command
+    from mwpstore.offline import OfflineGuard, sign_command
+    from work_model_support import Harness
+
+    source, _, _ = probe_store
+    path = str(tmp_path_factory.mktemp("offline-probe") / "agent")
+    shutil.copytree(source, path)
+    key = Ed25519PrivateKey.generate()
+    harness = Harness(_OFFLINE_GROUP)
+    harness.signing_keys["w1"] = key
+    harness.accept("owner", "group.create", _OFFLINE_GROUP, {"org": "org1"})
+    harness.accept("owner", "membership.add", "w1", {"role": "worker", "public_key": key.public_key().public_bytes_raw().hex()},
+                   cas=True)
+    harness.accept("owner", "mission.create", "m1", {"title": "one", "cost_limit": 1_000, "approval_required": []})
+    harness.create_workitem("wi1")
+    harness.create_workitem("wi2")
+    harness.claim_and_start("w1", "wi1")
+    now, fence, revision = harness.now_ms, harness.fence("wi1"), harness.revision("workitem:wi1")
+
+    def checkpoint(action: str, step: int, expected_revision: int | None = None) -> Command:
+        return sign_command(Command(actor="w1", action_id=action, group=_OFFLINE_GROUP, kind="workitem.checkpoint", target="wi1",
+                                    body={**fence, "checkpoint": {"step": step}}, expected_revision=expected_revision), key)
+
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        with agent.begin() as tx:
+            for event in harness.events():
+                tx.apply(event)
+            tx.advance_cursor(_OFFLINE_GROUP)
+        guard = OfflineGuard(agent, _OFFLINE_GROUP, "w1", grace_ms=60_000)
+        guard.service_unreachable(now)
+        guard.buffer(checkpoint("c-1", 1), now_ms=now + 1, reversible=True)
+        guard.buffer(checkpoint("c-2", 2, revision), now_ms=now + 2, reversible=True)
+        records = guard.buffered()
+    harness.close()
+    return path, records, checkpoint("c-3", 3), key, now
+
+
+_PROBED_GUARD_CALLS = ["permit", "permit_new_work", "buffer", "buffered", "rebase", "reconnect", "reconnect_rejected"]
+# By database, the OfflineGuard's calls answered CORRUPTION; every other answers as over a sound
+# store (permit_new_work: OFFLINE_REFUSED, reason new_work).
+_GUARD_DAMAGE = {
+    "state": "permit permit_new_work buffer rebase reconnect reconnect_rejected",
+    "offline": "permit permit_new_work buffer buffered reconnect reconnect_rejected",
+    "presence": "buffer buffered reconnect reconnect_rejected",
+}
+
+
+@pytest.mark.parametrize("call", _PROBED_GUARD_CALLS)
+@pytest.mark.parametrize("database", _PROBED_DATABASES)
+def test_each_call_of_the_offline_guard_over_a_looped_database_is_answered_as_damage(tmp_path, offline_probe_store, database, call):
+    """Each call of the ``OfflineGuard`` that reads or writes the AgentStore (``permit``,
+    ``buffer``, ``buffered``, ``rebase``, ``reconnect`` with a submit that answers a receipt and
+    one that rejects), in a store opened without the structural walk whose ``database`` has a
+    cycle of damaged branch pages: the call's own answer, or ``CORRUPTION`` (reason ``agent``)
+    with nothing committed; never an untyped or foreign error."""
+    import shutil
+
+    from mwpstore.errors import MwpError, RevisionMismatch
+    from mwpstore.offline import BufferedState, OfflineGuard
+
+    source, records, command, key, now = offline_probe_store
+    path = str(tmp_path / "agent")
+    shutil.copytree(source, path)
+    loop_database_root(os.path.join(path, "lmdb"), database.encode())
+
+    def reject(rebased):
+        raise RevisionMismatch("refused by the probe's authority", expected=0, actual=1)
+
+    with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False) as agent:
+        guard = OfflineGuard(agent, _OFFLINE_GROUP, "w1", grace_ms=60_000)
+        calls = {
+            "permit": lambda: guard.permit("wi1", now_ms=now + 3, reversible=True),
+            "permit_new_work": lambda: guard.permit("wi2", now_ms=now + 3, reversible=True),
+            "buffer": lambda: guard.buffer(command, now_ms=now + 3, reversible=True),
+            "buffered": lambda: guard.buffered(),
+            "rebase": lambda: guard.rebase(records[1], key),
+            "reconnect": lambda: guard.reconnect(lambda rebased: {"seq": 9}, signing_key=key),
+            "reconnect_rejected": lambda: guard.reconnect(reject, signing_key=key),
+        }
+        before = agent._tables.env.info()["last_txnid"]
+        try:
+            outcome = calls[call]()
+            answer = "ok"
+        except MwpError as exc:
+            answer = exc.code
+            if isinstance(exc, Corruption):
+                assert exc.detail["reason"] == "agent" and "CursorFullError" in exc.message, exc.message
+                assert agent._tables.env.info()["last_txnid"] == before  # nothing committed
+        if answer == "ok" and call.startswith("reconnect"):
+            state = BufferedState.SUBMITTED if call == "reconnect" else BufferedState.REJECTED
+            assert [item.state for item in outcome] == [state, state] and not guard.offline
+    expected = "CORRUPTION" if call in _GUARD_DAMAGE.get(database, "").split() else "OFFLINE_REFUSED" if call == "permit_new_work" else "ok"
+    assert answer == expected
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(stored=st.lists(st.binary(min_size=1, max_size=12), max_size=12, unique=True),
        asked=st.lists(st.binary(min_size=1, max_size=12), max_size=12, unique=True),
