@@ -460,10 +460,11 @@ def _lmdb_damage_typed(method: _F) -> _F:
     LMDB refuses every later operation of a transaction in which one failed (``MDB_BAD_TXN``,
     which reads as damage), so the transaction is failed too: a caller that catches the error
     (``apply`` documents ``LIMIT_EXCEEDED`` for a malformed Event, after which it goes on) is
-    then told it can only abort, not that the store is damaged."""
+    then told it can only abort, not that the store is damaged. A ``ProjectionView``'s calls (an
+    application projection's reads and writes) are typed the same way, and fail its transaction."""
 
     @functools.wraps(method)
-    def wrapper(self: AgentTransaction, *args: Any, **kwargs: Any) -> Any:
+    def wrapper(self: AgentTransaction | ProjectionView, *args: Any, **kwargs: Any) -> Any:
         try:
             return method(self, *args, **kwargs)
         except (lmdb.Error, SystemError) as exc:  # SystemError: the binding's, around an LMDB error
@@ -472,7 +473,7 @@ def _lmdb_damage_typed(method: _F) -> _F:
             error = _transaction_error(exc, "in a local transaction")
             # typed also where the error had already failed it (a projection's write, a flush):
             # the transaction's refusals then name LimitExceeded, not MapFullError
-            self._failed = error
+            (self._tx if isinstance(self, ProjectionView) else self)._failed = error
             raise error from None
 
     return wrapper  # type: ignore[return-value]
@@ -1343,10 +1344,12 @@ class ProjectionView:
             tx._check_usable()
         return self._txn
 
+    @_lmdb_damage_typed
     def get(self, key: str | bytes) -> bytes | None:
         value = self._tables.get(self._live_txn(), b"projection", self._key(key))
         return None if value is None else bytes(value)
 
+    @_lmdb_damage_typed
     def put(self, key: str | bytes, value: bytes) -> None:
         if type(value) is not bytes:
             raise InvalidCommand("projection values are bytes", field="value")
@@ -1354,6 +1357,7 @@ class ProjectionView:
             raise LimitExceeded(f"projection values are at most {limits.LMDB_VALUE_BYTES_MAX} bytes", field="value")
         self._tables.put(self._live_txn(), b"projection", self._key(key), value)
 
+    @_lmdb_damage_typed
     def delete(self, key: str | bytes) -> bool:
         return self._tables.delete(self._live_txn(), b"projection", self._key(key))
 
@@ -1361,11 +1365,17 @@ class ProjectionView:
         rows = iter(self._tables.range(self._live_txn(), b"projection", self._key(prefix)))
         while True:
             self._live_txn()  # before each step: the transaction may have ended since the last one
-            row = next(rows, None)
+            row = self._next_row(rows)
             if row is None:
                 return
             yield row[0][len(self._prefix) :], bytes(row[1])
 
+    @_lmdb_damage_typed
+    def _next_row(self, rows: Iterator[tuple[bytes, Any]]) -> tuple[bytes, Any] | None:
+        """The next row of ``items``' range (which reads LMDB only as it is stepped)."""
+        return next(rows, None)
+
+    @_lmdb_damage_typed
     def state(self, aggregate: str) -> dict[str, Any] | None:
         """The mirrored authoritative state (already updated by the Event being applied)."""
         self._live_txn()

@@ -1374,6 +1374,45 @@ def test_each_write_of_the_agent_store_over_a_looped_database_is_answered_as_dam
     assert answer == expected
 
 
+@pytest.mark.parametrize("call", ["get", "items", "put", "delete"])
+def test_a_projection_s_call_over_a_looped_database_is_corruption_at_the_call(tmp_path, probe_store, call):
+    """An application projection's ``view.get``, ``view.items``, ``view.put`` and ``view.delete``
+    over a cycle of damaged branch pages (the ``projection`` database's) raised LMDB's own
+    ``CursorFullError`` into the projection's code (typed only once it left ``apply``): a
+    projection that catches ``MwpError`` met a foreign error. Each is ``CORRUPTION`` (reason
+    ``agent``) at the call, and nothing is committed."""
+    import shutil
+
+    class Probing:
+        name = "counter"
+
+        def __init__(self) -> None:
+            self.met: list[BaseException] = []
+
+        def apply(self, view, event):
+            try:
+                {"get": lambda: view.get("total"), "items": lambda: list(view.items()),
+                 "put": lambda: view.put("total", b"\x00" * 8), "delete": lambda: view.delete("total")}[call]()
+            except Exception as exc:
+                self.met.append(exc)
+                raise
+
+    source, histories, _ = probe_store
+    path = str(tmp_path / "agent")
+    shutil.copytree(source, path)
+    loop_database_root(os.path.join(path, "lmdb"), b"projection")
+    projection = Probing()
+    with AgentStore.open(path, projections=[projection], check_lmdb=False) as agent:
+        before = agent._tables.env.info()["last_txnid"]
+        with pytest.raises(Corruption) as caught:
+            with agent.begin() as tx:
+                tx.apply(histories["g-1"][-2])
+        assert caught.value is projection.met[0]
+        assert len(projection.met) == 1 and isinstance(projection.met[0], Corruption), projection.met
+        assert projection.met[0].detail["reason"] == "agent" and "CursorFullError" in projection.met[0].message
+        assert agent._tables.env.info()["last_txnid"] == before
+
+
 # -- every read of the AgentStore, and the OfflineGuard, against a looped root of each database -----
 
 _PROBED_READS = ["head", "head_unknown", "cursor", "ack_position", "groups", "state", "state_missing", "revision", "aggregate",
