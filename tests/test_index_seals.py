@@ -24,10 +24,12 @@ from authority_helpers import (
     OWNER,
     FakeClock,
     group_create,
+    in_a_forked_child,
     loop_database_root,
     mission_create,
     open_with_group,
     raising,
+    rewrite_log_records,
     set_database_flag,
     store_bytes,
 )
@@ -1311,3 +1313,50 @@ def test_each_read_of_the_authority_over_a_looped_database_is_answered_as_damage
     else:
         expected = "CORRUPTION" if read in _READ_DAMAGE[database].split() else "CURSOR_TOO_OLD" if read == "read_below_floor" else "ok"
         assert answer == expected
+
+
+@pytest.mark.parametrize("database", ["heads", "snapshots"])
+def test_verify_reads_no_more_of_an_index_that_failed_its_structural_check(tmp_path, read_probe_stores, database):
+    """A store opened without the structural walk whose ``database`` loops only at its root's
+    last child (keys before the last separator read as before): ``verify()``'s structural check
+    names the damage, and verify then went on to look up tombstones, snapshots and audit logs in
+    that index, whose range over the Groups (or a Group's snapshots) ran into the cycle and
+    LMDB's own assertion (``IS_LEAF(mp)`` in ``mdb_cursor_next``) aborted the process. It reports
+    the damage and that those lookups wait for a rebuild, and reads no more of the index."""
+    stores, _ = read_probe_stores
+    path = str(tmp_path / "store")
+    shutil.copytree(stores["archived"], path)
+    loop_database_root(os.path.join(path, "index"), database.encode(), last_child_only=True)
+
+    def verify() -> None:
+        with Authority.open(path, check_lmdb=False, segment_bytes=_PROBE_SEGMENT_BYTES) as authority:
+            problems = authority.verify().problems
+        assert problems[0].startswith("index: CORRUPTION: ") and "page_twice" in problems[0], problems
+        assert problems[1:] == ["tombstones, snapshots and audit logs: not checked, as the index failed its structural "
+                                "check; run `mwpstore rebuild`, then verify again"], problems
+
+    assert in_a_forked_child([verify]) == ["ok"]
+
+
+def test_verify_checks_the_structure_of_an_index_it_could_not_compare_before_it_reads_it(tmp_path):
+    """The log holds a record a rebuild cannot index (an ACK's tag changed), so the comparison
+    with a rebuild stops before its structural check of the live index; verify then looked up
+    tombstones, snapshots and audit logs in that index unchecked, and a cycle at the last child of
+    the ``heads`` root aborted the process inside LMDB. The live index is checked first: its damage
+    is reported, beside the rebuild's, and it is read no further."""
+    path = str(tmp_path / "store")
+    with Authority.open(path, sync=False) as authority:  # a record an append: rewritten one by one below
+        for number in range(1, 151):
+            authority.accept(group_create(f"g-{number}"))
+        authority.ack("c-0", GROUP, 1)
+    rewrite_log_records(path, lambda position, record: b"Z" + record[1:] if record[:1] == b"A" else record)
+    loop_database_root(os.path.join(path, "index"), b"heads", last_child_only=True)
+
+    def verify() -> None:
+        with Authority.open(path, check_lmdb=False) as authority:
+            problems = authority.verify().problems
+        assert [problem[:47] for problem in problems] == [
+            "rebuilding an index from the log to compare: CO", "index: CORRUPTION: the index's LMDB file is dam",
+            "tombstones, snapshots and audit logs: not check"], problems
+
+    assert in_a_forked_child([verify]) == ["ok"]
