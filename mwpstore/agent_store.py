@@ -470,8 +470,6 @@ def _lmdb_damage_typed(method: _F) -> _F:
         try:
             return method(self, *args, **kwargs)
         except (lmdb.Error, SystemError) as exc:  # SystemError: the binding's, around an LMDB error
-            if lmdb_cause(exc) is None:
-                raise
             raise _failing(self, exc) from None
 
     return wrapper  # type: ignore[return-value]
@@ -479,7 +477,10 @@ def _lmdb_damage_typed(method: _F) -> _F:
 
 def _failing(tx: AgentTransaction, exc: Exception) -> MwpError:
     """The typed error of an LMDB error ``exc`` met inside ``tx`` (``_transaction_error``), with
-    which ``tx`` is failed."""
+    which ``tx`` is failed; ``exc`` itself, raised unchanged, when it is not LMDB's (a
+    ``SystemError`` of another cause)."""
+    if lmdb_cause(exc) is None:
+        raise exc
     error = _transaction_error(exc, "in a local transaction")
     # typed also where the error had already failed it (a projection's write, a flush): the
     # transaction's refusals then name LimitExceeded, not MapFullError
@@ -1359,8 +1360,6 @@ class ProjectionView:
         try:
             value = self._tables.get(self._live_txn(), b"projection", self._key(key))
         except (lmdb.Error, SystemError) as exc:
-            if lmdb_cause(exc) is None:
-                raise
             raise _failing(self._tx, exc) from None
         return None if value is None else bytes(value)
 
@@ -1372,16 +1371,12 @@ class ProjectionView:
         try:
             self._tables.put(self._live_txn(), b"projection", self._key(key), value)
         except (lmdb.Error, SystemError) as exc:
-            if lmdb_cause(exc) is None:
-                raise
             raise _failing(self._tx, exc) from None
 
     def delete(self, key: str | bytes) -> bool:
         try:
             return self._tables.delete(self._live_txn(), b"projection", self._key(key))
         except (lmdb.Error, SystemError) as exc:
-            if lmdb_cause(exc) is None:
-                raise
             raise _failing(self._tx, exc) from None
 
     def items(self, prefix: str | bytes = b"") -> Iterator[tuple[bytes, bytes]]:
@@ -1391,8 +1386,6 @@ class ProjectionView:
             try:
                 row = next(rows, None)  # the range reads LMDB only as it is stepped
             except (lmdb.Error, SystemError) as exc:
-                if lmdb_cause(exc) is None:
-                    raise
                 raise _failing(self._tx, exc) from None
             if row is None:
                 return
@@ -1404,8 +1397,6 @@ class ProjectionView:
         try:
             found = self._tx._get_state(self.group, aggregate)
         except (lmdb.Error, SystemError) as exc:
-            if lmdb_cause(exc) is None:
-                raise
             raise _failing(self._tx, exc) from None
         return None if found is None else found[1]
 

@@ -1253,6 +1253,18 @@ def test_a_write_into_a_database_whose_branch_pages_loop_is_corruption_not_a_sto
 
 # -- every write of the AgentStore against a looped root of each database ------------------------
 
+
+def _looped_copy(source: str, tmp_path, database: bytes) -> str:
+    """A copy of the AgentStore at ``source`` whose ``database`` has a cycle of damaged branch
+    pages at its root (``loop_database_root``): its path."""
+    import shutil
+
+    path = str(tmp_path / "agent")
+    shutil.copytree(source, path)
+    loop_database_root(os.path.join(path, "lmdb"), database)
+    return path
+
+
 _PROBED_GROUPS = 150
 _PROBED_DATABASES = ["heads", "inbox", "buffer", "state", "queue", "queue_index", "projection", "outbox", "intent_group",
                      "offline", "presence"]
@@ -1352,14 +1364,10 @@ def test_each_write_of_the_agent_store_over_a_looped_database_is_answered_as_dam
     outbox's steps, an outage), in a store opened without the structural walk whose ``database``
     has a cycle of damaged branch pages: the write's own answer, or ``CORRUPTION`` (reason
     ``agent``) with nothing written; never ``STORAGE_FAILED``, an untyped error or a foreign one."""
-    import shutil
-
     from mwpstore.errors import MwpError
 
     source, histories, keys = probe_store
-    path = str(tmp_path / "agent")
-    shutil.copytree(source, path)
-    loop_database_root(os.path.join(path, "lmdb"), database.encode())
+    path = _looped_copy(source, tmp_path, database.encode())
     with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False) as agent:
         before = agent._tables.env.info()["last_txnid"]
         try:
@@ -1381,8 +1389,6 @@ def test_a_projection_s_call_over_a_looped_database_is_corruption_at_the_call(tm
     ``CursorFullError`` into the projection's code (typed only once it left ``apply``): a
     projection that catches ``MwpError`` met a foreign error. Each is ``CORRUPTION`` (reason
     ``agent``) at the call, and nothing is committed."""
-    import shutil
-
     class Probing:
         name = "counter"
 
@@ -1398,9 +1404,7 @@ def test_a_projection_s_call_over_a_looped_database_is_corruption_at_the_call(tm
                 raise
 
     source, histories, _ = probe_store
-    path = str(tmp_path / "agent")
-    shutil.copytree(source, path)
-    loop_database_root(os.path.join(path, "lmdb"), b"projection")
+    path = _looped_copy(source, tmp_path, b"projection")
     projection = Probing()
     with AgentStore.open(path, projections=[projection], check_lmdb=False) as agent:
         before = agent._tables.env.info()["last_txnid"]
@@ -1496,14 +1500,10 @@ def test_each_read_of_the_agent_store_over_a_looped_database_is_answered_as_dama
     a local transaction, an outage), in a store opened without the structural walk whose
     ``database`` has a cycle of damaged branch pages: the read's own answer, or ``CORRUPTION``
     (reason ``agent``) at the call; never an untyped or foreign error, and nothing committed."""
-    import shutil
-
     from mwpstore.errors import MwpError
 
     source, _, keys = probe_store
-    path = str(tmp_path / "agent")
-    shutil.copytree(source, path)
-    loop_database_root(os.path.join(path, "lmdb"), database.encode())
+    path = _looped_copy(source, tmp_path, database.encode())
     with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False) as agent:
         before = agent._tables.env.info()["last_txnid"]
         try:
@@ -1584,15 +1584,11 @@ def test_each_call_of_the_offline_guard_over_a_looped_database_is_answered_as_da
     one that rejects), in a store opened without the structural walk whose ``database`` has a
     cycle of damaged branch pages: the call's own answer, or ``CORRUPTION`` (reason ``agent``)
     with nothing committed; never an untyped or foreign error."""
-    import shutil
-
     from mwpstore.errors import MwpError, RevisionMismatch
     from mwpstore.offline import BufferedState, OfflineGuard
 
     source, records, command, key, now = offline_probe_store
-    path = str(tmp_path / "agent")
-    shutil.copytree(source, path)
-    loop_database_root(os.path.join(path, "lmdb"), database.encode())
+    path = _looped_copy(source, tmp_path, database.encode())
 
     def reject(rebased):
         raise RevisionMismatch("refused by the probe's authority", expected=0, actual=1)
@@ -1674,14 +1670,10 @@ def test_a_read_inside_a_local_transaction_over_a_looped_database_is_corruption_
     a foreign error, while ``apply`` and ``advance_cursor`` in the same transaction answer
     ``CORRUPTION``. Each answers ``CORRUPTION`` (reason ``agent``) at the call, the transaction
     can only abort, and nothing is committed."""
-    import shutil
-
     from mwpstore.errors import ProjectionFailed
 
     source, _, _ = probe_store
-    path = str(tmp_path / "agent")
-    shutil.copytree(source, path)
-    loop_database_root(os.path.join(path, "lmdb"), database.encode())
+    path = _looped_copy(source, tmp_path, database.encode())
     calls = {
         "cursor": lambda tx: tx.cursor("g-1"),
         "applied_seq": lambda tx: tx.applied_seq("g-1"),
