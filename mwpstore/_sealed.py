@@ -502,7 +502,10 @@ def typed_damage(label: str, remedy: str, reason: str, errors: tuple[type[BaseEx
     return decorate
 
 
-LMDB_DAMAGE_ERRORS = tuple(getattr(lmdb, name) for name in LMDB_FILE_DAMAGE) + (
+LMDB_FILE_DAMAGE_ERRORS = tuple(getattr(lmdb, name) for name in LMDB_FILE_DAMAGE)
+"""The LMDB errors that only a damaged file gives (``errors.LMDB_FILE_DAMAGE``, as classes)."""
+
+LMDB_DAMAGE_ERRORS = LMDB_FILE_DAMAGE_ERRORS + (
     lmdb.BadTxnError, lmdb.BadValsizeError, lmdb.BadDbiError, lmdb.IncompatibleError)
 """The LMDB errors that damaged pages give: those ``translate`` makes ``CORRUPTION``
 (``errors.LMDB_FILE_DAMAGE``), and those the exhaustive damage sweep met in writes (``BadTxnError``:

@@ -61,7 +61,7 @@ from ._files import (
 )
 from ._files import fsync_directory_raw as _fsync_directory  # a module name the tests replace
 from ._lmdb_check import check_before_open, check_lmdb_file, check_map_size, check_option
-from ._sealed import DAMAGE_ERRORS, KEY_SHOWN_BYTES, LMDB_DAMAGE_ERRORS, damage_of, lmdb_cause, typed_damage
+from ._sealed import DAMAGE_ERRORS, KEY_SHOWN_BYTES, LMDB_DAMAGE_ERRORS, LMDB_FILE_DAMAGE_ERRORS, damage_of, lmdb_cause, typed_damage
 from .index import (
     INDEX_FORMAT,
     Index,
@@ -3490,6 +3490,9 @@ class _IndexView(Index):
     def __init__(self, directory: str, *, map_size: int) -> None:
         super().__init__(directory, map_size=map_size, readonly=True)
         self._turn = threading.RLock()
+        # The first damage a read met, as "Type: message": LMDB refuses the rest of a transaction
+        # in which a damaged page was met (BadTxnError), and the view has no other transaction.
+        self.damage: str | None = None
         try:
             self._txn = self.env.begin(buffers=True)
         except BaseException:
@@ -3499,7 +3502,7 @@ class _IndexView(Index):
     def begin(self, *, write: bool = False) -> Any:
         if write:
             raise InvalidState("the index of a read-only view cannot be written", reason="readonly", field="readonly")
-        return _SharedTransaction(self._txn, self._turn)
+        return _SharedTransaction(self)
 
     def close(self) -> None:
         try:
@@ -3510,20 +3513,34 @@ class _IndexView(Index):
 
 class _SharedTransaction:
     """``with index.begin() as txn`` for :class:`_IndexView`: the view's transaction, for one
-    thread at a time, neither committed nor aborted at the block's end."""
+    thread at a time, neither committed nor aborted at the block's end.
 
-    __slots__ = ("_txn", "_turn")
+    A read that LMDB refuses because an earlier read of the view met a damaged page
+    (``BadTxnError``) is answered with that damage, which is what a caller can act on."""
 
-    def __init__(self, txn: lmdb.Transaction, turn: threading.RLock) -> None:
-        self._txn = txn
-        self._turn = turn
+    __slots__ = ("_view",)
+
+    def __init__(self, view: _IndexView) -> None:
+        self._view = view
 
     def __enter__(self) -> lmdb.Transaction:
-        self._turn.acquire()
-        return self._txn
+        self._view._turn.acquire()
+        return self._view._txn
 
-    def __exit__(self, *exc: object) -> None:
-        self._turn.release()
+    def __exit__(self, kind: object, exc: BaseException | None, traceback: object) -> None:
+        view = self._view
+        try:
+            cause = None if exc is None else lmdb_cause(exc)
+            if isinstance(cause, lmdb.BadTxnError) and view.damage is not None:
+                raise Corruption(
+                    f"the index is damaged ({view.damage}, met by an earlier read of this read-only view, "
+                    f"after which LMDB refuses its reads); {Index.remedy}",
+                    reason="index",
+                ) from None
+            if isinstance(cause, LMDB_FILE_DAMAGE_ERRORS) and view.damage is None:
+                view.damage = f"{type(cause).__name__}: {cause}"
+        finally:
+            view._turn.release()
 
 
 def _directory_key(path: str) -> tuple[int, int] | None:

@@ -1315,6 +1315,25 @@ def test_each_read_of_the_authority_over_a_looped_database_is_answered_as_damage
         assert answer == expected
 
 
+def test_a_view_s_read_after_one_that_met_damage_names_that_damage(looped_views):
+    """A read-only view answers every read from one LMDB transaction, which LMDB refuses to read
+    further once a read met a damaged page (``BadTxnError``). A later read of the view, of a sound
+    database too, was ``CORRUPTION`` naming only ``BadTxnError`` ("Transaction must abort"): it
+    names the damage met first, and that an earlier read of the view met it."""
+    with Authority.open(looped_views["heads"], readonly=True) as view:
+        with pytest.raises(Corruption, match="CursorFullError") as first:
+            view.head(GROUP)
+        assert "earlier read" not in first.value.message
+        for _ in range(2):  # the states are sound; the transaction is not
+            with pytest.raises(Corruption) as later:
+                view.state(GROUP, f"group:{GROUP}")
+            assert later.value.detail["reason"] == "index"
+            assert "CursorFullError" in later.value.message and "earlier read of this read-only view" in later.value.message, later.value.message
+            assert "BadTxnError" not in later.value.message
+    with Authority.open(looped_views["heads"], readonly=True) as view:  # a new view has a new transaction
+        assert view.state(GROUP, f"group:{GROUP}")[0] == 1
+
+
 @pytest.mark.parametrize("database", ["heads", "snapshots"])
 def test_verify_reads_no_more_of_an_index_that_failed_its_structural_check(tmp_path, read_probe_stores, database):
     """A store opened without the structural walk whose ``database`` loops only at its root's
