@@ -1694,3 +1694,115 @@ def test_a_read_inside_a_local_transaction_over_a_looped_database_is_corruption_
                 tx.advance_cursor("g-2")
         assert failed.value.detail["reason"] == "Corruption"
         assert agent._tables.env.info()["last_txnid"] == before
+
+
+def _arming_projection(tables_type, call, error, monkeypatch):
+    """A projection that makes ``call`` (``get``, ``items``, ``put``, ``delete`` or ``state``) of
+    its view, and only that call, raise ``error()`` from LMDB's side (the tables' read or write of
+    the ``projection`` database, or the transaction's read of a state), catches what it meets and
+    keeps it in ``met``, and returns normally."""
+    from mwpstore.agent_store import AgentTransaction
+
+    class Swallowing:
+        name = "counter"
+
+        def __init__(self) -> None:
+            self.met: list[BaseException] = []
+            self.armed = False
+
+        def apply(self, view, event):
+            self.armed = True
+            try:
+                {"get": lambda: view.get("total"), "items": lambda: list(view.items()),
+                 "put": lambda: view.put("total", b"\x00" * 8), "delete": lambda: view.delete("total"),
+                 "state": lambda: view.state("mission:m1")}[call]()
+            except BaseException as exc:  # kept, not raised: the transaction must know by itself
+                self.met.append(exc)
+            finally:
+                self.armed = False
+
+    projection = Swallowing()
+
+    def patched(owner, name, projection_only):
+        real = getattr(owner, name)
+
+        def method(self, *args, **kwargs):
+            if projection.armed and (not projection_only or args[1] == b"projection"):
+                if name == "range":
+                    return (error() for _ in [0])  # a range reads LMDB only as it is stepped
+                error()
+            return real(self, *args, **kwargs)
+
+        monkeypatch.setattr(owner, name, method)
+
+    if call == "state":
+        patched(AgentTransaction, "_get_state", False)
+    else:
+        patched(tables_type, {"items": "range"}.get(call, call), True)
+    return projection
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "inside SystemError"])
+@pytest.mark.parametrize("call", ["get", "items", "put", "delete", "state"])
+def test_an_lmdb_error_of_a_projection_s_view_call_is_corruption_at_the_call_and_fails_the_transaction(
+        tmp_path, monkeypatch, call, wrapped):
+    """Each call of a ``ProjectionView`` (``get``, ``items``, ``put``, ``delete``, ``state``)
+    types LMDB's error of a damaged page at the call, bare or inside the binding's
+    ``SystemError``: the projection meets ``CORRUPTION`` (reason ``agent``, naming the LMDB
+    error), and the local transaction is failed with it even when the projection catches it and
+    returns, so the block's end is ``PROJECTION_FAILED`` naming ``Corruption`` and nothing is
+    committed (finding 258)."""
+    from mwpstore.errors import ProjectionFailed
+
+    path = tmp_path / "agent"
+    with _two_groups(path, [GROUP]) as agent:
+        pass
+    events = workload(GROUP, 10, seed=5)
+    failing = raising(lmdb.CursorFullError("mdb_cursor_next: MDB_CURSOR_FULL: Internal error - cursor stack limit reached"),
+                      wrapped, _CURSOR_DELETE)
+    with AgentStore.open(path, projections=[]) as agent:
+        projection = _arming_projection(type(agent._tables), call, failing, monkeypatch)
+    with AgentStore.open(path, projections=[projection]) as agent:
+        before = agent._tables.env.info()["last_txnid"]
+        with pytest.raises(ProjectionFailed) as ended:
+            with agent.begin() as tx:
+                tx.apply(events[8])
+        assert len(projection.met) == 1 and type(projection.met[0]) is Corruption, projection.met
+        assert projection.met[0].detail["reason"] == "agent" and "CursorFullError" in projection.met[0].message
+        assert ended.value.detail["reason"] == "Corruption"
+        assert agent._tables.env.info()["last_txnid"] == before
+        assert agent.head(GROUP).applied_seq == 8
+
+
+@pytest.mark.parametrize("call", ["view_get", "view_delete", "tx_state", "tx_cursor"])
+def test_a_system_error_not_of_lmdb_at_a_transaction_s_call_passes_unchanged(tmp_path, monkeypatch, call):
+    """Only LMDB's own errors are typed at a local transaction's call and a projection's view
+    call (``_failing``): a ``SystemError`` of another cause is raised unchanged, the very object,
+    not translated into an ``MwpError``."""
+    from mwpstore.agent_store import AgentTransaction
+
+    path = tmp_path / "agent"
+    with _two_groups(path, [GROUP]) as agent:
+        pass
+    foreign = SystemError("a foreign SystemError, no LMDB error behind it")
+
+    def failing(*args, **kwargs):
+        raise foreign
+
+    if call.startswith("view_"):
+        with AgentStore.open(path, projections=[]) as agent:
+            projection = _arming_projection(type(agent._tables), call[5:], failing, monkeypatch)
+        with AgentStore.open(path, projections=[projection]) as agent:
+            with agent.begin() as tx:
+                tx.apply(workload(GROUP, 10, seed=5)[8])
+        assert len(projection.met) == 1 and projection.met[0] is foreign, projection.met
+        return
+    with AgentStore.open(path, projections=[CountingProjection()]) as agent:
+        if call == "tx_state":
+            monkeypatch.setattr(AgentTransaction, "_get_state", failing)
+        else:
+            monkeypatch.setattr(AgentTransaction, "_head", failing)
+        with pytest.raises(SystemError) as caught:
+            with agent.begin() as tx:
+                tx.state(GROUP, "mission:m1") if call == "tx_state" else tx.cursor(GROUP)
+        assert caught.value is foreign
