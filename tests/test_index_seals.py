@@ -1379,3 +1379,81 @@ def test_verify_checks_the_structure_of_an_index_it_could_not_compare_before_it_
             "tombstones, snapshots and audit logs: not check"], problems
 
     assert in_a_forked_child([verify]) == ["ok"]
+
+
+def _view_with_injected_errors(path: str, monkeypatch, errors: list):
+    """Patch the read-only view's index reads (``_IndexView.get``) to raise ``errors`` one a read,
+    in order, then read as before; the list is consumed as the reads go."""
+    from mwpstore import authority as authority_module
+
+    real = authority_module._IndexView.get
+
+    def get(self, txn, name, key):
+        if errors:
+            error = errors.pop(0)
+            error()
+        return real(self, txn, name, key)
+
+    monkeypatch.setattr(authority_module._IndexView, "get", get)
+
+
+@pytest.mark.parametrize("met,named", [
+    (["CursorFullError", "CorruptedError", "BadTxnError"], "CursorFullError"),
+    (["wrapped CursorFullError", "BadTxnError"], "CursorFullError"),
+    (["BadTxnError"], None),
+    (["BadTxnError", "BadTxnError"], None),
+    (["BadValsizeError", "BadTxnError"], None),
+], ids=["the first of two", "inside SystemError", "no damage before", "BadTxnError twice", "not a file's damage"])
+def test_a_view_s_later_bad_txn_names_the_first_file_damage_its_reads_met_and_only_that(tmp_path, monkeypatch, met, named):
+    """A read-only view keeps the first of LMDB's errors that only a damaged file gives
+    (``errors.LMDB_FILE_DAMAGE``; also one the binding raised inside ``SystemError``, which the
+    view's read itself lets out as it is) that a read met, and
+    answers a later ``BadTxnError`` with that one, not the latest. With none met (nothing at all,
+    or only ``BadTxnError`` or another error), the ``BadTxnError`` is ``CORRUPTION`` naming itself
+    and no earlier read (finding 261)."""
+    path = str(tmp_path / "store")
+    with open_with_group(path):
+        pass
+    errors = [raising(getattr(lmdb, name.split()[-1])("injected"), name.startswith("wrapped")) for name in met]
+    with Authority.open(path, readonly=True) as view:
+        _view_with_injected_errors(path, monkeypatch, errors)
+        answers = []
+        for _ in met:
+            with pytest.raises(Exception) as caught:  # the reads before the last: what each is, is not the point here
+                view.state(GROUP, f"group:{GROUP}")
+            answers.append(caught.value)
+        assert view.state(GROUP, f"group:{GROUP}")[0] == 1  # the injected errors spent; the transaction is sound
+    last = answers[-1]
+    assert type(last) is Corruption and last.detail["reason"] == "index", last
+    if named is None:
+        assert "BadTxnError" in last.message and "earlier read" not in last.message, last.message
+    else:
+        assert f"{named}: " in last.message and "earlier read of this read-only view" in last.message, last.message
+        assert "CorruptedError" not in last.message and "BadTxnError" not in last.message, last.message
+
+
+def test_a_view_s_read_that_met_damage_leaves_the_view_to_other_threads(tmp_path, monkeypatch):
+    """A read of a read-only view that met damage (and a later read answered with that damage)
+    gives the view's transaction back: a read from another thread is served, not left waiting for
+    a turn the failed read kept (finding 261's ``_SharedTransaction``)."""
+    import threading
+
+    path = str(tmp_path / "store")
+    with open_with_group(path):
+        pass
+    with Authority.open(path, readonly=True) as view:
+        _view_with_injected_errors(path, monkeypatch, [raising(lmdb.CursorFullError("injected"), False),
+                                                       raising(lmdb.BadTxnError("injected"), False)])
+        for _ in range(2):
+            with pytest.raises(Corruption):
+                view.state(GROUP, f"group:{GROUP}")
+        answers: list = []
+        other = threading.Thread(target=lambda: answers.append(view.state(GROUP, f"group:{GROUP}")[0]), daemon=True)
+        other.start()
+        other.join(timeout=20)
+        waiting = other.is_alive()
+        while waiting and view.index._turn._is_owned():  # give the turn back, so the view closes
+            view.index._turn.release()
+        other.join(timeout=20)
+        assert not waiting and answers == [1], answers
+
