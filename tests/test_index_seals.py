@@ -1457,3 +1457,29 @@ def test_a_view_s_read_that_met_damage_leaves_the_view_to_other_threads(tmp_path
         other.join(timeout=20)
         assert not waiting and answers == [1], answers
 
+
+def test_verify_checks_the_index_s_structure_with_commits_held_off_also_when_the_comparison_stopped(tmp_path, monkeypatch):
+    """The structural check reads the index file, which a commit changes under it: verify runs it
+    holding the commit role, in the comparison with a rebuild and, when that comparison stopped
+    before its check (a log record a rebuild cannot index), in verify itself (finding 259)."""
+    from threading import get_ident
+
+    from mwpstore import authority as authority_module
+
+    path = str(tmp_path / "store")
+    with Authority.open(path, sync=False) as authority:
+        authority.accept(group_create(GROUP))
+        authority.ack("c-0", GROUP, 1)
+    rewrite_log_records(path, lambda position, record: b"Z" + record[1:] if record[:1] == b"A" else record)
+    real = authority_module._index_structure_problem
+    held: list = []
+
+    def checked(index):
+        held.append(authority._leader and authority._committer == get_ident())
+        return real(index)
+
+    monkeypatch.setattr(authority_module, "_index_structure_problem", checked)
+    with Authority.open(path) as authority:
+        problems = authority.verify().problems
+    assert [problem[:47] for problem in problems] == ["rebuilding an index from the log to compare: CO"], problems
+    assert held == [True], held
