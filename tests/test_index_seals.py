@@ -1381,7 +1381,7 @@ def test_verify_checks_the_structure_of_an_index_it_could_not_compare_before_it_
     assert in_a_forked_child([verify]) == ["ok"]
 
 
-def _view_with_injected_errors(path: str, monkeypatch, errors: list):
+def _view_with_injected_errors(monkeypatch, errors: list):
     """Patch the read-only view's index reads (``_IndexView.get``) to raise ``errors`` one a read,
     in order, then read as before; the list is consumed as the reads go."""
     from mwpstore import authority as authority_module
@@ -1416,7 +1416,7 @@ def test_a_view_s_later_bad_txn_names_the_first_file_damage_its_reads_met_and_on
         pass
     errors = [raising(getattr(lmdb, name.split()[-1])("injected"), name.startswith("wrapped")) for name in met]
     with Authority.open(path, readonly=True) as view:
-        _view_with_injected_errors(path, monkeypatch, errors)
+        _view_with_injected_errors(monkeypatch, errors)
         answers = []
         for _ in met:
             with pytest.raises(Exception) as caught:  # the reads before the last: what each is, is not the point here
@@ -1442,7 +1442,7 @@ def test_a_view_s_read_that_met_damage_leaves_the_view_to_other_threads(tmp_path
     with open_with_group(path):
         pass
     with Authority.open(path, readonly=True) as view:
-        _view_with_injected_errors(path, monkeypatch, [raising(lmdb.CursorFullError("injected"), False),
+        _view_with_injected_errors(monkeypatch, [raising(lmdb.CursorFullError("injected"), False),
                                                        raising(lmdb.BadTxnError("injected"), False)])
         for _ in range(2):
             with pytest.raises(Corruption):
