@@ -1265,6 +1265,22 @@ def _looped_copy(source: str, tmp_path, database: bytes) -> str:
     return path
 
 
+def _probe_answer(agent: AgentStore, call):
+    """``call()``'s answer in ``agent``, a store with a looped database: ("ok", its result), or
+    (the error's code, None). A ``CORRUPTION`` must name the cycle (reason ``agent``) and leave
+    nothing committed."""
+    from mwpstore.errors import MwpError
+
+    before = agent._tables.env.info()["last_txnid"]
+    try:
+        return "ok", call()
+    except MwpError as exc:
+        if isinstance(exc, Corruption):
+            assert exc.detail["reason"] == "agent" and "CursorFullError" in exc.message, exc.message
+            assert agent._tables.env.info()["last_txnid"] == before  # nothing committed
+        return exc.code, None
+
+
 _PROBED_GROUPS = 150
 _PROBED_DATABASES = ["heads", "inbox", "buffer", "state", "queue", "queue_index", "projection", "outbox", "intent_group",
                      "offline", "presence"]
@@ -1364,20 +1380,10 @@ def test_each_write_of_the_agent_store_over_a_looped_database_is_answered_as_dam
     outbox's steps, an outage), in a store opened without the structural walk whose ``database``
     has a cycle of damaged branch pages: the write's own answer, or ``CORRUPTION`` (reason
     ``agent``) with nothing written; never ``STORAGE_FAILED``, an untyped error or a foreign one."""
-    from mwpstore.errors import MwpError
-
     source, histories, keys = probe_store
     path = _looped_copy(source, tmp_path, database.encode())
     with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False) as agent:
-        before = agent._tables.env.info()["last_txnid"]
-        try:
-            _probe_write(agent, write, histories, keys)
-            answer = "ok"
-        except MwpError as exc:
-            answer = exc.code
-            if isinstance(exc, Corruption):
-                assert exc.detail["reason"] == "agent" and "CursorFullError" in exc.message, exc.message
-                assert agent._tables.env.info()["last_txnid"] == before  # nothing committed
+        answer, _ = _probe_answer(agent, lambda: _probe_write(agent, write, histories, keys))
     expected = "CORRUPTION" if write in _PROBE_DAMAGE[database].split() else "INVALID_STATE" if write == "mark_uncertain" else "ok"
     assert answer == expected
 
@@ -1500,19 +1506,12 @@ def test_each_read_of_the_agent_store_over_a_looped_database_is_answered_as_dama
     a local transaction, an outage), in a store opened without the structural walk whose
     ``database`` has a cycle of damaged branch pages: the read's own answer, or ``CORRUPTION``
     (reason ``agent``) at the call; never an untyped or foreign error, and nothing committed."""
-    from mwpstore.errors import MwpError
-
     source, _, keys = probe_store
     path = _looped_copy(source, tmp_path, database.encode())
     with AgentStore.open(path, projections=[CountingProjection()], check_lmdb=False) as agent:
         before = agent._tables.env.info()["last_txnid"]
-        try:
-            _probe_read(agent, read, keys)
-            answer = "ok"
-        except MwpError as exc:
-            answer = exc.code
-            assert isinstance(exc, Corruption) and exc.detail["reason"] == "agent" and "CursorFullError" in exc.message, exc.message
-        assert agent._tables.env.info()["last_txnid"] == before
+        answer, _ = _probe_answer(agent, lambda: _probe_read(agent, read, keys))
+        assert agent._tables.env.info()["last_txnid"] == before  # a read commits nothing, answered or not
     assert answer == ("CORRUPTION" if read in _READ_DAMAGE[database].split() else "ok")
 
 
@@ -1584,7 +1583,7 @@ def test_each_call_of_the_offline_guard_over_a_looped_database_is_answered_as_da
     one that rejects), in a store opened without the structural walk whose ``database`` has a
     cycle of damaged branch pages: the call's own answer, or ``CORRUPTION`` (reason ``agent``)
     with nothing committed; never an untyped or foreign error."""
-    from mwpstore.errors import MwpError, RevisionMismatch
+    from mwpstore.errors import RevisionMismatch
     from mwpstore.offline import BufferedState, OfflineGuard
 
     source, records, command, key, now = offline_probe_store
@@ -1604,15 +1603,7 @@ def test_each_call_of_the_offline_guard_over_a_looped_database_is_answered_as_da
             "reconnect": lambda: guard.reconnect(lambda rebased: {"seq": 9}, signing_key=key),
             "reconnect_rejected": lambda: guard.reconnect(reject, signing_key=key),
         }
-        before = agent._tables.env.info()["last_txnid"]
-        try:
-            outcome = calls[call]()
-            answer = "ok"
-        except MwpError as exc:
-            answer = exc.code
-            if isinstance(exc, Corruption):
-                assert exc.detail["reason"] == "agent" and "CursorFullError" in exc.message, exc.message
-                assert agent._tables.env.info()["last_txnid"] == before  # nothing committed
+        answer, outcome = _probe_answer(agent, calls[call])
         if answer == "ok" and call.startswith("reconnect"):
             state = BufferedState.SUBMITTED if call == "reconnect" else BufferedState.REJECTED
             assert [item.state for item in outcome] == [state, state] and not guard.offline
