@@ -496,6 +496,11 @@ def typed_damage(label: str, remedy: str, reason: str, errors: tuple[type[BaseEx
                 raise
             except errors as exc:
                 raise damage_of(label, remedy, reason, exc) from None
+            except SystemError as exc:  # the binding's, around an LMDB error (see lmdb_cause)
+                cause = lmdb_cause(exc)
+                if cause is None:
+                    raise
+                raise damage_of(label, remedy, reason, cause) from None
 
         return wrapper  # type: ignore[return-value]
 

@@ -199,6 +199,11 @@ def _index_errors_typed(method: _F) -> _F:
             raise
         except DAMAGE_ERRORS as exc:
             raise damage_of(*_INDEX_DAMAGE, exc) from None
+        except SystemError as exc:  # the binding's, around an LMDB error (see lmdb_cause)
+            cause = lmdb_cause(exc)
+            if cause is None:
+                raise
+            raise damage_of(*_INDEX_DAMAGE, cause) from None
         finally:
             readers.remove(reader)
             if self._retired:  # handles a compaction or rebuild replaced: this read may have been their last

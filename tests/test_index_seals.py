@@ -1483,3 +1483,42 @@ def test_verify_checks_the_index_s_structure_with_commits_held_off_also_when_the
         problems = authority.verify().problems
     assert [problem[:47] for problem in problems] == ["rebuilding an index from the log to compare: CO"], problems
     assert held == [True], held
+
+
+@pytest.mark.parametrize("wrapped", [False, True], ids=["bare", "inside SystemError"])
+def test_a_read_of_the_authority_types_an_lmdb_error_the_binding_wrapped_as_damage(tmp_path, monkeypatch, wrapped):
+    """py-lmdb raises some LMDB errors inside a ``SystemError`` ("... returned a result with an
+    exception set"): a read of the authority (``state``, ``head``) answers the LMDB error inside it
+    as the bare one, ``CORRUPTION`` (reason ``index``) naming it; it let the ``SystemError`` out. A
+    ``SystemError`` of another cause passes unchanged."""
+    from mwpstore import _sealed
+    from mwpstore.index import Index
+
+    with open_with_group(str(tmp_path / "store")) as authority:
+        for method, call in (("get", lambda: authority.state(GROUP, "mission:m1")), ("head", lambda: authority.head(GROUP))):
+            monkeypatch.setattr(Index, method, raising(lmdb.CorruptedError("injected"), wrapped))
+            with pytest.raises(Corruption) as caught:
+                call()
+            assert caught.value.detail["reason"] == "index" and "CorruptedError" in caught.value.message
+            monkeypatch.setattr(Index, method, raising(SystemError("another cause"), False))
+            with pytest.raises(SystemError, match="another cause"):
+                call()
+            monkeypatch.undo()
+        assert authority.head(GROUP)[0] == 1
+
+    # the decorator of the other read paths (typed_damage) answers the same way
+    @_sealed.typed_damage("test store", "rebuild it", "test")
+    def read(error):
+        raise error
+
+    for wrapped_error in (raising(lmdb.PageNotFoundError("injected"), True), raising(SystemError("another cause"), False)):
+        try:
+            wrapped_error()
+        except BaseException as exc:
+            error = exc
+        if isinstance(error.__cause__, lmdb.Error):
+            with pytest.raises(Corruption, match="PageNotFoundError"):
+                read(error)
+        else:
+            with pytest.raises(SystemError, match="another cause"):
+                read(error)
