@@ -487,6 +487,8 @@ def typed_damage(label: str, remedy: str, reason: str, errors: tuple[type[BaseEx
     decode and struct errors) becomes ``CORRUPTION`` naming the store and the remedy, never a
     foreign error."""
 
+    caught = errors + (SystemError,)  # SystemError: the binding's, around an LMDB error (damage_of)
+
     def decorate(method: _F) -> _F:
         @functools.wraps(method)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -494,13 +496,8 @@ def typed_damage(label: str, remedy: str, reason: str, errors: tuple[type[BaseEx
                 return method(*args, **kwargs)
             except MwpError:
                 raise
-            except errors as exc:
+            except caught as exc:
                 raise damage_of(label, remedy, reason, exc) from None
-            except SystemError as exc:  # the binding's, around an LMDB error (see lmdb_cause)
-                cause = lmdb_cause(exc)
-                if cause is None:
-                    raise
-                raise damage_of(label, remedy, reason, cause) from None
 
         return wrapper  # type: ignore[return-value]
 
@@ -531,7 +528,14 @@ def lmdb_cause(exc: BaseException) -> lmdb.Error | None:
 
 def damage_of(label: str, remedy: str, reason: str, exc: BaseException) -> MwpError:
     """The ``CORRUPTION`` that a foreign error met on a read path of ``label`` stands for; a full
-    reader table is none (``StorageFailed``, reason ``readers_full``: the read may be retried)."""
+    reader table is none (``StorageFailed``, reason ``readers_full``: the read may be retried). A
+    ``SystemError`` stands for the LMDB error the binding wrapped in it (``lmdb_cause``); one of
+    another cause is raised unchanged."""
+    if isinstance(exc, SystemError):
+        cause = lmdb_cause(exc)
+        if cause is None:
+            raise exc
+        exc = cause
     if isinstance(exc, lmdb.ReadersFullError):
         return translate(exc, context=f"reading the {label}")
     return Corruption(f"the {label} is damaged ({type(exc).__name__}: {exc}); {remedy}", reason=reason)

@@ -159,6 +159,7 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 
 _INDEX_DAMAGE = ("index", "run `mwpstore rebuild` to regenerate it from the log", "index")
 _damage_typed = typed_damage(*_INDEX_DAMAGE)
+_READ_ERRORS = DAMAGE_ERRORS + (SystemError,)  # SystemError: the binding's, around an LMDB error (damage_of)
 
 
 def _file_problem(what: str, exc: MwpError) -> str:
@@ -197,13 +198,8 @@ def _index_errors_typed(method: _F) -> _F:
             return method(self, *args, **kwargs)
         except MwpError:
             raise
-        except DAMAGE_ERRORS as exc:
+        except _READ_ERRORS as exc:
             raise damage_of(*_INDEX_DAMAGE, exc) from None
-        except SystemError as exc:  # the binding's, around an LMDB error (see lmdb_cause)
-            cause = lmdb_cause(exc)
-            if cause is None:
-                raise
-            raise damage_of(*_INDEX_DAMAGE, cause) from None
         finally:
             readers.remove(reader)
             if self._retired:  # handles a compaction or rebuild replaced: this read may have been their last
